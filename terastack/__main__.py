@@ -1,0 +1,5 @@
+import sys
+
+from terastack.cli import main
+
+sys.exit(main())

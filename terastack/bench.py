@@ -1,0 +1,72 @@
+"""``terastack bench NAME``: each benchmark measures terastack against its baseline in the same run.
+
+A benchmark module provides ``add_arguments(parser)``, ``measure(args) -> dict``
+and ``HEADLINE`` (the ratio fields printed first). Every result is stamped
+with the machine, the versions and the command; ``--json`` prints it whole,
+``--save FILE`` writes it, ``--trace FILE`` writes a Chrome trace.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from terastack import trace
+from terastack.reporting import dumps, environment, print_result
+
+BENCHMARKS = [
+    ("io", "terastack.io.bench", "1 MiB sequential read/write, 4 KiB random read and batch submission vs fio"),
+    ("gemm", "terastack.kernels.gemm_bench", "out-of-core GEMM, pipelined vs synchronous tiles"),
+    ("sort", "terastack.kernels.sort_bench", "external merge sort of 64-bit keys, I/O overlapped"),
+    ("llm", "terastack.llm.bench", "offloaded fine-tuning vs ZeRO-Infinity and in-memory PyTorch"),
+    ("gnn", "terastack.gnn.bench", "out-of-core GNN training vs in-memory, mmap and synchronous gathering"),
+    ("dist", "terastack.dist.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3"),
+]
+
+
+def _available(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--save", metavar="FILE", help="also write the JSON result to FILE")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, module, help_text in BENCHMARKS:
+        if not _available(module):
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_bench_module=module)
+        add_common_arguments(p)
+        importlib.import_module(module).add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    module = importlib.import_module(args._bench_module)
+    if args.trace:
+        trace.tracer.start()
+    try:
+        result = module.measure(args)
+    finally:
+        if args.trace:
+            trace.tracer.stop()
+            path = trace.tracer.save(args.trace)
+            print(f"trace written to {path}", file=sys.stderr)
+    result["environment"] = environment()
+    if args.save:
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.save).write_text(dumps(result) + "\n")
+    if args.json:
+        print(dumps(result))
+    else:
+        print_result(result, title=f"terastack bench {args.benchmark}", headline=getattr(module, "HEADLINE", None))
+    return 0

@@ -1,0 +1,139 @@
+"""What the planners know about a machine: measured by ``terastack probe`` or described by hand.
+
+A :class:`Hardware` with ``measured=False`` is hypothetical (a preset or a
+user's description); every prediction made from it is labelled a prediction.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from terastack.units import parse_bytes
+
+GB = 1e9
+
+
+@dataclass(kw_only=True, slots=True)
+class Hardware:
+    name: str = "this machine"
+    measured: bool = False
+    cores: int = 1
+    host_memory_bytes: int = 0
+    #: dense fp32 matmul rate of the CPU
+    cpu_flops: float = 0.0
+    memcpy_bytes_per_s: float = 0.0
+    #: per SSD; multiply by ``ssds`` for the aggregate
+    ssd_read_bytes_per_s: float = 0.0
+    ssd_write_bytes_per_s: float = 0.0
+    ssd_rand4k_iops: float = 0.0
+    ssds: int = 1
+    #: AdamW update rate on the CPU (parameters per second)
+    cpu_adam_params_per_s: float = 0.0
+    gpu_name: str | None = None
+    gpu_memory_bytes: int = 0
+    #: dense matmul rate of the accelerator in the training dtype (0: no accelerator)
+    gpu_flops: float = 0.0
+    #: host<->device copy bandwidth, each direction
+    pcie_bytes_per_s: float = 0.0
+    nic_bytes_per_s: float = 0.0
+    probe_dir: str | None = None
+    probed_at: str | None = None
+    versions: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in ("cores", "ssds"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f}: must be >= 1, got {getattr(self, f)}")
+        for f in ("cpu_flops", "memcpy_bytes_per_s", "ssd_read_bytes_per_s", "ssd_write_bytes_per_s",
+                  "ssd_rand4k_iops", "cpu_adam_params_per_s", "gpu_flops", "pcie_bytes_per_s", "nic_bytes_per_s"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"{f}: must be >= 0, got {getattr(self, f)}")
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu_flops > 0
+
+    @property
+    def compute_flops(self) -> float:
+        """The rate at which training math runs: the accelerator if there is one, else the CPU."""
+        return self.gpu_flops if self.has_gpu else self.cpu_flops
+
+    @property
+    def ssd_read_total(self) -> float:
+        return self.ssd_read_bytes_per_s * self.ssds
+
+    @property
+    def ssd_write_total(self) -> float:
+        return self.ssd_write_bytes_per_s * self.ssds
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Hardware":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown hardware fields: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def with_overrides(self, **changes) -> "Hardware":
+        """A hypothetical variant of this hardware (``measured`` becomes False)."""
+        if "host_memory_bytes" in changes:
+            changes["host_memory_bytes"] = parse_bytes(changes["host_memory_bytes"], field="host_memory_bytes")
+        if "gpu_memory_bytes" in changes:
+            changes["gpu_memory_bytes"] = parse_bytes(changes["gpu_memory_bytes"], field="gpu_memory_bytes")
+        data = self.to_dict() | changes
+        data["measured"] = False
+        return Hardware.from_dict(data)
+
+
+#: Hypothetical machines for paper-scale questions. Figures are vendor/spec-sheet class numbers.
+PRESETS: dict[str, Hardware] = {
+    "rtx4090-workstation": Hardware(
+        name="RTX 4090 (24 GB) + 256 GB DDR4 + 2 PCIe4 NVMe SSDs", cores=32, host_memory_bytes=256 * 2**30,
+        cpu_flops=2.0e12, memcpy_bytes_per_s=40 * GB, ssd_read_bytes_per_s=6.8 * GB,
+        ssd_write_bytes_per_s=4.5 * GB, ssd_rand4k_iops=800_000, ssds=2, cpu_adam_params_per_s=2.5e9,
+        gpu_name="RTX 4090", gpu_memory_bytes=24 * 2**30, gpu_flops=165e12, pcie_bytes_per_s=25 * GB),
+    "a100-server": Hardware(
+        name="A100 80 GB + 1 TB DDR4 + 4 NVMe SSDs", cores=64, host_memory_bytes=1024 * 2**30,
+        cpu_flops=3.0e12, memcpy_bytes_per_s=80 * GB, ssd_read_bytes_per_s=6.8 * GB,
+        ssd_write_bytes_per_s=4.5 * GB, ssd_rand4k_iops=800_000, ssds=4, cpu_adam_params_per_s=4e9,
+        gpu_name="A100-80GB", gpu_memory_bytes=80 * 2**30, gpu_flops=312e12, pcie_bytes_per_s=25 * GB,
+        nic_bytes_per_s=12.5 * GB),
+    "h200": Hardware(
+        name="H200 141 GB + 2 TB DDR5 + 8 NVMe SSDs", cores=96, host_memory_bytes=2048 * 2**30,
+        cpu_flops=5.0e12, memcpy_bytes_per_s=150 * GB, ssd_read_bytes_per_s=12 * GB,
+        ssd_write_bytes_per_s=8 * GB, ssd_rand4k_iops=2_000_000, ssds=8, cpu_adam_params_per_s=8e9,
+        gpu_name="H200", gpu_memory_bytes=141 * 10**9, gpu_flops=790e12, pcie_bytes_per_s=50 * GB,
+        nic_bytes_per_s=50 * GB),
+}
+
+
+def probe_cache_path() -> Path:
+    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
+    return Path(base) / "probe.json"
+
+
+def save_probe(hw: Hardware, path: str | os.PathLike | None = None) -> Path:
+    from terastack.atomic import atomic_write_json
+
+    path = Path(path) if path else probe_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(path, hw.to_dict())
+
+
+def load_probe(path: str | os.PathLike | None = None) -> Hardware | None:
+    """The cached probe of this machine, or None if there is none."""
+    path = Path(path) if path else probe_cache_path()
+    if not path.exists():
+        return None
+    try:
+        return Hardware.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"cached probe {path} is unreadable ({exc}); rerun `terastack probe --refresh`") from None
+

@@ -1,0 +1,196 @@
+"""``terastack probe``: measure this machine and cache it for the planners.
+
+Measures cores, memory, fp32 matmul FLOP/s, memory copy bandwidth, CPU AdamW
+rate, and on a chosen directory the SSD's sequential read/write bandwidth and
+4 KiB random-read IOPS (through the storage engine, O_DIRECT, on a file that
+is really written, with its page cache dropped before reading). With CUDA it
+adds the accelerator's matmul rate and pinned host<->device bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from terastack.plan.hardware import Hardware, load_probe, probe_cache_path, save_probe
+from terastack.units import format_bytes
+
+
+def _timed(fn, min_seconds: float) -> tuple[int, float]:
+    """Run ``fn`` until ``min_seconds`` have passed (at least twice, first run discarded)."""
+    fn()
+    reps, start = 0, time.perf_counter()
+    while True:
+        fn()
+        reps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds and reps >= 2:
+            return reps, elapsed
+
+
+def measure_cpu_flops(seconds: float = 1.0, n: int = 1024) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    reps, elapsed = _timed(lambda: torch.matmul(a, b, out=out), seconds)
+    return 2 * n**3 * reps / elapsed
+
+
+def measure_memcpy(seconds: float = 0.5, nbytes: int = 128 << 20) -> float:
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    reps, elapsed = _timed(lambda: np.copyto(dst, src), seconds)
+    return nbytes * reps / elapsed
+
+
+def measure_cpu_adam(seconds: float = 1.0, params: int = 16 << 20) -> float:
+    p = torch.nn.Parameter(torch.randn(params))
+    p.grad = torch.randn(params)
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
+        opt.step()
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
+    reps, elapsed = _timed(opt.step, seconds)
+    return params * reps / elapsed
+
+
+def measure_ssd(directory: str, file_bytes: int, rand_seconds: float = 2.0) -> dict:
+    from terastack import io
+
+    engine = io.get_engine()
+    os.makedirs(directory, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=".terastack-probe-", dir=directory)
+    os.close(fd)
+    chunk = 64 << 20
+    buf = io.aligned_empty(chunk)
+    buf[:] = np.frombuffer(os.urandom(1 << 20), np.uint8).repeat(1)[np.arange(chunk) % (1 << 20)]
+    try:
+        with engine.open(path, "w", direct=True) as f:
+            f.allocate(file_bytes)
+            start = time.perf_counter()
+            futures = [f.pwrite(buf, off, min(chunk, file_bytes - off)) for off in range(0, file_bytes, chunk)]
+            for fut in futures:
+                fut.result()
+            f.sync()
+            write_bps = file_bytes / (time.perf_counter() - start)
+        with engine.open(path, "r", direct=True) as f:
+            f.drop_cache()
+            start = time.perf_counter()
+            futures = [f.pread(buf, off, min(chunk, file_bytes - off)) for off in range(0, file_bytes, chunk)]
+            for fut in futures:
+                fut.result()
+            read_bps = file_bytes / (time.perf_counter() - start)
+            f.drop_cache()
+            slots = 1024
+            target = io.aligned_empty(slots * 4096)
+            rng = np.random.default_rng(0)
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < rand_seconds:
+                n = 16384
+                offsets = rng.integers(0, file_bytes // 4096, n) * 4096
+                f.pread_many(target, offsets, 4096, (np.arange(n) % slots) * 4096).result()
+                done += n
+            iops = done / (time.perf_counter() - start)
+        return {"ssd_read_bytes_per_s": read_bps, "ssd_write_bytes_per_s": write_bps, "ssd_rand4k_iops": iops,
+                "direct": True, "backend": engine.backend}
+    finally:
+        os.unlink(path)
+
+
+def measure_gpu() -> dict:
+    if not torch.cuda.is_available():
+        return {}
+    dev = torch.device("cuda")
+    n = 8192
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+
+    def mm():
+        torch.matmul(a, b)
+        torch.cuda.synchronize()
+    reps, elapsed = _timed(mm, 1.0)
+    host = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+    devbuf = torch.empty_like(host, device=dev)
+
+    def h2d():
+        devbuf.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+    reps_c, elapsed_c = _timed(h2d, 0.5)
+    return {"gpu_name": torch.cuda.get_device_name(0),
+            "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory,
+            "gpu_flops": 2 * n**3 * reps / elapsed, "pcie_bytes_per_s": host.numel() * reps_c / elapsed_c}
+
+
+def measure(directory: str, *, quick: bool = False) -> Hardware:
+    from terastack.reporting import _mem_total, environment
+
+    scale = 0.3 if quick else 1.0
+    fields = {
+        "name": "this machine (probed)", "measured": True, "cores": os.cpu_count() or 1,
+        "host_memory_bytes": _mem_total(),
+        "cpu_flops": measure_cpu_flops(scale), "memcpy_bytes_per_s": measure_memcpy(0.5 * scale),
+        "cpu_adam_params_per_s": measure_cpu_adam(scale),
+        "probe_dir": os.path.abspath(directory),
+        "probed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": environment()["versions"],
+    }
+    ssd = measure_ssd(directory, (256 << 20) if quick else (1 << 30), rand_seconds=2.0 * scale)
+    fields.update({k: v for k, v in ssd.items() if k.startswith("ssd_")})
+    fields.update(measure_gpu())
+    return Hardware(**fields)
+
+
+def load_or_measure(directory: str | None = None, *, quick: bool = True) -> Hardware:
+    """The cached probe if there is one, else a fresh (quick) measurement, cached."""
+    hw = load_probe()
+    if hw is None:
+        hw = measure(directory or tempfile.gettempdir(), quick=quick)
+        save_probe(hw)
+    return hw
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default=None, help="directory on the SSD to measure (default: the system temp dir)")
+    p.add_argument("--quick", action="store_true", help="smaller files and shorter timings")
+    p.add_argument("--refresh", action="store_true", help="measure again even if a cached probe exists")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--cache", default=None, help=f"where to cache the result (default {probe_cache_path()})")
+
+
+def run(args: argparse.Namespace) -> int:
+    hw = None if args.refresh else load_probe(args.cache)
+    if hw is not None and args.dir and os.path.abspath(args.dir) != hw.probe_dir:
+        hw = None
+    if hw is None:
+        print("probing this machine ...", file=sys.stderr)
+        hw = measure(args.dir or tempfile.gettempdir(), quick=args.quick)
+        path = save_probe(hw, args.cache)
+        print(f"cached in {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(hw.to_dict(), indent=1))
+        return 0
+    rows = [
+        ("cores", hw.cores), ("host memory", format_bytes(hw.host_memory_bytes)),
+        ("fp32 matmul", f"{hw.cpu_flops / 1e9:.1f} GFLOP/s"),
+        ("memory copy", f"{hw.memcpy_bytes_per_s / 1e9:.2f} GB/s"),
+        ("CPU AdamW", f"{hw.cpu_adam_params_per_s / 1e6:.0f} M params/s"),
+        (f"SSD seq read ({hw.probe_dir})", f"{hw.ssd_read_bytes_per_s / 1e9:.2f} GB/s"),
+        ("SSD seq write", f"{hw.ssd_write_bytes_per_s / 1e9:.2f} GB/s"),
+        ("SSD 4 KiB random read", f"{hw.ssd_rand4k_iops / 1e3:.0f} k IOPS"),
+    ]
+    if hw.has_gpu:
+        rows += [("GPU", f"{hw.gpu_name}, {format_bytes(hw.gpu_memory_bytes)}"),
+                 ("GPU matmul (bf16)", f"{hw.gpu_flops / 1e12:.0f} TFLOP/s"),
+                 ("host->device (pinned)", f"{hw.pcie_bytes_per_s / 1e9:.1f} GB/s")]
+    for k, v in rows:
+        print(f"  {k:34s} {v}")
+    return 0
+
+

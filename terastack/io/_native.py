@@ -63,6 +63,8 @@ def load() -> ctypes.CDLL | None:
         lib.ts_reap.restype = ctypes.c_int64
         lib.ts_reap.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         lib.ts_wake_reapers.argtypes = [ctypes.c_void_p]
+        lib.ts_set_syscall_limit.restype = ctypes.c_int64
+        lib.ts_set_syscall_limit.argtypes = [ctypes.c_int64]
         lib.ts_engine_destroy.argtypes = [ctypes.c_void_p]
         _lib = lib
         return lib
@@ -71,6 +73,17 @@ def load() -> ctypes.CDLL | None:
 def load_error() -> str | None:
     load()
     return _lib_error
+
+
+def set_syscall_limit(limit: int) -> int:
+    """Cap the bytes one read/write syscall may move (0: default). Tests use it to force short transfers."""
+    from terastack.io import _python_backend
+
+    previous = _python_backend.set_syscall_limit(limit)
+    lib = load()
+    if lib is not None:
+        lib.ts_set_syscall_limit(limit)
+    return previous
 
 
 def uring_unavailable_reason() -> str | None:

@@ -17,13 +17,21 @@ import numpy as np
 from terastack.io._native import OP_READ
 
 _MAX_SYSCALL_BYTES = 1 << 30
+_syscall_limit = _MAX_SYSCALL_BYTES
+
+
+def set_syscall_limit(limit: int) -> int:
+    global _syscall_limit
+    previous = _syscall_limit
+    _syscall_limit = limit if 0 < limit < _MAX_SYSCALL_BYTES else _MAX_SYSCALL_BYTES
+    return previous
 
 
 def _transfer(op: int, fd: int, offset: int, length: int, addr: int) -> int:
     done = 0
     zero_writes = 0
     while done < length:
-        want = min(length - done, _MAX_SYSCALL_BYTES)
+        want = min(length - done, _syscall_limit)
         view = memoryview((ctypes.c_char * want).from_address(addr + done)).cast("B")
         try:
             n = os.preadv(fd, [view], offset + done) if op == OP_READ else os.pwritev(fd, [view], offset + done)

@@ -46,8 +46,10 @@
 #define TS_KIND_THREADS 1
 #define TS_KIND_URING 2
 
-/* One syscall moves at most this much; the rest goes through the short-transfer path. */
+/* One syscall moves at most this much; the rest goes through the short-transfer path.
+ * Tests lower it (ts_set_syscall_limit) to drive every transfer through that path. */
 #define TS_MAX_SYSCALL_BYTES (1LL << 30)
+static int64_t g_syscall_limit = TS_MAX_SYSCALL_BYTES;
 /* EINTR/EAGAIN/zero-progress writes are retried this often before giving up. */
 #define TS_MAX_RETRIES 1000
 /* A worker takes at most this many queued requests at a time (amortizes the lock). */
@@ -195,7 +197,7 @@ static int64_t do_io(ts_work *w) {
     ts_request *r = &w->req;
     while (w->done < r->length) {
         int64_t want = r->length - w->done;
-        if (want > TS_MAX_SYSCALL_BYTES) want = TS_MAX_SYSCALL_BYTES;
+        if (want > g_syscall_limit) want = g_syscall_limit;
         char *p = (char *)(uintptr_t)(r->addr + (uint64_t)w->done);
         ssize_t n = r->op == TS_OP_READ ? pread(r->fd, p, (size_t)want, r->offset + w->done)
                                         : pwrite(r->fd, p, (size_t)want, r->offset + w->done);
@@ -329,7 +331,7 @@ static void ring_publish(ts_ring *r) {
 
 static void prep_rw(struct io_uring_sqe *sqe, const ts_work *w, uint64_t user_data) {
     int64_t want = w->req.length - w->done;
-    if (want > TS_MAX_SYSCALL_BYTES) want = TS_MAX_SYSCALL_BYTES;
+    if (want > g_syscall_limit) want = g_syscall_limit;
     sqe->opcode = w->req.op == TS_OP_READ ? IORING_OP_READ : IORING_OP_WRITE;
     sqe->fd = w->req.fd;
     sqe->off = (uint64_t)(w->req.offset + w->done);
@@ -506,6 +508,13 @@ static void *uring_main(void *arg) {
 /* --------------------------------------------------------------- public */
 
 int ts_version(void) { return TS_VERSION; }
+
+/* Caps the bytes of one read/write syscall (<= 0 restores the default); returns the previous cap. */
+int64_t ts_set_syscall_limit(int64_t limit) {
+    int64_t old = g_syscall_limit;
+    g_syscall_limit = limit > 0 && limit < TS_MAX_SYSCALL_BYTES ? limit : TS_MAX_SYSCALL_BYTES;
+    return old;
+}
 
 /* 0 when an io_uring ring can be created here, else -errno (ENOSYS, EPERM in many containers). */
 int ts_uring_probe(void) {

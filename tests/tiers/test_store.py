@@ -1,0 +1,184 @@
+"""TieredStore: states, budgets as contracts, movement between tiers, atomic copy-on-write commits."""
+import json
+
+import pytest
+import torch
+
+from terastack.io import BudgetError
+from terastack.tiers import State, Tier, TieredStore
+
+KiB = 1024
+
+
+def make(tmp_path, **kw):
+    kw.setdefault("device_budget", "1MiB")
+    kw.setdefault("host_budget", "1MiB")
+    return TieredStore(TieredStore.Config(root=str(tmp_path / "store"), **kw))
+
+
+def test_put_prefetch_evict_cycle(tmp_path):
+    store = make(tmp_path)
+    a = torch.randn(300, 7)
+    fut = store.put("a", a)
+    fut.result(timeout=30)
+    rec = store.record("a")
+    assert rec.state is State.ON_SSD and rec.tier is Tier.SSD and rec.buffer is None
+    t = store.get("a", "device")
+    assert torch.equal(t, a) and store.record("a").state is State.RESIDENT
+    assert store.usage()["device"]["used"] == 12 * KiB  # 8400 bytes padded to 4 KiB blocks
+    t.add_(1)
+    store.mark_dirty("a")
+    store.evict("a").result(timeout=30)
+    assert store.record("a").state is State.ON_SSD and store.usage()["device"]["used"] == 0
+    assert torch.equal(store.get("a", "host"), a + 1)
+
+
+def test_inflight_state_is_visible(tmp_path):
+    import time
+
+    store = make(tmp_path, host_budget="64MiB")
+    store.put("big", torch.randn(1 << 20)).result()
+    with store._lock:  # the completion cannot publish RESIDENT while the store's lock is held
+        fut = store.prefetch("big", "host")
+        time.sleep(0.2)
+        rec = store.record("big")
+        assert rec.state is State.INFLIGHT_IN and rec.tier is Tier.HOST and rec.future is fut and not fut.done()
+    assert fut.result(timeout=30).shape == (1 << 20,)
+    assert store.record("big").state is State.RESIDENT and store.record("big").future is None
+
+
+def test_budget_refusal_names_tier_and_shortfall(tmp_path):
+    store = make(tmp_path, device_budget=64 * KiB)
+    store.put("x", torch.zeros(10 * KiB)).result()  # 40 KiB
+    store.put("y", torch.zeros(10 * KiB)).result()
+    store.get("x", "device")
+    with pytest.raises(BudgetError) as info:
+        store.get("y", "device")
+    e = info.value
+    assert e.budget == "device" and e.needed == 40 * KiB and e.available == 24 * KiB and e.shortfall == 16 * KiB
+    assert "device budget exceeded" in str(e) and "'y'" in str(e)
+    assert store.record("y").state is State.ON_SSD  # a refused placement changes nothing
+    store.evict("x").result()
+    assert torch.equal(store.get("y", "device"), torch.zeros(10 * KiB))
+
+
+def test_peak_device_bytes_follow_the_schedule(tmp_path):
+    """Streaming N tensors with one prefetched ahead never holds more than two on the device."""
+    n, numel = 6, 1000  # 4000 bytes -> one 4 KiB block each
+    store = make(tmp_path, device_budget=2 * 4 * KiB)
+    for i in range(n):
+        store.put(f"w{i}", torch.full((numel,), float(i))).result()
+    nxt = store.prefetch("w0")
+    total = 0.0
+    for i in range(n):
+        cur = nxt.result()
+        if i + 1 < n:
+            nxt = store.prefetch(f"w{i + 1}")
+        total += float(cur.sum())
+        store.evict(f"w{i}").result()
+    assert total == sum(i * numel for i in range(n))
+    assert store.budgets[Tier.DEVICE].peak == 2 * 4 * KiB
+
+
+def test_host_home_moves_to_device_and_back(tmp_path):
+    store = make(tmp_path)
+    store.put("h", torch.arange(100.0), home="host").result()
+    assert store.record("h").state is State.RESIDENT and store.record("h").tier is Tier.HOST
+    d = store.get("h", "device")
+    d.mul_(3)
+    store.mark_dirty("h")
+    store.evict("h").result()
+    assert store.record("h").tier is Tier.HOST
+    assert torch.equal(store.tensor("h"), torch.arange(100.0) * 3)
+    assert store.usage()["device"]["used"] == 0 and store.usage()["host"]["used"] == 4 * KiB
+
+
+def test_create_resident_and_writeback(tmp_path):
+    store = make(tmp_path)
+    c = store.create("c", (10, 10), torch.float64, tier="host")
+    c.fill_(2.5)
+    store.writeback("c").result()
+    store.evict("c").result()
+    assert torch.equal(store.get("c", "device"), torch.full((10, 10), 2.5, dtype=torch.float64))
+    assert store.create("z", (5,), torch.int32) is None
+    assert torch.equal(store.get("z", "host"), torch.zeros(5, dtype=torch.int32))
+
+
+def test_commit_reopen_and_crash_consistency(tmp_path):
+    store = make(tmp_path)
+    store.put("w", torch.ones(1000)).result()
+    store.put("h", torch.arange(10.0), home="host").result()
+    store.commit()
+    w = store.get("w", "host")
+    w.mul_(5)
+    store.mark_dirty("w")
+    store.writeback("w").result()  # written, but not committed: a crash now must keep the old state
+    store.close()
+
+    reopened = make(tmp_path)
+    assert torch.equal(reopened.get("w", "host"), torch.ones(1000))
+    assert torch.equal(reopened.get("h", "host"), torch.arange(10.0))
+    w = reopened.tensor("w")
+    w.mul_(7)
+    reopened.mark_dirty("w")
+    reopened.commit()
+    reopened.close()
+    again = make(tmp_path)
+    assert torch.equal(again.get("w", "host"), torch.full((1000,), 7.0))
+    assert sorted(again.names()) == ["h", "w"]
+
+
+def test_copy_on_write_reuses_space_after_commit(tmp_path):
+    store = make(tmp_path)
+    store.put("w", torch.ones(1024)).result()
+    store.commit()
+    for step in range(5):
+        w = store.get("w", "host")
+        w.add_(1)
+        store.mark_dirty("w")
+        store.commit()
+    # Old extents are freed at each commit, so the file stays at two extents' worth.
+    assert store.usage()["ssd"]["used"] <= 3 * 4 * KiB
+    assert torch.equal(store.get("w", "host"), torch.full((1024,), 6.0))
+
+
+def test_bad_manifest_and_truncated_data_are_errors(tmp_path):
+    store = make(tmp_path)
+    store.put("w", torch.ones(5000)).result()
+    store.commit()
+    store.close()
+    manifest = tmp_path / "store" / "manifest.json"
+    data = tmp_path / "store" / "data.bin"
+    good = manifest.read_text()
+    with open(data, "r+b") as f:
+        f.truncate(4096)
+    with pytest.raises(ValueError, match="truncated"):
+        make(tmp_path)
+    manifest.write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable"):
+        make(tmp_path)
+    entry = json.loads(good)
+    entry["tensors"]["w"]["nbytes"] = 12
+    manifest.write_text(json.dumps(entry))
+    with pytest.raises(ValueError, match="inconsistent"):
+        make(tmp_path)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="host_budget"):
+        TieredStore.Config(root="/tmp/x", host_budget="lots")
+    with pytest.raises(ValueError, match="root"):
+        TieredStore.Config(root="")
+    with pytest.raises(ValueError, match="device"):
+        TieredStore.Config(root="/tmp/x", device="tpu")
+
+
+def test_duplicate_and_unknown_names(tmp_path):
+    store = make(tmp_path)
+    store.put("a", torch.ones(3)).result()
+    with pytest.raises(KeyError, match="already exists"):
+        store.put("a", torch.ones(3))
+    with pytest.raises(KeyError, match="no tensor named 'b'"):
+        store.get("b")
+    store.delete("a")
+    assert "a" not in store

@@ -24,6 +24,7 @@ OP_WRITE = 1
 
 _KIND = {"threads": 1, "io_uring": 2}
 _lib = None
+_lib_gil = None
 _lib_error: str | None = None
 _lib_lock = threading.Lock()
 
@@ -38,8 +39,17 @@ def _find_library() -> Path | None:
 
 
 def load() -> ctypes.CDLL | None:
-    """The native library, or None (then :func:`load_error` says why)."""
-    global _lib, _lib_error
+    """The native library, or None (then :func:`load_error` says why).
+
+    [Note: which calls release the GIL]
+    Calls that may block (waiting for completions, starting or joining the
+    control-plane threads) go through a CDLL handle, which releases the GIL.
+    ``ts_submit`` only copies the request vector into the queue and rings the
+    doorbell, so it goes through a PyDLL handle that keeps the GIL: releasing
+    and re-acquiring it there made a single small request wait for whichever
+    Python thread (often the reaper) grabbed the GIL meanwhile.
+    """
+    global _lib, _lib_error, _lib_gil
     with _lib_lock:
         if _lib is not None or _lib_error is not None:
             return _lib
@@ -58,15 +68,16 @@ def load() -> ctypes.CDLL | None:
         lib.ts_engine_create.restype = ctypes.c_void_p
         lib.ts_engine_create.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                          ctypes.POINTER(ctypes.c_int)]
-        lib.ts_submit.restype = ctypes.c_int64
-        lib.ts_submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.ts_reap.restype = ctypes.c_int64
         lib.ts_reap.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         lib.ts_wake_reapers.argtypes = [ctypes.c_void_p]
         lib.ts_set_syscall_limit.restype = ctypes.c_int64
         lib.ts_set_syscall_limit.argtypes = [ctypes.c_int64]
         lib.ts_engine_destroy.argtypes = [ctypes.c_void_p]
-        _lib = lib
+        gil = ctypes.PyDLL(str(path))
+        gil.ts_submit.restype = ctypes.c_int64
+        gil.ts_submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        _lib, _lib_gil = lib, gil
         return lib
 
 
@@ -113,6 +124,7 @@ class NativeBackend:
             raise OSError(code, f"cannot start the {kind} backend: {os.strerror(code)}")
         self.name = kind
         self._lib = lib
+        self._submit = _lib_gil.ts_submit
         self._handle = handle
         self._pending: dict[int, tuple[Callable[[], None], object]] = {}
         self._lock = threading.Lock()
@@ -128,7 +140,7 @@ class NativeBackend:
         with self._lock:
             if self._closing:
                 raise RuntimeError("engine is closed")
-            batch = self._lib.ts_submit(self._handle, requests.ctypes.data, n, results.ctypes.data)
+            batch = self._submit(self._handle, requests.ctypes.data, n, results.ctypes.data)
             if batch < 0:
                 raise OSError(-batch, f"submit failed: {os.strerror(-batch)}")
             self._pending[batch] = (on_done, (requests, results))

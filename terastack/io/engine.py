@@ -115,7 +115,8 @@ class IOEngine:
     # --------------------------------------------------------------- requests
     def submit_vector(self, op: int, files: Sequence, file_index: np.ndarray | None, buffer_address: int,
                       buffer_offsets: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, *,
-                      keepalive: object = None, what: str | None = None) -> Future:
+                      keepalive: object = None, what: str | None = None, single: bool = False,
+                      then=None) -> Future:
         """Queue ``len(offsets)`` requests of one kind over ``files`` in one call.
 
         Request i moves ``lengths[i]`` bytes between ``files[file_index[i]]`` at
@@ -123,6 +124,9 @@ class IOEngine:
         Arguments are trusted here (``File`` validates them); the future's
         result is an int64 array of bytes moved per request, or it raises
         :class:`BatchError` listing each failure with its path, offset, length.
+        With ``single=True`` (one request) the result is that request's int and
+        the error its own StorageError. ``then(result)``, if given, runs before
+        the future completes and its return value becomes the result.
         """
         if self._closed:
             raise RuntimeError("IOEngine is closed")
@@ -149,9 +153,10 @@ class IOEngine:
                                    cat="io", bytes=moved, backend=self.backend)
                 error = _errors(op, per_request, files, file_index, offsets, lengths, label)
                 if error is not None:
-                    future.set_exception(error)
+                    future.set_exception(error.errors[0] if single else error)
                 else:
-                    future.set_result(per_request)
+                    result = int(per_request[0]) if single else per_request
+                    future.set_result(then(result) if then is not None else result)
             except BaseException as exc:  # noqa: BLE001 - must reach the waiter, never the reaper
                 future.set_exception(exc)
             finally:

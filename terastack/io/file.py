@@ -21,9 +21,10 @@ import numpy as np
 
 from terastack.io._native import OP_READ, OP_WRITE
 from terastack.io.buffers import DIRECT_ALIGN, view_buffer
-from terastack.io.errors import (BatchError, ClosedFileError, InvalidRequestError, StorageError)
+from terastack.io.errors import ClosedFileError, InvalidRequestError, StorageError
 from terastack.io.futures import Future
 
+_ZERO = np.zeros(1, np.int64)
 _MODES = {
     "r": os.O_RDONLY,
     "r+": os.O_RDWR,
@@ -254,25 +255,14 @@ class File:
             padded = -(-length // DIRECT_ALIGN) * DIRECT_ALIGN
             if padded <= view.capacity and offset % DIRECT_ALIGN == 0:
                 true_end, length = offset + length, padded
-        inner = self.engine.submit_vector(op, [self], None, view.address, np.zeros(1, np.int64),
-                                          np.array([offset], np.int64), np.array([length], np.int64),
-                                          keepalive=view.owner, what=what)
-        out = Future()
-
-        def _unwrap(done) -> None:
-            try:
-                moved = int(done.result()[0])
-                if true_end is not None:
-                    self.truncate(true_end)
-                    moved = true_end - offset
-                out.set_result(moved)
-            except BatchError as exc:
-                out.set_exception(exc.errors[0])
-            except BaseException as exc:  # noqa: BLE001
-                out.set_exception(exc)
-
-        inner.add_done_callback(_unwrap)
-        return out
+        then = None
+        if true_end is not None:
+            def then(_moved: int) -> int:
+                self.truncate(true_end)
+                return true_end - offset
+        return self.engine.submit_vector(op, [self], None, view.address, _ZERO, np.array([offset], np.int64),
+                                         np.array([length], np.int64), keepalive=view.owner, what=what,
+                                         single=True, then=then)
 
     def _many(self, op: int, buf, offsets, lengths, buffer_offsets) -> Future:
         what = "read" if op == OP_READ else "write"

@@ -548,11 +548,15 @@ static void engine_free(ts_engine *e) {
     free(e);
 }
 
-static void ring_doorbells(ts_engine *e) {
+/* Wake up to `count` rings (a batch of one request needs one ring; rotate so all share the work). */
+static void ring_doorbells(ts_engine *e, int64_t count) {
+    static atomic_uint next_ring;
     if (!e->rings) return;
-    for (int i = 0; i < e->nthreads; i++) {
+    int n = count < e->nthreads ? (int)count : e->nthreads;
+    unsigned first = atomic_fetch_add(&next_ring, 1);
+    for (int i = 0; i < n; i++) {
         uint64_t one = 1;
-        ssize_t ignored = write(e->rings[i].efd, &one, sizeof(one));
+        ssize_t ignored = write(e->rings[(first + (unsigned)i) % (unsigned)e->nthreads].efd, &one, sizeof(one));
         (void)ignored;
     }
 }
@@ -562,7 +566,7 @@ static void stop_threads(ts_engine *e) {
     e->stopping = 1;
     pthread_cond_broadcast(&e->qcond);
     pthread_mutex_unlock(&e->qlock);
-    ring_doorbells(e);
+    ring_doorbells(e, e->nthreads);
     for (int i = 0; i < e->started_threads; i++) pthread_join(e->threads[i], NULL);
     e->started_threads = 0;
 }
@@ -683,7 +687,7 @@ int64_t ts_submit(ts_engine *e, const ts_request *reqs, int64_t n, int64_t *resu
     pthread_mutex_unlock(&e->qlock);
 
     uint64_t id = b->id;
-    if (valid) ring_doorbells(e);
+    if (valid) ring_doorbells(e, valid);
     if (atomic_fetch_sub(&b->remaining, 1) == 1) complete_batch(e, b);
     return (int64_t)id;
 }

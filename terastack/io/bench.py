@@ -1,0 +1,212 @@
+"""``terastack bench io``: the storage engine against fio on the same file, in the same run.
+
+Four measurements, each terastack / fio (higher is better):
+  * 1 MiB sequential write at queue depth 16 over a file that was already
+    written (both overwrite real blocks; both fdatasync at the end),
+  * 1 MiB sequential read at queue depth 16, page cache dropped first,
+  * 4 KiB random read at queue depth 64, page cache dropped first,
+plus the batch API's submission rate for 4 KiB reads that hit the page cache
+(measures the engine, not the disk). Every disk test uses O_DIRECT on both
+sides. Pairs run interleaved (fio, terastack, fio, ...) and the medians are
+compared, so drift of a noisy disk hits both sides alike.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from terastack import io
+from terastack.units import format_bytes, parse_bytes
+
+HEADLINE = ["backend", "seq_read_vs_fio", "seq_write_vs_fio", "rand4k_read_vs_fio", "batch_submit_ops_per_s"]
+PRESETS = {
+    "smoke": ["--size", "32MiB", "--repeat", "1", "--rand-seconds", "0.3", "--batch-ops", "20000"],
+    "small": ["--quick"],
+    "full": [],
+}
+
+SEQ_BLOCK = 1 << 20
+SEQ_DEPTH = 16
+RAND_DEPTH = 64
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="smaller file, one repetition (under a minute)")
+    p.add_argument("--dir", default=None, help="directory on the disk to test (default: the system temp dir)")
+    p.add_argument("--size", default=None, help="test file size (default 2GiB, --quick 512MiB)")
+    p.add_argument("--repeat", type=int, default=None, help="interleaved repetitions per test (default 3, --quick 1)")
+    p.add_argument("--rand-seconds", type=float, default=None, help="seconds per random-read run (default 4)")
+    p.add_argument("--batch-ops", type=int, default=None, help="requests in the page-cache-hot batch test")
+    p.add_argument("--backend", default="auto", help="terastack I/O backend (default auto)")
+
+
+def _fio_engine() -> str:
+    """fio's fastest engine that works here (io_uring, then libaio, then psync)."""
+    for engine in ("io_uring", "libaio"):
+        probe = subprocess.run(["fio", "--name=probe", "--filename=/dev/null", "--size=4k", "--rw=read",
+                                f"--ioengine={engine}", "--output-format=json"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return engine
+    return "psync"
+
+
+def _fio(path: str, size: int, rw: str, bs: int, depth: int, engine: str, runtime: float | None = None) -> float:
+    """Bytes per second (sequential) or IOPS (random) as fio reports them."""
+    cmd = ["fio", "--name=terastack-bench", f"--filename={path}", f"--size={size}", f"--rw={rw}", f"--bs={bs}",
+           f"--iodepth={depth}", "--direct=1", f"--ioengine={engine}", "--invalidate=1", "--output-format=json",
+           "--randrepeat=0"]
+    if rw == "write":
+        cmd += ["--end_fsync=1", "--fallocate=none"]
+    if runtime is not None:
+        cmd += [f"--runtime={runtime}", "--time_based"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"fio failed ({' '.join(cmd)}): {out.stderr.strip() or out.stdout.strip()}")
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+    side = job["write" if rw == "write" else "read"]
+    return float(side["iops"] if rw == "randread" else side["bw_bytes"])
+
+
+def _prepare(path: str, size: int) -> None:
+    """Write the whole file with pseudo-random data so no test reads holes or unwritten extents."""
+    rng = np.random.default_rng(12345)
+    chunk = io.aligned_empty(64 << 20)
+    with io.open(path, "w", direct=True) as f:
+        f.allocate(size)
+        for off in range(0, size, len(chunk)):
+            chunk[:] = rng.integers(0, 256, len(chunk), dtype=np.uint8)
+            f.write(chunk, off, min(len(chunk), size - off))
+        f.sync()
+    blocks = os.stat(path).st_blocks * 512
+    if blocks < size:
+        raise RuntimeError(f"{path} is sparse ({blocks} of {size} bytes allocated); refusing to benchmark it")
+
+
+def _ring_offsets(n: int, block: int, ring_bytes: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.int64) * block) % ring_bytes
+
+
+def _ours_seq(engine: io.IOEngine, path: str, size: int, write: bool, ring: np.ndarray) -> float:
+    n = size // SEQ_BLOCK
+    offsets = np.arange(n, dtype=np.int64) * SEQ_BLOCK
+    buf_offsets = _ring_offsets(n, SEQ_BLOCK, len(ring))
+    with engine.open(path, "r+" if write else "r", direct=True) as f:
+        if not write:
+            f.drop_cache()
+        start = time.perf_counter()
+        if write:
+            f.pwrite_many(ring, offsets, SEQ_BLOCK, buf_offsets).result()
+            f.sync()
+        else:
+            f.pread_many(ring, offsets, SEQ_BLOCK, buf_offsets).result()
+        return n * SEQ_BLOCK / (time.perf_counter() - start)
+
+
+def _ours_rand(engine: io.IOEngine, path: str, size: int, seconds: float, iops_guess: float,
+               target: np.ndarray) -> float:
+    n = max(2000, int(iops_guess * seconds))
+    offsets = np.random.default_rng().integers(0, size // 4096, n) * 4096
+    slots = len(target) // 4096
+    with engine.open(path, "r", direct=True) as f:
+        f.drop_cache()
+        start = time.perf_counter()
+        f.pread_many(target, offsets, 4096, (np.arange(n) % slots) * 4096).result()
+        return n / (time.perf_counter() - start)
+
+
+def _batch_submit_rate(engine: io.IOEngine, path: str, size: int, ops: int) -> tuple[float, float]:
+    """4 KiB page-cache-hot reads: (ops/s through one batch call, ops/s through one call per request)."""
+    hot = min(size, 256 << 20)
+    with engine.open(path, "r", direct=False) as f:
+        warm = io.aligned_empty(16 << 20)
+        for off in range(0, hot, len(warm)):  # pull the region into the page cache
+            f.read(warm, off, min(len(warm), hot - off))
+        target = io.aligned_empty(4 << 20)
+        offsets = np.random.default_rng(1).integers(0, hot // 4096, ops) * 4096
+        buf_offsets = _ring_offsets(ops, 4096, len(target))
+        start = time.perf_counter()
+        f.pread_many(target, offsets, 4096, buf_offsets).result()
+        batch = ops / (time.perf_counter() - start)
+        single_ops = min(ops, 20000)
+        start = time.perf_counter()
+        futures = [f.pread(target[b:b + 4096], o) for o, b in zip(offsets[:single_ops].tolist(),
+                                                                  buf_offsets[:single_ops].tolist())]
+        for fut in futures:
+            fut.result()
+        single = single_ops / (time.perf_counter() - start)
+    return batch, single
+
+
+def measure(args: argparse.Namespace) -> dict:
+    if shutil.which("fio") is None:
+        raise RuntimeError("fio is not installed; `apt-get install fio` (the baseline is measured in the same run)")
+    size = parse_bytes(args.size or ("512MiB" if args.quick else "2GiB"), field="--size")
+    size = max(SEQ_BLOCK, size // SEQ_BLOCK * SEQ_BLOCK)
+    repeat = args.repeat or (1 if args.quick else 3)
+    rand_seconds = args.rand_seconds or (1.5 if args.quick else 4.0)
+    batch_ops = args.batch_ops or (200_000 if args.quick else 1_000_000)
+    directory = args.dir or tempfile.gettempdir()
+    os.makedirs(directory, exist_ok=True)
+    fio_engine = _fio_engine()
+    path = os.path.join(directory, f".terastack-bench-io-{os.getpid()}.bin")
+    print(f"bench io: {format_bytes(size)} test file in {directory}, fio engine {fio_engine}, "
+          f"{repeat} interleaved repetitions", file=sys.stderr)
+    seq_engine = io.IOEngine(backend=args.backend, queue_depth=SEQ_DEPTH)
+    rand_engine = io.IOEngine(backend=args.backend, queue_depth=RAND_DEPTH)
+    ring = io.aligned_empty(min(size, 64 << 20))
+    ring[:] = 7
+    target = io.aligned_empty(RAND_DEPTH * 4096 * 16)
+    target[:] = 0
+    samples: dict[str, list[float]] = {k: [] for k in ("fio_write", "ours_write", "fio_read", "ours_read",
+                                                       "fio_rand", "ours_rand")}
+    try:
+        _prepare(path, size)
+        for rep in range(repeat):
+            samples["fio_write"].append(_fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine))
+            samples["ours_write"].append(_ours_seq(seq_engine, path, size, True, ring))
+            samples["fio_read"].append(_fio(path, size, "read", SEQ_BLOCK, SEQ_DEPTH, fio_engine))
+            samples["ours_read"].append(_ours_seq(seq_engine, path, size, False, ring))
+            samples["fio_rand"].append(_fio(path, size, "randread", 4096, RAND_DEPTH, fio_engine, rand_seconds))
+            samples["ours_rand"].append(_ours_rand(rand_engine, path, size, rand_seconds, samples["fio_rand"][-1],
+                                                   target))
+            print(f"  repetition {rep + 1}/{repeat}: write {samples['ours_write'][-1] / 1e9:.2f} vs "
+                  f"{samples['fio_write'][-1] / 1e9:.2f} GB/s, read {samples['ours_read'][-1] / 1e9:.2f} vs "
+                  f"{samples['fio_read'][-1] / 1e9:.2f} GB/s, rand4k {samples['ours_rand'][-1] / 1e3:.1f}k vs "
+                  f"{samples['fio_rand'][-1] / 1e3:.1f}k IOPS", file=sys.stderr)
+        batch_rate, single_rate = _batch_submit_rate(rand_engine, path, size, batch_ops)
+    finally:
+        seq_engine.close()
+        rand_engine.close()
+        if os.path.exists(path):
+            os.unlink(path)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {
+        "backend": rand_engine.backend,
+        "backend_reason": rand_engine.backend_reason,
+        "seq_read_vs_fio": med["ours_read"] / med["fio_read"],
+        "seq_write_vs_fio": med["ours_write"] / med["fio_write"],
+        "rand4k_read_vs_fio": med["ours_rand"] / med["fio_rand"],
+        "batch_submit_ops_per_s": batch_rate,
+        "single_request_ops_per_s": single_rate,
+        "seq_read_bytes_per_s": {"terastack": med["ours_read"], "fio": med["fio_read"]},
+        "seq_write_bytes_per_s": {"terastack": med["ours_write"], "fio": med["fio_write"]},
+        "rand4k_read_iops": {"terastack": med["ours_rand"], "fio": med["fio_rand"]},
+        "samples": samples,
+        "file_bytes": size,
+        "directory": os.path.abspath(directory),
+        "direct": True,
+        "fio_engine": fio_engine,
+        "seq_block_bytes": SEQ_BLOCK,
+        "seq_queue_depth": SEQ_DEPTH,
+        "rand_queue_depth": RAND_DEPTH,
+        "repeat": repeat,
+    }

@@ -1,0 +1,45 @@
+"""Every benchmark runs end to end at tiny size (its PRESETS['smoke']) and reports its ratios."""
+import importlib
+import json
+import math
+
+import pytest
+
+from terastack import bench
+from terastack.cli import main
+
+AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if bench._available(module)]
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_benchmark_smoke(name, tmp_path, capsys):
+    module = importlib.import_module(dict((n, m) for n, m, _ in bench.BENCHMARKS)[name])
+    args = ["bench", name, "--json", "--trace", str(tmp_path / "trace.json")] + module.PRESETS["smoke"]
+    assert main(args + (["--dir", str(tmp_path)] if _takes_dir(module) else [])) == 0
+    result = json.loads(capsys.readouterr().out)
+    for field in module.HEADLINE:
+        assert field in result, f"{name}: headline field {field} missing"
+        value = result[field]
+        if isinstance(value, float):
+            assert math.isfinite(value), f"{name}: {field} = {value}"
+    assert result["environment"]["versions"]["torch"]
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"]), "trace has no spans"
+
+
+def _takes_dir(module) -> bool:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    return any(a.dest == "dir" for a in p._actions)
+
+
+def test_io_smoke_fields_are_ratios(tmp_path, capsys):
+    from terastack.io import bench as io_bench
+
+    assert main(["bench", "io", "--json", "--dir", str(tmp_path)] + io_bench.PRESETS["smoke"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    for key in ("seq_read_vs_fio", "seq_write_vs_fio", "rand4k_read_vs_fio"):
+        assert 0 < r[key] < 100
+    assert r["batch_submit_ops_per_s"] > 1000 and r["backend"] in ("io_uring", "threads", "python")

@@ -31,7 +31,7 @@ from terastack.units import format_bytes, parse_bytes
 HEADLINE = ["hidden_fraction", "speedup_vs_sync", "io_bound_ratio", "compute_only_s", "io_only_s", "sync_s",
             "pipelined_s", "peak_rss_bytes", "host_budget_bytes", "verified"]
 PRESETS = {
-    "smoke": ["--host-budget", "1MiB", "--repeat", "1", "--no-fio"],
+    "smoke": ["--host-budget", "1MiB", "--repeat", "1"],
     "small": ["--quick"],
     "full": [],
 }

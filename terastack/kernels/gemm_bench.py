@@ -13,7 +13,6 @@ hidden_fraction = (sync - pipelined) / min(compute_only, io_only).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ import torch
 
 from terastack import trace
 from terastack.kernels.gemm import OutOfCoreGemm, TiledMatrix, working_set_bytes
+from terastack.kernels.overlap import overlap_figures
 from terastack.memory import PeakRSS
 from terastack.progress import Progress
 from terastack.tiers import Tier, TieredStore
@@ -190,14 +190,8 @@ def measure(args: argparse.Namespace) -> dict:
                   file=sys.stderr)
         device_peak = store.budgets[Tier.DEVICE].peak
         store.close()
-    med = {m: statistics.median(v) for m, v in times.items()}
     return {
-        "compute_only_s": med["compute_only"],
-        "io_only_s": med["io_only"],
-        "sync_s": med["sync"],
-        "pipelined_s": med["pipelined"],
-        "speedup_vs_sync": med["sync"] / med["pipelined"],
-        "hidden_fraction": (med["sync"] - med["pipelined"]) / min(med["compute_only"], med["io_only"]),
+        **overlap_figures(times),
         "peak_rss_bytes": peak,
         "host_budget_bytes": budget,
         "device_tier_peak_bytes": device_peak,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ import numpy as np
 from terastack import io
 from terastack.io.bench import SEQ_BLOCK, SEQ_DEPTH, _fio, _fio_engine
 from terastack.kernels.sort import KEY, Checksum, ExternalSort
+from terastack.kernels.overlap import overlap_figures
 from terastack.memory import PeakRSS
 from terastack.units import format_bytes, parse_bytes
 
@@ -131,16 +131,10 @@ def measure(args: argparse.Namespace) -> dict:
                 os.unlink(dst)
             print(f"  repetition {rep + 1}/{repeat}: " + ", ".join(f"{m} {v[-1]:.2f}s" for m, v in times.items()),
                   file=sys.stderr)
-    med = {m: statistics.median(v) for m, v in times.items()}
     moved_read = phases["pipelined"]["bytes_read"]
     moved_written = phases["pipelined"]["bytes_written"]
     result = {
-        "compute_only_s": med["compute_only"],
-        "io_only_s": med["io_only"],
-        "sync_s": med["sync"],
-        "pipelined_s": med["pipelined"],
-        "speedup_vs_sync": med["sync"] / med["pipelined"],
-        "hidden_fraction": (med["sync"] - med["pipelined"]) / min(med["compute_only"], med["io_only"]),
+        **overlap_figures(times),
         "peak_rss_bytes": peak,
         "host_budget_bytes": budget,
         "verified": verified,
@@ -153,6 +147,6 @@ def measure(args: argparse.Namespace) -> dict:
     }
     if fio:
         at_fio = moved_read / fio["read"] + moved_written / fio["write"]
-        result["io_bound_ratio"] = at_fio / med["pipelined"]
+        result["io_bound_ratio"] = at_fio / result["pipelined_s"]
         result["fio_bytes_per_s"] = fio
     return result

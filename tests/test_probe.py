@@ -1,0 +1,44 @@
+import json
+
+import pytest
+
+from terastack import probe
+from terastack.cli import main
+from terastack.plan import PRESETS, Hardware, load_probe, save_probe
+
+
+def test_ssd_measurement_on_a_real_file(tmp_path):
+    r = probe.measure_ssd(str(tmp_path), 16 << 20, rand_seconds=0.2)
+    assert r["ssd_read_bytes_per_s"] > 1e6 and r["ssd_write_bytes_per_s"] > 1e6 and r["ssd_rand4k_iops"] > 100
+    assert list(tmp_path.iterdir()) == []  # the probe file is removed
+
+
+def test_compute_measurements_are_plausible():
+    assert 1e8 < probe.measure_cpu_flops(0.1, n=256) < 1e15
+    assert 1e8 < probe.measure_memcpy(0.05, nbytes=8 << 20) < 1e12
+    assert 1e5 < probe.measure_cpu_adam(0.1, params=1 << 16) < 1e12
+
+
+def test_cache_roundtrip_and_hypothetical_overrides(tmp_path):
+    hw = PRESETS["rtx4090-workstation"]
+    path = save_probe(hw, tmp_path / "p.json")
+    back = load_probe(path)
+    assert back == hw
+    bigger = hw.with_overrides(host_memory_bytes="512GiB", ssds=4)
+    assert bigger.host_memory_bytes == 512 * 2**30 and not bigger.measured and bigger.ssd_read_total == 4 * 6.8e9
+    (tmp_path / "bad.json").write_text(json.dumps({"cores": 2, "warp_drive": 1}))
+    with pytest.raises(ValueError, match="warp_drive"):
+        load_probe(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="cores"):
+        Hardware(cores=0)
+
+
+def test_probe_command_caches(tmp_path, capsys, monkeypatch):
+    fake = PRESETS["a100-server"].with_overrides(name="probed", probe_dir=str(tmp_path))
+    calls = []
+    monkeypatch.setattr(probe, "measure", lambda d, quick=False: calls.append(d) or fake)
+    cache = tmp_path / "probe.json"
+    assert main(["probe", "--dir", str(tmp_path), "--json", "--cache", str(cache)]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "probed"
+    assert main(["probe", "--dir", str(tmp_path), "--cache", str(cache)]) == 0  # served from the cache
+    assert len(calls) == 1 and "A100" in capsys.readouterr().out

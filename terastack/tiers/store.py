@@ -232,11 +232,21 @@ class TieredStore:
             # ON_SSD
             raw = self._alloc_buffer(tier, rec.padded, what=f"prefetch of {name!r}")
             rec.state, rec.tier, rec.buffer, rec.dirty = State.INFLIGHT_IN, tier, raw, False
+            staged = raw.device.type == "cuda"  # File.pread stages device reads through pinned memory
+            if staged:
+                try:
+                    self.pinned.reserve(rec.padded, what=f"staging of {name!r}")
+                except BaseException:
+                    self._free_buffer(tier, raw)
+                    rec.buffer, rec.state, rec.tier = None, State.ON_SSD, Tier.SSD
+                    raise
             fut = self._file.pread(raw, rec.extent.offset, rec.padded)
 
             def arrived(done: Future) -> None:
                 with self._lock:
                     rec.future = None
+                    if staged:
+                        self.pinned.release(rec.padded)
                     if done.exception() is None:
                         rec.state = State.RESIDENT
                         if rec.home is Tier.HOST and tier is Tier.HOST:

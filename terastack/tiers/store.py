@@ -447,6 +447,9 @@ class TieredStore:
         pools = self._pools[tier]
         while self._pooled[tier] > room and pools:
             size = max(pools)
+            if not pools[size]:  # emptied by _alloc_buffer, which leaves the size's list in place
+                del pools[size]
+                continue
             pools[size].pop()
             self._pooled[tier] -= size
             if not pools[size]:
@@ -517,6 +520,13 @@ class TieredStore:
 
     def _move_resident(self, rec: TensorRecord, tier: Tier) -> torch.Tensor:
         """Copy a resident working copy between host and device, releasing the old one unless it is home."""
+        if self.device.type != "cuda" and rec.home_buffer is None:
+            # [Note: tiers without an accelerator] both tiers are host memory: the working copy changes
+            # ledgers, not places (no copy, no second buffer).
+            self.budgets[tier].reserve(rec.padded, what=f"move of {rec.name!r} to {tier.value}")
+            self.budgets[rec.tier].release(rec.padded)
+            rec.tier = tier
+            return rec.view()
         raw = self._alloc_buffer(tier, rec.padded, what=f"move of {rec.name!r} to {tier.value}")
         raw.copy_(rec.buffer, non_blocking=False)
         if rec.buffer is not rec.home_buffer:

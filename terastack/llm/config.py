@@ -1,0 +1,158 @@
+"""TrainerConfig: every knob of the offloading trainer, validated, loadable from TOML."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass
+
+from terastack.units import parse_bytes
+
+ACTIVATION_POLICIES = ("auto", "keep", "host", "ssd", "recompute")
+
+
+@dataclass(kw_only=True, slots=True)
+class LoraSpec:
+    """LoRA through ``peft``: only adapter weights (and their optimizer state) train; the base is read-only."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    #: module names to adapt (peft's ``target_modules``); "auto": peft's default for the family
+    target_modules: tuple[str, ...] | str = "auto"
+    #: a peft adapter directory to start from (adapter_model.safetensors); None: peft's initialization
+    init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r: must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha: must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
+        if isinstance(self.target_modules, list):
+            self.target_modules = tuple(self.target_modules)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    #: where the training state lives (an SSD); a fresh subdirectory is made per run and removed on close
+    store_dir: str = dataclasses.field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "terastack-llm"))
+    #: accelerator memory terastack may use ("auto": 90% of the GPU, or 1 GiB of host memory without one)
+    device_budget: int | str = "auto"
+    #: host memory terastack may use for training state and working sets ("auto": a quarter of RAM)
+    host_budget: int | str = "auto"
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    #: global-norm gradient clipping (None: off); see the optimizer's [Note: clipping with eager updates]
+    max_grad_norm: float | None = None
+    #: compute dtype: "auto" (bfloat16 on a GPU, float32 on CPU), "float32" or "bfloat16"
+    dtype: str = "auto"
+    seed: int = 0
+    #: the batch shape the plan is made for (a step with another shape is planned again)
+    batch_size: int = 1
+    seq_len: int = 256
+    #: "auto" (the planner chooses per layer), one policy for every decoder layer ("keep", "host", "ssd",
+    #: "recompute"), a comma-separated cycle of them over the decoder layers, or one policy per unit (a list)
+    activation_policy: str | tuple = "auto"
+    #: False runs the optimizer after the whole backward (the ablation of active gradient offloading)
+    active_offload: bool = True
+    prefetch_depth: int = 1
+    #: "auto": state rests in host memory while the budget allows; "ssd": all of it on the SSD
+    state_placement: str = "auto"
+    optimizer_impl: str = "auto"
+    #: elements per optimizer chunk: the optimizer reads and writes moments in pieces of this size
+    optimizer_chunk: int = 4 << 20
+    #: "auto", "cpu" or "cuda[:N]"
+    device: str = "auto"
+    #: time each distinct unit once on this machine so the plan predicts from measured times
+    calibrate: bool = True
+    #: a probe JSON (terastack probe --json) to plan with; None: the cached probe, else quick measurements
+    hardware: str | None = None
+    lora: LoraSpec | None = None
+    #: every wait (a transfer, an update) gives up after this many seconds, naming what it waited for
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.store_dir:
+            raise ValueError("store_dir: a directory for the training state is required")
+        for name in ("device_budget", "host_budget"):
+            value = getattr(self, name)
+            if value != "auto":
+                setattr(self, name, parse_bytes(value, field=name))
+        if not self.lr >= 0:
+            raise ValueError(f"lr: must be >= 0, got {self.lr}")
+        self.betas = tuple(float(b) for b in self.betas)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas: must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            raise ValueError(f"eps: must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm: must be > 0 (or None for no clipping), got {self.max_grad_norm}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype: must be auto, float32 or bfloat16; got {self.dtype!r}")
+        if self.batch_size < 1 or self.seq_len < 1:
+            raise ValueError(f"batch_size/seq_len: must be >= 1, got {self.batch_size}/{self.seq_len}")
+        if isinstance(self.activation_policy, (list, tuple)):
+            self.activation_policy = tuple(self.activation_policy)
+            names = self.activation_policy
+        else:
+            names = [] if self.activation_policy == "auto" else self.activation_policy.split(",")
+        bad = [p for p in names if p not in ACTIVATION_POLICIES or p == "auto"]
+        if bad:
+            raise ValueError(f"activation_policy: {bad[0]!r} is not one of {', '.join(ACTIVATION_POLICIES[1:])} "
+                             f"(or auto)")
+        if self.prefetch_depth < 0:
+            raise ValueError(f"prefetch_depth: must be >= 0, got {self.prefetch_depth}")
+        if self.state_placement not in ("auto", "ssd"):
+            raise ValueError(f"state_placement: must be auto or ssd; got {self.state_placement!r}")
+        if self.optimizer_impl not in ("auto", "fused", "foreach", "single"):
+            raise ValueError(f"optimizer_impl: must be auto, fused, foreach or single; got {self.optimizer_impl!r}")
+        if self.optimizer_chunk < 1024:
+            raise ValueError(f"optimizer_chunk: must be >= 1024 elements, got {self.optimizer_chunk}")
+        if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
+            raise ValueError(f"device: must be auto, cpu or cuda[:N]; got {self.device!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout: must be > 0 seconds, got {self.timeout}")
+        if isinstance(self.lora, dict):
+            self.lora = LoraSpec(**self.lora)
+
+    @property
+    def optimizer_mode(self) -> str:
+        if not self.active_offload:
+            return "after_backward"
+        return "deferred" if self.max_grad_norm is not None else "eager"
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["betas"] = list(self.betas)
+        if isinstance(self.activation_policy, tuple):
+            out["activation_policy"] = list(self.activation_policy)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainerConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown trainer config fields: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike) -> "TrainerConfig":
+        import tomllib
+
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML ({exc})") from None
+        data = data.get("trainer", data)
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: {exc}") from None

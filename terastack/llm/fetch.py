@@ -1,0 +1,148 @@
+"""Compute weights in, just in time: prefetch the next unit while this one runs, release it after.
+
+[Note: weight streaming]
+Forward runs units in the model's order, backward in reverse. When a unit
+starts, the fetcher issues reads for the next ``depth`` units of that order
+(forward: the following units; backward: the preceding ones), so their
+weights travel while this unit computes; ``acquire`` then only waits for a
+transfer already under way. ``release`` drops the working copy (weights are
+never modified in the device tier; nothing is written back), except when
+backward hands a fp32 master straight to the optimizer, which updates it next
+(see the optimizer's [Note: active gradient offloading]).
+
+The order is learned: before the first forward it is the module order; every
+forward records the order units really ran in and later steps prefetch by it.
+
+Before a unit's weights are fetched for the next step, the update of this
+step must be finished: ``acquire`` and ``prefetch`` wait for the optimizer's
+per-tensor update future first.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from terastack import trace
+from terastack.io.futures import Future
+from terastack.tiers import State, Tier
+
+
+class WeightFetcher:
+    def __init__(self, runtime, units, *, depth: int):
+        self.rt = runtime
+        self.store = runtime.store
+        self.units = units
+        self.depth = depth
+        self.order = [u.index for u in units]
+        self._pos = {u: i for i, u in enumerate(self.order)}
+        self._observed: list[int] = []
+        self._refs: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.bytes_in = 0          # compute weights brought into the device tier (from host or SSD)
+
+    # ---------------------------------------------------------------- order
+    def begin_forward(self) -> None:
+        self._observed = []
+
+    def observe(self, unit) -> None:
+        if unit.index not in self._observed:
+            self._observed.append(unit.index)
+
+    def end_forward(self) -> None:
+        seen = self._observed
+        if seen and seen != self.order:
+            rest = [u for u in self.order if u not in seen]
+            self.order = seen + rest
+            self._pos = {u: i for i, u in enumerate(self.order)}
+
+    def first_units(self) -> list[int]:
+        return self.order[: max(1, self.depth)]
+
+    def neighbours(self, unit, phase: str) -> list[int]:
+        """The next ``depth`` units ``phase`` will run after ``unit``."""
+        i = self._pos[unit.index]
+        if phase == "forward":
+            return self.order[i + 1: i + 1 + self.depth]
+        return self.order[max(0, i - self.depth): i][::-1]
+
+    # ------------------------------------------------------------- movement
+    def records(self, unit) -> dict[str, str]:
+        """local name -> store record of the compute copy."""
+        return {local: self.rt.compute_record(cname) for local, cname in unit.tensors.items()}
+
+    def prefetch(self, unit_index: int) -> None:
+        """Start bringing a unit's weights in; advisory (skipped when the device ledger has no room)."""
+        unit = self.units[unit_index]
+        for cname in set(unit.tensors.values()):
+            record = self.rt.compute_record(cname)
+            gate = self.rt.update_gate(cname)
+            if gate is not None and not gate.done():
+                gate.add_done_callback(lambda _f, r=record, c=cname: self._try_prefetch(r, c))
+            else:
+                self._try_prefetch(record, cname)
+
+    def _try_prefetch(self, record: str, cname: str) -> None:
+        rec = self.store.record(record)
+        tier = self.rt.compute_tier(record)
+        if rec.state is not State.ON_SSD and not (rec.state is State.RESIDENT and rec.tier is not tier):
+            return  # resident where compute reads it, or already on its way
+        try:
+            with trace.span(f"prefetch {record}", track="io", cat="prefetch"):
+                self.store.prefetch(record, tier)
+            self.bytes_in += rec.nbytes
+        except MemoryError:
+            pass  # no room now: acquire fetches it once earlier units are released
+
+    def acquire(self, unit, phase: str) -> dict[str, torch.Tensor]:
+        """The unit's compute weights, resident; waits for their update and their transfer."""
+        out = {}
+        fetched = {}
+        for local, cname in unit.tensors.items():
+            record = self.rt.compute_record(cname)
+            if record not in fetched:
+                gate = self.rt.update_gate(cname)
+                if gate is not None:
+                    self.rt.wait(gate, f"the update of {cname!r} before {phase} of {unit.path}")
+                rec = self.store.record(record)
+                tier = self.rt.compute_tier(record)
+                if rec.state is State.ON_SSD or (rec.state is State.RESIDENT and rec.tier is not tier):
+                    self.bytes_in += rec.nbytes
+                fut = self._prefetch_blocking(record, tier, unit, phase)
+                fetched[record] = self.rt.wait(fut, f"weights {record!r} for {phase} of {unit.path}")
+                with self._lock:
+                    self._refs[record] = self._refs.get(record, 0) + 1
+            out[local] = fetched[record]
+        return out
+
+    def _prefetch_blocking(self, record: str, tier: Tier, unit, phase: str) -> Future:
+        """store.prefetch, waiting for releases in flight when the device ledger is momentarily full."""
+        return self.rt.with_room(lambda: self.store.prefetch(record, tier),
+                                 f"weights {record!r} for {phase} of {unit.path}")
+
+    def release(self, unit, *, handoff: set[str] = frozenset()) -> None:
+        """Drop the unit's working copies; canonical names in ``handoff`` move to the host tier instead."""
+        for record, cname in {self.rt.compute_record(c): c for c in unit.tensors.values()}.items():
+            with self._lock:
+                left = self._refs.get(record, 0) - 1
+                if left > 0:
+                    self._refs[record] = left
+                    continue
+                self._refs.pop(record, None)
+            if cname in handoff:
+                try:
+                    self.store.prefetch(record, Tier.HOST).result()
+                    continue
+                except MemoryError:
+                    pass  # no host room: the optimizer reads it again
+            self.rt.track_write(self.store.evict(record))
+
+    def sweep(self) -> None:
+        """After a step: evict working copies that were prefetched but never used."""
+        for unit in self.units:
+            for cname in set(unit.tensors.values()):
+                record = self.rt.compute_record(cname)
+                rec = self.store.record(record)
+                if (record not in self._refs and rec.state is State.RESIDENT and rec.tier is Tier.DEVICE
+                        and rec.home is not Tier.DEVICE):
+                    self.rt.track_write(self.store.evict(record))

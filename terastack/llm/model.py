@@ -1,0 +1,325 @@
+"""An unmodified Hugging Face causal LM as a skeleton plus streamed units.
+
+The skeleton is the ``transformers`` model built with every parameter on the
+meta device (no memory) and its buffers real (rotary frequencies and the like
+are small and computed at construction). Training weights never live in it:
+they rest in the store, and each *unit* (an embedding, a decoder layer, the
+final norm, the head) is run with its weights passed in by
+``torch.func.functional_call``.
+
+[Note: units]
+Units are found without a per-family table: the decoder stack is the largest
+``nn.ModuleList`` whose children share a class; every decoder layer is a unit,
+and every other child module that owns parameters and does not contain the
+stack is a unit too (embeddings, positional embeddings, final norm, lm_head,
+OPT's projections). Modules without parameters (rotary embedding, dropout)
+keep running as they are. A parameter shared by several units (tied input
+and output embeddings) is one tensor in the store, used by each of them; its
+gradients are summed before its update.
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+#: Families whose results are tested against plain PyTorch training.
+TESTED_FAMILIES = ("llama", "qwen2", "gpt2", "opt")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(eq=False, slots=True)
+class Unit:
+    """One streamed submodule. ``tensors`` maps its local parameter names to canonical store names."""
+
+    index: int
+    path: str
+    module: nn.Module
+    kind: str                                   # "pre", "layer" or "post"
+    tensors: dict[str, str]
+    trainable: dict[str, bool]
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def has_trainable(self) -> bool:
+        return any(self.trainable.values())
+
+
+@dataclass(eq=False, slots=True)
+class TensorInfo:
+    """A canonical parameter: its shape, whether it trains, and the units that use it."""
+
+    name: str
+    index: int                                  # position in model.named_parameters() (the reference order)
+    shape: tuple[int, ...]
+    trainable: bool
+    users: list[int] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@contextmanager
+def _parameters_on_meta():
+    """Every parameter registered inside is moved to the meta device (its memory is never touched)."""
+    original = nn.Module.register_parameter
+
+    def register(self, name, param):
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        original(self, name, param)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+def build_skeleton(hf_config, *, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The causal LM of ``hf_config`` with meta parameters and real buffers, tied as the config says."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        from transformers.modeling_utils import no_init_weights
+
+    hf_config = _with_eager_safe_attention(hf_config)
+    with no_init_weights(), _parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    if getattr(hf_config, "tie_word_embeddings", False) or getattr(hf_config.get_text_config(), "tie_word_embeddings",
+                                                                   False):
+        inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+        if out is not None and inp is not None and out.weight is not inp.weight:
+            out.weight = inp.weight
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.train()
+    return model
+
+
+def _with_eager_safe_attention(hf_config):
+    """SDPA where transformers supports it; it is what the reference model uses too."""
+    return hf_config
+
+
+def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(c) for c in mod}) == 1:
+            if any(True for _ in mod.parameters()) and (best is None or len(mod) > len(best[1])):
+                best = (name, mod)
+    if best is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layer stack (a ModuleList of identical layers) found; "
+                         "terastack streams decoder-only causal LMs")
+    return best
+
+
+def find_units(model: nn.Module) -> tuple[list[Unit], dict[str, TensorInfo]]:
+    """The model's units in module order and its canonical tensors. See [Note: units]."""
+    stack_name, stack = find_decoder_stack(model)
+    canonical: dict[int, str] = {}
+    tensors: dict[str, TensorInfo] = {}
+    for i, (name, p) in enumerate(model.named_parameters()):
+        canonical[id(p)] = name
+        tensors[name] = TensorInfo(name=name, index=i, shape=tuple(p.shape), trainable=p.requires_grad)
+    units: list[Unit] = []
+    seen_stack = [False]
+
+    def add(path: str, module: nn.Module, kind: str) -> None:
+        local = {}
+        trainable = {}
+        for lname, p in module.named_parameters(remove_duplicate=False):
+            local[lname] = canonical[id(p)]
+            trainable[lname] = p.requires_grad
+        buffers = {bname: b for bname, b in module.named_buffers(remove_duplicate=False)}
+        unit = Unit(index=len(units), path=path, module=module, kind=kind, tensors=local, trainable=trainable,
+                    buffers=buffers)
+        for cname in set(local.values()):
+            tensors[cname].users.append(unit.index)
+        units.append(unit)
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        if any(True for _ in module.parameters(recurse=False)):
+            raise ValueError(f"module {prefix or type(module).__name__!r} owns parameters directly and also contains "
+                             "the decoder stack; terastack cannot stream it")
+        for cname, child in module.named_children():
+            path = f"{prefix}.{cname}" if prefix else cname
+            if child is stack:
+                seen_stack[0] = True
+                for i, layer in enumerate(child):
+                    add(f"{path}.{i}", layer, "layer")
+            elif _contains(child, stack):
+                walk(path, child)
+            elif any(True for _ in child.parameters()):
+                add(path, child, "post" if seen_stack[0] else "pre")
+
+    walk("", model)
+    missing = [n for n, t in tensors.items() if not t.users]
+    if missing:
+        raise ValueError(f"parameters outside every unit: {missing[:5]}")
+    return units, tensors
+
+
+def _contains(module: nn.Module, target: nn.Module) -> bool:
+    return any(m is target for m in module.modules())
+
+
+def parent_and_attr(model: nn.Module, path: str) -> tuple[nn.Module, str]:
+    parts = path.split(".")
+    parent = model
+    for p in parts[:-1]:
+        parent = getattr(parent, p) if not p.isdigit() else parent[int(p)]
+    return parent, parts[-1]
+
+
+def set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:
+    parent, attr = parent_and_attr(model, path)
+    if attr.isdigit():
+        parent[int(attr)] = new
+    else:
+        setattr(parent, attr, new)
+
+
+# ---------------------------------------------------------------- weights in
+class CheckpointReader:
+    """Tensors of a local Hugging Face checkpoint directory (safetensors), read one at a time.
+
+    Pickle-based ``*.bin`` checkpoints are refused: loading them could run code.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"model directory {self.path} does not exist")
+        if not self.path.is_dir():
+            raise ValueError(f"model path {self.path} is not a directory (expected a Hugging Face checkpoint dir)")
+        index = self.path / "model.safetensors.index.json"
+        single = self.path / "model.safetensors"
+        self.files: dict[str, Path] = {}
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"checkpoint index {index} is unreadable ({exc})") from None
+            from terastack.atomic import safe_relative
+
+            for key, rel in weight_map.items():
+                self.files[key] = safe_relative(self.path, rel)
+        elif single.exists():
+            self.files = {key: single for key in self._keys(single)}
+        else:
+            pickled = sorted(p.name for p in self.path.glob("*.bin"))
+            hint = (f" ({', '.join(pickled)} found: pickle checkpoints are not read because loading them can run "
+                    "code; convert them with `transformers` save_pretrained(safe_serialization=True))"
+                    if pickled else "")
+            raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {self.path}{hint}")
+        self._handles: dict[Path, object] = {}
+
+    @staticmethod
+    def _keys(path: Path) -> list[str]:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return list(f.keys())
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"checkpoint file {path} is corrupt or not safetensors ({exc})") from None
+
+    def keys(self) -> list[str]:
+        return list(self.files)
+
+    def get(self, key: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        path = self.files[key]
+        handle = self._handles.get(path)
+        try:
+            if handle is None:
+                if not path.exists():
+                    raise FileNotFoundError(f"checkpoint shard {path} (named in the index) is missing")
+                handle = self._handles[path] = safe_open(str(path), framework="pt")
+            return handle.get_tensor(key)
+        except (FileNotFoundError, KeyError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"checkpoint file {path}: tensor {key!r} cannot be read ({exc})") from None
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def load_hf_config(path: str | os.PathLike):
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (ValueError, OSError, KeyError) as exc:
+        raise ValueError(f"{path / 'config.json'} is not a usable model config ({exc})") from None
+
+
+def checkpoint_key(reader_keys: set[str], name: str, base_prefix: str) -> str | None:
+    """The checkpoint key holding canonical parameter ``name`` (with or without the base model prefix)."""
+    if name in reader_keys:
+        return name
+    if base_prefix and name.startswith(base_prefix + "."):
+        short = name[len(base_prefix) + 1:]
+        if short in reader_keys:
+            return short
+    if base_prefix and f"{base_prefix}.{name}" in reader_keys:
+        return f"{base_prefix}.{name}"
+    return None
+
+
+def random_init(model: nn.Module, units: list[Unit], tensors: dict[str, TensorInfo], seed: int):
+    """Yield (name, fp32 tensor) for every canonical parameter, initialized unit by unit with the model's own
+    ``_init_weights``, so no more than one unit is ever materialized."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    done: set[str] = set()
+    try:
+        for unit in units:
+            originals = {}
+            for mod_name, mod in unit.module.named_modules():
+                for pname, p in list(mod._parameters.items()):
+                    if p is None:
+                        continue
+                    originals[(mod, pname)] = p
+                    mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=torch.float32),
+                                                          requires_grad=p.requires_grad)
+            try:
+                with torch.no_grad():
+                    for mod in unit.module.modules():
+                        for flag_holder in (mod, *mod._parameters.values()):
+                            if flag_holder is not None and hasattr(flag_holder, "_is_hf_initialized"):
+                                try:
+                                    del flag_holder._is_hf_initialized
+                                except AttributeError:
+                                    pass
+                        model._init_weights(mod)
+                for lname, cname in unit.tensors.items():
+                    if cname in done:
+                        continue
+                    done.add(cname)
+                    yield cname, unit.module.get_parameter(lname).detach().clone()
+            finally:
+                for (mod, pname), p in originals.items():
+                    mod._parameters[pname] = p
+    finally:
+        torch.random.set_rng_state(gen_state)

@@ -1,0 +1,458 @@
+"""AdamW on CPU threads over state in the store, one unit at a time, overlapped with backward.
+
+[Note: active gradient offloading]
+In "eager" mode a tensor's update starts as soon as its last gradient
+contribution of the step exists (for most tensors: right after the backward
+of their unit; a tied embedding waits for both of its users). The gradient
+leaves the device at once and the update (read master and moments, AdamW,
+write them back) runs on the optimizer thread while backward continues on
+earlier units. With fp32 compute the master *is* the compute weight: backward
+hands its working copy to the optimizer instead of dropping it, so the master
+is read twice per step (forward, backward), not three times. The next step's
+fetch of a tensor waits for its update future, so updates stay synchronous:
+the weights of step t+1 are exactly those plain training produces.
+
+[Note: clipping with eager updates]
+Global-norm clipping scales every gradient by ``min(1, max_norm / (norm +
+1e-6))``, and the norm is known only when backward has finished, after the
+eager update of most units would already have run. Updating first and
+correcting later cannot be exact (AdamW's moments are not reversible in
+floating point), so with ``max_grad_norm`` set the optimizer runs in
+"deferred" mode: backward still moves every gradient off the device at once
+(to the host pool, or to the SSD when the pool is full) and adds up its
+squared norm; when backward ends the coefficient is computed exactly as
+``torch.nn.utils.clip_grad_norm_`` does, and the updates run in *forward*
+order, overlapped with the next step's forward, which waits per unit for the
+update of that unit only. The result equals plain training with
+``clip_grad_norm_`` followed by ``AdamW.step``.
+
+"after_backward" mode (the ablation "active offloading off") keeps the
+gradients the same way but runs every update after backward and makes the
+step wait for all of them, as ZeRO-Offload style optimizers do.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from terastack import trace
+from terastack.io.errors import BudgetError
+from terastack.io.futures import Future
+from terastack.tiers import BudgetLedger, Tier
+
+MODES = ("eager", "deferred", "after_backward")
+
+
+def adamw_kwargs(impl: str, device: torch.device) -> dict:
+    """foreach/fused flags for torch's functional Adam (``decoupled_weight_decay=True`` is AdamW)."""
+    if impl == "fused" or (impl == "auto" and _fused_supported(device)):
+        return {"fused": True, "foreach": False}
+    if impl == "foreach":
+        return {"fused": False, "foreach": True}
+    return {"fused": False, "foreach": False}
+
+
+_FUSED: dict[str, bool] = {}
+
+
+def _fused_supported(device: torch.device) -> bool:
+    if device.type not in _FUSED:
+        from torch.optim.adam import adam
+
+        p = torch.zeros(4, device=device)
+        try:
+            adam([p], [torch.zeros_like(p)], [torch.zeros_like(p)], [torch.zeros_like(p)], [],
+                 [torch.zeros((), device=device)], fused=True, foreach=False, decoupled_weight_decay=True,
+                 amsgrad=False, beta1=0.9, beta2=0.999, lr=1e-3, weight_decay=0.0, eps=1e-8, maximize=False)
+            _FUSED[device.type] = True
+        except (RuntimeError, TypeError):
+            _FUSED[device.type] = False
+    return _FUSED[device.type]
+
+
+@dataclass(slots=True)
+class _Grad:
+    tensor: torch.Tensor | None        # on the host (None once spilled to the SSD)
+    charged: int                        # bytes held in the gradient pool
+    records: list = field(default_factory=list)  # spilled to the SSD: one store record per optimizer chunk
+
+
+@dataclass(slots=True)
+class _Task:
+    unit: str
+    names: list[str]
+    coef: float | None                 # clip coefficient (None: no clipping)
+    lr: float
+
+
+class OffloadedAdamW:
+    """AdamW whose fp32 masters and moments rest in the store; updates run on one CPU thread."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        lr: float = 1e-4
+        betas: tuple[float, float] = (0.9, 0.999)
+        eps: float = 1e-8
+        weight_decay: float = 0.0
+        max_grad_norm: float | None = None
+        mode: str = "eager"
+        #: "auto" (fused when torch supports it on the device), "fused", "foreach" or "single"
+        impl: str = "auto"
+        timeout: float = 600.0
+
+        def __post_init__(self) -> None:
+            if not self.lr >= 0:
+                raise ValueError(f"lr: must be >= 0, got {self.lr}")
+            if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+                raise ValueError(f"betas: must be two numbers in [0, 1), got {self.betas}")
+            if not self.eps > 0:
+                raise ValueError(f"eps: must be > 0, got {self.eps}")
+            if not self.weight_decay >= 0:
+                raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+            if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+                raise ValueError(f"max_grad_norm: must be > 0 or None, got {self.max_grad_norm}")
+            if self.mode not in MODES:
+                raise ValueError(f"mode: must be one of {', '.join(MODES)}; got {self.mode!r}")
+            if self.max_grad_norm is not None and self.mode == "eager":
+                raise ValueError("mode: eager updates cannot apply a global-norm clip exactly; use deferred "
+                                 "(see [Note: clipping with eager updates])")
+            if self.impl not in ("auto", "fused", "foreach", "single"):
+                raise ValueError(f"impl: must be auto, fused, foreach or single; got {self.impl!r}")
+
+    def __init__(self, config: "OffloadedAdamW.Config", runtime, tensors: dict, *, grad_pool_bytes: int,
+                 handoff_bytes: int = 0):
+        self.config = config
+        self.rt = runtime
+        self.store = runtime.store
+        self.tensors = {name: info for name, info in tensors.items() if info.trainable}
+        self.lr = config.lr
+        self.steps: dict[str, int] = {name: 0 for name in self.tensors}
+        self.grad_pool = BudgetLedger("host (gradients in flight)", grad_pool_bytes)
+        # Host memory the optimizer may hold ahead of its work: fp32 masters handed over by backward (at most
+        # `handoff_bytes`) and one chunk read ahead. Both are in the planner's working set; without these
+        # limits a lagging optimizer would fill the host ledger with work it has not reached.
+        self.handoff_limit = handoff_bytes
+        self._handed: dict[str, int] = {}
+        self._ahead: set[tuple[str, int]] = set()
+        self._adam = adamw_kwargs(config.impl, torch.device("cpu"))
+        self._gates: dict[str, Future] = {}
+        self._contrib: dict[str, int] = {}
+        self._grads: dict[str, _Grad] = {}
+        self._sq_norms: dict[str, torch.Tensor] = {}
+        self._last_users: dict[int, list[str]] = {}
+        self._queue: collections.deque[_Task] = collections.deque()
+        self._cv = threading.Condition()
+        self._busy = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self.last_grad_norm: float | None = None
+        self.updated_params = 0
+        self._thread = threading.Thread(target=self._worker, name="terastack-adamw", daemon=True)
+        self._thread.start()
+
+    # -------------------------------------------------------------- per step
+    def begin_step(self) -> None:
+        self._raise_if_failed()
+        self._contrib = {name: len(set(info.users)) for name, info in self.tensors.items()}
+        self._sq_norms = {}
+        self._step_lr = self.lr
+
+    def begin_backward(self) -> None:
+        """Forward is done (and the fetcher knows the order units ran in)."""
+        # the unit whose backward delivers a tensor's last gradient: its user that runs first in forward
+        order = {u: i for i, u in enumerate(self.rt.fetcher.order)}
+        self._last_users = {}
+        for name, info in self.tensors.items():
+            last = min(info.users, key=lambda u: order.get(u, u))
+            self._last_users.setdefault(last, []).append(name)
+
+    def update_gate(self, name: str) -> Future | None:
+        return self._gates.get(name)
+
+    def prepare(self, unit) -> None:
+        """Backward of ``unit`` begins: start reading the first state chunks of tensors it completes (eager)."""
+        if self.config.mode != "eager":
+            return
+        for name in self._last_users.get(unit.index, ()):
+            if not self._prefetch_job(name, 0):
+                return
+
+    def handoff(self, unit) -> set[str]:
+        """Canonical names whose fp32 working copy backward should hand over instead of dropping."""
+        if self.config.mode != "eager" or not self.rt.master_is_compute:
+            return set()
+        out = set()
+        with self._cv:
+            held = sum(self._handed.values())
+            for name in self._last_users.get(unit.index, ()):
+                nbytes = self.tensors[name].numel * 4
+                if held + nbytes <= self.handoff_limit:
+                    self._handed[name] = nbytes
+                    held += nbytes
+                    out.add(name)
+        return out
+
+    def accept(self, unit, grads: dict[str, torch.Tensor | None]) -> None:
+        """Gradients of ``unit`` (canonical names). Called from backward; returns without waiting for updates."""
+        self._raise_if_failed()
+        ready = []
+        with trace.span(f"offload gradients {unit.path}", track="gradients", cat="offload"):
+            for name, g in grads.items():
+                if name not in self._contrib:
+                    continue
+                if g is not None:
+                    if g.device.type != "cpu" or g.dtype != torch.float32:
+                        g = g.to("cpu", torch.float32)
+                    g = g.detach()
+                    held = self._grads.get(name)
+                    if held is None:
+                        self._grads[name] = self._hold(name, g)
+                    else:
+                        held.tensor.add_(g)
+                self._contrib[name] -= 1
+                if self._contrib[name] == 0 and name in self._grads:
+                    # the norm of the whole gradient (a tied tensor's contributions summed)
+                    self._sq_norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
+                    ready.append(name)
+        if not ready:
+            return
+        for name in ready:
+            self._gates[name] = Future()
+        if self.config.mode == "eager":
+            self._enqueue(_Task(unit.path, ready, None, self._step_lr))
+        else:
+            for name in ready:
+                self._maybe_spill(name)
+
+    def end_step(self) -> None:
+        """Backward is done: deferred updates are scheduled (and awaited in after_backward mode)."""
+        self._raise_if_failed()
+        cfg = self.config
+        pending = [n for n, left in self._contrib.items() if left > 0 and n in self._grads]
+        if pending:
+            raise RuntimeError(f"backward ended with gradients of {pending[:3]} still incomplete")
+        if self._sq_norms:
+            ordered = sorted(self._sq_norms, key=lambda n: self.tensors[n].index)
+            total = torch.linalg.vector_norm(torch.stack([self._sq_norms[n] for n in ordered]), 2)
+            self.last_grad_norm = float(total)
+        if cfg.mode == "eager":
+            return
+        coef = None
+        if cfg.max_grad_norm is not None:
+            coef = torch.clamp(cfg.max_grad_norm / (total + 1e-6), max=1.0)
+        by_unit: dict[int, list[str]] = {}
+        for unit_index, names in self._last_users.items():
+            by_unit[unit_index] = [n for n in names if n in self._grads]
+        for unit_index in self._forward_order_of(by_unit):
+            names = by_unit[unit_index]
+            if names:
+                self._enqueue(_Task(self.rt.units[unit_index].path, names, coef, self._step_lr))
+        if cfg.mode == "after_backward":
+            self.synchronize()
+
+    def _forward_order_of(self, by_unit: dict) -> list[int]:
+        order = self.rt.fetcher.order
+        return [u for u in order if u in by_unit] + [u for u in by_unit if u not in order]
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait until every scheduled update is done (and re-raise a failure of one)."""
+        timeout = self.config.timeout if timeout is None else timeout
+        with self._cv:
+            ok = self._cv.wait_for(lambda: (not self._queue and not self._busy) or self._error is not None, timeout)
+        if not ok:
+            raise TimeoutError(f"optimizer updates still running after {timeout:.0f} s "
+                               f"({len(self._queue)} units queued)")
+        self._raise_if_failed()
+
+    def busy(self) -> bool:
+        with self._cv:
+            return bool(self._queue) or self._busy
+
+    def wait_progress(self, timeout: float) -> None:
+        """Block until the worker finishes a task (or ``timeout`` passes)."""
+        with self._cv:
+            self._cv.wait(timeout)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=self.config.timeout)
+
+    # --------------------------------------------------------------- helpers
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"an optimizer update failed: {type(self._error).__name__}: {self._error}") \
+                from self._error
+
+    def _hold(self, name: str, g: torch.Tensor) -> _Grad:
+        nbytes = g.numel() * 4
+        if self.config.mode == "eager":
+            # backpressure: backward waits for the optimizer to free room in the pool
+            self._reserve_pool(nbytes, name)
+            return _Grad(g if g.is_contiguous() else g.contiguous(), nbytes)
+        try:
+            self.grad_pool.reserve(nbytes, what=f"gradient of {name!r}")
+            return _Grad(g.contiguous(), nbytes)
+        except BudgetError:
+            return _Grad(g.contiguous(), 0)  # spilled to the SSD once complete (_maybe_spill)
+
+    def _maybe_spill(self, name: str) -> None:
+        """A complete gradient that did not fit the pool goes to the SSD, in optimizer chunks."""
+        held = self._grads[name]
+        if held.charged or held.records:
+            return
+        flat = held.tensor.view(-1)
+        for k, (lo, hi) in enumerate(self.rt.chunk_ranges(name)):
+            record = f"g:{name}#{k}"
+            self.rt.track_write(self.store.put(record, flat[lo:hi], home=Tier.SSD))
+            held.records.append(record)
+        held.tensor = None
+
+    def _reserve_pool(self, nbytes: int, name: str) -> None:
+        deadline = self.config.timeout
+        with self._cv:
+            while True:
+                try:
+                    self.grad_pool.reserve(nbytes, what=f"gradient of {name!r}")
+                    return
+                except BudgetError:
+                    if self._error is not None:
+                        self._raise_if_failed()
+                    if not self._queue and not self._busy:
+                        raise
+                    if not self._cv.wait(timeout=deadline):
+                        raise TimeoutError(f"gradient of {name!r} waited {deadline:.0f} s for room in the host "
+                                           f"gradient pool ({self.grad_pool})") from None
+
+    def _enqueue(self, task: _Task) -> None:
+        with self._cv:
+            self._queue.append(task)
+            self._cv.notify_all()
+
+    def _job_records(self, name: str, k: int) -> list[str]:
+        """Store records one optimizer chunk reads: moments, the master chunk (mixed precision), a spilled
+        gradient chunk."""
+        rt = self.rt
+        recs = [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
+        if not rt.master_is_compute:
+            recs.append(rt.master_records(name)[k])
+        held = self._grads.get(name)
+        if held is not None and held.records:
+            recs.append(held.records[k])
+        return recs
+
+    def _prefetch_job(self, name: str, k: int) -> bool:
+        """Start reading one chunk's records (one chunk ahead at most); False when that is not possible now."""
+        with self._cv:
+            if (name, k) in self._ahead:
+                return True
+            if self._ahead:
+                return False
+            self._ahead.add((name, k))
+        for record in self._job_records(name, k):
+            try:
+                self.store.prefetch(record, Tier.HOST)
+            except MemoryError:
+                return False
+        return True
+
+    # ---------------------------------------------------------------- worker
+    def _worker(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                task = self._queue.popleft()
+                nxt = self._queue[0] if self._queue else None
+                self._busy = True
+            try:
+                self._update(task, nxt)
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                self._error = exc
+                for name in task.names:
+                    gate = self._gates.get(name)
+                    if gate is not None and not gate.done():
+                        gate.set_exception(exc)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _fetch(self, record: str, what: str) -> torch.Tensor:
+        rt = self.rt
+        return rt.wait(rt.with_room(lambda: self.store.prefetch(record, Tier.HOST), what), what)
+
+    def _update(self, task: _Task, nxt: _Task | None) -> None:
+        """AdamW over the task's tensors, chunk by chunk, reading chunk j+1 while updating chunk j."""
+        from torch.optim.adam import adam
+
+        rt = self.rt
+        cfg = self.config
+        jobs = [(name, k, lo, hi) for name in task.names for k, (lo, hi) in enumerate(rt.chunk_ranges(name))]
+        with trace.span(f"adamw {task.unit}", track="optimizer", cat="optimizer", tensors=len(task.names)):
+            whole: dict[str, torch.Tensor] = {}
+            low: dict[str, torch.Tensor] = {}
+            for j, (name, k, lo, hi) in enumerate(jobs):
+                if j + 1 < len(jobs):
+                    self._prefetch_job(jobs[j + 1][0], jobs[j + 1][1])
+                elif nxt is not None:
+                    self._prefetch_job(nxt.names[0], 0)
+                with self._cv:
+                    self._ahead.discard((name, k))
+                info = self.tensors[name]
+                held = self._grads[name]
+                if rt.master_is_compute:
+                    if name not in whole:
+                        whole[name] = self._fetch(f"p:{name}", f"master {name!r} for its update").view(-1)
+                    p = whole[name][lo:hi]
+                else:
+                    p = self._fetch(rt.master_records(name)[k], f"master chunk {k} of {name!r}")
+                m = self._fetch(rt.moment_records(name, 1)[k], f"exp_avg chunk {k} of {name!r}")
+                v = self._fetch(rt.moment_records(name, 2)[k], f"exp_avg_sq chunk {k} of {name!r}")
+                if held.records:
+                    g = self._fetch(held.records[k], f"gradient chunk {k} of {name!r} from the SSD")
+                else:
+                    g = held.tensor.view(-1)[lo:hi]
+                if task.coef is not None:
+                    g.mul_(task.coef)
+                with torch.no_grad():
+                    adam([p], [g], [m], [v], [], [torch.tensor(float(self.steps[name]))],
+                         decoupled_weight_decay=True, amsgrad=False, beta1=cfg.betas[0], beta2=cfg.betas[1],
+                         lr=task.lr, weight_decay=cfg.weight_decay, eps=cfg.eps, maximize=False, **self._adam)
+                done = [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
+                if not rt.master_is_compute:
+                    if name not in low:
+                        low[name] = torch.empty(info.numel, dtype=rt.compute_dtype)
+                    low[name][lo:hi].copy_(p)
+                    done.append(rt.master_records(name)[k])
+                for record in done:
+                    self.store.mark_dirty(record)
+                    rt.track_write(self.store.evict(record))
+                if held.records:
+                    self.store.delete(held.records[k])
+                if hi == info.numel or (info.numel == 0):
+                    self._finish(name, whole.pop(name, None), low.pop(name, None))
+
+    def _finish(self, name: str, master: torch.Tensor | None, low: torch.Tensor | None) -> None:
+        """The last chunk of ``name`` is updated: write the master or compute copy back, open its gate."""
+        rt = self.rt
+        self.steps[name] += 1
+        self.updated_params += self.tensors[name].numel
+        if master is not None:
+            record = f"p:{name}"
+            self.store.mark_dirty(record)
+            rt.track_write(self.store.evict(record))
+        if low is not None:
+            rt.write_compute_copy(name, low.view(self.tensors[name].shape))
+        with self._cv:
+            self._handed.pop(name, None)
+        held = self._grads.pop(name)
+        held.tensor = None
+        if held.charged:
+            self.grad_pool.release(held.charged)
+        self._gates[name].set_result(None)

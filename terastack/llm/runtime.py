@@ -1,0 +1,202 @@
+"""The services every stage of a step shares: the store, the plan, ledgers with waiting, record names.
+
+Record names in the store (one record per tensor):
+
+=========  ====================================================================
+``p:NAME``  fp32 master of trainable parameter NAME (also its compute weight in fp32)
+``m:NAME``  AdamW exp_avg;  ``v:NAME``: exp_avg_sq
+``w:NAME``  compute copy in the compute dtype (mixed precision), or of a frozen tensor
+``g:NAME``  a gradient spilled to the SSD while the step waits for the global norm
+``a:...``   activations swapped to the SSD
+=========  ====================================================================
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import torch
+
+from terastack.io.errors import BudgetError
+from terastack.io.futures import Future
+from terastack.tiers import Tier
+
+
+class StepRuntime:
+    def __init__(self, *, store, units, tensors, plan, policies: dict[str, str], compute_dtype: torch.dtype,
+                 timeout: float):
+        self.store = store
+        self.units = units
+        self.tensors = tensors
+        self.plan = plan
+        self.policies = policies
+        self.compute_dtype = compute_dtype
+        self.device = store.device if store is not None else torch.device("cpu")
+        self.timeout = timeout
+        self.fetcher = None
+        self.optimizer = None
+        self.runner = None
+        self.profiler = None          # set while a profile pass runs (see terastack.llm.profile)
+        self._writes: collections.deque[Future] = collections.deque()
+        self._lock = threading.Lock()
+        self._stashes: dict[int, object] = {}
+
+    # ----------------------------------------------------------- dispatch
+    def run(self, unit, args, kwargs):
+        if self.profiler is not None:
+            return self.profiler.run(unit, args, kwargs)
+        return self.runner.run(unit, args, kwargs)
+
+    def unit_forward(self, ctx, unit, call, xs):
+        outs = self.runner.forward(ctx, unit, call, xs)
+        stash = getattr(ctx, "stash", None)
+        if stash is not None:
+            self._stashes[unit.index] = stash
+        return outs
+
+    def unit_backward(self, ctx, grad_outs):
+        self._stashes.pop(ctx.unit.index, None)
+        return self.runner.backward(ctx, grad_outs)
+
+    def prefetch_activations(self, unit_index: int) -> None:
+        stash = self._stashes.get(unit_index)
+        if stash is not None:
+            stash.prefetch()
+
+    def policy(self, unit) -> str:
+        return self.policies.get(unit.path, "keep")
+
+    # ------------------------------------------------------------ records
+    # [Note: optimizer chunks] State only the optimizer reads (moments; masters in mixed precision) is stored in
+    # chunks of at most `chunk` elements, so the optimizer's working set is a few chunks, not a whole embedding.
+    chunk: int = 4 << 20
+
+    @property
+    def master_is_compute(self) -> bool:
+        """fp32 compute: a trainable tensor's master is its compute weight (one whole record)."""
+        return self.compute_dtype == torch.float32
+
+    def chunk_ranges(self, name: str) -> list[tuple[int, int]]:
+        n = self.tensors[name].numel
+        return [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
+
+    def master_records(self, name: str) -> list[str]:
+        if self.master_is_compute:
+            return [f"p:{name}"]
+        return [f"p:{name}#{k}" for k in range(len(self.chunk_ranges(name)))]
+
+    def moment_records(self, name: str, which: int) -> list[str]:
+        kind = "m" if which == 1 else "v"
+        return [f"{kind}:{name}#{k}" for k in range(len(self.chunk_ranges(name)))]
+
+    def compute_record(self, name: str) -> str:
+        info = self.tensors[name]
+        if info.trainable and self.master_is_compute:
+            return f"p:{name}"
+        return f"w:{name}"
+
+    def compute_tier(self, record: str) -> Tier:
+        """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU."""
+        if self.device.type != "cuda" and self.store.record(record).home is Tier.HOST:
+            return Tier.HOST
+        return Tier.DEVICE
+
+    def update_gate(self, name: str) -> Future | None:
+        return self.optimizer.update_gate(name) if self.optimizer is not None else None
+
+    def write_compute_copy(self, name: str, master: torch.Tensor) -> None:
+        """After an update in mixed precision: refresh the low-precision compute copy from the master."""
+        record = f"w:{name}"
+        rec = self.store.record(record)
+        if rec.home is Tier.HOST:
+            self.wait(self.store.prefetch(record, Tier.HOST), f"compute copy {record!r}").copy_(master)
+            self.store.mark_dirty(record)
+            return
+        self.store.delete(record)
+        self.track_write(self.store.put(record, master.to(self.compute_dtype), home=Tier.SSD))
+
+    # ----------------------------------------------------------- waiting
+    def wait(self, fut, what: str):
+        """``fut.result()`` with the runtime's timeout; a timeout names what was waited for."""
+        try:
+            return fut.result(timeout=self.timeout)
+        except TimeoutError:
+            if fut.done():
+                raise
+            raise TimeoutError(f"waited {self.timeout:.0f} s for {what}") from None
+
+    def track_write(self, fut: Future) -> Future:
+        with self._lock:
+            while self._writes and self._writes[0].done():
+                self._writes.popleft()
+            self._writes.append(fut)
+        return fut
+
+    def with_room(self, attempt, what: str):
+        """``attempt()``; while it is refused for lack of room, wait for writes in flight (they free buffers)
+        and for the optimizer, then try again. Refused with nothing left to wait for: the BudgetError stands."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return attempt()
+            except BudgetError:
+                if not self._wait_for_progress(deadline, what):
+                    raise
+
+    def _wait_for_progress(self, deadline: float, what: str) -> bool:
+        with self._lock:
+            pending = [f for f in self._writes if not f.done()]
+        if pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"waited {self.timeout:.0f} s for room for {what}")
+            try:
+                pending[0].exception(timeout=left)
+            except TimeoutError:
+                raise TimeoutError(f"waited {self.timeout:.0f} s for room for {what}") from None
+            return True
+        opt = self.optimizer
+        if opt is not None and threading.current_thread() is not opt._thread and opt.busy():
+            opt.wait_progress(min(1.0, max(0.0, deadline - time.monotonic())))
+            return time.monotonic() < deadline
+        return False
+
+    # ----------------------------------------------------- ledger charges
+    def charge(self, entry, tier: Tier, nbytes: int, *, what: str):
+        ledger = self.store.budgets[tier]
+        self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
+        charge = (ledger, nbytes)
+        with self._lock:
+            entry.charged.append(charge)
+        return charge
+
+    def uncharge(self, entry, charge=None) -> None:
+        with self._lock:
+            if charge is None:
+                charges, entry.charged = entry.charged, []
+            elif charge in entry.charged:
+                entry.charged.remove(charge)
+                charges = [charge]
+            else:
+                charges = []
+        for ledger, nbytes in charges:
+            ledger.release(nbytes)
+
+    def charge_device(self, nbytes: int, what: str):
+        ledger = self.store.budgets[Tier.DEVICE]
+        self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
+        return ledger, nbytes
+
+    @staticmethod
+    def uncharge_device(charge) -> None:
+        ledger, nbytes = charge
+        ledger.release(nbytes)
+
+    def host_copy(self, raw: torch.Tensor) -> torch.Tensor:
+        """A host copy of ``raw`` (pinned on an accelerator, so the copy back is asynchronous)."""
+        if raw.device.type == "cpu":
+            return raw.clone()
+        out = torch.empty(raw.shape, dtype=raw.dtype, pin_memory=True)
+        out.copy_(raw, non_blocking=True)
+        return out

@@ -1,0 +1,559 @@
+"""The LLM planner: where each tensor rests and what each layer does with its activations.
+
+Inputs are a :class:`ModelProfile` (per streamed unit: parameters, FLOPs,
+saved-activation bytes, optionally measured compute times; built by
+``terastack.llm.profile``), a :class:`~terastack.plan.hardware.Hardware` and
+the device and host budgets. The output is an :class:`LLMPlan`: an activation
+policy per unit, a home (host or SSD) per training-state tensor, the ledger
+capacities the engine runs under, and a :class:`StepPrediction`.
+
+[Note: the step-time model]
+A training step moves through four pipelines that overlap each other:
+
+* compute: forward + backward of every unit, plus a second forward of every
+  recomputed unit;
+* the device link (accelerator <-> host): compute weights streamed in twice
+  (forward and backward), gradients out, activations swapped to host or SSD
+  out and back;
+* the SSD: state read (weights, fp32 masters, AdamW moments) and written
+  (masters, moments, low-precision copies), activations swapped to SSD;
+  reads and writes share the drives, so their times add;
+* the CPU optimizer: AdamW over every trainable parameter.
+
+With an accelerator the pipelines run on different hardware and the step takes
+the longest of them. Without one, compute, the optimizer and host-memory copies
+all run on the same cores, so their times add, and only the SSD overlaps.
+Added to that is the part no schedule hides: the first unit of the next
+forward needs the update of the last unit of this backward (eager updates) or
+the whole optimizer runs after backward (active offloading off).
+
+[Note: choosing the activation policy]
+Decoder layers are identical, so a policy is a count per option: ``n_ssd``
+layers swap their saved activations to the SSD, ``n_host`` to host memory,
+``n_rec`` keep only their input and recompute, the rest keep everything on the
+device. Every split is scored by the step-time model under the device and host
+budgets and the fastest feasible one wins (ties: less device memory). Layers
+that run first in forward swap first (their activations have the longest
+time to travel and return); the last layers keep theirs (backward needs them
+first). Units outside the decoder stack (embeddings, final norm, head) save
+little and keep.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from terastack.io.errors import BudgetError
+from terastack.plan.hardware import Hardware
+from terastack.units import format_bytes, parse_bytes
+
+POLICIES = ("keep", "host", "ssd", "recompute")
+#: the store rounds every record up to whole 4 KiB blocks (O_DIRECT); small tensors cost a block each
+BLOCK = 4096
+
+
+def held_bytes(nbytes: int) -> int:
+    """Bytes a record of ``nbytes`` takes in a tier of the store."""
+    return max(BLOCK, -(-nbytes // BLOCK) * BLOCK)
+
+
+def chunked_bytes(numel: int, elem: int, chunk: int) -> int:
+    """Bytes the optimizer chunks of a ``numel``-element tensor take (each chunk its own record)."""
+    full, rest = divmod(max(numel, 1), chunk)
+    return full * held_bytes(chunk * elem) + (held_bytes(rest * elem) if rest else 0)
+MODES = ("eager", "deferred", "after_backward")
+#: fp32 master + AdamW exp_avg + exp_avg_sq, bytes per trainable parameter
+STATE_BYTES = 12
+
+
+@dataclass(kw_only=True, slots=True)
+class UnitProfile:
+    """One streamed unit (an embedding, a decoder layer, the final norm, the head) at one batch shape."""
+
+    name: str
+    kind: str                      # "pre", "layer" or "post" (before, in, after the decoder stack)
+    tensors: tuple[str, ...]       # canonical names of the parameters it uses
+    params: int                    # parameters it uses (shared ones counted in each user)
+    trainable: int                 # trainable parameters it owns (counted in one unit only)
+    weight_bytes: int              # its compute weights in the compute dtype
+    fwd_flops: float
+    bwd_flops: float
+    act_bytes: int                 # activations its autograd graph saves (weights excluded)
+    boundary_bytes: int            # its inputs that need a gradient (what recompute keeps)
+    out_bytes: int = 0
+    #: measured on this machine (seconds); None: from FLOPs and the hardware's rate
+    fwd_s: float | None = None
+    bwd_s: float | None = None
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelProfile:
+    model: str
+    batch: int
+    seq_len: int
+    compute_bytes: int             # bytes per element of the compute weights (4 fp32, 2 bf16/fp16)
+    units: list[UnitProfile]
+    tensor_numel: dict[str, int]
+    tensor_trainable: dict[str, bool]
+    logits_bytes: int = 0
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.tensor_numel.values())
+
+    @property
+    def trainable_params(self) -> int:
+        return sum(n for name, n in self.tensor_numel.items() if self.tensor_trainable[name])
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.compute_bytes != 4
+
+    def state_bytes(self) -> int:
+        """Training state on the store: masters + moments (+ compute copies when they differ)."""
+        total = 0
+        for name, n in self.tensor_numel.items():
+            if self.tensor_trainable[name]:
+                total += n * (STATE_BYTES + (self.compute_bytes if self.mixed_precision else 0))
+            else:
+                total += n * self.compute_bytes
+        return total
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelProfile":
+        data = dict(data)
+        data["units"] = [UnitProfile(**{**u, "tensors": tuple(u["tensors"])}) for u in data["units"]]
+        return cls(**data)
+
+
+@dataclass(kw_only=True, slots=True)
+class StepPrediction:
+    step_s: float
+    tokens_per_s: float
+    bottleneck: str
+    compute_s: float
+    device_link_s: float
+    ssd_s: float
+    optimizer_s: float
+    host_copy_s: float
+    exposed_s: float
+    ssd_read_bytes: int
+    ssd_write_bytes: int
+    device_link_bytes: int
+    device_peak_bytes: int
+    host_peak_bytes: int
+    transient_bytes: int
+    prediction: bool = True        # from a hypothetical machine (not measured)
+
+
+@dataclass(frozen=True, slots=True)
+class LLMPlan:
+    """A placement: activation policy per unit, home per state tensor, capacities, predicted step."""
+
+    policies: tuple[str, ...]
+    #: canonical tensor name -> "host" or "ssd": where its fp32 master and moments rest
+    state_home: dict = field(compare=False)
+    #: canonical tensor name -> "host" or "ssd": where its compute copy rests (mixed precision / frozen)
+    compute_home: dict = field(compare=False)
+    mode: str
+    prefetch_depth: int
+    device_capacity: int           # the store's device ledger: weights in flight + activations
+    host_capacity: int             # the store's host ledger: host-resting state + working sets
+    grad_pool_bytes: int           # part of the host ledger held for gradients in flight
+    handoff_bytes: int             # fp32 masters backward may hand to the optimizer at once
+    prediction: StepPrediction
+    device_budget: int
+    host_budget: int
+
+    def summary(self) -> dict:
+        counts = {p: self.policies.count(p) for p in POLICIES}
+        host_state = sum(1 for v in self.state_home.values() if v == "host")
+        return {"policies": counts, "state_tensors_on_host": host_state,
+                "state_tensors_on_ssd": len(self.state_home) - host_state, "mode": self.mode,
+                "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
+                "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
+                "handoff_bytes": self.handoff_bytes,
+                **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
+
+    def describe(self, profile: ModelProfile) -> str:
+        """Human-readable placement, policy ranges and prediction."""
+        lines = []
+        ranges: list[tuple[str, int, int]] = []
+        layer_names = [u.name for u in profile.units]
+        for i, pol in enumerate(self.policies):
+            if ranges and ranges[-1][0] == pol and ranges[-1][2] == i - 1:
+                ranges[-1] = (pol, ranges[-1][1], i)
+            else:
+                ranges.append((pol, i, i))
+        lines.append("activations (per unit, forward order):")
+        for pol, a, b in ranges:
+            span = layer_names[a] if a == b else f"{layer_names[a]} .. {layer_names[b]}"
+            lines.append(f"  {pol:9s} {span}")
+        st_host = sum(profile.tensor_numel[n] for n, h in self.state_home.items() if h == "host")
+        st_all = sum(profile.tensor_numel[n] for n in self.state_home)
+        lines.append(f"fp32 masters + AdamW moments: {format_bytes(st_host * STATE_BYTES)} in host memory, "
+                     f"{format_bytes((st_all - st_host) * STATE_BYTES)} on SSD")
+        if self.compute_home:
+            cb = profile.compute_bytes
+            c_host = sum(profile.tensor_numel[n] for n, h in self.compute_home.items() if h == "host")
+            c_all = sum(profile.tensor_numel[n] for n in self.compute_home)
+            lines.append(f"compute weights ({cb} B/param): {format_bytes(c_host * cb)} in host memory, "
+                         f"{format_bytes((c_all - c_host) * cb)} on SSD")
+        p = self.prediction
+        label = "predicted" if p.prediction else "predicted (calibrated on this machine)"
+        lines.append(f"optimizer: {self.mode}; prefetch depth {self.prefetch_depth}")
+        lines.append(f"{label} step {p.step_s:.3f} s, {p.tokens_per_s:.1f} tokens/s, bottleneck: {p.bottleneck}")
+        lines.append(f"  compute {p.compute_s:.3f} s | device link {p.device_link_s:.3f} s | SSD {p.ssd_s:.3f} s "
+                     f"({format_bytes(p.ssd_read_bytes)} read, {format_bytes(p.ssd_write_bytes)} written) | "
+                     f"CPU AdamW {p.optimizer_s:.3f} s | host copies {p.host_copy_s:.3f} s | "
+                     f"not overlapped {p.exposed_s:.3f} s")
+        lines.append(f"  device peak {format_bytes(p.device_peak_bytes + p.transient_bytes)} of "
+                     f"{format_bytes(self.device_budget)}; host peak {format_bytes(p.host_peak_bytes)} of "
+                     f"{format_bytes(self.host_budget)}")
+        return "\n".join(lines)
+
+
+class PlanError(BudgetError):
+    """No placement fits the budgets; the message names the budget and the shortfall."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Shortfall:
+    budget: str
+    needed: int
+    available: int
+    limit: int
+    what: str
+
+    @property
+    def shortfall(self) -> int:
+        return self.needed - self.available
+
+    def error(self) -> PlanError:
+        return PlanError(self.budget, needed=self.needed, available=self.available, limit=self.limit,
+                         what=self.what)
+
+
+@dataclass(slots=True)
+class _Split:
+    """What a set of activation policies adds up to (the planner's search works on these sums)."""
+
+    kept: int            # activations kept on the device
+    boundary: int        # inputs kept by recomputed units
+    host_acts: int       # activations swapped to host memory
+    ssd_acts: int        # activations swapped to the SSD
+    max_swapped: int     # the largest swapped unit (in flight out and back at once)
+    recompute_s: float   # the second forward of recomputed units
+
+
+class LLMPlanner:
+    """Chooses activation policies and state homes that minimize the predicted step time."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        device_budget: int | str
+        host_budget: int | str
+        #: "auto" (search), one of POLICIES for every decoder layer, a comma-separated cycle of them over the
+        #: decoder layers ("keep,ssd"), or a tuple with one policy per unit
+        policy: str | tuple = "auto"
+        mode: str = "eager"
+        prefetch_depth: int = 1
+        #: fraction of the peak matmul rate reached by training (used when units have no measured times)
+        compute_efficiency: float = 0.5
+        #: "auto": state goes to host memory while it fits; "ssd": everything rests on the SSD
+        state_placement: str = "auto"
+        #: elements per optimizer chunk (the optimizer reads and writes its state in chunks of this size)
+        optimizer_chunk: int = 4 << 20
+
+        def __post_init__(self) -> None:
+            self.device_budget = parse_bytes(self.device_budget, field="device_budget")
+            self.host_budget = parse_bytes(self.host_budget, field="host_budget")
+            if isinstance(self.policy, str):
+                bad = [p for p in self.policy.split(",") if p not in POLICIES]
+                if self.policy != "auto" and bad:
+                    raise ValueError(f"policy: must be auto, one of {', '.join(POLICIES)}, or a comma-separated "
+                                     f"cycle of them over the decoder layers; got {self.policy!r}")
+            else:
+                self.policy = tuple(self.policy)
+                bad = [p for p in self.policy if p not in POLICIES]
+                if bad:
+                    raise ValueError(f"policy: unknown per-unit policies {bad}; choose from {', '.join(POLICIES)}")
+            if self.mode not in MODES:
+                raise ValueError(f"mode: must be one of {', '.join(MODES)}; got {self.mode!r}")
+            if self.prefetch_depth < 0:
+                raise ValueError(f"prefetch_depth: must be >= 0, got {self.prefetch_depth}")
+            if not 0 < self.compute_efficiency <= 1:
+                raise ValueError(f"compute_efficiency: must be in (0, 1], got {self.compute_efficiency}")
+            if self.state_placement not in ("auto", "ssd"):
+                raise ValueError(f"state_placement: must be auto or ssd; got {self.state_placement!r}")
+            if self.optimizer_chunk < 1024:
+                raise ValueError(f"optimizer_chunk: must be >= 1024 elements, got {self.optimizer_chunk}")
+
+    def __init__(self, config: "LLMPlanner.Config"):
+        self.config = config
+
+    # ------------------------------------------------------------------ plan
+    def plan(self, profile: ModelProfile, hw: Hardware) -> LLMPlan:
+        """The fastest placement that fits, or :class:`PlanError` naming the budget that is short."""
+        cfg = self.config
+        units = profile.units
+        if not units:
+            raise ValueError(f"{profile.model}: the profile has no units")
+        shortfall = None
+        for depth in sorted({cfg.prefetch_depth, 0}, reverse=True):
+            best = None
+            for policies in self._policy_choices(profile, hw):
+                scored = self._score(profile, hw, self._split(profile, hw, policies), depth)
+                if isinstance(scored, _Shortfall):
+                    if shortfall is None or scored.shortfall < shortfall.shortfall:
+                        shortfall = scored
+                    continue
+                pred = scored[0]
+                # fastest first; among equally fast splits the one that moves fewer bytes, then uses less memory
+                key = (round(pred.step_s, 6), pred.ssd_read_bytes + pred.ssd_write_bytes + pred.device_link_bytes
+                       + int(pred.host_copy_s * 1e9), pred.device_peak_bytes)
+                if best is None or key < best[0]:
+                    best = (key, policies, scored)
+            if best is not None:
+                _, policies, (pred, state_home, compute_home, grad_pool, handoff) = best
+                return LLMPlan(policies=tuple(policies), state_home=state_home, compute_home=compute_home,
+                               mode=cfg.mode, prefetch_depth=depth,
+                               device_capacity=cfg.device_budget - pred.transient_bytes,
+                               host_capacity=cfg.host_budget, grad_pool_bytes=grad_pool, handoff_bytes=handoff,
+                               prediction=pred,
+                               device_budget=cfg.device_budget, host_budget=cfg.host_budget)
+        raise shortfall.error()
+
+    def predict(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...],
+                depth: int | None = None) -> StepPrediction:
+        """The predicted step of given policies (for ablations); raises PlanError if they do not fit."""
+        scored = self._score(profile, hw, self._split(profile, hw, tuple(policies)),
+                             self.config.prefetch_depth if depth is None else depth)
+        if isinstance(scored, _Shortfall):
+            raise scored.error()
+        return scored[0]
+
+    def _policy_choices(self, profile: ModelProfile, hw: Hardware):
+        """Candidate policy tuples. See [Note: choosing the activation policy]."""
+        cfg = self.config
+        units = profile.units
+        if isinstance(cfg.policy, tuple):
+            if len(cfg.policy) != len(units):
+                raise ValueError(f"policy: {len(cfg.policy)} per-unit policies given for {len(units)} units")
+            yield cfg.policy
+            return
+        layers = [i for i, u in enumerate(units) if u.kind == "layer"]
+        if cfg.policy != "auto":
+            cycle = cfg.policy.split(",")
+            out = ["keep"] * len(units)
+            for j, i in enumerate(layers):
+                out[i] = cycle[j % len(cycle)]
+            yield tuple(out)
+            return
+        n = len(layers)
+        # Deep stacks: splits that differ by a layer or two score nearly alike, so counts step by `stride`
+        # (the last step lands on n, so all-keep and all-of-one-kind stay candidates).
+        stride = max(1, n // 24)
+        counts = sorted(set(range(0, n + 1, stride)) | {n})
+        for n_ssd in counts:
+            for n_host in (c for c in counts if c <= n - n_ssd):
+                for n_rec in (c for c in counts if c <= n - n_ssd - n_host):
+                    order = (["ssd"] * n_ssd + ["host"] * n_host + ["recompute"] * n_rec
+                             + ["keep"] * (n - n_ssd - n_host - n_rec))
+                    out = ["keep"] * len(units)
+                    for i, pol in zip(layers, order):
+                        out[i] = pol
+                    yield tuple(out)
+
+    def _split(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...]) -> _Split:
+        kept = boundary = host_acts = ssd_acts = max_swapped = 0
+        recompute_s = 0.0
+        for u, pol in zip(profile.units, policies):
+            if pol == "keep":
+                kept += u.act_bytes
+            elif pol == "recompute":
+                boundary += u.boundary_bytes
+                recompute_s += self._unit_times(u, hw)[0]
+            else:
+                max_swapped = max(max_swapped, u.act_bytes)
+                if pol == "host":
+                    host_acts += u.act_bytes
+                else:
+                    ssd_acts += u.act_bytes
+        return _Split(kept, boundary, host_acts, ssd_acts, max_swapped, recompute_s)
+
+    # -------------------------------------------------------------- scoring
+    def _score(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int):
+        """(prediction, state homes, compute homes, gradient pool) or the _Shortfall that rules it out."""
+        cfg = self.config
+        units = profile.units
+        cb = profile.compute_bytes
+        mixed = profile.mixed_precision
+        # ---- device ledger: weights in flight + activations that stay on the device
+        window = depth + 1
+        wbytes = [u.weight_bytes for u in units]
+        weights_ws = max(sum(wbytes[i:i + window]) for i in range(len(units)))
+        swap_flight = 2 * split.max_swapped
+        device_ledger = weights_ws + split.kept + split.boundary + swap_flight
+        grad_unit = max(u.trainable * 4 for u in units)
+        transient = int(max(u.act_bytes + u.weight_bytes for u in units) + grad_unit * cb / 4
+                        + 3 * profile.logits_bytes)
+        if device_ledger + transient > cfg.device_budget:
+            return _Shortfall(
+                "device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
+                what=f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
+                     f"activations ({format_bytes(split.kept + split.boundary)} kept, {format_bytes(swap_flight)} "
+                     f"in flight) and one unit's working memory ({format_bytes(transient)})")
+        # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state
+        grads = sorted((u.trainable * 4 for u in units), reverse=True)
+        grad_pool = grads[0] + (grads[1] if len(grads) > 1 else 0)
+        # [Note: optimizer chunks]: two chunks in flight (moments, mixed-precision masters, spilled gradients);
+        # fp32 masters arrive whole, handed over by backward (two units: the one updating, the next one).
+        chunk = min(cfg.optimizer_chunk, max(profile.tensor_numel.values()))
+        per_chunk = 2 + (1 if mixed else 0) + (1 if cfg.mode != "eager" else 0)  # records per chunk
+        opt_ws = 2 * per_chunk * held_bytes(chunk * 4)
+        handoff = 0
+        if mixed:
+            opt_ws += max(profile.tensor_numel.values()) * cb  # the compute copy rebuilt from the new master
+        elif cfg.mode == "eager":
+            # masters handed over by backward, each a padded record
+            held = sorted((sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors
+                               if profile.tensor_trainable[t]) for u in units), reverse=True)
+            handoff = held[0] + (held[1] if len(held) > 1 else 0)
+        else:
+            opt_ws += held_bytes(4 * max(profile.tensor_numel.values()))  # the master read whole for its update
+        host_fixed = grad_pool + opt_ws + handoff + split.host_acts
+        if host_fixed > cfg.host_budget:
+            return _Shortfall(
+                "host", needed=host_fixed, available=cfg.host_budget, limit=cfg.host_budget,
+                what=f"{profile.model}: gradients in flight ({format_bytes(grad_pool)}), the optimizer's working "
+                     f"set ({format_bytes(opt_ws)}) and activations swapped to host "
+                     f"({format_bytes(split.host_acts)})")
+        room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
+        state_home, compute_home, host_state, read, write = self._homes(profile, room)
+        pred = self._predict(profile, hw, split, state_home, read, write, depth,
+                             device_peak=device_ledger, host_peak=host_fixed + host_state, transient=transient)
+        return pred, state_home, compute_home, grad_pool, handoff
+
+    def _homes(self, profile: ModelProfile, room: int):
+        """Fill host memory with the state that moves the most bytes per byte held; the rest rests on SSD.
+
+        Returns the homes, the host bytes they take, and the SSD bytes read and written per step.
+        """
+        cache = getattr(self, "_homes_cache", None)
+        if cache is None or cache[0] is not profile:
+            cache = self._homes_cache = (profile, {})
+        if room in cache[1]:
+            return cache[1][room]
+        cb = profile.compute_bytes
+        mixed = profile.mixed_precision
+        ch = self.config.optimizer_chunk
+        items = []  # (SSD bytes per step per byte held, kind, name, bytes held, read, written)
+        for name, n in profile.tensor_numel.items():
+            if profile.tensor_trainable[name]:
+                moments = 2 * chunked_bytes(n, 4, ch)
+                if mixed:
+                    state = moments + chunked_bytes(n, 4, ch)
+                    items.append((2.0, "compute", name, held_bytes(n * cb), 2 * n * cb, n * cb))
+                    items.append((2.0, "state", name, state, n * STATE_BYTES, n * STATE_BYTES))
+                else:
+                    # fp32: the master is the compute copy: read in forward and backward (backward hands it to
+                    # the optimizer), moments read once; all three written once
+                    items.append((28 / 12, "state", name, moments + held_bytes(n * 4), n * 16, n * STATE_BYTES))
+            else:
+                items.append((2.0, "compute", name, held_bytes(n * cb), 2 * n * cb, 0))
+        items.sort(key=lambda it: -it[0])
+        state_home, compute_home = {}, {}
+        host = read = write = 0
+        for _, kind, name, held, r, w in items:
+            if held <= room:
+                room -= held
+                host += held
+                home = "host"
+            else:
+                home = "ssd"
+                read += r
+                write += w
+            (state_home if kind == "state" else compute_home)[name] = home
+        cache[1][room] = out = (state_home, compute_home, host, read, write)
+        return out
+
+    def _unit_times(self, u: UnitProfile, hw: Hardware) -> tuple[float, float]:
+        if u.fwd_s is not None and u.bwd_s is not None:
+            return u.fwd_s, u.bwd_s
+        rate = hw.compute_flops * self.config.compute_efficiency
+        if rate <= 0:
+            raise ValueError("hardware: no compute rate (cpu_flops or gpu_flops) to predict a step time from")
+        return u.fwd_flops / rate, u.bwd_flops / rate
+
+    def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, state_home: dict, read: int,
+                 write: int, depth: int, *, device_peak: int, host_peak: int, transient: int) -> StepPrediction:
+        """See [Note: the step-time model]."""
+        cfg = self.config
+        cb = profile.compute_bytes
+        mixed = profile.mixed_precision
+        gpu = hw.has_gpu
+        fwd = bwd = 0.0
+        for u in profile.units:
+            f, b = self._unit_times(u, hw)
+            fwd += f
+            bwd += b
+        compute = fwd + bwd + split.recompute_s
+        grad_unit = max(u.trainable * 4 for u in profile.units)
+        if cfg.mode != "eager":
+            # gradients wait for the norm; those beyond the pool travel through the SSD and back
+            spill = max(0, profile.trainable_params * 4 - 2 * grad_unit)
+            read += spill
+            write += spill
+        read += split.ssd_acts
+        write += split.ssd_acts
+        read_bw = hw.ssd_read_total or 1e9
+        write_bw = hw.ssd_write_total or 1e9
+        ssd = read / read_bw + write / write_bw
+        link_bytes = 0
+        link = host_copy = 0.0
+        if gpu:
+            weights = sum(u.weight_bytes for u in profile.units)
+            h2d = 2 * weights + split.host_acts + split.ssd_acts
+            d2h = profile.trainable_params * cb + split.host_acts + split.ssd_acts
+            link_bytes = h2d + d2h
+            link = max(h2d, d2h) / (hw.pcie_bytes_per_s or 16e9)
+        else:
+            host_copy = split.host_acts / (hw.memcpy_bytes_per_s or 5e9)
+        adam_rate = hw.cpu_adam_params_per_s or 2e8
+        optimizer = profile.trainable_params / adam_rate
+        # ---- the part no schedule hides
+        first = profile.units[0]
+        first_state = first.trainable * (STATE_BYTES + (cb if mixed else 0))
+        first_io = (first_state / read_bw + first_state / write_bw
+                    if any(state_home.get(t) == "ssd" for t in first.tensors) else 0.0)
+        if cfg.mode == "after_backward":
+            state_ssd = sum(profile.tensor_numel[n] for n, h in state_home.items() if h == "ssd") * STATE_BYTES
+            exposed = max(optimizer if gpu else 0.0, state_ssd / read_bw + state_ssd / write_bw)
+        elif cfg.mode == "deferred":
+            exposed = max(0.0, (optimizer if gpu else 0.0) - fwd) + first_io
+        else:
+            exposed = first_io + (first.trainable / adam_rate if gpu else 0.0)
+        if depth == 0:
+            # no prefetch: every unit's weights arrive while compute waits
+            exposed += sum(u.weight_bytes for u in profile.units) * 2 / read_bw
+        if gpu:
+            pipes = {"compute": compute, "device link": link, "SSD": ssd, "CPU optimizer": optimizer}
+        else:
+            pipes = {"CPU (compute + AdamW + host copies)": compute + optimizer + host_copy, "SSD": ssd}
+        bottleneck = max(pipes, key=pipes.get)
+        step = pipes[bottleneck] + exposed
+        return StepPrediction(step_s=step, tokens_per_s=profile.tokens / step if step > 0 else 0.0,
+                              bottleneck=bottleneck, compute_s=compute, device_link_s=link, ssd_s=ssd,
+                              optimizer_s=optimizer, host_copy_s=host_copy, exposed_s=exposed,
+                              ssd_read_bytes=int(read), ssd_write_bytes=int(write),
+                              device_link_bytes=int(link_bytes), device_peak_bytes=int(device_peak),
+                              host_peak_bytes=int(host_peak), transient_bytes=int(transient),
+                              prediction=not hw.measured)

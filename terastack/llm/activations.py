@@ -122,6 +122,9 @@ class ActivationStash:
         if self.policy == "keep":
             return
         rt = self.runtime
+        if self.policy == "ssd":
+            rt.throttle_activation_writes()
+        writes = []
         for entry in self._entries.values():
             raw, entry.tensor = entry.tensor, None
             if self.policy == "host":
@@ -135,6 +138,9 @@ class ActivationStash:
             entry.write = rt.store.put(entry.record, raw.cpu() if raw.device.type != "cpu" else raw, home=Tier.SSD)
             rt.track_write(entry.write)
             entry.write.add_done_callback(lambda _f, e=entry, c=charge: rt.uncharge(e, c))
+            writes.append(entry.write)
+        if writes:
+            rt.activation_writes_issued(writes)
 
     def prefetch(self) -> None:
         """Start bringing SSD-swapped activations back to the device (called one unit ahead in backward)."""

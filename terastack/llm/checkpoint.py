@@ -132,7 +132,8 @@ def save_checkpoint(trainer, path: str | os.PathLike, *, extra: dict | None = No
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in root.glob("step-*"):
+    # Older snapshots, and debris of writers killed mid-save (one writer per checkpoint directory).
+    for old in [*root.glob("step-*"), *root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
         if old.name != name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
     return root / name

@@ -123,7 +123,7 @@ class OffloadedAdamW:
                 raise ValueError(f"impl: must be auto, fused, foreach or single; got {self.impl!r}")
 
     def __init__(self, config: "OffloadedAdamW.Config", runtime, tensors: dict, *, grad_pool_bytes: int,
-                 handoff_bytes: int = 0):
+                 handoff_bytes: int = 0, writeback_bytes: int = 1 << 62):
         self.config = config
         self.rt = runtime
         self.store = runtime.store
@@ -137,6 +137,8 @@ class OffloadedAdamW:
         self.handoff_limit = handoff_bytes
         self._handed: dict[str, int] = {}
         self._ahead: set[tuple[str, int]] = set()
+        self.writeback_limit = writeback_bytes
+        self._writebacks: collections.deque = collections.deque()  # (future, bytes) of state being written
         self._adam = adamw_kwargs(config.impl, torch.device("cpu"))
         self._gates: dict[str, Future] = {}
         self._contrib: dict[str, int] = {}
@@ -404,6 +406,8 @@ class OffloadedAdamW:
                     self._prefetch_job(nxt.names[0], 0)
                 with self._cv:
                     self._ahead.discard((name, k))
+                self._throttle_writebacks(sum(self.store.record(r).padded for r in self._job_records(name, k)
+                                              if not r.startswith("g:")))
                 info = self.tensors[name]
                 held = self._grads[name]
                 if rt.master_is_compute:
@@ -431,12 +435,29 @@ class OffloadedAdamW:
                     low[name][lo:hi].copy_(p)
                     done.append(rt.master_records(name)[k])
                 for record in done:
-                    self.store.mark_dirty(record)
-                    rt.track_write(self.store.evict(record))
+                    self._write_back(record)
                 if held.records:
                     self.store.delete(held.records[k])
                 if hi == info.numel or (info.numel == 0):
                     self._finish(name, whole.pop(name, None), low.pop(name, None))
+
+    def _write_back(self, record: str) -> None:
+        """Send an updated record home (SSD: written, then its host buffer freed)."""
+        self.store.mark_dirty(record)
+        fut = self.rt.track_write(self.store.evict(record))
+        if not fut.done():
+            self._writebacks.append((fut, self.store.record(record).padded))
+
+    def _throttle_writebacks(self, incoming: int) -> None:
+        """Make room for ``incoming`` bytes of write-backs within the plan's allowance (waiting for older ones)."""
+        while self._writebacks:
+            if self._writebacks[0][0].done():
+                self._writebacks.popleft()
+                continue
+            if sum(n for _, n in self._writebacks) + incoming <= self.writeback_limit:
+                return
+            fut, _ = self._writebacks.popleft()
+            self.rt.wait(fut, "optimizer state written back to the SSD")
 
     def _finish(self, name: str, master: torch.Tensor | None, low: torch.Tensor | None) -> None:
         """The last chunk of ``name`` is updated: write the master or compute copy back, open its gate."""
@@ -444,9 +465,8 @@ class OffloadedAdamW:
         self.steps[name] += 1
         self.updated_params += self.tensors[name].numel
         if master is not None:
-            record = f"p:{name}"
-            self.store.mark_dirty(record)
-            rt.track_write(self.store.evict(record))
+            self._throttle_writebacks(self.store.record(f"p:{name}").padded)
+            self._write_back(f"p:{name}")
         if low is not None:
             rt.write_compute_copy(name, low.view(self.tensors[name].shape))
         with self._cv:

@@ -82,7 +82,7 @@ class _Recorder:
         self.records[unit.index] = {
             "fwd_flops": float(fwd), "bwd_flops": float(bwd), "act_bytes": int(sum(saved.values())),
             "boundary_bytes": int(sum(meta_flat[i].numel() * meta_flat[i].element_size() for i in floating_in)),
-            "out_bytes": int(sum(o.numel() * o.element_size() for o in outs))}
+            "out_bytes": int(sum(o.numel() * o.element_size() for o in outs)), "act_tensors": len(saved)}
         # real arguments, kept for calibration (grad inputs are replaced by random data there)
         self.calls[unit.index] = (call.flat, call.spec, floating_in)
         real = []
@@ -132,7 +132,8 @@ def profile_model(trainer_like, *, batch: int, seq_len: int, compute_bytes: int,
         out_units.append(UnitProfile(name=u.path, kind=u.kind, tensors=names, params=params, trainable=trainable,
                                      weight_bytes=weight_bytes, fwd_flops=r["fwd_flops"], bwd_flops=r["bwd_flops"],
                                      act_bytes=r["act_bytes"], boundary_bytes=r["boundary_bytes"],
-                                     out_bytes=r["out_bytes"], fwd_s=fwd_s, bwd_s=bwd_s))
+                                     out_bytes=r["out_bytes"], act_tensors=r["act_tensors"], fwd_s=fwd_s,
+                                     bwd_s=bwd_s))
     last = rec.records[order[-1]]
     logits_bytes = last["out_bytes"] * (4 // compute_bytes if compute_bytes < 4 else 1)
     return ModelProfile(model=name, batch=batch, seq_len=seq_len, compute_bytes=compute_bytes, units=out_units,

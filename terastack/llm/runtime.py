@@ -41,6 +41,7 @@ class StepRuntime:
         self._writes: collections.deque[Future] = collections.deque()
         self._lock = threading.Lock()
         self._stashes: dict[int, object] = {}
+        self._act_writes: collections.deque[list] = collections.deque()
 
     # ----------------------------------------------------------- dispatch
     def run(self, unit, args, kwargs):
@@ -161,6 +162,16 @@ class StepRuntime:
             opt.wait_progress(min(1.0, max(0.0, deadline - time.monotonic())))
             return time.monotonic() < deadline
         return False
+
+    def throttle_activation_writes(self) -> None:
+        """Before a unit swaps its activations out: wait for every earlier unit's writes but the last one's, so
+        at most two units' activations are on their way to the SSD (the planner's allowance)."""
+        while len(self._act_writes) > 1:
+            for fut in self._act_writes.popleft():
+                self.wait(fut, "activations written to the SSD")
+
+    def activation_writes_issued(self, writes: list) -> None:
+        self._act_writes.append(writes)
 
     # ----------------------------------------------------- ledger charges
     def charge(self, entry, tier: Tier, nbytes: int, *, what: str):

@@ -125,7 +125,7 @@ class Trainer:
                 lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
                 max_grad_norm=config.max_grad_norm, mode=config.optimizer_mode, impl=config.optimizer_impl,
                 timeout=config.timeout), self.runtime, self.tensors, grad_pool_bytes=self.plan.grad_pool_bytes,
-                handoff_bytes=self.plan.handoff_bytes)
+                handoff_bytes=self.plan.handoff_bytes, writeback_bytes=self.plan.writeback_bytes)
             if resume_state is None:
                 self._fill(source)
             else:

@@ -81,6 +81,7 @@ class UnitProfile:
     act_bytes: int                 # activations its autograd graph saves (weights excluded)
     boundary_bytes: int            # its inputs that need a gradient (what recompute keeps)
     out_bytes: int = 0
+    act_tensors: int = 0           # saved storages (each a padded store record when swapped to the SSD)
     #: measured on this machine (seconds); None: from FLOPs and the hardware's rate
     fwd_s: float | None = None
     bwd_s: float | None = None
@@ -168,6 +169,7 @@ class LLMPlan:
     host_capacity: int             # the store's host ledger: host-resting state + working sets
     grad_pool_bytes: int           # part of the host ledger held for gradients in flight
     handoff_bytes: int             # fp32 masters backward may hand to the optimizer at once
+    writeback_bytes: int           # updated state the optimizer may have in flight to the SSD
     prediction: StepPrediction
     device_budget: int
     host_budget: int
@@ -179,7 +181,7 @@ class LLMPlan:
                 "state_tensors_on_ssd": len(self.state_home) - host_state, "mode": self.mode,
                 "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
                 "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
-                "handoff_bytes": self.handoff_bytes,
+                "handoff_bytes": self.handoff_bytes, "writeback_bytes": self.writeback_bytes,
                 **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
 
     def describe(self, profile: ModelProfile) -> str:
@@ -322,11 +324,12 @@ class LLMPlanner:
                 if best is None or key < best[0]:
                     best = (key, policies, scored)
             if best is not None:
-                _, policies, (pred, state_home, compute_home, grad_pool, handoff) = best
+                _, policies, (pred, state_home, compute_home, grad_pool, handoff, writeback) = best
                 return LLMPlan(policies=tuple(policies), state_home=state_home, compute_home=compute_home,
                                mode=cfg.mode, prefetch_depth=depth,
                                device_capacity=cfg.device_budget - pred.transient_bytes,
                                host_capacity=cfg.host_budget, grad_pool_bytes=grad_pool, handoff_bytes=handoff,
+                               writeback_bytes=writeback,
                                prediction=pred,
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget)
         raise shortfall.error()
@@ -382,7 +385,7 @@ class LLMPlanner:
                 boundary += u.boundary_bytes
                 recompute_s += self._unit_times(u, hw)[0]
             else:
-                max_swapped = max(max_swapped, u.act_bytes)
+                max_swapped = max(max_swapped, u.act_bytes + (u.act_tensors * BLOCK if pol == "ssd" else 0))
                 if pol == "host":
                     host_acts += u.act_bytes
                 else:
@@ -418,18 +421,23 @@ class LLMPlanner:
         # fp32 masters arrive whole, handed over by backward (two units: the one updating, the next one).
         chunk = min(cfg.optimizer_chunk, max(profile.tensor_numel.values()))
         per_chunk = 2 + (1 if mixed else 0) + (1 if cfg.mode != "eager" else 0)  # records per chunk
-        opt_ws = 2 * per_chunk * held_bytes(chunk * 4)
+        jobs = 2 * per_chunk * held_bytes(chunk * 4)  # the chunk being updated and the one read ahead
+        largest = max(profile.tensor_numel.values())
         handoff = 0
+        writeback = jobs  # updated chunks on their way back to the SSD (the optimizer waits beyond this)
+        opt_ws = jobs
         if mixed:
-            opt_ws += max(profile.tensor_numel.values()) * cb  # the compute copy rebuilt from the new master
-        elif cfg.mode == "eager":
-            # masters handed over by backward, each a padded record
-            held = sorted((sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors
-                               if profile.tensor_trainable[t]) for u in units), reverse=True)
-            handoff = held[0] + (held[1] if len(held) > 1 else 0)
+            opt_ws += largest * cb  # the compute copy rebuilt from the new master
         else:
-            opt_ws += held_bytes(4 * max(profile.tensor_numel.values()))  # the master read whole for its update
-        host_fixed = grad_pool + opt_ws + handoff + split.host_acts
+            writeback += held_bytes(4 * largest)  # a whole fp32 master being written back
+            if cfg.mode == "eager":
+                # masters handed over by backward, each a padded record
+                held = sorted((sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors
+                                   if profile.tensor_trainable[t]) for u in units), reverse=True)
+                handoff = held[0] + (held[1] if len(held) > 1 else 0)
+            else:
+                opt_ws += held_bytes(4 * largest)  # the master read whole for its update
+        host_fixed = grad_pool + opt_ws + writeback + handoff + split.host_acts
         if host_fixed > cfg.host_budget:
             return _Shortfall(
                 "host", needed=host_fixed, available=cfg.host_budget, limit=cfg.host_budget,
@@ -440,7 +448,7 @@ class LLMPlanner:
         state_home, compute_home, host_state, read, write = self._homes(profile, room)
         pred = self._predict(profile, hw, split, state_home, read, write, depth,
                              device_peak=device_ledger, host_peak=host_fixed + host_state, transient=transient)
-        return pred, state_home, compute_home, grad_pool, handoff
+        return pred, state_home, compute_home, grad_pool, handoff, writeback
 
     def _homes(self, profile: ModelProfile, room: int):
         """Fill host memory with the state that moves the most bytes per byte held; the rest rests on SSD.

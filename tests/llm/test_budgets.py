@@ -1,0 +1,52 @@
+"""Budgets are contracts: the ledgers' peaks stay within the plan's formulas, which stay within the budgets."""
+import pytest
+
+from llm_helpers import batches, make_model
+from terastack.llm import Trainer
+from terastack.plan.llm_planner import held_bytes
+
+
+@pytest.mark.parametrize("policy,placement", [("keep", "ssd"), ("recompute", "auto"), ("ssd", "ssd"),
+                                              ("host", "auto"), ("keep,host,ssd,recompute", "ssd")])
+def test_ledger_peaks_within_plan(policy, placement, tmp_path, trainer_config):
+    make_model("llama", tmp_path / "model", layers=4)
+    cfg = trainer_config(activation_policy=policy, state_placement=placement, device_budget="4MiB",
+                         host_budget="3MiB")
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+        for ids in batches(3):
+            t.step(ids)
+        t.synchronize()
+        plan, pred, use = t.plan, t.plan.prediction, t.usage()
+        # device: weights of (depth + 1) units in flight + activations kept/in flight (the planner's formula)
+        window = max(sum(u.weight_bytes for u in t.profile.units[i:i + plan.prefetch_depth + 1])
+                     for i in range(len(t.profile.units)))
+        kept = sum(u.act_bytes for u, p in zip(t.profile.units, plan.policies) if p == "keep")
+        assert use["device"]["peak"] <= pred.device_peak_bytes
+        assert pred.device_peak_bytes >= window + kept
+        assert pred.device_peak_bytes + pred.transient_bytes <= plan.device_budget
+        # host: the store's host ledger and the gradient pool together stay within the host budget
+        assert use["grad_pool"]["peak"] <= plan.grad_pool_bytes
+        assert use["host"]["peak"] <= pred.host_peak_bytes - plan.grad_pool_bytes
+        assert pred.host_peak_bytes <= plan.host_budget
+        # what rests in host memory at the end is the state the plan placed there
+        resting = sum(held_bytes(r.nbytes) for r in map(t.store.record, t.store.names())
+                      if r.home.value == "host")
+        assert use["host"]["used"] == resting
+
+
+def test_weights_stream_one_unit_ahead(tmp_path, trainer_config):
+    """With prefetch depth 1 and decoder layers recomputed, the device holds at most two units' weights (plus
+    the inputs kept for recomputation and the small activations of the other units) at any time."""
+    make_model("llama", tmp_path / "model", layers=8)
+    cfg = trainer_config(activation_policy="recompute", state_placement="ssd", prefetch_depth=1)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+        for ids in batches(2):
+            t.step(ids)
+        units = t.profile.units
+        two = max(units[i].weight_bytes + units[i + 1].weight_bytes for i in range(len(units) - 1))
+        boundary = sum(u.boundary_bytes for u in units if u.kind == "layer")
+        kept = sum(u.act_bytes for u in units if u.kind != "layer")  # embedding, norm and head keep theirs
+        peak = t.usage()["device"]["peak"]
+        assert peak <= two + boundary + kept
+        total = sum(u.weight_bytes for u in units)
+        assert peak < total / 2  # the model's weights were never all on the device

@@ -16,9 +16,11 @@ MODELS: dict[str, dict] = {
     "tiny-llama": {**_LLAMA, "vocab_size": BYTE_VOCAB, "hidden_size": 256, "intermediate_size": 688,
                    "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 4,
                    "max_position_embeddings": 1024, "bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258},
-    # the model of `terastack bench llm`: about 148M parameters, Llama-2 shapes scaled down
-    "llama-150m": {**_LLAMA, "vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2560,
-                   "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 12,
+    # the model of `terastack bench llm`: 154M parameters. Its proportions follow the models the engine is for
+    # (in Llama-2-7B a decoder layer holds 202M parameters, the embedding 131M): a decoder layer (7.1M) is
+    # larger than the embedding (6.1M); with a 32K vocabulary a model this small would be a quarter embedding.
+    "llama-150m": {**_LLAMA, "vocab_size": 8000, "hidden_size": 768, "intermediate_size": 2048,
+                   "num_hidden_layers": 20, "num_attention_heads": 12, "num_key_value_heads": 12,
                    "max_position_embeddings": 2048},
     "llama-2-7b": {**_LLAMA, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
                    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,

@@ -42,6 +42,8 @@ class TrainerConfig:
     device_budget: int | str = "auto"
     #: host memory terastack may use for training state and working sets ("auto": a quarter of RAM)
     host_budget: int | str = "auto"
+    #: without an accelerator, one budget for both tiers (both are host memory); the planner splits it
+    memory_budget: int | str | None = None
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -82,6 +84,10 @@ class TrainerConfig:
             value = getattr(self, name)
             if value != "auto":
                 setattr(self, name, parse_bytes(value, field=name))
+        if self.memory_budget is not None:
+            self.memory_budget = parse_bytes(self.memory_budget, field="memory_budget")
+            if self.device_budget != "auto" or self.host_budget != "auto":
+                raise ValueError("memory_budget: give either memory_budget or device_budget/host_budget, not both")
         if not self.lr >= 0:
             raise ValueError(f"lr: must be >= 0, got {self.lr}")
         self.betas = tuple(float(b) for b in self.betas)

@@ -41,6 +41,7 @@ import torch
 from terastack import trace
 from terastack.io.errors import BudgetError
 from terastack.io.futures import Future
+from terastack.plan.llm_planner import held_bytes
 from terastack.tiers import BudgetLedger, Tier
 
 MODES = ("eager", "deferred", "after_backward")
@@ -123,7 +124,7 @@ class OffloadedAdamW:
                 raise ValueError(f"impl: must be auto, fused, foreach or single; got {self.impl!r}")
 
     def __init__(self, config: "OffloadedAdamW.Config", runtime, tensors: dict, *, grad_pool_bytes: int,
-                 handoff_bytes: int = 0, writeback_bytes: int = 1 << 62):
+                 masters_bytes: int = 1 << 62, writeback_bytes: int = 1 << 62):
         self.config = config
         self.rt = runtime
         self.store = runtime.store
@@ -131,11 +132,15 @@ class OffloadedAdamW:
         self.lr = config.lr
         self.steps: dict[str, int] = {name: 0 for name in self.tensors}
         self.grad_pool = BudgetLedger("host (gradients in flight)", grad_pool_bytes)
-        # Host memory the optimizer may hold ahead of its work: fp32 masters handed over by backward (at most
-        # `handoff_bytes`) and one chunk read ahead. Both are in the planner's working set; without these
-        # limits a lagging optimizer would fill the host ledger with work it has not reached.
-        self.handoff_limit = handoff_bytes
-        self._handed: dict[str, int] = {}
+        # Host memory the optimizer may hold (the planner's working set): whole fp32 masters -- handed over by
+        # backward, read for an update, or on their way back -- within `masters_bytes`, of which the largest
+        # master's size is kept free for the update's own read; one chunk read ahead; chunks being written back
+        # within `writeback_bytes`. Without these limits a lagging optimizer would fill the host ledger with work
+        # it has not reached.
+        self.masters_limit = masters_bytes
+        largest = max((i.numel for i in self.tensors.values()), default=0)
+        self._master_reserve = held_bytes(4 * largest)
+        self._masters: dict[str, int] = {}
         self._ahead: set[tuple[str, int]] = set()
         self.writeback_limit = writeback_bytes
         self._writebacks: collections.deque = collections.deque()  # (future, bytes) of state being written
@@ -188,11 +193,11 @@ class OffloadedAdamW:
             return set()
         out = set()
         with self._cv:
-            held = sum(self._handed.values())
+            held = sum(self._masters.values())
             for name in self._last_users.get(unit.index, ()):
-                nbytes = self.tensors[name].numel * 4
-                if held + nbytes <= self.handoff_limit:
-                    self._handed[name] = nbytes
+                nbytes = held_bytes(self.tensors[name].numel * 4)
+                if held + nbytes <= self.masters_limit - self._master_reserve:
+                    self._masters[name] = nbytes
                     held += nbytes
                     out.add(name)
         return out
@@ -364,6 +369,8 @@ class OffloadedAdamW:
 
     # ---------------------------------------------------------------- worker
     def _worker(self) -> None:
+        # (torch.set_num_threads here would also change MKL's process-wide thread count: the model's matmuls
+        # would run on one core. The optimizer shares the intra-op pool setting of the process.)
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue or self._closed)
@@ -412,6 +419,7 @@ class OffloadedAdamW:
                 held = self._grads[name]
                 if rt.master_is_compute:
                     if name not in whole:
+                        self._admit_master(name)
                         whole[name] = self._fetch(f"p:{name}", f"master {name!r} for its update").view(-1)
                     p = whole[name][lo:hi]
                 else:
@@ -459,18 +467,36 @@ class OffloadedAdamW:
             fut, _ = self._writebacks.popleft()
             self.rt.wait(fut, "optimizer state written back to the SSD")
 
+    def _admit_master(self, name: str) -> None:
+        """Before reading a whole master for its update: wait until it fits the masters allowance."""
+        nbytes = held_bytes(self.tensors[name].numel * 4)
+        with self._cv:
+            if name in self._masters:
+                return  # handed over by backward
+            ok = self._cv.wait_for(lambda: sum(self._masters.values()) + nbytes <= self.masters_limit
+                                   or not self._masters, self.config.timeout)
+            if not ok:
+                raise TimeoutError(f"waited {self.config.timeout:.0f} s for masters being written back before "
+                                   f"reading {name!r}")
+            self._masters[name] = nbytes
+
+    def _master_gone(self, name: str) -> None:
+        with self._cv:
+            self._masters.pop(name, None)
+            self._cv.notify_all()
+
     def _finish(self, name: str, master: torch.Tensor | None, low: torch.Tensor | None) -> None:
         """The last chunk of ``name`` is updated: write the master or compute copy back, open its gate."""
         rt = self.rt
         self.steps[name] += 1
         self.updated_params += self.tensors[name].numel
         if master is not None:
-            self._throttle_writebacks(self.store.record(f"p:{name}").padded)
-            self._write_back(f"p:{name}")
+            record = f"p:{name}"
+            self.store.mark_dirty(record)
+            fut = rt.track_write(self.store.evict(record))
+            fut.add_done_callback(lambda _f, n=name: self._master_gone(n))
         if low is not None:
             rt.write_compute_copy(name, low.view(self.tensors[name].shape))
-        with self._cv:
-            self._handed.pop(name, None)
         held = self._grads.pop(name)
         held.tensor = None
         if held.charged:

@@ -198,3 +198,69 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, name: str, lora=None,
+                   calibrate: bool = False, device: torch.device | None = None) -> ModelProfile:
+    """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
+    layers and the second one repeated: decoder layers of one model are identical."""
+    import copy
+    from types import SimpleNamespace
+
+    from terastack.llm.model import build_skeleton, find_units, set_submodule
+    from terastack.llm.runtime import StepRuntime
+    from terastack.llm.units import StreamedUnit
+
+    layers = int(getattr(hf_config, "num_hidden_layers", 0) or 0)
+    small = hf_config
+    if layers > 4:
+        small = copy.deepcopy(hf_config)
+        small.num_hidden_layers = 2
+        if isinstance(getattr(small, "layer_types", None), list):
+            small.layer_types = small.layer_types[:2]
+    model = build_skeleton(small, dtype=dtype)
+    if lora is not None:
+        from terastack.llm.lora import apply_lora
+
+        model, _ = apply_lora(model, lora)
+    units, tensors = find_units(model)
+    rt = StepRuntime(store=None, units=units, tensors=tensors, plan=None, policies={}, compute_dtype=dtype,
+                     timeout=60.0)
+    for unit in units:
+        set_submodule(model, unit.path, StreamedUnit(unit, rt))
+    profile = profile_model(SimpleNamespace(runtime=rt, model=model), batch=batch, seq_len=seq_len,
+                            compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
+                            calibrate=calibrate, device=device)
+    return profile if small is hf_config else repeat_layers(profile, layers)
+
+
+def repeat_layers(profile: ModelProfile, layers: int) -> ModelProfile:
+    """``profile`` (two decoder layers) with its second layer repeated to ``layers`` layers."""
+    import dataclasses
+
+    stack = [u for u in profile.units if u.kind == "layer"]
+    if len(stack) != 2:
+        raise ValueError(f"repeat_layers: expected a two-layer profile, got {len(stack)} layers")
+    template = stack[1]
+    base = template.name.rsplit(".", 1)[0]
+    old_prefixes = (f"{stack[0].name}.", f"{template.name}.")
+
+    def rename(name: str, i: int) -> str:
+        return name.replace(f"{template.name}.", f"{base}.{i}.", 1)
+
+    numel = {n: c for n, c in profile.tensor_numel.items() if not n.startswith(old_prefixes)}
+    trainable = {n: t for n, t in profile.tensor_trainable.items() if not n.startswith(old_prefixes)}
+    new_layers = []
+    for i in range(layers):
+        names = tuple(rename(t, i) for t in template.tensors)
+        for t_old, t_new in zip(template.tensors, names):
+            numel[t_new] = profile.tensor_numel[t_old]
+            trainable[t_new] = profile.tensor_trainable[t_old]
+        new_layers.append(dataclasses.replace(template, name=f"{base}.{i}", tensors=names))
+    units = []
+    for u in profile.units:
+        if u.kind != "layer":
+            units.append(u)
+        elif u is stack[0]:
+            units.extend(new_layers)
+    return dataclasses.replace(profile, units=units, tensor_numel=numel, tensor_trainable=trainable)

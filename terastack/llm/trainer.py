@@ -99,12 +99,8 @@ class Trainer:
         self.profile = profile_model(self, batch=config.batch_size, seq_len=config.seq_len,
                                      compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
                                      name=name, calibrate=config.calibrate, device=self.device)
-        budgets = _budgets(config, self.device)
-        self.planner = LLMPlanner(LLMPlanner.Config(
-            device_budget=budgets[0], host_budget=budgets[1], policy=config.activation_policy,
-            mode=config.optimizer_mode, prefetch_depth=config.prefetch_depth,
-            state_placement=config.state_placement, optimizer_chunk=config.optimizer_chunk))
-        self.plan = self.planner.plan(self.profile, self.hardware)
+        self.planner, self.plan = self._make_plan()
+        self.runtime.chunk = self.plan.optimizer_chunk
         self.runtime.plan = self.plan
         self.runtime.policies = {u.name: p for u, p in zip(self.profile.units, self.plan.policies)}
         # ---- store
@@ -125,7 +121,7 @@ class Trainer:
                 lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
                 max_grad_norm=config.max_grad_norm, mode=config.optimizer_mode, impl=config.optimizer_impl,
                 timeout=config.timeout), self.runtime, self.tensors, grad_pool_bytes=self.plan.grad_pool_bytes,
-                handoff_bytes=self.plan.handoff_bytes, writeback_bytes=self.plan.writeback_bytes)
+                masters_bytes=self.plan.masters_bytes, writeback_bytes=self.plan.writeback_bytes)
             if resume_state is None:
                 self._fill(source)
             else:
@@ -133,6 +129,43 @@ class Trainer:
         except BaseException:
             self.close()
             raise
+
+    def _make_plan(self):
+        """The planner and its plan; a single memory budget is split where the plan predicts the fastest step."""
+        from terastack.plan.llm_planner import PlanError
+
+        config = self.config
+
+        def planner_for(device_budget: int, host_budget: int) -> LLMPlanner:
+            return LLMPlanner(LLMPlanner.Config(
+                device_budget=device_budget, host_budget=host_budget, policy=config.activation_policy,
+                mode=config.optimizer_mode, prefetch_depth=config.prefetch_depth,
+                state_placement=config.state_placement, optimizer_chunk=config.optimizer_chunk))
+
+        if config.memory_budget is None:
+            planner = planner_for(*_budgets(config, self.device))
+            return planner, planner.plan(self.profile, self.hardware)
+        if self.device.type == "cuda":
+            raise ValueError("memory_budget: only without an accelerator (give device_budget and host_budget)")
+        _return_freed_memory()
+        # [Note: a memory budget bounds resident memory] the interpreter's own allocations (Python objects,
+        # thread stacks, allocator slack) get a tenth; the tiers split the rest
+        total = config.memory_budget - config.memory_budget // 10
+        best, error = None, None
+        for share in range(10, 95, 5):
+            planner = planner_for(total * share // 100, total - total * share // 100)
+            try:
+                plan = planner.plan(self.profile, self.hardware)
+            except PlanError as exc:
+                if error is None or exc.shortfall < error.shortfall:
+                    error = exc
+                continue
+            if best is None or plan.prediction.step_s < best[1].prediction.step_s:
+                best = (planner, plan)
+        if best is None:
+            raise PlanError("memory", needed=total + error.shortfall, available=total, limit=total,
+                            what=f"{self.name} with the best split between device and host tiers ({error})")
+        return best
 
     # ------------------------------------------------------------ builders
     @classmethod
@@ -146,7 +179,7 @@ class Trainer:
         if config.lora is not None:
             from terastack.llm.lora import apply_lora
 
-            model, lora = apply_lora(model, config.lora)
+            model, lora = apply_lora(model, config.lora, base_path=str(path))
         return cls(model, hf_config, config, name=str(path), source=reader, lora=lora, source_dir=str(path))
 
     @classmethod
@@ -239,6 +272,11 @@ class Trainer:
             raise ValueError(f"{what}: batch shape {tuple(t.shape)} exceeds the planned "
                              f"({self.config.batch_size}, {self.config.seq_len}); set TrainerConfig.batch_size/"
                              "seq_len to the largest batch you will train on")
+        vocab = getattr(self.hf_config, "vocab_size", None)
+        if what != "attention_mask" and vocab is not None and t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if hi >= vocab or (lo < 0 and not (what == "labels" and lo == -100)):
+                raise ValueError(f"{what}: token ids must be in [0, {vocab}) for this model, got [{lo}, {hi}]")
         return t.to(self.device, torch.long)
 
     # ------------------------------------------------------------- weights
@@ -488,6 +526,32 @@ def _hardware(config: TrainerConfig, device: torch.device):
                     memcpy_bytes_per_s=measure_memcpy(0.05, 16 << 20),
                     cpu_adam_params_per_s=measure_cpu_adam(0.1, 1 << 20), ssd_read_bytes_per_s=1e9,
                     ssd_write_bytes_per_s=1e9)
+
+
+def _return_freed_memory() -> None:
+    """[Note: a memory budget bounds resident memory]
+
+    A memory budget (CPU, ``TrainerConfig.memory_budget``) is a promise about
+    resident memory, not only about the ledgers. glibc keeps freed blocks in
+    its heaps and per-thread arenas and raises its mmap threshold as large
+    blocks are freed, so a process whose tensors come and go keeps growing
+    past what it uses. Blocks of 256 KiB and more are therefore always mmapped
+    (returned to the OS when freed) and arenas are capped, at the price of
+    page faults on fresh activations. The setting is process-wide and made
+    only when a memory budget is given.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD (also stops the threshold from growing)
+        libc.mallopt(-8, 2)          # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator has its own policy
 
 
 def _make_run_dir(store_dir: str, ssd_bytes: int) -> Path:

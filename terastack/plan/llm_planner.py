@@ -168,8 +168,9 @@ class LLMPlan:
     device_capacity: int           # the store's device ledger: weights in flight + activations
     host_capacity: int             # the store's host ledger: host-resting state + working sets
     grad_pool_bytes: int           # part of the host ledger held for gradients in flight
-    handoff_bytes: int             # fp32 masters backward may hand to the optimizer at once
-    writeback_bytes: int           # updated state the optimizer may have in flight to the SSD
+    masters_bytes: int             # whole fp32 masters the optimizer may hold (handed over, read, being written)
+    writeback_bytes: int           # updated optimizer chunks the optimizer may have in flight to the SSD
+    optimizer_chunk: int           # elements per optimizer chunk (smaller when the host budget is tight)
     prediction: StepPrediction
     device_budget: int
     host_budget: int
@@ -181,7 +182,8 @@ class LLMPlan:
                 "state_tensors_on_ssd": len(self.state_home) - host_state, "mode": self.mode,
                 "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
                 "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
-                "handoff_bytes": self.handoff_bytes, "writeback_bytes": self.writeback_bytes,
+                "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
+                "optimizer_chunk": self.optimizer_chunk,
                 **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
 
     def describe(self, profile: ModelProfile) -> str:
@@ -308,13 +310,14 @@ class LLMPlanner:
         units = profile.units
         if not units:
             raise ValueError(f"{profile.model}: the profile has no units")
-        shortfall = None
+        shortfall = None  # of the candidate closest to fitting: host shortfalls first (no policy helps those)
         for depth in sorted({cfg.prefetch_depth, 0}, reverse=True):
             best = None
             for policies in self._policy_choices(profile, hw):
                 scored = self._score(profile, hw, self._split(profile, hw, policies), depth)
                 if isinstance(scored, _Shortfall):
-                    if shortfall is None or scored.shortfall < shortfall.shortfall:
+                    rank = (scored.budget != "host", scored.shortfall)
+                    if shortfall is None or rank < (shortfall.budget != "host", shortfall.shortfall):
                         shortfall = scored
                     continue
                 pred = scored[0]
@@ -324,12 +327,12 @@ class LLMPlanner:
                 if best is None or key < best[0]:
                     best = (key, policies, scored)
             if best is not None:
-                _, policies, (pred, state_home, compute_home, grad_pool, handoff, writeback) = best
+                _, policies, (pred, state_home, compute_home, grad_pool, masters, writeback, chunk) = best
                 return LLMPlan(policies=tuple(policies), state_home=state_home, compute_home=compute_home,
                                mode=cfg.mode, prefetch_depth=depth,
                                device_capacity=cfg.device_budget - pred.transient_bytes,
-                               host_capacity=cfg.host_budget, grad_pool_bytes=grad_pool, handoff_bytes=handoff,
-                               writeback_bytes=writeback,
+                               host_capacity=cfg.host_budget, grad_pool_bytes=grad_pool, masters_bytes=masters,
+                               writeback_bytes=writeback, optimizer_chunk=chunk,
                                prediction=pred,
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget)
         raise shortfall.error()
@@ -405,9 +408,9 @@ class LLMPlanner:
         weights_ws = max(sum(wbytes[i:i + window]) for i in range(len(units)))
         swap_flight = 2 * split.max_swapped
         device_ledger = weights_ws + split.kept + split.boundary + swap_flight
-        grad_unit = max(u.trainable * 4 for u in units)
-        transient = int(max(u.act_bytes + u.weight_bytes for u in units) + grad_unit * cb / 4
-                        + 3 * profile.logits_bytes)
+        # working memory of the unit computing (outside the ledger): its activations while its forward runs or is
+        # recomputed, its weight gradients before they leave, and the loss over the logits
+        transient = int(max(u.act_bytes + u.trainable * cb for u in units) + 3 * profile.logits_bytes)
         if device_ledger + transient > cfg.device_budget:
             return _Shortfall(
                 "device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
@@ -415,42 +418,60 @@ class LLMPlanner:
                      f"activations ({format_bytes(split.kept + split.boundary)} kept, {format_bytes(swap_flight)} "
                      f"in flight) and one unit's working memory ({format_bytes(transient)})")
         # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state
-        grads = sorted((u.trainable * 4 for u in units), reverse=True)
-        grad_pool = grads[0] + (grads[1] if len(grads) > 1 else 0)
-        # [Note: optimizer chunks]: two chunks in flight (moments, mixed-precision masters, spilled gradients);
-        # fp32 masters arrive whole, handed over by backward (two units: the one updating, the next one).
-        chunk = min(cfg.optimizer_chunk, max(profile.tensor_numel.values()))
-        per_chunk = 2 + (1 if mixed else 0) + (1 if cfg.mode != "eager" else 0)  # records per chunk
-        jobs = 2 * per_chunk * held_bytes(chunk * 4)  # the chunk being updated and the one read ahead
-        largest = max(profile.tensor_numel.values())
-        handoff = 0
-        writeback = jobs  # updated chunks on their way back to the SSD (the optimizer waits beyond this)
-        opt_ws = jobs
-        if mixed:
-            opt_ws += largest * cb  # the compute copy rebuilt from the new master
-        else:
-            writeback += held_bytes(4 * largest)  # a whole fp32 master being written back
-            if cfg.mode == "eager":
-                # masters handed over by backward, each a padded record
-                held = sorted((sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors
-                                   if profile.tensor_trainable[t]) for u in units), reverse=True)
-                handoff = held[0] + (held[1] if len(held) > 1 else 0)
-            else:
-                opt_ws += held_bytes(4 * largest)  # the master read whole for its update
-        host_fixed = grad_pool + opt_ws + writeback + handoff + split.host_acts
+        sizes = None
+        for lean in (False, True):
+            sizes = self._optimizer_sizes(profile, lean)
+            host_fixed = sum(sizes[:4]) + split.host_acts
+            if host_fixed <= cfg.host_budget:
+                break
+        grad_pool, opt_ws, writeback, masters, chunk = sizes
         if host_fixed > cfg.host_budget:
             return _Shortfall(
                 "host", needed=host_fixed, available=cfg.host_budget, limit=cfg.host_budget,
                 what=f"{profile.model}: gradients in flight ({format_bytes(grad_pool)}), the optimizer's working "
-                     f"set ({format_bytes(opt_ws)}) and activations swapped to host "
+                     f"set ({format_bytes(opt_ws + writeback + masters)}) and activations swapped to host "
                      f"({format_bytes(split.host_acts)})")
         room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
-        state_home, compute_home, host_state, read, write = self._homes(profile, room)
+        state_home, compute_home, host_state, read, write = self._homes(profile, room, chunk)
         pred = self._predict(profile, hw, split, state_home, read, write, depth,
                              device_peak=device_ledger, host_peak=host_fixed + host_state, transient=transient)
-        return pred, state_home, compute_home, grad_pool, handoff, writeback
+        return pred, state_home, compute_home, grad_pool, masters, writeback, chunk
 
-    def _homes(self, profile: ModelProfile, room: int):
+    def _optimizer_sizes(self, profile: ModelProfile, lean: bool) -> tuple[int, int, int, int, int]:
+        """Host bytes the optimizer side needs: (gradient pool, chunks being updated or read ahead, chunks being
+        written back, whole fp32 masters) and the chunk size. ``lean``: one unit of slack instead of two and
+        chunks of at most 1M elements (a slower step when the optimizer falls behind backward, for host budgets
+        too small for more)."""
+        cfg = self.config
+        cb = profile.compute_bytes
+        mixed = profile.mixed_precision
+        units = profile.units
+        grads = sorted((u.trainable * 4 for u in units), reverse=True) + [0]
+        grad_pool = grads[0] + (0 if lean else grads[1])
+        largest = max(profile.tensor_numel.values())
+        chunk = min(cfg.optimizer_chunk, 1 << 20) if lean else cfg.optimizer_chunk
+        chunk_held = min(chunk, largest)
+        per_chunk = 2 + (1 if mixed else 0) + (1 if cfg.mode != "eager" else 0)  # records per chunk
+        job = per_chunk * held_bytes(chunk_held * 4)
+        jobs = 2 * job  # the chunk being updated and the one read ahead
+        writeback = job if lean else jobs
+        masters = 0
+        if mixed:
+            jobs += largest * cb  # the compute copy rebuilt from the new master
+        else:
+            # [Note: optimizer chunks]: an fp32 master is one whole record: one read (or handed over) and
+            # updated at a time, plus, when not lean, those backward hands over before the optimizer gets to them
+            masters = held_bytes(4 * largest)
+            if not lean:
+                if cfg.mode == "eager":
+                    held = sorted((sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors
+                                       if profile.tensor_trainable[t]) for u in units), reverse=True) + [0]
+                    masters += held[0] + held[1]
+                else:
+                    masters *= 2
+        return grad_pool, jobs, writeback, masters, chunk
+
+    def _homes(self, profile: ModelProfile, room: int, chunk: int):
         """Fill host memory with the state that moves the most bytes per byte held; the rest rests on SSD.
 
         Returns the homes, the host bytes they take, and the SSD bytes read and written per step.
@@ -458,11 +479,11 @@ class LLMPlanner:
         cache = getattr(self, "_homes_cache", None)
         if cache is None or cache[0] is not profile:
             cache = self._homes_cache = (profile, {})
-        if room in cache[1]:
-            return cache[1][room]
+        if (room, chunk) in cache[1]:
+            return cache[1][(room, chunk)]
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
-        ch = self.config.optimizer_chunk
+        ch = chunk
         items = []  # (SSD bytes per step per byte held, kind, name, bytes held, read, written)
         for name, n in profile.tensor_numel.items():
             if profile.tensor_trainable[name]:
@@ -490,7 +511,7 @@ class LLMPlanner:
                 read += r
                 write += w
             (state_home if kind == "state" else compute_home)[name] = home
-        cache[1][room] = out = (state_home, compute_home, host, read, write)
+        cache[1][(room, chunk)] = out = (state_home, compute_home, host, read, write)
         return out
 
     def _unit_times(self, u: UnitProfile, hw: Hardware) -> tuple[float, float]:

@@ -20,7 +20,9 @@ again, because a fresh page-aligned buffer costs a page fault and a zeroed
 page per 4 KiB on first touch: for a streamed 32 MiB tile that is CPU time
 taken from the compute it should overlap with. Pooled bytes plus reserved
 bytes never exceed the tier's budget: the pool is trimmed before a new buffer
-is allocated, so the budget still bounds resident memory.
+is allocated and after a buffer is returned, so the budget still bounds
+resident memory. Without an accelerator the device and host tiers share one
+pool, bounded by both budgets together.
 
 [Note: crash consistency]
 ``commit()`` writes a manifest naming each tensor's extent. Until the next
@@ -430,13 +432,14 @@ class TieredStore:
             if tier is Tier.DEVICE and self.device.type == "cuda":
                 raw = torch.empty(padded, dtype=torch.uint8, device=self.device)
                 return raw.zero_() if zero else raw
+            key = self._pool_key(tier)
             with self._lock:
-                pool = self._pools[tier].get(padded)
+                pool = self._pools[key].get(padded)
                 if pool:
-                    self._pooled[tier] -= padded
+                    self._pooled[key] -= padded
                     raw = pool.pop()
                     return raw.zero_() if zero else raw
-                self._trim_pool(tier, ledger.limit - ledger.used)
+                self._trim_pool(key, self._pool_room(key))
             return aligned_empty(padded, torch.uint8, as_tensor=True)
         except BaseException:
             ledger.release(padded)
@@ -455,12 +458,24 @@ class TieredStore:
             if not pools[size]:
                 del pools[size]
 
+    def _pool_key(self, tier: Tier) -> Tier:
+        """Without an accelerator both tiers are host memory and share one pool: a buffer freed by one serves
+        the other (a working copy moved between tiers is freed by the tier it ended in)."""
+        return Tier.HOST if self.device.type != "cuda" else tier
+
+    def _pool_room(self, key: Tier) -> int:
+        """Bytes the pool of ``key`` may hold: what its tiers' budgets leave unreserved."""
+        tiers = (Tier.DEVICE, Tier.HOST) if self.device.type != "cuda" else (key,)
+        return sum(self.budgets[t].limit - self.budgets[t].used for t in tiers)
+
     def _free_buffer(self, tier: Tier, raw: torch.Tensor) -> None:
         self.budgets[tier].release(raw.numel())
         if raw.device.type == "cpu":
+            key = self._pool_key(tier)
             with self._lock:
-                self._pools[tier].setdefault(raw.numel(), []).append(raw)
-                self._pooled[tier] += raw.numel()
+                self._pools[key].setdefault(raw.numel(), []).append(raw)
+                self._pooled[key] += raw.numel()
+                self._trim_pool(key, self._pool_room(key))
 
     def _alloc_extent(self, padded: int, *, zero: bool = False) -> Extent:
         ext = self._extents.alloc(padded)

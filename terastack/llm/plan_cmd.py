@@ -1,0 +1,152 @@
+"""``terastack plan llm``: will this model fine-tune on this (or that) machine, how, and how fast?
+
+The model is profiled on the meta device (no weights, any size), the hardware is this machine's probe or a
+described one, and the planner answers with a placement, a predicted step time and tokens/s and the
+bottleneck -- or the budget that is short and by how much. Predictions for hardware that was not measured
+are labelled as such.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from terastack.units import format_bytes, parse_bytes
+
+GB = 1e9
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a built-in name (e.g. opt-175b, llama-2-7b), a config.json or "
+                                                  "a Hugging Face model directory")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--hardware", default=None, help="a preset (rtx4090-workstation, a100-server, h200) or a probe "
+                                                    "JSON file; default: this machine's probe (run if not cached)")
+    p.add_argument("--gpu-mem", default=None, help="accelerator memory, e.g. 24GB (a hypothetical GPU)")
+    p.add_argument("--gpu-tflops", type=float, default=None, help="accelerator matmul rate in TFLOP/s")
+    p.add_argument("--pcie-bw", type=float, default=None, help="host<->device GB/s each way (default 25 with a GPU)")
+    p.add_argument("--host-mem", default=None, help="host memory, e.g. 256GB")
+    p.add_argument("--ssd-bw", default=None, metavar="R/W", help="per-SSD read/write GB/s, e.g. 6.8/4.5")
+    p.add_argument("--ssds", type=int, default=None, help="number of SSDs striped together")
+    p.add_argument("--cpu-adam", type=float, default=None, metavar="MPARAMS", help="CPU AdamW rate, M params/s")
+    p.add_argument("--device-budget", default=None, help="default: 90%% of the GPU (without one: a quarter of RAM)")
+    p.add_argument("--host-budget", default=None, help="default: 80%% of host memory (half without a GPU)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute dtype (default: bfloat16 with a GPU, float32 without)")
+    p.add_argument("--policy", default="auto", help="activation policy: auto, keep, host, ssd or recompute")
+    p.add_argument("--clip", action="store_true", help="plan for global-norm clipping (deferred updates)")
+    p.add_argument("--lora", type=int, default=None, metavar="R", help="plan a LoRA fine-tune of rank R")
+    p.add_argument("--calibrate", action="store_true",
+                   help="time each distinct unit on this machine instead of using FLOP rates")
+    p.add_argument("--json", action="store_true")
+
+
+def resolve_hardware(args):
+    """The machine to plan for: a preset, a probe file, or this machine's probe; flags override (hypothetical)."""
+    from pathlib import Path
+
+    from terastack.plan.hardware import PRESETS, Hardware
+
+    if args.hardware in PRESETS:
+        hw = PRESETS[args.hardware]
+    elif args.hardware:
+        try:
+            hw = Hardware.from_dict(json.loads(Path(args.hardware).read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"--hardware: {args.hardware!r} is neither a preset ({', '.join(PRESETS)}) nor a "
+                             f"readable probe file ({exc})") from None
+    else:
+        from terastack.probe import load_or_measure
+
+        hw = load_or_measure()
+    changes = {}
+    if args.gpu_mem is not None:
+        changes["gpu_memory_bytes"] = parse_bytes(args.gpu_mem, field="--gpu-mem")
+        if args.gpu_tflops is None and not hw.has_gpu:
+            raise ValueError("--gpu-mem describes a GPU this machine lacks: give its --gpu-tflops too")
+        changes.setdefault("gpu_name", "hypothetical GPU")
+    if args.gpu_tflops is not None:
+        changes["gpu_flops"] = args.gpu_tflops * 1e12
+        if not hw.pcie_bytes_per_s and args.pcie_bw is None:
+            changes["pcie_bytes_per_s"] = 25 * GB
+        if args.gpu_mem is None and not hw.gpu_memory_bytes:
+            raise ValueError("--gpu-tflops describes a GPU this machine lacks: give its --gpu-mem too")
+    if args.pcie_bw is not None:
+        changes["pcie_bytes_per_s"] = args.pcie_bw * GB
+    if args.host_mem is not None:
+        changes["host_memory_bytes"] = parse_bytes(args.host_mem, field="--host-mem")
+    if args.ssd_bw is not None:
+        try:
+            r, w = (float(x) for x in args.ssd_bw.split("/"))
+        except ValueError:
+            raise ValueError(f"--ssd-bw: expected READ/WRITE in GB/s such as 6.8/4.5, got {args.ssd_bw!r}") from None
+        changes.update(ssd_read_bytes_per_s=r * GB, ssd_write_bytes_per_s=w * GB)
+    if args.ssds is not None:
+        changes["ssds"] = args.ssds
+    if args.cpu_adam is not None:
+        changes["cpu_adam_params_per_s"] = args.cpu_adam * 1e6
+    return hw.with_overrides(**changes) if changes else hw
+
+
+def plan_model(args, hw):
+    """(profile, plan or None, PlanError or None)."""
+    import torch
+
+    from terastack.llm.builtin import resolve_model
+    from terastack.llm.config import LoraSpec
+    from terastack.llm.profile import profile_config
+    from terastack.plan.llm_planner import LLMPlanner, PlanError
+
+    hf_config, _ = resolve_model(args.model)
+    dtype = args.dtype or ("bfloat16" if hw.has_gpu else "float32")
+    profile = profile_config(hf_config, batch=args.batch_size, seq_len=args.seq_len,
+                             dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype], name=args.model,
+                             lora=LoraSpec(r=args.lora, alpha=2 * args.lora) if args.lora else None,
+                             calibrate=args.calibrate)
+    mem = hw.host_memory_bytes or (64 << 30)
+    if hw.has_gpu:
+        device_budget = args.device_budget or int(0.9 * hw.gpu_memory_bytes)
+        host_budget = args.host_budget or int(0.8 * mem)
+    else:
+        device_budget = args.device_budget or mem // 4
+        host_budget = args.host_budget or mem // 2
+    planner = LLMPlanner(LLMPlanner.Config(device_budget=device_budget, host_budget=host_budget,
+                                           policy=args.policy, mode="deferred" if args.clip else "eager"))
+    try:
+        return profile, planner.plan(profile, hw), None
+    except PlanError as exc:
+        return profile, None, exc
+
+
+def run(args: argparse.Namespace) -> int:
+    hw = resolve_hardware(args)
+    profile, plan, error = plan_model(args, hw)
+    state = profile.state_bytes() + profile.trainable_params * 4
+    head = (f"{profile.model}: {profile.total_params / 1e9:.3g}B parameters ({profile.trainable_params / 1e9:.3g}B "
+            f"trainable), training state {format_bytes(state)}, batch {profile.batch} x {profile.seq_len} tokens")
+    machine = f"{hw.name}" + ("" if hw.measured else " (hypothetical: every figure is a prediction)")
+    if args.json:
+        out = {"model": profile.model, "parameters": profile.total_params,
+               "trainable_parameters": profile.trainable_params, "training_state_bytes": state,
+               "batch": profile.batch, "seq_len": profile.seq_len, "hardware": hw.to_dict(),
+               "prediction": not hw.measured, "fits": plan is not None}
+        if plan is not None:
+            out["plan"] = plan.summary()
+            out["policies"] = list(plan.policies)
+        else:
+            out["short"] = {"budget": error.budget, "needed": error.needed, "available": error.available,
+                            "shortfall": error.shortfall, "message": str(error)}
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    print(head)
+    print(f"on {machine}")
+    if plan is None:
+        print(f"does not fit: {error}")
+        return 0
+    print(plan.describe(profile))
+    p = plan.prediction
+    label = "predicted" if not hw.measured else "predicted on this machine"
+    print(f"fits: {label} {p.step_s:.3g} s per step, {p.tokens_per_s:.4g} tokens/s; bottleneck: {p.bottleneck}",
+          file=sys.stdout)
+    return 0

@@ -1,0 +1,118 @@
+"""The LLM planner's choices and predictions on synthetic profiles (no model, no transformers)."""
+import pytest
+
+from terastack.plan.hardware import PRESETS, Hardware
+from terastack.plan.llm_planner import LLMPlanner, ModelProfile, PlanError, UnitProfile
+
+MiB = 1 << 20
+
+
+def profile(layers=8, params=1 << 20, act=8 * MiB, fwd_s=0.01, vocab_params=2 << 20, compute_bytes=4):
+    units = [UnitProfile(name="embed", kind="pre", tensors=("embed",), params=vocab_params, trainable=vocab_params,
+                         weight_bytes=vocab_params * compute_bytes, fwd_flops=0, bwd_flops=0, act_bytes=4096,
+                         boundary_bytes=0, fwd_s=1e-4, bwd_s=1e-4)]
+    numel = {"embed": vocab_params}
+    for i in range(layers):
+        units.append(UnitProfile(name=f"layers.{i}", kind="layer", tensors=(f"l{i}",), params=params,
+                                 trainable=params, weight_bytes=params * compute_bytes, fwd_flops=1e9, bwd_flops=2e9,
+                                 act_bytes=act, boundary_bytes=MiB // 2, act_tensors=10, fwd_s=fwd_s,
+                                 bwd_s=2 * fwd_s))
+        numel[f"l{i}"] = params
+    units.append(UnitProfile(name="head", kind="post", tensors=("head",), params=vocab_params,
+                             trainable=vocab_params, weight_bytes=vocab_params * compute_bytes, fwd_flops=1e9,
+                             bwd_flops=2e9, act_bytes=MiB // 2, boundary_bytes=MiB // 2, fwd_s=1e-3, bwd_s=2e-3))
+    numel["head"] = vocab_params
+    return ModelProfile(model="synthetic", batch=1, seq_len=256, compute_bytes=compute_bytes, units=units,
+                        tensor_numel=numel, tensor_trainable={n: True for n in numel}, logits_bytes=MiB)
+
+
+CPU = Hardware(name="cpu", measured=True, cores=2, host_memory_bytes=16 << 30, cpu_flops=5e10,
+               memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9, ssd_write_bytes_per_s=1e9,
+               cpu_adam_params_per_s=3e8)
+
+
+def plan(prof, hw=CPU, **kw):
+    kw.setdefault("device_budget", 1 << 30)
+    kw.setdefault("host_budget", 1 << 30)
+    return LLMPlanner(LLMPlanner.Config(**kw)).plan(prof, hw)
+
+
+def test_plenty_of_memory_keeps_everything_and_state_on_host():
+    p = plan(profile())
+    assert set(p.policies) == {"keep"}
+    assert set(p.state_home.values()) == {"host"}
+    assert p.prediction.ssd_read_bytes == 0 and p.prediction.bottleneck.startswith("CPU")
+
+
+def test_tight_device_budget_recomputes_or_swaps_the_first_layers():
+    prof = profile()
+    p = plan(prof, device_budget=60 * MiB)
+    layer_pols = [pol for pol, u in zip(p.policies, prof.units) if u.kind == "layer"]
+    assert "keep" in layer_pols and set(layer_pols) - {"keep"}
+    # keeping is cheapest, so kept layers are the last ones (their backward comes first)
+    first_keep = layer_pols.index("keep")
+    assert all(pol == "keep" for pol in layer_pols[first_keep:])
+    assert p.prediction.device_peak_bytes + p.prediction.transient_bytes <= 60 * MiB
+
+
+def test_swap_vs_recompute_follows_the_cost_of_each():
+    prof = profile(fwd_s=1.0)  # recomputing costs a second per layer; the SSD is idle: swap wins
+    p = plan(prof, device_budget=64 * MiB)
+    assert "recompute" not in p.policies and {"ssd", "host"} & set(p.policies)
+    slow_ssd = CPU.with_overrides(ssd_read_bytes_per_s=1e6, ssd_write_bytes_per_s=1e6)
+    cheap = profile(fwd_s=1e-4)  # recomputation is nearly free and the SSD crawls: recompute (or host) wins
+    p2 = plan(cheap, slow_ssd, device_budget=40 * MiB, host_budget=256 * MiB)
+    assert "ssd" not in p2.policies
+
+
+def test_host_budget_splits_state_between_host_and_ssd():
+    prof = profile()
+    full = plan(prof).prediction
+    p = plan(prof, host_budget=160 * MiB)
+    homes = set(p.state_home.values())
+    assert homes == {"host", "ssd"}
+    assert p.prediction.host_peak_bytes <= 160 * MiB
+    assert p.prediction.ssd_read_bytes > full.ssd_read_bytes
+    all_ssd = plan(prof, host_budget=160 * MiB, state_placement="ssd")
+    assert set(all_ssd.state_home.values()) == {"ssd"}
+
+
+def test_refusal_names_budget_and_shortfall():
+    with pytest.raises(PlanError) as info:
+        plan(profile(), device_budget=4 * MiB)
+    assert info.value.budget == "device" and info.value.shortfall > 0 and "short by" in str(info.value)
+    with pytest.raises(PlanError) as info:
+        plan(profile(), host_budget=MiB)
+    assert info.value.budget == "host" and "gradients in flight" in str(info.value)
+
+
+def test_modes_and_ablation_predictions():
+    prof = profile()
+    eager = plan(prof, host_budget=160 * MiB, state_placement="ssd").prediction
+    after = plan(prof, host_budget=160 * MiB, state_placement="ssd", mode="after_backward").prediction
+    assert after.step_s > eager.step_s  # the optimizer no longer hides behind backward
+    planner = LLMPlanner(LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30))
+    rec = planner.predict(prof, CPU, tuple("keep" if u.kind != "layer" else "recompute" for u in prof.units))
+    keep = planner.predict(prof, CPU, tuple("keep" for _ in prof.units))
+    assert rec.compute_s == pytest.approx(keep.compute_s + 8 * 0.01)
+
+
+def test_gpu_step_is_the_slowest_pipeline_and_labelled_a_prediction():
+    gpu = PRESETS["rtx4090-workstation"]
+    prof = profile(compute_bytes=2)
+    for u in prof.units:
+        u.fwd_s = u.bwd_s = None
+    p = plan(prof, gpu, device_budget=20 << 30, host_budget=200 << 30)
+    pred = p.prediction
+    assert pred.prediction is True
+    assert pred.step_s >= max(pred.compute_s, pred.device_link_s, pred.ssd_s, pred.optimizer_s)
+    assert pred.tokens_per_s == pytest.approx(256 / pred.step_s)
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="policy"):
+        LLMPlanner.Config(device_budget=1, host_budget=1, policy="swap")
+    with pytest.raises(ValueError, match="mode"):
+        LLMPlanner.Config(device_budget=1, host_budget=1, mode="lazy")
+    with pytest.raises(ValueError, match="device_budget"):
+        LLMPlanner.Config(device_budget="much", host_budget=1)

@@ -35,7 +35,7 @@ HEADLINE = ["speedup_vs_zero_infinity", "slowdown_vs_in_memory", "rss_vs_zero_in
 
 PRESETS = {
     "smoke": ["--model", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--steps", "2", "--warmup", "1",
-              "--systems", "in_memory,terastack,small_budget", "--budget-fraction", "0.5"],
+              "--systems", "in_memory,terastack,small_budget", "--budget-fraction", "1.0"],
     "small": ["--model", "llama-150m", "--seq-len", "128", "--steps", "2", "--warmup", "1"],
     "full": [],
 }

@@ -81,6 +81,8 @@ class TrainConfig:
     #: fault injection for resilience tests: "ROLE:INDEX:STEP" kills that process with SIGKILL at that step
     kill_at: str = ""
     progress: bool = True
+    #: write a Chrome trace per rank into this directory
+    trace_dir: str = ""
 
     def __post_init__(self) -> None:
         for f in ("workers", "servers", "micro_batch", "steps", "prefetch", "threads"):
@@ -196,6 +198,10 @@ def run_role(config: TrainConfig) -> int:
     roles.check_world(world)
     role, index = roles.role_of(rank)
     torch.set_num_threads(config.threads)
+    if config.trace_dir:
+        from terastack import trace
+
+        trace.tracer.start()
     timeout = datetime.timedelta(seconds=config.timeout_s)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     comm = Comm(roles, rank, timeout_s=config.timeout_s)
@@ -246,7 +252,7 @@ def run_role(config: TrainConfig) -> int:
         sharded.link = link
         progress = Progress(len(steps), label=f"dist train (worker {index})", unit="step",
                             enabled=config.progress and index == 0)
-        step_s, wait_s, losses, resident = [], [], [], []
+        step_s, wait_s, losses = [], [], []
         try:
             for step in steps:
                 maybe_die(step)
@@ -260,12 +266,12 @@ def run_role(config: TrainConfig) -> int:
                 step_s.append(time.perf_counter() - t0)
                 wait_s.append(sharded.wait_s - w0)
                 losses.append(float(loss.detach()))
-                resident.append(sharded.resident_param_bytes())
                 progress.update(1, loss=losses[-1], exposed=wait_s[-1] / step_s[-1])
         finally:
             link.close()
             progress.close()
-        stats.update(step_s=step_s, wait_s=wait_s, loss=losses, resident_param_bytes_between_steps=max(resident),
+        stats.update(step_s=step_s, wait_s=wait_s, loss=losses, peak_param_bytes=sharded.peak_param_bytes,
+                     model_param_bytes=layout.numel * 4, param_bytes_after_run=sharded.resident_param_bytes(),
                      optimizer_state_bytes=_optimizer_state_bytes())
     elif role is Role.SERVER:
         if index_data is not None:
@@ -310,6 +316,10 @@ def run_role(config: TrainConfig) -> int:
     stats_dir = Path(config.run_dir) / "stats"
     stats_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(stats_dir / f"rank-{rank}.json", stats)
+    if config.trace_dir:
+        from terastack import trace
+
+        trace.tracer.save(Path(config.trace_dir) / f"rank-{rank}-{role.value}{index}.json")
     # Every rank has finished its sends; wait (bounded) so nobody tears down a connection still in use.
     dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
     dist.destroy_process_group()
@@ -429,7 +439,9 @@ def collect_stats(config: TrainConfig) -> dict:
         out["exposed_comm_fraction"] = sum(wait[steady]) / sum(step[steady])
         out["loss"] = [statistics.fmean(w["loss"][i] for w in workers) for i in range(n)]
         out["worker_optimizer_bytes"] = max(w["optimizer_state_bytes"] for w in workers)
-        out["worker_param_bytes_between_steps"] = max(w["resident_param_bytes_between_steps"] for w in workers)
+        out["worker_peak_param_bytes"] = max(w["peak_param_bytes"] for w in workers)
+        out["model_param_bytes"] = workers[0]["model_param_bytes"]
+        out["worker_param_bytes_after_run"] = max(w["param_bytes_after_run"] for w in workers)
     if servers:
         n = min(len(s["ingress_bytes"]) for s in servers)
         out["server_ingress_bytes_per_step"] = max(max(s["ingress_bytes"][1:n] or s["ingress_bytes"][:n])

@@ -82,6 +82,7 @@ class ShardedModel:
         self.link: Link | None = None
         self.buckets = [WorkerBucket(b.index, b.numel) for b in layout.buckets]
         self.wait_s = 0.0
+        self.peak_param_bytes = 0   # most parameter bytes resident at once (deliveries landed or landing)
         self._slot_of: dict[tuple[int, int], int] = {(f.bucket, f.phase): i for i, f in
                                                       enumerate(schedule.fetch_order)}
         self._grads_seen: list[set[int]] = [set() for _ in self.buckets]
@@ -140,6 +141,7 @@ class ShardedModel:
         self.link.wait_params(slot)
         t1 = time.perf_counter()
         self.wait_s += t1 - t0
+        self.peak_param_bytes = max(self.peak_param_bytes, self.resident_param_bytes())
         trace.interval(f"wait params b{b}" + (" (bwd)" if phase else ""), t0, t1, track="compute")
 
     def _release(self, b: int) -> None:

@@ -1,0 +1,68 @@
+"""Multi-process jobs under torchrun's elastic agent (gloo on loopback), checked against single-process AdamW.
+
+Every job is tiny (a few thousand parameters, 3-4 steps) and every test has a
+bound on its time; each rank also bounds each of its waits (``timeout_s``).
+"""
+from __future__ import annotations
+
+import pytest
+
+from terastack.dist.checkpoint import load_parameters
+from terastack.dist.job import JobFailed, TrainConfig, launch_local
+from terastack.dist.reference import max_abs_diff, train_single_process
+
+TINY = dict(model="toy", dim=16, layers=2, vocab=32, seq_len=8, micro_batch=2, steps=3, timeout_s=40)
+
+
+def _reference(cfg: TrainConfig):
+    return train_single_process(cfg.model_spec(), steps=cfg.steps, seed=cfg.seed, rows=cfg.micro_batch * cfg.workers,
+                                lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def _check_equal(cfg: TrainConfig, result: dict) -> None:
+    params, step = load_parameters(cfg.checkpoint_dir)
+    assert step == cfg.steps
+    ref, ref_losses = _reference(cfg)
+    assert max_abs_diff(params, ref) <= 1e-5
+    assert result["loss"] == pytest.approx(ref_losses, abs=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers,servers,agents,aggregator,extra", [
+    (1, 1, "thread", True, {}),
+    (2, 2, "thread", True, {}),
+    (3, 1, "thread", True, {}),
+    (1, 2, "process", True, {}),
+    (2, 1, "process", False, {"model": "tiny-llama", "heads": 2, "state": "ssd"}),
+    (3, 2, "thread", False, {"reshard": False}),
+], ids=["w1-s1", "w2-s2", "w3-s1", "w1-s2-agentproc", "w2-s1-llama-ssd-noagg", "w3-s2-noagg-noreshard"])
+def test_equals_single_process_adamw(tmp_path, capfd, workers, servers, agents, aggregator, extra):
+    cfg = TrainConfig(**(TINY | extra), workers=workers, servers=servers, agents=agents, aggregator=aggregator,
+                      run_dir=str(tmp_path / "run"))
+    result = launch_local(cfg, quiet=True)
+    _check_equal(cfg, result)
+    assert result["worker_optimizer_bytes"] == 0
+    assert result["worker_param_bytes_after_run"] == 0
+    out = capfd.readouterr().out
+    # Roles are printed at start, one line per rank.
+    assert "rank   0: worker 0" in out and f"rank {workers:3d}: server 0" in out
+    if aggregator:
+        assert f"rank {workers + servers:3d}: aggregator" in out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("victim,label", [("server:1:2", "server 1 (rank 3)"), ("worker:0:2", "worker 0 (rank 0)")],
+                         ids=["killed-server", "killed-worker"])
+def test_killed_rank_is_named_and_resume_loses_nothing(tmp_path, victim, label):
+    base = dict(TINY, steps=4, workers=2, servers=2, checkpoint_every=1, run_dir=str(tmp_path / "run"))
+    with pytest.raises(JobFailed) as info:
+        launch_local(TrainConfig(**base, kill_at=victim), quiet=True)
+    message = str(info.value)
+    assert message.startswith(f"{label} died (SIGKILL)")
+    assert "last checkpoint is step 2" in message and "--resume" in message
+    cfg = TrainConfig(**base, resume=True)
+    result = launch_local(cfg, quiet=True)
+    assert result["per_rank"][0]["first_step"] == 2
+    params, step = load_parameters(cfg.checkpoint_dir)
+    ref, _ = _reference(cfg)
+    assert step == 4 and max_abs_diff(params, ref) <= 1e-5

@@ -158,8 +158,27 @@ def _optimizer_state_bytes() -> int:
     for obj in gc.get_objects():
         if issubclass(type(obj), torch.optim.Optimizer):
             for state in obj.state.values():
-                total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+                for t in state.values():
+                    if isinstance(t, torch.Tensor):
+                        t = t.to_local() if hasattr(t, "to_local") else t   # a DTensor's local shard
+                        total += t.numel() * t.element_size()
     return total
+
+
+def write_stats(config: "TrainConfig", rank: int, stats: dict) -> None:
+    stats_dir = Path(config.run_dir) / "stats"
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(stats_dir / f"rank-{rank}.json", stats)
+
+
+def save_final(config: "TrainConfig", layout, flats: list[torch.Tensor], step: int) -> None:
+    """Write full parameters as a one-shard checkpoint (how the baselines hand back their result)."""
+    from terastack.dist import checkpoint as ckpt
+    from terastack.dist.layout import Layout
+
+    one = Layout(layout.buckets, 1)
+    ckpt.write_shard(config.checkpoint_dir, step, 0, {f"b{b}.param": f for b, f in enumerate(flats)}, {})
+    ckpt.commit_index(config.checkpoint_dir, step, one, {"model": config.model_spec().to_dict()})
 
 
 def _flats(model: torch.nn.Module, layout) -> list[torch.Tensor]:
@@ -313,9 +332,7 @@ def run_role(config: TrainConfig) -> int:
             maybe_die(step)
             agent.step(step)
     stats["bytes_in"], stats["bytes_out"] = comm.counters()
-    stats_dir = Path(config.run_dir) / "stats"
-    stats_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(stats_dir / f"rank-{rank}.json", stats)
+    write_stats(config, rank, stats)
     if config.trace_dir:
         from terastack import trace
 
@@ -387,8 +404,13 @@ def describe_failures(roles: RoleMap, failures: dict, checkpoint_dir: str) -> st
     return "; then ".join(parts[:3]) + resume
 
 
-def launch_local(config: TrainConfig, *, quiet: bool = False) -> dict:
-    """Run the job on this machine under torchrun's elastic agent (c10d rendezvous on loopback)."""
+def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = "terastack.dist.job",
+                 world_size: int | None = None) -> dict:
+    """Run the job on this machine under torchrun's elastic agent (c10d rendezvous on loopback).
+
+    ``module`` is the program every rank runs (``python -m MODULE JOB.json``):
+    the disaggregated job by default, or a baseline that needs only workers.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -400,14 +422,14 @@ def launch_local(config: TrainConfig, *, quiet: bool = False) -> dict:
         shutil.rmtree(config.checkpoint_dir, ignore_errors=True)
     job_file = atomic_write_json(run_dir / "job.json", config.to_dict())
     launch = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=roles.world_size, run_id=f"terastack-{uuid.uuid4().hex[:8]}",
+        min_nodes=1, max_nodes=1, nproc_per_node=world_size or roles.world_size, run_id=f"terastack-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", local_addr="127.0.0.1",
         rdzv_configs={"timeout": int(config.timeout_s)}, max_restarts=0, monitor_interval=0.1,
         start_method="spawn", shutdown_timeout=5)
     env_before = os.environ.get("TERASTACK_DIST_QUIET")
     os.environ["TERASTACK_DIST_QUIET"] = "1" if quiet else "0"
     try:
-        elastic_launch(launch, sys.executable)("-m", "terastack.dist.job", str(job_file))
+        elastic_launch(launch, sys.executable)("-m", module, str(job_file))
     except ChildFailedError as exc:
         raise JobFailed(describe_failures(roles, exc.failures, config.checkpoint_dir)) from None
     finally:
@@ -415,19 +437,20 @@ def launch_local(config: TrainConfig, *, quiet: bool = False) -> dict:
             os.environ.pop("TERASTACK_DIST_QUIET", None)
         else:
             os.environ["TERASTACK_DIST_QUIET"] = env_before
-    return collect_stats(config)
+    return collect_stats(config, world_size or roles.world_size)
 
 
-def collect_stats(config: TrainConfig) -> dict:
+def collect_stats(config: TrainConfig, world_size: int) -> dict:
     """The job's figures from every rank's statistics file."""
     roles = config.roles()
     per_rank = {}
-    for rank in range(roles.world_size):
+    for rank in range(world_size):
         path = Path(config.run_dir) / "stats" / f"rank-{rank}.json"
         if path.exists():
             per_rank[rank] = json.loads(path.read_text())
     workers = [per_rank[r] for r in range(roles.workers) if r in per_rank]
-    servers = [per_rank[roles.server_rank(s)] for s in range(roles.servers) if roles.server_rank(s) in per_rank]
+    servers = [per_rank[roles.server_rank(s)] for s in range(roles.servers)
+               if per_rank.get(roles.server_rank(s), {}).get("role") == "server"]
     out: dict = {"workers": roles.workers, "servers": roles.servers, "aggregator": roles.aggregator,
                  "agents": roles.agents, "steps": config.steps}
     if workers:
@@ -438,10 +461,12 @@ def collect_stats(config: TrainConfig) -> dict:
         out["step_s"] = statistics.median(step[steady])
         out["exposed_comm_fraction"] = sum(wait[steady]) / sum(step[steady])
         out["loss"] = [statistics.fmean(w["loss"][i] for w in workers) for i in range(n)]
+        out["comm_s"] = statistics.median(wait[steady])
         out["worker_optimizer_bytes"] = max(w["optimizer_state_bytes"] for w in workers)
-        out["worker_peak_param_bytes"] = max(w["peak_param_bytes"] for w in workers)
-        out["model_param_bytes"] = workers[0]["model_param_bytes"]
-        out["worker_param_bytes_after_run"] = max(w["param_bytes_after_run"] for w in workers)
+        for key, field in (("worker_peak_param_bytes", "peak_param_bytes"), ("model_param_bytes", "model_param_bytes"),
+                           ("worker_param_bytes_after_run", "param_bytes_after_run")):
+            if all(field in w for w in workers):
+                out[key] = max(w[field] for w in workers)
     if servers:
         n = min(len(s["ingress_bytes"]) for s in servers)
         out["server_ingress_bytes_per_step"] = max(max(s["ingress_bytes"][1:n] or s["ingress_bytes"][:n])
@@ -452,15 +477,19 @@ def collect_stats(config: TrainConfig) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m terastack.dist.job JOB.json``: the program every local rank runs."""
+def rank_main(entry, argv: list[str] | None = None) -> int:
+    """``python -m MODULE JOB.json``: read the job's config and run ``entry(config)`` under torchrun's error record."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     argv = sys.argv[1:] if argv is None else argv
     config = TrainConfig.from_dict(json.loads(Path(argv[0]).read_text()), source=argv[0])
     if os.environ.get("TERASTACK_DIST_QUIET") == "1":
         config.progress = False
-    return record(run_role)(config)
+    return record(entry)(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rank_main(run_role, argv)
 
 
 if __name__ == "__main__":

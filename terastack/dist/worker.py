@@ -39,10 +39,10 @@ from terastack.dist.layout import Layout, Schedule, find_layers
 class WorkerBucket:
     """One bucket's flat parameter buffer on a worker, resident only while in use."""
 
-    def __init__(self, index: int, numel: int):
+    def __init__(self, index: int, numel: int, capacity: int | None = None):
         self.index = index
-        self.numel = numel
-        self.flat = torch.empty(numel, dtype=torch.float32)
+        self.numel = capacity or numel   # a collective may need the buffer padded to a multiple of its group
+        self.flat = torch.empty(self.numel, dtype=torch.float32)
         self.params: list[nn.Parameter] = []
         self.released = threading.Event()
 
@@ -75,12 +75,13 @@ class Link(Protocol):
 class ShardedModel:
     """Hooks an unmodified model so that its parameters are fetched and its gradients pushed per bucket."""
 
-    def __init__(self, model: nn.Module, layout: Layout, schedule: Schedule):
+    def __init__(self, model: nn.Module, layout: Layout, schedule: Schedule, *, pad_multiple: int = 1):
         self.model = model
         self.layout = layout
         self.schedule = schedule
         self.link: Link | None = None
-        self.buckets = [WorkerBucket(b.index, b.numel) for b in layout.buckets]
+        self.buckets = [WorkerBucket(b.index, b.numel, -(-b.numel // pad_multiple) * pad_multiple)
+                        for b in layout.buckets]
         self.wait_s = 0.0
         self.peak_param_bytes = 0   # most parameter bytes resident at once (deliveries landed or landing)
         self._slot_of: dict[tuple[int, int], int] = {(f.bucket, f.phase): i for i, f in
@@ -159,6 +160,8 @@ class ShardedModel:
         bucket = self.buckets[b]
         grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in bucket.params]
         flat = torch.cat(grads) if len(grads) > 1 else grads[0].clone()
+        if bucket.numel > flat.numel():
+            flat = torch.cat([flat, flat.new_zeros(bucket.numel - flat.numel())])
         for p in bucket.params:
             p.grad = None
         self._pushed[b] = True

@@ -112,30 +112,45 @@ class ThreadAgent:
 
     # ------------------------------------------------------ agent threads
     def _fetch_loop(self) -> None:
-        per_step = len(self.schedule.fetch_order)
+        """Post each delivery as soon as the window has room and its bucket is free; land them in order."""
+        inflight: collections.deque = collections.deque()   # (pendings, start time, fetch, step)
+
+        def land_oldest() -> None:
+            pendings, t0, f, step = inflight.popleft()
+            self.core.comm.wait_all(pendings)
+            trace.interval(f"fetch b{f.bucket}" + (" (bwd)" if f.phase else ""), t0, time.perf_counter(),
+                           track="agent")
+            with self._cond:
+                self._delivered += 1
+                self._cond.notify_all()
+
+        def room() -> bool:
+            with self._cond:
+                return self._delivered + len(inflight) - self._consumed < self.prefetch
+
         for step in range(self.first_step, self.first_step + self.steps):
             for f in self.schedule.fetch_order:
-                with self._cond:
-                    # [Note: prefetch window] stay at most `prefetch` deliveries ahead of the compute thread.
-                    if not self._cond.wait_for(lambda: self._stop or self._delivered - self._consumed < self.prefetch,
-                                               self.timeout_s):
-                        raise TimeoutError(f"{self.core.comm.me}: agent waited {self.timeout_s:g} s for worker "
-                                           f"{self.core.worker} to consume bucket deliveries (step {step})")
-                    if self._stop:
-                        return
                 bucket = self.buckets[f.bucket]
-                if not bucket.released.wait(self.timeout_s):
-                    raise TimeoutError(f"{self.core.comm.me}: agent waited {self.timeout_s:g} s for worker "
-                                       f"{self.core.worker} to release bucket {f.bucket} (step {step})")
+                # [Note: prefetch window] at most `prefetch` deliveries posted or landed but not yet consumed,
+                # and never into a bucket the compute thread still uses.
+                while not (room() and bucket.released.is_set()):
+                    if inflight:
+                        land_oldest()
+                        continue
+                    with self._cond:
+                        ok = self._cond.wait_for(lambda: self._stop or self._delivered - self._consumed
+                                                 < self.prefetch, self.timeout_s)
+                        if self._stop:
+                            return
+                    if not ok or not bucket.released.wait(self.timeout_s):
+                        raise TimeoutError(f"{self.core.comm.me}: agent waited {self.timeout_s:g} s for worker "
+                                           f"{self.core.worker} to consume deliveries / release bucket {f.bucket} "
+                                           f"(step {step})")
                 bucket.released.clear()
-                t0 = time.perf_counter()
-                self.core.comm.wait_all(self.core.fetch(f.bucket, f.phase, bucket.materialize(), step))
-                trace.interval(f"fetch b{f.bucket}" + (" (bwd)" if f.phase else ""), t0, time.perf_counter(),
-                               track="agent")
-                with self._cond:
-                    self._delivered += 1
-                    self._cond.notify_all()
-        del per_step
+                inflight.append((self.core.fetch(f.bucket, f.phase, bucket.materialize(), step),
+                                 time.perf_counter(), f, step))
+        while inflight:
+            land_oldest()
 
     def _push_loop(self) -> None:
         while True:

@@ -78,6 +78,9 @@ class TrainConfig:
     timeout_s: float = 120.0
     #: torch intra-op threads per process
     threads: int = 1
+    #: niceness added to servers, the aggregator and agent processes: roles that stand in for separate
+    #: hardware (SmartNIC, switch, storage servers) yield the CPU to the workers when they share a machine
+    helper_nice: int = 10
     #: fault injection for resilience tests: "ROLE:INDEX:STEP" kills that process with SIGKILL at that step
     kill_at: str = ""
     progress: bool = True
@@ -92,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"agents: must be one of {', '.join(AGENT_MODES)}; got {self.agents!r}")
         if self.state not in STATES:
             raise ValueError(f"state: must be one of {', '.join(STATES)}; got {self.state!r}")
+        if not 0 <= self.helper_nice <= 19:
+            raise ValueError(f"helper_nice: must be in [0, 19], got {self.helper_nice}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
         if not self.timeout_s > 0:
@@ -217,6 +222,8 @@ def run_role(config: TrainConfig) -> int:
     roles.check_world(world)
     role, index = roles.role_of(rank)
     torch.set_num_threads(config.threads)
+    if role is not Role.WORKER and config.helper_nice:
+        os.nice(config.helper_nice)
     if config.trace_dir:
         from terastack import trace
 
@@ -310,7 +317,7 @@ def run_role(config: TrainConfig) -> int:
             for step in steps:
                 maybe_die(step)
                 t0 = time.perf_counter()
-                server.step(step)
+                server.step(step, more=step + 1 < config.steps)
                 step_s.append(time.perf_counter() - t0)
                 done = step + 1
                 if done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0):

@@ -171,6 +171,8 @@ class ParameterServer:
         self.adam_steps = {b: torch.tensor(0.0) for b in self.params}
         self.ingress_bytes: list[int] = []
         self.update_s = 0.0
+        #: next step's forward sends, posted as soon as each bucket is updated (bucket -> pendings)
+        self._early: dict[int, list[Pending]] = {}
 
     # ---------------------------------------------------------------- state
     @property
@@ -179,6 +181,7 @@ class ParameterServer:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {}
+        # Early sends of the next step may be in flight: they only read the parameters, as this does.
         for b in self.params:
             m, v = self.moments.get(b, self.comm.timeout_s)
             out[f"b{b}.param"] = self.params[b]
@@ -200,8 +203,18 @@ class ParameterServer:
         self.moments.flush()
 
     # ----------------------------------------------------------------- step
-    def step(self, step: int) -> None:
-        """One training step: send parameters, receive reduced gradients, update bucket by bucket."""
+    def _post_sends(self, b: int, phase: int, step: int) -> list[Pending]:
+        return [self.comm.isend(self.params[b], agent, tag(Kind.PARAM, b, phase),
+                                f"parameters of bucket {b} (step {step}) for worker {w}")
+                for w, agent in enumerate(self.roles.agent_ranks())]
+
+    def step(self, step: int, *, more: bool = False) -> None:
+        """One training step: send parameters, receive reduced gradients, update bucket by bucket.
+
+        ``more``: another step follows, so each bucket's forward sends for it are
+        posted as soon as the bucket is updated (the next step's first deliveries
+        then wait only for the last bucket's update).
+        """
         comm, roles = self.comm, self.roles
         in_before, _ = comm.counters()
         # Prologue: post every parameter send of this step in fetch order. Sends complete as agents
@@ -209,10 +222,8 @@ class ParameterServer:
         sends: dict[int, list[Pending]] = {}
         with trace.span("post param sends", track=f"server{self.index}"):
             for f in self.schedule.fetch_order:
-                for w, agent in enumerate(roles.agent_ranks()):
-                    sends.setdefault(f.bucket, []).append(comm.isend(
-                        self.params[f.bucket], agent, tag(Kind.PARAM, f.bucket, f.phase),
-                        f"parameters of bucket {f.bucket} (step {step}) for worker {w}"))
+                early = self._early.pop(f.bucket, None) if f.phase == 0 else None
+                sends.setdefault(f.bucket, []).extend(early or self._post_sends(f.bucket, f.phase, step))
         order = self.schedule.grad_order
         posted: dict[int, tuple[list[Pending], list[torch.Tensor]]] = {}
 
@@ -257,7 +268,10 @@ class ParameterServer:
                       weight_decay=self.opt.weight_decay, eps=self.opt.eps, maximize=False)
                 self.moments.release(b)
             self.update_s += time.perf_counter() - t0
-        # Epilogue: every send of this step has completed (each bucket's were waited before its update).
+            if more:
+                self._early[b] = self._post_sends(b, 0, step + 1)
+        # Epilogue: every send of this step has completed (each bucket's were waited before its update);
+        # the next step's forward sends may be in flight.
         in_after, _ = comm.counters()
         self.ingress_bytes.append(in_after - in_before)
 

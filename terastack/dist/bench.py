@@ -2,7 +2,8 @@
 
 Same model, same data, same seeds, same number of workers. For each system:
 ``step_s`` (median steady step, slowest worker), ``exposed_comm_fraction``
-(time the training thread waits on communication / step time),
+(time the training thread waits on communication / step time; see [Note: exposed
+communication] in terastack.dist.job for the worker it is taken from),
 ``worker_optimizer_bytes`` (optimizer state held in a worker process,
 measured from its live optimizers) and the max abs difference of the final
 parameters from single-process AdamW. Then the parameter servers' ingress per
@@ -26,7 +27,7 @@ HEADLINE = ["speedup_vs_fsdp2", "exposed_comm_fraction_ratio_vs_fsdp2", "terasta
 _MODEL = ["--model", "tiny-llama", "--heads", "4", "--vocab", "512", "--seq-len", "64"]
 PRESETS = {
     "smoke": ["--model", "toy", "--dim", "16", "--layers", "2", "--vocab", "32", "--seq-len", "8", "--micro-batch",
-              "2", "--steps", "3", "--ingress-workers", "1,2", "--ingress-steps", "2"],
+              "2", "--steps", "3", "--ingress-workers", "1,2", "--ingress-steps", "2", "--repeats", "1"],
     "small": _MODEL + ["--dim", "128", "--layers", "4", "--micro-batch", "4", "--steps", "6"],
     "full": _MODEL + ["--dim", "256", "--layers", "4", "--micro-batch", "8", "--steps", "10"],
 }
@@ -45,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="rounds of the three systems (figures: fastest round)")
     p.add_argument("--ingress-workers", default="1,2,4", help="worker counts for the server-ingress measurement")
     p.add_argument("--ingress-steps", type=int, default=2)
     p.add_argument("--run-dir", help="where the jobs run (default: a temporary directory)")
@@ -86,16 +88,24 @@ def measure(args: argparse.Namespace) -> dict:
             "zero3": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "zero3")})), "terastack.dist.zero3",
                       args.workers),
         }
-        for name, (cfg, module, world) in systems.items():
-            t0 = time.perf_counter()
-            out = launch_local(cfg, quiet=True, module=module, world_size=world)
-            params, _ = load_parameters(cfg.checkpoint_dir)
-            result[f"{name}_step_s"] = out["step_s"]
-            result[f"{name}_exposed_comm_fraction"] = out["exposed_comm_fraction"]
+        # Systems run one after another, `repeats` rounds in turn, so that load from anything else on the
+        # machine falls on all of them alike; each system's figures come from its fastest round.
+        best: dict[str, tuple[dict, float]] = {}
+        for _ in range(args.repeats):
+            for name, (cfg, module, world) in systems.items():
+                t0 = time.perf_counter()
+                out = launch_local(cfg, quiet=True, module=module, world_size=world)
+                params, _ = load_parameters(cfg.checkpoint_dir)
+                out["max_abs_diff"] = max_abs_diff(params, ref)
+                out["max_abs_diff_vs_one_backward"] = max_abs_diff(params, ref_full)
+                if name not in best or out["step_s"] < best[name][0]["step_s"]:
+                    best[name] = (out, time.perf_counter() - t0)
+        for name, (out, wall) in best.items():
+            for key in ("step_s", "exposed_comm_fraction", "exposed_comm_fraction_incl_imbalance", "max_abs_diff",
+                        "max_abs_diff_vs_one_backward"):
+                result[f"{name}_{key}"] = out[key]
             result[f"{name}_worker_optimizer_bytes"] = out["worker_optimizer_bytes"]
-            result[f"{name}_max_abs_diff"] = max_abs_diff(params, ref)
-            result[f"{name}_max_abs_diff_vs_one_backward"] = max_abs_diff(params, ref_full)
-            result[f"{name}_wall_s"] = time.perf_counter() - t0
+            result[f"{name}_wall_s"] = wall
             if name == "terastack":
                 result["terastack_server_update_s"] = out.get("server_update_s")
                 result["worker_peak_param_bytes"] = out.get("worker_peak_param_bytes")
@@ -114,6 +124,9 @@ def measure(args: argparse.Namespace) -> dict:
         ingress: dict = {"with_aggregator": {}, "without_aggregator": {}}
         for w in (int(x) for x in args.ingress_workers.split(",")):
             for agg in (True, False):
+                if agg and w == args.workers:   # the main run above is this configuration
+                    ingress["with_aggregator"][str(w)] = best["terastack"][0]["server_ingress_bytes_per_step"]
+                    continue
                 cfg = TrainConfig(**common, workers=w, servers=args.servers, aggregator=agg, steps=args.ingress_steps,
                                   run_dir=str(root / f"ingress-w{w}-{'agg' if agg else 'noagg'}"))
                 out = launch_local(cfg, quiet=True)

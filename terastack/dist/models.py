@@ -76,6 +76,10 @@ class ToyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+_INITIALIZERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                 "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
 @contextlib.contextmanager
 def params_on_meta():
     """Parameters created inside go to the meta device; buffers (rotary tables...) stay real.
@@ -89,11 +93,24 @@ def params_on_meta():
         if param is not None and param.device.type != "meta":
             param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
         original(module, name, param)
+
+    # Random init of a meta tensor computes nothing, but its first call imports the compiler stack
+    # (seconds per process): initializers leave meta tensors alone.
+    inits = {name: getattr(nn.init, name) for name in _INITIALIZERS if hasattr(nn.init, name)}
+
+    def skip_meta(fn):
+        def init(tensor, *args, **kwargs):
+            return tensor if getattr(tensor, "is_meta", False) else fn(tensor, *args, **kwargs)
+        return init
     nn.Module.register_parameter = register
+    for name, fn in inits.items():
+        setattr(nn.init, name, skip_meta(fn))
     try:
         yield
     finally:
         nn.Module.register_parameter = original
+        for name, fn in inits.items():
+            setattr(nn.init, name, fn)
 
 
 def build_model(spec: ModelSpec, *, seed: int, meta: bool = False) -> nn.Module:

@@ -6,9 +6,11 @@ with the same tag are matched in the order they were posted, and each role
 posts them in the order given by :class:`terastack.dist.layout.Schedule`, so
 sender and receiver agree without any handshake.
 
-Only point-to-point operations are used after start-up: collectives issued
-from several threads of one process could be ordered differently on
-different ranks, p2p messages with distinct tags cannot.
+Between start-up and shutdown only point-to-point operations are used:
+collectives issued from several threads of one process could be ordered
+differently on different ranks, p2p messages with distinct tags cannot.
+(Start-up's layout check and broadcast and shutdown's monitored barrier run
+on the main thread while no agent thread exists.)
 """
 from __future__ import annotations
 

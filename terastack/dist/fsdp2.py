@@ -9,8 +9,6 @@ the work objects they return). ``python -m terastack.dist.fsdp2 JOB.json`` under
 """
 from __future__ import annotations
 
-import datetime
-import os
 import sys
 import threading
 import time
@@ -18,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from terastack.dist.job import TrainConfig, _optimizer_state_bytes, rank_main, save_final, write_stats
+from terastack.dist.job import TrainConfig, finish_baseline, init_baseline, rank_main, save_final
 from terastack.dist.layout import Layout, find_layers
 from terastack.dist.models import build_model, loss_of, worker_batch
 
@@ -78,12 +76,7 @@ def run(config: TrainConfig) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != config.workers:
-        raise ValueError(f"the FSDP2 baseline runs one rank per worker: {config.workers} workers, {world} ranks")
-    torch.set_num_threads(config.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=config.timeout_s))
+    rank, world = init_baseline(config, "FSDP2")
     spec = config.model_spec()
     model = build_model(spec, seed=config.seed)
     layout = Layout.of(model, 1)
@@ -113,11 +106,7 @@ def run(config: TrainConfig) -> int:
     if rank == 0:
         flats = [torch.cat([full[p.name].detach().reshape(-1) for p in b.params]) for b in layout.buckets]
         save_final(config, layout, flats, config.steps)
-    write_stats(config, rank, {"rank": rank, "role": "worker", "index": rank, "step_s": step_s, "wait_s": wait_s,
-                               "loss": losses, "optimizer_state_bytes": _optimizer_state_bytes()})
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return finish_baseline(config, rank, {"step_s": step_s, "wait_s": wait_s, "loss": losses})
 
 
 if __name__ == "__main__":

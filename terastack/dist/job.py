@@ -176,6 +176,29 @@ def write_stats(config: "TrainConfig", rank: int, stats: dict) -> None:
     atomic_write_json(stats_dir / f"rank-{rank}.json", stats)
 
 
+def init_baseline(config: "TrainConfig", system: str) -> tuple[int, int]:
+    """Start-up of a workers-only baseline rank: (rank, world size), gloo process group joined."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.workers:
+        raise ValueError(f"the {system} baseline runs one rank per worker: {config.workers} workers, {world} ranks")
+    torch.set_num_threads(config.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=config.timeout_s))
+    return rank, world
+
+
+def finish_baseline(config: "TrainConfig", rank: int, stats: dict) -> int:
+    import torch.distributed as dist
+
+    write_stats(config, rank, {"rank": rank, "role": "worker", "index": rank,
+                               "optimizer_state_bytes": _optimizer_state_bytes()} | stats)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
 def save_final(config: "TrainConfig", layout, flats: list[torch.Tensor], step: int) -> None:
     """Write full parameters as a one-shard checkpoint (how the baselines hand back their result)."""
     from terastack.dist import checkpoint as ckpt

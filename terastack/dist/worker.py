@@ -126,7 +126,7 @@ class ShardedModel:
         self._grads_seen = [set() for _ in self.buckets]
         self._pushed = [False] * len(self.buckets)
         self.link.begin_step(step)
-        self._acquire(0, 0)   # the root bucket: embeddings first, head last ([Note: what stays resident...])
+        self._acquire(0, 0)   # root: embeddings first, head last ([Note: what stays resident on a worker])
 
     def finish_step(self) -> None:
         """After ``loss.backward()``: push what the hooks did not (the root bucket), release everything."""

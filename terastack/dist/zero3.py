@@ -11,15 +11,13 @@ the disaggregated job; ``python -m terastack.dist.zero3 JOB.json`` under torchru
 """
 from __future__ import annotations
 
-import datetime
-import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from terastack.dist.job import TrainConfig, _flats, _optimizer_state_bytes, rank_main, save_final, write_stats
+from terastack.dist.job import TrainConfig, _flats, finish_baseline, init_baseline, rank_main, save_final
 from terastack.dist.layout import Layout, Schedule
 from terastack.dist.models import build_model, loss_of, worker_batch
 from terastack.dist.worker import ShardedModel
@@ -74,12 +72,7 @@ class SerialZero3Link:
 
 
 def run(config: TrainConfig) -> int:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != config.workers:
-        raise ValueError(f"the ZeRO-3 baseline runs one rank per worker: {config.workers} workers, {world} ranks")
-    torch.set_num_threads(config.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=config.timeout_s))
+    rank, world = init_baseline(config, "ZeRO-3")
     spec = config.model_spec()
     meta = build_model(spec, seed=config.seed, meta=True)
     layout = Layout.of(meta, 1)
@@ -108,13 +101,10 @@ def run(config: TrainConfig) -> int:
         flats.append(full[:layout.buckets[b].numel])
     if rank == 0:
         save_final(config, layout, flats, config.steps)
-    write_stats(config, rank, {"rank": rank, "role": "worker", "index": rank, "step_s": step_s, "wait_s": wait_s,
-                               "loss": losses, "optimizer_state_bytes": _optimizer_state_bytes(),
-                               "peak_param_bytes": sharded.peak_param_bytes, "model_param_bytes": layout.numel * 4,
-                               "param_bytes_after_run": sharded.resident_param_bytes()})
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return finish_baseline(config, rank, {"step_s": step_s, "wait_s": wait_s, "loss": losses,
+                                          "peak_param_bytes": sharded.peak_param_bytes,
+                                          "model_param_bytes": layout.numel * 4,
+                                          "param_bytes_after_run": sharded.resident_param_bytes()})
 
 
 if __name__ == "__main__":

@@ -452,7 +452,8 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = "ter
         shutil.rmtree(config.checkpoint_dir, ignore_errors=True)
     job_file = atomic_write_json(run_dir / "job.json", config.to_dict())
     launch = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=world_size or roles.world_size, run_id=f"terastack-{uuid.uuid4().hex[:8]}",
+        min_nodes=1, max_nodes=1, nproc_per_node=world_size or roles.world_size,
+        run_id=f"terastack-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", local_addr="127.0.0.1",
         rdzv_configs={"timeout": int(config.timeout_s)}, max_restarts=0, monitor_interval=0.1,
         start_method="spawn", shutdown_timeout=5)

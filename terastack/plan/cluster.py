@@ -255,7 +255,8 @@ def assumptions(cl: Cluster, cal: Calibration) -> list[str]:
         "layer's gather is exposed",
         "disaggregated: workers fetch parameters twice per step (forward and backward) and push gradients once; "
         "the aggregator reduces before the servers; servers update bucket by bucket during the backward",
-        f"the switch {'replicates parameters to all workers (multicast)' if cl.multicast else 'does not replicate: each server sends every worker its own copy'}",
+        "the switch replicates parameters to all workers (multicast)" if cl.multicast
+        else "the switch does not replicate: each server sends every worker its own copy",
         f"{cl.servers} parameter servers, each with {cl.server_cpu_cores} cores, {cl.server_ssd_gbs:g} GB/s of SSD "
         f"and a {cl.server_nic_gbps or cl.nic_gbps:g} Gbit/s NIC; training nodes have {cl.gpus_per_node} GPUs, "
         f"{cl.node_cpu_cores} cores and {cl.node_ssd_gbs:g} GB/s of SSD",
@@ -309,7 +310,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  standard MSDP   {m['step_s']:10.2f} s/step = fwd/bwd {m['step_s'] - m['optimizer_s']:.2f} s (compute "
           f"{m['compute_s']:.2f} s, collectives {m['collectives_s']:.2f} s, exposed {m['exposed_collectives_s']:.2f} s)"
           f" + optimizer {m['optimizer_s']:.2f} s (SSD {m['optimizer_ssd_s']:.2f} s, CPU {m['optimizer_cpu_s']:.2f} s)")
-    print(f"  disaggregated   {d['step_s']:10.2f} s/step = bottleneck {d['bottleneck']} (compute {d['compute_s']:.2f} s,"
+    print(f"  disaggregated   {d['step_s']:10.2f} s/step = bottleneck {d['bottleneck']} "
+          f"(compute {d['compute_s']:.2f} s,"
           f" worker NIC {d['worker_nic_s']:.2f} s, servers net {d['server_network_s']:.2f} / SSD "
           f"{d['server_ssd_s']:.2f} / AdamW {d['server_adam_s']:.2f} s, aggregator {d['aggregator_s']:.2f} s) "
           f"+ fill/drain {d['pipeline_fill_drain_s']:.2f} s")

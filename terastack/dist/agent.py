@@ -189,6 +189,13 @@ class ThreadAgent:
     def end_step(self) -> None:
         self._failure.check()
 
+    def abort(self) -> None:
+        """Stop without waiting (the compute thread is failing; its error must not wait for the network)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._grads.put(None)
+
     def close(self) -> None:
         """Wait until every gradient has left (bounded), then stop the threads."""
         self._grads.put(None)
@@ -258,6 +265,9 @@ class RelayLink:
     def end_step(self) -> None:
         pass
 
+    def abort(self) -> None:
+        pass   # nothing runs in the background: posted operations die with the process
+
     def close(self) -> None:
         self.comm.wait_all(self._sends)
 
@@ -292,15 +302,14 @@ class AgentProcess:
         fetcher = threading.Thread(target=relay_params, name="agent-fetch", daemon=True)
         fetcher.start()
         sends: list[Pending] = []
-        try:
-            for b in self.schedule.grad_order:
-                grad = torch.empty(layout.buckets[b].numel)
-                comm.recv(grad, self.worker_rank, tag(Kind.RELAY_GRAD, b), f"gradient of bucket {b} (step {step})")
-                sends += self.core.push(b, grad, step)
-                failure.check()
-            comm.wait_all(sends)
-        finally:
-            fetcher.join(comm.timeout_s)
+        # On an error the relay thread is left behind (a daemon): the error is reported at once.
+        for b in self.schedule.grad_order:
+            grad = torch.empty(layout.buckets[b].numel)
+            comm.recv(grad, self.worker_rank, tag(Kind.RELAY_GRAD, b), f"gradient of bucket {b} (step {step})")
+            sends += self.core.push(b, grad, step)
+            failure.check()
+        comm.wait_all(sends)
+        fetcher.join(comm.timeout_s)
         failure.check()
         if fetcher.is_alive():
             raise PeerError(f"{comm.me}: parameter relay of step {step} did not finish within {comm.timeout_s:g} s")

@@ -316,9 +316,12 @@ def run_role(config: TrainConfig) -> int:
                 wait_s.append(sharded.wait_s - w0)
                 losses.append(float(loss.detach()))
                 progress.update(1, loss=losses[-1], exposed=wait_s[-1] / step_s[-1])
+        except BaseException:
+            link.abort()
+            raise
         finally:
-            link.close()
             progress.close()
+        link.close()
         stats.update(step_s=step_s, wait_s=wait_s, loss=losses, peak_param_bytes=sharded.peak_param_bytes,
                      model_param_bytes=layout.numel * 4, param_bytes_after_run=sharded.resident_param_bytes(),
                      optimizer_state_bytes=_optimizer_state_bytes())

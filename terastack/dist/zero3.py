@@ -70,6 +70,9 @@ class SerialZero3Link:
     def close(self) -> None:
         pass
 
+    def abort(self) -> None:
+        pass
+
 
 def run(config: TrainConfig) -> int:
     rank, world = init_baseline(config, "ZeRO-3")

@@ -169,13 +169,16 @@ class ThreadAgent:
 
     def wait_params(self, slot: int) -> None:
         target = self._step_base + slot + 1
+        # Twice the agent's own bound: a delivery that is late because a peer is silent is reported by the
+        # agent first, naming that peer; this bound only catches an agent that is itself stuck.
+        limit = 2 * self.timeout_s
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._failure.exc is not None or self._delivered >= target,
-                                     self.timeout_s)
+            ok = self._cond.wait_for(lambda: self._failure.exc is not None or self._delivered >= target, limit)
             self._failure.check()
             if not ok:
-                raise TimeoutError(f"{self.core.comm.me}: waited {self.timeout_s:g} s for the agent to deliver "
-                                   f"{self.schedule.fetch_order[slot]} (step {self._step})")
+                f = self.schedule.fetch_order[slot]
+                raise TimeoutError(f"{self.core.comm.me}: waited {limit:g} s for the agent to deliver bucket "
+                                   f"{f.bucket} ({'backward' if f.phase else 'forward'}, step {self._step})")
             self._consumed = max(self._consumed, target)
             self._cond.notify_all()
 

@@ -48,7 +48,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", dest="timeout_s", type=float, help=f"bound on every wait, seconds (default "
                                                                     f"{d.timeout_s:g})")
     g.add_argument("--threads", type=int, help="torch threads per process (default 1)")
-    g.add_argument("--kill-at", metavar="ROLE:INDEX:STEP", help="fault injection: SIGKILL that rank at that step")
+    g.add_argument("--kill-at", metavar="ROLE:INDEX:STEP[:FAULT]",
+                   help="fault injection: SIGKILL that rank at that step (FAULT kill), or make it hang (FAULT hang)")
     g.add_argument("--trace", dest="trace_dir", metavar="DIR", help="write a Chrome trace per rank into DIR")
     g.add_argument("--json", action="store_true", help="print the job's figures as JSON")
 

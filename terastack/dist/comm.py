@@ -121,7 +121,8 @@ class Comm:
         who = self.roles.describe(peer)
         text = str(exc)
         if "Timed out" in text or "timed out" in text:
-            reason = f"no answer within {timeout if timeout is not None else self.timeout_s:g} s"
+            reason = (f"no answer within {timeout if timeout is not None else self.timeout_s:g} s (it is hung, "
+                      "overloaded, or itself waiting on another rank)")
         elif "closed" in text.lower() or "reset" in text.lower() or "broken pipe" in text.lower():
             reason = "its connection closed (the process died or stopped)"
         else:

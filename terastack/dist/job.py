@@ -25,6 +25,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -81,7 +82,8 @@ class TrainConfig:
     #: niceness added to servers, the aggregator and agent processes: roles that stand in for separate
     #: hardware (SmartNIC, switch, storage servers) yield the CPU to the workers when they share a machine
     helper_nice: int = 10
-    #: fault injection for resilience tests: "ROLE:INDEX:STEP" kills that process with SIGKILL at that step
+    #: fault injection for resilience tests: "ROLE:INDEX:STEP[:FAULT]" kills that rank with SIGKILL (FAULT
+    #: "kill", the default) or makes it stop answering ("hang") at the start of that step
     kill_at: str = ""
     progress: bool = True
     #: write a Chrome trace per rank into this directory
@@ -139,13 +141,20 @@ class TrainConfig:
         return cls.from_dict(data.get("train", data), source=str(path))
 
 
-def parse_kill_at(text: str) -> tuple[Role, int, int]:
+FAULTS = ("kill", "hang")
+
+
+def parse_kill_at(text: str) -> tuple[Role, int, int, str]:
+    """ROLE:INDEX:STEP[:FAULT]: FAULT "kill" (SIGKILL, the default) or "hang" (the rank stops answering)."""
     try:
-        role, index, step = text.split(":")
-        return Role(role), int(index), int(step)
+        role, index, step, *fault = text.split(":")
+        fault = fault[0].lower() if fault else "kill"
+        if fault not in FAULTS or len(text.split(":")) > 4:
+            raise ValueError(text)
+        return Role(role), int(index), int(step), fault
     except ValueError:
-        raise ValueError(f"kill_at: expected ROLE:INDEX:STEP (ROLE one of worker, server, aggregator, agent), "
-                         f"got {text!r}") from None
+        raise ValueError(f"kill_at: expected ROLE:INDEX:STEP[:FAULT] (ROLE one of worker, server, aggregator, "
+                         f"agent; FAULT kill or hang), got {text!r}") from None
 
 
 class JobFailed(RuntimeError):
@@ -284,9 +293,12 @@ def run_role(config: TrainConfig) -> int:
     kill = parse_kill_at(config.kill_at) if config.kill_at else None
 
     def maybe_die(step: int) -> None:
-        if kill and kill == (role, index, step):
-            print(f"terastack dist: fault injection: killing {roles.describe(rank)} at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if kill and kill[:3] == (role, index, step):
+            print(f"terastack dist: fault injection: {kill[3]} {roles.describe(rank)} at step {step}", flush=True)
+            if kill[3] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:        # "hang": alive (its network threads too) but never answers again
+                time.sleep(3600)
 
     stats: dict = {"rank": rank, "role": role.value, "index": index, "first_step": first}
     steps = range(first, config.steps)
@@ -395,36 +407,42 @@ def _failure_text(failure) -> str:
     return lines[-1] if lines else f"exit code {failure.exitcode}"
 
 
+def _classify(failure) -> tuple[str, str]:
+    """("error", its message) for a rank that raised; ("killed", signal) for one ended by a signal it did not
+    raise over; ("stopped", "SIGTERM") for one torchrun stopped after the first failure."""
+    message = getattr(failure, "message", "")
+    message = str(message.get("message") if isinstance(message, dict) else message or "").strip()
+    noted = re.match(r"Signal \d+ \((SIG\w+)\) received", message)   # torchrun's note of a signal death
+    if message and not noted:
+        return "error", _failure_text(failure)
+    sig = noted.group(1) if noted else None
+    if failure.exitcode is not None and failure.exitcode < 0:
+        try:
+            sig = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            sig = f"signal {-failure.exitcode}"
+    if sig is None:
+        return "error", f"exit code {failure.exitcode}"
+    return ("stopped" if sig == "SIGTERM" else "killed"), sig
+
+
 def describe_failures(roles: RoleMap, failures: dict, checkpoint_dir: str) -> str:
     """One message from torchrun's per-rank failure records, naming the first rank to fail and its role.
 
-    A rank killed by a signal other than SIGTERM is the likeliest root cause;
+    A rank killed by a signal (other than SIGTERM) is the likeliest root cause;
     then ranks that raised, earliest first; ranks that torchrun itself stopped
     with SIGTERM after the first failure are only counted.
     """
-    def signal_name(failure) -> str | None:
-        if failure.exitcode is None or failure.exitcode >= 0:
-            return None
-        try:
-            return signal.Signals(-failure.exitcode).name
-        except ValueError:
-            return f"signal {-failure.exitcode}"
-
-    def order(item):
-        rank, failure = item
-        sig = signal_name(failure)
-        return (0 if sig and sig != "SIGTERM" else 1 if not sig else 2, getattr(failure, "timestamp", 0) or 0, rank)
-
+    rank_of_kind = {"killed": 0, "error": 1, "stopped": 2}
+    classified = sorted(((rank_of_kind[kind], getattr(f, "timestamp", 0) or 0, rank, kind, text)
+                         for rank, f in failures.items() for kind, text in [_classify(f)]))
     parts, stopped = [], 0
-    for rank, failure in sorted(failures.items(), key=order):
+    for _, _, rank, kind, text in classified:
         who = roles.describe(rank) if 0 <= rank < roles.world_size else f"rank {rank}"
-        sig = signal_name(failure)
-        if sig == "SIGTERM":
+        if kind == "stopped":
             stopped += 1
-        elif sig:
-            parts.append(f"{who} died ({sig})")
         else:
-            parts.append(f"{who} failed: {_failure_text(failure)}")
+            parts.append(f"{who} died ({text})" if kind == "killed" else f"{who} failed: {text}")
     if not parts:
         parts.append(f"{stopped} rank(s) were stopped with SIGTERM")
     elif stopped:
@@ -459,7 +477,7 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = "ter
         run_id=f"terastack-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", local_addr="127.0.0.1",
         rdzv_configs={"timeout": int(config.timeout_s)}, max_restarts=0, monitor_interval=0.1,
-        start_method="spawn", shutdown_timeout=5)
+        start_method="spawn", shutdown_timeout=2)
     env_before = os.environ.get("TERASTACK_DIST_QUIET")
     os.environ["TERASTACK_DIST_QUIET"] = "1" if quiet else "0"
     try:

@@ -5,6 +5,8 @@ bound on its time; each rank also bounds each of its waits (``timeout_s``).
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from terastack.dist.checkpoint import load_parameters
@@ -77,10 +79,25 @@ def test_killed_rank_is_named_and_resume_loses_nothing(tmp_path, victim, label):
         launch_local(TrainConfig(**base, kill_at=victim), quiet=True)
     message = str(info.value)
     assert message.startswith(f"{label} died (SIGKILL)")
-    assert "last checkpoint is step 2" in message and "--resume" in message
+    # The servers checkpoint after each step; the one after step 2 may or may not have completed when the
+    # victim died at the start of step 2 (a server posts step 2's first parameters before checkpointing).
+    found = re.search(r"last checkpoint is step (\d+) in .*--resume", message)
+    assert found and int(found.group(1)) in (1, 2), message
     cfg = TrainConfig(**base, resume=True)
     result = launch_local(cfg, quiet=True)
-    assert result["per_rank"][0]["first_step"] == 2
+    assert result["per_rank"][0]["first_step"] == int(found.group(1))
     params, step = load_parameters(cfg.checkpoint_dir)
     ref, _ = _reference(cfg)
     assert step == 4 and max_abs_diff(params, ref) <= 1e-5
+
+
+@pytest.mark.timeout(120)
+def test_hung_server_ends_the_job_within_the_timeout(tmp_path):
+    """A rank that stops answering (alive, not dead) is reported after the bounded wait, by rank and role."""
+    cfg = TrainConfig(**(TINY | {"timeout_s": 4}), workers=1, servers=1, kill_at="server:0:1:hang",
+                      run_dir=str(tmp_path / "run"))
+    with pytest.raises(JobFailed) as info:
+        launch_local(cfg, quiet=True)
+    message = str(info.value)
+    assert "PeerError" in message and "no answer within 4 s" in message
+    assert message.startswith("worker 0 (rank 0) failed: PeerError: worker 0 (rank 0): lost server 0 (rank 1)")

@@ -140,6 +140,8 @@ def test_train_config_validation_and_shipped_toml():
         TrainConfig(state="tape")
     with pytest.raises(ValueError, match="kill_at"):
         TrainConfig(kill_at="server:x")
+    with pytest.raises(ValueError, match="kill_at"):
+        TrainConfig(kill_at="server:0:1:explode")
     with pytest.raises(ValueError, match="model"):
         TrainConfig(model="/nonexistent/model")
     shipped = sorted((Path(__file__).parents[2] / "terastack" / "dist" / "configs").glob("*.toml"))
@@ -207,4 +209,12 @@ def test_failure_message_names_first_dead_rank_and_role(tmp_path):
         3: F(-9, "", 9), 4: F(-15)}, str(tmp_path))
     assert text.startswith("server 1 (rank 3) died (SIGKILL); then worker 0 (rank 0) failed: PeerError")
     assert "1 other rank(s) were stopped" in text and "no checkpoint" in text
+    # torchrun's own note of a signal death counts as the signal; an error recorded before an abort at
+    # teardown counts as the error; a SIGTERM note is a stop.
+    text = describe_failures(roles, {
+        1: F(1, "Signal 9 (SIGKILL) received by PID 77", 9),
+        2: F(-6, {"message": "TimeoutError: worker 0 (rank 0): waited 8 s"}, 3),
+        0: F(1, "Signal 15 (SIGTERM) received by PID 78", 10)}, str(tmp_path))
+    assert text.startswith("worker 1 (rank 1) died (SIGKILL); then server 0 (rank 2) failed: TimeoutError")
+    assert "1 other rank(s) were stopped" in text
     assert issubclass(JobFailed, RuntimeError)

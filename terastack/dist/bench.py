@@ -70,8 +70,10 @@ def measure(args: argparse.Namespace) -> dict:
         root = Path(args.run_dir or tmp)
         common = dict(model=args.model, dim=args.dim, layers=args.layers, heads=args.heads, vocab=args.vocab,
                       seq_len=args.seq_len, micro_batch=args.micro_batch, timeout_s=args.timeout, progress=False)
+        # With --trace, every rank of the terastack job also writes its own Chrome trace beside it.
+        rank_traces = str(Path(args.trace).with_suffix("")) + "-ranks" if getattr(args, "trace", None) else ""
         main = TrainConfig(**common, workers=args.workers, servers=args.servers, steps=args.steps,
-                           prefetch=args.prefetch, run_dir=str(root / "terastack"))
+                           prefetch=args.prefetch, run_dir=str(root / "terastack"), trace_dir=rank_traces)
         rows = main.micro_batch * main.workers
         # [Note: fp32 noise floor] in terastack.dist.reference: the check is against single-process AdamW
         # with the global batch as W accumulated micro-batches; the one-backward reference is reported too.
@@ -83,10 +85,10 @@ def measure(args: argparse.Namespace) -> dict:
                         "parameters": sum(t.numel() for t in ref.values()), "steps": args.steps}
         systems = {
             "terastack": (main, "terastack.dist.job", None),
-            "fsdp2": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "fsdp2")})), "terastack.dist.fsdp2",
-                      args.workers),
-            "zero3": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "zero3")})), "terastack.dist.zero3",
-                      args.workers),
+            "fsdp2": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "fsdp2"), "trace_dir": ""})),
+                      "terastack.dist.fsdp2", args.workers),
+            "zero3": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "zero3"), "trace_dir": ""})),
+                      "terastack.dist.zero3", args.workers),
         }
         # Systems run one after another, `repeats` rounds in turn, so that load from anything else on the
         # machine falls on all of them alike; each system's figures come from its fastest round.

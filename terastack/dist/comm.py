@@ -74,18 +74,17 @@ class Comm:
 
     # ------------------------------------------------------------- posting
     def isend(self, tensor: torch.Tensor, dst: int, tg: int, what: str) -> Pending:
-        try:
-            work = dist.isend(tensor, dst=dst, tag=tg)
-        except RuntimeError as exc:
-            raise self._peer_error(exc, dst, f"sending {what}") from None
-        return Pending(work, dst, tensor.numel() * tensor.element_size(), what, False, tensor)
+        return self._post(dist.isend, tensor, dst, tg, what, incoming=False)
 
     def irecv(self, tensor: torch.Tensor, src: int, tg: int, what: str) -> Pending:
+        return self._post(dist.irecv, tensor, src, tg, what, incoming=True)
+
+    def _post(self, op, tensor: torch.Tensor, peer: int, tg: int, what: str, *, incoming: bool) -> Pending:
         try:
-            work = dist.irecv(tensor, src=src, tag=tg)
+            work = op(tensor, peer, tag=tg)
         except RuntimeError as exc:
-            raise self._peer_error(exc, src, f"receiving {what}") from None
-        return Pending(work, src, tensor.numel() * tensor.element_size(), what, True, tensor)
+            raise self._peer_error(exc, peer, f"{'receiving' if incoming else 'sending'} {what}") from None
+        return Pending(work, peer, tensor.numel() * tensor.element_size(), what, incoming, tensor)
 
     # ------------------------------------------------------------- waiting
     def wait(self, pending: Pending, timeout_s: float | None = None) -> None:

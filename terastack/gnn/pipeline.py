@@ -225,6 +225,7 @@ class Pipeline:
         for t in threads:
             t.start()
         held = None
+        error = None
         try:
             while True:
                 waited = time.perf_counter()
@@ -244,6 +245,7 @@ class Pipeline:
         except GeneratorExit:
             raise  # the caller closed the iterator early: just stop the stages (finally)
         except BaseException as exc:
+            error = exc
             if failure and not isinstance(exc, PipelineError):
                 stage, k, first = failure[0]
                 raise PipelineError(stage, k, first) from first
@@ -254,5 +256,5 @@ class Pipeline:
                 t.join(timeout=cfg.wait_timeout_s)
             alive = [t.name for t in threads if t.is_alive()]
             self._finish_stats(stats)
-            if alive:
+            if alive and error is None:  # never mask the error that is already propagating
                 raise TimeoutError(f"pipeline: stage threads {alive} did not stop within {cfg.wait_timeout_s:g} s")

@@ -85,6 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpc-fractions", default="0.25,0.5,1",
                    help="cache sizes (fractions of the budget) at which TPC predictions are checked")
     p.add_argument("--gen-memory", default="1GiB", help="memory budget of dataset generation")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads for every contender (0: torch's default, one per core)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -146,6 +148,10 @@ def measure(args: argparse.Namespace) -> dict:
         shutil.rmtree(root)
     if args.train_nodes < 1 or args.train_nodes + args.test_nodes > args.nodes:
         raise ValueError(f"train_nodes, test_nodes: must be >= 1 and fit in {args.nodes} nodes")
+    if args.threads < 0:
+        raise ValueError(f"threads: must be >= 0, got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not 1 <= args.baseline_epochs <= args.epochs:
         raise ValueError(f"baseline_epochs: must be in 1..epochs ({args.epochs}), got {args.baseline_epochs}")
     t0 = time.perf_counter()

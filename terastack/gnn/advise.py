@@ -19,7 +19,7 @@ from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 
 
 def calibrate_compute(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: int, classes: int, layers: int,
-                      steps: int = 3, seed: int = 0) -> tuple[float, float]:
+                      steps: int = 5, seed: int = 0) -> tuple[float, float]:
     """(seconds per training step scaled to the mean batch, FLOPs per batch) measured on this machine's CPU."""
     torch.manual_seed(seed)
     model = GNN(model_kind, feat_dim, hidden, classes, layers)
@@ -33,17 +33,18 @@ def calibrate_compute(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: i
         x = torch.randn(b.num_nodes, feat_dim, generator=gen)
         y = torch.randint(0, classes, (b.num_nodes,), generator=gen)
         datas.append(b.to_data(x, y))
+    weights = sum(p.numel() for p in model.parameters() if p.dim() > 1)
+    flops = 6.0 * hot.nodes_per_batch * weights + 6.0 * hot.edges_per_batch * hidden * layers
+    if steps < 1:
+        return float("nan"), flops
     train_step(model, opt, datas[0])  # warm-up (allocator, lazy init)
-    seconds, nodes = 0.0, 0
+    per_node = []
     for k in range(steps):
         d = datas[k % len(datas)]
         t0 = time.perf_counter()
         train_step(model, opt, d)
-        seconds += time.perf_counter() - t0
-        nodes += d.num_nodes
-    per_node = seconds / max(nodes, 1)
-    weights = sum(p.numel() for p in model.parameters() if p.dim() > 1)
-    flops = 6.0 * hot.nodes_per_batch * weights + 6.0 * hot.edges_per_batch * hidden * layers
+        per_node.append((time.perf_counter() - t0) / max(d.num_nodes, 1))
+    per_node = float(np.median(per_node))  # the median resists a step slowed by other work on the machine
     return per_node * hot.nodes_per_batch, flops
 
 
@@ -96,18 +97,20 @@ def measure_gather_costs(num_nodes: int, row_len: int, dtype: torch.dtype, rows_
 
 
 def workload(ds, hot: Hotness, *, batch_size: int, model: str, hidden: int, layers: int,
-             calibrate: bool = True) -> GnnWorkload:
+             calibrate: bool = True, calibration_steps: int = 5) -> GnnWorkload:
     """The TPC workload of training ``model`` on ``ds`` with ``batch_size`` seeds per batch."""
     ks, hits = hot.curve()
-    compute, flops = (calibrate_compute(model, hot, feat_dim=ds.feat_dim, hidden=hidden, classes=ds.num_classes,
-                                        layers=layers) if calibrate else (None, 0.0))
+    compute, flops = calibrate_compute(model, hot, feat_dim=ds.feat_dim, hidden=hidden, classes=ds.num_classes,
+                                       layers=layers, steps=calibration_steps if calibrate else 0)
+    compute = compute if calibrate else None
     dtype = torch.from_numpy(np.zeros(0, ds.feat_dtype)).dtype
     per_row, per_miss = measure_gather_costs(ds.num_nodes, ds.feat_dim, dtype, hot.nodes_per_batch)
     batches = -(-len(ds.splits["train"]) // batch_size)
     return GnnWorkload(num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, feature_bytes=ds.feature_bytes,
                        batches_per_epoch=batches, nodes_per_batch=hot.nodes_per_batch, curve_rows=ks, curve_hits=hits,
                        blocks_per_miss=blocks_per_miss(ds.row_bytes), sample_seconds=hot.sample_seconds_per_batch,
-                       compute_seconds=compute, flops_per_batch=flops, gather_seconds_per_row=per_row,
+                       compute_seconds=compute, flops_per_batch=flops, compute_threads=torch.get_num_threads(),
+                       gather_seconds_per_row=per_row,
                        miss_cpu_seconds_per_row=per_miss,
                        table_bytes_per_node=4 if ds.num_nodes < 2**31 else 8)
 

@@ -66,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", default=None, help="GPU names to consider (default: every one in the table)")
     p.add_argument("--probe", default=None, help="probe JSON of this machine (default: cached, else measured)")
     p.add_argument("--no-calibrate", action="store_true", help="skip the timed training steps (FLOP estimate)")
+    p.add_argument("--calibration-steps", type=int, default=5, help="timed training steps on sampled batches")
     p.add_argument("--json", action="store_true")
 
 
@@ -193,7 +194,7 @@ def _advise(args) -> int:
         raise ValueError(f"{ds.paths['train_idx']}: the training split is empty")
     hot = presample(sampler, ds.splits["train"], args.batch_size, epochs=2)
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
-                  calibrate=not args.no_calibrate)
+                  calibrate=not args.no_calibrate, calibration_steps=args.calibration_steps)
     if args.probe:
         from pathlib import Path
 
@@ -204,7 +205,7 @@ def _advise(args) -> int:
         probe = load_or_measure(str(ds.root))
     here = predict_epoch(wl, probe, device_cache=parse_bytes(args.device_cache, field="device_cache"),
                          host_cache=parse_bytes(args.host_cache, field="host_cache"),
-                         gpu_efficiency=prices.gpu_efficiency)
+                         gpu_efficiency=prices.gpu_efficiency, compute_threads=wl.compute_threads)
     result = advise(wl, probe, prices, ssd_counts=ssds, memory_gib=memory, gpus=gpus)
     result["this_machine"] = {"hardware": probe.name, "measured": probe.measured, **here.to_dict()}
     result["workload"] = {"batches_per_epoch": wl.batches_per_epoch, "nodes_per_batch": wl.nodes_per_batch,

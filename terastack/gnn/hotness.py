@@ -88,21 +88,22 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
     examples = []
     sampling = 0.0
     for epoch in range(epochs):
-        if epoch == epochs - 1 and epochs > 1:
-            before = counts.copy()
+        touched = []  # counted once per epoch: one bincount over the epoch's ids, not one per batch
         for k, ids in enumerate(epoch_batches(train_ids, batch_size, seed=seed + PRESAMPLE_SEED_OFFSET, epoch=epoch)):
             t0 = time.perf_counter()
             batch = sampler.sample(ids, np.random.default_rng([seed + PRESAMPLE_SEED_OFFSET, epoch, k]))
             sampling += time.perf_counter() - t0
-            counts += np.bincount(batch.n_id, minlength=n)
+            touched.append(batch.n_id)
             nodes += batch.num_nodes
             edges += len(batch.row)
             seeds += batch.batch_size
             batches += 1
             if len(examples) < keep_examples:
                 examples.append(batch)
+        epoch_counts = np.bincount(np.concatenate(touched), minlength=n) if touched else np.zeros(n, np.int64)
+        counts += epoch_counts
         if epoch == epochs - 1 and epochs > 1:
-            last = counts - before
+            last = epoch_counts
     if degree is None:
         degree = np.bincount(np.asarray(sampler.indices), minlength=n).astype(np.int64)
     b = max(batches, 1)

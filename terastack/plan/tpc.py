@@ -17,10 +17,12 @@ and ``b`` 4 KiB blocks read per missed row:
     pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
 
 The pipeline overlaps stages that use different resources. Without a GPU,
-sampling, gathering and training all run on the same CPU cores (training
-already uses every core), so they add up and only the SSD overlaps them:
-``batch = max(sample + gather + compute, ssd)``. With a GPU:
-``batch = max(sample + gather, ssd, pcie, compute)``. The epoch is
+sampling, gathering and training share the CPU cores. When training uses
+every core they add up and only the SSD overlaps them:
+``batch = max(sample + gather + compute, ssd)``; when it uses t < cores
+threads, the spare cores sample and gather beside it:
+``batch = max(compute, sample + gather, (t x compute + sample + gather) / cores, ssd)``.
+With a GPU: ``batch = max(sample + gather, ssd, pcie, compute)``. The epoch is
 ``batches x batch`` plus a prologue (one batch's sample + gather + ssd before
 the first step). The largest term is the bottleneck.
 
@@ -64,6 +66,8 @@ class GnnWorkload:
     compute_seconds: float | None = None
     #: training FLOPs per batch (forward + backward), for machines other than this one
     flops_per_batch: float = 0.0
+    #: intra-op threads the measured training step used (0: every core)
+    compute_threads: int = 0
     #: CPU seconds per gathered row (lookup, tier split, cache copy), measured on this machine
     gather_seconds_per_row: float = 2e-7
     #: extra CPU seconds per missed row (block planning, cutting the row out of the block buffer)
@@ -116,12 +120,14 @@ class Prediction:
 
 
 def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, host_cache: int,
-                  gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None) -> Prediction:
+                  gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None,
+                  compute_threads: int | None = None) -> Prediction:
     """Epoch time of the pipeline on ``hw``; see [Note: the epoch-time model].
 
     Without a GPU the training step is ``workload.compute_seconds`` (measured
     on the machine whose CPU rate is ``cpu_flops_reference``), scaled by CPU
-    FLOP rate when ``hw`` is another machine.
+    FLOP rate when ``hw`` is another machine; ``compute_threads`` (default:
+    every core) is how many cores the training step uses.
     """
     w = workload
     dev_rows, host_rows = w.cache_rows(device_cache, host_cache)
@@ -153,9 +159,19 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
         else:
             raise ValueError("workload.compute_seconds or flops_per_batch: needed to predict CPU training")
         stages = {"sample": sample, "gather": gather, "compute": compute, "ssd": ssd}
-        cpu = sample + gather + compute  # one pool of cores: these add up
-        batch = max(cpu, ssd)
-        bottleneck = "ssd" if ssd >= cpu else max(("sample", "gather", "compute"), key=stages.get)
+        threads = max(1, min(compute_threads or hw.cores, hw.cores))
+        if threads >= hw.cores:
+            # training holds every core: sampling and gathering take cores from it (an OpenMP team stalls
+            # while one of its threads is descheduled), so the CPU stages add up
+            terms = {"compute": compute + sample + gather, "ssd": ssd}
+        else:
+            # spare cores run sampling and gathering beside training, within the machine's core-seconds
+            terms = {"compute": compute, "sample+gather": sample + gather,
+                     "cpu cores": (compute * threads + sample + gather) / hw.cores, "ssd": ssd}
+        bottleneck = max(terms, key=terms.get)
+        batch = terms[bottleneck]
+        if bottleneck == "compute" and threads >= hw.cores:
+            bottleneck = max(("sample", "gather", "compute"), key=stages.get)
     epoch = w.batches_per_epoch * batch + sample + gather + ssd  # + prologue: the first batch before any step
     return Prediction(epoch_seconds=epoch, batch_seconds=batch, bottleneck=bottleneck, stages=stages, hit_rate=hit,
                       device_hit_rate=dev_hit, ssd_bytes_per_epoch=miss_bytes * w.batches_per_epoch,
@@ -280,8 +296,10 @@ def advise(workload: GnnWorkload, probe: Hardware, prices: PriceTable, *, ssd_co
         host_cache = int(max(0.0, mem - prices.host_reserve_gib) * GIB)
         device_cache = int(gpu["memory_gib"] * (1 - prices.gpu_reserve_fraction) * GIB)
         host_cache = min(host_cache, workload.feature_bytes + workload.num_nodes * workload.table_bytes_per_node)
+        # the measured step used `compute_threads` of this machine's cores; a candidate trains on all of its own
+        share = min(1.0, (workload.compute_threads or probe.cores) / probe.cores)
         pred = predict_epoch(workload, hw, device_cache=device_cache, host_cache=host_cache,
-                             gpu_efficiency=prices.gpu_efficiency, cpu_flops_reference=probe.cpu_flops)
+                             gpu_efficiency=prices.gpu_efficiency, cpu_flops_reference=probe.cpu_flops * share)
         watts = prices.base["watts"] + gpu["watts"] + ssds * prices.ssd["watts_each"] + mem * prices.memory["watts_per_gib"]
         capex = prices.base["usd"] + gpu["usd"] + ssds * prices.ssd["usd_each"] + mem * prices.memory["usd_per_gib"]
         energy = watts / 1000 * hours * prices.electricity_usd_per_kwh

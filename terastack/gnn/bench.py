@@ -242,15 +242,14 @@ def measure(args: argparse.Namespace) -> dict:
     for frac in [float(f) for f in args.tpc_fractions.split(",")]:
         total = int(budget * frac)
         dev = int(total * args.device_share)
-        pred = predict_epoch(wl, here, device_cache=dev, host_cache=total - dev, compute_threads=wl.compute_threads)
-        if total == budget:
-            measured = ts_epochs[0]
-        else:
-            c = build_cache(total)
-            model, opt = _model(args, ds)
-            measured = train_epoch(Pipeline(sampler, c, ds.labels), model, opt, train_ids, epoch=0,
-                                   label=f"terastack {frac:g}x budget", **common)
-            c.close()
+        pred = predict_epoch(wl, here, device_cache=dev, host_cache=total - dev)
+        # measured afresh, one after another right after the calibration, so that all three points see
+        # the machine in the same state
+        c = build_cache(total)
+        model, opt = _model(args, ds)
+        measured = train_epoch(Pipeline(sampler, c, ds.labels), model, opt, train_ids, epoch=0,
+                               label=f"terastack {frac:g}x budget", **common)
+        c.close()
         tpc.append({"cache_bytes": total, "predicted_epoch_seconds": pred.epoch_seconds,
                     "measured_epoch_seconds": measured["seconds"],
                     "prediction_error": abs(pred.epoch_seconds - measured["seconds"]) / measured["seconds"],

@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=1, help="batches each pipeline queue holds")
     p.add_argument("--eval-nodes", type=int, default=4096, help="test nodes to evaluate (-1: all, 0: none)")
     p.add_argument("--verify", default="stamp", choices=["stamp", "full", "size"])
+    p.add_argument("--topology", default="memory", choices=["memory", "mmap"],
+                   help="read the CSC topology into memory, or map it (pages come from SSD on demand)")
     p.add_argument("--device", default="auto")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
     _common(p)
@@ -105,7 +107,10 @@ def _gen(args) -> int:
                                 train_fraction=args.train_fraction, val_fraction=args.val_fraction,
                                 test_fraction=args.test_fraction, signal=args.signal, noise=args.noise,
                                 memory_budget=args.memory_budget, force=args.force, progress=not args.quiet)
-    result = GraphGenerator(cfg).run()
+    return _report_build(GraphGenerator(cfg).run(), args)
+
+
+def _report_build(result: dict, args) -> int:
     _emit(result, args.json, [f"{result['status']}: {args.out} ({result.get('nodes', '?')} nodes, "
                               f"{result.get('edges', '?')} edges) in {result['seconds']:.1f} s"])
     return 0
@@ -119,10 +124,7 @@ def _import(args) -> int:
                                train_idx=args.train_idx, val_idx=args.val_idx, test_idx=args.test_idx,
                                undirected=args.undirected, dtype=args.dtype, classes=args.classes,
                                memory_budget=args.memory_budget, force=args.force, progress=not args.quiet)
-    result = GraphImporter(cfg).run()
-    _emit(result, args.json, [f"{result['status']}: {args.out} ({result.get('nodes', '?')} nodes, "
-                              f"{result.get('edges', '?')} edges) in {result['seconds']:.1f} s"])
-    return 0
+    return _report_build(GraphImporter(cfg).run(), args)
 
 
 def _verify(args) -> int:
@@ -145,7 +147,8 @@ def _train(args) -> int:
                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                             device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
                             replace=args.replace, overlap=not args.sync, depth=args.depth,
-                            eval_nodes=args.eval_nodes, verify=args.verify, device=args.device,
+                            eval_nodes=args.eval_nodes, verify=args.verify, topology=args.topology,
+                            device=args.device,
                             progress=not args.quiet)
     if args.trace:
         trace.tracer.start()
@@ -205,7 +208,7 @@ def _advise(args) -> int:
         probe = load_or_measure(str(ds.root))
     here = predict_epoch(wl, probe, device_cache=parse_bytes(args.device_cache, field="device_cache"),
                          host_cache=parse_bytes(args.host_cache, field="host_cache"),
-                         gpu_efficiency=prices.gpu_efficiency, compute_threads=wl.compute_threads)
+                         gpu_efficiency=prices.gpu_efficiency)
     result = advise(wl, probe, prices, ssd_counts=ssds, memory_gib=memory, gpus=gpus)
     result["this_machine"] = {"hardware": probe.name, "measured": probe.measured, **here.to_dict()}
     result["workload"] = {"batches_per_epoch": wl.batches_per_epoch, "nodes_per_batch": wl.nodes_per_batch,

@@ -104,8 +104,10 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
         counts += epoch_counts
         if epoch == epochs - 1 and epochs > 1:
             last = epoch_counts
-    if degree is None:
-        degree = np.bincount(np.asarray(sampler.indices), minlength=n).astype(np.int64)
+    if degree is None:  # in chunks: the topology may be memory-mapped and larger than memory
+        degree = np.zeros(n, np.int64)
+        for s in range(0, len(sampler.indices), 1 << 24):
+            degree += np.bincount(np.asarray(sampler.indices[s:s + (1 << 24)]), minlength=n)
     b = max(batches, 1)
     return Hotness(counts=counts, degree=degree, holdout_counts=last, batches=batches, epochs=epochs,
                    nodes_per_batch=nodes / b, edges_per_batch=edges / b, seeds_per_batch=seeds / b,

@@ -105,6 +105,8 @@ class GnnTrainer:
         eval_nodes: int = 4096
         presample_epochs: int = 2
         verify: str = "stamp"
+        #: "memory": topology read into RAM; "mmap": topology pages read from SSD on demand
+        topology: str = "memory"
         device: str = "auto"
         progress: bool = True
 
@@ -124,6 +126,8 @@ class GnnTrainer:
                 raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
             if not self.lr > 0:
                 raise ValueError(f"lr: must be > 0, got {self.lr}")
+            if self.topology not in ("memory", "mmap"):
+                raise ValueError(f"topology: must be 'memory' or 'mmap', got {self.topology!r}")
             if self.verify not in VERIFY_MODES:
                 raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")
@@ -136,7 +140,7 @@ class GnnTrainer:
     def run(self) -> dict:
         cfg = self.config
         t0 = time.perf_counter()
-        ds = open_dataset(cfg.data, verify=cfg.verify, engine=self.engine)
+        ds = open_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, engine=self.engine)
         opened = time.perf_counter()
         sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=cfg.fanouts, replace=cfg.replace, seed=cfg.seed)
         train_ids = ds.splits["train"]

@@ -17,12 +17,16 @@ and ``b`` 4 KiB blocks read per missed row:
     pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
 
 The pipeline overlaps stages that use different resources. Without a GPU,
-sampling, gathering and training share the CPU cores. When training uses
-every core they add up and only the SSD overlaps them:
-``batch = max(sample + gather + compute, ssd)``; when it uses t < cores
-threads, the spare cores sample and gather beside it:
-``batch = max(compute, sample + gather, (t x compute + sample + gather) / cores, ssd)``.
-With a GPU: ``batch = max(sample + gather, ssd, pcie, compute)``. The epoch is
+sampling, gathering and training share the CPU: training takes every core
+(an OpenMP team stalls while one of its threads is descheduled), and with
+fewer training threads the stages still serialize on the interpreter lock
+(sampling and the cache lookup are numpy on batch-sized arrays; PyG layers
+dispatch from Python). Measured here, the pipelined epoch with one training
+thread took about as long as the one-after-another in-memory loop, which is
+what this predicts. So they add up and only the SSD overlaps them:
+``batch = max(sample + gather + compute, ssd)``. With a GPU the training step
+runs on the device and overlaps the CPU stages:
+``batch = max(sample + gather, ssd, pcie, compute)``. The epoch is
 ``batches x batch`` plus a prologue (one batch's sample + gather + ssd before
 the first step). The largest term is the bottleneck.
 
@@ -120,14 +124,12 @@ class Prediction:
 
 
 def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, host_cache: int,
-                  gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None,
-                  compute_threads: int | None = None) -> Prediction:
+                  gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None) -> Prediction:
     """Epoch time of the pipeline on ``hw``; see [Note: the epoch-time model].
 
     Without a GPU the training step is ``workload.compute_seconds`` (measured
     on the machine whose CPU rate is ``cpu_flops_reference``), scaled by CPU
-    FLOP rate when ``hw`` is another machine; ``compute_threads`` (default:
-    every core) is how many cores the training step uses.
+    FLOP rate when ``hw`` is another machine.
     """
     w = workload
     dev_rows, host_rows = w.cache_rows(device_cache, host_cache)
@@ -159,19 +161,9 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
         else:
             raise ValueError("workload.compute_seconds or flops_per_batch: needed to predict CPU training")
         stages = {"sample": sample, "gather": gather, "compute": compute, "ssd": ssd}
-        threads = max(1, min(compute_threads or hw.cores, hw.cores))
-        if threads >= hw.cores:
-            # training holds every core: sampling and gathering take cores from it (an OpenMP team stalls
-            # while one of its threads is descheduled), so the CPU stages add up
-            terms = {"compute": compute + sample + gather, "ssd": ssd}
-        else:
-            # spare cores run sampling and gathering beside training, within the machine's core-seconds
-            terms = {"compute": compute, "sample+gather": sample + gather,
-                     "cpu cores": (compute * threads + sample + gather) / hw.cores, "ssd": ssd}
-        bottleneck = max(terms, key=terms.get)
-        batch = terms[bottleneck]
-        if bottleneck == "compute" and threads >= hw.cores:
-            bottleneck = max(("sample", "gather", "compute"), key=stages.get)
+        cpu = sample + gather + compute  # one process, one pool of cores, one GIL: these add up
+        batch = max(cpu, ssd)
+        bottleneck = "ssd" if ssd >= cpu else max(("sample", "gather", "compute"), key=stages.get)
     epoch = w.batches_per_epoch * batch + sample + gather + ssd  # + prologue: the first batch before any step
     return Prediction(epoch_seconds=epoch, batch_seconds=batch, bottleneck=bottleneck, stages=stages, hit_rate=hit,
                       device_hit_rate=dev_hit, ssd_bytes_per_epoch=miss_bytes * w.batches_per_epoch,

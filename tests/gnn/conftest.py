@@ -6,37 +6,35 @@ import pytest
 from terastack.gnn.gen import generate
 
 
+def _make(factory, name: str, nodes: int, **kwargs):
+    out = factory.mktemp("gnn") / name
+    generate(out, nodes, progress=False, memory_budget="64MiB", **kwargs)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """3000 nodes, 16 fp32 features (64-byte rows: 64 rows per 4 KiB block), 4 classes."""
-    out = tmp_path_factory.mktemp("gnn") / "tiny"
-    generate(out, 3000, avg_degree=8, feat_dim=16, classes=4, train_fraction=0.2, val_fraction=0.05,
-             test_fraction=0.1, progress=False, memory_budget="64MiB")
-    return out
+    return _make(tmp_path_factory, "tiny", 3000, avg_degree=8, feat_dim=16, classes=4, train_fraction=0.2,
+                 val_fraction=0.05, test_fraction=0.1)
 
 
 @pytest.fixture(scope="session")
 def straddle(tmp_path_factory):
     """Rows of 400 bytes (100 fp32): rows straddle 4 KiB block boundaries."""
-    out = tmp_path_factory.mktemp("gnn") / "straddle"
-    generate(out, 2000, avg_degree=6, feat_dim=100, classes=3, progress=False, memory_budget="64MiB")
-    return out
+    return _make(tmp_path_factory, "straddle", 2000, avg_degree=6, feat_dim=100, classes=3)
 
 
 @pytest.fixture(scope="session")
 def half(tmp_path_factory):
     """fp16 features, 24 per row (48 bytes)."""
-    out = tmp_path_factory.mktemp("gnn") / "half"
-    generate(out, 2500, avg_degree=6, feat_dim=24, classes=3, dtype="float16", progress=False, memory_budget="64MiB")
-    return out
+    return _make(tmp_path_factory, "half", 2500, avg_degree=6, feat_dim=24, classes=3, dtype="float16")
 
 
 @pytest.fixture(scope="session")
 def wide(tmp_path_factory):
     """Rows of 4400 bytes (1100 fp32): larger than a block."""
-    out = tmp_path_factory.mktemp("gnn") / "wide"
-    generate(out, 600, avg_degree=5, feat_dim=1100, classes=3, progress=False, memory_budget="64MiB")
-    return out
+    return _make(tmp_path_factory, "wide", 600, avg_degree=5, feat_dim=1100, classes=3)
 
 
 @pytest.fixture(autouse=True)

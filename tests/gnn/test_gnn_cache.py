@@ -172,3 +172,21 @@ def test_baseline_sources_match_and_mmap_stays_in_budget(tiny):
         assert int(_mincore(mm.address, mm.length).sum()) * mmap.PAGESIZE <= budget
     assert mm.evicted_pages > 0
     mm.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device_tier_gathers_bit_identical_rows(straddle):
+    ds = open_dataset(straddle)
+    ref = torch.from_numpy(ds.read_features())
+    hot = _ranking(ds)
+    with UnifiedCache(ds, hot.order(), device_budget=300 * ds.row_bytes,
+                      host_budget=ds.num_nodes * 4 + 300 * ds.row_bytes, device="cuda") as cache:
+        for seed in range(3):
+            ids = np.random.default_rng(seed).choice(ds.num_nodes, 800, replace=False)
+            out = torch.empty(800, ds.feat_dim, device="cuda")
+            cache.gather(ids, out)
+            torch.cuda.synchronize()
+            assert torch.equal(out.cpu(), ref[torch.from_numpy(ids)])
+        snap = cache.stats.snapshot()
+        assert snap["device_hits"] and snap["host_hits"] and snap["misses"]

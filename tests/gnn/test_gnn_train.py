@@ -120,3 +120,11 @@ def test_the_documented_example_runs(tiny):
     exec(compile(code, "terastack.gnn docstring", "exec"), namespace)  # noqa: S102 - our own docstring
     stats = namespace["cache"].stats.snapshot()
     assert stats["rows"] > 0 and stats["batches"] == 2 * -(-600 // 1024)
+
+
+def test_memory_mapped_topology_trains_identically(tiny):
+    common = dict(data=str(tiny), fanouts="4,3", batch_size=100, epochs=1, hidden=16, host_cache="30KiB",
+                  eval_nodes=0, progress=False)
+    a = GnnTrainer(GnnTrainer.Config(**common)).run()
+    b = GnnTrainer(GnnTrainer.Config(topology="mmap", **common)).run()
+    assert a["loss_curve"] == b["loss_curve"]

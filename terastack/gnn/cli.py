@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default="memory", choices=["memory", "mmap"],
                    help="read the CSC topology into memory, or map it (pages come from SSD on demand)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=-1, help="torch intra-op threads on the CPU (-1: one less than "
+                   "the cores, leaving one for sampling and gathering; 0: torch's default)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
     _common(p)
 
@@ -150,6 +152,14 @@ def _train(args) -> int:
                             eval_nodes=args.eval_nodes, verify=args.verify, topology=args.topology,
                             device=args.device,
                             progress=not args.quiet)
+    if args.threads < -1:
+        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
+    if args.threads:
+        import torch
+
+        from terastack.gnn.train import training_threads
+
+        torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
     if args.trace:
         trace.tracer.start()
     try:

@@ -26,6 +26,18 @@ from terastack.units import parse_bytes
 EVAL_EPOCH = 1 << 30
 
 
+def training_threads() -> int:
+    """Intra-op threads for training on the CPU beside the pipeline: one less than the cores.
+
+    The sampling and gathering threads need a core; an OpenMP team that spans
+    every core stalls each time one of its threads is descheduled (measured:
+    steps 5-10x slower on a busy 2-core machine).
+    """
+    import os
+
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray,
                 *, batch_size: int, epoch: int, progress: bool = True, label: str = "train") -> dict:
     """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic."""

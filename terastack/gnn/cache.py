@@ -185,6 +185,7 @@ class UnifiedCache(FeatureSource):
         self.budgets["host"].reserve(self.host_rows * self.row_bytes, what="host cache rows")
         self.reader = RowReader(dataset.features_path, num_rows=n, row_len=self.row_len, dtype=self.np_dtype,
                                 direct=cfg.direct, engine=engine)
+        self._gather_lock = threading.Lock()  # one gather at a time: they share the reader's staging buffer
         from terastack import io
 
         pin = self.device.type == "cuda"
@@ -266,6 +267,10 @@ class UnifiedCache(FeatureSource):
                 loc[host_pos].astype(np.int64) - self.device_rows, miss_pos)
 
     def gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
+        with self._gather_lock:
+            return self._gather(ids, out)
+
+    def _gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
         ids = np.asarray(ids, dtype=np.int64)
         dev_pos, dev_slot, host_pos, host_slot, miss_pos = self.lookup(ids)

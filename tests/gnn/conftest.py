@@ -1,9 +1,24 @@
 """Tiny generated datasets shared by the terastack.gnn tests (built once per session, in a temp dir)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from terastack.gnn.gen import generate
+
+
+def _reference_csc(src: np.ndarray, dst: np.ndarray, n: int, drop_self_loops: bool):
+    """CSC from an edge list with plain numpy: sorted by (dst, src), duplicates merged."""
+    pairs = np.unique(np.stack([dst, src], axis=1), axis=0)
+    if drop_self_loops:
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=n))])
+    return indptr, pairs[:, 1]
+
+
+@pytest.fixture(scope="session")
+def reference_csc():
+    return _reference_csc
 
 
 def _make(factory, name: str, nodes: int, **kwargs):

@@ -13,8 +13,6 @@ from terastack.cli import main
 from terastack.gnn.dataset import open_dataset
 from terastack.plan.hardware import Hardware, save_probe
 
-from test_gnn_dataset import reference_csc
-
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
     code = main(list(argv))
@@ -82,7 +80,7 @@ def _ogb_dir(root, n=700, e=2500, f=6, classes=5, seed=0):
     return edge_index, feats, labels[:, 0], perm
 
 
-def test_import_ogb_style_arrays_matches_the_sources(tmp_path, capsys):
+def test_import_ogb_style_arrays_matches_the_sources(tmp_path, capsys, reference_csc):
     src = tmp_path / "ogb"
     edge_index, feats, labels, perm = _ogb_dir(src)
     out = tmp_path / "imported"

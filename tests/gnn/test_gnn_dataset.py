@@ -15,16 +15,7 @@ from terastack.gnn.dataset import FILES, MANIFEST, DatasetError, open_dataset, w
 from terastack.gnn.gen import generate
 
 
-def reference_csc(src: np.ndarray, dst: np.ndarray, n: int, drop_self_loops: bool):
-    """CSC from an edge list with plain numpy: sorted by (dst, src), duplicates merged."""
-    pairs = np.unique(np.stack([dst, src], axis=1), axis=0)
-    if drop_self_loops:
-        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=n))])
-    return indptr, pairs[:, 1]
-
-
-def test_csc_builder_matches_numpy_with_many_buckets_and_subranges(tmp_path):
+def test_csc_builder_matches_numpy_with_many_buckets_and_subranges(tmp_path, reference_csc):
     n = 5000
     rng = np.random.default_rng(1)
     # skewed destinations: many edges into a few nodes, so some buckets must be split into sub-ranges

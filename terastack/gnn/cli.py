@@ -57,8 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default="memory", choices=["memory", "mmap"],
                    help="read the CSC topology into memory, or map it (pages come from SSD on demand)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=-1, help="torch intra-op threads on the CPU (-1: one less than "
-                   "the cores, leaving one for sampling and gathering; 0: torch's default)")
+    _threads_arg(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
     _common(p)
 
@@ -71,7 +70,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", default=None, help="probe JSON of this machine (default: cached, else measured)")
     p.add_argument("--no-calibrate", action="store_true", help="skip the timed training steps (FLOP estimate)")
     p.add_argument("--calibration-steps", type=int, default=5, help="timed training steps on sampled batches")
+    _threads_arg(p)
     p.add_argument("--json", action="store_true")
+
+
+def _threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=-1, help="torch intra-op threads on the CPU (-1: one less than "
+                   "the cores, leaving one for sampling and gathering; 0: torch's default)")
+
+
+def _set_threads(threads: int) -> None:
+    if threads < -1:
+        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {threads}")
+    if threads:
+        import torch
+
+        from terastack.gnn.train import training_threads
+
+        torch.set_num_threads(training_threads() if threads == -1 else threads)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -152,14 +168,7 @@ def _train(args) -> int:
                             eval_nodes=args.eval_nodes, verify=args.verify, topology=args.topology,
                             device=args.device,
                             progress=not args.quiet)
-    if args.threads < -1:
-        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
-    if args.threads:
-        import torch
-
-        from terastack.gnn.train import training_threads
-
-        torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
+    _set_threads(args.threads)
     if args.trace:
         trace.tracer.start()
     try:
@@ -194,6 +203,7 @@ def _advise(args) -> int:
     from terastack.units import parse_bytes
 
     fanouts = parse_fanouts(args.fanouts)
+    _set_threads(args.threads)  # calibrate the step as `gnn train` will run it
     try:
         ssds = [int(s) for s in args.ssds.split(",") if s.strip()]
     except ValueError:

@@ -269,6 +269,9 @@ def advise(workload: GnnWorkload, probe: Hardware, prices: PriceTable, *, ssd_co
     The SSD per-device figures come from the price table (0 there: this
     machine's probe); CPU training time is this machine's measured step scaled
     by CPU FLOP rate; accelerators are modelled from the table's FLOP rate.
+    Sampling and gathering keep this machine's measured per-batch cost on
+    every candidate: each runs on one thread of the pipeline, so more cores
+    or an accelerator do not shorten them (they often become the bottleneck).
     """
     if any(int(s) < 1 for s in ssd_counts):
         raise ValueError(f"ssds: every SSD count must be >= 1, got {list(ssd_counts)}")

@@ -48,7 +48,7 @@ import torch
 from terastack import trace
 from terastack.gnn.advise import probe_feature_file, workload
 from terastack.gnn.cache import MmapFeatures, UnifiedCache
-from terastack.gnn.dataset import open_dataset
+from terastack.gnn.dataset import DatasetError, open_dataset
 from terastack.gnn.gen import GraphGenerator
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import GNN, eval_step, train_step
@@ -177,10 +177,17 @@ def measure(args: argparse.Namespace) -> dict:
     if not 1 <= args.baseline_epochs <= args.epochs:
         raise ValueError(f"baseline_epochs: must be in 1..epochs ({args.epochs}), got {args.baseline_epochs}")
     t0 = time.perf_counter()
-    gen = GraphGenerator(GraphGenerator.Config(
-        out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim, classes=args.classes,
-        dtype=args.dtype, seed=args.seed, train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
-        test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory, progress=progress)).run()
+    gen_config = dict(out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
+                      classes=args.classes, dtype=args.dtype, seed=args.seed,
+                      train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
+                      test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory, progress=progress)
+    try:
+        gen = GraphGenerator(GraphGenerator.Config(**gen_config)).run()
+    except DatasetError as exc:
+        if "other parameters" not in str(exc):
+            raise
+        # the benchmark's own dataset directory, made for other sizes: replace it
+        gen = GraphGenerator(GraphGenerator.Config(force=True, **gen_config)).run()
     gen_seconds = time.perf_counter() - t0
     ds = open_dataset(root)
     budget = parse_bytes(args.budget, field="budget") if args.budget else ds.feature_bytes // 4

@@ -33,10 +33,14 @@ from terastack.gnn.dataset import FEATURE_DTYPES, write_manifest
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 
+#: bumped whenever the same parameters would produce different bytes
+GENERATOR_VERSION = 2
 #: rows per deterministic feature block (the unit of the feature random streams)
 _FEATURE_BLOCK_ROWS = 16384
 #: memory per R-MAT pair while a chunk is generated, symmetrized and bucketed
 _BYTES_PER_PAIR = 160
+#: R-MAT pairs per deterministic unit (the unit of the edge random streams)
+_RMAT_UNIT = 1 << 16
 
 
 def rmat_pairs(rng: np.random.Generator, count: int, scale: int, a: float, b: float, c: float) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +122,7 @@ class GraphGenerator:
         for key in ("out", "force", "progress", "memory_budget", "extra_origin"):
             p.pop(key)
         p["rmat"] = list(p["rmat"])
-        return {"generator": "rmat", **p, **self.config.extra_origin}
+        return {"generator": "rmat", "generator_version": GENERATOR_VERSION, **p, **self.config.extra_origin}
 
     def run(self) -> dict:
         """Build (or resume, or find complete) the dataset. Returns a summary with timings."""
@@ -152,22 +156,29 @@ class GraphGenerator:
         builder = CSCBuilder(state, num_nodes=n, expected_edges=2 * pairs_target,
                              memory_budget=cfg.memory_budget - 32 * n, progress=cfg.progress)
         if not state.done("edges"):
-            chunk = int(max(1 << 16, min(pairs_target, (cfg.memory_budget - 32 * n) // _BYTES_PER_PAIR)))
+            # Pairs come from fixed units of _RMAT_UNIT draws, each with its own random stream, so the graph is
+            # the same whatever memory budget sets how many units go into one chunk.
+            units_per_chunk = int(max(1, (cfg.memory_budget - 32 * n) // (_BYTES_PER_PAIR * _RMAT_UNIT)))
             scale = max(1, math.ceil(math.log2(n)))
             a, b, c = cfg.rmat
             kept = builder.extra.get("pairs", 0)
-            index = builder.chunks_done
+            unit = builder.extra.get("units", 0)
             progress = Progress(pairs_target, label="edges (R-MAT)", unit="pairs", enabled=cfg.progress)
             progress.update(kept)
             while kept < pairs_target:
-                rng = np.random.default_rng([cfg.seed, 2, index])
-                src, dst = rmat_pairs(rng, chunk, scale, a, b, c)
-                ok = (src < n) & (dst < n)
-                src, dst = src[ok][: pairs_target - kept], dst[ok][: pairs_target - kept]
-                src, dst = perm[src], perm[dst]
-                builder.add_chunk(np.concatenate([src, dst]), np.concatenate([dst, src]), pairs=kept + len(src))
-                kept += len(src)
-                index += 1
+                srcs, dsts = [], []
+                for _ in range(units_per_chunk):
+                    if kept >= pairs_target:
+                        break
+                    src, dst = rmat_pairs(np.random.default_rng([cfg.seed, 2, unit]), _RMAT_UNIT, scale, a, b, c)
+                    ok = (src < n) & (dst < n)
+                    src, dst = src[ok][: pairs_target - kept], dst[ok][: pairs_target - kept]
+                    srcs.append(perm[src])
+                    dsts.append(perm[dst])
+                    kept += len(src)
+                    unit += 1
+                src, dst = np.concatenate(srcs), np.concatenate(dsts)
+                builder.add_chunk(np.concatenate([src, dst]), np.concatenate([dst, src]), pairs=kept, units=unit)
                 progress.update(len(src))
             progress.close()
             builder.close_edges()

@@ -98,6 +98,9 @@ def test_interrupted_generation_resumes_to_identical_bytes(tmp_path, monkeypatch
     assert _digests(out) == _digests(tmp_path / "whole")
     assert not (out / build_mod.STATE).exists()
     assert generate(out, 30_000, **kwargs)["status"] == "already complete"
+    # the memory budget changes how the work is chunked, never the dataset
+    generate(tmp_path / "roomy", 30_000, **{**kwargs, "memory_budget": "512MiB"})
+    assert _digests(tmp_path / "roomy") == _digests(out)
     with pytest.raises(DatasetError, match="other parameters"):
         generate(out, 30_000, **{**kwargs, "classes": 5})
 

@@ -17,8 +17,9 @@ ready, one being filled), each grown only to the largest batch it has held,
 and at most ``depth`` sampled batches wait. A batch's ``x`` is a view of its
 slot and is valid until the caller asks for the next batch (clone it to keep it).
 
-Shutdown: an exception in any stage stops every stage and is raised in the
-caller as :class:`PipelineError` naming the stage and batch; closing the
+Shutdown: an exception in a stage travels down the queues in order, so the
+caller receives every batch before the failed one and then a
+:class:`PipelineError` naming the stage and batch; the stages stop. Closing the
 iterator early (break, exception in the training step) stops and joins the
 threads. Every wait polls a stop flag and gives up after ``wait_timeout_s``
 with a :class:`TimeoutError` naming what it waited for, so nothing hangs.
@@ -42,6 +43,15 @@ from terastack.gnn.sampler import NeighborSampler, SampledBatch, epoch_batches
 
 _POLL = 0.05
 _END = object()
+
+
+@dataclass(slots=True)
+class _Failure:
+    """A stage's exception, passed down the queues in batch order."""
+
+    stage: str
+    batch: int | None
+    exc: BaseException
 
 
 class PipelineError(RuntimeError):
@@ -190,6 +200,17 @@ class Pipeline:
                         raise TimeoutError(f"pipeline: waited {cfg.wait_timeout_s:g} s for {what}") from None
             return _END
 
+        def fail(q: queue.Queue, stage: str, k, exc: BaseException) -> None:
+            # The failure travels down the queues in order, like the end marker: the caller first gets
+            # every batch before the failed one, then the error.
+            failure.append((stage, k, exc))
+            try:
+                if put(q, _Failure(stage, k, exc), f"the {stage} stage's error"):
+                    return
+            except TimeoutError:
+                pass
+            stop.set()  # downstream is stuck too: stop everything; the caller's wait reports it
+
         def sample_loop() -> None:
             k = None
             try:
@@ -198,16 +219,15 @@ class Pipeline:
                         return
                 put(sampled, _END, "the end of the epoch")
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                failure.append(("sampling", k, exc))
-                stop.set()
+                fail(sampled, "sampling", k, exc)
 
         def gather_loop() -> None:
             k = None
             try:
                 while True:
                     batch = get(sampled, "the sampling stage")
-                    if batch is _END:
-                        put(ready, _END, "the end of the epoch")
+                    if batch is _END or isinstance(batch, _Failure):
+                        put(ready, batch, "the end of the epoch")
                         return
                     k = batch.index
                     slot = get(free, f"a free feature slot for batch {k} (training holds them all)")
@@ -217,8 +237,7 @@ class Pipeline:
                     if not put(ready, (batch, x, slot), f"gathered batch {k}"):
                         return
             except BaseException as exc:  # noqa: BLE001
-                failure.append(("gathering", k, exc))
-                stop.set()
+                fail(ready, "gathering", k, exc)
 
         threads = [threading.Thread(target=sample_loop, name="terastack-gnn-sample", daemon=True),
                    threading.Thread(target=gather_loop, name="terastack-gnn-gather", daemon=True)]
@@ -234,6 +253,8 @@ class Pipeline:
                 if held is not None:
                     free.put(held)  # the caller is done with the previous batch's slot
                     held = None
+                if isinstance(item, _Failure):
+                    raise PipelineError(item.stage, item.batch, item.exc) from item.exc
                 if item is _END:
                     if failure:
                         stage, k, exc = failure[0]

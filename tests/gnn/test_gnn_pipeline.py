@@ -81,9 +81,11 @@ def test_sampling_failure_is_reported(setup):
     ds, sampler, features = setup
     pipe = Pipeline(sampler, InMemoryFeatures(features), ds.labels)
     bad = np.concatenate([ds.splits["train"][:40], [ds.num_nodes + 1]])
+    seen = 0
     with pytest.raises(PipelineError, match="sampling stage failed at batch 1: ValueError.*out of range"):
         for _ in pipe.epoch(bad, 32, shuffle=False):
-            pass
+            seen += 1
+    assert seen == 1  # the good batch before the failure was delivered
     assert not _pipeline_threads()
 
 

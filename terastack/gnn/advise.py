@@ -8,6 +8,7 @@ time and for the configuration with the best throughput per cost.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -97,7 +98,8 @@ def measure_gather_costs(num_nodes: int, row_len: int, dtype: torch.dtype, rows_
 
 
 def workload(ds, hot: Hotness, *, batch_size: int, model: str, hidden: int, layers: int,
-             calibrate: bool = True, calibration_steps: int = 5) -> GnnWorkload:
+             calibrate: bool = True, calibration_steps: int = 5, io_cpu_seconds_per_block: float = 0.0
+             ) -> GnnWorkload:
     """The TPC workload of training ``model`` on ``ds`` with ``batch_size`` seeds per batch."""
     ks, hits = hot.curve()
     compute, flops = calibrate_compute(model, hot, feat_dim=ds.feat_dim, hidden=hidden, classes=ds.num_classes,
@@ -111,7 +113,7 @@ def workload(ds, hot: Hotness, *, batch_size: int, model: str, hidden: int, laye
                        blocks_per_miss=blocks_per_miss(ds.row_bytes), sample_seconds=hot.sample_seconds_per_batch,
                        compute_seconds=compute, flops_per_batch=flops, compute_threads=torch.get_num_threads(),
                        gather_seconds_per_row=per_row,
-                       miss_cpu_seconds_per_row=per_miss,
+                       miss_cpu_seconds_per_row=per_miss, io_cpu_seconds_per_block=io_cpu_seconds_per_block,
                        table_bytes_per_node=4 if ds.num_nodes < 2**31 else 8)
 
 
@@ -130,10 +132,12 @@ def probe_feature_file(ds, *, seconds: float = 1.0, batch_blocks: int = 8192, se
         f.drop_cache()
         n = int(min(batch_blocks, blocks_in_file))
         buf = io.aligned_empty(n * 4096)
-        done, start = 0, time.perf_counter()
+        done, start, sys_cpu = 0, time.perf_counter(), 0.0
         while time.perf_counter() - start < seconds or done == 0:
             blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
+            before = os.times().system
             f.pread_many(buf, blocks * 4096, 4096).result(timeout=120)
+            sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
             done += n
         iops = done / (time.perf_counter() - start)
         f.drop_cache()
@@ -143,4 +147,5 @@ def probe_feature_file(ds, *, seconds: float = 1.0, batch_blocks: int = 8192, se
         f.read(seq, 0, length, timeout=300)
         bandwidth = length / (time.perf_counter() - t0)
         direct = f.direct
-    return {"ssd_rand4k_iops": iops, "ssd_read_bytes_per_s": bandwidth, "direct": direct}
+    return {"ssd_rand4k_iops": iops, "ssd_read_bytes_per_s": bandwidth, "direct": direct,
+            "io_cpu_seconds_per_block": sys_cpu / done}

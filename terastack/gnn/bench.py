@@ -24,13 +24,13 @@ The model predicts the terastack epoch at three cache sizes; each prediction
 is compared with the mean of ``--tpc-rounds`` measured epochs at that size, the
 sizes taking turns (``prediction_error``). Its inputs are measured, never fitted
 to the epochs it predicts: the hit-rate curve from pre-sampling (scored out of
-sample), the SSD's IOPS and bandwidth on the feature file itself, the gather's
-CPU cost per row from a replay on synthetic data, and the time of a training
-step from the in-memory run (the same model on the same batches with no
-storage in the way: epoch time minus its sampling and indexing). The
-prediction from a 12-step micro-benchmark of the step (what ``terastack gnn
-advise`` uses) is reported beside it; on a busy machine a few steps are a
-noisy sample, which is why the in-memory epochs are used here.
+sample), the SSD's IOPS, bandwidth and kernel CPU time per block on the
+feature file itself, the gather's CPU cost per row from a replay on synthetic
+data, and the training step from 12 timed steps on sampled batches (what
+``terastack gnn advise`` does) taken at the start of every round, so that it
+sees the machine in the same state as the epochs it predicts. The prediction
+from the in-memory run's step time (measured minutes earlier) is reported
+beside it: on a shared machine the two windows can differ by 50%.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from terastack import trace
-from terastack.gnn.advise import probe_feature_file, workload
+from terastack.gnn.advise import calibrate_compute, probe_feature_file, workload
 from terastack.gnn.cache import MmapFeatures, UnifiedCache
 from terastack.gnn.dataset import DatasetError, open_dataset
 from terastack.gnn.gen import GraphGenerator
@@ -266,16 +266,15 @@ def measure(args: argparse.Namespace) -> dict:
                     cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
                     ssd_rand4k_iops=ssd["ssd_rand4k_iops"])
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
-                  calibration_steps=12)
-    mem_batches = sum(len(e["losses"]) for e in mem_epochs)
-    step = sum(e["seconds"] - e["sample_seconds"] - e["gather_seconds"] for e in mem_epochs) / mem_batches
-    wl_run = dataclasses.replace(wl, compute_seconds=step,
-                                 sample_seconds=sum(e["sample_seconds"] for e in mem_epochs) / mem_batches)
+                  calibrate=False, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
     fractions = [float(f) for f in args.tpc_fractions.split(",")]
     caches = [build_cache(int(budget * f)) for f in fractions]
     measured: list[list[dict]] = [[] for _ in fractions]
+    steps: list[float] = []
     small_sync: list[dict] = []  # the CAM comparison where the SSD has the most to do: the smallest cache
     for rnd in range(args.tpc_rounds):  # the cache sizes take turns, so noise falls on all of them alike
+        steps.append(calibrate_compute(args.model, hot, feat_dim=ds.feat_dim, hidden=args.hidden,
+                                       classes=ds.num_classes, layers=len(fanouts), steps=12)[0])
         for i, (frac, c) in enumerate(zip(fractions, caches)):
             model, opt = _model(args, ds)
             measured[i].append(train_epoch(Pipeline(sampler, c, ds.labels), model, opt, train_ids, epoch=0,
@@ -284,22 +283,31 @@ def measure(args: argparse.Namespace) -> dict:
                 model, opt = _model(args, ds)
                 small_sync.append(train_epoch(Pipeline(sampler, c, ds.labels, overlap=False), model, opt,
                                               train_ids, epoch=0, label=f"sync gather {frac:g}x budget", **common))
+    wl_run = dataclasses.replace(wl, compute_seconds=float(np.mean(steps)))
+    mem_batches = sum(len(e["losses"]) for e in mem_epochs)
+    wl_mem = dataclasses.replace(
+        wl, compute_seconds=sum(e["seconds"] - e["sample_seconds"] - e["gather_seconds"] for e in mem_epochs)
+        / mem_batches)
     tpc = []
     for frac, c, runs in zip(fractions, caches, measured):
         total = int(budget * frac)
         dev = int(total * args.device_share)
         pred = predict_epoch(wl_run, here, device_cache=dev, host_cache=total - dev)
-        micro = predict_epoch(wl, here, device_cache=dev, host_cache=total - dev)
+        alt = predict_epoch(wl_mem, here, device_cache=dev, host_cache=total - dev)
         seconds = float(np.mean([r["seconds"] for r in runs]))
         tpc.append({"cache_bytes": total, "predicted_epoch_seconds": pred.epoch_seconds,
                     "measured_epoch_seconds": seconds, "measured_rounds": [r["seconds"] for r in runs],
                     "prediction_error": abs(pred.epoch_seconds - seconds) / seconds,
-                    "predicted_with_microbenchmark_calibration": micro.epoch_seconds,
-                    "prediction_error_microbenchmark": abs(micro.epoch_seconds - seconds) / seconds,
+                    "predicted_with_in_memory_step": alt.epoch_seconds,
+                    "prediction_error_in_memory_step": abs(alt.epoch_seconds - seconds) / seconds,
                     "predicted_hit_rate": pred.hit_rate,
                     "measured_hit_rate": float(np.mean([r["device_hit_rate"] + r["host_hit_rate"] for r in runs])),
                     "bottleneck": pred.bottleneck, "stages_seconds_per_batch": pred.stages})
         c.close()
+    calibration = {"step_seconds_per_round": steps, "step_seconds_from_in_memory_run": wl_mem.compute_seconds,
+                   "io_cpu_seconds_per_block": wl.io_cpu_seconds_per_block,
+                   "gather_seconds_per_row": wl.gather_seconds_per_row,
+                   "miss_cpu_seconds_per_row": wl.miss_cpu_seconds_per_row}
 
     mem_t = [e["seconds"] for e in mem_epochs]
     ts_t = [e["seconds"] for e in ts_epochs]
@@ -335,7 +343,7 @@ def measure(args: argparse.Namespace) -> dict:
         "terastack_epochs": [{k: v for k, v in e.items() if k != "losses"} for e in ts_epochs],
         "sync_gather_epochs": [{k: v for k, v in e.items() if k != "losses"} for e in sync_epochs],
         "mmap": {"budget_bytes": budget, "evicted_pages": mm.evicted_pages},
-        "tpc": tpc,
+        "tpc": tpc, "tpc_calibration": calibration,
         "cache": cache_info,
         "memory_bytes": {"in_memory_features": ds.feature_bytes,
                          "terastack_cache": cache_info["device_bytes"] + cache_info["host_bytes"]

@@ -191,8 +191,8 @@ class UnifiedCache(FeatureSource):
         pin = self.device.type == "cuda"
         self.host_cache = io.aligned_empty((self.host_rows, self.row_len), self.np_dtype)
         self._host_t = torch.from_numpy(self.host_cache)
-        if pin and self.host_rows:
-            torch.cuda.cudart().cudaHostRegister(self._host_t.data_ptr(), self.host_cache.nbytes, 0)
+        self._pinned = bool(pin and self.host_rows) and int(
+            torch.cuda.cudart().cudaHostRegister(self._host_t.data_ptr(), self.host_cache.nbytes, 0)) == 0
         if self.device.type == "cuda":
             self._device_t = torch.empty(self.device_rows, self.row_len, dtype=self.torch_dtype, device=self.device)
             self._side_stream = torch.cuda.Stream(self.device)
@@ -336,6 +336,9 @@ class UnifiedCache(FeatureSource):
                 "staging_bytes": self.reader.staging_bytes}
 
     def close(self) -> None:
+        if getattr(self, "_pinned", False):
+            torch.cuda.cudart().cudaHostUnregister(self._host_t.data_ptr())
+            self._pinned = False
         self.reader.close()
 
 

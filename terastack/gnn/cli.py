@@ -194,7 +194,7 @@ def _train(args) -> int:
 
 
 def _advise(args) -> int:
-    from terastack.gnn.advise import workload
+    from terastack.gnn.advise import probe_feature_file, workload
     from terastack.gnn.dataset import open_dataset
     from terastack.gnn.hotness import presample
     from terastack.gnn.sampler import NeighborSampler, parse_fanouts
@@ -216,8 +216,10 @@ def _advise(args) -> int:
     if len(ds.splits["train"]) == 0:
         raise ValueError(f"{ds.paths['train_idx']}: the training split is empty")
     hot = presample(sampler, ds.splits["train"], args.batch_size, epochs=2)
+    ssd = probe_feature_file(ds)  # this SSD, this file, this file system: IOPS, bandwidth, kernel CPU per read
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
-                  calibrate=not args.no_calibrate, calibration_steps=args.calibration_steps)
+                  calibrate=not args.no_calibrate, calibration_steps=args.calibration_steps,
+                  io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
     if args.probe:
         from pathlib import Path
 
@@ -226,15 +228,20 @@ def _advise(args) -> int:
         from terastack.probe import load_or_measure
 
         probe = load_or_measure(str(ds.root))
-    here = predict_epoch(wl, probe, device_cache=parse_bytes(args.device_cache, field="device_cache"),
+    import dataclasses
+
+    here_hw = dataclasses.replace(probe, name=f"{probe.name}; SSD measured on {ds.features_path.name}",
+                                  ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
+                                  ssd_rand4k_iops=ssd["ssd_rand4k_iops"], ssds=1)
+    here = predict_epoch(wl, here_hw, device_cache=parse_bytes(args.device_cache, field="device_cache"),
                          host_cache=parse_bytes(args.host_cache, field="host_cache"),
                          gpu_efficiency=prices.gpu_efficiency)
     result = advise(wl, probe, prices, ssd_counts=ssds, memory_gib=memory, gpus=gpus)
-    result["this_machine"] = {"hardware": probe.name, "measured": probe.measured, **here.to_dict()}
+    result["this_machine"] = {"hardware": here_hw.name, "measured": probe.measured, **here.to_dict()}
     result["workload"] = {"batches_per_epoch": wl.batches_per_epoch, "nodes_per_batch": wl.nodes_per_batch,
                           "sample_seconds": wl.sample_seconds, "compute_seconds": wl.compute_seconds,
                           "flops_per_batch": wl.flops_per_batch, "feature_bytes": wl.feature_bytes}
-    lines = [f"{probe.name}, cache {args.device_cache} device + {args.host_cache} host: "
+    lines = [f"{here_hw.name}, cache {args.device_cache} device + {args.host_cache} host: "
              f"predicted epoch {here.epoch_seconds:.2f} s, hit rate {here.hit_rate:.1%}, "
              f"bottleneck {here.bottleneck}",
              f"candidates ({result['tpc_unit']}; {result['label']}):"]

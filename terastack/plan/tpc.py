@@ -11,7 +11,8 @@ Per batch, with ``n`` rows gathered, a cache serving fraction ``h`` of them
 and ``b`` 4 KiB blocks read per missed row:
 
     ssd     = (1 - h) n b 4096 / min(SSD bandwidth, SSD IOPS x 4096)     (all SSDs)
-    gather  = n x (CPU per row) + (1 - h) n x (CPU per missed row)         (measured costs)
+    gather  = n x (CPU per row) + (1 - h) n x (CPU per missed row)
+              + (1 - h) n b x (kernel CPU per block read)                    (measured costs)
     sample  = measured sampler time per batch
     compute = measured training step (this machine), or FLOPs / (rate x efficiency)
     pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
@@ -76,6 +77,8 @@ class GnnWorkload:
     gather_seconds_per_row: float = 2e-7
     #: extra CPU seconds per missed row (block planning, cutting the row out of the block buffer)
     miss_cpu_seconds_per_row: float = 2e-7
+    #: kernel CPU seconds per 4 KiB block read (submission, completion, O_DIRECT page pinning), measured
+    io_cpu_seconds_per_block: float = 0.0
     #: the cache's lookup table is paid from the host budget (bytes per node)
     table_bytes_per_node: int = 4
 
@@ -87,7 +90,7 @@ class GnnWorkload:
         self.curve_hits = np.asarray(self.curve_hits, dtype=np.float64)
         if self.curve_rows.shape != self.curve_hits.shape or self.curve_rows.size < 2:
             raise ValueError("curve_rows, curve_hits: need two equal-length arrays of at least 2 points")
-        for name in ("gather_seconds_per_row", "miss_cpu_seconds_per_row"):
+        for name in ("gather_seconds_per_row", "miss_cpu_seconds_per_row", "io_cpu_seconds_per_block"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
@@ -136,12 +139,15 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
     hit = w.hit_rate(dev_rows + host_rows)
     dev_hit = w.hit_rate(dev_rows)
     n = w.nodes_per_batch
-    miss_bytes = (1 - hit) * n * w.blocks_per_miss * BLOCK
+    miss_blocks = (1 - hit) * n * w.blocks_per_miss
+    miss_bytes = miss_blocks * BLOCK
     rates = [r for r in (hw.ssd_read_total, hw.ssd_rand4k_iops * hw.ssds * BLOCK) if r > 0]
     if not rates:
         raise ValueError(f"hardware {hw.name!r}: SSD read bandwidth and IOPS are unknown (run `terastack probe`)")
     ssd = miss_bytes / min(rates)
-    gather = n * w.gather_seconds_per_row + (1 - hit) * n * w.miss_cpu_seconds_per_row
+    # CPU side of gathering: cache copies, cutting missed rows out of blocks, and the kernel's work per block read
+    gather = (n * w.gather_seconds_per_row + (1 - hit) * n * w.miss_cpu_seconds_per_row
+              + miss_blocks * w.io_cpu_seconds_per_block)
     sample = w.sample_seconds
     if hw.has_gpu:
         if w.flops_per_batch <= 0:

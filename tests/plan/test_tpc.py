@@ -44,6 +44,10 @@ def test_cpu_epoch_matches_hand_computation():
     assert q.bottleneck == "compute" and q.epoch_seconds < p.epoch_seconds
     assert q.batch_seconds == pytest.approx(0.002 + 10_000 * 1e-7 + 0.04 * 10_000 * 2e-7 + 0.020)
     assert cpu > 0
+    # the kernel's CPU time per block read is CPU the training step does not get
+    with_io = predict_epoch(workload(io_cpu_seconds_per_block=4e-6), cpu_box(), device_cache=0,
+                            host_cache=table + 480_000 * 512)
+    assert with_io.stages["gather"] == pytest.approx(q.stages["gather"] + 0.04 * 10_000 * 4e-6)
 
 
 def test_gpu_epoch_overlaps_stages():

@@ -1,0 +1,70 @@
+"""terastack.gnn: out-of-core GNN training (features and topology on SSD, a unified static cache,
+a pipeline that overlaps sampling, I/O and training, and a throughput-per-cost model).
+
+Train your own PyG model on a dataset larger than memory::
+
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import SAGEConv
+    from terastack.gnn import NeighborSampler, Pipeline, UnifiedCache, open_dataset, presample
+
+    class MyModel(torch.nn.Module):                    # any PyG model taking (x, edge_index)
+        def __init__(self, d_in, d_hidden, d_out):
+            super().__init__()
+            self.conv1, self.conv2 = SAGEConv(d_in, d_hidden), SAGEConv(d_hidden, d_out)
+
+        def forward(self, x, edge_index):
+            return self.conv2(F.relu(self.conv1(x, edge_index)), edge_index)
+
+    ds = open_dataset(DATA_DIR)                        # checks sizes, structure and checksums
+    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=(15, 10), seed=0)
+    train = ds.splits["train"]
+    hot = presample(sampler, train, batch_size=1024)   # access counts -> cache placement
+    cache = UnifiedCache(ds, hot.order(), device_budget="64MiB", host_budget="256MiB")
+    loader = Pipeline(sampler, cache, ds.labels)       # samples k+2 | gathers k+1 | you train k
+    model = MyModel(ds.feat_dim, 128, ds.num_classes)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for epoch in range(2):
+        for batch in loader.epoch(train, batch_size=1024, epoch=epoch):   # a torch_geometric Data
+            opt.zero_grad()
+            out = model(batch.x.float(), batch.edge_index)[: batch.batch_size]
+            loss = F.cross_entropy(out, batch.y[: batch.batch_size])
+            loss.backward()
+            opt.step()
+    print(cache.stats.snapshot())                      # per-tier hit rates, SSD bytes
+    cache.close()
+
+``batch.x`` is valid until the next batch is requested (its memory is reused).
+Make a dataset with ``terastack gnn gen`` or ``terastack gnn import``; train
+from the shell with ``terastack gnn train``; ask which hardware gives the most
+epochs per dollar with ``terastack gnn advise``. PyG's own ``NodeLoader`` runs
+over the same storage through :mod:`terastack.gnn.pyg`.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "open_dataset": "terastack.gnn.dataset", "GraphDataset": "terastack.gnn.dataset",
+    "DatasetError": "terastack.gnn.dataset",
+    "GraphGenerator": "terastack.gnn.gen", "generate": "terastack.gnn.gen",
+    "GraphImporter": "terastack.gnn.importer", "import_arrays": "terastack.gnn.importer",
+    "NeighborSampler": "terastack.gnn.sampler", "SampledBatch": "terastack.gnn.sampler",
+    "presample": "terastack.gnn.hotness", "Hotness": "terastack.gnn.hotness",
+    "UnifiedCache": "terastack.gnn.cache", "InMemoryFeatures": "terastack.gnn.cache",
+    "MmapFeatures": "terastack.gnn.cache", "FeatureSource": "terastack.gnn.cache",
+    "Pipeline": "terastack.gnn.pipeline", "PipelineError": "terastack.gnn.pipeline",
+    "GNN": "terastack.gnn.models", "GnnTrainer": "terastack.gnn.train",
+    "TerastackFeatureStore": "terastack.gnn.pyg", "CSCGraphStore": "terastack.gnn.pyg",
+    "PygNeighborSampler": "terastack.gnn.pyg",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    # Imported on first use, so `terastack --help` does not pay for torch_geometric.
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'terastack.gnn' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

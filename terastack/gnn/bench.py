@@ -1,0 +1,365 @@
+"""``terastack bench gnn``: out-of-core training vs in-memory PyG, an np.memmap baseline and synchronous gathering.
+
+[Note: the GNN benchmark]
+One run, one generated R-MAT graph whose feature file is at least 4x the memory
+budget given to the feature cache (``--budget``, default a quarter of the
+feature file; on a machine without an accelerator both cache tiers are host
+memory and the budget covers both). Every contender trains the same model
+(same initial weights) on the same sampled batches (same sampler, same seeds),
+so features are bit-identical wherever they come from and the loss curves must
+be identical, not merely close:
+
+  in_memory   all features in RAM; the plain PyG loop: sample, index, train
+  terastack   unified static cache + SSD misses, pipeline (sample k+2 | gather k+1 | train k)
+  sync        same cache and the same one-pread_many-per-batch gathering, no overlap (the CAM comparison)
+  mmap        features in an np.memmap, page cache held to the same budget
+              (see [Note: the mmap baseline's memory budget]); the plain loop
+
+The page cache of the feature file is dropped before every epoch; terastack
+reads with O_DIRECT (``io`` in the result says if the file system refused).
+Epoch times are compared epoch by epoch (warm-up done before any timing).
+
+[Note: checking the TPC model]
+The model predicts the terastack epoch at three cache sizes; each prediction
+is compared with the mean of ``--tpc-rounds`` measured epochs at that size, the
+sizes taking turns (``prediction_error``). Its inputs are measured, never fitted
+to the epochs it predicts: the hit-rate curve from pre-sampling (scored out of
+sample), the SSD's IOPS, bandwidth and kernel CPU time per block on the
+feature file itself, the gather's CPU cost per row from a replay on synthetic
+data, and the training step from 12 timed steps on sampled batches (what
+``terastack gnn advise`` does) taken at the start of every round, so that it
+sees the machine in the same state as the epochs it predicts. The prediction
+from the in-memory run's step time (measured minutes earlier) is reported
+beside it: on a shared machine the two windows can differ by 50%.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from terastack import trace
+from terastack.gnn.advise import calibrate_compute, probe_feature_file, workload
+from terastack.gnn.cache import MmapFeatures, UnifiedCache
+from terastack.gnn.dataset import DatasetError, open_dataset
+from terastack.gnn.gen import GraphGenerator
+from terastack.gnn.hotness import presample
+from terastack.gnn.models import GNN, eval_step, train_step
+from terastack.gnn.pipeline import Pipeline
+from terastack.gnn.sampler import NeighborSampler, epoch_batches, parse_fanouts
+from terastack.gnn.train import EVAL_EPOCH, evaluate, train_epoch, training_threads
+from terastack.memory import peak_rss
+from terastack.plan.hardware import Hardware
+from terastack.plan.tpc import predict_epoch
+from terastack.units import format_bytes, parse_bytes
+
+HEADLINE = ["slowdown_vs_in_memory", "speedup_vs_mmap", "speedup_vs_sync_gather",
+            "speedup_vs_sync_gather_smallest_cache", "prediction_error",
+            "accuracy_diff_points", "loss_curves_identical", "feature_to_budget_ratio"]
+
+PRESETS = {
+    "smoke": ["--nodes", "20000", "--feat-dim", "64", "--train-nodes", "1024", "--test-nodes", "512",
+              "--batch-size", "256", "--fanouts", "5,5", "--hidden", "32", "--epochs", "1", "--quiet"],
+    "small": ["--nodes", "1000000", "--train-nodes", "16384", "--epochs", "1"],
+    "full": [],
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default=None, help="where the generated dataset lives (kept and reused when its "
+                   "parameters match; default: $TERASTACK_CACHE/bench-gnn or ~/.cache/terastack/bench-gnn)")
+    p.add_argument("--fresh", action="store_true", help="regenerate the dataset even if a matching one exists")
+    p.add_argument("--nodes", type=int, default=4_000_000)
+    p.add_argument("--avg-degree", type=float, default=10.0)
+    p.add_argument("--feat-dim", type=int, default=128)
+    p.add_argument("--classes", type=int, default=16)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    p.add_argument("--train-nodes", type=int, default=65536, help="training seeds per epoch")
+    p.add_argument("--test-nodes", type=int, default=4096, help="test nodes evaluated after training")
+    p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--fanouts", default="15,10")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--epochs", type=int, default=2, help="epochs of the in-memory and terastack runs")
+    p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the mmap and sync-gather runs")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", default=None, help="memory for the feature cache, all tiers together "
+                   "(default: a quarter of the feature file)")
+    p.add_argument("--device-share", type=float, default=0.25, help="share of the budget in the device tier")
+    p.add_argument("--tpc-fractions", default="0.25,0.5,1",
+                   help="cache sizes (fractions of the budget) at which TPC predictions are checked")
+    p.add_argument("--tpc-rounds", type=int, default=2, help="measured epochs per TPC cache size (taking turns)")
+    p.add_argument("--gen-memory", default="1GiB", help="memory budget of dataset generation")
+    p.add_argument("--threads", type=int, default=-1,
+                   help="torch intra-op threads for every contender (-1: one less than the cores, leaving one "
+                        "for the pipeline's sampling and gathering threads; 0: torch's default, one per core)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _dataset_dir(args) -> Path:
+    if args.dir:
+        return Path(args.dir)
+    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
+    return Path(base) / "bench-gnn"
+
+
+def _plain_epoch(sampler, source, labels, model, optimizer, train_ids, *, batch_size: int, epoch: int,
+                 progress: bool, label: str) -> dict:
+    """The reference PyG training loop (no pipeline): sample, fetch features, train; one batch at a time."""
+    from terastack.progress import Progress
+
+    y_all = torch.from_numpy(labels).long()
+    batches = epoch_batches(train_ids, batch_size, seed=sampler.config.seed, epoch=epoch)
+    bar = Progress(len(batches), label=f"{label} epoch {epoch}", unit="batches", enabled=progress)
+    source.new_epoch()
+    losses = []
+    sampling = gathering = 0.0
+    started = time.perf_counter()
+    for k, seeds in enumerate(batches):
+        t0 = time.perf_counter()
+        batch = sampler.sample(seeds, sampler.batch_rng(epoch, k), index=k, epoch=epoch)
+        n_id = torch.from_numpy(batch.n_id)
+        t1 = time.perf_counter()
+        x = source.gather(batch.n_id, torch.empty(len(n_id), source.row_len, dtype=source.torch_dtype))
+        t2 = time.perf_counter()
+        losses.append(train_step(model, optimizer, batch.to_data(x, y_all[n_id])))
+        sampling, gathering = sampling + t1 - t0, gathering + t2 - t1
+        bar.update(1, loss=losses[-1])
+    bar.close()
+    return {"epoch": epoch, "seconds": time.perf_counter() - started, "losses": losses,
+            "sample_seconds": sampling, "gather_seconds": gathering}
+
+
+def _plain_eval(sampler, gather, labels, model, ids, batch_size: int) -> float:
+    y_all = torch.from_numpy(labels).long()
+    correct = total = 0
+    for k, seeds in enumerate(epoch_batches(ids, batch_size, seed=sampler.config.seed, epoch=EVAL_EPOCH,
+                                            shuffle=False)):
+        batch = sampler.sample(seeds, sampler.batch_rng(EVAL_EPOCH, k))
+        n_id = torch.from_numpy(batch.n_id)
+        x = gather.gather(batch.n_id, torch.empty(len(n_id), gather.row_len, dtype=gather.torch_dtype))
+        c, t = eval_step(model, batch.to_data(x, y_all[n_id]))
+        correct, total = correct + c, total + t
+    return correct / max(total, 1)
+
+
+def _model(args, ds):
+    torch.manual_seed(args.seed)
+    model = GNN(args.model, ds.feat_dim, args.hidden, ds.num_classes, len(parse_fanouts(args.fanouts)))
+    return model, torch.optim.Adam(model.parameters(), lr=args.lr)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    from terastack.gnn.cache import InMemoryFeatures
+
+    fanouts = parse_fanouts(args.fanouts)
+    progress = not args.quiet
+    root = _dataset_dir(args)
+    if args.fresh and root.exists():
+        shutil.rmtree(root)
+    if args.train_nodes < 1 or args.train_nodes + args.test_nodes > args.nodes:
+        raise ValueError(f"train_nodes, test_nodes: must be >= 1 and fit in {args.nodes} nodes")
+    if args.threads < -1:
+        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
+    if args.tpc_rounds < 1:
+        raise ValueError(f"tpc_rounds: must be >= 1, got {args.tpc_rounds}")
+    if not 1 <= args.baseline_epochs <= args.epochs:
+        raise ValueError(f"baseline_epochs: must be in 1..epochs ({args.epochs}), got {args.baseline_epochs}")
+    t0 = time.perf_counter()
+    gen_config = dict(out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
+                      classes=args.classes, dtype=args.dtype, seed=args.seed,
+                      train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
+                      test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory, progress=progress)
+    try:
+        gen = GraphGenerator(GraphGenerator.Config(**gen_config)).run()
+    except DatasetError as exc:
+        if "other parameters" not in str(exc):
+            raise
+        # the benchmark's own dataset directory, made for other sizes: replace it
+        gen = GraphGenerator(GraphGenerator.Config(force=True, **gen_config)).run()
+    gen_seconds = time.perf_counter() - t0
+    ds = open_dataset(root)
+    budget = parse_bytes(args.budget, field="budget") if args.budget else ds.feature_bytes // 4
+    if budget * 4 > ds.feature_bytes:
+        raise ValueError(f"budget: {format_bytes(budget)} is more than a quarter of the "
+                         f"{format_bytes(ds.feature_bytes)} feature file; the benchmark is out-of-core only below that")
+    if not 0 <= args.device_share <= 1:
+        raise ValueError(f"device_share: must be in [0, 1], got {args.device_share}")
+    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=fanouts, seed=args.seed)
+    train_ids, test_ids = ds.splits["train"], ds.splits["test"]
+    common = dict(batch_size=args.batch_size, progress=progress)
+
+    # Warm-up: the first steps of a process pay one-off costs (allocator, lazy init); none of the timed runs should.
+    warm = presample(sampler, train_ids[: args.batch_size * 2], args.batch_size, epochs=1, seed=args.seed + 1)
+    model, opt = _model(args, ds)
+    for b in warm.examples[:2]:
+        train_step(model, opt, b.to_data(torch.randn(b.num_nodes, ds.feat_dim),
+                                         torch.zeros(b.num_nodes, dtype=torch.long)))
+
+    # Contenders, each with its own model (same initial weights) and feature source. The in-memory,
+    # terastack and sync epochs run round-robin (epoch 0 of each, then epoch 1 of each) so that
+    # interference from other work on the machine falls on all of them alike.
+    t0 = time.perf_counter()
+    features = InMemoryFeatures(ds.read_features())
+    load_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hot = presample(sampler, train_ids, args.batch_size, epochs=2, seed=args.seed, keep_examples=8)
+    presample_seconds = time.perf_counter() - t0
+    device_cache = int(budget * args.device_share)
+
+    def build_cache(total: int) -> UnifiedCache:
+        dev = int(total * args.device_share)
+        return UnifiedCache(ds, hot.order(), device_budget=dev, host_budget=total - dev)
+
+    cache = build_cache(budget)
+    mm = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim, dtype=ds.feat_dtype,
+                      budget=budget)
+    pipes = {"terastack": Pipeline(sampler, cache, ds.labels), "sync": Pipeline(sampler, cache, ds.labels,
+                                                                                overlap=False)}
+    sources = {"in_memory": features, "mmap": mm}
+    labels_ = {"in_memory": "in-memory", "terastack": "terastack", "sync": "sync gather", "mmap": "mmap"}
+    planned = {"in_memory": args.epochs, "terastack": args.epochs, "sync": args.baseline_epochs,
+               "mmap": args.baseline_epochs}
+    models = {name: _model(args, ds) for name in planned}
+    results: dict[str, list[dict]] = {name: [] for name in planned}
+
+    def run(name: str, epoch: int) -> None:
+        model, opt = models[name]
+        if name in pipes:
+            r = train_epoch(pipes[name], model, opt, train_ids, epoch=epoch, label=labels_[name], **common)
+        else:
+            r = _plain_epoch(sampler, sources[name], ds.labels, model, opt, train_ids, epoch=epoch,
+                             label=labels_[name], **common)
+        results[name].append(r)
+
+    for epoch in range(args.epochs):
+        for name in ("in_memory", "terastack", "sync"):
+            if epoch < planned[name]:
+                run(name, epoch)
+    mem_acc = _plain_eval(sampler, features, ds.labels, models["in_memory"][0], test_ids, args.batch_size)
+    # The mmap runs come after the in-memory copy is freed: its page cache (up to the budget) is mapped
+    # into this process, and both together would double-count memory the benchmark is meant to bound.
+    del features, sources["in_memory"]
+    for epoch in range(planned["mmap"]):
+        run("mmap", epoch)
+    ts_acc = evaluate(pipes["terastack"], models["terastack"][0], test_ids, batch_size=args.batch_size)
+    cache_info = cache.describe()
+    cache.close()
+    mm.close()
+    del sources, models
+    mem_epochs, ts_epochs, sync_epochs, mm_epochs = (results[k] for k in ("in_memory", "terastack", "sync", "mmap"))
+
+    # TPC model vs measured epochs at three cache sizes. [Note: checking the TPC model] explains the inputs.
+    ssd = probe_feature_file(ds)
+    here = Hardware(name="this machine (SSD measured on the feature file)", measured=True,
+                    cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
+                    ssd_rand4k_iops=ssd["ssd_rand4k_iops"])
+    wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
+                  calibrate=False, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
+    fractions = [float(f) for f in args.tpc_fractions.split(",")]
+    caches = [build_cache(int(budget * f)) for f in fractions]
+    measured: list[list[dict]] = [[] for _ in fractions]
+    steps: list[float] = []
+    small_sync: list[dict] = []  # the CAM comparison where the SSD has the most to do: the smallest cache
+    for rnd in range(args.tpc_rounds):  # the cache sizes take turns, so noise falls on all of them alike
+        steps.append(calibrate_compute(args.model, hot, feat_dim=ds.feat_dim, hidden=args.hidden,
+                                       classes=ds.num_classes, layers=len(fanouts), steps=12)[0])
+        for i, (frac, c) in enumerate(zip(fractions, caches)):
+            model, opt = _model(args, ds)
+            measured[i].append(train_epoch(Pipeline(sampler, c, ds.labels), model, opt, train_ids, epoch=0,
+                                           label=f"terastack {frac:g}x budget (round {rnd})", **common))
+            if i == 0:
+                model, opt = _model(args, ds)
+                small_sync.append(train_epoch(Pipeline(sampler, c, ds.labels, overlap=False), model, opt,
+                                              train_ids, epoch=0, label=f"sync gather {frac:g}x budget", **common))
+    wl_run = dataclasses.replace(wl, compute_seconds=float(np.mean(steps)))
+    mem_batches = sum(len(e["losses"]) for e in mem_epochs)
+    wl_mem = dataclasses.replace(
+        wl, compute_seconds=sum(e["seconds"] - e["sample_seconds"] - e["gather_seconds"] for e in mem_epochs)
+        / mem_batches)
+    tpc = []
+    for frac, c, runs in zip(fractions, caches, measured):
+        total = int(budget * frac)
+        dev = int(total * args.device_share)
+        pred = predict_epoch(wl_run, here, device_cache=dev, host_cache=total - dev)
+        alt = predict_epoch(wl_mem, here, device_cache=dev, host_cache=total - dev)
+        seconds = float(np.mean([r["seconds"] for r in runs]))
+        tpc.append({"cache_bytes": total, "predicted_epoch_seconds": pred.epoch_seconds,
+                    "measured_epoch_seconds": seconds, "measured_rounds": [r["seconds"] for r in runs],
+                    "prediction_error": abs(pred.epoch_seconds - seconds) / seconds,
+                    "predicted_with_in_memory_step": alt.epoch_seconds,
+                    "prediction_error_in_memory_step": abs(alt.epoch_seconds - seconds) / seconds,
+                    "predicted_hit_rate": pred.hit_rate,
+                    "measured_hit_rate": float(np.mean([r["device_hit_rate"] + r["host_hit_rate"] for r in runs])),
+                    "bottleneck": pred.bottleneck, "stages_seconds_per_batch": pred.stages})
+        c.close()
+    calibration = {"step_seconds_per_round": steps, "step_seconds_from_in_memory_run": wl_mem.compute_seconds,
+                   "io_cpu_seconds_per_block": wl.io_cpu_seconds_per_block,
+                   "gather_seconds_per_row": wl.gather_seconds_per_row,
+                   "miss_cpu_seconds_per_row": wl.miss_cpu_seconds_per_row}
+
+    mem_t = [e["seconds"] for e in mem_epochs]
+    ts_t = [e["seconds"] for e in ts_epochs]
+    paired = lambda other: float(np.mean([e["seconds"] for e in other]) / np.mean(ts_t[: len(other)]))
+    mem_losses = [l for e in mem_epochs for l in e["losses"]]
+    ts_losses = [l for e in ts_epochs for l in e["losses"]]
+    first = mem_epochs[0]["losses"]
+    identical = (ts_losses == mem_losses and all(e["losses"] == mem_epochs[e["epoch"]]["losses"]
+                                                 for e in sync_epochs + mm_epochs))
+    max_diff = max(abs(a - b) for a, b in zip(ts_losses, mem_losses)) if mem_losses else 0.0
+    return {
+        "slowdown_vs_in_memory": float(np.mean(ts_t) / np.mean(mem_t)),
+        "speedup_vs_mmap": paired(mm_epochs),
+        "speedup_vs_sync_gather": paired(sync_epochs),
+        "speedup_vs_sync_gather_smallest_cache": float(np.mean([e["seconds"] for e in small_sync])
+                                                       / np.mean(tpc[0]["measured_rounds"])),
+        "prediction_error": [round(t["prediction_error"], 4) for t in tpc],
+        "accuracy_diff_points": 100 * abs(ts_acc - mem_acc),
+        "loss_curves_identical": identical,
+        "feature_to_budget_ratio": ds.feature_bytes / budget,
+        "in_memory_epoch_seconds": mem_t, "terastack_epoch_seconds": ts_t,
+        "sync_gather_epoch_seconds": [e["seconds"] for e in sync_epochs],
+        "mmap_epoch_seconds": [e["seconds"] for e in mm_epochs],
+        "in_memory_accuracy": mem_acc, "terastack_accuracy": ts_acc, "max_loss_diff": max_diff,
+        "final_loss": ts_losses[-1] if ts_losses else None,
+        "hit_rates": {"device": ts_epochs[0]["device_hit_rate"], "host": ts_epochs[0]["host_hit_rate"],
+                      "miss": ts_epochs[0]["miss_rate"],
+                      "predicted_from_presampling": hot.hit_rate(cache.device_rows + cache.host_rows)},
+        "ssd": {"GBps_per_epoch": [e["ssd_GBps"] for e in ts_epochs],
+                "bytes_per_epoch": [e["ssd_bytes"] for e in ts_epochs],
+                "calls_per_batch": ts_epochs[0]["ssd_calls_per_batch"], "io": cache_info["io"],
+                "measured_on_feature_file": ssd},
+        "terastack_epochs": [{k: v for k, v in e.items() if k != "losses"} for e in ts_epochs],
+        "sync_gather_epochs": [{k: v for k, v in e.items() if k != "losses"} for e in sync_epochs],
+        "mmap": {"budget_bytes": budget, "evicted_pages": mm.evicted_pages},
+        "tpc": tpc, "tpc_calibration": calibration,
+        "cache": cache_info,
+        "memory_bytes": {"in_memory_features": ds.feature_bytes,
+                         "terastack_cache": cache_info["device_bytes"] + cache_info["host_bytes"]
+                         + cache_info["table_bytes"],
+                         "terastack_staging": cache_info["staging_bytes"]
+                         + sum(pipes["terastack"].last_stats.slot_bytes),
+                         "process_peak_rss": peak_rss()},
+        "dataset": {"dir": str(root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
+                    "feat_dtype": ds.feat_dtype.name, "feature_bytes": ds.feature_bytes,
+                    "train_nodes": len(train_ids), "test_nodes": len(test_ids), "generation": gen["status"],
+                    "generation_seconds": gen_seconds},
+        "budget_bytes": budget, "device_cache_bytes": device_cache,
+        "setup_seconds": {"in_memory_load": load_seconds, "presample": presample_seconds,
+                          "cache_fill": cache_info["fill_seconds"]},
+        "presample": {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
+                      "sample_seconds_per_batch": hot.sample_seconds_per_batch},
+        "config": {"model": args.model, "hidden": args.hidden, "fanouts": list(fanouts), "batch_size": args.batch_size,
+                   "epochs": args.epochs, "lr": args.lr, "seed": args.seed, "torch_threads": torch.get_num_threads()},
+    }

@@ -1,0 +1,255 @@
+"""``terastack gnn``: gen, import, verify, train, advise."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from terastack.units import format_bytes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="gnn_command", metavar="ACTION", required=True)
+
+    p = sub.add_parser("gen", help="generate a power-law (R-MAT) graph dataset in bounded memory (resumable)")
+    p.add_argument("--out", required=True, help="dataset directory to write")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--avg-degree", type=float, default=10.0)
+    p.add_argument("--feat-dim", type=int, default=128)
+    p.add_argument("--classes", type=int, default=16)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-fraction", type=float, default=0.1)
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--test-fraction", type=float, default=0.05)
+    p.add_argument("--signal", type=float, default=2.0, help="norm of the class centroids in the features")
+    p.add_argument("--noise", type=float, default=1.0, help="standard deviation of the feature noise")
+    p.add_argument("--memory-budget", default="1GiB", help="host memory the generator may use")
+    p.add_argument("--force", action="store_true", help="overwrite an existing dataset or interrupted build")
+    _common(p)
+
+    p = sub.add_parser("import", help="import numpy / OGB-style arrays (.npy) into a dataset (resumable)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--ogb-dir", help="directory with edge_index.npy, node_feat.npy, node_label.npy, split/*.npy")
+    for name in ("edge-index", "indptr", "indices", "features", "labels", "train-idx", "val-idx", "test-idx"):
+        p.add_argument(f"--{name}", help=f"{name.replace('-', '_')} .npy file")
+    p.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16"])
+    p.add_argument("--classes", type=int, default=None)
+    p.add_argument("--memory-budget", default="1GiB")
+    p.add_argument("--force", action="store_true")
+    _common(p)
+
+    p = sub.add_parser("verify", help="check a dataset: sizes, structure and every checksum")
+    p.add_argument("--data", required=True)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("train", help="train a GNN out of core (unified cache + SSD, pipelined)")
+    _training_args(p)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replace", action="store_true", help="sample neighbours with replacement")
+    p.add_argument("--sync", action="store_true", help="no overlap: sample, gather, train one after another")
+    p.add_argument("--depth", type=int, default=1, help="batches each pipeline queue holds")
+    p.add_argument("--eval-nodes", type=int, default=4096, help="test nodes to evaluate (-1: all, 0: none)")
+    p.add_argument("--verify", default="stamp", choices=["stamp", "full", "size"])
+    p.add_argument("--topology", default="memory", choices=["memory", "mmap"],
+                   help="read the CSC topology into memory, or map it (pages come from SSD on demand)")
+    p.add_argument("--device", default="auto")
+    _threads_arg(p)
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
+    _common(p)
+
+    p = sub.add_parser("advise", help="predict epoch time and recommend hardware by throughput per cost (TPC)")
+    _training_args(p)
+    p.add_argument("--prices", help="price table (TOML; default: the one shipped in terastack/plan/prices.toml)")
+    p.add_argument("--ssds", default="1,2,4", help="SSD counts to consider, e.g. 1,2,4")
+    p.add_argument("--memory", default=None, help="host memory sizes to consider in GiB (default: the table's)")
+    p.add_argument("--gpus", default=None, help="GPU names to consider (default: every one in the table)")
+    p.add_argument("--probe", default=None, help="probe JSON of this machine (default: cached, else measured)")
+    p.add_argument("--no-calibrate", action="store_true", help="skip the timed training steps (FLOP estimate)")
+    p.add_argument("--calibration-steps", type=int, default=5, help="timed training steps on sampled batches")
+    _threads_arg(p)
+    p.add_argument("--json", action="store_true")
+
+
+def _threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=-1, help="torch intra-op threads on the CPU (-1: one less than "
+                   "the cores, leaving one for sampling and gathering; 0: torch's default)")
+
+
+def _set_threads(threads: int) -> None:
+    if threads < -1:
+        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {threads}")
+    if threads:
+        import torch
+
+        from terastack.gnn.train import training_threads
+
+        torch.set_num_threads(training_threads() if threads == -1 else threads)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _training_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="dataset directory")
+    p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--fanouts", default="15,10", help="neighbours sampled per hop, e.g. 15,10")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--device-cache", default="0", help="device-tier cache budget (e.g. 4GiB)")
+    p.add_argument("--host-cache", default="256MiB", help="host-tier cache budget (e.g. 32GiB)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"gen": _gen, "import": _import, "verify": _verify, "train": _train, "advise": _advise}[args.gnn_command](args)
+
+
+def _emit(result: dict, as_json: bool, lines) -> None:
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        for line in lines:
+            print(line)
+
+
+def _gen(args) -> int:
+    from terastack.gnn.gen import GraphGenerator
+
+    cfg = GraphGenerator.Config(out=args.out, nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
+                                classes=args.classes, dtype=args.dtype, seed=args.seed,
+                                train_fraction=args.train_fraction, val_fraction=args.val_fraction,
+                                test_fraction=args.test_fraction, signal=args.signal, noise=args.noise,
+                                memory_budget=args.memory_budget, force=args.force, progress=not args.quiet)
+    return _report_build(GraphGenerator(cfg).run(), args)
+
+
+def _report_build(result: dict, args) -> int:
+    _emit(result, args.json, [f"{result['status']}: {args.out} ({result.get('nodes', '?')} nodes, "
+                              f"{result.get('edges', '?')} edges) in {result['seconds']:.1f} s"])
+    return 0
+
+
+def _import(args) -> int:
+    from terastack.gnn.importer import GraphImporter
+
+    cfg = GraphImporter.Config(out=args.out, ogb_dir=args.ogb_dir, edge_index=args.edge_index, indptr=args.indptr,
+                               indices=args.indices, features=args.features, labels=args.labels,
+                               train_idx=args.train_idx, val_idx=args.val_idx, test_idx=args.test_idx,
+                               undirected=args.undirected, dtype=args.dtype, classes=args.classes,
+                               memory_budget=args.memory_budget, force=args.force, progress=not args.quiet)
+    return _report_build(GraphImporter(cfg).run(), args)
+
+
+def _verify(args) -> int:
+    from terastack.gnn.dataset import open_dataset
+
+    ds = open_dataset(args.data, verify="full")
+    result = {"data": str(ds.root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
+              "feat_dtype": ds.feat_dtype.name, "classes": ds.num_classes, "feature_bytes": ds.feature_bytes,
+              "splits": {k: len(v) for k, v in ds.splits.items()}, "verified": ds.verified}
+    _emit(result, args.json, [f"ok: {ds!r}", f"  features {format_bytes(ds.feature_bytes)}, "
+                              f"splits {result['splits']}, {ds.verified}"])
+    return 0
+
+
+def _train(args) -> int:
+    from terastack import trace
+    from terastack.gnn.train import GnnTrainer
+
+    cfg = GnnTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
+                            batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
+                            device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
+                            replace=args.replace, overlap=not args.sync, depth=args.depth,
+                            eval_nodes=args.eval_nodes, verify=args.verify, topology=args.topology,
+                            device=args.device,
+                            progress=not args.quiet)
+    _set_threads(args.threads)
+    if args.trace:
+        trace.tracer.start()
+    try:
+        result = GnnTrainer(cfg).run()
+    finally:
+        if args.trace:
+            trace.tracer.stop()
+            path = trace.tracer.save(args.trace)
+            print(f"trace written to {path}", file=sys.stderr)
+    c = result["cache"]
+    lines = [f"dataset {result['dataset']['root']}: {result['dataset']['nodes']} nodes, "
+             f"features {format_bytes(result['dataset']['feature_bytes'])} ({result['dataset']['verified']})",
+             f"cache: {c['device_rows']} rows in the device tier ({c['device']}), {c['host_rows']} in host, "
+             f"{c['cached_fraction']:.1%} of nodes; reads {c['io']}"]
+    for e in result["epochs"]:
+        lines.append(f"epoch {e['epoch']}: {e['seconds']:.2f} s, {e['batches_per_s']:.1f} batches/s, "
+                     f"loss {e['loss_mean']:.4f}, hits device {e['device_hit_rate']:.1%} host {e['host_hit_rate']:.1%} "
+                     f"miss {e['miss_rate']:.1%}, SSD {e['ssd_GBps']:.3f} GB/s")
+    if result["accuracy"] is not None:
+        lines.append(f"test accuracy {result['accuracy']:.4f}")
+    _emit(result, args.json, lines)
+    return 0
+
+
+def _advise(args) -> int:
+    from terastack.gnn.advise import probe_feature_file, workload
+    from terastack.gnn.dataset import open_dataset
+    from terastack.gnn.hotness import presample
+    from terastack.gnn.sampler import NeighborSampler, parse_fanouts
+    from terastack.plan.hardware import Hardware
+    from terastack.plan.tpc import PriceTable, advise, predict_epoch
+    from terastack.units import parse_bytes
+
+    fanouts = parse_fanouts(args.fanouts)
+    _set_threads(args.threads)  # calibrate the step as `gnn train` will run it
+    try:
+        ssds = [int(s) for s in args.ssds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"ssds: expected comma-separated counts such as 1,2,4; got {args.ssds!r}") from None
+    memory = [float(m) for m in args.memory.split(",")] if args.memory else None
+    gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus else None
+    prices = PriceTable.load(args.prices)
+    ds = open_dataset(args.data)
+    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=fanouts)
+    if len(ds.splits["train"]) == 0:
+        raise ValueError(f"{ds.paths['train_idx']}: the training split is empty")
+    hot = presample(sampler, ds.splits["train"], args.batch_size, epochs=2)
+    ssd = probe_feature_file(ds)  # this SSD, this file, this file system: IOPS, bandwidth, kernel CPU per read
+    wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
+                  calibrate=not args.no_calibrate, calibration_steps=args.calibration_steps,
+                  io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
+    if args.probe:
+        from pathlib import Path
+
+        probe = Hardware.from_dict(json.loads(Path(args.probe).read_text()))
+    else:
+        from terastack.probe import load_or_measure
+
+        probe = load_or_measure(str(ds.root))
+    import dataclasses
+
+    here_hw = dataclasses.replace(probe, name=f"{probe.name}; SSD measured on {ds.features_path.name}",
+                                  ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
+                                  ssd_rand4k_iops=ssd["ssd_rand4k_iops"], ssds=1)
+    here = predict_epoch(wl, here_hw, device_cache=parse_bytes(args.device_cache, field="device_cache"),
+                         host_cache=parse_bytes(args.host_cache, field="host_cache"),
+                         gpu_efficiency=prices.gpu_efficiency)
+    result = advise(wl, probe, prices, ssd_counts=ssds, memory_gib=memory, gpus=gpus)
+    result["this_machine"] = {"hardware": here_hw.name, "measured": probe.measured, **here.to_dict()}
+    result["workload"] = {"batches_per_epoch": wl.batches_per_epoch, "nodes_per_batch": wl.nodes_per_batch,
+                          "sample_seconds": wl.sample_seconds, "compute_seconds": wl.compute_seconds,
+                          "flops_per_batch": wl.flops_per_batch, "feature_bytes": wl.feature_bytes}
+    lines = [f"{here_hw.name}, cache {args.device_cache} device + {args.host_cache} host: "
+             f"predicted epoch {here.epoch_seconds:.2f} s, hit rate {here.hit_rate:.1%}, "
+             f"bottleneck {here.bottleneck}",
+             f"candidates ({result['tpc_unit']}; {result['label']}):"]
+    for c in result["candidates"][:10]:
+        lines.append(f"  {c['epochs_per_usd']:10.1f}  {c['gpu']:22s} {c['ssds']} SSD  {c['memory_gib']:5.0f} GiB  "
+                     f"${c['cost_usd']:8.0f}  epoch {c['epoch_seconds']:8.2f} s  bottleneck {c['bottleneck']}")
+    b = result["best"]
+    lines.append(f"recommended: {b['gpu']} + {b['ssds']} SSD + {b['memory_gib']:g} GiB "
+                 f"({b['epochs_per_usd']:.1f} epochs per USD; bottleneck {b['bottleneck']})")
+    _emit(result, args.json, lines)
+    return 0

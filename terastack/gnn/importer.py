@@ -1,0 +1,238 @@
+"""``terastack gnn import``: a dataset from numpy / OGB-style arrays already on disk.
+
+Sources are ``.npy`` files, read memory-mapped (``allow_pickle=False``: an
+object array is refused, never unpickled) in chunks, so the import runs in
+bounded memory and resumes if interrupted (see [Note: resumable builds]).
+
+An OGB-style directory (``--ogb-dir``) holds ``edge_index.npy`` (2 x E, source
+row then destination row, as ``ogb``'s ``graph["edge_index"]``),
+``node_feat.npy`` (N x F), ``node_label.npy`` (N or N x 1) and the split as
+``split/{train,valid,test}.npy`` or ``{train,valid,test}_idx.npy``. Single files
+can be given instead (``--edge-index`` or ``--indptr``/``--indices``,
+``--features``, ``--labels``, ``--train-idx``...). Every array is checked (shape,
+dtype, ids in range) with errors naming the file.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.dataset import FEATURE_DTYPES, DatasetError, write_manifest
+from terastack.progress import Progress
+from terastack.units import parse_bytes
+
+_EDGE_CHUNK = 1 << 22
+
+
+def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
+    """A memory-mapped ``.npy`` (never unpickled). Raises DatasetError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: {what} file does not exist")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise DatasetError(f"{path}: cannot read {what} as a numpy array without unpickling ({exc})") from None
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read {what} ({exc})") from None
+    if not isinstance(arr, np.ndarray):
+        raise DatasetError(f"{path}: {what} must be a single .npy array")
+    return arr
+
+
+def _need_int(arr: np.ndarray, path, what: str) -> None:
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise DatasetError(f"{path}: {what} must hold integers, holds {arr.dtype}")
+
+
+def _check_range(arr: np.ndarray, hi: int, path, what: str, chunk: int = 1 << 24) -> None:
+    flat = arr.reshape(-1)
+    for s in range(0, flat.size, chunk):
+        part = np.asarray(flat[s:s + chunk])
+        bad = (part < 0) | (part >= hi)
+        if bad.any():
+            i = s + int(np.argmax(bad))
+            raise DatasetError(f"{path}: {what} {int(flat[i])} at position {i} is out of range 0..{hi - 1}")
+
+
+class GraphImporter:
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        out: str
+        ogb_dir: str | None = None
+        edge_index: str | None = None
+        indptr: str | None = None
+        indices: str | None = None
+        features: str | None = None
+        labels: str | None = None
+        train_idx: str | None = None
+        val_idx: str | None = None
+        test_idx: str | None = None
+        #: add every edge's reverse (OGB graphs such as arxiv are directed)
+        undirected: bool = False
+        #: stored feature dtype ("auto": float16 sources stay float16, everything else becomes float32)
+        dtype: str = "auto"
+        classes: int | None = None
+        memory_budget: int | str = "1GiB"
+        force: bool = False
+        progress: bool = True
+
+        def __post_init__(self) -> None:
+            if not self.out:
+                raise ValueError("out: an output directory is required")
+            if self.ogb_dir:
+                root = Path(self.ogb_dir)
+                if not root.is_dir():
+                    raise ValueError(f"ogb_dir: {root} is not a directory")
+
+                def pick(*names):
+                    return next((str(root / n) for n in names if (root / n).is_file()), None)
+                self.edge_index = self.edge_index or pick("edge_index.npy")
+                self.features = self.features or pick("node_feat.npy")
+                self.labels = self.labels or pick("node_label.npy")
+                self.train_idx = self.train_idx or pick("split/train.npy", "train_idx.npy")
+                self.val_idx = self.val_idx or pick("split/valid.npy", "valid_idx.npy", "val_idx.npy")
+                self.test_idx = self.test_idx or pick("split/test.npy", "test_idx.npy")
+            if bool(self.edge_index) == bool(self.indptr or self.indices):
+                raise ValueError("edge_index, indptr/indices: give the edges either as edge_index (2 x E) or as "
+                                 "CSC indptr + indices, exactly one of the two")
+            if (self.indptr is None) != (self.indices is None):
+                raise ValueError("indptr, indices: CSC input needs both files")
+            for name in ("features", "labels", "train_idx"):
+                if not getattr(self, name):
+                    raise ValueError(f"{name}: a .npy file is required (or --ogb-dir holding it)")
+            if self.dtype not in ("auto",) + FEATURE_DTYPES:
+                raise ValueError(f"dtype: must be auto or one of {', '.join(FEATURE_DTYPES)}, got {self.dtype!r}")
+            if self.classes is not None and self.classes < 1:
+                raise ValueError(f"classes: must be >= 1, got {self.classes}")
+            self.memory_budget = parse_bytes(self.memory_budget, field="memory_budget")
+
+    def __init__(self, config: "GraphImporter.Config", *, engine=None):
+        self.config = config
+        self.engine = engine
+
+    def _sources(self) -> dict:
+        cfg = self.config
+        out = {}
+        for key in ("edge_index", "indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx"):
+            value = getattr(cfg, key)
+            if value:
+                st = Path(value).stat() if Path(value).exists() else None
+                out[key] = {"path": os.path.abspath(value), "bytes": st.st_size if st else None,
+                            "mtime_ns": st.st_mtime_ns if st else None}
+        return out
+
+    def run(self) -> dict:
+        cfg = self.config
+        started = time.perf_counter()
+        feats = load_npy(cfg.features, "features")
+        if feats.ndim != 2:
+            raise DatasetError(f"{cfg.features}: features must be 2-D (nodes x features), shape is {feats.shape}")
+        if not np.issubdtype(feats.dtype, np.floating) and not np.issubdtype(feats.dtype, np.integer):
+            raise DatasetError(f"{cfg.features}: features must be numeric, dtype is {feats.dtype}")
+        n, f = feats.shape
+        dtype = cfg.dtype if cfg.dtype != "auto" else ("float16" if feats.dtype == np.float16 else "float32")
+        labels = load_npy(cfg.labels, "labels")
+        if labels.ndim == 2 and labels.shape[1] == 1:
+            labels = labels[:, 0]
+        if labels.shape != (n,):
+            raise DatasetError(f"{cfg.labels}: labels must have one entry per node ({n}), shape is {labels.shape}")
+        labels = np.asarray(labels)
+        if np.issubdtype(labels.dtype, np.floating):
+            if not np.isfinite(labels).all():
+                i = int(np.argmax(~np.isfinite(labels)))
+                raise DatasetError(f"{cfg.labels}: label of node {i} is {labels[i]} (unlabelled nodes need a class id)")
+            if (labels != np.round(labels)).any():
+                raise DatasetError(f"{cfg.labels}: labels must be whole class ids")
+            labels = labels.astype(np.int64)
+        _need_int(labels, cfg.labels, "labels")
+        classes = cfg.classes or int(labels.max(initial=0)) + 1
+        _check_range(labels, classes, cfg.labels, "label")
+        params = {"importer": "npy", "sources": self._sources(), "undirected": cfg.undirected, "dtype": dtype,
+                  "classes": classes}
+        state = BuildState(cfg.out, params, force=cfg.force)
+        if state.complete:
+            return {"out": cfg.out, "status": "already complete", "seconds": 0.0}
+        write_array(state, "labels", labels.astype(np.int32))
+        edges = self._edges(state, n)
+        FeatureWriter(state, num_nodes=n, feat_dim=f, dtype=dtype,
+                      chunk_bytes=max(4 << 20, min(64 << 20, cfg.memory_budget // 8)), progress=cfg.progress,
+                      engine=self.engine).write(lambda a, b: np.asarray(feats[a:b]).astype(dtype))
+        for key, path in (("train_idx", cfg.train_idx), ("val_idx", cfg.val_idx), ("test_idx", cfg.test_idx)):
+            if path:
+                ids = load_npy(path, key).reshape(-1)
+                _need_int(ids, path, key)
+                _check_range(ids, n, path, "node id")
+                ids = np.sort(np.asarray(ids, dtype=np.int64))
+            else:
+                ids = np.zeros(0, np.int64)
+            write_array(state, key, ids)
+        write_manifest(cfg.out, num_nodes=n, num_edges=edges, feat_dim=f, feat_dtype=dtype, num_classes=classes,
+                       index_dtype="int32" if n < 2**31 else "int64", origin=state.params, engine=self.engine)
+        state.finish()
+        return {"out": cfg.out, "status": "imported", "nodes": n, "edges": edges,
+                "seconds": time.perf_counter() - started}
+
+    def _edges(self, state: BuildState, n: int) -> int:
+        cfg = self.config
+        if cfg.edge_index:
+            ei = load_npy(cfg.edge_index, "edge_index")
+            if ei.ndim != 2 or ei.shape[0] != 2:
+                raise DatasetError(f"{cfg.edge_index}: edge_index must be 2 x E (sources, destinations), "
+                                   f"shape is {ei.shape}")
+            _need_int(ei, cfg.edge_index, "edge_index")
+            total = ei.shape[1]
+
+            def chunk(s: int, e: int):
+                return np.asarray(ei[0, s:e], dtype=np.int64), np.asarray(ei[1, s:e], dtype=np.int64)
+            where = cfg.edge_index
+        else:
+            indptr, indices = load_npy(cfg.indptr, "indptr"), load_npy(cfg.indices, "indices")
+            _need_int(indptr, cfg.indptr, "indptr")
+            _need_int(indices, cfg.indices, "indices")
+            if indptr.shape != (n + 1,):
+                raise DatasetError(f"{cfg.indptr}: indptr must have num_nodes + 1 = {n + 1} entries, has {indptr.shape}")
+            ip = np.asarray(indptr, dtype=np.int64)
+            if ip[0] != 0 or ip[-1] != len(indices) or (np.diff(ip) < 0).any():
+                raise DatasetError(f"{cfg.indptr}: indptr must rise from 0 to len(indices) = {len(indices)}")
+            total = len(indices)
+
+            def chunk(s: int, e: int):
+                dst = np.searchsorted(ip, np.arange(s, e), side="right") - 1
+                return np.asarray(indices[s:e], dtype=np.int64), dst
+            where = cfg.indices
+        factor = 2 if cfg.undirected else 1
+        builder = CSCBuilder(state, num_nodes=n, expected_edges=total * factor,
+                             memory_budget=max(16 << 20, cfg.memory_budget - 16 * n), progress=cfg.progress,
+                             drop_self_loops=False)  # an imported graph keeps its self-loops; duplicates merge
+        if not state.done("edges"):
+            step = int(max(1 << 16, min(_EDGE_CHUNK, cfg.memory_budget // 200)))
+            done = builder.extra.get("edges", 0)
+            bar = Progress(total, label="edges", unit="edges", enabled=cfg.progress)
+            bar.update(done)
+            for s in range(done, total, step):
+                e = min(total, s + step)
+                src, dst = chunk(s, e)
+                for arr in (src, dst):
+                    bad = (arr < 0) | (arr >= n)
+                    if bad.any():
+                        i = int(np.argmax(bad))
+                        raise DatasetError(f"{where}: node id {int(arr[i])} of edge {s + i} is out of range "
+                                           f"(the graph has {n} nodes)")
+                if cfg.undirected:
+                    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+                builder.add_chunk(src, dst, edges=e)
+                bar.update(e - s)
+            bar.close()
+            builder.close_edges()
+        return builder.build()
+
+
+def import_arrays(out: str | os.PathLike, **kwargs) -> dict:
+    """Import a dataset into ``out``; keyword arguments are :class:`GraphImporter.Config` fields."""
+    return GraphImporter(GraphImporter.Config(out=os.fspath(out), **kwargs)).run()

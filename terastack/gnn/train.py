@@ -1,0 +1,195 @@
+"""``terastack gnn train``: out-of-core training of a PyG model over an on-disk dataset.
+
+The steps are the Python API's, in order: open (and verify) the dataset, build
+the sampler, pre-sample to count hotness, place and fill the unified cache,
+then train epochs through the pipeline and evaluate on the test split.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from terastack import trace
+from terastack.gnn.cache import FeatureSource, UnifiedCache
+from terastack.gnn.dataset import VERIFY_MODES, open_dataset
+from terastack.gnn.hotness import presample
+from terastack.gnn.models import MODELS, GNN, eval_step, train_step
+from terastack.gnn.pipeline import Pipeline
+from terastack.gnn.sampler import NeighborSampler, parse_fanouts
+from terastack.progress import Progress
+from terastack.units import parse_bytes
+
+#: the epoch number whose random stream drives evaluation batches (never a training epoch)
+EVAL_EPOCH = 1 << 30
+
+
+def training_threads() -> int:
+    """Intra-op threads for training on the CPU beside the pipeline: one less than the cores.
+
+    The sampling and gathering threads need a core; an OpenMP team that spans
+    every core stalls each time one of its threads is descheduled (measured:
+    steps 5-10x slower on a busy 2-core machine).
+    """
+    import os
+
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray,
+                *, batch_size: int, epoch: int, progress: bool = True, label: str = "train") -> dict:
+    """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic."""
+    source = pipeline.source
+    before = source.stats.snapshot()
+    batches = -(-len(train_ids) // batch_size)
+    bar = Progress(batches, label=f"{label} epoch {epoch}", unit="batches", enabled=progress)
+    losses = []
+    started = time.perf_counter()
+    for k, data in enumerate(pipeline.epoch(train_ids, batch_size, epoch=epoch)):
+        with trace.span(f"train {k}", track="train", cat="gnn", nodes=int(data.num_nodes)):
+            losses.append(train_step(model, optimizer, data))
+        if progress:
+            now = source.stats.snapshot()
+            rows = max(now["rows"] - before["rows"], 1)
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.update(1, loss=losses[-1], dev_hit=(now["device_hits"] - before["device_hits"]) / rows,
+                       host_hit=(now["host_hits"] - before["host_hits"]) / rows,
+                       ssd_GBps=(now["ssd_bytes"] - before["ssd_bytes"]) / elapsed / 1e9)
+    seconds = time.perf_counter() - started
+    bar.close()
+    after = source.stats.snapshot()
+    delta = {k: after[k] - before[k] for k in ("rows", "device_hits", "host_hits", "misses", "ssd_bytes", "ssd_blocks",
+                                               "ssd_calls", "batches", "io_wait_seconds")}
+    rows = max(delta["rows"], 1)
+    st = pipeline.last_stats
+    return {
+        "epoch": epoch, "seconds": seconds, "batches": len(losses),
+        "batches_per_s": len(losses) / seconds if seconds else 0.0,
+        "loss_mean": float(np.mean(losses)) if losses else float("nan"), "losses": losses,
+        "device_hit_rate": delta["device_hits"] / rows, "host_hit_rate": delta["host_hits"] / rows,
+        "miss_rate": delta["misses"] / rows, "ssd_bytes": delta["ssd_bytes"], "ssd_blocks": delta["ssd_blocks"],
+        "ssd_calls_per_batch": delta["ssd_calls"] / max(delta["batches"], 1),
+        "ssd_GBps": delta["ssd_bytes"] / seconds / 1e9 if seconds else 0.0,
+        "rows_gathered": delta["rows"], "sample_seconds": st.sample_seconds, "gather_seconds": st.gather_seconds,
+        "io_wait_seconds": delta["io_wait_seconds"], "stall_seconds": st.stall_seconds,
+        "max_batch_rows": st.max_rows,
+    }
+
+
+def fit(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray, *,
+        batch_size: int, epochs: int, first_epoch: int = 0, progress: bool = True, label: str = "train") -> list[dict]:
+    """Train ``epochs`` epochs; one :func:`train_epoch` dict per epoch."""
+    return [train_epoch(pipeline, model, optimizer, train_ids, batch_size=batch_size, epoch=e, progress=progress,
+                        label=label) for e in range(first_epoch, first_epoch + epochs)]
+
+
+def evaluate(pipeline: Pipeline, model: torch.nn.Module, ids: np.ndarray, *, batch_size: int) -> float:
+    """Accuracy on the seed nodes ``ids`` (sampled inference, fixed random stream)."""
+    correct = total = 0
+    for data in pipeline.epoch(ids, batch_size, epoch=EVAL_EPOCH, shuffle=False):
+        c, t = eval_step(model, data)
+        correct, total = correct + c, total + t
+    return correct / max(total, 1)
+
+
+class GnnTrainer:
+    """Trains a GNN (``sage``, ``gcn``, ``gat``) out of core; ``run()`` returns the result dict."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        data: str
+        model: str = "sage"
+        hidden: int = 128
+        fanouts: tuple[int, ...] | str = (15, 10)
+        batch_size: int = 1024
+        epochs: int = 1
+        lr: float = 3e-3
+        device_cache: int | str = 0
+        host_cache: int | str = "256MiB"
+        seed: int = 0
+        replace: bool = False
+        #: False: sample, gather and train one after another (no overlap)
+        overlap: bool = True
+        depth: int = 1
+        #: test nodes to evaluate on after training (0: none, -1: the whole test split)
+        eval_nodes: int = 4096
+        presample_epochs: int = 2
+        verify: str = "stamp"
+        #: "memory": topology read into RAM; "mmap": topology pages read from SSD on demand
+        topology: str = "memory"
+        device: str = "auto"
+        progress: bool = True
+
+        def __post_init__(self) -> None:
+            if not self.data:
+                raise ValueError("data: a dataset directory is required")
+            if self.model not in MODELS:
+                raise ValueError(f"model: must be one of {', '.join(MODELS)}; got {self.model!r}")
+            if isinstance(self.fanouts, str):
+                self.fanouts = parse_fanouts(self.fanouts)
+            NeighborSampler.Config(fanouts=self.fanouts)  # validates
+            self.fanouts = tuple(self.fanouts)
+            for name in ("hidden", "batch_size", "depth", "presample_epochs"):
+                if getattr(self, name) < 1:
+                    raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+            if self.epochs < 0:
+                raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
+            if not self.lr > 0:
+                raise ValueError(f"lr: must be > 0, got {self.lr}")
+            if self.topology not in ("memory", "mmap"):
+                raise ValueError(f"topology: must be 'memory' or 'mmap', got {self.topology!r}")
+            if self.verify not in VERIFY_MODES:
+                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
+            self.device_cache = parse_bytes(self.device_cache, field="device_cache")
+            self.host_cache = parse_bytes(self.host_cache, field="host_cache")
+
+    def __init__(self, config: "GnnTrainer.Config", *, engine=None):
+        self.config = config
+        self.engine = engine
+
+    def run(self) -> dict:
+        cfg = self.config
+        t0 = time.perf_counter()
+        ds = open_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, engine=self.engine)
+        opened = time.perf_counter()
+        sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=cfg.fanouts, replace=cfg.replace, seed=cfg.seed)
+        train_ids = ds.splits["train"]
+        if len(train_ids) == 0:
+            raise ValueError(f"{ds.paths['train_idx']}: the training split is empty")
+        hot = presample(sampler, train_ids, cfg.batch_size, epochs=cfg.presample_epochs, seed=cfg.seed)
+        presampled = time.perf_counter()
+        cache = UnifiedCache(ds, hot.order(), device_budget=cfg.device_cache, host_budget=cfg.host_cache,
+                             device=cfg.device, engine=self.engine)
+        try:
+            pipeline = Pipeline(sampler, cache, ds.labels, overlap=cfg.overlap, depth=cfg.depth, device=cfg.device)
+            torch.manual_seed(cfg.seed)
+            model = GNN(cfg.model, ds.feat_dim, cfg.hidden, ds.num_classes, len(cfg.fanouts)).to(pipeline.device)
+            optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+            epochs = fit(pipeline, model, optimizer, train_ids, batch_size=cfg.batch_size, epochs=cfg.epochs,
+                         progress=cfg.progress)
+            test = ds.splits["test"]
+            accuracy = None
+            if cfg.eval_nodes and len(test):
+                ids = test if cfg.eval_nodes < 0 else test[: cfg.eval_nodes]
+                accuracy = evaluate(pipeline, model, ids, batch_size=cfg.batch_size)
+            cache_info = cache.describe()
+        finally:
+            cache.close()
+        losses = [loss for e in epochs for loss in e["losses"]]
+        return {
+            "dataset": {"root": str(ds.root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
+                        "feat_dtype": ds.feat_dtype.name, "feature_bytes": ds.feature_bytes,
+                        "verified": ds.verified},
+            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+            "cache": cache_info,
+            "presample": {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
+                          "sample_seconds_per_batch": hot.sample_seconds_per_batch,
+                          "expected_hit_rate": hot.hit_rate(cache.device_rows + cache.host_rows)},
+            "setup_seconds": {"open": opened - t0, "presample": presampled - opened, "cache_fill": cache.fill_seconds},
+            "epochs": [{k: v for k, v in e.items() if k != "losses"} for e in epochs],
+            "loss_curve": losses,
+            "accuracy": accuracy,
+            "epoch_seconds": [e["seconds"] for e in epochs],
+        }

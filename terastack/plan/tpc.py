@@ -1,0 +1,322 @@
+"""The TPC (throughput per cost) model of out-of-core GNN training.
+
+Predicts the epoch time of terastack.gnn's pipeline for a workload on a machine,
+names the bottleneck, and ranks hardware configurations by epochs per dollar
+of ownership (purchase + energy over a stated lifetime), from a price table
+(``prices.toml`` ships with the package; ``--prices FILE`` replaces it).
+
+[Note: the epoch-time model]
+Per batch, with ``n`` rows gathered, a cache serving fraction ``h`` of them
+(from the workload's out-of-sample hit-rate curve, see terastack.gnn.hotness)
+and ``b`` 4 KiB blocks read per missed row:
+
+    ssd     = (1 - h) n b 4096 / min(SSD bandwidth, SSD IOPS x 4096)     (all SSDs)
+    gather  = n x (CPU per row) + (1 - h) n x (CPU per missed row)
+              + (1 - h) n b x (kernel CPU per block read)                    (measured costs)
+    sample  = measured sampler time per batch
+    compute = measured training step (this machine), or FLOPs / (rate x efficiency)
+    pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
+
+The pipeline overlaps stages that use different resources. Without a GPU,
+sampling, gathering and training share the CPU: training takes every core
+(an OpenMP team stalls while one of its threads is descheduled), and with
+fewer training threads the stages still serialize on the interpreter lock
+(sampling and the cache lookup are numpy on batch-sized arrays; PyG layers
+dispatch from Python). Measured here, the pipelined epoch with one training
+thread took about as long as the one-after-another in-memory loop, which is
+what this predicts. So they add up and only the SSD overlaps them:
+``batch = max(sample + gather + compute, ssd)``. With a GPU the training step
+runs on the device and overlaps the CPU stages:
+``batch = max(sample + gather, ssd, pcie, compute)``. The epoch is
+``batches x batch`` plus a prologue (one batch's sample + gather + ssd before
+the first step). The largest term is the bottleneck.
+
+The model is checked against measured epochs at three cache sizes by
+``terastack bench gnn`` (``prediction_error``).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from terastack.plan.hardware import Hardware
+
+BLOCK = 4096
+GIB = 1 << 30
+DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
+
+
+@dataclass(kw_only=True, slots=True)
+class GnnWorkload:
+    """What one epoch of sampled training asks of the machine (from pre-sampling and calibration)."""
+
+    num_nodes: int
+    row_bytes: int
+    feature_bytes: int
+    batches_per_epoch: int
+    nodes_per_batch: float
+    #: cache rows -> fraction of row accesses they serve (monotone, from 0 rows to all)
+    curve_rows: np.ndarray
+    curve_hits: np.ndarray
+    #: 4 KiB blocks read per missed row (>= 1 for rows up to 4 KiB; more when rows straddle blocks)
+    blocks_per_miss: float
+    sample_seconds: float
+    #: measured training step on this machine's CPU (None: derive from FLOPs)
+    compute_seconds: float | None = None
+    #: training FLOPs per batch (forward + backward), for machines other than this one
+    flops_per_batch: float = 0.0
+    #: intra-op threads the measured training step used (0: every core)
+    compute_threads: int = 0
+    #: CPU seconds per gathered row (lookup, tier split, cache copy), measured on this machine
+    gather_seconds_per_row: float = 2e-7
+    #: extra CPU seconds per missed row (block planning, cutting the row out of the block buffer)
+    miss_cpu_seconds_per_row: float = 2e-7
+    #: kernel CPU seconds per 4 KiB block read (submission, completion, O_DIRECT page pinning), measured
+    io_cpu_seconds_per_block: float = 0.0
+    #: the cache's lookup table is paid from the host budget (bytes per node)
+    table_bytes_per_node: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("num_nodes", "row_bytes", "batches_per_epoch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        self.curve_rows = np.asarray(self.curve_rows, dtype=np.float64)
+        self.curve_hits = np.asarray(self.curve_hits, dtype=np.float64)
+        if self.curve_rows.shape != self.curve_hits.shape or self.curve_rows.size < 2:
+            raise ValueError("curve_rows, curve_hits: need two equal-length arrays of at least 2 points")
+        for name in ("gather_seconds_per_row", "miss_cpu_seconds_per_row", "io_cpu_seconds_per_block"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+    def hit_rate(self, rows: float) -> float:
+        return float(np.interp(rows, self.curve_rows, self.curve_hits))
+
+    def cache_rows(self, device_bytes: int, host_bytes: int) -> tuple[int, int]:
+        """Rows the unified cache holds in each tier for these budgets (same rule as UnifiedCache)."""
+        table = self.num_nodes * self.table_bytes_per_node if device_bytes + host_bytes > 0 else 0
+        dev = min(self.num_nodes, device_bytes // self.row_bytes)
+        host = min(self.num_nodes - dev, max(0, host_bytes - table) // self.row_bytes)
+        return int(dev), int(host)
+
+
+@dataclass(kw_only=True, slots=True)
+class Prediction:
+    epoch_seconds: float
+    batch_seconds: float
+    bottleneck: str
+    stages: dict
+    hit_rate: float
+    device_hit_rate: float
+    ssd_bytes_per_epoch: float
+    device_cache_bytes: int
+    host_cache_bytes: int
+    label: str = "prediction"
+
+    def to_dict(self) -> dict:
+        return {"epoch_seconds": self.epoch_seconds, "batch_seconds": self.batch_seconds,
+                "bottleneck": self.bottleneck, "stages_seconds_per_batch": self.stages, "hit_rate": self.hit_rate,
+                "device_hit_rate": self.device_hit_rate, "ssd_bytes_per_epoch": self.ssd_bytes_per_epoch,
+                "device_cache_bytes": self.device_cache_bytes, "host_cache_bytes": self.host_cache_bytes,
+                "label": self.label}
+
+
+def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, host_cache: int,
+                  gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None) -> Prediction:
+    """Epoch time of the pipeline on ``hw``; see [Note: the epoch-time model].
+
+    Without a GPU the training step is ``workload.compute_seconds`` (measured
+    on the machine whose CPU rate is ``cpu_flops_reference``), scaled by CPU
+    FLOP rate when ``hw`` is another machine.
+    """
+    w = workload
+    dev_rows, host_rows = w.cache_rows(device_cache, host_cache)
+    hit = w.hit_rate(dev_rows + host_rows)
+    dev_hit = w.hit_rate(dev_rows)
+    n = w.nodes_per_batch
+    miss_blocks = (1 - hit) * n * w.blocks_per_miss
+    miss_bytes = miss_blocks * BLOCK
+    rates = [r for r in (hw.ssd_read_total, hw.ssd_rand4k_iops * hw.ssds * BLOCK) if r > 0]
+    if not rates:
+        raise ValueError(f"hardware {hw.name!r}: SSD read bandwidth and IOPS are unknown (run `terastack probe`)")
+    ssd = miss_bytes / min(rates)
+    # CPU side of gathering: cache copies, cutting missed rows out of blocks, and the kernel's work per block read
+    gather = (n * w.gather_seconds_per_row + (1 - hit) * n * w.miss_cpu_seconds_per_row
+              + miss_blocks * w.io_cpu_seconds_per_block)
+    sample = w.sample_seconds
+    if hw.has_gpu:
+        if w.flops_per_batch <= 0:
+            raise ValueError("workload.flops_per_batch: needed to predict training on an accelerator")
+        compute = w.flops_per_batch / (hw.gpu_flops * gpu_efficiency)
+        pcie = (1 - dev_hit) * n * w.row_bytes / hw.pcie_bytes_per_s if hw.pcie_bytes_per_s > 0 else 0.0
+        stages = {"sample+gather": sample + gather, "ssd": ssd, "pcie": pcie, "compute": compute}
+        bottleneck = max(stages, key=stages.get)
+        batch = stages[bottleneck]
+    else:
+        if w.compute_seconds is not None:
+            compute = w.compute_seconds
+            if cpu_flops_reference and hw.cpu_flops > 0:
+                compute *= cpu_flops_reference / hw.cpu_flops
+        elif w.flops_per_batch > 0 and hw.cpu_flops > 0:
+            compute = w.flops_per_batch / (hw.cpu_flops * 0.25)
+        else:
+            raise ValueError("workload.compute_seconds or flops_per_batch: needed to predict CPU training")
+        stages = {"sample": sample, "gather": gather, "compute": compute, "ssd": ssd}
+        cpu = sample + gather + compute  # one process, one pool of cores, one GIL: these add up
+        batch = max(cpu, ssd)
+        bottleneck = "ssd" if ssd >= cpu else max(("sample", "gather", "compute"), key=stages.get)
+    epoch = w.batches_per_epoch * batch + sample + gather + ssd  # + prologue: the first batch before any step
+    return Prediction(epoch_seconds=epoch, batch_seconds=batch, bottleneck=bottleneck, stages=stages, hit_rate=hit,
+                      device_hit_rate=dev_hit, ssd_bytes_per_epoch=miss_bytes * w.batches_per_epoch,
+                      device_cache_bytes=dev_rows * w.row_bytes, host_cache_bytes=host_rows * w.row_bytes)
+
+
+# ----------------------------------------------------------------- prices
+@dataclass(kw_only=True, slots=True)
+class PriceTable:
+    lifetime_years: float
+    electricity_usd_per_kwh: float
+    gpu_efficiency: float
+    host_reserve_gib: float
+    gpu_reserve_fraction: float
+    base: dict
+    memory: dict
+    ssd: dict
+    gpus: list[dict] = field(default_factory=list)
+    source: str = ""
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> "PriceTable":
+        path = Path(path) if path else DEFAULT_PRICES
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"prices: {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"prices: {path} is not valid TOML ({exc})") from None
+
+        def num(obj: dict, key: str, where: str, minimum: float = 0.0) -> float:
+            if key not in obj:
+                raise ValueError(f"prices: {path}: field {where}{key} is missing")
+            value = obj[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+                raise ValueError(f"prices: {path}: field {where}{key} must be a number >= {minimum}, got {value!r}")
+            return float(value)
+
+        for section in ("base", "memory", "ssd"):
+            if not isinstance(data.get(section), dict):
+                raise ValueError(f"prices: {path}: section [{section}] is missing")
+        base = {"name": str(data["base"].get("name", "base")), "usd": num(data["base"], "usd", "base."),
+                "watts": num(data["base"], "watts", "base."), "cpu_flops": num(data["base"], "cpu_flops", "base.")}
+        options = data["memory"].get("options_gib", [])
+        if not options or not all(isinstance(o, (int, float)) and o > 0 for o in options):
+            raise ValueError(f"prices: {path}: field memory.options_gib must be a list of positive sizes")
+        memory = {"usd_per_gib": num(data["memory"], "usd_per_gib", "memory."),
+                  "watts_per_gib": num(data["memory"], "watts_per_gib", "memory."), "options_gib": list(options)}
+        ssd = {"name": str(data["ssd"].get("name", "ssd")), "usd_each": num(data["ssd"], "usd_each", "ssd."),
+               "watts_each": num(data["ssd"], "watts_each", "ssd."),
+               "read_bytes_per_s": num(data["ssd"], "read_bytes_per_s", "ssd."),
+               "rand4k_iops": num(data["ssd"], "rand4k_iops", "ssd.")}
+        gpus = []
+        for i, g in enumerate(data.get("gpu", [])):
+            where = f"gpu[{i}]."
+            if not isinstance(g, dict) or not isinstance(g.get("name"), str):
+                raise ValueError(f"prices: {path}: field {where}name is missing")
+            gpus.append({"name": g["name"], **{k: num(g, k, where) for k in
+                                                ("usd", "watts", "flops", "memory_gib", "pcie_bytes_per_s")}})
+        if not gpus:
+            gpus = [{"name": "none", "usd": 0.0, "watts": 0.0, "flops": 0.0, "memory_gib": 0.0,
+                     "pcie_bytes_per_s": 0.0}]
+        return cls(lifetime_years=num(data, "lifetime_years", "", 0.01),
+                   electricity_usd_per_kwh=num(data, "electricity_usd_per_kwh", ""),
+                   gpu_efficiency=num(data, "gpu_efficiency", "", 1e-6),
+                   host_reserve_gib=num(data, "host_reserve_gib", ""),
+                   gpu_reserve_fraction=num(data, "gpu_reserve_fraction", ""),
+                   base=base, memory=memory, ssd=ssd, gpus=gpus, source=str(path))
+
+    def gpu(self, name: str) -> dict:
+        for g in self.gpus:
+            if g["name"].lower() == name.lower() or g["name"].lower().startswith(name.lower()):
+                return g
+        raise ValueError(f"gpus: {name!r} is not in the price table ({', '.join(g['name'] for g in self.gpus)})")
+
+
+@dataclass(kw_only=True, slots=True)
+class Candidate:
+    gpu: str
+    ssds: int
+    memory_gib: float
+    cost_usd: float
+    capex_usd: float
+    energy_usd: float
+    watts: float
+    prediction: Prediction
+    #: epochs trained over the lifetime at full use, per dollar of ownership: the TPC figure
+    epochs_per_usd: float
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "ssds": self.ssds, "memory_gib": self.memory_gib, "cost_usd": self.cost_usd,
+                "capex_usd": self.capex_usd, "energy_usd": self.energy_usd, "watts": self.watts,
+                "epoch_seconds": self.prediction.epoch_seconds, "bottleneck": self.prediction.bottleneck,
+                "hit_rate": self.prediction.hit_rate, "epochs_per_usd": self.epochs_per_usd,
+                "stages_seconds_per_batch": self.prediction.stages,
+                "epochs_per_hour": 3600.0 / self.prediction.epoch_seconds}
+
+
+def advise(workload: GnnWorkload, probe: Hardware, prices: PriceTable, *, ssd_counts=(1, 2, 4),
+           memory_gib=None, gpus=None) -> dict:
+    """Rank hardware configurations by epochs per dollar of ownership (predictions).
+
+    The SSD per-device figures come from the price table (0 there: this
+    machine's probe); CPU training time is this machine's measured step scaled
+    by CPU FLOP rate; accelerators are modelled from the table's FLOP rate.
+    Sampling and gathering keep this machine's measured per-batch cost on
+    every candidate: each runs on one thread of the pipeline, so more cores
+    or an accelerator do not shorten them (they often become the bottleneck).
+    """
+    if any(int(s) < 1 for s in ssd_counts):
+        raise ValueError(f"ssds: every SSD count must be >= 1, got {list(ssd_counts)}")
+    memory_gib = list(memory_gib or prices.memory["options_gib"])
+    gpu_rows = [prices.gpu(g) for g in gpus] if gpus else prices.gpus
+    hours = prices.lifetime_years * 365.25 * 24
+    ssd_bw = prices.ssd["read_bytes_per_s"] or probe.ssd_read_bytes_per_s
+    ssd_iops = prices.ssd["rand4k_iops"] or probe.ssd_rand4k_iops
+    candidates = []
+    for gpu, ssds, mem in itertools.product(gpu_rows, ssd_counts, memory_gib):
+        hw = Hardware(name=f"{prices.base['name']} + {gpu['name']} + {ssds} SSD + {mem:g} GiB", cores=probe.cores,
+                      host_memory_bytes=int(mem * GIB), cpu_flops=prices.base["cpu_flops"],
+                      memcpy_bytes_per_s=probe.memcpy_bytes_per_s, ssd_read_bytes_per_s=ssd_bw,
+                      ssd_rand4k_iops=ssd_iops, ssds=int(ssds), gpu_name=None if gpu["flops"] == 0 else gpu["name"],
+                      gpu_memory_bytes=int(gpu["memory_gib"] * GIB), gpu_flops=gpu["flops"],
+                      pcie_bytes_per_s=gpu["pcie_bytes_per_s"])
+        host_cache = int(max(0.0, mem - prices.host_reserve_gib) * GIB)
+        device_cache = int(gpu["memory_gib"] * (1 - prices.gpu_reserve_fraction) * GIB)
+        host_cache = min(host_cache, workload.feature_bytes + workload.num_nodes * workload.table_bytes_per_node)
+        # the measured step used `compute_threads` of this machine's cores; a candidate trains on all of its own
+        share = min(1.0, (workload.compute_threads or probe.cores) / probe.cores)
+        pred = predict_epoch(workload, hw, device_cache=device_cache, host_cache=host_cache,
+                             gpu_efficiency=prices.gpu_efficiency, cpu_flops_reference=probe.cpu_flops * share)
+        watts = prices.base["watts"] + gpu["watts"] + ssds * prices.ssd["watts_each"] + mem * prices.memory["watts_per_gib"]
+        capex = prices.base["usd"] + gpu["usd"] + ssds * prices.ssd["usd_each"] + mem * prices.memory["usd_per_gib"]
+        energy = watts / 1000 * hours * prices.electricity_usd_per_kwh
+        candidates.append(Candidate(gpu=gpu["name"], ssds=int(ssds), memory_gib=float(mem), cost_usd=capex + energy,
+                                    capex_usd=capex, energy_usd=energy, watts=watts, prediction=pred,
+                                    epochs_per_usd=hours * 3600.0 / pred.epoch_seconds / (capex + energy)))
+    candidates.sort(key=lambda c: -c.epochs_per_usd)
+    best = candidates[0]
+    return {"label": "prediction (TPC model; prices from " + prices.source + ")",
+            "tpc_unit": f"epochs per USD of ownership over {prices.lifetime_years:g} years",
+            "best": best.to_dict(), "candidates": [c.to_dict() for c in candidates]}
+
+
+def blocks_per_miss(row_bytes: int) -> float:
+    """Mean 4 KiB blocks covering one row, over the row positions in a file (rows packed back to back)."""
+    period = BLOCK // math.gcd(row_bytes, BLOCK)
+    starts = np.arange(period, dtype=np.int64) * row_bytes
+    spans = (starts + row_bytes - 1) // BLOCK - starts // BLOCK + 1
+    return float(spans.mean())

@@ -1,0 +1,151 @@
+"""`terastack gnn gen|import|verify|train|advise` end to end, the importer against its source arrays, and the
+benchmark's smoke run."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from terastack import bench as bench_mod
+from terastack.cli import main
+from terastack.gnn.dataset import open_dataset
+from terastack.plan.hardware import Hardware, save_probe
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_gen_verify_train_advise(tmp_path, capsys):
+    data = tmp_path / "d"
+    code, out, _ = run_cli(capsys, "gnn", "gen", "--out", str(data), "--nodes", "4000", "--feat-dim", "8",
+                           "--classes", "3", "--quiet")
+    assert code == 0 and "generated" in out
+    code, out, _ = run_cli(capsys, "gnn", "verify", "--data", str(data), "--json")
+    assert code == 0 and json.loads(out)["verified"] == "checksums (full)"
+    trace = tmp_path / "trace.json"
+    code, out, err = run_cli(capsys, "gnn", "train", "--data", str(data), "--fanouts", "4,4", "--batch-size", "64",
+                             "--epochs", "2", "--hidden", "16", "--host-cache", "24KiB", "--device-cache", "2KiB",
+                             "--json", "--quiet", "--trace", str(trace))
+    assert code == 0, err
+    result = json.loads(out)
+    assert len(result["epochs"]) == 2 and result["accuracy"] is not None
+    assert 0 < result["epochs"][0]["miss_rate"] < 1
+    events = json.loads(trace.read_text())["traceEvents"]
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"sample", "gather", "train", "io"} <= lanes
+    probe = tmp_path / "probe.json"
+    save_probe(Hardware(name="test box", cores=2, cpu_flops=5e10, memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9,
+                        ssd_rand4k_iops=80_000), probe)
+    code, out, err = run_cli(capsys, "gnn", "advise", "--data", str(data), "--probe", str(probe), "--fanouts", "4,4",
+                             "--batch-size", "64", "--hidden", "16", "--ssds", "1,2", "--memory", "64,128",
+                             "--gpus", "none,RTX 4090", "--json")
+    assert code == 0, err
+    advice = json.loads(out)
+    assert len(advice["candidates"]) == 2 * 2 * 2
+    assert advice["best"]["epochs_per_usd"] == max(c["epochs_per_usd"] for c in advice["candidates"])
+    assert advice["this_machine"]["epoch_seconds"] > 0 and advice["this_machine"]["bottleneck"]
+
+
+def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "gnn", "train", "--data", str(tmp_path / "nope"))
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
+    data = tmp_path / "d"
+    run_cli(capsys, "gnn", "gen", "--out", str(data), "--nodes", "500", "--feat-dim", "4", "--quiet")
+    code, _, err = run_cli(capsys, "gnn", "train", "--data", str(data), "--fanouts", "5,0")
+    assert code == 2 and "fanouts" in err
+    code, _, err = run_cli(capsys, "gnn", "train", "--data", str(data), "--host-cache", "900TiB", "--quiet")
+    assert code == 2 and "host" in err and "budget" in err
+    code, _, err = run_cli(capsys, "gnn", "advise", "--data", str(data), "--prices", str(tmp_path / "none.toml"))
+    assert code == 2 and "prices" in err
+
+
+def _ogb_dir(root, n=700, e=2500, f=6, classes=5, seed=0):
+    rng = np.random.default_rng(seed)
+    root.mkdir()
+    (root / "split").mkdir()
+    edge_index = rng.integers(0, n, (2, e))
+    feats = rng.standard_normal((n, f))  # float64: stored as float32
+    labels = rng.integers(0, classes, (n, 1))
+    perm = rng.permutation(n)
+    np.save(root / "edge_index.npy", edge_index)
+    np.save(root / "node_feat.npy", feats)
+    np.save(root / "node_label.npy", labels)
+    for name, ids in (("train", perm[:300]), ("valid", perm[300:400]), ("test", perm[400:500])):
+        np.save(root / "split" / f"{name}.npy", ids)
+    return edge_index, feats, labels[:, 0], perm
+
+
+def test_import_ogb_style_arrays_matches_the_sources(tmp_path, capsys, reference_csc):
+    src = tmp_path / "ogb"
+    edge_index, feats, labels, perm = _ogb_dir(src)
+    out = tmp_path / "imported"
+    code, _, err = run_cli(capsys, "gnn", "import", "--ogb-dir", str(src), "--out", str(out), "--undirected",
+                           "--quiet", "--memory-budget", "32MiB")
+    assert code == 0, err
+    ds = open_dataset(out)
+    np.testing.assert_array_equal(ds.read_features(), feats.astype(np.float32))
+    np.testing.assert_array_equal(ds.labels, labels)
+    s, d = edge_index
+    ref_ptr, ref_idx = reference_csc(np.concatenate([s, d]), np.concatenate([d, s]), 700, drop_self_loops=False)
+    np.testing.assert_array_equal(ds.indptr, ref_ptr)
+    np.testing.assert_array_equal(ds.indices, ref_idx)
+    np.testing.assert_array_equal(ds.splits["train"], np.sort(perm[:300]))
+    np.testing.assert_array_equal(ds.splits["val"], np.sort(perm[300:400]))
+    # CSC input gives the same dataset (directed here)
+    ptr, idx = reference_csc(s, d, 700, drop_self_loops=False)
+    np.save(tmp_path / "indptr.npy", ptr)
+    np.save(tmp_path / "indices.npy", idx)
+    code, _, err = run_cli(capsys, "gnn", "import", "--indptr", str(tmp_path / "indptr.npy"), "--indices",
+                           str(tmp_path / "indices.npy"), "--features", str(src / "node_feat.npy"), "--labels",
+                           str(src / "node_label.npy"), "--train-idx", str(src / "split" / "train.npy"),
+                           "--out", str(tmp_path / "csc"), "--quiet")
+    assert code == 0, err
+    csc = open_dataset(tmp_path / "csc")
+    np.testing.assert_array_equal(csc.indptr, ptr)
+    np.testing.assert_array_equal(csc.indices, idx)
+
+
+def test_import_bad_inputs_name_the_file(tmp_path, capsys):
+    src = tmp_path / "ogb"
+    _ogb_dir(src)
+    np.save(src / "pickled.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+    code, _, err = run_cli(capsys, "gnn", "import", "--ogb-dir", str(src), "--features", str(src / "pickled.npy"),
+                           "--out", str(tmp_path / "a"), "--quiet")
+    assert code == 2 and "pickled.npy" in err and "unpickling" in err
+    bad = np.load(src / "edge_index.npy")
+    bad[1, 17] = 700
+    np.save(src / "bad_edges.npy", bad)
+    code, _, err = run_cli(capsys, "gnn", "import", "--ogb-dir", str(src), "--edge-index", str(src / "bad_edges.npy"),
+                           "--out", str(tmp_path / "b"), "--quiet")
+    assert code == 2 and "bad_edges.npy: node id 700 of edge 17 is out of range" in err
+    np.save(src / "short_labels.npy", np.zeros(10, np.int64))
+    code, _, err = run_cli(capsys, "gnn", "import", "--ogb-dir", str(src), "--labels", str(src / "short_labels.npy"),
+                           "--out", str(tmp_path / "c"), "--quiet")
+    assert code == 2 and "short_labels.npy: labels must have one entry per node" in err
+    assert pickle  # (the object array above was written with pickle on purpose; it must never be read back)
+
+
+def test_bench_smoke(tmp_path, capsys):
+    argv = ["bench", "gnn", *bench_mod_presets()["smoke"], "--dir", str(tmp_path / "bench"), "--json"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["loss_curves_identical"] is True and r["accuracy_diff_points"] == 0.0
+    assert r["feature_to_budget_ratio"] >= 4
+    assert len(r["prediction_error"]) == 3 and all(e >= 0 for e in r["prediction_error"])
+    for key in ("slowdown_vs_in_memory", "speedup_vs_mmap", "speedup_vs_sync_gather"):
+        assert r[key] > 0
+    assert r["ssd"]["calls_per_batch"] == pytest.approx(1.0) and r["hit_rates"]["miss"] > 0
+    assert r["mmap"]["evicted_pages"] > 0
+
+
+def bench_mod_presets():
+    from terastack.gnn import bench
+
+    assert "gnn" in {name for name, *_ in bench_mod.BENCHMARKS}
+    return bench.PRESETS

@@ -1,0 +1,156 @@
+"""The pipeline: same batches as the synchronous loop, bounded, and it shuts down on errors without hanging."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from terastack import trace
+from terastack.gnn.cache import InMemoryFeatures, UnifiedCache
+from terastack.gnn.dataset import open_dataset
+from terastack.gnn.hotness import presample
+from terastack.gnn.pipeline import Pipeline, PipelineError
+from terastack.gnn.sampler import NeighborSampler
+
+
+@pytest.fixture(scope="module")
+def setup(tiny):
+    ds = open_dataset(tiny)
+    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=(5, 3), seed=1)
+    features = torch.from_numpy(ds.read_features())
+    return ds, sampler, features
+
+
+def _pipeline_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("terastack-gnn")]
+
+
+def test_overlapped_batches_equal_synchronous_and_in_memory(setup):
+    ds, sampler, features = setup
+    hot = presample(sampler, ds.splits["train"], 64)
+    train = ds.splits["train"]
+    with UnifiedCache(ds, hot.order(), device_budget=50 * ds.row_bytes,
+                      host_budget=ds.num_nodes * 4 + 200 * ds.row_bytes) as cache:
+        over = Pipeline(sampler, cache, ds.labels, depth=1)
+        sync = Pipeline(sampler, cache, ds.labels, overlap=False)
+        got = [(d.n_id.clone(), d.edge_index.clone(), d.x.clone(), d.y.clone(), d.batch_size)
+               for d in over.epoch(train, 64, epoch=2)]
+        ref = [(d.n_id.clone(), d.edge_index.clone(), d.x.clone(), d.y.clone(), d.batch_size)
+               for d in sync.epoch(train, 64, epoch=2)]
+        assert len(got) == len(ref) == -(-len(train) // 64)
+        for (n1, e1, x1, y1, b1), (n2, e2, x2, y2, b2) in zip(got, ref):
+            assert torch.equal(n1, n2) and torch.equal(e1, e2) and torch.equal(x1, x2) and torch.equal(y1, y2)
+            assert torch.equal(x1, features[n1]) and b1 == b2
+            assert torch.equal(y1, torch.from_numpy(ds.labels[n1.numpy()]).long())
+        # bounded: depth + 2 feature slots, none larger than ~1.1x the largest batch
+        assert len(over._slots) == 3
+        assert max(s.shape[0] for s in over._slots) <= int(over.last_stats.max_rows * 1.1) + 1
+    assert not _pipeline_threads()
+
+
+class FailingSource(InMemoryFeatures):
+    def __init__(self, features, fail_at: int):
+        super().__init__(features)
+        self.fail_at, self.calls = fail_at, 0
+
+    def gather(self, ids, out):
+        self.calls += 1
+        if self.calls == self.fail_at + 1:
+            raise OSError(5, "simulated EIO from the SSD")
+        return super().gather(ids, out)
+
+
+def test_gather_failure_stops_the_pipeline_and_names_the_stage(setup):
+    ds, sampler, features = setup
+    pipe = Pipeline(sampler, FailingSource(features, fail_at=3), ds.labels, wait_timeout_s=20)
+    seen = 0
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match=r"gathering stage failed at batch 3: OSError") as info:
+        for _ in pipe.epoch(ds.splits["train"], 32):
+            seen += 1
+    assert seen == 3 and info.value.stage == "gathering" and info.value.batch == 3
+    assert isinstance(info.value.__cause__, OSError)
+    assert time.monotonic() - started < 10
+    assert not _pipeline_threads()
+
+
+def test_sampling_failure_is_reported(setup):
+    ds, sampler, features = setup
+    pipe = Pipeline(sampler, InMemoryFeatures(features), ds.labels)
+    bad = np.concatenate([ds.splits["train"][:40], [ds.num_nodes + 1]])
+    seen = 0
+    with pytest.raises(PipelineError, match="sampling stage failed at batch 1: ValueError.*out of range"):
+        for _ in pipe.epoch(bad, 32, shuffle=False):
+            seen += 1
+    assert seen == 1  # the good batch before the failure was delivered
+    assert not _pipeline_threads()
+
+
+def test_early_exit_and_training_errors_stop_the_threads(setup):
+    ds, sampler, features = setup
+    pipe = Pipeline(sampler, InMemoryFeatures(features), ds.labels)
+    for k, _ in enumerate(pipe.epoch(ds.splits["train"], 16)):
+        if k == 2:
+            break
+    deadline = time.monotonic() + 5
+    while _pipeline_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _pipeline_threads()
+    with pytest.raises(ZeroDivisionError):
+        it = pipe.epoch(ds.splits["train"], 16)
+        for k, _ in enumerate(it):
+            if k == 1:
+                1 / 0  # the training step fails
+    it.close()
+    assert not _pipeline_threads()
+
+
+class StuckSource(InMemoryFeatures):
+    def __init__(self, features):
+        super().__init__(features)
+        self.release = threading.Event()
+
+    def gather(self, ids, out):
+        self.release.wait(30)
+        return super().gather(ids, out)
+
+
+def test_every_wait_times_out_with_a_name(setup):
+    ds, sampler, features = setup
+    source = StuckSource(features)
+    pipe = Pipeline(sampler, source, ds.labels, wait_timeout_s=0.5)
+    started = time.monotonic()
+    try:
+        # whichever wait expires first names what it waited on (the caller: the gather stage; the
+        # sampler: handing on a batch the stuck gather stage never takes)
+        with pytest.raises((TimeoutError, PipelineError), match=r"waited 0.5 s (for batch 0 from the gather "
+                                                               r"stage|to hand on sampled batch)"):
+            for _ in pipe.epoch(ds.splits["train"], 32):
+                pass
+        assert time.monotonic() - started < 5
+    finally:
+        source.release.set()
+    deadline = time.monotonic() + 5
+    while _pipeline_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _pipeline_threads()
+
+
+def test_config_errors_and_trace_shows_the_three_stages(setup):
+    ds, sampler, features = setup
+    with pytest.raises(ValueError, match="depth"):
+        Pipeline(sampler, InMemoryFeatures(features), ds.labels, depth=0)
+    with pytest.raises(ValueError, match="wait_timeout_s"):
+        Pipeline.Config(wait_timeout_s=0)
+    trace.tracer.start()
+    try:
+        for k, d in enumerate(Pipeline(sampler, InMemoryFeatures(features), ds.labels).epoch(ds.splits["train"], 64)):
+            with trace.span(f"train {k}", track="train"):
+                pass
+    finally:
+        trace.tracer.stop()
+    tracks = {e["args"]["name"] for e in trace.tracer.events() if e["ph"] == "M"}
+    assert {"sample", "gather", "train"} <= tracks

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from llm_helpers import BATCH, SEQ
+from .llm_helpers import BATCH, SEQ
 from terastack.plan.hardware import Hardware
 
 

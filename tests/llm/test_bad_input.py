@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from llm_helpers import batches, make_model
+from .llm_helpers import batches, make_model
 from terastack.io import BudgetError
 from terastack.llm import LoraSpec, Trainer, TrainerConfig
 

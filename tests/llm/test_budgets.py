@@ -1,7 +1,7 @@
 """Budgets are contracts: the ledgers' peaks stay within the plan's formulas, which stay within the budgets."""
 import pytest
 
-from llm_helpers import batches, make_model
+from .llm_helpers import batches, make_model
 from terastack.llm import Trainer
 from terastack.plan.llm_planner import held_bytes
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from llm_helpers import batches, make_model, max_weight_diff, offloaded_train, reference_train
+from .llm_helpers import batches, make_model, max_weight_diff, offloaded_train, reference_train
 from terastack.llm import Trainer
 
 
@@ -71,7 +71,7 @@ def test_corrupt_or_truncated_checkpoint_is_refused(tmp_path, trainer_config):
 
 
 def test_resume_from_another_models_checkpoint_is_refused(tmp_path, trainer_config):
-    from llm_helpers import tiny_config
+    from .llm_helpers import tiny_config
 
     make_model("llama", tmp_path / "model")
     with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as t:

@@ -10,7 +10,7 @@ import torch
 
 from terastack.llm import Trainer
 
-from llm_helpers import batches, make_model, max_weight_diff, offloaded_train, reference_train
+from .llm_helpers import batches, make_model, max_weight_diff, offloaded_train, reference_train
 
 TOL = 1e-5
 FAMILIES = ["llama", "qwen2", "gpt2", "opt"]
@@ -104,7 +104,7 @@ def test_random_init_from_config(tmp_path, trainer_config):
     weights in memory."""
     from transformers import AutoModelForCausalLM
 
-    from llm_helpers import tiny_config
+    from .llm_helpers import tiny_config
 
     cfg = tiny_config("llama")
     data = batches(2)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from llm_helpers import batches, make_model, offloaded_train, reference_train
+from .llm_helpers import batches, make_model, offloaded_train, reference_train
 from terastack.llm import LoraSpec, Trainer
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from terastack import trace
-from terastack.units import format_bytes, parse_bytes
+from terastack.units import parse_bytes
 
 HEADLINE = ["speedup_vs_zero_infinity", "slowdown_vs_in_memory", "rss_vs_zero_infinity", "prediction_error",
             "small_budget_rss_within_budget", "ablation_no_active_offload", "ablation_all_recompute",

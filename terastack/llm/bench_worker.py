@@ -220,10 +220,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
-    # Everything imported before the baseline, so peak RSS counts the system's own memory.
-    import torch  # noqa: F401
-    import transformers.masking_utils  # noqa: F401 - imported before DeepSpeed patches tensor creation
-    from transformers import AutoModelForCausalLM  # noqa: F401
+    # Everything imported before the baseline, so peak RSS counts the system's own memory
+    # (masking_utils pulls in torch._dynamo, which must also come before DeepSpeed patches tensor creation).
+    import importlib
+
+    for module in ("torch", "transformers.masking_utils"):
+        importlib.import_module(module)
+    from transformers import AutoModelForCausalLM
 
     from terastack.llm.builtin import resolve_model
     from terastack.memory import PeakRSS
@@ -233,7 +236,7 @@ def main(argv=None) -> int:
     hf_config.pad_token_id = None
     AutoModelForCausalLM._model_mapping[type(hf_config)]  # imports the model's modules
     if args.system == "zero_infinity":
-        import deepspeed  # noqa: F401
+        importlib.import_module("deepspeed")
     import gc
 
     gc.collect()

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from terastack.atomic import atomic_write_json, fsync_dir, safe_relative
-from terastack.tiers import Tier
 
 FORMAT = "terastack.llm.checkpoint"
 VERSION = 1
@@ -234,7 +233,6 @@ def fill_from_checkpoint(trainer, state: dict) -> None:
 
     snap, manifest = state["snapshot"], state["manifest"]
     entries = manifest["tensors"]
-    rt = trainer.runtime
     data_path = safe_relative(snap, manifest["data_file"])
     with File(data_path, "r", direct=False) as f:
         for pname in sorted(trainer.tensors, key=lambda n: trainer.tensors[n].index):

@@ -88,17 +88,8 @@ class TrainerConfig:
             self.memory_budget = parse_bytes(self.memory_budget, field="memory_budget")
             if self.device_budget != "auto" or self.host_budget != "auto":
                 raise ValueError("memory_budget: give either memory_budget or device_budget/host_budget, not both")
-        if not self.lr >= 0:
-            raise ValueError(f"lr: must be >= 0, got {self.lr}")
         self.betas = tuple(float(b) for b in self.betas)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas: must be two numbers in [0, 1), got {self.betas}")
-        if not self.eps > 0:
-            raise ValueError(f"eps: must be > 0, got {self.eps}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm: must be > 0 (or None for no clipping), got {self.max_grad_norm}")
+        self.optimizer_config()  # lr, betas, eps, weight_decay, max_grad_norm, optimizer_impl are its fields
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype: must be auto, float32 or bfloat16; got {self.dtype!r}")
         if self.batch_size < 1 or self.seq_len < 1:
@@ -116,8 +107,6 @@ class TrainerConfig:
             raise ValueError(f"prefetch_depth: must be >= 0, got {self.prefetch_depth}")
         if self.state_placement not in ("auto", "ssd"):
             raise ValueError(f"state_placement: must be auto or ssd; got {self.state_placement!r}")
-        if self.optimizer_impl not in ("auto", "fused", "foreach", "single"):
-            raise ValueError(f"optimizer_impl: must be auto, fused, foreach or single; got {self.optimizer_impl!r}")
         if self.optimizer_chunk < 1024:
             raise ValueError(f"optimizer_chunk: must be >= 1024 elements, got {self.optimizer_chunk}")
         if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
@@ -126,6 +115,18 @@ class TrainerConfig:
             raise ValueError(f"timeout: must be > 0 seconds, got {self.timeout}")
         if isinstance(self.lora, dict):
             self.lora = LoraSpec(**self.lora)
+
+    def optimizer_config(self):
+        """The optimizer's part of this config (validated by the optimizer's own Config)."""
+        from terastack.llm.optimizer import OffloadedAdamW
+
+        try:
+            return OffloadedAdamW.Config(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+                                         max_grad_norm=self.max_grad_norm, mode=self.optimizer_mode,
+                                         impl=self.optimizer_impl, timeout=self.timeout)
+        except ValueError as exc:
+            msg = str(exc)
+            raise ValueError("optimizer_" + msg if msg.startswith("impl:") else msg) from None
 
     @property
     def optimizer_mode(self) -> str:

@@ -97,32 +97,21 @@ class LoraHandle:
             yield name, t
 
     def _peft_init(self, units, names, seed: int):
+        from terastack.llm.model import materialized, seeded
+
         wanted = set(names)
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
+        with seeded(seed):
             for unit in units:
                 for mod in unit.module.modules():
                     if not hasattr(mod, "reset_lora_parameters") or self.adapter not in getattr(mod, "lora_A", {}):
                         continue
-                    originals = {}
-                    for sub in (mod.lora_A[self.adapter], mod.lora_B[self.adapter]):
-                        for pname, p in list(sub._parameters.items()):
-                            if p is not None:
-                                originals[(sub, pname)] = p
-                                sub._parameters[pname] = nn.Parameter(torch.empty(p.shape), requires_grad=True)
-                    try:
-                        with torch.no_grad():
-                            mod.reset_lora_parameters(self.adapter, self.peft_config.init_lora_weights)
+                    with materialized([mod.lora_A[self.adapter], mod.lora_B[self.adapter]]), torch.no_grad():
+                        mod.reset_lora_parameters(self.adapter, self.peft_config.init_lora_weights)
+                        prefix = _local_prefix(unit.module, mod)
                         for lname, cname in unit.tensors.items():
-                            if cname in wanted and lname.startswith(_local_prefix(unit.module, mod)):
+                            if cname in wanted and lname.startswith(prefix):
                                 wanted.discard(cname)
                                 yield cname, unit.module.get_parameter(lname).detach().clone()
-                    finally:
-                        for (sub, pname), p in originals.items():
-                            sub._parameters[pname] = p
-        finally:
-            torch.random.set_rng_state(gen_state)
         if wanted:
             raise ValueError(f"no peft initialization found for adapter tensors {sorted(wanted)[:3]}")
 

@@ -31,8 +31,6 @@ from torch import nn
 #: Families whose results are tested against plain PyTorch training.
 TESTED_FAMILIES = ("llama", "qwen2", "gpt2", "opt")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass(eq=False, slots=True)
 class Unit:
@@ -95,7 +93,6 @@ def build_skeleton(hf_config, *, dtype: torch.dtype = torch.float32) -> nn.Modul
     except ImportError:  # older transformers
         from transformers.modeling_utils import no_init_weights
 
-    hf_config = _with_eager_safe_attention(hf_config)
     with no_init_weights(), _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     if getattr(hf_config, "tie_word_embeddings", False) or getattr(hf_config.get_text_config(), "tie_word_embeddings",
@@ -107,11 +104,6 @@ def build_skeleton(hf_config, *, dtype: torch.dtype = torch.float32) -> nn.Modul
         p.requires_grad_(True)
     model.train()
     return model
-
-
-def _with_eager_safe_attention(hf_config):
-    """SDPA where transformers supports it; it is what the reference model uses too."""
-    return hf_config
 
 
 def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -287,39 +279,52 @@ def checkpoint_key(reader_keys: set[str], name: str, base_prefix: str) -> str | 
     return None
 
 
-def random_init(model: nn.Module, units: list[Unit], tensors: dict[str, TensorInfo], seed: int):
-    """Yield (name, fp32 tensor) for every canonical parameter, initialized unit by unit with the model's own
-    ``_init_weights``, so no more than one unit is ever materialized."""
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    done: set[str] = set()
+@contextmanager
+def materialized(modules):
+    """Give the parameters of ``modules`` (not of their children) real, uninitialized CPU fp32 storage for the
+    duration; the original meta parameters (and so every tie between them) come back afterwards."""
+    originals = {}
     try:
-        for unit in units:
-            originals = {}
-            for mod_name, mod in unit.module.named_modules():
-                for pname, p in list(mod._parameters.items()):
-                    if p is None:
-                        continue
+        for mod in modules:
+            for pname, p in list(mod._parameters.items()):
+                if p is not None:
                     originals[(mod, pname)] = p
                     mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=torch.float32),
                                                           requires_grad=p.requires_grad)
-            try:
-                with torch.no_grad():
-                    for mod in unit.module.modules():
-                        for flag_holder in (mod, *mod._parameters.values()):
-                            if flag_holder is not None and hasattr(flag_holder, "_is_hf_initialized"):
-                                try:
-                                    del flag_holder._is_hf_initialized
-                                except AttributeError:
-                                    pass
-                        model._init_weights(mod)
-                for lname, cname in unit.tensors.items():
-                    if cname in done:
-                        continue
-                    done.add(cname)
-                    yield cname, unit.module.get_parameter(lname).detach().clone()
-            finally:
-                for (mod, pname), p in originals.items():
-                    mod._parameters[pname] = p
+        yield
     finally:
-        torch.random.set_rng_state(gen_state)
+        for (mod, pname), p in originals.items():
+            mod._parameters[pname] = p
+
+
+@contextmanager
+def seeded(seed: int):
+    """Draw from torch's CPU generator seeded with ``seed``; the caller's stream is untouched afterwards."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def random_init(model: nn.Module, units: list[Unit], tensors: dict[str, TensorInfo], seed: int):
+    """Yield (name, fp32 tensor) for every canonical parameter, initialized unit by unit with the model's own
+    ``_init_weights``, so no more than one unit is ever materialized."""
+    done: set[str] = set()
+    with seeded(seed):
+        for unit in units:
+            with materialized(list(unit.module.modules())), torch.no_grad():
+                for mod in unit.module.modules():
+                    for flag_holder in (mod, *mod._parameters.values()):
+                        # transformers skips what it believes is initialized already
+                        if flag_holder is not None and hasattr(flag_holder, "_is_hf_initialized"):
+                            try:
+                                del flag_holder._is_hf_initialized
+                            except AttributeError:
+                                pass
+                    model._init_weights(mod)
+                for lname, cname in unit.tensors.items():
+                    if cname not in done:
+                        done.add(cname)
+                        yield cname, unit.module.get_parameter(lname).detach().clone()

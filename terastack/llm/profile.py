@@ -20,7 +20,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from terastack.llm.units import _Call, call_unit
+from terastack.llm.units import _Call
 from terastack.plan.llm_planner import ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
@@ -58,11 +58,9 @@ class _Recorder:
             return t
 
         buffers = {n: b.to("meta") for n, b in unit.buffers.items()}
-        args_m, kwargs_m = _Call.__new__(_Call), None
-        flat_spec = call.spec
         from torch.utils import _pytree as pytree
 
-        m_args, m_kwargs = pytree.tree_unflatten(meta_flat, flat_spec)
+        m_args, m_kwargs = pytree.tree_unflatten(meta_flat, call.spec)
         keep = []  # saved tensors stay alive until the backward count is done (ids must not be reused)
         with FlopCounterMode(display=False) as fc:
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: (keep.append(t), pack(t))[1],

@@ -80,6 +80,11 @@ class Trainer:
         self.compute_dtype = _resolve_dtype(config.dtype, self.device)
         self.units, self.tensors = find_units(model)
         self.family = getattr(hf_config, "model_type", "?")
+        if self.family not in TESTED_FAMILIES:
+            import warnings
+
+            warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
+                          f"({', '.join(TESTED_FAMILIES)}); units were found generically", stacklevel=3)
         self.step_count = 0
         self.history: list[StepStats] = []
         self._closed = False
@@ -117,10 +122,8 @@ class Trainer:
                                           for p in self.profile.units]
             self.runtime.fetcher._pos = {u: i for i, u in enumerate(self.runtime.fetcher.order)}
             self.runtime.runner = UnitRunner(self.runtime)
-            self.optimizer = self.runtime.optimizer = OffloadedAdamW(OffloadedAdamW.Config(
-                lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
-                max_grad_norm=config.max_grad_norm, mode=config.optimizer_mode, impl=config.optimizer_impl,
-                timeout=config.timeout), self.runtime, self.tensors, grad_pool_bytes=self.plan.grad_pool_bytes,
+            self.optimizer = self.runtime.optimizer = OffloadedAdamW(
+                config.optimizer_config(), self.runtime, self.tensors, grad_pool_bytes=self.plan.grad_pool_bytes,
                 masters_bytes=self.plan.masters_bytes, writeback_bytes=self.plan.writeback_bytes)
             if resume_state is None:
                 self._fill(source)

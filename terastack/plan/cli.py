@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
+
+from terastack.cli import _available
 
 #: (subcommand, module, one-line help)
 PLANNERS = [
     ("llm", "terastack.llm.plan_cmd", "LLM fine-tuning: placement, predicted step time and tokens/s, bottleneck"),
 ]
-
-
-def _available(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

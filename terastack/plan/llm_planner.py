@@ -397,11 +397,10 @@ class LLMPlanner:
 
     # -------------------------------------------------------------- scoring
     def _score(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int):
-        """(prediction, state homes, compute homes, gradient pool) or the _Shortfall that rules it out."""
+        """(prediction, state homes, compute homes, optimizer sizes...) or the _Shortfall that rules it out."""
         cfg = self.config
         units = profile.units
         cb = profile.compute_bytes
-        mixed = profile.mixed_precision
         # ---- device ledger: weights in flight + activations that stay on the device
         window = depth + 1
         wbytes = [u.weight_bytes for u in units]

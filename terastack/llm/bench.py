@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=3, help="measured steps per system (after --warmup)")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2, help="steps before the measured ones (default 2)")
     p.add_argument("--dir", default=None, help="directory on the SSD for stores and ZeRO-Infinity's swap files")
     p.add_argument("--device-budget", default="512MiB",
                    help="terastack's device budget (default 512MiB; on a CPU the device tier is host memory)")

@@ -92,13 +92,19 @@ def run_terastack(args, hf_config, rss) -> dict:
     import gc
 
     out = {}
+    planned_policies = None
     for i, name in enumerate(args.variants.split(",")):
         if name not in VARIANTS:
             raise ValueError(f"--variants: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
+        overrides = dict(VARIANTS[name])
+        if "activation_policy" not in overrides and planned_policies is not None:
+            overrides["activation_policy"] = planned_policies  # an ablation changes one thing only
         gc.collect()
         # the first variant starts from the process's baseline; later ones from what earlier ones left mapped
         with PeakRSS() as vrss:
-            out[name] = _run_variant(args, hf_config, vrss, VARIANTS[name], trace_file=args.trace if i == 0 else None)
+            out[name] = _run_variant(args, hf_config, vrss, overrides, trace_file=args.trace if i == 0 else None)
+        if planned_policies is None:
+            planned_policies = out[name]["policies"]
         out[name]["peak_rss_bytes"] = vrss.peak_bytes
         rss.sample()
     return out
@@ -129,6 +135,7 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
             trace.tracer.save(trace_file)
         hist = trainer.history[args.warmup:]
         out.update({"setup_s": setup, "predicted_step_s": trainer.plan.prediction.step_s,
+                    "policies": list(trainer.plan.policies),
                     "plan": trainer.plan.summary(), "usage": trainer.usage(),
                     "store_read_bytes_per_step": statistics.mean(h.ssd_read_bytes for h in hist),
                     "store_write_bytes_per_step": statistics.mean(h.ssd_write_bytes for h in hist)})

@@ -66,7 +66,9 @@ class TrainerConfig:
     state_placement: str = "auto"
     optimizer_impl: str = "auto"
     #: elements per optimizer chunk: the optimizer reads and writes moments in pieces of this size
-    optimizer_chunk: int = 4 << 20
+    optimizer_chunk: int = 1 << 20
+    #: keep the updated weights of the first units in the device tier for the next forward, where they fit
+    retain_weights: bool = True
     #: "auto", "cpu" or "cuda[:N]"
     device: str = "auto"
     #: time each distinct unit once on this machine so the plan predicts from measured times

@@ -138,9 +138,12 @@ class WeightFetcher:
             self.rt.track_write(self.store.evict(record))
 
     def sweep(self) -> None:
-        """After a step: evict working copies that were prefetched but never used."""
+        """After a step: evict working copies that were prefetched but never used (not those the optimizer
+        keeps for the next forward)."""
         for unit in self.units:
             for cname in set(unit.tensors.values()):
+                if cname in self.rt.retained:
+                    continue
                 record = self.rt.compute_record(cname)
                 rec = self.store.record(record)
                 if (record not in self._refs and rec.state is State.RESIDENT and rec.tier is Tier.DEVICE

@@ -220,9 +220,13 @@ class OffloadedAdamW:
                     else:
                         held.tensor.add_(g)
                 self._contrib[name] -= 1
-                if self._contrib[name] == 0 and name in self._grads:
-                    # the norm of the whole gradient (a tied tensor's contributions summed)
-                    self._sq_norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
+                if self._contrib[name] == 0 and name not in self._grads:
+                    self._unused(name)
+                    continue
+                if self._contrib[name] == 0:
+                    if self.config.max_grad_norm is not None:
+                        # the norm of the whole gradient (a tied tensor's contributions summed)
+                        self._sq_norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
                     ready.append(name)
         if not ready:
             return
@@ -467,6 +471,15 @@ class OffloadedAdamW:
             fut, _ = self._writebacks.popleft()
             self.rt.wait(fut, "optimizer state written back to the SSD")
 
+    def _unused(self, name: str) -> None:
+        """No unit produced a gradient for ``name`` this step: like torch's AdamW, it is not updated (its step
+        count stays); a master backward handed over goes back home."""
+        with self._cv:
+            handed = self._masters.pop(name, None)
+            self._cv.notify_all()
+        if handed is not None:
+            self.rt.track_write(self.store.evict(f"p:{name}"))
+
     def _admit_master(self, name: str) -> None:
         """Before reading a whole master for its update: wait until it fits the masters allowance."""
         nbytes = held_bytes(self.tensors[name].numel * 4)
@@ -479,6 +492,15 @@ class OffloadedAdamW:
                 raise TimeoutError(f"waited {self.config.timeout:.0f} s for masters being written back before "
                                    f"reading {name!r}")
             self._masters[name] = nbytes
+
+    def _retain(self, record: str, name: str) -> None:
+        try:
+            self.store.prefetch(record, Tier.DEVICE)  # without an accelerator: the buffer changes ledgers
+        except MemoryError:
+            self.rt.track_write(self.store.evict(record))
+        except BaseException as exc:  # noqa: BLE001 - reported by the next wait on this tensor
+            self._error = self._error or exc
+        self._master_gone(name)
 
     def _master_gone(self, name: str) -> None:
         with self._cv:
@@ -493,8 +515,14 @@ class OffloadedAdamW:
         if master is not None:
             record = f"p:{name}"
             self.store.mark_dirty(record)
-            fut = rt.track_write(self.store.evict(record))
-            fut.add_done_callback(lambda _f, n=name: self._master_gone(n))
+            if name in rt.retained:
+                # written back, and kept for the next forward in the device tier (see the planner's
+                # [Note: weights kept for the next forward]); without room there it goes home like the others
+                fut = rt.track_write(self.store.writeback(record))
+                fut.add_done_callback(lambda _f, r=record, n=name: self._retain(r, n))
+            else:
+                fut = rt.track_write(self.store.evict(record))
+                fut.add_done_callback(lambda _f, n=name: self._master_gone(n))
         if low is not None:
             rt.write_compute_copy(name, low.view(self.tensors[name].shape))
         held = self._grads.pop(name)

@@ -144,17 +144,21 @@ def _signature(unit) -> tuple:
         remove_duplicate=False)))
 
 
+_CALIBRATED: dict[tuple, tuple[float, float]] = {}
+
+
 def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5) -> dict:
     """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}."""
     from torch.utils import _pytree as pytree
 
     dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
-    done: dict[tuple, tuple[float, float]] = {}
+    done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
     out = {}
     gen = torch.Generator().manual_seed(0)
     for i, (flat, spec, floating_in) in rec.calls.items():
         unit = units[i]
-        sig = _signature(unit) + (tuple(tuple(a.shape) for a in flat if isinstance(a, torch.Tensor)),)
+        sig = _signature(unit) + (tuple(tuple(a.shape) for a in flat if isinstance(a, torch.Tensor)), str(device),
+                                  str(dtype))
         if sig not in done:
             weights = {n: (torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.02).to(device, dtype)
                        .requires_grad_(unit.trainable[n])

@@ -41,6 +41,9 @@ class StepRuntime:
         self._writes: collections.deque[Future] = collections.deque()
         self._lock = threading.Lock()
         self._stashes: dict[int, object] = {}
+        #: canonical names whose updated masters stay in the device tier for the next forward (the planner's
+        #: [Note: weights kept for the next forward])
+        self.retained: set[str] = set()
         self._act_writes: collections.deque[list] = collections.deque()
 
     # ----------------------------------------------------------- dispatch
@@ -71,7 +74,7 @@ class StepRuntime:
     # ------------------------------------------------------------ records
     # [Note: optimizer chunks] State only the optimizer reads (moments; masters in mixed precision) is stored in
     # chunks of at most `chunk` elements, so the optimizer's working set is a few chunks, not a whole embedding.
-    chunk: int = 4 << 20
+    chunk: int = 1 << 20
 
     @property
     def master_is_compute(self) -> bool:

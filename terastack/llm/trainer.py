@@ -44,7 +44,7 @@ from terastack.llm.optimizer import OffloadedAdamW
 from terastack.llm.runtime import StepRuntime
 from terastack.llm.units import StreamedUnit, UnitRunner
 from terastack.plan.llm_planner import LLMPlanner
-from terastack.tiers import Tier, TieredStore
+from terastack.tiers import State, Tier, TieredStore
 from terastack.units import format_bytes
 
 #: initial weights in flight to the SSD at once while the store is filled
@@ -88,6 +88,7 @@ class Trainer:
         self.step_count = 0
         self.history: list[StepStats] = []
         self._closed = False
+        self._failed: BaseException | None = None
         self.runtime = StepRuntime(store=None, units=self.units, tensors=self.tensors, plan=None, policies={},
                                    compute_dtype=self.compute_dtype, timeout=config.timeout)
         self.runtime.chunk = config.optimizer_chunk
@@ -108,6 +109,9 @@ class Trainer:
         self.runtime.chunk = self.plan.optimizer_chunk
         self.runtime.plan = self.plan
         self.runtime.policies = {u.name: p for u, p in zip(self.profile.units, self.plan.policies)}
+        kept_units = set(self.plan.retained_units)
+        self.runtime.retained = {c for u in self.units if u.path in kept_units for c in u.tensors.values()
+                                 if self.tensors[c].trainable and self.plan.state_home.get(c) == "ssd"}
         # ---- store
         self.run_dir = _make_run_dir(config.store_dir, self._ssd_bytes_needed())
         store = TieredStore(TieredStore.Config(
@@ -143,7 +147,8 @@ class Trainer:
             return LLMPlanner(LLMPlanner.Config(
                 device_budget=device_budget, host_budget=host_budget, policy=config.activation_policy,
                 mode=config.optimizer_mode, prefetch_depth=config.prefetch_depth,
-                state_placement=config.state_placement, optimizer_chunk=config.optimizer_chunk))
+                state_placement=config.state_placement, optimizer_chunk=config.optimizer_chunk,
+                retain_weights=config.retain_weights))
 
         if config.memory_budget is None:
             planner = planner_for(*_budgets(config, self.device))
@@ -221,6 +226,15 @@ class Trainer:
         labels = ids if labels is None else self._as_batch(labels, "labels")
         if attention_mask is not None:
             attention_mask = self._as_batch(attention_mask, "attention_mask")
+        try:
+            return self._step(ids, labels, attention_mask)
+        except BaseException as exc:
+            # A step that failed half-way leaves weights fetched, activations stashed and updates half done:
+            # this trainer is not used again (its last checkpoint is the way back).
+            self._failed = exc
+            raise
+
+    def _step(self, ids, labels, attention_mask) -> float:
         rt = self.runtime
         io0 = self.store.engine.stats.snapshot()
         fetched0 = rt.fetcher.bytes_in
@@ -302,13 +316,13 @@ class Trainer:
         return self._read_record(f"w:{name}").to(torch.float32)
 
     def _read_record(self, record: str) -> torch.Tensor:
+        """A CPU copy of a record; a resident working copy is read where it is and stays there."""
         rt = self.runtime
-        rec = self.store.record(record)
-        was_resident = rec.buffer is not None
+        if self.store.record(record).state is State.RESIDENT:
+            return self.store.tensor(record).to("cpu", copy=True)
         t = rt.wait(rt.with_room(lambda: self.store.prefetch(record, Tier.HOST), f"reading {record!r}"),
                     f"{record!r} from the SSD").clone()
-        if not was_resident:
-            rt.track_write(self.store.evict(record))
+        rt.track_write(self.store.evict(record))
         return t
 
     def named_parameters(self):
@@ -381,6 +395,9 @@ class Trainer:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this Trainer is closed")
+        if self._failed is not None:
+            raise RuntimeError(f"a step of this Trainer failed ({type(self._failed).__name__}: {self._failed}); "
+                               "start again from its last checkpoint (Trainer.load_checkpoint)")
 
     # ---------------------------------------------------------- filling in
     def _move_skeleton_buffers(self) -> None:

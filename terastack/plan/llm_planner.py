@@ -171,6 +171,7 @@ class LLMPlan:
     masters_bytes: int             # whole fp32 masters the optimizer may hold (handed over, read, being written)
     writeback_bytes: int           # updated optimizer chunks the optimizer may have in flight to the SSD
     optimizer_chunk: int           # elements per optimizer chunk (smaller when the host budget is tight)
+    retained_units: tuple          # units whose updated fp32 masters stay in the device tier for the next forward
     prediction: StepPrediction
     device_budget: int
     host_budget: int
@@ -183,7 +184,7 @@ class LLMPlan:
                 "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
                 "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
                 "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
-                "optimizer_chunk": self.optimizer_chunk,
+                "optimizer_chunk": self.optimizer_chunk, "retained_units": len(self.retained_units),
                 **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
 
     def describe(self, profile: ModelProfile) -> str:
@@ -255,6 +256,7 @@ class _Split:
     ssd_acts: int        # activations swapped to the SSD
     max_swapped: int     # the largest swapped unit (in flight out and back at once)
     recompute_s: float   # the second forward of recomputed units
+    policies: tuple = ()
 
 
 class LLMPlanner:
@@ -274,7 +276,9 @@ class LLMPlanner:
         #: "auto": state goes to host memory while it fits; "ssd": everything rests on the SSD
         state_placement: str = "auto"
         #: elements per optimizer chunk (the optimizer reads and writes its state in chunks of this size)
-        optimizer_chunk: int = 4 << 20
+        optimizer_chunk: int = 1 << 20
+        #: keep updated fp32 masters of the first units in the device tier for the next forward (when they fit)
+        retain_weights: bool = True
 
         def __post_init__(self) -> None:
             self.device_budget = parse_bytes(self.device_budget, field="device_budget")
@@ -327,12 +331,12 @@ class LLMPlanner:
                 if best is None or key < best[0]:
                     best = (key, policies, scored)
             if best is not None:
-                _, policies, (pred, state_home, compute_home, grad_pool, masters, writeback, chunk) = best
+                _, policies, (pred, state_home, compute_home, grad_pool, masters, writeback, chunk, retained) = best
                 return LLMPlan(policies=tuple(policies), state_home=state_home, compute_home=compute_home,
                                mode=cfg.mode, prefetch_depth=depth,
                                device_capacity=cfg.device_budget - pred.transient_bytes,
                                host_capacity=cfg.host_budget, grad_pool_bytes=grad_pool, masters_bytes=masters,
-                               writeback_bytes=writeback, optimizer_chunk=chunk,
+                               writeback_bytes=writeback, optimizer_chunk=chunk, retained_units=retained,
                                prediction=pred,
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget)
         raise shortfall.error()
@@ -393,7 +397,7 @@ class LLMPlanner:
                     host_acts += u.act_bytes
                 else:
                     ssd_acts += u.act_bytes
-        return _Split(kept, boundary, host_acts, ssd_acts, max_swapped, recompute_s)
+        return _Split(kept, boundary, host_acts, ssd_acts, max_swapped, recompute_s, tuple(policies))
 
     # -------------------------------------------------------------- scoring
     def _score(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int):
@@ -432,15 +436,53 @@ class LLMPlanner:
                      f"({format_bytes(split.host_acts)})")
         room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
         state_home, compute_home, host_state, read, write = self._homes(profile, room, chunk)
-        pred = self._predict(profile, hw, split, state_home, read, write, depth,
-                             device_peak=device_ledger, host_peak=host_fixed + host_state, transient=transient)
-        return pred, state_home, compute_home, grad_pool, masters, writeback, chunk
+        retained, saved, retention_peak = self._retention(
+            profile, split, state_home, capacity=cfg.device_budget - transient, base=weights_ws + swap_flight)
+        pred = self._predict(profile, hw, split, state_home, read - saved, write, depth,
+                             device_peak=max(device_ledger, retention_peak), host_peak=host_fixed + host_state,
+                             transient=transient)
+        return pred, state_home, compute_home, grad_pool, masters, writeback, chunk, retained
+
+    def _retention(self, profile: ModelProfile, split: _Split, state_home: dict, *, capacity: int, base: int):
+        """[Note: weights kept for the next forward] (retained unit names, SSD reads saved, device peak).
+
+        The first units of the forward are the last ones backward updates. With fp32 compute their updated
+        masters can stay in the device tier (written back to the SSD, but not dropped) until the next forward
+        uses them, which then reads nothing for them. They share the device tier with the activations the
+        forward keeps, so units are retained from the front of the forward order while, at every point of that
+        forward, the masters still waiting plus the activations already kept fit the device ledger.
+        """
+        if profile.mixed_precision or self.config.mode == "after_backward" or not self.config.retain_weights:
+            return (), 0, 0
+        units = profile.units
+        held = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in dict.fromkeys(u.tensors)
+                    if profile.tensor_trainable[t] and state_home.get(t) == "ssd") for u in units]
+        stays = [u.act_bytes if p == "keep" else (u.boundary_bytes if p == "recompute" else 0)
+                 for u, p in zip(units, split.policies or ("keep",) * len(units))]
+        # Retaining the first k units, at unit j < k of the forward the device holds the masters of units j..k-1
+        # and the activations of units before j: H(k) - H(j) + S(j) (H, S: prefix sums); after unit k, only
+        # activations, at most S(n). So peak(k) = H(k) + max over j < k of (S(j) - H(j)), or S(n).
+        best_k, best_peak = 0, 0
+        h = s_ = 0
+        worst = float("-inf")
+        final = sum(stays)
+        for k in range(1, len(units) + 1):
+            worst = max(worst, s_ - h)        # j = k - 1
+            h += held[k - 1]
+            s_ += stays[k - 1]
+            peak = max(h + worst, final)
+            if peak + base > capacity:
+                break
+            if held[k - 1]:
+                best_k, best_peak = k, peak + base
+        retained = tuple(u.name for u, h in zip(units[:best_k], held[:best_k]) if h)
+        return retained, sum(held[:best_k]), best_peak
 
     def _optimizer_sizes(self, profile: ModelProfile, lean: bool) -> tuple[int, int, int, int, int]:
         """Host bytes the optimizer side needs: (gradient pool, chunks being updated or read ahead, chunks being
         written back, whole fp32 masters) and the chunk size. ``lean``: one unit of slack instead of two and
-        chunks of at most 1M elements (a slower step when the optimizer falls behind backward, for host budgets
-        too small for more)."""
+        chunks of at most 256K elements (a slower step when the optimizer falls behind backward, for host
+        budgets too small for more)."""
         cfg = self.config
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
@@ -448,7 +490,7 @@ class LLMPlanner:
         grads = sorted((u.trainable * 4 for u in units), reverse=True) + [0]
         grad_pool = grads[0] + (0 if lean else grads[1])
         largest = max(profile.tensor_numel.values())
-        chunk = min(cfg.optimizer_chunk, 1 << 20) if lean else cfg.optimizer_chunk
+        chunk = min(cfg.optimizer_chunk, 256 << 10) if lean else cfg.optimizer_chunk
         chunk_held = min(chunk, largest)
         per_chunk = 2 + (1 if mixed else 0) + (1 if cfg.mode != "eager" else 0)  # records per chunk
         job = per_chunk * held_bytes(chunk_held * 4)

@@ -113,3 +113,19 @@ def test_toml_with_unknown_field(tmp_path):
     path.write_text("[trainer]\nlr = 1e-4\nlearning_rate = 3\n")
     with pytest.raises(ValueError, match="c.toml: unknown trainer config fields: learning_rate"):
         TrainerConfig.from_toml(path)
+
+
+def test_a_failed_update_is_reported_and_stops_the_trainer(tmp_path, trainer_config, monkeypatch):
+    """A write failing in the background (here: a full disk) surfaces on the training thread with its cause;
+    the trainer then refuses further steps instead of training on half-updated weights."""
+    make_model("llama", tmp_path / "model")
+    ids = batches(1)[0]
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as t:
+        def disk_full(task, nxt):
+            raise OSError(28, f"No space left on device (writing the state of {task.unit})")
+        monkeypatch.setattr(t.optimizer, "_update", disk_full)
+        with pytest.raises(RuntimeError, match="optimizer update failed: OSError.*No space left on device"):
+            for _ in range(3):
+                t.step(ids)
+        with pytest.raises(RuntimeError, match="start again from its last checkpoint"):
+            t.step(ids)

@@ -1,5 +1,6 @@
 """Budgets are contracts: the ledgers' peaks stay within the plan's formulas, which stay within the budgets."""
 import pytest
+import torch
 
 from .llm_helpers import batches, make_model
 from terastack.llm import Trainer
@@ -38,7 +39,8 @@ def test_weights_stream_one_unit_ahead(tmp_path, trainer_config):
     """With prefetch depth 1 and decoder layers recomputed, the device holds at most two units' weights (plus
     the inputs kept for recomputation and the small activations of the other units) at any time."""
     make_model("llama", tmp_path / "model", layers=8)
-    cfg = trainer_config(activation_policy="recompute", state_placement="ssd", prefetch_depth=1)
+    cfg = trainer_config(activation_policy="recompute", state_placement="ssd", prefetch_depth=1,
+                         retain_weights=False)
     with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
         for ids in batches(2):
             t.step(ids)
@@ -50,3 +52,24 @@ def test_weights_stream_one_unit_ahead(tmp_path, trainer_config):
         assert peak <= two + boundary + kept
         total = sum(u.weight_bytes for u in units)
         assert peak < total / 2  # the model's weights were never all on the device
+
+
+def test_weights_kept_for_the_next_forward_save_reads(tmp_path, trainer_config):
+    """The first units' updated masters stay in the device tier (within the planned peak): the next forward
+    reads less from the SSD than without them, and the result is the same."""
+    make_model("llama", tmp_path / "model", layers=8)
+    data = batches(3)
+    reads, weights = {}, {}
+    for retain in (False, True):
+        cfg = trainer_config(state_placement="ssd", device_budget="1MiB", retain_weights=retain,
+                             store_dir=str(tmp_path / f"store-{retain}"))
+        with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+            for ids in data:
+                t.step(ids)
+            t.synchronize()
+            reads[retain] = t.history[-1].ssd_read_bytes
+            weights[retain] = t.state_dict()
+            assert bool(t.plan.retained_units) == retain
+            assert t.usage()["device"]["peak"] <= t.plan.prediction.device_peak_bytes
+    assert reads[True] < reads[False]
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])

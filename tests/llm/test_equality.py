@@ -119,3 +119,16 @@ def test_random_init_from_config(tmp_path, trainer_config):
         offloaded_train(trainer, data)
         reference_train(ref, data)
         assert max_weight_diff(trainer, ref) <= TOL
+
+
+def test_evaluation_loss_streams_the_trained_weights(tmp_path, trainer_config):
+    ref = make_model("opt", tmp_path / "model")
+    data = batches(3)
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as trainer:
+        offloaded_train(trainer, data[:2])
+        reference_train(ref, data[:2])
+        ref.eval()
+        with torch.no_grad():
+            expected = ref(input_ids=data[2], labels=data[2]).loss.item()
+        trainer.model.eval()
+        assert trainer.loss(data[2]) == pytest.approx(expected, abs=1e-5)

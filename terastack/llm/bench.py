@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from terastack import trace
+from terastack.llm.config import MEMORY_BUDGET_ENV
 from terastack.units import parse_bytes
 
 HEADLINE = ["speedup_vs_zero_infinity", "slowdown_vs_in_memory", "rss_vs_zero_infinity", "prediction_error",
@@ -69,7 +71,7 @@ def _state_bytes(model: str) -> tuple[int, int]:
     return n, 16 * n  # weights + gradients + fp32 master + two moments (fp32 training: master == weights)
 
 
-def _worker(system: str, args, workdir: Path, extra: list[str], label: str) -> dict:
+def _worker(system: str, args, workdir: Path, extra: list[str], label: str, env: dict | None = None) -> dict:
     out = workdir / f"{label}.json"
     cmd = [sys.executable, "-m", "terastack.llm.bench_worker", "--system", system, "--model", args.model,
            "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
@@ -79,7 +81,7 @@ def _worker(system: str, args, workdir: Path, extra: list[str], label: str) -> d
     with trace.span(f"run {label}", track="bench"):
         try:
             proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  timeout=args.timeout)
+                                  timeout=args.timeout, env={**os.environ, **(env or {})})
         except subprocess.TimeoutExpired:
             return {"error": f"{label} did not finish within {args.timeout:.0f} s"}
     if proc.returncode != 0 or not out.exists():
@@ -132,8 +134,10 @@ def measure(args: argparse.Namespace) -> dict:
             _merge_trace(workdir / "terastack-trace.json")
         if "small_budget" in systems:
             budget = int(state * args.budget_fraction)
+            # the allocator settings of a memory budget, from the process's start (see terastack.llm.trainer's
+            # [Note: a memory budget bounds resident memory])
             r = _worker("terastack", args, workdir, ["--memory-budget", str(budget), "--hardware", str(probe)],
-                        "small_budget")
+                        "small_budget", env=MEMORY_BUDGET_ENV)
             if "planned" in r:
                 r = {**r["planned"], "rss_baseline_bytes": r.get("rss_baseline_bytes")}
             r["memory_budget_bytes"] = budget

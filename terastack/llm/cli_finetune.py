@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-budget", default=None,
                    help="host memory for training state and working sets, e.g. 64GiB (default: auto; the built-in "
                         "model gets a quarter of its training state)")
+    p.add_argument("--memory-budget", default=None,
+                   help="without a GPU: one budget for both tiers, split by the planner (instead of the two above)")
     p.add_argument("--store", default=None, help="directory on the SSD for the training state (default: temp dir)")
     p.add_argument("--activation-policy", default=None, choices=["auto", "keep", "host", "ssd", "recompute"])
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16"])
@@ -56,14 +58,15 @@ def _config(args, *, builtin: bool, pretrained: bool, hf_config):
     fields.setdefault("lr", 1e-5 if pretrained else 3e-4)
     fields.update({"batch_size": args.batch_size, "seq_len": args.seq_len})
     for flag, field in (("lr", "lr"), ("weight_decay", "weight_decay"), ("max_grad_norm", "max_grad_norm"),
-                        ("device_budget", "device_budget"), ("host_budget", "host_budget"), ("store", "store_dir"),
+                        ("device_budget", "device_budget"), ("host_budget", "host_budget"),
+                        ("memory_budget", "memory_budget"), ("store", "store_dir"),
                         ("activation_policy", "activation_policy"), ("dtype", "dtype"), ("seed", "seed")):
         value = getattr(args, flag)
         if value is not None:
             fields[field] = value
     if args.lora is not None:
         fields["lora"] = LoraSpec(r=args.lora, alpha=2 * args.lora)
-    if builtin and args.host_budget is None and "host_budget" not in base:
+    if builtin and args.host_budget is None and "host_budget" not in base and args.memory_budget is None:
         from terastack.llm.model import build_skeleton
 
         n = sum(p.numel() for p in build_skeleton(hf_config).parameters())

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from terastack.units import parse_bytes
 
 ACTIVATION_POLICIES = ("auto", "keep", "host", "ssd", "recompute")
+#: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
+#: starts its process with them); see the trainer's [Note: a memory budget bounds resident memory]
+MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(256 << 10)}
 
 
 @dataclass(kw_only=True, slots=True)

@@ -109,7 +109,11 @@ class WeightFetcher:
                 if rec.state is State.ON_SSD or (rec.state is State.RESIDENT and rec.tier is not tier):
                     self.bytes_in += rec.nbytes
                 fut = self._prefetch_blocking(record, tier, unit, phase)
-                fetched[record] = self.rt.wait(fut, f"weights {record!r} for {phase} of {unit.path}")
+                if fut.done():
+                    fetched[record] = fut.result()
+                else:
+                    with trace.span(f"wait {record}", track="stall", cat="weights"):
+                        fetched[record] = self.rt.wait(fut, f"weights {record!r} for {phase} of {unit.path}")
                 with self._lock:
                     self._refs[record] = self._refs.get(record, 0) + 1
             out[local] = fetched[record]

@@ -303,7 +303,8 @@ class OffloadedAdamW:
         nbytes = g.numel() * 4
         if self.config.mode == "eager":
             # backpressure: backward waits for the optimizer to free room in the pool
-            self._reserve_pool(nbytes, name)
+            with trace.span(f"wait for room: gradient of {name}", track="stall", cat="gradients"):
+                self._reserve_pool(nbytes, name)
             return _Grad(g if g.is_contiguous() else g.contiguous(), nbytes)
         try:
             self.grad_pool.reserve(nbytes, what=f"gradient of {name!r}")

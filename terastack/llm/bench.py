@@ -120,7 +120,8 @@ def measure(args: argparse.Namespace) -> dict:
     result: dict = {"model": args.model, "parameters": params, "training_state_bytes": state,
                     "seq_len": args.seq_len, "batch_size": args.batch_size, "steps": args.steps,
                     "warmup": args.warmup, "terastack_host_budget_bytes": host_budget,
-                    "terastack_device_budget_bytes": device_budget, "dir": str(workdir)}
+                    "terastack_device_budget_bytes": device_budget, "dir": str(workdir),
+                    "probe": {k: v for k, v in hw.to_dict().items() if k != "versions"}}
     try:
         if "in_memory" in systems:
             result["in_memory"] = _worker("in_memory", args, workdir, [], "in_memory")

@@ -1,0 +1,167 @@
+"""PNG figures for the report (matplotlib, Agg backend). Each function returns the file it wrote, or None.
+
+matplotlib is the ``repro`` extra; without it the report says that the plots
+were not drawn and why.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from terastack.repro.claims import NOT_REPRODUCED, REPORTED, REPRODUCED
+
+COLORS = {REPRODUCED: "#2e7d32", NOT_REPRODUCED: "#c62828", REPORTED: "#1565c0"}
+
+
+def matplotlib_missing() -> str | None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        return f"matplotlib is not installed ({exc}); install it with: pip install 'terastack[repro]'"
+    return None
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def claims_chart(verdicts: list[dict], path: Path) -> Path | None:
+    """Measured value over target for every claim with both (1.0 = target met exactly)."""
+    rows = []
+    for v in verdicts:
+        if v["measured"] is None or not v["target"]:
+            continue
+        # for "<=" claims, target/measured, so that > 1 always means "better than the target"
+        score = v["measured"] / v["target"] if v["comparison"] == ">=" else (
+            v["target"] / v["measured"] if v["measured"] else math.inf)
+        if v["comparison"] == "==":
+            continue
+        rows.append((v["claim"], min(score, 10.0), v["status"]))
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.2))
+    names = [r[0] for r in rows][::-1]
+    ax.barh(names, [r[1] for r in rows][::-1], color=[COLORS.get(r[2], "#777") for r in rows][::-1])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xlabel("measured / target  (for '<=' targets: target / measured); > 1 meets the target")
+    ax.set_title("Claims on this machine")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def dace_heatmap(speedups: dict, path: Path) -> Path | None:
+    """Kernels x frameworks, speedup over NumPy (log colour scale); invalid or failed cells marked."""
+    per_kernel = speedups.get("per_kernel") or {}
+    if not per_kernel:
+        return None
+    frameworks = sorted({fw for row in per_kernel.values() for fw in row})
+    kernels = list(per_kernel)
+    import numpy as np
+
+    grid = np.full((len(kernels), len(frameworks)), np.nan)
+    for i, k in enumerate(kernels):
+        for j, fw in enumerate(frameworks):
+            cell = per_kernel[k].get(fw, {})
+            if cell.get("status") == "ok":
+                grid[i, j] = math.log10(cell["ratio"])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(frameworks), 0.42 * len(kernels) + 1.4))
+    lim = max(1.0, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0)
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=-lim, vmax=lim, aspect="auto")
+    for i, k in enumerate(kernels):
+        for j, fw in enumerate(frameworks):
+            cell = per_kernel[k].get(fw, {})
+            text = f"{cell['ratio']:.2f}x" if cell.get("status") == "ok" else cell.get("status", "—")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(frameworks)), frameworks)
+    ax.set_yticks(range(len(kernels)), kernels)
+    fig.colorbar(im, ax=ax, label="log10 speedup over NumPy")
+    ax.set_title("Speedup over NumPy (median)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def dace_bars(speedups: dict, path: Path) -> Path | None:
+    """Speedup over NumPy per kernel with the bootstrap CI as error bars (log scale)."""
+    per_kernel = speedups.get("per_kernel") or {}
+    frameworks = sorted({fw for row in per_kernel.values() for fw in row})
+    if not per_kernel or not frameworks:
+        return None
+    plt = _plt()
+    kernels = list(per_kernel)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(kernels) + 2), 4))
+    width = 0.8 / len(frameworks)
+    for j, fw in enumerate(frameworks):
+        xs, ys, lo, hi = [], [], [], []
+        for i, k in enumerate(kernels):
+            cell = per_kernel[k].get(fw, {})
+            if cell.get("status") == "ok":
+                xs.append(i + (j - (len(frameworks) - 1) / 2) * width)
+                ys.append(cell["ratio"])
+                lo.append(cell["ratio"] - cell["ci_low"])
+                hi.append(cell["ci_high"] - cell["ratio"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=fw)
+    ax.axhline(1.0, color="black", lw=1)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(kernels)), kernels, rotation=45, ha="right")
+    ax.set_ylabel("speedup over NumPy (95% CI)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def dace_compile(kernels: dict, path: Path) -> Path | None:
+    """First-call (compile) time per kernel and framework."""
+    rows = kernels.get("kernels") or {}
+    frameworks = [fw for fw in ("dace", "numba") if any(fw in e.get("frameworks", {}) for e in rows.values())]
+    if not rows or not frameworks:
+        return None
+    plt = _plt()
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(names) + 2), 3.8))
+    width = 0.8 / len(frameworks)
+    for j, fw in enumerate(frameworks):
+        vals = [rows[k]["frameworks"].get(fw, {}).get("first_call_s") or 0.0 for k in names]
+        ax.bar([i + (j - (len(frameworks) - 1) / 2) * width for i in range(len(names))], vals, width, label=fw)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    ax.set_ylabel("first call (compile + one run), s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def dace_scaling(efficiency: dict, path: Path) -> Path | None:
+    """Efficiency against process count, strong and weak, one line per kernel."""
+    if not efficiency:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    for ax, mode in zip(axes, ("strong", "weak")):
+        for kernel, modes in efficiency.items():
+            pts = [p for p in modes.get(mode, []) if p.get("efficiency") is not None]
+            if pts:
+                ax.plot([p["procs"] for p in pts], [p["efficiency"] for p in pts], marker="o", label=kernel)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_title(f"{mode} scaling")
+        ax.set_xlabel("MPI processes")
+        ax.set_xscale("log", base=2)
+    axes[0].set_ylabel("parallel efficiency")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

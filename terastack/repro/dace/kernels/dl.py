@@ -64,7 +64,7 @@ def softmax_numba():
 SOFTMAX = Kernel(
     name="softmax", domain="deep learning", definition="y_i = exp(x_i - max x) / sum_j exp(x_j - max x) over the last axis",
     args=("x",), returns=1,
-    sizes={"smoke": dict(N=16, H=8, SM=80), "small": dict(N=32, H=16, SM=128), "full": dict(N=64, H=16, SM=288)},
+    sizes={"smoke": dict(N=16, H=8, SM=96), "small": dict(N=32, H=16, SM=180), "full": dict(N=32, H=16, SM=400)},
     init=softmax_init, numpy=softmax_numpy, dace=softmax_dace, numba=softmax_numba,
     rtol=1e-10, atol=1e-14, tolerance_note="vectorized exp may differ by an ulp")
 
@@ -141,9 +141,9 @@ CONV2D = Kernel(
     name="conv2d_bias", domain="deep learning",
     definition="out[n,i,j,co] = b[co] + sum_{p,q,ci} in[n,i+p,j+q,ci] w[p,q,ci,co] (NHWC, valid)",
     args=("input", "weights", "bias"), returns=1,
-    sizes={"smoke": dict(N=4, H=40, W=40, C_in=3, C_out=16, K=5),
-           "small": dict(N=8, H=64, W=64, C_in=3, C_out=32, K=5),
-           "full": dict(N=16, H=128, W=128, C_in=3, C_out=32, K=7)},
+    sizes={"smoke": dict(N=8, H=80, W=80, C_in=3, C_out=16, K=5),
+           "small": dict(N=32, H=80, W=80, C_in=3, C_out=32, K=5),
+           "full": dict(N=32, H=128, W=128, C_in=3, C_out=32, K=7)},
     init=conv2d_init, numpy=conv2d_numpy, dace=conv2d_dace, numba=conv2d_numba,
     rtol=1e-10, atol=1e-10, tolerance_note="the sum over (p, q, ci) is accumulated in different orders")
 

@@ -47,7 +47,7 @@ def gemm_numba():
 GEMM = Kernel(
     name="gemm", domain="linear algebra", definition="C = alpha A B + beta C",
     args=("alpha", "beta", "C", "A", "B"), outputs=("C",),
-    sizes={"smoke": dict(NI=500, NJ=550, NK=600), "small": dict(NI=1100, NJ=1200, NK=1300),
+    sizes={"smoke": dict(NI=400, NJ=450, NK=480), "small": dict(NI=1100, NJ=1200, NK=1300),
            "full": dict(NI=2400, NJ=2600, NK=2800)},
     init=gemm_init, numpy=gemm_numpy, dace=gemm_dace, numba=gemm_numba,
     rtol=1e-10, atol=1e-9, tolerance_note="BLAS blocking changes the summation order")
@@ -88,7 +88,7 @@ def atax_numba():
 ATAX = Kernel(
     name="atax", domain="linear algebra", definition="y = A^T (A x)",
     args=("A", "x"), returns=1,
-    sizes={"smoke": dict(M=1800, N=2000), "small": dict(M=5600, N=6400), "full": dict(M=17000, N=19000)},
+    sizes={"smoke": dict(M=2700, N=3000), "small": dict(M=7200, N=8200), "full": dict(M=12000, N=13000)},
     init=atax_init, numpy=atax_numpy, dace=atax_dace, numba=atax_numba, rtol=1e-10, atol=1e-8)
 
 # --------------------------------------------------------------------------- bicg
@@ -127,7 +127,7 @@ def bicg_numba():
 BICG = Kernel(
     name="bicg", domain="linear algebra", definition="s = A^T r,  q = A p",
     args=("A", "p", "r"), returns=2,
-    sizes={"smoke": dict(M=1800, N=2000), "small": dict(M=5600, N=6400), "full": dict(M=17000, N=19000)},
+    sizes={"smoke": dict(M=2600, N=2800), "small": dict(M=6600, N=7500), "full": dict(M=12000, N=13000)},
     init=bicg_init, numpy=bicg_numpy, dace=bicg_dace, numba=bicg_numba, rtol=1e-10, atol=1e-8)
 
 # --------------------------------------------------------------------------- mvt
@@ -170,7 +170,7 @@ def mvt_numba():
 MVT = Kernel(
     name="mvt", domain="linear algebra", definition="x1 += A y1,  x2 += A^T y2",
     args=("x1", "x2", "y_1", "y_2", "A"), outputs=("x1", "x2"),
-    sizes={"smoke": dict(N=1900), "small": dict(N=6000), "full": dict(N=18000)},
+    sizes={"smoke": dict(N=2300), "small": dict(N=6900), "full": dict(N=12500)},
     init=mvt_init, numpy=mvt_numpy, dace=mvt_dace, numba=mvt_numba, rtol=1e-10, atol=1e-8)
 
 # --------------------------------------------------------------------------- gesummv
@@ -210,7 +210,7 @@ def gesummv_numba():
 GESUMMV = Kernel(
     name="gesummv", domain="linear algebra", definition="y = alpha A x + beta B x",
     args=("alpha", "beta", "A", "B", "x"), returns=1,
-    sizes={"smoke": dict(N=1300), "small": dict(N=4200), "full": dict(N=13000)},
+    sizes={"smoke": dict(N=2600), "small": dict(N=6000), "full": dict(N=9000)},
     init=gesummv_init, numpy=gesummv_numpy, dace=gesummv_dace, numba=gesummv_numba, rtol=1e-10, atol=1e-8)
 
 # --------------------------------------------------------------------------- k2mm
@@ -251,8 +251,8 @@ def k2mm_numba():
 K2MM = Kernel(
     name="k2mm", domain="linear algebra", definition="D = alpha A B C + beta D",
     args=("alpha", "beta", "A", "B", "C", "D"), outputs=("D",),
-    sizes={"smoke": dict(NI=400, NJ=450, NK=500, NL=550), "small": dict(NI=900, NJ=950, NK=1000, NL=1050),
-           "full": dict(NI=1900, NJ=2000, NK=2100, NL=2200)},
+    sizes={"smoke": dict(NI=490, NJ=550, NK=610, NL=670), "small": dict(NI=1200, NJ=1270, NK=1340, NL=1400),
+           "full": dict(NI=2700, NJ=2800, NK=3000, NL=3100)},
     init=k2mm_init, numpy=k2mm_numpy, dace=k2mm_dace, numba=k2mm_numba,
     rtol=1e-10, atol=1e-7, tolerance_note="two chained BLAS products; summation order differs")
 

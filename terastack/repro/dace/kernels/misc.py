@@ -59,8 +59,8 @@ def spmv_numba():
 SPMV = Kernel(
     name="spmv", domain="sparse", definition="y = A x, A in CSR (row pointers, column indices, values)",
     args=("A_row", "A_col", "A_val", "x"), returns=1,
-    sizes={"smoke": dict(M=40000, N=40000, nnz_per_row=8), "small": dict(M=200000, N=200000, nnz_per_row=16),
-           "full": dict(M=1000000, N=1000000, nnz_per_row=32)},
+    sizes={"smoke": dict(M=80000, N=80000, nnz_per_row=8), "small": dict(M=400000, N=400000, nnz_per_row=16),
+           "full": dict(M=1250000, N=1250000, nnz_per_row=32)},
     init=spmv_init, numpy=spmv_numpy, dace=spmv_dace, numba=spmv_numba, rtol=1e-12, atol=1e-12)
 
 # --------------------------------------------------------------------------- crc16
@@ -124,7 +124,7 @@ def crc16_numba():
 CRC16 = Kernel(
     name="crc16", domain="bit manipulation", definition="CRC-16/X-25 (poly 0x1021 reflected, init/xorout 0xFFFF)",
     args=("data",), returns=1, extras={"scalar_return": True},
-    sizes={"smoke": dict(N=4000), "small": dict(N=40000), "full": dict(N=400000)},
+    sizes={"smoke": dict(N=18000), "small": dict(N=100000), "full": dict(N=1000000)},
     init=crc16_init, numpy=crc16_numpy, dace=crc16_dace, numba=crc16_numba, rtol=0.0, atol=0.0,
     tolerance_note="integer result: must be exact")
 

@@ -78,7 +78,7 @@ def azimint_numba():
 AZIMINT = Kernel(
     name="azimint", domain="physics", definition="res_i = mean{ data_k : rmax i/npt <= r_k < rmax (i+1)/npt }",
     args=("data", "radius", "npt"), returns=1,
-    sizes={"smoke": dict(N=40000, npt=64), "small": dict(N=100000, npt=256), "full": dict(N=400000, npt=512)},
+    sizes={"smoke": dict(N=27000, npt=64), "small": dict(N=205000, npt=256), "full": dict(N=1000000, npt=512)},
     init=azimint_init, numpy=azimint_numpy, dace=azimint_dace, numba=azimint_numba,
     rtol=1e-9, atol=1e-12, tolerance_note="per-bin sums of ~N/npt terms in different orders",
     extras={"dace_symbols": ("npt",)})
@@ -177,7 +177,7 @@ def nbody_numba():
 NBODY = Kernel(
     name="nbody", domain="physics", definition="a_i = G sum_j m_j (r_j - r_i) / (|r_j - r_i|^2 + eps^2)^{3/2}; leapfrog",
     args=("pos", "vel", "mass", "steps", "dt", "G", "soft"), outputs=("pos", "vel"),
-    sizes={"smoke": dict(N=300, steps=4), "small": dict(N=800, steps=6), "full": dict(N=2000, steps=10)},
+    sizes={"smoke": dict(N=300, steps=3), "small": dict(N=800, steps=4), "full": dict(N=2000, steps=6)},
     init=nbody_init, numpy=nbody_numpy, dace=nbody_dace, numba=nbody_numba,
     rtol=1e-8, atol=1e-10, tolerance_note="pairwise sums in different orders, amplified over the time steps")
 

@@ -55,8 +55,8 @@ def jacobi_1d_numba():
 JACOBI_1D = Kernel(
     name="jacobi_1d", domain="stencil", definition="B_i = (A_{i-1} + A_i + A_{i+1}) / 3, then A from B; TSTEPS steps",
     args=("TSTEPS", "A", "B"), outputs=("A", "B"),
-    sizes={"smoke": dict(N=20000, TSTEPS=120), "small": dict(N=60000, TSTEPS=400),
-           "full": dict(N=200000, TSTEPS=1000)},
+    sizes={"smoke": dict(N=20000, TSTEPS=120), "small": dict(N=60000, TSTEPS=800),
+           "full": dict(N=200000, TSTEPS=2400)},
     init=jacobi_1d_init, numpy=jacobi_1d_numpy, dace=jacobi_1d_dace, numba=jacobi_1d_numba,
     rtol=1e-10, atol=1e-12, tolerance_note="division may compile to multiplication by 1/3 (fast-math)")
 
@@ -107,7 +107,7 @@ def jacobi_2d_numba():
 JACOBI_2D = Kernel(
     name="jacobi_2d", domain="stencil", definition="B = 0.2 (A_c + A_w + A_e + A_n + A_s) on the interior, then A from B",
     args=("TSTEPS", "A", "B"), outputs=("A", "B"),
-    sizes={"smoke": dict(N=200, TSTEPS=40), "small": dict(N=500, TSTEPS=70), "full": dict(N=1300, TSTEPS=100)},
+    sizes={"smoke": dict(N=160, TSTEPS=40), "small": dict(N=560, TSTEPS=70), "full": dict(N=1000, TSTEPS=160)},
     init=jacobi_2d_init, numpy=jacobi_2d_numpy, dace=jacobi_2d_dace, numba=jacobi_2d_numba,
     rtol=1e-10, atol=1e-12)
 
@@ -180,7 +180,7 @@ def heat_3d_numba():
 HEAT_3D = Kernel(
     name="heat_3d", domain="stencil", definition="B = A + 0.125 (d2A/dx2 + d2A/dy2 + d2A/dz2) (7-point), then A from B",
     args=("TSTEPS", "A", "B"), outputs=("A", "B"),
-    sizes={"smoke": dict(N=40, TSTEPS=30), "small": dict(N=70, TSTEPS=60), "full": dict(N=120, TSTEPS=100)},
+    sizes={"smoke": dict(N=25, TSTEPS=30), "small": dict(N=35, TSTEPS=140), "full": dict(N=90, TSTEPS=90)},
     init=heat_3d_init, numpy=heat_3d_numpy, dace=heat_3d_dace, numba=heat_3d_numba,
     rtol=1e-10, atol=1e-12)
 

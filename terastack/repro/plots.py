@@ -30,6 +30,15 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def claims_chart(verdicts: list[dict], path: Path) -> Path | None:
     """Measured value over target for every claim with both (1.0 = target met exactly)."""
     rows = []
@@ -51,10 +60,17 @@ def claims_chart(verdicts: list[dict], path: Path) -> Path | None:
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xlabel("measured / target  (for '<=' targets: target / measured); > 1 meets the target")
     ax.set_title("Claims on this machine")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def _grouped_bars(ax, names: list[str], series: dict[str, list]) -> None:
+    """One bar group per name, one bar per series; a value is (height, err_low, err_high) or None."""
+    width = 0.8 / max(len(series), 1)
+    for j, (label, values) in enumerate(series.items()):
+        pts = [(i, v) for i, v in enumerate(values) if v is not None]
+        ax.bar([i + (j - (len(series) - 1) / 2) * width for i, _ in pts], [v[0] for _, v in pts], width,
+               yerr=[[v[1] for _, v in pts], [v[2] for _, v in pts]], capsize=2, label=label)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
 
 
 def dace_heatmap(speedups: dict, path: Path) -> Path | None:
@@ -85,10 +101,7 @@ def dace_heatmap(speedups: dict, path: Path) -> Path | None:
     ax.set_yticks(range(len(kernels)), kernels)
     fig.colorbar(im, ax=ax, label="log10 speedup over NumPy")
     ax.set_title("Speedup over NumPy (median)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def dace_bars(speedups: dict, path: Path) -> Path | None:
@@ -100,26 +113,17 @@ def dace_bars(speedups: dict, path: Path) -> Path | None:
     plt = _plt()
     kernels = list(per_kernel)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(kernels) + 2), 4))
-    width = 0.8 / len(frameworks)
-    for j, fw in enumerate(frameworks):
-        xs, ys, lo, hi = [], [], [], []
-        for i, k in enumerate(kernels):
-            cell = per_kernel[k].get(fw, {})
-            if cell.get("status") == "ok":
-                xs.append(i + (j - (len(frameworks) - 1) / 2) * width)
-                ys.append(cell["ratio"])
-                lo.append(cell["ratio"] - cell["ci_low"])
-                hi.append(cell["ci_high"] - cell["ratio"])
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=fw)
+    series = {}
+    for fw in frameworks:
+        cells = [per_kernel[k].get(fw, {}) for k in kernels]
+        series[fw] = [(c["ratio"], c["ratio"] - c["ci_low"], c["ci_high"] - c["ratio"]) if c.get("status") == "ok"
+                      else None for c in cells]
+    _grouped_bars(ax, kernels, series)
     ax.axhline(1.0, color="black", lw=1)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(kernels)), kernels, rotation=45, ha="right")
     ax.set_ylabel("speedup over NumPy (95% CI)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def dace_compile(kernels: dict, path: Path) -> Path | None:
@@ -131,17 +135,11 @@ def dace_compile(kernels: dict, path: Path) -> Path | None:
     plt = _plt()
     names = list(rows)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(names) + 2), 3.8))
-    width = 0.8 / len(frameworks)
-    for j, fw in enumerate(frameworks):
-        vals = [rows[k]["frameworks"].get(fw, {}).get("first_call_s") or 0.0 for k in names]
-        ax.bar([i + (j - (len(frameworks) - 1) / 2) * width for i in range(len(names))], vals, width, label=fw)
-    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    _grouped_bars(ax, names, {fw: [(rows[k]["frameworks"].get(fw, {}).get("first_call_s") or 0.0, 0.0, 0.0)
+                                   for k in names] for fw in frameworks})
     ax.set_ylabel("first call (compile + one run), s")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def dace_scaling(efficiency: dict, path: Path) -> Path | None:
@@ -161,7 +159,4 @@ def dace_scaling(efficiency: dict, path: Path) -> Path | None:
         ax.set_xscale("log", base=2)
     axes[0].set_ylabel("parallel efficiency")
     axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -6,19 +6,24 @@ separate DaCe environment (see :mod:`terastack.repro.dace.env`). DaCe and Numba
 are imported only inside the factories that build a kernel's compiled form.
 
 [Note: one algorithm, three frameworks]
-Each kernel is written once from its mathematical definition in plain NumPy;
-the DaCe form is the same NumPy code with type annotations (and ``dace.map``
-where a loop nest reads better than broadcasting — the paper's "HPC
-extensions"); the Numba form is the idiomatic one for Numba: the NumPy code
-under ``@njit`` where Numba supports it, explicit loops with ``prange`` where
-it does not. All three compute the same algorithm (same operation count), so a
-speedup compares compilers and runtimes, not algorithms.
+Each kernel is written once from its mathematical definition in plain NumPy.
+Where that NumPy code is also valid DaCe, the DaCe form is the very same
+function with its argument types declared (:func:`annotated`) — gemm, atax,
+bicg, mvt, gesummv, k2mm, the three stencils, softmax and nbody. Otherwise
+(conv2d, azimint, spmv, crc16) the DaCe form says the same thing with
+``dace.map`` or explicit loops, the paper's "HPC extensions", and its module
+says why. The Numba form is the idiomatic one for Numba: the NumPy function
+itself under ``@njit`` where Numba compiles it well (the BLAS kernels),
+explicit loops with ``prange`` otherwise. All three compute the same
+algorithm (same operation count), so a speedup compares compilers and
+runtimes, not algorithms.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import types
 import zlib
 
 import numpy as np
@@ -148,6 +153,25 @@ def validate(reference: list[np.ndarray], got: list[np.ndarray], *, rtol: float,
                               f"output {i}: not allclose(rtol={rtol:g}, atol={atol:g}); worst at {tuple(map(int, idx))}: "
                               f"got {out_f[idx]!r}, expected {ref_f[idx]!r}")
     return Validation(True, worst_abs, worst_rel, f"allclose(rtol={rtol:g}, atol={atol:g})")
+
+
+def annotated(fn: Callable, **annotations) -> Callable:
+    """A copy of ``fn`` — the same code object — carrying DaCe type annotations.
+
+    Where a kernel's NumPy code is also valid DaCe, its DaCe form is exactly this:
+    the very function NumPy runs, with its argument types (and symbolic sizes) declared.
+    """
+    f = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    f.__annotations__ = dict(annotations)
+    f.__qualname__, f.__module__ = fn.__qualname__, fn.__module__
+    return f
+
+
+def njit(fn: Callable, **options) -> Callable:
+    """``fn`` compiled by Numba in nopython mode (compilation happens at the first call)."""
+    import numba
+
+    return numba.njit(cache=False, **options)(fn)
 
 
 def rng(seed: int) -> np.random.Generator:

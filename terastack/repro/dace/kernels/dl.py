@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from terastack.repro.dace.kernel import Kernel, rng
+from terastack.repro.dace.kernel import Kernel, annotated, rng
 
 # --------------------------------------------------------------------------- softmax
 
@@ -14,26 +14,19 @@ def softmax_init(N: int, H: int, SM: int) -> dict:
 
 
 def softmax_numpy(x):
-    # Subtracting the row maximum keeps exp() in range; it cancels in the quotient.
-    tmp_max = np.max(x, axis=-1, keepdims=True)
-    tmp_out = np.exp(x - tmp_max)
-    tmp_sum = np.sum(tmp_out, axis=-1, keepdims=True)
-    return tmp_out / tmp_sum
+    # Subtracting the row maximum keeps exp() in range; it cancels in the quotient. The reduced
+    # axis is restored with np.newaxis rather than keepdims=True, which DaCe 1.0.2 does not take.
+    tmp_max = np.max(x, axis=-1)
+    tmp_out = np.exp(x - tmp_max[:, :, :, np.newaxis])
+    tmp_sum = np.sum(tmp_out, axis=-1)
+    return tmp_out / tmp_sum[:, :, :, np.newaxis]
 
 
 def softmax_dace():
     import dace
 
     N, H, SM = dace.symbol("N"), dace.symbol("H"), dace.symbol("SM")
-
-    # DaCe 1.0.2 reductions take no ``keepdims``: the reduced axis is restored with np.newaxis.
-    def softmax(x: dace.float64[N, H, SM, SM]):
-        tmp_max = np.max(x, axis=-1)
-        tmp_out = np.exp(x - tmp_max[:, :, :, np.newaxis])
-        tmp_sum = np.sum(tmp_out, axis=-1)
-        return tmp_out / tmp_sum[:, :, :, np.newaxis]
-
-    return softmax
+    return annotated(softmax_numpy, x=dace.float64[N, H, SM, SM])
 
 
 def softmax_numba():

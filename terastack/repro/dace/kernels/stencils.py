@@ -1,14 +1,15 @@
 """Stencil kernels: jacobi_1d, jacobi_2d, heat_3d (PolyBench definitions, TSTEPS time steps).
 
 Each time step computes B from A, then A from B, on the interior only (the
-boundary stays fixed). NumPy and DaCe use slices; Numba uses explicit loops
-with ``prange`` over the outermost dimension, the idiomatic Numba stencil.
+boundary stays fixed). DaCe runs the NumPy function itself, annotated; Numba
+uses explicit loops with ``prange`` over the outermost dimension, the
+idiomatic Numba stencil.
 """
 # No `from __future__ import annotations`: DaCe evaluates the type annotations of its programs.
 
 import numpy as np
 
-from terastack.repro.dace.kernel import Kernel, rng
+from terastack.repro.dace.kernel import Kernel, annotated, rng
 
 # --------------------------------------------------------------------------- jacobi_1d
 
@@ -28,26 +29,22 @@ def jacobi_1d_dace():
     import dace
 
     N = dace.symbol("N")
-
-    def jacobi_1d(TSTEPS: dace.int64, A: dace.float64[N], B: dace.float64[N]):
-        for _t in range(1, TSTEPS):
-            B[1:-1] = (A[:-2] + A[1:-1] + A[2:]) / 3.0
-            A[1:-1] = (B[:-2] + B[1:-1] + B[2:]) / 3.0
-
-    return jacobi_1d
+    return annotated(jacobi_1d_numpy, TSTEPS=dace.int64, A=dace.float64[N], B=dace.float64[N])
 
 
 def jacobi_1d_numba():
     import numba
 
     @numba.njit(parallel=True, cache=False)
+    def _sweep(src, dst):
+        for i in numba.prange(1, src.shape[0] - 1):
+            dst[i] = (src[i - 1] + src[i] + src[i + 1]) / 3.0
+
+    @numba.njit(cache=False)
     def jacobi_1d(TSTEPS, A, B):
-        n = A.shape[0]
         for _t in range(1, TSTEPS):
-            for i in numba.prange(1, n - 1):
-                B[i] = (A[i - 1] + A[i] + A[i + 1]) / 3.0
-            for i in numba.prange(1, n - 1):
-                A[i] = (B[i - 1] + B[i] + B[i + 1]) / 3.0
+            _sweep(A, B)
+            _sweep(B, A)
 
     return jacobi_1d
 
@@ -78,28 +75,24 @@ def jacobi_2d_dace():
     import dace
 
     N = dace.symbol("N")
-
-    def jacobi_2d(TSTEPS: dace.int64, A: dace.float64[N, N], B: dace.float64[N, N]):
-        for _t in range(1, TSTEPS):
-            B[1:-1, 1:-1] = 0.2 * (A[1:-1, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:] + A[2:, 1:-1] + A[:-2, 1:-1])
-            A[1:-1, 1:-1] = 0.2 * (B[1:-1, 1:-1] + B[1:-1, :-2] + B[1:-1, 2:] + B[2:, 1:-1] + B[:-2, 1:-1])
-
-    return jacobi_2d
+    return annotated(jacobi_2d_numpy, TSTEPS=dace.int64, A=dace.float64[N, N], B=dace.float64[N, N])
 
 
 def jacobi_2d_numba():
     import numba
 
     @numba.njit(parallel=True, cache=False)
+    def _sweep(src, dst):
+        n = src.shape[0]
+        for i in numba.prange(1, n - 1):
+            for j in range(1, n - 1):
+                dst[i, j] = 0.2 * (src[i, j] + src[i, j - 1] + src[i, j + 1] + src[i + 1, j] + src[i - 1, j])
+
+    @numba.njit(cache=False)
     def jacobi_2d(TSTEPS, A, B):
-        n = A.shape[0]
         for _t in range(1, TSTEPS):
-            for i in numba.prange(1, n - 1):
-                for j in range(1, n - 1):
-                    B[i, j] = 0.2 * (A[i, j] + A[i, j - 1] + A[i, j + 1] + A[i + 1, j] + A[i - 1, j])
-            for i in numba.prange(1, n - 1):
-                for j in range(1, n - 1):
-                    A[i, j] = 0.2 * (B[i, j] + B[i, j - 1] + B[i, j + 1] + B[i + 1, j] + B[i - 1, j])
+            _sweep(A, B)
+            _sweep(B, A)
 
     return jacobi_2d
 
@@ -137,21 +130,7 @@ def heat_3d_dace():
     import dace
 
     N = dace.symbol("N")
-
-    def heat_3d(TSTEPS: dace.int64, A: dace.float64[N, N, N], B: dace.float64[N, N, N]):
-        for _t in range(1, TSTEPS):
-            B[1:-1, 1:-1, 1:-1] = (
-                0.125 * (A[2:, 1:-1, 1:-1] - 2.0 * A[1:-1, 1:-1, 1:-1] + A[:-2, 1:-1, 1:-1])
-                + 0.125 * (A[1:-1, 2:, 1:-1] - 2.0 * A[1:-1, 1:-1, 1:-1] + A[1:-1, :-2, 1:-1])
-                + 0.125 * (A[1:-1, 1:-1, 2:] - 2.0 * A[1:-1, 1:-1, 1:-1] + A[1:-1, 1:-1, :-2])
-                + A[1:-1, 1:-1, 1:-1])
-            A[1:-1, 1:-1, 1:-1] = (
-                0.125 * (B[2:, 1:-1, 1:-1] - 2.0 * B[1:-1, 1:-1, 1:-1] + B[:-2, 1:-1, 1:-1])
-                + 0.125 * (B[1:-1, 2:, 1:-1] - 2.0 * B[1:-1, 1:-1, 1:-1] + B[1:-1, :-2, 1:-1])
-                + 0.125 * (B[1:-1, 1:-1, 2:] - 2.0 * B[1:-1, 1:-1, 1:-1] + B[1:-1, 1:-1, :-2])
-                + B[1:-1, 1:-1, 1:-1])
-
-    return heat_3d
+    return annotated(heat_3d_numpy, TSTEPS=dace.int64, A=dace.float64[N, N, N], B=dace.float64[N, N, N])
 
 
 def heat_3d_numba():

@@ -1,0 +1,94 @@
+"""The DaCe suite: scaling bookkeeping (here), and three kernels through DaCe, Numba and MPI (in its environment).
+
+The end-to-end test creates the suite's environment on first use (about a minute: pip
+installs dace, numba, scipy, mpi4py) and reuses it afterwards; set TERASTACK_DACE_ENV
+to choose where. TERASTACK_SKIP_DACE=1 skips it, and the skip says so.
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from terastack.repro.dace import scaling
+from terastack.repro.dace.suite import DaceSuite, process_counts, scaling_efficiency, scaling_summary
+
+
+def test_global_rows_slices_equal_the_whole_matrix():
+    whole = scaling.global_rows(3, (200, 7), 0, 200)
+    for start, end in ((0, 1), (63, 65), (64, 128), (100, 200), (5, 5)):
+        np.testing.assert_array_equal(scaling.global_rows(3, (200, 7), start, end), whole[start:end])
+
+
+def test_blocks_cover_every_row_once():
+    for n, p in ((10, 3), (7, 7), (1000, 4)):
+        ranges = [scaling.block_range(n, p, r) for r in range(p)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_weak_scaling_grows_the_split_dimension():
+    assert scaling.sizes_for("gemm", "smoke", "weak", 4)["NI"] == 4 * scaling.SIZES["gemm"]["smoke"]["NI"]
+    assert scaling.sizes_for("gemm", "smoke", "strong", 4) == scaling.SIZES["gemm"]["smoke"]
+    with pytest.raises(ValueError, match="mode"):
+        scaling.sizes_for("gemm", "smoke", "sideways", 2)
+
+
+def test_process_counts():
+    assert process_counts(1) == [1]
+    assert process_counts(2) == [1, 2]
+    assert process_counts(6) == [1, 2, 4, 6]
+
+
+def test_efficiency_formulas():
+    def rec(kernel, mode, p, t):
+        return {"kernel": kernel, "mode": mode, "procs": p, "sizes": {}, "validation": {"ok": True}, "median": t}
+
+    runs = {1: {"status": "ok", "records": [rec("gemm", "strong", 1, 10.0), rec("gemm", "weak", 1, 10.0)]},
+            4: {"status": "ok", "records": [rec("gemm", "strong", 4, 5.0), rec("gemm", "weak", 4, 12.5)]}}
+    eff = scaling_efficiency(runs)
+    strong4 = eff["gemm"]["strong"][1]
+    assert strong4["speedup"] == pytest.approx(2.0) and strong4["efficiency"] == pytest.approx(0.5)
+    assert eff["gemm"]["weak"][1]["efficiency"] == pytest.approx(0.8)
+    s = scaling_summary({"efficiency": eff})
+    assert s == {"max_procs": 4, "weak_efficiency_min": pytest.approx(0.8), "strong_efficiency_min": pytest.approx(0.5)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(os.environ.get("TERASTACK_SKIP_DACE") == "1",
+                    reason="TERASTACK_SKIP_DACE=1: the DaCe end-to-end run was switched off for this run")
+def test_three_kernels_through_dace_numba_and_mpi(tmp_path):
+    kernels = ("gemm", "jacobi_2d", "crc16")
+    suite = DaceSuite(DaceSuite.Config(preset="smoke", out_dir=str(tmp_path), kernels=kernels, max_procs=2))
+    result = suite.run()
+    assert result["status"] == "ok", result.get("reason")
+    assert result["env"]["versions"]["dace"] == "1.0.2"
+    assert result["env"]["versions"]["numpy"].startswith("1.")
+    runs = result["kernels"]["kernels"]
+    assert sorted(runs) == sorted(kernels)
+    for name in kernels:
+        for fw in ("numpy", "dace", "numba"):
+            rec = runs[name]["frameworks"][fw]
+            assert rec["status"] == "ok", (name, fw, rec.get("error") or rec.get("validation"))
+            assert rec["validation"]["ok"] and len(rec["times_s"]) >= 3
+            assert rec["ci_low"] <= rec["median"] <= rec["ci_high"]
+        # the first DaCe call parses, optimizes and compiles C++: far longer than a run
+        assert runs[name]["frameworks"]["dace"]["first_call_s"] > 5 * runs[name]["frameworks"]["dace"]["median"]
+    assert result["validation_failures"] == 0
+    assert result["speedups"]["counted"] == {"dace": 3, "numba": 3}
+    assert set(result["speedups"]["dace_vs_best_other"]) == set(kernels)
+    sc = result["scaling"]
+    if shutil.which("mpirun") is None and shutil.which("mpiexec") is None:
+        assert sc["status"] == "dependency-missing" and "openmpi" in sc["reason"]
+        return
+    assert sc["status"] == "ok", sc
+    assert sc["process_counts"] == [1, 2]
+    for kernel in ("gemm", "atax", "jacobi_2d"):
+        for mode in ("strong", "weak"):
+            points = sc["efficiency"][kernel][mode]
+            assert [p["procs"] for p in points] == [1, 2]
+            assert all(p["valid"] for p in points), (kernel, mode)
+            assert points[0]["efficiency"] == pytest.approx(1.0)
+            assert points[1]["efficiency"] > 0
+    assert result["scaling_summary"]["max_procs"] == 2

@@ -171,6 +171,15 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
     for name, entry in (kern.get("kernels") or {}).items():
         lines.append(f"| {name} | " + " | ".join(
             f"{entry['frameworks'].get(fw, {}).get('first_call_s', float('nan')):.2f}" for fw in frameworks) + " |")
+    forms = [(n, e["dace_note"]) for n, e in (kern.get("kernels") or {}).items() if e.get("dace_note")]
+    if forms:
+        lines += ["", "Where the DaCe form differs from the NumPy function (every other kernel runs the NumPy "
+                  "function itself, annotated with types):", ""]
+        lines += [f"- {n}: {_cell(note)}" for n, note in forms]
+    sizes = [(n, e["size_note"]) for n, e in (kern.get("kernels") or {}).items() if e.get("size_note")]
+    if sizes:
+        lines += ["", "Sizes below the ~10/100/1000 ms NumPy targets:", ""]
+        lines += [f"- {n}: {_cell(note)}" for n, note in sizes]
     notes = [(n, e["frameworks"]["dace"].get("auto_optimize_error")) for n, e in (kern.get("kernels") or {}).items()
              if e.get("frameworks", {}).get("dace", {}).get("auto_optimize_error")]
     if notes:
@@ -220,6 +229,10 @@ def write_report(path: Path, data: dict, claims: tuple[Claim, ...] = CLAIMS) -> 
              f"measured in this run on this machine, as a ratio against a baseline measured in the same run; the "
              f"paper's figures are quoted with the hardware they were measured on. Absolute times hold for this "
              f"machine only.", ""]
+    if data["preset"] == "smoke":
+        lines += ["**Preset `smoke` runs every benchmark at a tiny size to show that it runs end to end; its ratios "
+                  "are not measurements of the claims (compute and I/O are not balanced at that size). Use "
+                  "`--preset full` for figures.**", ""]
     lines += machine_section(data["environment"], data["load_average"], data.get("dace_env"))
     lines += summary_section(data["suites"], verdicts)
     lines += ["## Claims", ""]

@@ -43,7 +43,9 @@ def _number(value, aggregate: str | None):
         if not nums:
             return None
         return {"max": max, "min": min, "mean": lambda v: sum(v) / len(v)}[aggregate](nums)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0      # a yes/no check: claims compare it "== 1"
+    if not isinstance(value, (int, float)):
         return None
     return float(value)
 
@@ -59,6 +61,8 @@ def _meets(value: float, comparison: str, target: float) -> bool:
 def fmt(value: float | None, unit: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
+    if unit == "bool":
+        return "yes" if value else "no"
     if unit == "x":
         return f"{value:.2f}x"
     if unit == "fraction":

@@ -213,6 +213,10 @@ def test_lookup_and_evaluate_edge_cases():
     assert evaluate(c, "ok", "", {"v": 0}).status == "reproduced"
     assert evaluate(c, "ok", "", {"v": 3}).status == "not reproduced"
     assert evaluate(c, "ok", "", {"v": "fast"}).status == "not measured"
+    yes = Claim(id="b", suite="s", benchmark="b", title="t", source="project", paper_figure="-", field="flat",
+                comparison="==", target=1, unit="bool", differs_because="-")
+    assert evaluate(yes, "ok", "", {"flat": True}).status == "reproduced"
+    assert evaluate(yes, "ok", "", {"flat": False}).status == "not reproduced"
     assert evaluate(c, "timeout", "ran past 600 s", None).reason.endswith("ran past 600 s")
     with pytest.raises(ValueError, match="differs_because"):
         Claim(id="y", suite="s", benchmark="b", title="t", source="paper", paper_figure="-")

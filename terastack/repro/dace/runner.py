@@ -205,7 +205,9 @@ def run(args: argparse.Namespace) -> dict:
     wall = time.perf_counter()
     for n, kernel in enumerate(selected, 1):
         entry = {"domain": kernel.domain, "definition": kernel.definition, "sizes": dict(kernel.sizes[args.preset]),
-                 "rtol": kernel.rtol, "atol": kernel.atol, "tolerance_note": kernel.tolerance_note, "frameworks": {}}
+                 "rtol": kernel.rtol, "atol": kernel.atol, "tolerance_note": kernel.tolerance_note,
+                 "dace_note": kernel.extras.get("dace_note"), "size_note": kernel.extras.get("size_note"),
+                 "frameworks": {}}
         result["kernels"][kernel.name] = entry
         inputs = kernel.inputs(args.preset)
         result["in_progress"] = f"{kernel.name}/numpy"

@@ -59,6 +59,7 @@ SOFTMAX = Kernel(
     args=("x",), returns=1,
     sizes={"smoke": dict(N=16, H=8, SM=96), "small": dict(N=32, H=16, SM=180), "full": dict(N=32, H=16, SM=400)},
     init=softmax_init, numpy=softmax_numpy, dace=softmax_dace, numba=softmax_numba,
+    extras={"dace_note": "the NumPy code restores the reduced axis with np.newaxis: DaCe 1.0.2 rejects keepdims"},
     rtol=1e-10, atol=1e-14, tolerance_note="vectorized exp may differ by an ulp")
 
 # --------------------------------------------------------------------------- conv2d with bias
@@ -138,6 +139,8 @@ CONV2D = Kernel(
            "small": dict(N=32, H=80, W=80, C_in=3, C_out=32, K=5),
            "full": dict(N=32, H=128, W=128, C_in=3, C_out=32, K=7)},
     init=conv2d_init, numpy=conv2d_numpy, dace=conv2d_dace, numba=conv2d_numba,
+    extras={"dace_note": "a map over the outputs inside the (p, q) loop; the form with the (p, q) loops inside "
+                         "the map is miscompiled by DaCe 1.0.2 (wrong window for every output but the first)"},
     rtol=1e-10, atol=1e-10, tolerance_note="the sum over (p, q, ci) is accumulated in different orders")
 
 KERNELS = [SOFTMAX, CONV2D]

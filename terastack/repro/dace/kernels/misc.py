@@ -61,7 +61,9 @@ SPMV = Kernel(
     args=("A_row", "A_col", "A_val", "x"), returns=1,
     sizes={"smoke": dict(M=80000, N=80000, nnz_per_row=8), "small": dict(M=400000, N=400000, nnz_per_row=16),
            "full": dict(M=1250000, N=1250000, nnz_per_row=32)},
-    init=spmv_init, numpy=spmv_numpy, dace=spmv_dace, numba=spmv_numba, rtol=1e-12, atol=1e-12)
+    init=spmv_init, numpy=spmv_numpy, dace=spmv_dace, numba=spmv_numba, rtol=1e-12, atol=1e-12,
+    extras={"dace_note": "a map over rows with a data-dependent inner loop (NumPy's form uses np.repeat and "
+                         "np.bincount, which DaCe does not take)"})
 
 # --------------------------------------------------------------------------- crc16
 
@@ -123,7 +125,8 @@ def crc16_numba():
 
 CRC16 = Kernel(
     name="crc16", domain="bit manipulation", definition="CRC-16/X-25 (poly 0x1021 reflected, init/xorout 0xFFFF)",
-    args=("data",), returns=1, extras={"scalar_return": True},
+    args=("data",), returns=1,
+    extras={"scalar_return": True, "dace_note": "the same bit loop with explicit uint16 casts"},
     sizes={"smoke": dict(N=18000), "small": dict(N=100000), "full": dict(N=1000000)},
     init=crc16_init, numpy=crc16_numpy, dace=crc16_dace, numba=crc16_numba, rtol=0.0, atol=0.0,
     tolerance_note="integer result: must be exact")

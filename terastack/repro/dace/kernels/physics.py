@@ -81,7 +81,9 @@ AZIMINT = Kernel(
     sizes={"smoke": dict(N=27000, npt=64), "small": dict(N=205000, npt=256), "full": dict(N=1000000, npt=512)},
     init=azimint_init, numpy=azimint_numpy, dace=azimint_dace, numba=azimint_numba,
     rtol=1e-9, atol=1e-12, tolerance_note="per-bin sums of ~N/npt terms in different orders",
-    extras={"dace_symbols": ("npt",)})
+    extras={"dace_symbols": ("npt",),
+            "dace_note": "npt is a DaCe symbol; the bin count is summed as float64 (DaCe reduces a boolean "
+                         "array with logical-or semantics, giving 1)"})
 
 # --------------------------------------------------------------------------- nbody
 
@@ -160,6 +162,8 @@ NBODY = Kernel(
     args=("pos", "vel", "mass", "steps", "dt", "G", "soft"), outputs=("pos", "vel"),
     sizes={"smoke": dict(N=300, steps=3), "small": dict(N=800, steps=4), "full": dict(N=2000, steps=6)},
     init=nbody_init, numpy=nbody_numpy, dace=nbody_dace, numba=nbody_numba,
+    extras={"dace_note": "pairwise differences written x[np.newaxis, :] - x[:, np.newaxis]; as x.T - x on (N, 1) "
+                         "slices DaCe 1.0.2 computes them wrongly"},
     rtol=1e-8, atol=1e-10, tolerance_note="pairwise sums in different orders, amplified over the time steps")
 
 KERNELS = [AZIMINT, NBODY]

@@ -4,14 +4,17 @@ The end-to-end test creates the suite's environment on first use (about a minute
 installs dace, numba, scipy, mpi4py) and reuses it afterwards; set TERASTACK_DACE_ENV
 to choose where. TERASTACK_SKIP_DACE=1 skips it, and the skip says so.
 """
+import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
 from terastack.repro.dace import scaling
-from terastack.repro.dace.suite import DaceSuite, process_counts, scaling_efficiency, scaling_summary
+from terastack.repro.dace.suite import (DaceSuite, mpirun_flags, process_counts, scaling_efficiency,
+                                        scaling_summary)
 
 
 def test_global_rows_slices_equal_the_whole_matrix():
@@ -47,11 +50,17 @@ def test_efficiency_formulas():
     runs = {1: {"status": "ok", "records": [rec("gemm", "strong", 1, 10.0), rec("gemm", "weak", 1, 10.0)]},
             4: {"status": "ok", "records": [rec("gemm", "strong", 4, 5.0), rec("gemm", "weak", 4, 12.5)]}}
     eff = scaling_efficiency(runs)
-    strong4 = eff["gemm"]["strong"][1]
+    strong4 = eff["gemm (numpy)"]["strong"][1]
     assert strong4["speedup"] == pytest.approx(2.0) and strong4["efficiency"] == pytest.approx(0.5)
-    assert eff["gemm"]["weak"][1]["efficiency"] == pytest.approx(0.8)
+    assert eff["gemm (numpy)"]["weak"][1]["efficiency"] == pytest.approx(0.8)
     s = scaling_summary({"efficiency": eff})
-    assert s == {"max_procs": 4, "weak_efficiency_min": pytest.approx(0.8), "strong_efficiency_min": pytest.approx(0.5)}
+    assert s == {"max_procs": 4, "local": "numpy", "weak_efficiency_min": pytest.approx(0.8),
+                 "strong_efficiency_min": pytest.approx(0.5)}
+    # with DaCe-compiled rank-local runs present, the summary is theirs
+    dace_runs = {p: {"status": "ok", "records": [{**r, "local": "dace", "median": r["median"] / 2}
+                                                 for r in run["records"]] + run["records"]}
+                 for p, run in runs.items()}
+    assert scaling_summary({"efficiency": scaling_efficiency(dace_runs)})["local"] == "dace"
 
 
 @pytest.mark.slow
@@ -86,9 +95,20 @@ def test_three_kernels_through_dace_numba_and_mpi(tmp_path):
     assert sc["process_counts"] == [1, 2]
     for kernel in ("gemm", "atax", "jacobi_2d"):
         for mode in ("strong", "weak"):
-            points = sc["efficiency"][kernel][mode]
+            points = sc["efficiency"][f"{kernel} (numpy)"][mode]
             assert [p["procs"] for p in points] == [1, 2]
             assert all(p["valid"] for p in points), (kernel, mode)
             assert points[0]["efficiency"] == pytest.approx(1.0)
             assert points[1]["efficiency"] > 0
     assert result["scaling_summary"]["max_procs"] == 2
+    # the rank-local compute compiled by DaCe, each rank into its own build folder, validated on 2 ranks
+    out = tmp_path / "dace_local.json"
+    cmd = [shutil.which("mpirun") or shutil.which("mpiexec"),
+           *mpirun_flags(result["env"]["system"]["mpi_version"] or "", 2), "-n", "2", str(suite.env.python), "-m",
+           "terastack.repro.dace.scaling", "--preset", "smoke", "--kernels", "jacobi_2d,atax", "--modes", "strong",
+           "--locals", "dace", "--build-dir", str(tmp_path / "mpibuild"), "--out", str(out)]
+    proc = subprocess.run(cmd, env=suite.env.subprocess_env(threads=1), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(out.read_text())["records"]
+    assert [(r["kernel"], r["local"], r["validation"]["ok"]) for r in records] == [
+        ("jacobi_2d", "dace", True), ("atax", "dace", True)]

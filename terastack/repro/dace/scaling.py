@@ -13,7 +13,9 @@
 Strong scaling keeps the global size fixed; weak scaling grows the split
 dimension with P so each rank's share stays that of P = 1. Each rank computes
 single-threaded (the driver sets the thread variables to 1), so P processes
-use P cores. The result of every (kernel, mode, P) is gathered on rank 0 and
+use P cores. The rank-local compute is either the NumPy kernel or the same
+kernel compiled by DaCe (``--locals numpy,dace``; each rank compiles into its
+own build folder, before anything is timed); communication is mpi4py either way. The result of every (kernel, mode, P) is gathered on rank 0 and
 validated against the serial NumPy kernel on the same global inputs before
 anything is timed. Time of one run = from a barrier to the barrier after it
 (the slowest rank).
@@ -21,14 +23,15 @@ anything is timed. Time of one run = from a barrier to the barrier after it
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import numpy as np
 
 from terastack.atomic import atomic_write_json
-from terastack.repro.dace.kernel import validate
-from terastack.repro.dace.kernels.linalg import atax_numpy, gemm_numpy
+from terastack.repro.dace.kernel import Kernel, annotated, validate
+from terastack.repro.dace.kernels.linalg import ATAX, GEMM, atax_numpy, gemm_numpy
 from terastack.repro.dace.kernels.stencils import jacobi_2d_numpy
 from terastack.repro.dace.stats import median_ci
 
@@ -65,13 +68,53 @@ def block_range(n: int, size: int, rank: int) -> tuple[int, int]:
     return rank * n // size, (rank + 1) * n // size
 
 
+def jacobi_sweep_numpy(src, dst):
+    # one half step of jacobi_2d on a block whose first and last rows are halos (or the fixed boundary)
+    dst[1:-1, 1:-1] = 0.2 * (src[1:-1, 1:-1] + src[1:-1, :-2] + src[1:-1, 2:] + src[2:, 1:-1] + src[:-2, 1:-1])
+
+
+def _jacobi_sweep_dace():
+    import dace
+
+    R, C = dace.symbol("R"), dace.symbol("C")
+    return annotated(jacobi_sweep_numpy, src=dace.float64[R, C], dst=dace.float64[R, C])
+
+
+JACOBI_SWEEP = Kernel(name="jacobi_2d_sweep", domain="stencil", definition="one jacobi_2d half step on a block",
+                      args=("src", "dst"), outputs=("dst",), sizes={p: {} for p in ("smoke", "small", "full")},
+                      init=dict, numpy=jacobi_sweep_numpy, dace=_jacobi_sweep_dace)
+
+
+class Local:
+    """The rank-local compute of one kernel: NumPy's function, or DaCe's compiled for these shapes."""
+
+    _compiled: dict = {}
+
+    def __init__(self, framework: str, build_dir: str | None, rank: int):
+        if framework not in ("numpy", "dace"):
+            raise ValueError(f"--locals: must be numpy or dace, got {framework!r}")
+        self.framework, self.build_dir, self.rank = framework, build_dir, rank
+
+    def __call__(self, kernel: Kernel, example: dict):
+        if self.framework == "numpy":
+            return kernel.numpy
+        key = (kernel.name, tuple((k, np.shape(v)) for k, v in sorted(example.items())))
+        if key not in Local._compiled:
+            from terastack.repro.dace.runner import configure_dace, dace_callable
+
+            # every rank compiles its own copy: one build folder per rank, no races between them
+            configure_dace(os.path.join(self.build_dir or ".dacecache", f"rank{self.rank}"))
+            Local._compiled[key] = dace_callable(kernel, True, example)
+        return Local._compiled[key]
+
+
 # --------------------------------------------------------------------------- gemm
 
 
 class DistGemm:
     name = "gemm"
 
-    def __init__(self, comm, NI: int, NJ: int, NK: int):
+    def __init__(self, comm, local: Local, NI: int, NJ: int, NK: int):
         self.comm, self.shape = comm, (NI, NJ, NK)
         r, p = comm.Get_rank(), comm.Get_size()
         self.rows = block_range(NI, p, r)
@@ -82,6 +125,7 @@ class DistGemm:
         counts = [(block_range(NK, p, q)[1] - block_range(NK, p, q)[0]) * NJ for q in range(p)]
         self.counts, self.displs = counts, [sum(counts[:q]) for q in range(p)]
         self.B = np.empty((NK, NJ))
+        self.gemm = local(GEMM, {"alpha": 1.5, "beta": 1.2, "C": self.C, "A": self.A, "B": self.B})
 
     def fresh(self) -> dict:
         return {"C": self.C.copy()}
@@ -90,7 +134,7 @@ class DistGemm:
         from mpi4py import MPI
 
         self.comm.Allgatherv(self.B_local, [self.B, self.counts, self.displs, MPI.DOUBLE])
-        gemm_numpy(1.5, 1.2, state["C"], self.A, self.B)
+        self.gemm(1.5, 1.2, state["C"], self.A, self.B)
 
     def gathered(self, state: dict):
         parts = self.comm.gather(state["C"], root=0)
@@ -109,10 +153,11 @@ class DistGemm:
 class DistAtax:
     name = "atax"
 
-    def __init__(self, comm, M: int, N: int):
+    def __init__(self, comm, local: Local, M: int, N: int):
         self.comm, self.shape = comm, (M, N)
         self.A = global_rows(4, (M, N), *block_range(M, comm.Get_size(), comm.Get_rank()))
-        self.x = global_rows(5, (1, N), 0, 1)[0]
+        self.x = global_rows(5, (1, N), 0, 1)[0].copy()    # DaCe takes no views
+        self.atax = local(ATAX, {"A": self.A, "x": self.x})
 
     def fresh(self) -> dict:
         return {"y": np.empty(self.shape[1])}
@@ -120,7 +165,7 @@ class DistAtax:
     def run(self, state: dict) -> None:
         from mpi4py import MPI
 
-        partial = (self.A @ self.x) @ self.A
+        partial = np.ascontiguousarray(self.atax(self.A, self.x))
         self.comm.Allreduce(partial, state["y"], op=MPI.SUM)
 
     def gathered(self, state: dict):
@@ -137,7 +182,7 @@ class DistAtax:
 class DistJacobi2d:
     name = "jacobi_2d"
 
-    def __init__(self, comm, R: int, C: int, TSTEPS: int):
+    def __init__(self, comm, local: Local, R: int, C: int, TSTEPS: int):
         self.comm, self.shape, self.tsteps = comm, (R, C), TSTEPS
         r, p = comm.Get_rank(), comm.Get_size()
         self.s, self.e = block_range(R, p, r)
@@ -149,8 +194,9 @@ class DistJacobi2d:
 
         self.up = r - 1 if r > 0 else MPI.PROC_NULL
         self.down = r + 1 if r < p - 1 else MPI.PROC_NULL
-        # interior rows this rank updates (global rows 1..R-2), as local indices
-        self.u0, self.u1 = max(self.s, 1) - self.lo, min(self.e, R - 1) - self.lo
+        # The block's first and last rows are halos or the fixed global boundary, so a half step
+        # updates exactly the block's interior rows: this rank's own rows, less global rows 0 and R-1.
+        self.sweep = local(JACOBI_SWEEP, {"src": self.A, "dst": self.B})
 
     def fresh(self) -> dict:
         return {"A": self.A.copy(), "B": self.B.copy()}
@@ -163,18 +209,13 @@ class DistJacobi2d:
         self.comm.Sendrecv(X[e - 1 - lo], dest=self.down, recvbuf=X[s - 1 - lo] if s > 0 else None,
                            source=self.up)
 
-    @staticmethod
-    def _sweep(dst: np.ndarray, src: np.ndarray, u0: int, u1: int) -> None:
-        dst[u0:u1, 1:-1] = 0.2 * (src[u0:u1, 1:-1] + src[u0:u1, :-2] + src[u0:u1, 2:]
-                                  + src[u0 + 1:u1 + 1, 1:-1] + src[u0 - 1:u1 - 1, 1:-1])
-
     def run(self, state: dict) -> None:
         A, B = state["A"], state["B"]
         for _t in range(1, self.tsteps):
             self._halo(A)
-            self._sweep(B, A, self.u0, self.u1)
+            self.sweep(A, B)
             self._halo(B)
-            self._sweep(A, B, self.u0, self.u1)
+            self.sweep(B, A)
 
     def gathered(self, state: dict):
         own = slice(self.s - self.lo, self.e - self.lo)
@@ -202,10 +243,10 @@ def sizes_for(kernel: str, preset: str, mode: str, procs: int) -> dict:
     return sizes
 
 
-def measure(comm, kernel: str, preset: str, mode: str, repeats: int) -> dict | None:
+def measure(comm, kernel: str, preset: str, mode: str, repeats: int, local: Local) -> dict | None:
     procs = comm.Get_size()
     sizes = sizes_for(kernel, preset, mode, procs)
-    job = KERNELS[kernel](comm, **sizes)
+    job = KERNELS[kernel](comm, local, **sizes)
     # validation run, untimed
     state = job.fresh()
     job.run(state)
@@ -226,7 +267,8 @@ def measure(comm, kernel: str, preset: str, mode: str, repeats: int) -> dict | N
             times.append(time.perf_counter() - start)
     if comm.Get_rank() != 0:
         return None
-    rec = {"kernel": kernel, "mode": mode, "procs": procs, "sizes": sizes, "validation": check, "times_s": times}
+    rec = {"kernel": kernel, "mode": mode, "local": local.framework, "procs": procs, "sizes": sizes,
+           "validation": check, "times_s": times}
     if times:
         rec.update(median_ci(times))
     return rec
@@ -237,21 +279,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=tuple(REPEATS), default="smoke")
     p.add_argument("--kernels", default=",".join(KERNELS))
     p.add_argument("--modes", default="strong,weak")
+    p.add_argument("--locals", default="numpy", help="rank-local compute: numpy, dace or both (comma-separated)")
+    p.add_argument("--build-dir", help="DaCe build folder (one subfolder per rank)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     records = []
-    for kernel in args.kernels.split(","):
-        if kernel not in KERNELS:
-            raise ValueError(f"--kernels: unknown {kernel!r}; choose from {','.join(KERNELS)}")
-        for mode in args.modes.split(","):
-            rec = measure(comm, kernel, args.preset, mode, REPEATS[args.preset])
-            if rec is not None:
-                records.append(rec)
-                shown = f"median {rec['median'] * 1e3:.2f} ms" if rec["times_s"] else f"INVALID {rec['validation']}"
-                print(f"[dace-suite] scaling {kernel} {mode} P={comm.Get_size()}: {shown}", file=sys.stderr, flush=True)
+    for framework in args.locals.split(","):
+        local = Local(framework, args.build_dir, comm.Get_rank())
+        for kernel in args.kernels.split(","):
+            if kernel not in KERNELS:
+                raise ValueError(f"--kernels: unknown {kernel!r}; choose from {','.join(KERNELS)}")
+            for mode in args.modes.split(","):
+                rec = measure(comm, kernel, args.preset, mode, REPEATS[args.preset], local)
+                if rec is not None:
+                    records.append(rec)
+                    shown = (f"median {rec['median'] * 1e3:.2f} ms" if rec["times_s"]
+                             else f"INVALID {rec['validation']}")
+                    print(f"[dace-suite] scaling {kernel} ({framework}) {mode} P={comm.Get_size()}: {shown}",
+                          file=sys.stderr, flush=True)
     if comm.Get_rank() == 0:
         atomic_write_json(args.out, {"procs": comm.Get_size(), "preset": args.preset,
                                      "mpi_library": MPI.Get_library_version().strip().splitlines()[0],

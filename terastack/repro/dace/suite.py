@@ -25,7 +25,9 @@ from terastack.repro.dace.stats import geomean, ratio_ci
 #: preset -> bound on the kernel runner (all kernels, all frameworks, compile included)
 RUNNER_TIMEOUT_S = {"smoke": 900, "small": 2400, "full": 5400}
 #: preset -> bound on one mpirun (all three kernels, both modes, one P)
-MPIRUN_TIMEOUT_S = {"smoke": 300, "small": 900, "full": 1800}
+MPIRUN_TIMEOUT_S = {"smoke": 300, "small": 1200, "full": 2400}
+#: preset -> rank-local compute of the scaling runs (smoke skips DaCe's per-rank compiles to stay short)
+SCALING_LOCALS = {"smoke": ("numpy",), "small": ("numpy", "dace"), "full": ("numpy", "dace")}
 
 
 def log(msg: str) -> None:
@@ -127,6 +129,22 @@ class DaceSuite:
 
     # ----------------------------------------------------------------- scaling
 
+    def _mpirun(self, mpirun: str, env_info: dict, procs: int, locals_: list[str], build_dir: str) -> dict:
+        cfg = self.config
+        out_json = self.out / f"dace_scaling_P{procs}.json"
+        cmd = [mpirun, *mpirun_flags(env_info["system"].get("mpi_version") or "", procs), "-n", str(procs),
+               str(self.env.python), "-m", "terastack.repro.dace.scaling", "--preset", cfg.preset,
+               "--locals", ",".join(locals_), "--build-dir", build_dir, "--out", str(out_json)]
+        log(f"scaling: mpirun -n {procs} (rank-local compute: {', '.join(locals_)})")
+        proc = _run_logged(cmd, env=self.env.subprocess_env(threads=1), cwd=str(self.out),
+                           timeout=MPIRUN_TIMEOUT_S[cfg.preset], log_path=self.out / f"dace_scaling_P{procs}.log",
+                           what=f"mpirun -n {procs} (scaling, {cfg.preset})")
+        data = _load_json(out_json)
+        if proc["returncode"] != 0 or data is None:
+            return {"status": "failed", "reason": f"mpirun -n {procs} exit {proc['returncode']}"
+                    + (" (timed out)" if proc["timed_out"] else "") + f"\n{proc['tail']}"}
+        return {"status": "ok", **data}
+
     def _run_scaling(self, env_info: dict) -> dict:
         cfg = self.config
         mpirun = env_info["system"].get("mpirun")
@@ -136,26 +154,19 @@ class DaceSuite:
                               "libopenmpi-dev, or mpich) to run the scaling experiments"}
         max_procs = cfg.max_procs or os.cpu_count() or 1
         counts = process_counts(max_procs)
+        locals_ = [f for f in SCALING_LOCALS[cfg.preset] if f == "numpy" or f in cfg.frameworks]
+        build_dir = tempfile.mkdtemp(prefix="terastack-dacecache-mpi-")
         runs = {}
-        for procs in counts:
-            out_json = self.out / f"dace_scaling_P{procs}.json"
-            cmd = [mpirun, *mpirun_flags(env_info["system"].get("mpi_version") or "", procs), "-n", str(procs),
-                   str(self.env.python), "-m", "terastack.repro.dace.scaling", "--preset", cfg.preset,
-                   "--out", str(out_json)]
-            log(f"scaling: mpirun -n {procs}")
-            proc = _run_logged(cmd, env=self.env.subprocess_env(threads=1), cwd=str(self.out),
-                               timeout=MPIRUN_TIMEOUT_S[cfg.preset], log_path=self.out / f"dace_scaling_P{procs}.log",
-                               what=f"mpirun -n {procs} (scaling, {cfg.preset})")
-            data = _load_json(out_json)
-            if proc["returncode"] != 0 or data is None:
-                runs[procs] = {"status": "failed", "reason": f"mpirun -n {procs} exit {proc['returncode']}"
-                               + (" (timed out)" if proc["timed_out"] else "") + f"\n{proc['tail']}"}
-            else:
-                runs[procs] = {"status": "ok", **data}
+        try:
+            for procs in counts:
+                runs[procs] = self._mpirun(mpirun, env_info, procs, locals_, build_dir)
+        finally:
+            shutil.rmtree(build_dir, ignore_errors=True)
         return {"status": "ok" if all(r["status"] == "ok" for r in runs.values()) else "partial",
                 "process_counts": counts, "runs": {str(k): v for k, v in runs.items()},
-                "efficiency": scaling_efficiency(runs), "sizes": scaling_mod.SIZES,
-                "note": "rank-local compute in NumPy, one thread per rank; communication with mpi4py"}
+                "efficiency": scaling_efficiency(runs), "sizes": scaling_mod.SIZES, "locals": locals_,
+                "note": f"rank-local compute in {' and in '.join(locals_)} (DaCe: the same kernel compiled per "
+                        f"rank), one thread per rank; communication with mpi4py"}
 
 
 def mpirun_flags(mpi_version: str, procs: int) -> list[str]:
@@ -243,10 +254,16 @@ def validation_failures(kernels_result: dict) -> list[dict]:
 
 
 def scaling_summary(scaling: dict) -> dict | None:
-    """Worst weak and strong efficiency at the largest process count that ran, over the kernels."""
+    """Worst weak and strong efficiency at the largest process count that ran, over the kernels.
+
+    Taken over the DaCe-compiled rank-local runs when there are any (the paper's subject), else NumPy's.
+    """
     eff = scaling.get("efficiency") or {}
+    local = "dace" if any(name.endswith("(dace)") for name in eff) else "numpy"
     weak, strong, top = [], [], 0
-    for modes in eff.values():
+    for name, modes in eff.items():
+        if not name.endswith(f"({local})"):
+            continue
         for mode, points in modes.items():
             valid = [p for p in points if p.get("efficiency") is not None]
             if not valid:
@@ -256,12 +273,13 @@ def scaling_summary(scaling: dict) -> dict | None:
             (weak if mode == "weak" else strong).append(last["efficiency"])
     if not weak and not strong:
         return None
-    return {"max_procs": top, "weak_efficiency_min": min(weak) if weak else None,
+    return {"max_procs": top, "local": local, "weak_efficiency_min": min(weak) if weak else None,
             "strong_efficiency_min": min(strong) if strong else None}
 
 
 def scaling_efficiency(runs: dict) -> dict:
-    """kernel -> mode -> [{procs, median, efficiency}], from the P = 1 run of the same kernel and mode.
+    """"kernel (local)" -> mode -> [{procs, median, efficiency}], from the P = 1 run of the same kernel,
+    rank-local framework and mode.
 
     Strong: E(P) = T(1) / (P T(P)); weak: E(P) = T(1) / T(P).
     """
@@ -271,7 +289,8 @@ def scaling_efficiency(runs: dict) -> dict:
         if run.get("status") != "ok":
             continue
         for rec in run["records"]:
-            by_key.setdefault((rec["kernel"], rec["mode"]), {})[int(procs)] = rec
+            name = f"{rec['kernel']} ({rec.get('local', 'numpy')})"
+            by_key.setdefault((name, rec["mode"]), {})[int(procs)] = rec
     for (kernel, mode), recs in sorted(by_key.items()):
         base = recs.get(1)
         points = []

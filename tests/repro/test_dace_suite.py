@@ -112,3 +112,47 @@ def test_three_kernels_through_dace_numba_and_mpi(tmp_path):
     records = json.loads(out.read_text())["records"]
     assert [(r["kernel"], r["local"], r["validation"]["ok"]) for r in records] == [
         ("jacobi_2d", "dace", True), ("atax", "dace", True)]
+
+
+def test_environment_refuses_a_foreign_directory(tmp_path):
+    from terastack.repro.dace.env import DaceEnvironment, DaceUnavailable
+
+    foreign = tmp_path / "someones-venv"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    with pytest.raises(DaceUnavailable, match="not a terastack DaCe environment"):
+        DaceEnvironment(DaceEnvironment.Config(path=str(foreign))).ensure()
+    assert (foreign / "precious.txt").read_text() == "keep me"
+
+
+def test_environment_with_other_requirements_is_not_reused(tmp_path):
+    from terastack.repro.dace.env import STAMP, DaceEnvironment
+
+    env = DaceEnvironment(DaceEnvironment.Config(path=str(tmp_path / "env")))
+    (env.path / "bin").mkdir(parents=True)
+    (env.path / "bin" / "python").write_text("")
+    (env.path / STAMP).write_text(json.dumps({"requirements": ["dace==0.16"]}))
+    assert env._usable() is None
+    (env.path / STAMP).write_text(json.dumps({"requirements": list(env.config.requirements)}))
+    assert env._usable() is not None
+
+
+def test_failed_install_is_reported_with_pip_output(tmp_path):
+    from terastack.repro.dace.env import DaceEnvironment, DaceUnavailable
+
+    # --no-index: pip looks nowhere, so the install fails at once and offline
+    env = DaceEnvironment(DaceEnvironment.Config(path=str(tmp_path / "env"), extra_pip_args=("--no-index",),
+                                                 install_timeout_s=300))
+    with pytest.raises(DaceUnavailable, match="failed with exit") as info:
+        env.ensure()
+    assert "dace" in str(info.value) and "install.log" in str(info.value)
+    assert env._usable() is None      # an incomplete environment is never taken for a ready one
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="frameworks"):
+        DaceSuite.Config(frameworks=("dace",))
+    with pytest.raises(ValueError, match="threads"):
+        DaceSuite.Config(threads=0)
+    with pytest.raises(ValueError, match="preset"):
+        DaceSuite.Config(preset="medium")

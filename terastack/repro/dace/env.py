@@ -21,6 +21,7 @@ reported).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import datetime
 import fcntl
@@ -131,30 +132,25 @@ class DaceEnvironment:
             stamp = self._create(log)
         return {**stamp, "created_now": True, "path": str(self.path), "system": prereq}
 
+    @contextlib.contextmanager
     def _lock(self):
-        env = self
-
-        class _Lock:
-            def __enter__(self_inner):
-                self_inner.fd = os.open(str(env.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-                deadline = time.monotonic() + env.config.install_timeout_s
-                while True:
-                    try:
-                        fcntl.flock(self_inner.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        return self_inner
-                    except BlockingIOError:
-                        if time.monotonic() > deadline:
-                            os.close(self_inner.fd)
-                            raise DaceUnavailable(f"timed out after {env.config.install_timeout_s:.0f} s waiting for "
-                                                  f"another process creating the DaCe environment {env.path} "
-                                                  f"(lock {env.path}.lock)")
-                        time.sleep(0.5)
-
-            def __exit__(self_inner, *exc):
-                fcntl.flock(self_inner.fd, fcntl.LOCK_UN)
-                os.close(self_inner.fd)
-
-        return _Lock()
+        """Exclusive right to create or check the environment (another process may be creating it)."""
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + self.config.install_timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise DaceUnavailable(f"timed out after {self.config.install_timeout_s:.0f} s waiting for "
+                                              f"another process creating the DaCe environment {self.path} "
+                                              f"(lock {self.path}.lock)") from None
+                    time.sleep(0.5)
+            yield
+        finally:
+            os.close(fd)    # closing the descriptor releases the lock
 
     def _remove_incomplete(self) -> None:
         if not self.path.exists():

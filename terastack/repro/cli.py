@@ -40,8 +40,16 @@ def run(args: argparse.Namespace) -> int:
                   "kernels": tuple(args.kernels.split(",")) if args.kernels else ()}
     if args.dace_env:
         dace["env"] = {"path": args.dace_env}
-    harness = Harness(Harness.Config(suites=suites, preset=args.preset, out_dir=out,
-                                     bench_timeout_s=args.bench_timeout, dace=dace))
+    config = Harness.Config(suites=suites, preset=args.preset, out_dir=out, bench_timeout_s=args.bench_timeout,
+                            dace=dace)
+    if "dace" in suites:
+        # bad DaCe options fail now, not after the other suites have run
+        from terastack.repro.dace.kernels import select
+        from terastack.repro.dace.suite import DaceSuite
+
+        select(list(dace["kernels"]))
+        DaceSuite.Config(preset=args.preset, **{k: v for k, v in dace.items() if k != "env"})
+    harness = Harness(config)
     data = harness.run()
     counts: dict[str, int] = {}
     for v in data["verdicts"]:

@@ -241,3 +241,17 @@ def test_cli_lists_repro_and_rejects_bad_input(capsys):
     assert args.suites == ["io", "dace"] and args.preset == "smoke"
     with pytest.raises(SystemExit):
         parser.parse_args(["repro", "--preset", "enormous"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["repro", "dace", "--threads", "0"], "threads: must be >= 1"),
+    (["repro", "dace", "--kernels", "gemm,nope"], "unknown kernel"),
+    (["repro", "warp-drive"], "suites: unknown"),
+])
+def test_cli_bad_input_fails_before_running_anything(argv, message, tmp_path, capsys):
+    from terastack.cli import main
+
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

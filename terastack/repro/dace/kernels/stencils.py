@@ -11,6 +11,19 @@ import numpy as np
 
 from terastack.repro.dace.kernel import Kernel, annotated, rng
 
+def _time_steps(sweep):
+    """Numba: TSTEPS - 1 steps of ``sweep(A, B)`` then ``sweep(B, A)`` — the time loop all three stencils share."""
+    import numba
+
+    @numba.njit(cache=False)
+    def run(TSTEPS, A, B):
+        for _t in range(1, TSTEPS):
+            sweep(A, B)
+            sweep(B, A)
+
+    return run
+
+
 # --------------------------------------------------------------------------- jacobi_1d
 
 
@@ -40,13 +53,7 @@ def jacobi_1d_numba():
         for i in numba.prange(1, src.shape[0] - 1):
             dst[i] = (src[i - 1] + src[i] + src[i + 1]) / 3.0
 
-    @numba.njit(cache=False)
-    def jacobi_1d(TSTEPS, A, B):
-        for _t in range(1, TSTEPS):
-            _sweep(A, B)
-            _sweep(B, A)
-
-    return jacobi_1d
+    return _time_steps(_sweep)
 
 
 JACOBI_1D = Kernel(
@@ -88,13 +95,7 @@ def jacobi_2d_numba():
             for j in range(1, n - 1):
                 dst[i, j] = 0.2 * (src[i, j] + src[i, j - 1] + src[i, j + 1] + src[i + 1, j] + src[i - 1, j])
 
-    @numba.njit(cache=False)
-    def jacobi_2d(TSTEPS, A, B):
-        for _t in range(1, TSTEPS):
-            _sweep(A, B)
-            _sweep(B, A)
-
-    return jacobi_2d
+    return _time_steps(_sweep)
 
 
 JACOBI_2D = Kernel(
@@ -147,13 +148,7 @@ def heat_3d_numba():
                                     + 0.125 * (src[i, j + 1, k] - 2.0 * c + src[i, j - 1, k])
                                     + 0.125 * (src[i, j, k + 1] - 2.0 * c + src[i, j, k - 1]) + c)
 
-    @numba.njit(cache=False)
-    def heat_3d(TSTEPS, A, B):
-        for _t in range(1, TSTEPS):
-            _step(A, B)
-            _step(B, A)
-
-    return heat_3d
+    return _time_steps(_step)
 
 
 HEAT_3D = Kernel(

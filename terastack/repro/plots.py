@@ -95,7 +95,7 @@ def dace_heatmap(speedups: dict, path: Path) -> Path | None:
     for i, k in enumerate(kernels):
         for j, fw in enumerate(frameworks):
             cell = per_kernel[k].get(fw, {})
-            text = f"{cell['ratio']:.2f}x" if cell.get("status") == "ok" else cell.get("status", "—")
+            text = f"{cell['ratio']:.3g}x" if cell.get("status") == "ok" else cell.get("status", "—")
             ax.text(j, i, text, ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(frameworks)), frameworks)
     ax.set_yticks(range(len(kernels)), kernels)

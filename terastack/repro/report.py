@@ -152,10 +152,10 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
             if fw == "numpy":
                 continue
             s = (sp.get("per_kernel", {}).get(name, {}) or {}).get(fw, {})
-            cells.append(f"{s['ratio']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s.get("status") == "ok"
+            cells.append(f"{s['ratio']:.3g}x [{s['ci_low']:.3g}, {s['ci_high']:.3g}]" if s.get("status") == "ok"
                          else s.get("status", "—"))
         vb = (sp.get("dace_vs_best_other") or {}).get(name)
-        cells.append(f"{vb['ratio']:.2f}x vs {vb['best_other']}" if vb else "—")
+        cells.append(f"{vb['ratio']:.3g}x vs {vb['best_other']}" if vb else "—")
         sizes = ", ".join(f"{k}={v}" for k, v in entry.get("sizes", {}).items())
         lines.append(f"| {name} | {_cell(entry.get('definition'))} | {sizes} | rtol={entry.get('rtol'):g}, "
                      f"atol={entry.get('atol'):g} | " + " | ".join(cells) + " |")

@@ -23,16 +23,20 @@ import traceback
 
 from terastack.atomic import atomic_write_json
 
+def module_present(name: str) -> bool:
+    """Whether ``name`` can be imported here (False, not an error, when a parent package is missing)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 EXIT_CODES = {"ok": 0, "error": 1, "missing": 3, "dependency-missing": 4, "no-preset": 5}
 
 
 def run_module(module_name: str, preset: str) -> dict:
     started = time.perf_counter()
-    try:
-        found = importlib.util.find_spec(module_name) is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
+    if not module_present(module_name):
         return {"status": "missing", "reason": f"module {module_name} is not part of this installation"}
     try:
         module = importlib.import_module(module_name)

@@ -255,3 +255,20 @@ def test_cli_bad_input_fails_before_running_anything(argv, message, tmp_path, ca
     assert main([*argv, "--out", str(out)]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_smoke_preset_on_the_projects_storage_benchmarks(tmp_path):
+    """The real registry at `--preset smoke` for the io and kernels suites (the engines CI always has)."""
+    from terastack.repro.bench_child import module_present
+    from terastack.repro.suites import registry
+
+    data = Harness(Harness.Config(suites=("io", "kernels"), preset="smoke", out_dir=str(tmp_path))).run()
+    reg = registry()
+    for suite in data["suites"]:
+        for b in suite["benchmarks"]:
+            present = module_present(reg[b["name"]])
+            assert b["status"] == ("ok" if present else "missing"), (b["name"], b["reason"])
+            mine = [v for v in data["verdicts"] if v["benchmark"] == b["name"]]
+            assert mine and all((v["status"] != "not measured") == present for v in mine), mine
+    assert "Preset `smoke`" in (tmp_path / "REPORT.md").read_text()

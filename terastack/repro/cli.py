@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "committed figures (tens of minutes)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: runs/repro-PRESET-DATE)")
     p.add_argument("--bench-timeout", type=float, metavar="S", help="bound on each benchmark process, seconds")
+    p.add_argument("--render", metavar="DIR", help="measure nothing: rebuild DIR/REPORT.md, verdicts and plots "
+                                                   "from an earlier run's report.json and raw/")
     g = p.add_argument_group("dace suite")
     g.add_argument("--dace-env", metavar="PATH",
                    help="the DaCe environment (default: $TERASTACK_DACE_ENV or ~/.cache/terastack/dace-env-*)")
@@ -33,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from terastack.repro.harness import Harness
 
+    if args.render:
+        data = Harness(Harness.Config(out_dir=args.render)).render()
+        _print_summary(data, args.render)
+        return 0
     suites = tuple(args.suites) or SUITE_NAMES
     out = args.out or os.path.join("runs", f"repro-{args.preset}-{datetime.date.today().isoformat()}")
     dace: dict = {"frameworks": tuple(args.frameworks.split(",")), "scaling": not args.no_scaling,
@@ -51,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
         DaceSuite.Config(preset=args.preset, **{k: v for k, v in dace.items() if k != "env"})
     harness = Harness(config)
     data = harness.run()
+    _print_summary(data, out)
+    return 0
+
+
+def _print_summary(data: dict, out: str) -> None:
     counts: dict[str, int] = {}
     for v in data["verdicts"]:
         counts[v["status"]] = counts.get(v["status"], 0) + 1
@@ -59,4 +70,3 @@ def run(args: argparse.Namespace) -> int:
     for s in data["suites"]:
         for b in s["benchmarks"]:
             print(f"  {s['name']}/{b['name']}: {b['status']}")
-    return 0

@@ -10,6 +10,7 @@ Output directory layout::
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from terastack.atomic import atomic_write_json
+from terastack.atomic import atomic_write_json, safe_relative
 from terastack.repro import plots as plot_mod
 from terastack.repro.claims import CLAIMS, Claim
 from terastack.repro.report import write_report
@@ -80,13 +81,30 @@ class Harness:
                 "load_average": {"start": load_start, "end": _loadavg()}, "dace_env": dace_env,
                 "suites": suites, "verdicts": verdicts, "raw_files": raw_files,
                 "wall_s": time.perf_counter() - started}
-        data["plots"], data["plots_missing"] = self._plots(suites, verdicts)
-        # the report embeds results by reference; report.json keeps everything but the raw results
+        return self._finish(data)
+
+    def render(self) -> dict:
+        """Rebuild REPORT.md, the verdicts and the plots of an earlier run from its report.json and raw/
+        (after the claims table or the report's layout changed), without measuring anything again."""
+        try:
+            data = json.loads((self.out / "report.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{self.out / 'report.json'}: cannot read an earlier run's report ({exc})") from None
+        for suite in data["suites"]:
+            for b in suite["benchmarks"]:
+                raw_path = safe_relative(self.out, f"raw/{b['name']}.json")
+                b["result"] = json.loads(raw_path.read_text()).get("result") if raw_path.exists() else None
+        data["verdicts"] = self._judge(data["suites"])
+        return self._finish(data)
+
+    def _finish(self, data: dict) -> dict:
+        data["plots"], data["plots_missing"] = self._plots(data["suites"], data["verdicts"])
+        # report.json keeps everything but the benchmarks' results, which are in raw/
         slim = {**data, "suites": [{**s, "benchmarks": [{k: v for k, v in b.items() if k != "result"}
-                                                        for b in s["benchmarks"]]} for s in suites]}
+                                                        for b in s["benchmarks"]]} for s in data["suites"]]}
         atomic_write_json(self.out / "report.json", slim)
-        write_report(self.out / "REPORT.md", data, cfg.claims)
-        log(f"report written to {self.out / 'REPORT.md'} ({data['wall_s']:.0f} s)")
+        write_report(self.out / "REPORT.md", data, self.config.claims)
+        log(f"report written to {self.out / 'REPORT.md'}")
         return data
 
     # ----------------------------------------------------------------- suites

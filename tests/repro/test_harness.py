@@ -272,3 +272,20 @@ def test_smoke_preset_on_the_projects_storage_benchmarks(tmp_path):
             mine = [v for v in data["verdicts"] if v["benchmark"] == b["name"]]
             assert mine and all((v["status"] != "not measured") == present for v in mine), mine
     assert "Preset `smoke`" in (tmp_path / "REPORT.md").read_text()
+
+
+def test_render_rejudges_an_earlier_run_without_measuring(report, tmp_path):
+    import dataclasses
+    import shutil
+
+    out, _ = report
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "logs").rename(copy / "logs-moved")        # nothing is re-run: logs are not needed
+    stricter = tuple(dataclasses.replace(c, target=2.0) if c.id == "a.speedup" else c for c in CLAIMS)
+    data = Harness(Harness.Config(out_dir=str(copy), claims=stricter)).render()
+    assert _verdict(data, "a.speedup")["status"] == "not reproduced"       # 1.8 < 2.0 now
+    assert _verdict(data, "a.speedup")["measured"] == pytest.approx(1.8)
+    assert "| >= 2.00x | **no** |" in (copy / "REPORT.md").read_text()
+    with pytest.raises(ValueError, match="report.json"):
+        Harness(Harness.Config(out_dir=str(tmp_path / "nothing-here"))).render()

@@ -129,6 +129,11 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
         f"stated tolerances before any timing; a failure is listed and excluded.", ""]
     if kern.get("status") != "ok":
         lines += [f"**The kernel runner did not finish**: {_cell(kern.get('reason', ''))}", ""]
+    crashes = kern.get("crashes") or []
+    if crashes:
+        lines += [f"Crashed measurements (the process died; excluded, the suite went on): **{len(crashes)}**", ""]
+        lines += [f"- {c['kernel']} / {c['framework']}: {_cell(c['detail'][-400:])}" for c in crashes]
+        lines.append("")
     failures = dace.get("validation_failure_list") or []
     lines += [f"Validation failures: **{len(failures)}**" + (":" if failures else "."), ""]
     lines += [f"- {f['kernel']} / {f['framework']}: {_cell(f['detail'])}" for f in failures]

@@ -156,3 +156,62 @@ def test_config_errors_name_the_field():
         DaceSuite.Config(threads=0)
     with pytest.raises(ValueError, match="preset"):
         DaceSuite.Config(preset="medium")
+
+
+def _ok(fw):
+    return {"framework": fw, "status": "ok", "times_s": [1.0, 1.0, 1.0], "median": 1.0, "ci_low": 1.0,
+            "ci_high": 1.0, "first_call_s": 2.0, "validation": {"ok": True, "detail": ""}}
+
+
+def test_a_crashing_measurement_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_runner(self, kernel, frameworks, threads, build_dir, log_path, deadline):
+        calls.append((kernel, list(frameworks)))
+        base = {"preset": "smoke", "environment": {}, "timing": {}}
+        if kernel == "gemm" and frameworks[0] == "numpy":
+            # numpy measured, then the process died (SIGSEGV) inside DaCe's measurement
+            part = {**base, "in_progress": "gemm/dace", "kernels": {"gemm": {"frameworks": {"numpy": _ok("numpy")}}}}
+            return part, {"returncode": -11, "timed_out": False, "tail": "Segmentation fault"}
+        part = {**base, "in_progress": None,
+                "kernels": {kernel: {"frameworks": {fw: _ok(fw) for fw in frameworks}}}}
+        return part, {"returncode": 0, "timed_out": False, "tail": ""}
+
+    monkeypatch.setattr(DaceSuite, "_runner", fake_runner)
+    suite = DaceSuite(DaceSuite.Config(preset="smoke", out_dir=str(tmp_path), kernels=("gemm", "atax")))
+    merged = suite._run_kernels(threads=1)
+    assert calls == [("gemm", ["numpy", "dace", "numba"]), ("gemm", ["numba"]), ("atax", ["numpy", "dace", "numba"])]
+    assert merged["status"] == "ok"
+    gemm = merged["kernels"]["gemm"]["frameworks"]
+    assert gemm["dace"]["status"] == "crashed" and "exit -11" in gemm["dace"]["error"]
+    assert gemm["numba"]["status"] == "ok" and gemm["numpy"]["status"] == "ok"
+    assert merged["crashes"] == [{"kernel": "gemm", "framework": "dace", "detail": "Segmentation fault"}]
+    from terastack.repro.dace.suite import summarize_speedups
+
+    sp = summarize_speedups(merged)
+    assert sp["per_kernel"]["gemm"]["dace"] == {"status": "crashed"} and sp["counted"]["numba"] == 2
+
+
+def test_children_run_with_the_stack_limit_raised(tmp_path):
+    import resource
+    import sys
+
+    from terastack.repro.dace.suite import _run_logged
+
+    log = tmp_path / "child.log"
+    proc = _run_logged([sys.executable, "-c", "import resource; print('STACK', resource.getrlimit(resource.RLIMIT_STACK)[0])"],
+                       env=dict(os.environ), cwd=str(tmp_path), timeout=60, log_path=log, what="stack probe")
+    assert proc["returncode"] == 0
+    hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
+    assert f"STACK {hard}" in log.read_text()
+
+
+def test_a_runaway_child_is_killed_at_its_bound(tmp_path):
+    import sys
+
+    from terastack.repro.dace.suite import _run_logged
+
+    proc = _run_logged([sys.executable, "-c", "import time; time.sleep(60)"], env=dict(os.environ),
+                       cwd=str(tmp_path), timeout=1, log_path=tmp_path / "slow.log", what="a sleeping child")
+    assert proc["timed_out"] and proc["returncode"] == 124
+    assert "a sleeping child ran past its 1 s bound" in (tmp_path / "slow.log").read_text()

@@ -128,7 +128,8 @@ class DaceSuite:
         merged: dict = {"kernels": {}, "crashes": []}
         deadline = time.monotonic() + RUNNER_TIMEOUT_S[cfg.preset]
         try:
-            for name in names:
+            for i, name in enumerate(names, 1):
+                log(f"kernel {i}/{len(names)}: {name}")
                 todo = list(cfg.frameworks)
                 while todo:
                     part, proc = self._runner(name, todo, threads, build_dir, log_path, deadline)

@@ -157,6 +157,8 @@ def dace_scaling(efficiency: dict, path: Path) -> Path | None:
         ax.set_title(f"{mode} scaling")
         ax.set_xlabel("MPI processes")
         ax.set_xscale("log", base=2)
+        counts = sorted({p["procs"] for modes in efficiency.values() for p in modes.get(mode, [])})
+        ax.set_xticks(counts, [str(c) for c in counts])
     axes[0].set_ylabel("parallel efficiency")
     axes[1].legend()
     return _save(fig, path)

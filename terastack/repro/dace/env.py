@@ -217,6 +217,9 @@ class DaceEnvironment:
         env["PYTHONPATH"] = src_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.pop("VIRTUAL_ENV", None)
         env["PYTHONWARNINGS"] = "ignore"
+        # DaCe puts some per-iteration temporaries on the stack, also in OpenMP worker threads, whose
+        # stacks are OMP_STACKSIZE, not the process's limit (see [Note: stack size] in suite.py).
+        env.setdefault("OMP_STACKSIZE", "512M")
         if threads:
             # The same thread count for every framework: NumPy's BLAS, DaCe's OpenMP, Numba's pool.
             for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -36,8 +36,10 @@ from terastack.repro.dace.stats import geomean, ratio_ci
 # [Note: stack size]
 # DaCe 1.0.2 places some transients on the stack: azimint's per-bin mask at
 # N = 10^6 overflows the default 8 MiB stack and segfaults (seen at the
-# `full` preset). The runner and MPI ranks are started with their stack
-# limit raised to the hard limit (unlimited on Debian), as `ulimit -s` would.
+# `full` preset with one thread), and at N = 2*10^5 it overflows an OpenMP
+# worker's 2 MiB stack (seen at `small` with two threads). The runner and MPI
+# ranks are started with their stack limit raised to the hard limit (as
+# `ulimit -s` would) and with OMP_STACKSIZE=512M unless the user set it.
 
 #: preset -> bound on the kernel runner (all kernels, all frameworks, compile included)
 RUNNER_TIMEOUT_S = {"smoke": 900, "small": 2400, "full": 5400}
@@ -237,7 +239,7 @@ def _run_logged(cmd: list[str], *, env: dict, cwd: str, timeout: float, log_path
     """Run ``cmd`` with its output in ``log_path``, echoing its progress lines; bounded by ``timeout``."""
     timed_out = False
     with open(log_path, "ab") as logf, open(log_path, "rb") as follow:
-        follow.seek(0, os.SEEK_END)
+        start = follow.seek(0, os.SEEK_END)
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_raise_stack_limit)
         deadline = time.monotonic() + timeout
@@ -258,8 +260,10 @@ def _run_logged(cmd: list[str], *, env: dict, cwd: str, timeout: float, log_path
                 logf.write(f"\n[terastack] killed: {what} ran past its {timeout:.0f} s bound\n".encode())
                 break
             time.sleep(0.1)
-    tail = "".join(l for l in log_path.read_text(errors="replace").splitlines(True)[-12:]
-                   if "Warning" not in l)
+    with open(log_path, "rb") as f:     # this process's output only (the log may hold earlier runs')
+        f.seek(start)
+        mine = f.read().decode(errors="replace")
+    tail = "".join(l for l in mine.splitlines(True)[-12:] if "Warning" not in l)
     return {"returncode": 124 if timed_out else proc.returncode, "timed_out": timed_out, "tail": tail}
 
 

@@ -215,3 +215,28 @@ def test_a_runaway_child_is_killed_at_its_bound(tmp_path):
                        cwd=str(tmp_path), timeout=1, log_path=tmp_path / "slow.log", what="a sleeping child")
     assert proc["timed_out"] and proc["returncode"] == 124
     assert "a sleeping child ran past its 1 s bound" in (tmp_path / "slow.log").read_text()
+
+
+def test_tail_shows_only_the_latest_process(tmp_path):
+    import sys
+
+    from terastack.repro.dace.suite import _run_logged
+
+    log = tmp_path / "shared.log"
+    for word in ("FIRST", "SECOND"):
+        proc = _run_logged([sys.executable, "-c", f"print('{word}')"], env=dict(os.environ), cwd=str(tmp_path),
+                           timeout=60, log_path=log, what=word)
+    assert "SECOND" in proc["tail"] and "FIRST" not in proc["tail"]
+    assert "FIRST" in log.read_text()               # the log itself keeps both
+
+
+def test_runner_environment(tmp_path, monkeypatch):
+    from terastack.repro.dace.env import DaceEnvironment
+
+    monkeypatch.delenv("OMP_STACKSIZE", raising=False)
+    env = DaceEnvironment(DaceEnvironment.Config(path=str(tmp_path))).subprocess_env(threads=3)
+    assert env["OMP_NUM_THREADS"] == env["NUMBA_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "3"
+    assert env["OMP_STACKSIZE"] == "512M"
+    import terastack
+
+    assert os.path.dirname(os.path.dirname(terastack.__file__)) in env["PYTHONPATH"].split(os.pathsep)

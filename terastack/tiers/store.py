@@ -388,6 +388,14 @@ class TieredStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def trim(self) -> int:
+        """Return every pooled (free, reusable) buffer to the OS; the bytes released."""
+        with self._lock:
+            released = sum(self._pooled.values())
+            for tier in self._pools:
+                self._trim_pool(tier, 0)
+            return released
+
     # -------------------------------------------------------------- queries
     def __contains__(self, name: str) -> bool:
         return name in self._records
@@ -435,6 +443,8 @@ class TieredStore:
                 if pool:
                     self._pooled[tier] -= padded
                     raw = pool.pop()
+                    if not pool:
+                        del self._pools[tier][padded]
                     return raw.zero_() if zero else raw
                 self._trim_pool(tier, ledger.limit - ledger.used)
             return aligned_empty(padded, torch.uint8, as_tensor=True)

@@ -179,6 +179,7 @@ def measure(args: argparse.Namespace) -> dict:
             times["io_only"].append(_io_only(store, a, c))
             for mode in ("sync", "pipelined"):
                 gemm = OutOfCoreGemm(store, OutOfCoreGemm.Config(pipelined=mode == "pipelined"))
+                store.trim()  # buffers pooled by earlier schedules would hide this one's memory from RSS
                 with PeakRSS() as rss:
                     stats = gemm.multiply(a, "B", c)
                 peak = max(peak, rss.peak_bytes)

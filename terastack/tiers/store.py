@@ -390,6 +390,14 @@ class TieredStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def trim(self) -> int:
+        """Return every pooled (free, reusable) buffer to the OS; the bytes released."""
+        with self._lock:
+            released = sum(self._pooled.values())
+            for tier in self._pools:
+                self._trim_pool(tier, 0)
+            return released
+
     # -------------------------------------------------------------- queries
     def __contains__(self, name: str) -> bool:
         return name in self._records
@@ -438,6 +446,8 @@ class TieredStore:
                 if pool:
                     self._pooled[key] -= padded
                     raw = pool.pop()
+                    if not pool:
+                        del self._pools[key][padded]
                     return raw.zero_() if zero else raw
                 self._trim_pool(key, self._pool_room(key))
             return aligned_empty(padded, torch.uint8, as_tensor=True)
@@ -450,9 +460,6 @@ class TieredStore:
         pools = self._pools[tier]
         while self._pooled[tier] > room and pools:
             size = max(pools)
-            if not pools[size]:  # emptied by _alloc_buffer, which leaves the size's list in place
-                del pools[size]
-                continue
             pools[size].pop()
             self._pooled[tier] -= size
             if not pools[size]:

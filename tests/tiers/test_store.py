@@ -182,3 +182,22 @@ def test_duplicate_and_unknown_names(tmp_path):
         store.get("b")
     store.delete("a")
     assert "a" not in store
+
+
+def test_freed_buffers_are_reused_within_the_budget_and_trimmed(tmp_path):
+    store = make(tmp_path, host_budget=64 * KiB)
+    for name in ("a", "b", "c"):
+        store.put(name, torch.full((5000,), 1.0)).result()  # 20000 bytes -> 20 KiB buffers
+    first = store.get("a", "host").data_ptr()
+    store.evict("a").result()
+    assert store.get("b", "host").data_ptr() == first  # the freed buffer came back
+    store.get("c", "host")
+    store.evict("b").result()
+    store.evict("c").result()
+    ledger = store.budgets[Tier.HOST]
+    assert ledger.used == 0 and store._pooled[Tier.HOST] == 40 * KiB
+    store.put("big", torch.zeros(14 * KiB // 4 * 4)).result()  # 56 KiB: the pool must shrink to make room
+    store.get("big", "host")
+    assert ledger.used + store._pooled[Tier.HOST] <= ledger.limit
+    store.evict("big").result()
+    assert store.trim() > 0 and store.trim() == 0

@@ -1,0 +1,197 @@
+"""The reproduction harness: run the requested suites, judge every claim, write the report.
+
+Output directory layout::
+
+    DIR/REPORT.md            the report (see report.py)
+    DIR/report.json          environment, every suite outcome, every verdict
+    DIR/raw/<bench>.json     each benchmark's own result, as measured
+    DIR/plots/*.png          figures referenced by REPORT.md
+    DIR/logs/                each benchmark's output; the DaCe runner's and mpirun's
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from terastack.atomic import atomic_write_json, safe_relative
+from terastack.repro import plots as plot_mod
+from terastack.repro.claims import CLAIMS, Claim
+from terastack.repro.report import write_report
+from terastack.repro.suites import BENCH_SUITES, SUITE_NAMES, BenchOutcome, BenchSuite
+from terastack.repro.verdicts import evaluate
+
+
+def log(msg: str) -> None:
+    print(f"[repro] {msg}", file=sys.stderr, flush=True)
+
+
+class Harness:
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        suites: tuple[str, ...] = SUITE_NAMES
+        preset: str = "smoke"
+        out_dir: str = "runs/repro"
+        claims: tuple[Claim, ...] = CLAIMS
+        #: suite -> ((bench name, module), ...); default: terastack.bench.BENCHMARKS
+        bench_suites: dict[str, tuple[tuple[str, str], ...]] | None = None
+        #: bound on one benchmark process (default: by preset, see suites.BENCH_TIMEOUT_S)
+        bench_timeout_s: float | None = None
+        pythonpath: tuple[str, ...] = ()
+        #: DaCe suite settings (see terastack.repro.dace.suite.DaceSuite.Config)
+        dace: dict = field(default_factory=dict)
+
+        def __post_init__(self) -> None:
+            if self.preset not in ("smoke", "small", "full"):
+                raise ValueError(f"preset: must be smoke, small or full, got {self.preset!r}")
+            known = set(self.bench_suites or BENCH_SUITES) | {"dace"}
+            unknown = [s for s in self.suites if s not in known]
+            if unknown:
+                raise ValueError(f"suites: unknown {unknown}; choose from {', '.join(sorted(known))}")
+            if not self.suites:
+                raise ValueError("suites: name at least one")
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.out = Path(config.out_dir)
+
+    def run(self) -> dict:
+        cfg = self.config
+        for sub in ("raw", "plots", "logs"):
+            (self.out / sub).mkdir(parents=True, exist_ok=True)
+        from terastack.reporting import environment
+
+        started = time.perf_counter()
+        load_start = _loadavg()
+        suites, dace_env = [], None
+        for name in cfg.suites:
+            t0 = time.perf_counter()
+            outcomes = self._run_dace() if name == "dace" else self._run_bench_suite(name)
+            if name == "dace" and outcomes[0].result:
+                dace_env = outcomes[0].result.get("env")
+            suites.append({"name": name, "wall_s": time.perf_counter() - t0,
+                           "benchmarks": [o.as_dict() for o in outcomes]})
+        verdicts = self._judge(suites)
+        raw_files = self._write_raw(suites)
+        data = {"preset": cfg.preset, "suites_requested": list(cfg.suites), "environment": environment(),
+                "load_average": {"start": load_start, "end": _loadavg()}, "dace_env": dace_env,
+                "suites": suites, "verdicts": verdicts, "raw_files": raw_files,
+                "wall_s": time.perf_counter() - started}
+        return self._finish(data)
+
+    def render(self) -> dict:
+        """Rebuild REPORT.md, the verdicts and the plots of an earlier run from its report.json and raw/
+        (after the claims table or the report's layout changed), without measuring anything again."""
+        try:
+            data = json.loads((self.out / "report.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{self.out / 'report.json'}: cannot read an earlier run's report ({exc})") from None
+        for suite in data["suites"]:
+            for b in suite["benchmarks"]:
+                raw_path = safe_relative(self.out, f"raw/{b['name']}.json")
+                b["result"] = json.loads(raw_path.read_text()).get("result") if raw_path.exists() else None
+        data["verdicts"] = self._judge(data["suites"])
+        return self._finish(data)
+
+    def _finish(self, data: dict) -> dict:
+        data["plots"], data["plots_missing"] = self._plots(data["suites"], data["verdicts"])
+        # report.json keeps everything but the benchmarks' results, which are in raw/
+        slim = {**data, "suites": [{**s, "benchmarks": [{k: v for k, v in b.items() if k != "result"}
+                                                        for b in s["benchmarks"]]} for s in data["suites"]]}
+        atomic_write_json(self.out / "report.json", slim)
+        write_report(self.out / "REPORT.md", data, self.config.claims)
+        log(f"report written to {self.out / 'REPORT.md'}")
+        return data
+
+    # ----------------------------------------------------------------- suites
+
+    def _run_bench_suite(self, name: str) -> list[BenchOutcome]:
+        cfg = self.config
+        common = dict(preset=cfg.preset, out_dir=str(self.out / "logs"), timeout_s=cfg.bench_timeout_s,
+                      pythonpath=cfg.pythonpath)
+        if cfg.bench_suites is not None:
+            suite = BenchSuite(BenchSuite.Config(name=name, benchmarks=cfg.bench_suites[name], **common))
+        else:
+            suite = BenchSuite.from_registry(name, **common)
+        return suite.run(log=log)
+
+    def _run_dace(self) -> list[BenchOutcome]:
+        from terastack.repro.dace.env import DaceEnvironment
+        from terastack.repro.dace.suite import DaceSuite
+
+        opts = dict(self.config.dace)
+        env_cfg = DaceEnvironment.Config(**opts.pop("env", {}))
+        t0 = time.perf_counter()
+        try:
+            suite = DaceSuite(DaceSuite.Config(preset=self.config.preset, out_dir=str(self.out / "logs"),
+                                               env=env_cfg, **opts))
+            result = suite.run()
+        except (OSError, ValueError, RuntimeError) as exc:
+            result = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+        status = result.get("status", "error")
+        return [BenchOutcome(name="dace", module="terastack.repro.dace", status=status,
+                             reason=result.get("reason", ""), result=result, wall_s=time.perf_counter() - t0,
+                             log=str(self.out / "logs"))]
+
+    # ----------------------------------------------------------------- verdicts, files, plots
+
+    def _judge(self, suites: list[dict]) -> list[dict]:
+        out = []
+        for suite in suites:
+            by_bench = {b["name"]: b for b in suite["benchmarks"]}
+            for claim in self.config.claims:
+                if claim.suite != suite["name"]:
+                    continue
+                b = by_bench.get(claim.benchmark)
+                status = b["status"] if b else "missing"
+                reason = (b.get("reason") or "").splitlines()[0] if b and b.get("reason") else \
+                    ("" if b else f"no benchmark {claim.benchmark!r} in suite {suite['name']}")
+                v = evaluate(claim, status, reason, b.get("result") if b else None)
+                out.append({**v.as_dict(), "suite": claim.suite, "benchmark": claim.benchmark})
+        return out
+
+    def _write_raw(self, suites: list[dict]) -> list[str]:
+        files = []
+        for suite in suites:
+            for b in suite["benchmarks"]:
+                rel = f"raw/{b['name']}.json"
+                atomic_write_json(self.out / rel, {k: b[k] for k in ("name", "module", "status", "reason", "result")})
+                files.append(rel)
+        # the DaCe suite's own JSON (runner, scaling) sits in logs/; copy it beside the others
+        for extra in sorted((self.out / "logs").glob("dace_*.json")):
+            shutil.copyfile(extra, self.out / "raw" / extra.name)
+            files.append(f"raw/{extra.name}")
+        return files
+
+    def _plots(self, suites: list[dict], verdicts: list[dict]) -> tuple[dict, str | None]:
+        missing = plot_mod.matplotlib_missing()
+        if missing:
+            return {}, missing
+        made: dict[str, str] = {}
+
+        def keep(key: str, path):
+            if path is not None:
+                made[key] = os.path.relpath(path, self.out)
+
+        plots = self.out / "plots"
+        keep("claims_chart", plot_mod.claims_chart(verdicts, plots / "claims.png"))
+        dace = next((b["result"] for s in suites if s["name"] == "dace" for b in s["benchmarks"]
+                     if b.get("result") and b["result"].get("kernels")), None)
+        if dace:
+            keep("dace_heatmap", plot_mod.dace_heatmap(dace.get("speedups", {}), plots / "dace_speedup_heatmap.png"))
+            keep("dace_bars", plot_mod.dace_bars(dace.get("speedups", {}), plots / "dace_speedups.png"))
+            keep("dace_compile", plot_mod.dace_compile(dace["kernels"], plots / "dace_compile.png"))
+            keep("dace_scaling", plot_mod.dace_scaling((dace.get("scaling") or {}).get("efficiency") or {},
+                                                       plots / "dace_scaling.png"))
+        return made, None
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None

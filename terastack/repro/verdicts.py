@@ -1,0 +1,107 @@
+"""Turns a claim and a benchmark result into a verdict with its reason."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from terastack.repro.claims import (NOT_MEASURED, NOT_REPRODUCED, OUT_OF_SCOPE, REPORTED, REPRODUCED, Claim)
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    claim: Claim
+    status: str
+    measured: float | None
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"claim": self.claim.id, "status": self.status, "measured": self.measured, "reason": self.reason,
+                "target": self.claim.target, "comparison": self.claim.comparison,
+                "paper_value": self.claim.paper_value}
+
+
+def lookup(result: dict, path: str):
+    """``result["a"]["b"]`` for ``"a.b"``; list elements by index; ``_MISSING`` when absent."""
+    node = result
+    for part in path.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, dict) and part.isdigit() and int(part) in node:
+            node = node[int(part)]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _number(value, aggregate: str | None):
+    if isinstance(value, list) and aggregate:
+        nums = [float(v) for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not nums:
+            return None
+        return {"max": max, "min": min, "mean": lambda v: sum(v) / len(v)}[aggregate](nums)
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0      # a yes/no check: claims compare it "== 1"
+    if not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _meets(value: float, comparison: str, target: float) -> bool:
+    if comparison == ">=":
+        return value >= target
+    if comparison == "<=":
+        return value <= target
+    return math.isclose(value, target, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def fmt(value: float | None, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if unit == "bool":
+        return "yes" if value else "no"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "fraction":
+        return f"{value:.1%}"
+    if unit in ("ops/s", "bytes"):
+        return f"{value:,.0f}" + (f" {unit}" if unit else "")
+    return f"{value:.3g}" + (f" {unit}" if unit and unit not in ("ratio",) else "")
+
+
+def evaluate(claim: Claim, suite_status: str, suite_reason: str, result: dict | None) -> Verdict:
+    """The verdict for ``claim`` given its benchmark's result (None when it did not run)."""
+    if claim.field is None:
+        extra = f" A model answers it as a prediction: `{claim.prediction_command}`." if claim.prediction_command else ""
+        return Verdict(claim, OUT_OF_SCOPE, None, claim.differs_because + "." + extra)
+    if suite_status != "ok" or result is None:
+        return Verdict(claim, NOT_MEASURED, None, f"{claim.benchmark}: {suite_status}: {suite_reason}")
+    raw = lookup(result, claim.field)
+    if raw is _MISSING:
+        keys = ", ".join(sorted(k for k in result if not isinstance(result[k], (dict, list)))[:25])
+        return Verdict(claim, NOT_MEASURED, None,
+                       f"field `{claim.field}` is not in the {claim.benchmark} result (its scalar fields: {keys})")
+    value = _number(raw, claim.aggregate)
+    if value is None:
+        return Verdict(claim, NOT_MEASURED, None, f"field `{claim.field}` is {raw!r}, not a number")
+    if claim.ratio_to:
+        denom = _number(lookup(result, claim.ratio_to), claim.aggregate)
+        if not denom:
+            return Verdict(claim, NOT_MEASURED, None, f"field `{claim.ratio_to}` is missing or zero")
+        value = value / denom
+    if isinstance(value, float) and math.isnan(value):
+        return Verdict(claim, NOT_MEASURED, None, f"field `{claim.field}` is NaN (nothing counted)")
+    if claim.target is None:
+        return Verdict(claim, REPORTED, value, "no target: reported for comparison")
+    target_txt = f"{claim.comparison} {fmt(claim.target, claim.unit)}"
+    if _meets(value, claim.comparison, claim.target):
+        note = f"meets {target_txt}"
+        if claim.paper_value is not None and claim.target != claim.paper_value:
+            note += f" (paper: {fmt(claim.paper_value, claim.unit)})"
+        return Verdict(claim, REPRODUCED, value, note)
+    return Verdict(claim, NOT_REPRODUCED, value,
+                   f"measured {fmt(value, claim.unit)}, target {target_txt}. Why this machine differs: "
+                   f"{claim.differs_because}")

@@ -21,8 +21,9 @@ page per 4 KiB on first touch: for a streamed 32 MiB tile that is CPU time
 taken from the compute it should overlap with. Pooled bytes plus reserved
 bytes never exceed the tier's budget: the pool is trimmed before a new buffer
 is allocated and after a buffer is returned, so the budget still bounds
-resident memory. Without an accelerator the device and host tiers share one
-pool, bounded by both budgets together.
+resident memory. Without an accelerator a working copy can change tiers
+without a copy (see ``_move_resident``); its buffer goes back to the pool of
+the tier that allocated it, so each tier's pool keeps serving its own sizes.
 
 [Note: crash consistency]
 ``commit()`` writes a manifest naming each tensor's extent. Until the next
@@ -145,6 +146,7 @@ class TieredStore:
         self._lock = threading.RLock()
         self._pools: dict[Tier, dict[int, list[torch.Tensor]]] = {Tier.DEVICE: {}, Tier.HOST: {}}
         self._pooled = {Tier.DEVICE: 0, Tier.HOST: 0}
+        self._moved: dict[int, Tier] = {}  # buffer address -> the tier that allocated it, for moved working copies
         self._records: dict[str, TensorRecord] = {}
         self._committed: dict[str, Extent] = {}
         self._to_free: list[Extent] = []
@@ -440,16 +442,15 @@ class TieredStore:
             if tier is Tier.DEVICE and self.device.type == "cuda":
                 raw = torch.empty(padded, dtype=torch.uint8, device=self.device)
                 return raw.zero_() if zero else raw
-            key = self._pool_key(tier)
             with self._lock:
-                pool = self._pools[key].get(padded)
+                pool = self._pools[tier].get(padded)
                 if pool:
-                    self._pooled[key] -= padded
+                    self._pooled[tier] -= padded
                     raw = pool.pop()
                     if not pool:
-                        del self._pools[key][padded]
+                        del self._pools[tier][padded]
                     return raw.zero_() if zero else raw
-                self._trim_pool(key, self._pool_room(key))
+                self._trim_pool(tier, ledger.limit - ledger.used)
             return aligned_empty(padded, torch.uint8, as_tensor=True)
         except BaseException:
             ledger.release(padded)
@@ -465,24 +466,15 @@ class TieredStore:
             if not pools[size]:
                 del pools[size]
 
-    def _pool_key(self, tier: Tier) -> Tier:
-        """Without an accelerator both tiers are host memory and share one pool: a buffer freed by one serves
-        the other (a working copy moved between tiers is freed by the tier it ended in)."""
-        return Tier.HOST if self.device.type != "cuda" else tier
-
-    def _pool_room(self, key: Tier) -> int:
-        """Bytes the pool of ``key`` may hold: what its tiers' budgets leave unreserved."""
-        tiers = (Tier.DEVICE, Tier.HOST) if self.device.type != "cuda" else (key,)
-        return sum(self.budgets[t].limit - self.budgets[t].used for t in tiers)
-
     def _free_buffer(self, tier: Tier, raw: torch.Tensor) -> None:
         self.budgets[tier].release(raw.numel())
         if raw.device.type == "cpu":
-            key = self._pool_key(tier)
             with self._lock:
-                self._pools[key].setdefault(raw.numel(), []).append(raw)
-                self._pooled[key] += raw.numel()
-                self._trim_pool(key, self._pool_room(key))
+                # back to the pool of the tier that allocated it (it may have moved, see _move_resident)
+                home = self._moved.pop(raw.data_ptr(), tier)
+                self._pools[home].setdefault(raw.numel(), []).append(raw)
+                self._pooled[home] += raw.numel()
+                self._trim_pool(home, self.budgets[home].limit - self.budgets[home].used)
 
     def _alloc_extent(self, padded: int, *, zero: bool = False) -> Extent:
         ext = self._extents.alloc(padded)
@@ -547,6 +539,8 @@ class TieredStore:
             # ledgers, not places (no copy, no second buffer).
             self.budgets[tier].reserve(rec.padded, what=f"move of {rec.name!r} to {tier.value}")
             self.budgets[rec.tier].release(rec.padded)
+            with self._lock:
+                self._moved.setdefault(rec.buffer.data_ptr(), rec.tier)
             rec.tier = tier
             return rec.view()
         raw = self._alloc_buffer(tier, rec.padded, what=f"move of {rec.name!r} to {tier.value}")

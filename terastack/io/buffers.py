@@ -21,6 +21,54 @@ from terastack.io.errors import BudgetError
 PAGE = mmap.PAGESIZE
 #: O_DIRECT alignment used for addresses, offsets and lengths (covers 512 B and 4 KiB sector devices).
 DIRECT_ALIGN = 4096
+#: from this size up, buffers ask for transparent huge pages; see [Note: huge pages for I/O buffers]
+HUGE_PAGE = 2 << 20
+
+
+def anonymous_map(nbytes: int, *, huge_pages: bool = True) -> mmap.mmap:
+    """Private anonymous memory for transfer buffers; from :data:`HUGE_PAGE` up, backed by huge pages if it can
+    (``huge_pages=False``: asks for 4 KiB pages instead, even where huge pages are the system default).
+
+    [Note: huge pages for I/O buffers]
+    An O_DIRECT transfer is DMA'd from the pages of the user buffer, one
+    scatter-gather segment per physically contiguous run. From 4 KiB pages a
+    1 MiB request is up to 256 segments, beyond some devices' limit (the
+    development machine's virtio disk takes 254), so the block layer splits it,
+    and every page must be pinned on submission. From 2 MiB pages it is one
+    segment and one pin. Measured in one process on that machine, 1 MiB at
+    queue depth 16, same file: writes 4.9-5.1 GB/s from a huge-page buffer vs
+    2.2-2.5 GB/s from a 4 KiB-page one; reads 2.5-2.8 vs 1.0-1.1 GB/s. The
+    advice is only a request: where transparent huge pages are off, or memory
+    is too fragmented to compact, the buffer has 4 KiB pages and still works.
+    """
+    region = mmap.mmap(-1, max(PAGE, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE if huge_pages else mmap.MADV_NOHUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages: 4 KiB pages
+            pass
+    return region
+
+
+def huge_page_bytes(buf) -> int:
+    """Bytes of the mapping holding ``buf`` (an array, tensor or buffer) backed by huge pages now (0: unknown)."""
+    if hasattr(buf, "data_ptr"):
+        address = buf.data_ptr()
+    else:
+        address = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8, count=1).ctypes.data
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split(maxsplit=1)[0]
+                if "-" in head and not head.endswith(":"):
+                    start, end = (int(x, 16) for x in head.split("-"))
+                    inside = start <= address < end
+                elif inside and head == "AnonHugePages:":
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _torch_tensor_type():
@@ -134,7 +182,7 @@ class AlignedArena:
             raise ValueError(f"capacity: must be > 0, got {capacity}")
         self.name = name
         self.capacity = -(-capacity // PAGE) * PAGE
-        self._map = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._map = anonymous_map(self.capacity)
         self.address = np.frombuffer(self._map, dtype=np.uint8, count=1).ctypes.data
         self._lock = threading.Lock()
         self._free_starts: list[int] = [0]  # sorted, coalesced free extents
@@ -215,11 +263,11 @@ def aligned_empty(shape, dtype=np.uint8, *, as_tensor: bool = False):
 
         itemsize = torch.empty((), dtype=dtype).element_size()
         count = int(np.prod(shape))
-        region = mmap.mmap(-1, max(PAGE, count * itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region = anonymous_map(count * itemsize)
         return torch.frombuffer(region, dtype=dtype, count=count).view(*shape)
     dtype = np.dtype(dtype)
     count = int(np.prod(shape))
-    region = mmap.mmap(-1, max(PAGE, count * dtype.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region = anonymous_map(count * dtype.itemsize)
     return np.frombuffer(region, dtype=dtype, count=count).reshape(shape)
 
 

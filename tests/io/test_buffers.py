@@ -49,3 +49,38 @@ def test_view_buffer_kinds():
     with pytest.raises(ValueError, match="read-only"):
         io.view_buffer(np.frombuffer(b"abcd", np.uint8), writable=True)
     assert io.view_buffer(memoryview(bytearray(12)).cast("I"), writable=True).nbytes == 12
+
+
+def _vm_flags(address: int) -> list[str]:
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this platform")
+def test_large_buffers_ask_for_huge_pages_small_ones_do_not():
+    from terastack.io.buffers import HUGE_PAGE, huge_page_bytes
+
+    large = io.aligned_empty(2 * HUGE_PAGE)
+    small = io.aligned_empty(64 * 1024)
+    arena = io.AlignedArena(HUGE_PAGE)
+    tensor = io.aligned_empty(HUGE_PAGE // 4, torch.float32, as_tensor=True)
+    # "hg": the mapping carries MADV_HUGEPAGE (the kernel's smaps flag), whatever memory it then finds
+    assert "hg" in _vm_flags(large.ctypes.data)
+    assert "hg" in _vm_flags(arena.address)
+    assert "hg" in _vm_flags(tensor.data_ptr())
+    assert "hg" not in _vm_flags(small.ctypes.data)
+    from terastack.io.buffers import anonymous_map
+
+    assert "nh" in _vm_flags(np.frombuffer(anonymous_map(HUGE_PAGE, huge_pages=False), np.uint8).ctypes.data)
+    large[:] = 1
+    backed = huge_page_bytes(large)
+    assert 0 <= backed <= large.nbytes and backed % HUGE_PAGE == 0
+    assert huge_page_bytes(tensor) % HUGE_PAGE == 0 and huge_page_bytes(small) == 0

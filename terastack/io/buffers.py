@@ -50,25 +50,34 @@ def anonymous_map(nbytes: int, *, huge_pages: bool = True) -> mmap.mmap:
     return region
 
 
+def mapping_fields(address: int) -> dict[str, str]:
+    """The ``/proc/self/smaps`` fields of the mapping holding ``address`` ({} where unknown or not Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head, _, rest = line.partition(" ")
+                if not head.endswith(":"):  # a mapping's header line: "start-end perms ..."
+                    if inside:
+                        break
+                    start, end = (int(x, 16) for x in head.split("-"))
+                    inside = start <= address < end
+                elif inside:
+                    fields[head[:-1]] = rest.strip()
+    except (OSError, ValueError):
+        return {}
+    return fields
+
+
 def huge_page_bytes(buf) -> int:
     """Bytes of the mapping holding ``buf`` (an array, tensor or buffer) backed by huge pages now (0: unknown)."""
     if hasattr(buf, "data_ptr"):
         address = buf.data_ptr()
     else:
         address = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8, count=1).ctypes.data
-    try:
-        with open("/proc/self/smaps") as f:
-            inside = False
-            for line in f:
-                head = line.split(maxsplit=1)[0]
-                if "-" in head and not head.endswith(":"):
-                    start, end = (int(x, 16) for x in head.split("-"))
-                    inside = start <= address < end
-                elif inside and head == "AnonHugePages:":
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
+    value = mapping_fields(address).get("AnonHugePages", "0 kB").split()
+    return int(value[0]) * 1024 if value and value[0].isdigit() else 0
 
 
 def _torch_tensor_type():

@@ -52,16 +52,11 @@ def test_view_buffer_kinds():
 
 
 def _vm_flags(address: int) -> list[str]:
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split(maxsplit=1)[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start <= address < end
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+    from terastack.io.buffers import mapping_fields
+
+    flags = mapping_fields(address).get("VmFlags")
+    assert flags is not None, f"no mapping holds {address:#x}"
+    return flags.split()
 
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this platform")

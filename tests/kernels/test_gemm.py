@@ -69,3 +69,20 @@ def test_shape_mismatch_is_refused(tmp_path):
     store, _, _ = setup_store(tmp_path, 1 << 20, a, 8)
     with pytest.raises(ValueError, match="shapes do not chain"):
         OutOfCoreGemm(store).multiply(a, "B", TiledMatrix("C", rows=100, cols=9, tile_rows=50))
+
+
+def test_bench_balances_n_by_retiming_the_matmul(tmp_path):
+    from terastack.kernels import gemm_bench
+
+    a = TiledMatrix("A", 2048, 256, 512)
+    with gemm_bench._store(tmp_path / "store", 16 << 20) as store:
+        gemm_bench._write_a(store, a)
+        n, calibration = gemm_bench._balanced_n(store, a)
+    assert 8 <= n <= 4096 and n % 8 == 0
+    tried = {int(k.rsplit("_n", 1)[1]): v for k, v in calibration.items() if k.startswith("tile_compute_s_at_n")}
+    assert 128 in tried and 1 <= len(tried) <= 4 and all(v > 0 for v in tried.values())
+    assert calibration["tile_read_s"] > 0
+    # N is the last candidate's answer: either it was timed (converged) or the retries ran out
+    last = list(tried)[-1]
+    expected = max(8, min(4096, int(round(last * calibration["tile_read_s"] / tried[last] / 8)) * 8))
+    assert n == expected

@@ -234,7 +234,11 @@ def plan_requests(op: int, fd_buffered: np.ndarray, fd_direct: np.ndarray, addrs
     lengths = lengths.astype(np.int64, copy=False)
     parent = np.arange(n, dtype=np.int64)
     fds = fd_buffered
-    if (fd_direct >= 0).any():
+    whole_direct = ((fd_direct >= 0).all() and (lengths > 0).all()
+                    and not ((offsets | lengths | addrs.astype(np.int64)) % DIRECT_ALIGN).any())
+    if whole_direct:
+        fds = fd_direct  # every request aligned (the common case): no buffered head or tail pieces to split off
+    elif (fd_direct >= 0).any():
         a = DIRECT_ALIGN
         ends = offsets + lengths
         start_al = -(-offsets // a) * a

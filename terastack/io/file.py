@@ -2,7 +2,9 @@
 
 ``pread``/``pwrite`` return futures; ``read``/``write`` are the same calls
 followed by ``.result()``. ``pread_many``/``pwrite_many`` move a whole vector
-of extents between the file and one buffer in one call.
+of extents between the file and one buffer in one call;
+``pread_buffers``/``pwrite_buffers`` between the file and one buffer per
+extent.
 
 Bad input raises at call time (the request is never queued): a closed file,
 a negative offset, a buffer smaller than the length, a read-only buffer for a
@@ -132,6 +134,15 @@ class File:
     def pwrite_many(self, buf, offsets, lengths, buffer_offsets=None) -> Future:
         """Write ``buf`` at ``buffer_offsets[i]`` to the file at ``offsets[i]``; see :meth:`pread_many`."""
         return self._many(OP_WRITE, buf, offsets, lengths, buffer_offsets)
+
+    def pread_buffers(self, bufs, offsets, lengths=None) -> Future:
+        """Read extent i (``offsets[i]``, ``lengths[i]``, default each buffer's size) into ``bufs[i]``: one call,
+        one future whose result is the array of bytes read per extent."""
+        return self._buffers(OP_READ, bufs, offsets, lengths)
+
+    def pwrite_buffers(self, bufs, offsets, lengths=None) -> Future:
+        """Write ``bufs[i]`` to the file at ``offsets[i]``; see :meth:`pread_buffers`."""
+        return self._buffers(OP_WRITE, bufs, offsets, lengths)
 
     # ----------------------------------------------------- file maintenance
     def allocate(self, size: int) -> None:
@@ -282,6 +293,39 @@ class File:
         validate_extents(what, self.path, view.nbytes, offsets, lengths, buffer_offsets)
         return self.engine.submit_vector(op, [self], None, view.address, buffer_offsets, offsets, lengths,
                                          keepalive=view.owner, what=what)
+
+
+    def _buffers(self, op: int, bufs, offsets, lengths) -> Future:
+        what = "read" if op == OP_READ else "write"
+        self._check_open(what)
+        if op == OP_WRITE:
+            self._check_writable(what, None, None)
+        views = []
+        for i, buf in enumerate(bufs):
+            if _is_device_tensor(buf):
+                raise InvalidRequestError(what, path=self.path, offset=None, length=None,
+                                          detail=f"buffer {i} is on an accelerator; use pread/pwrite for those")
+            try:
+                views.append(view_buffer(buf, writable=op == OP_READ))
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequestError(what, path=self.path, offset=None, length=None,
+                                          detail=f"buffer {i}: {exc}") from None
+        offsets = np.asarray(offsets, dtype=np.int64).ravel()
+        if len(offsets) != len(views):
+            raise InvalidRequestError(what, path=self.path, offset=None, length=None,
+                                      detail=f"{len(views)} buffers but {len(offsets)} offsets")
+        sizes = np.array([v.nbytes for v in views], dtype=np.int64)
+        lengths = sizes if lengths is None else np.broadcast_to(np.asarray(lengths, dtype=np.int64), offsets.shape)
+        addresses = np.array([v.address for v in views], dtype=np.uint64)
+        too_small = np.flatnonzero(lengths > sizes)
+        if len(too_small):
+            i = int(too_small[0])
+            raise InvalidRequestError(what, path=self.path, offset=int(offsets[i]), length=int(lengths[i]),
+                                      detail=f"buffer {i} too small: holds {int(sizes[i])} bytes")
+        validate_extents(what, self.path, int(lengths.max(initial=0)), offsets, lengths,
+                         np.zeros_like(offsets))
+        return self.engine.submit_vector(op, [self], None, 0, addresses, offsets, lengths,
+                                         keepalive=[v.owner for v in views], what=what)
 
 
 def validate_extents(what: str, path: str, nbytes: int, offsets: np.ndarray, lengths: np.ndarray,

@@ -64,6 +64,9 @@ class TrainerConfig:
     activation_policy: str | tuple = "auto"
     #: False runs the optimizer after the whole backward (the ablation of active gradient offloading)
     active_offload: bool = True
+    #: eager updates on the training thread, right after each unit's backward (None: when computing on the CPU);
+    #: see the optimizer's [Note: inline updates without an accelerator]
+    inline_updates: bool | None = None
     prefetch_depth: int = 1
     #: "auto": state rests in host memory while the budget allows; "ssd": all of it on the SSD
     state_placement: str = "auto"

@@ -78,6 +78,9 @@ class Trainer:
         self.lora = lora
         self.device = _resolve_device(config.device)
         self.compute_dtype = _resolve_dtype(config.dtype, self.device)
+        # [Note: inline updates without an accelerator]
+        self.inline_updates = (self.device.type != "cuda" if config.inline_updates is None
+                               else bool(config.inline_updates))
         self.units, self.tensors = find_units(model)
         self.family = getattr(hf_config, "model_type", "?")
         if self.family not in TESTED_FAMILIES:
@@ -128,7 +131,8 @@ class Trainer:
             self.runtime.runner = UnitRunner(self.runtime)
             self.optimizer = self.runtime.optimizer = OffloadedAdamW(
                 config.optimizer_config(), self.runtime, self.tensors, grad_pool_bytes=self.plan.grad_pool_bytes,
-                masters_bytes=self.plan.masters_bytes, writeback_bytes=self.plan.writeback_bytes)
+                masters_bytes=self.plan.masters_bytes, writeback_bytes=self.plan.writeback_bytes,
+                read_ahead_bytes=self.plan.read_ahead_bytes, inline=self.inline_updates)
             if resume_state is None:
                 self._fill(source)
             else:
@@ -148,7 +152,7 @@ class Trainer:
                 device_budget=device_budget, host_budget=host_budget, policy=config.activation_policy,
                 mode=config.optimizer_mode, prefetch_depth=config.prefetch_depth,
                 state_placement=config.state_placement, optimizer_chunk=config.optimizer_chunk,
-                retain_weights=config.retain_weights))
+                retain_weights=config.retain_weights, inline_updates=self.inline_updates))
 
         if config.memory_budget is None:
             planner = planner_for(*_budgets(config, self.device))

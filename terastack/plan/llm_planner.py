@@ -171,10 +171,12 @@ class LLMPlan:
     masters_bytes: int             # whole fp32 masters the optimizer may hold (handed over, read, being written)
     writeback_bytes: int           # updated optimizer chunks the optimizer may have in flight to the SSD
     optimizer_chunk: int           # elements per optimizer chunk (smaller when the host budget is tight)
+    read_ahead_bytes: int          # optimizer state being updated or read ahead (inline updates group by this)
     retained_units: tuple          # units whose updated fp32 masters stay in the device tier for the next forward
     prediction: StepPrediction
     device_budget: int
     host_budget: int
+    inline_updates: bool = False   # eager updates on the training thread (no accelerator)
 
     def summary(self) -> dict:
         counts = {p: self.policies.count(p) for p in POLICIES}
@@ -184,7 +186,8 @@ class LLMPlan:
                 "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
                 "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
                 "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
-                "optimizer_chunk": self.optimizer_chunk, "retained_units": len(self.retained_units),
+                "optimizer_chunk": self.optimizer_chunk,
+                "read_ahead_bytes": self.read_ahead_bytes, "retained_units": len(self.retained_units),
                 **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
 
     def describe(self, profile: ModelProfile) -> str:
@@ -213,7 +216,8 @@ class LLMPlan:
                          f"{format_bytes((c_all - c_host) * cb)} on SSD")
         p = self.prediction
         label = "predicted" if p.prediction else "predicted (calibrated on this machine)"
-        lines.append(f"optimizer: {self.mode}; prefetch depth {self.prefetch_depth}")
+        where = ", inline after each unit's backward" if self.inline_updates else ""
+        lines.append(f"optimizer: {self.mode}{where}; prefetch depth {self.prefetch_depth}")
         lines.append(f"{label} step {p.step_s:.3f} s, {p.tokens_per_s:.1f} tokens/s, bottleneck: {p.bottleneck}")
         lines.append(f"  compute {p.compute_s:.3f} s | device link {p.device_link_s:.3f} s | SSD {p.ssd_s:.3f} s "
                      f"({format_bytes(p.ssd_read_bytes)} read, {format_bytes(p.ssd_write_bytes)} written) | "
@@ -279,6 +283,9 @@ class LLMPlanner:
         optimizer_chunk: int = 1 << 20
         #: keep updated fp32 masters of the first units in the device tier for the next forward (when they fit)
         retain_weights: bool = True
+        #: eager updates run on the training thread, a unit's state at a time (see the optimizer's
+        #: [Note: inline updates without an accelerator]); False: on the optimizer thread, a chunk at a time
+        inline_updates: bool = False
 
         def __post_init__(self) -> None:
             self.device_budget = parse_bytes(self.device_budget, field="device_budget")
@@ -331,14 +338,17 @@ class LLMPlanner:
                 if best is None or key < best[0]:
                     best = (key, policies, scored)
             if best is not None:
-                _, policies, (pred, state_home, compute_home, grad_pool, masters, writeback, chunk, retained) = best
+                _, policies, scored = best
+                pred, state_home, compute_home, grad_pool, masters, writeback, chunk, read_ahead, retained = scored
                 return LLMPlan(policies=tuple(policies), state_home=state_home, compute_home=compute_home,
                                mode=cfg.mode, prefetch_depth=depth,
                                device_capacity=cfg.device_budget - pred.transient_bytes,
                                host_capacity=cfg.host_budget, grad_pool_bytes=grad_pool, masters_bytes=masters,
-                               writeback_bytes=writeback, optimizer_chunk=chunk, retained_units=retained,
+                               writeback_bytes=writeback, optimizer_chunk=chunk, read_ahead_bytes=read_ahead,
+                               retained_units=retained,
                                prediction=pred,
-                               device_budget=cfg.device_budget, host_budget=cfg.host_budget)
+                               device_budget=cfg.device_budget, host_budget=cfg.host_budget,
+                               inline_updates=cfg.inline_updates and cfg.mode == "eager")
         raise shortfall.error()
 
     def predict(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...],
@@ -441,7 +451,7 @@ class LLMPlanner:
         pred = self._predict(profile, hw, split, state_home, read - saved, write, depth,
                              device_peak=max(device_ledger, retention_peak), host_peak=host_fixed + host_state,
                              transient=transient)
-        return pred, state_home, compute_home, grad_pool, masters, writeback, chunk, retained
+        return pred, state_home, compute_home, grad_pool, masters, writeback, chunk, opt_ws, retained
 
     def _retention(self, profile: ModelProfile, split: _Split, state_home: dict, *, capacity: int, base: int):
         """[Note: weights kept for the next forward] (retained unit names, SSD reads saved, device peak).
@@ -496,6 +506,11 @@ class LLMPlanner:
         job = per_chunk * held_bytes(chunk_held * 4)
         jobs = 2 * job  # the chunk being updated and the one read ahead
         writeback = job if lean else jobs
+        if cfg.inline_updates and cfg.mode == "eager" and not lean:
+            # one unit's state read ahead (then updated in one call) while the previous unit's is written back
+            per_unit = max(sum((2 + (1 if mixed else 0)) * chunked_bytes(profile.tensor_numel[t], 4, chunk)
+                               for t in u.tensors if profile.tensor_trainable[t]) for u in units)
+            jobs = writeback = max(jobs, per_unit)
         masters = 0
         if mixed:
             jobs += largest * cb  # the compute copy rebuilt from the new master

@@ -3,7 +3,9 @@
 Each tensor has one :class:`TensorRecord` holding its state, its buffers, its
 SSD extent and its in-flight future together. A tensor *rests* in its home
 tier; ``prefetch`` brings a working copy up to the host or device tier,
-``writeback`` saves a modified working copy, ``evict`` returns it to its home.
+``writeback`` saves a modified working copy, ``evict`` returns it to its home;
+``prefetch_many``/``evict_many`` do the same for several tensors with one
+request vector.
 
 [Note: tiers without an accelerator]
 Without CUDA the "device" tier is host memory with its own budget, so every
@@ -245,20 +247,62 @@ class TieredStore:
                     rec.buffer, rec.state, rec.tier = None, State.ON_SSD, Tier.SSD
                     raise
             fut = self._file.pread(raw, rec.extent.offset, rec.padded)
+            return self._track(fut, self._arrived(rec, tier, raw, staged), rec, result=lambda: rec.view(raw))
 
-            def arrived(done: Future) -> None:
-                with self._lock:
-                    rec.future = None
-                    if staged:
-                        self.pinned.release(rec.padded)
-                    if done.exception() is None:
-                        rec.state = State.RESIDENT
-                        if rec.home is Tier.HOST and tier is Tier.HOST:
-                            rec.home_buffer = raw
-                    else:
-                        self._free_buffer(tier, rec.buffer)
+    def prefetch_many(self, names, tier: Tier | str = Tier.HOST) -> list[Future]:
+        """:meth:`prefetch` of several tensors, their SSD reads submitted as one request vector (one call for
+        the lot). Raises the first budget error after submitting the reads begun before it."""
+        tier = Tier(tier)
+        if tier is Tier.SSD:
+            raise ValueError("prefetch: tier must be device or host (use evict to send a tensor to SSD)")
+        out: dict[str, Future] = {}
+        batch = []
+        error = None
+        with self._lock:
+            for name in names:
+                rec = self._record(name)
+                if (rec.future is not None or rec.state is not State.ON_SSD
+                        or (tier is Tier.DEVICE and self.device.type == "cuda")):
+                    out[name] = self.prefetch(name, tier)
+                    continue
+                try:
+                    raw = self._alloc_buffer(tier, rec.padded, what=f"prefetch of {name!r}")
+                except BaseException as exc:  # noqa: BLE001 - raised once the reads begun so far are submitted
+                    error = exc
+                    break
+                rec.state, rec.tier, rec.buffer, rec.dirty = State.INFLIGHT_IN, tier, raw, False
+                batch.append((rec, raw))
+            if batch:
+                try:
+                    fut = self._file.pread_buffers([raw for _, raw in batch], [r.extent.offset for r, _ in batch],
+                                                   [r.padded for r, _ in batch])
+                except BaseException:
+                    for rec, raw in batch:
+                        self._free_buffer(tier, raw)
                         rec.buffer, rec.state, rec.tier = None, State.ON_SSD, Tier.SSD
-            return self._track(fut, arrived, rec, result=lambda: rec.view(raw))
+                    raise
+                for rec, raw in batch:
+                    out[rec.name] = self._track(fut, self._arrived(rec, tier, raw, False), rec,
+                                                result=lambda rec=rec, raw=raw: rec.view(raw))
+        if error is not None:
+            raise error
+        return [out[name] for name in names]
+
+    def _arrived(self, rec: TensorRecord, tier: Tier, raw: torch.Tensor, staged: bool):
+        """The completion of a read into ``raw``: resident, or back on the SSD if the read failed."""
+        def arrived(done: Future) -> None:
+            with self._lock:
+                rec.future = None
+                if staged:
+                    self.pinned.release(rec.padded)
+                if done.exception() is None:
+                    rec.state = State.RESIDENT
+                    if rec.home is Tier.HOST and tier is Tier.HOST:
+                        rec.home_buffer = raw
+                else:
+                    self._free_buffer(tier, rec.buffer)
+                    rec.buffer, rec.state, rec.tier = None, State.ON_SSD, Tier.SSD
+        return arrived
 
     def get(self, name: str, tier: Tier | str = Tier.DEVICE, *, timeout: float | None = None) -> torch.Tensor:
         return self.prefetch(name, tier).result(timeout)
@@ -318,6 +362,29 @@ class TieredStore:
                 return written.then(lambda _: self._drop_working_copy(name))
             self._drop_working_copy(name)
             return completed(None)
+
+    def evict_many(self, names) -> list[Future]:
+        """:meth:`evict` of several tensors, the writes of those resting on the SSD submitted as one request
+        vector."""
+        out: dict[str, Future] = {}
+        batch = []
+        with self._lock:
+            for name in names:
+                rec = self._record(name)
+                if (rec.future is not None or rec.home is not Tier.SSD or rec.state is not State.RESIDENT
+                        or not (rec.dirty or not rec.on_disk) or rec.buffer.device.type != "cpu"):
+                    out[name] = self.evict(name)
+                    continue
+                self._claim_extent(rec)
+                batch.append(rec)
+            if batch:
+                fut = self._file.pwrite_buffers([r.buffer for r in batch], [r.extent.offset for r in batch],
+                                                [r.padded for r in batch])
+                for rec in batch:
+                    rec.state, rec.dirty = State.INFLIGHT_OUT, False
+                    written = self._track(fut, self._written(rec, None), rec)
+                    out[rec.name] = written.then(lambda _, n=rec.name: self._drop_working_copy(n))
+        return [out[name] for name in names]
 
     def delete(self, name: str) -> None:
         with self._lock:
@@ -487,10 +554,7 @@ class TieredStore:
 
     def _write_out(self, rec: TensorRecord) -> Future:
         """Write the working copy to SSD (a fresh extent if the current one is committed)."""
-        if rec.extent is None or (self.config.copy_on_write and self._committed.get(rec.name) == rec.extent):
-            if rec.extent is not None:
-                self._to_free.append(rec.extent)
-            rec.extent = self._alloc_extent(rec.padded)
+        self._claim_extent(rec)
         source = rec.buffer
         staged = None
         if source.device.type == "cuda":
@@ -499,7 +563,17 @@ class TieredStore:
             staged = rec.padded
         rec.state, rec.dirty = State.INFLIGHT_OUT, False
         fut = self._file.pwrite(source, rec.extent.offset, rec.padded)
+        return self._track(fut, self._written(rec, staged), rec)
 
+    def _claim_extent(self, rec: TensorRecord) -> None:
+        """Give ``rec`` an extent to write to: its own, or a fresh one if the current one is committed."""
+        if rec.extent is None or (self.config.copy_on_write and self._committed.get(rec.name) == rec.extent):
+            if rec.extent is not None:
+                self._to_free.append(rec.extent)
+            rec.extent = self._alloc_extent(rec.padded)
+
+    def _written(self, rec: TensorRecord, staged: int | None):
+        """The completion of a write of ``rec``: on disk, or still dirty if the write failed."""
         def written(done: Future) -> None:
             with self._lock:
                 rec.future = None
@@ -510,7 +584,7 @@ class TieredStore:
                     rec.on_disk = True
                 else:
                     rec.dirty = True
-        return self._track(fut, written, rec)
+        return written
 
     def _persist_resident(self, rec: TensorRecord) -> None:
         """Host- and device-home tensors get an SSD copy at commit so the manifest covers them."""

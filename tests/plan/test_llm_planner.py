@@ -97,6 +97,22 @@ def test_modes_and_ablation_predictions():
     assert rec.compute_s == pytest.approx(keep.compute_s + 8 * 0.01)
 
 
+def test_inline_updates_budget_a_unit_of_state_read_ahead_and_written():
+    """Inline updates (no accelerator) read one unit's moments ahead and write one unit's back; the optimizer
+    thread works two 1M-element chunks at a time. Both come out of the host budget."""
+    prof = profile(params=4 << 20, vocab_params=3 << 20)
+    unit_moments = 2 * (4 << 20) * 4  # the largest unit: exp_avg + exp_avg_sq of 4M fp32 elements
+    chunk_pair = 2 * 2 * (1 << 20) * 4
+    threaded = plan(prof, host_budget=512 * MiB, state_placement="ssd")
+    inline = plan(prof, host_budget=512 * MiB, state_placement="ssd", inline_updates=True)
+    assert (threaded.read_ahead_bytes, threaded.writeback_bytes) == (chunk_pair, chunk_pair)
+    assert (inline.read_ahead_bytes, inline.writeback_bytes) == (unit_moments, unit_moments)
+    assert inline.inline_updates and not threaded.inline_updates
+    assert inline.prediction.host_peak_bytes - threaded.prediction.host_peak_bytes == 2 * (unit_moments - chunk_pair)
+    # deferred updates (clipping) gather the gradients first: never inline
+    assert not plan(prof, host_budget=512 * MiB, inline_updates=True, mode="deferred").inline_updates
+
+
 def test_gpu_step_is_the_slowest_pipeline_and_labelled_a_prediction():
     gpu = PRESETS["rtx4090-workstation"]
     prof = profile(compute_bytes=2)

@@ -201,3 +201,28 @@ def test_freed_buffers_are_reused_within_the_budget_and_trimmed(tmp_path):
     assert ledger.used + store._pooled[Tier.HOST] <= ledger.limit
     store.evict("big").result()
     assert store.trim() > 0 and store.trim() == 0
+
+
+def test_many_tensors_move_in_one_request_vector(tmp_path):
+    """prefetch_many / evict_many equal prefetch / evict one by one; a budget that runs out part-way raises
+    after the reads begun before it were submitted (they still arrive)."""
+    store = make(tmp_path, host_budget="36KiB")
+    tensors = {f"t{i}": torch.randn(1024 * (i + 1)) for i in range(4)}  # 4, 8, 12, 16 KiB
+    for name, t in tensors.items():
+        store.put(name, t, home=Tier.SSD).result(timeout=30)
+    futs = store.prefetch_many(["t0", "t1"], Tier.HOST)
+    assert [torch.equal(f.result(timeout=30), tensors[n]) for f, n in zip(futs, ["t0", "t1"])] == [True, True]
+    store.tensor("t0").mul_(2)
+    store.tensor("t1").add_(1)
+    store.mark_dirty("t0")
+    store.mark_dirty("t1")
+    for fut in store.evict_many(["t0", "t1"]):
+        fut.result(timeout=30)
+    assert store.usage()["host"]["used"] == 0
+    assert store.record("t0").state is State.ON_SSD and store.record("t1").state is State.ON_SSD
+    with pytest.raises(BudgetError, match="host"):
+        store.prefetch_many(["t0", "t1", "t2", "t3"], Tier.HOST)  # t0-t2 take 24 KiB: t3 does not fit
+    assert torch.equal(store.get("t0", "host"), tensors["t0"] * 2)
+    assert torch.equal(store.get("t2", "host"), tensors["t2"])
+    assert torch.equal(store.get("t1", "host"), tensors["t1"] + 1)
+    assert store.record("t3").state is State.ON_SSD

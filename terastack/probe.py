@@ -1,9 +1,10 @@
 """``terastack probe``: measure this machine and cache it for the planners.
 
 Measures cores, memory, fp32 matmul FLOP/s, memory copy bandwidth, CPU AdamW
-rate, and on a chosen directory the SSD's sequential read/write bandwidth and
+rate, and on a chosen directory the SSD's sequential read/write bandwidth,
 4 KiB random-read IOPS (through the storage engine, O_DIRECT, on a file that
-is really written, with its page cache dropped before reading). With CUDA it
+is really written, with its page cache dropped before reading) and how much
+SSD traffic slows the CPU's compute. With CUDA it
 adds the accelerator's matmul rate and pinned host<->device bandwidth.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -104,6 +106,57 @@ def measure_ssd(directory: str, file_bytes: int, rand_seconds: float = 2.0) -> d
         os.unlink(path)
 
 
+def measure_io_slowdown(directory: str, seconds: float = 1.0, file_bytes: int = 256 << 20) -> float:
+    """Fraction of the CPU's matmul rate lost per GB/s of SSD traffic beside it.
+
+    A training-shaped matmul runs alone, then while a thread streams 4 MiB reads and writes through the
+    storage engine as fast as the SSD takes them, then alone again (the two alone runs are averaged, so a
+    drifting machine does not pass for interference)."""
+    from terastack import io
+
+    engine = io.get_engine()
+    a, w = torch.randn(256, 768), torch.randn(768, 3072)
+
+    def matmul_rate(span: float) -> float:
+        reps, elapsed = _timed(lambda: torch.matmul(a, w), span)
+        return reps / elapsed
+
+    fd, path = tempfile.mkstemp(prefix=".terastack-probe-io-", dir=directory)
+    os.close(fd)
+    chunk = 4 << 20
+    try:
+        with engine.open(path, "w", direct=True) as f:
+            f.allocate(file_bytes)
+            bufs = [io.aligned_empty(chunk) for _ in range(4)]
+            for off in range(0, file_bytes, chunk):
+                f.pwrite(bufs[0], off).result()
+            alone = matmul_rate(seconds)
+            moved, stop = [0], [False]
+
+            def stream() -> None:
+                k = 0
+                while not stop[0]:
+                    half = file_bytes // 2
+                    futs = [f.pread(bufs[0], (k * chunk) % half), f.pread(bufs[1], (k * chunk + chunk) % half),
+                            f.pwrite(bufs[2], half + (k * chunk) % half),
+                            f.pwrite(bufs[3], half + (k * chunk + chunk) % half)]
+                    for fut in futs:
+                        fut.result()
+                    moved[0] += 4 * chunk
+                    k += 2
+            thread = threading.Thread(target=stream, name="terastack-probe-io", daemon=True)
+            start = time.perf_counter()
+            thread.start()
+            busy = matmul_rate(seconds)
+            stop[0] = True
+            thread.join()
+            io_gbps = moved[0] / (time.perf_counter() - start) / 1e9
+            alone = (alone + matmul_rate(seconds)) / 2
+    finally:
+        os.unlink(path)
+    return max(0.0, 1 - busy / alone) / io_gbps if io_gbps > 0 else 0.0
+
+
 def measure_gpu() -> dict:
     if not torch.cuda.is_available():
         return {}
@@ -143,6 +196,7 @@ def measure(directory: str, *, quick: bool = False) -> Hardware:
     }
     ssd = measure_ssd(directory, (256 << 20) if quick else (1 << 30), rand_seconds=2.0 * scale)
     fields.update({k: v for k, v in ssd.items() if k.startswith("ssd_")})
+    fields["cpu_io_slowdown_per_gbps"] = measure_io_slowdown(directory, scale)
     fields.update(measure_gpu())
     return Hardware(**fields)
 
@@ -184,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         (f"SSD seq read ({hw.probe_dir})", f"{hw.ssd_read_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD seq write", f"{hw.ssd_write_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD 4 KiB random read", f"{hw.ssd_rand4k_iops / 1e3:.0f} k IOPS"),
+        ("CPU compute lost to SSD traffic", f"{hw.cpu_io_slowdown_per_gbps:.1%} per GB/s"),
     ]
     if hw.has_gpu:
         rows += [("GPU", f"{hw.gpu_name}, {format_bytes(hw.gpu_memory_bytes)}"),

@@ -13,6 +13,12 @@ def test_ssd_measurement_on_a_real_file(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the probe file is removed
 
 
+def test_io_slowdown_measurement_on_a_real_file(tmp_path):
+    k = probe.measure_io_slowdown(str(tmp_path), seconds=0.1, file_bytes=16 << 20)
+    assert 0 <= k < 5  # a fraction of the compute rate per GB/s: a machine losing all of it at 0.2 GB/s is broken
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_compute_measurements_are_plausible():
     assert 1e8 < probe.measure_cpu_flops(0.1, n=256) < 1e15
     assert 1e8 < probe.measure_memcpy(0.05, nbytes=8 << 20) < 1e12

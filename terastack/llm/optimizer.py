@@ -167,6 +167,7 @@ class OffloadedAdamW:
         self.inline = inline and config.mode == "eager"
         self.read_ahead_limit = read_ahead_bytes
         self._backward_next: dict[int, int] = {}
+        self._read_ahead_units: set[int] = set()  # units whose state this backward has started reading
         self._low: dict[str, torch.Tensor] = {}  # mixed precision: compute copies being rebuilt from masters
         self._writebacks: collections.deque = collections.deque()  # (future, bytes) of state being written
         self._adam = adamw_kwargs(config.impl, torch.device("cpu"))
@@ -197,6 +198,7 @@ class OffloadedAdamW:
         # the unit whose backward delivers a tensor's last gradient: its user that runs first in forward
         order = {u: i for i, u in enumerate(self.rt.fetcher.order)}
         self._backward_next = dict(zip(self.rt.fetcher.order[1:], self.rt.fetcher.order[:-1]))
+        self._read_ahead_units = set()
         self._last_users = {}
         for name, info in self.tensors.items():
             last = min(info.users, key=lambda u: order.get(u, u))
@@ -223,7 +225,10 @@ class OffloadedAdamW:
     def _read_ahead(self, unit_index: int | None) -> None:
         """Inline mode: start reading the state of the tensors ``unit_index`` completes, within the plan's
         read-ahead allowance (the rest is read when its update gets to it)."""
-        names = self._last_users.get(unit_index, ()) if unit_index is not None else ()
+        if unit_index is None or unit_index in self._read_ahead_units:
+            return
+        self._read_ahead_units.add(unit_index)
+        names = self._last_users.get(unit_index, ())
         allowance = self.read_ahead_limit
         records: list[str] = []
         for name, k, _, _ in self._unit_jobs(list(names)):

@@ -32,6 +32,9 @@ class Hardware:
     ssds: int = 1
     #: AdamW update rate on the CPU (parameters per second)
     cpu_adam_params_per_s: float = 0.0
+    #: fraction of the CPU's compute rate lost per GB/s of SSD traffic running beside it (DMA and interrupts
+    #: share the memory system and the cores); 0: not measured
+    cpu_io_slowdown_per_gbps: float = 0.0
     gpu_name: str | None = None
     gpu_memory_bytes: int = 0
     #: dense matmul rate of the accelerator in the training dtype (0: no accelerator)
@@ -48,7 +51,8 @@ class Hardware:
             if getattr(self, f) < 1:
                 raise ValueError(f"{f}: must be >= 1, got {getattr(self, f)}")
         for f in ("cpu_flops", "memcpy_bytes_per_s", "ssd_read_bytes_per_s", "ssd_write_bytes_per_s",
-                  "ssd_rand4k_iops", "cpu_adam_params_per_s", "gpu_flops", "pcie_bytes_per_s", "nic_bytes_per_s"):
+                  "ssd_rand4k_iops", "cpu_adam_params_per_s", "gpu_flops", "pcie_bytes_per_s", "nic_bytes_per_s",
+                  "cpu_io_slowdown_per_gbps"):
             if getattr(self, f) < 0:
                 raise ValueError(f"{f}: must be >= 0, got {getattr(self, f)}")
 

@@ -22,7 +22,12 @@ A training step moves through four pipelines that overlap each other:
 
 With an accelerator the pipelines run on different hardware and the step takes
 the longest of them. Without one, compute, the optimizer and host-memory copies
-all run on the same cores, so their times add, and only the SSD overlaps.
+all run on the same cores, so their times add, and only the SSD overlaps --
+though not for free: SSD traffic slows the CPU's compute by the probe's
+``cpu_io_slowdown_per_gbps`` per GB/s it moves (measured on the 2-core bench
+VM: 6-8% per GB/s). With C the compute time, O the optimizer and copies and B
+the gigabytes moved per step, the step s satisfies s = O + C (1 + k B / s),
+so s = ((C + O) + sqrt((C + O)^2 + 4 k C B)) / 2.
 Added to that is the part no schedule hides: the first unit of the next
 forward needs the update of the last unit of this backward (eager updates) or
 the whole optimizer runs after backward (active offloading off).
@@ -41,6 +46,7 @@ little and keep.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from terastack.io.errors import BudgetError
@@ -152,6 +158,7 @@ class StepPrediction:
     host_peak_bytes: int
     transient_bytes: int
     prediction: bool = True        # from a hypothetical machine (not measured)
+    io_slowdown_s: float = 0.0     # CPU compute lost to SSD traffic beside it (no accelerator)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +229,7 @@ class LLMPlan:
         lines.append(f"  compute {p.compute_s:.3f} s | device link {p.device_link_s:.3f} s | SSD {p.ssd_s:.3f} s "
                      f"({format_bytes(p.ssd_read_bytes)} read, {format_bytes(p.ssd_write_bytes)} written) | "
                      f"CPU AdamW {p.optimizer_s:.3f} s | host copies {p.host_copy_s:.3f} s | "
-                     f"not overlapped {p.exposed_s:.3f} s")
+                     f"compute slowed by SSD traffic {p.io_slowdown_s:.3f} s | not overlapped {p.exposed_s:.3f} s")
         lines.append(f"  device peak {format_bytes(p.device_peak_bytes + p.transient_bytes)} of "
                      f"{format_bytes(self.device_budget)}; host peak {format_bytes(p.host_peak_bytes)} of "
                      f"{format_bytes(self.host_budget)}")
@@ -629,15 +636,22 @@ class LLMPlanner:
         if depth == 0:
             # no prefetch: every unit's weights arrive while compute waits
             exposed += sum(u.weight_bytes for u in profile.units) * 2 / read_bw
+        io_slowdown = 0.0
         if gpu:
             pipes = {"compute": compute, "device link": link, "SSD": ssd, "CPU optimizer": optimizer}
         else:
-            pipes = {"CPU (compute + AdamW + host copies)": compute + optimizer + host_copy, "SSD": ssd}
+            cpu = compute + optimizer + host_copy
+            k, gigabytes = hw.cpu_io_slowdown_per_gbps, (read + write) / 1e9
+            if k > 0 and gigabytes > 0:
+                slowed = (cpu + math.sqrt(cpu * cpu + 4 * k * compute * gigabytes)) / 2
+                io_slowdown, cpu = slowed - cpu, slowed
+            pipes = {"CPU (compute + AdamW + host copies)": cpu, "SSD": ssd}
         bottleneck = max(pipes, key=pipes.get)
         step = pipes[bottleneck] + exposed
         return StepPrediction(step_s=step, tokens_per_s=profile.tokens / step if step > 0 else 0.0,
                               bottleneck=bottleneck, compute_s=compute, device_link_s=link, ssd_s=ssd,
                               optimizer_s=optimizer, host_copy_s=host_copy, exposed_s=exposed,
+                              io_slowdown_s=io_slowdown,
                               ssd_read_bytes=int(read), ssd_write_bytes=int(write),
                               device_link_bytes=int(link_bytes), device_peak_bytes=int(device_peak),
                               host_peak_bytes=int(host_peak), transient_bytes=int(transient),

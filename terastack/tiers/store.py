@@ -230,6 +230,10 @@ class TieredStore:
         with self._lock:
             rec = self._record(name)
             if rec.future is not None:
+                if rec.state is State.INFLIGHT_IN and rec.tier is tier:
+                    # the read under way brings it there: join it. (A prefetch chained behind it would run late,
+                    # after its caller may have used, updated and evicted the tensor, and read it back for no one.)
+                    return rec.future
                 return self._after(rec, lambda: self.prefetch(name, tier))
             if rec.state is State.RESIDENT and rec.tier is tier:
                 return completed(rec.view())

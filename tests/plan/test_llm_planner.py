@@ -113,6 +113,25 @@ def test_inline_updates_budget_a_unit_of_state_read_ahead_and_written():
     assert not plan(prof, host_budget=512 * MiB, inline_updates=True, mode="deferred").inline_updates
 
 
+def test_ssd_traffic_slows_cpu_compute_by_the_probed_rate():
+    """Without an accelerator the step solves s = O + C (1 + k B / s) (see [Note: the step-time model])."""
+    prof = profile()
+    base = plan(prof, host_budget=160 * MiB, state_placement="ssd").prediction
+    k = 0.1
+    slowed = plan(prof, CPU.with_overrides(cpu_io_slowdown_per_gbps=k), host_budget=160 * MiB,
+                  state_placement="ssd").prediction
+    c, o = slowed.compute_s, slowed.optimizer_s + slowed.host_copy_s
+    gb = (slowed.ssd_read_bytes + slowed.ssd_write_bytes) / 1e9
+    cpu = (c + o + ((c + o) ** 2 + 4 * k * c * gb) ** 0.5) / 2
+    assert slowed.io_slowdown_s == pytest.approx(cpu - c - o)
+    assert slowed.step_s == pytest.approx(max(cpu, slowed.ssd_s) + slowed.exposed_s)
+    assert cpu == pytest.approx(o + c * (1 + k * gb / cpu))  # the fixed point itself
+    assert base.io_slowdown_s == 0 and slowed.step_s > base.step_s
+    # an accelerator computes apart from the CPU's memory system: no slowdown is applied
+    gpu = PRESETS["rtx4090-workstation"].with_overrides(cpu_io_slowdown_per_gbps=k)
+    assert plan(prof, gpu, host_budget=160 * MiB, state_placement="ssd").prediction.io_slowdown_s == 0
+
+
 def test_gpu_step_is_the_slowest_pipeline_and_labelled_a_prediction():
     gpu = PRESETS["rtx4090-workstation"]
     prof = profile(compute_bytes=2)

@@ -226,3 +226,25 @@ def test_many_tensors_move_in_one_request_vector(tmp_path):
     assert torch.equal(store.get("t2", "host"), tensors["t2"])
     assert torch.equal(store.get("t1", "host"), tensors["t1"] + 1)
     assert store.record("t3").state is State.ON_SSD
+
+
+def test_a_second_prefetch_joins_the_read_under_way(tmp_path):
+    """A prefetch of a tensor whose read is in flight shares that read (the same future): a prefetch chained
+    behind it could run after the caller has used and evicted the tensor, and read it back for no one."""
+    store = make(tmp_path)
+    a = torch.randn(64 << 10)
+    store.put("a", a, home=Tier.SSD).result(timeout=30)
+    joined = 0
+    for _ in range(20):
+        first = store.prefetch("a", Tier.HOST)
+        in_flight = store.record("a").state is State.INFLIGHT_IN
+        second = store.prefetch("a", Tier.HOST)
+        if in_flight:
+            assert second is first
+            joined += 1
+        assert torch.equal(first.result(timeout=30), a)
+        store.mark_dirty("a")
+        store.evict("a").result(timeout=30)  # without waiting for `second`
+        store.wait(timeout=30)
+        assert store.record("a").state is State.ON_SSD and store.usage()["host"]["used"] == 0
+    assert joined > 0  # a 256 KiB O_DIRECT read is in flight right after it is submitted

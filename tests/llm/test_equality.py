@@ -166,3 +166,20 @@ def test_evaluation_loss_streams_the_trained_weights(tmp_path, trainer_config):
             expected = ref(input_ids=data[2], labels=data[2]).loss.item()
         trainer.model.eval()
         assert trainer.loss(data[2]) == pytest.approx(expected, abs=1e-5)
+
+
+def test_bf16_compute_inline_equals_the_optimizer_thread(tmp_path, trainer_config):
+    """Mixed precision on a CPU (bf16 compute copies rebuilt from fp32 master chunks): inline updates, grouped
+    per unit, give bit-identical masters to the optimizer thread's chunk-by-chunk updates."""
+    make_model("llama", tmp_path / "model")
+    data = batches(STEPS)
+    results = []
+    for inline in (True, False):
+        cfg = trainer_config(dtype="bfloat16", state_placement="ssd", optimizer_chunk=1024, inline_updates=inline)
+        with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+            assert trainer.compute_dtype == torch.bfloat16 and trainer.optimizer.inline is inline
+            losses = offloaded_train(trainer, data)
+            results.append((losses, trainer.state_dict()))
+    (inline_losses, inline_weights), (thread_losses, thread_weights) = results
+    assert inline_losses == thread_losses and all(l == l for l in inline_losses)
+    assert all(torch.equal(inline_weights[n], thread_weights[n]) for n in thread_weights)

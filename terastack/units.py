@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+from terastack.constants import round_up  # noqa: F401  (re-exported: callers import it from here)
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -38,6 +40,3 @@ def format_bytes(n: float) -> str:
         n /= 1024
     raise AssertionError("unreachable")
 
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple

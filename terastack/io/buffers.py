@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# DIRECT_ALIGN: O_DIRECT alignment; HUGE_PAGE: from this size up, buffers ask for transparent huge pages
+# (see [Note: huge pages for I/O buffers]). Both live in the one constants module; re-exported here.
+from terastack.constants import DIRECT_ALIGN, HUGE_PAGE  # noqa: F401
 from terastack.io.errors import BudgetError
 
 PAGE = mmap.PAGESIZE
-#: O_DIRECT alignment used for addresses, offsets and lengths (covers 512 B and 4 KiB sector devices).
-DIRECT_ALIGN = 4096
-#: from this size up, buffers ask for transparent huge pages; see [Note: huge pages for I/O buffers]
-HUGE_PAGE = 2 << 20
 
 
 def anonymous_map(nbytes: int, *, huge_pages: bool = True) -> mmap.mmap:

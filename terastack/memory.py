@@ -1,4 +1,5 @@
-"""Resident memory of this process: current, peak, and a resettable peak.
+"""Memory: this process's resident memory (current, peak, a resettable peak) and the machine's
+(``/proc/meminfo``, read in one place).
 
 Benchmarks report ``peak RSS - baseline``, where the baseline is the RSS when
 the measured work starts (interpreter, torch and numpy already loaded).
@@ -14,6 +15,28 @@ def _status_field(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def meminfo(field: str) -> int:
+    """A ``/proc/meminfo`` field in bytes (``"MemTotal"``, ``"MemAvailable"``, ...); 0 where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def mem_total() -> int:
+    """Physical memory of the machine in bytes (0 if unknown)."""
+    return meminfo("MemTotal")
+
+
+def mem_available() -> int:
+    """Memory the kernel could give without swapping, in bytes (0 if unknown)."""
+    return meminfo("MemAvailable")
 
 
 def current_rss() -> int:

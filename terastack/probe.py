@@ -182,12 +182,13 @@ def measure_gpu() -> dict:
 
 
 def measure(directory: str, *, quick: bool = False) -> Hardware:
-    from terastack.reporting import _mem_total, environment
+    from terastack.memory import mem_total
+    from terastack.reporting import environment
 
     scale = 0.3 if quick else 1.0
     fields = {
         "name": "this machine (probed)", "measured": True, "cores": os.cpu_count() or 1,
-        "host_memory_bytes": _mem_total(),
+        "host_memory_bytes": mem_total(),
         "cpu_flops": measure_cpu_flops(scale), "memcpy_bytes_per_s": measure_memcpy(0.5 * scale),
         "cpu_adam_params_per_s": measure_cpu_adam(scale),
         "probe_dir": os.path.abspath(directory),

@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+from terastack.memory import mem_total
+
 
 def _cpu_model() -> str:
     try:
@@ -19,17 +21,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def _mem_total() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _version(module: str) -> str | None:
@@ -62,7 +53,7 @@ def environment() -> dict:
         gpu = torch.cuda.get_device_name(0)
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_bytes": _mem_total(),
+        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_bytes": mem_total(),
                     "kernel": platform.release(), "gpu": gpu},
         "versions": {"python": platform.python_version(), "terastack": terastack.__version__,
                      "torch": torch.__version__, "numpy": numpy.__version__, "fio": fio_version(),

@@ -83,14 +83,11 @@ class WeightFetcher:
                 self._try_prefetch(record, cname)
 
     def _try_prefetch(self, record: str, cname: str) -> None:
-        rec = self.store.record(record)
         tier = self.rt.compute_tier(record)
-        if rec.state is not State.ON_SSD and not (rec.state is State.RESIDENT and rec.tier is not tier):
-            return  # resident where compute reads it, or already on its way
         try:
             with trace.span(f"prefetch {record}", track="io", cat="prefetch"):
-                self.store.prefetch(record, tier)
-            self.bytes_in += rec.nbytes
+                # advisory: a record resident where compute reads it, or with a transfer under way, is left alone
+                self.bytes_in += self.store.fetch(record, tier, behind_transfer=False).moved_bytes
         except MemoryError:
             pass  # no room now: acquire fetches it once earlier units are released
 
@@ -104,11 +101,7 @@ class WeightFetcher:
                 gate = self.rt.update_gate(cname)
                 if gate is not None:
                     self.rt.wait(gate, f"the update of {cname!r} before {phase} of {unit.path}")
-                rec = self.store.record(record)
-                tier = self.rt.compute_tier(record)
-                if rec.state is State.ON_SSD or (rec.state is State.RESIDENT and rec.tier is not tier):
-                    self.bytes_in += rec.nbytes
-                fut = self._prefetch_blocking(record, tier, unit, phase)
+                fut = self._fetch_blocking(record, self.rt.compute_tier(record), unit, phase)
                 if fut.done():
                     fetched[record] = fut.result()
                 else:
@@ -119,10 +112,12 @@ class WeightFetcher:
             out[local] = fetched[record]
         return out
 
-    def _prefetch_blocking(self, record: str, tier: Tier, unit, phase: str) -> Future:
-        """store.prefetch, waiting for releases in flight when the device ledger is momentarily full."""
-        return self.rt.with_room(lambda: self.store.prefetch(record, tier),
-                                 f"weights {record!r} for {phase} of {unit.path}")
+    def _fetch_blocking(self, record: str, tier: Tier, unit, phase: str) -> Future:
+        """store.fetch, waiting for releases in flight when the device ledger is momentarily full."""
+        fetch = self.rt.with_room(lambda: self.store.fetch(record, tier),
+                                  f"weights {record!r} for {phase} of {unit.path}")
+        self.bytes_in += fetch.moved_bytes
+        return fetch.future
 
     def release(self, unit, *, handoff: set[str] = frozenset()) -> None:
         """Drop the unit's working copies; canonical names in ``handoff`` move to the host tier instead."""

@@ -519,7 +519,7 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def _budgets(config: TrainerConfig, device: torch.device) -> tuple[int, int]:
-    from terastack.reporting import _mem_total
+    from terastack.memory import mem_total
 
     device_budget, host_budget = config.device_budget, config.host_budget
     if device_budget == "auto":
@@ -529,7 +529,7 @@ def _budgets(config: TrainerConfig, device: torch.device) -> tuple[int, int]:
         else:
             device_budget = 1 << 30
     if host_budget == "auto":
-        host_budget = max(256 << 20, _mem_total() // 4)
+        host_budget = max(256 << 20, mem_total() // 4)
     return int(device_budget), int(host_budget)
 
 
@@ -548,10 +548,10 @@ def _hardware(config: TrainerConfig, device: torch.device):
     if hw is not None:
         return hw
     from terastack.probe import measure_cpu_adam, measure_cpu_flops, measure_memcpy
-    from terastack.reporting import _mem_total
+    from terastack.memory import mem_total
 
     return Hardware(name="this machine (quick measurements; run `terastack probe` for SSD figures)", measured=True,
-                    cores=os.cpu_count() or 1, host_memory_bytes=_mem_total(),
+                    cores=os.cpu_count() or 1, host_memory_bytes=mem_total(),
                     cpu_flops=0.0 if config.calibrate else measure_cpu_flops(0.1, 512),
                     memcpy_bytes_per_s=measure_memcpy(0.05, 16 << 20),
                     cpu_adam_params_per_s=measure_cpu_adam(0.1, 1 << 20), ssd_read_bytes_per_s=1e9,

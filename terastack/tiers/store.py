@@ -40,6 +40,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -95,6 +96,30 @@ class TensorRecord:
     def view(self, raw: torch.Tensor | None = None) -> torch.Tensor:
         raw = self.buffer if raw is None else raw
         return raw[: self.nbytes].view(self.dtype).view(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInfo:
+    """What callers may know of a record: a snapshot taken under the store's lock. The live
+    :class:`TensorRecord` (buffers, extent, the future's bookkeeping) never leaves the store."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+    padded: int
+    home: Tier
+    state: State
+    tier: Tier
+    on_disk: bool
+    dirty: bool
+    future: Future | None  # the transfer in flight, if any (futures are safe to share)
+
+
+class Fetch(NamedTuple):
+    """Result of :meth:`TieredStore.fetch`: the future of the tensor in the asked tier (None when a transfer
+    was in flight and the caller asked not to wait behind it) and the bytes this call set moving."""
+    future: Future | None
+    moved_bytes: int
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -252,6 +277,22 @@ class TieredStore:
                     raise
             fut = self._file.pread(raw, rec.extent.offset, rec.padded)
             return self._track(fut, self._arrived(rec, tier, raw, staged), rec, result=lambda: rec.view(raw))
+
+    def fetch(self, name: str, tier: Tier | str = Tier.DEVICE, *, behind_transfer: bool = True) -> Fetch:
+        """:meth:`prefetch` that also says whether it set bytes moving, decided under the store's lock.
+
+        A record already resident in ``tier`` or on its way there costs nothing (``moved_bytes == 0``). A record
+        with another transfer in flight is chained behind it, or, with ``behind_transfer=False``, left alone
+        (``future is None``): an advisory prefetch should not queue behind a write-back."""
+        tier = Tier(tier)
+        with self._lock:
+            rec = self._record(name)
+            if rec.future is not None and not (rec.state is State.INFLIGHT_IN and rec.tier is tier):
+                if not behind_transfer:
+                    return Fetch(None, 0)
+            moves = rec.future is None and not (rec.state is State.RESIDENT and rec.tier is tier)
+            # the store's lock is re-entrant: prefetch's decision sees the same state as ours
+            return Fetch(self.prefetch(name, tier), rec.nbytes if moves else 0)
 
     def prefetch_many(self, names, tier: Tier | str = Tier.HOST) -> list[Future]:
         """:meth:`prefetch` of several tensors, their SSD reads submitted as one request vector (one call for
@@ -482,8 +523,13 @@ class TieredStore:
         with self._lock:
             return list(self._records)
 
-    def record(self, name: str) -> TensorRecord:
-        return self._record(name)
+    def record(self, name: str) -> RecordInfo:
+        """A snapshot of ``name``'s record (state, tier, sizes), consistent at the moment of the call."""
+        with self._lock:
+            rec = self._record(name)
+            return RecordInfo(name=rec.name, shape=rec.shape, dtype=rec.dtype, nbytes=rec.nbytes,
+                              padded=rec.padded, home=rec.home, state=rec.state, tier=rec.tier,
+                              on_disk=rec.on_disk, dirty=rec.dirty, future=rec.future)
 
     def usage(self) -> dict:
         out = {tier.value: ledger.snapshot() for tier, ledger in self.budgets.items()}

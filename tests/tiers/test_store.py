@@ -22,7 +22,7 @@ def test_put_prefetch_evict_cycle(tmp_path):
     fut = store.put("a", a)
     fut.result(timeout=30)
     rec = store.record("a")
-    assert rec.state is State.ON_SSD and rec.tier is Tier.SSD and rec.buffer is None
+    assert rec.state is State.ON_SSD and rec.tier is Tier.SSD and rec.future is None
     t = store.get("a", "device")
     assert torch.equal(t, a) and store.record("a").state is State.RESIDENT
     assert store.usage()["device"]["used"] == 12 * KiB  # 8400 bytes padded to 4 KiB blocks

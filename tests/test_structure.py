@@ -1,0 +1,119 @@
+"""The package's shape, read from its source with ``ast``: no import cycles, no private names taken
+across modules, and the dependency directions DESIGN.md gives (engines never import each other;
+the layers below them never import an engine)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "terastack"
+ENGINES = ("llm", "gnn", "dist", "kernels")
+# what each lower layer may not import: io is the bottom, tiers sits on io, plan serves every engine
+BELOW_ENGINES = ("io", "tiers", "plan")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, str | None]]:
+    """(module imported, name taken from it or None) for every import in the file, also inside functions."""
+    out = []
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".")[: None if is_package else -1]
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            for a in node.names:
+                if f"{base}.{a.name}" in known:
+                    out.append((f"{base}.{a.name}", None))
+                elif base in known:
+                    out.append((base, a.name))
+    return [(m, taken) for m, taken in out if m != name]
+
+
+def graph() -> tuple[dict[str, set[str]], list[str]]:
+    known = modules()
+    edges: dict[str, set[str]] = {m: set() for m in known}
+    private = []
+    for name, path in known.items():
+        for target, taken in imports_of(name, path, known):
+            # a package's __init__ re-exporting its own children is not a dependency of theirs on it
+            if not (path.name == "__init__.py" and target.startswith(name + ".")):
+                edges[name].add(target)
+            if taken and taken.startswith("_") and not taken.startswith("__"):
+                private.append(f"{name} takes {taken} from {target}")
+    return edges, private
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of modules, or None. Iterative depth-first search (white/grey/black)."""
+    colour = dict.fromkeys(edges, 0)
+    for start in edges:
+        if colour[start]:
+            continue
+        stack = [(start, iter(sorted(edges[start])))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour[child] == 1:
+                return path[path.index(child):] + [child]
+            elif colour[child] == 0:
+                colour[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(edges[child]))))
+    return None
+
+
+def part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycle():
+    edges, _ = graph()
+    assert find_cycle(edges) is None
+
+
+def test_no_private_name_crosses_a_module():
+    _, private = graph()
+    assert private == []
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_engines_do_not_import_each_other(engine):
+    edges, _ = graph()
+    others = set(ENGINES) - {engine}
+    crossing = sorted(f"{m} -> {t}" for m, ts in edges.items() if part(m) == engine for t in ts if part(t) in others)
+    assert crossing == []
+
+
+@pytest.mark.parametrize("layer", BELOW_ENGINES)
+def test_layers_below_the_engines_import_none(layer):
+    edges, _ = graph()
+    upward = sorted(f"{m} -> {t}" for m, ts in edges.items() if part(m) == layer
+                    for t in ts if part(t) in ENGINES + ("repro", "cli"))
+    assert upward == []

@@ -1,28 +1,33 @@
-"""Space on the store's data file: 4 KiB-aligned extents, first fit, coalesced on free."""
+"""Space on the store's data files: 4 KiB-aligned extents, first fit, coalesced on free.
+
+One allocator per data file (one per directory of the store); its extents carry that
+directory's index, so two extents at the same offset of different files never compare equal."""
 from __future__ import annotations
 
 import bisect
 import threading
 from dataclasses import dataclass
 
-from terastack.io.buffers import DIRECT_ALIGN
+from terastack.constants import padded_size
 
 
 @dataclass(frozen=True, slots=True)
 class Extent:
     offset: int
     capacity: int  # bytes reserved on disk, a multiple of DIRECT_ALIGN
+    dir: int = 0   # index of the store directory (data file) holding it
 
 
 class ExtentAllocator:
-    def __init__(self, end: int = 0):
+    def __init__(self, end: int = 0, *, dir: int = 0):  # noqa: A002 - the Extent field it fills
+        self.dir = dir
         self.end = end  # file offset past the last extent ever handed out
         self._free_starts: list[int] = []
         self._free_sizes: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def alloc(self, nbytes: int) -> Extent:
-        size = max(DIRECT_ALIGN, -(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN)
+        size = padded_size(nbytes)
         with self._lock:
             for start in self._free_starts:
                 extent = self._free_sizes[start]
@@ -33,10 +38,10 @@ class ExtentAllocator:
                     if extent > size:
                         bisect.insort(self._free_starts, start + size)
                         self._free_sizes[start + size] = extent - size
-                    return Extent(start, size)
+                    return Extent(start, size, self.dir)
             start = self.end
             self.end += size
-            return Extent(start, size)
+            return Extent(start, size, self.dir)
 
     def reserve(self, extent: Extent) -> None:
         """Mark an extent read from a manifest as used (stores reopened from disk)."""

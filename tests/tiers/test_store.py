@@ -5,18 +5,26 @@ import pytest
 import torch
 
 from terastack.io import BudgetError
-from terastack.tiers import State, Tier, TieredStore
+from terastack.tiers import State, StripeBySize, Tier, TieredStore
+from terastack.tiers.layout import data_file_name
 
 KiB = 1024
 
 
-def make(tmp_path, **kw):
+def open_store(root: str, **kw) -> TieredStore:
     kw.setdefault("device_budget", "1MiB")
     kw.setdefault("host_budget", "1MiB")
-    return TieredStore(TieredStore.Config(root=str(tmp_path / "store"), **kw))
+    return TieredStore(TieredStore.Config(root=root, **kw))
 
 
-def test_put_prefetch_evict_cycle(tmp_path):
+@pytest.fixture
+def make(store_dirs):
+    """``make(tmp_path, **config)``: the test's store (over one directory or two, see conftest), reopened by
+    calling it again."""
+    return lambda tmp_path, **kw: open_store(store_dirs(tmp_path), **kw)
+
+
+def test_put_prefetch_evict_cycle(tmp_path, make):
     store = make(tmp_path)
     a = torch.randn(300, 7)
     fut = store.put("a", a)
@@ -33,7 +41,7 @@ def test_put_prefetch_evict_cycle(tmp_path):
     assert torch.equal(store.get("a", "host"), a + 1)
 
 
-def test_inflight_state_is_visible(tmp_path):
+def test_inflight_state_is_visible(tmp_path, make):
     import time
 
     store = make(tmp_path, host_budget="64MiB")
@@ -47,7 +55,7 @@ def test_inflight_state_is_visible(tmp_path):
     assert store.record("big").state is State.RESIDENT and store.record("big").future is None
 
 
-def test_budget_refusal_names_tier_and_shortfall(tmp_path):
+def test_budget_refusal_names_tier_and_shortfall(tmp_path, make):
     store = make(tmp_path, device_budget=64 * KiB)
     store.put("x", torch.zeros(10 * KiB)).result()  # 40 KiB
     store.put("y", torch.zeros(10 * KiB)).result()
@@ -62,7 +70,7 @@ def test_budget_refusal_names_tier_and_shortfall(tmp_path):
     assert torch.equal(store.get("y", "device"), torch.zeros(10 * KiB))
 
 
-def test_peak_device_bytes_follow_the_schedule(tmp_path):
+def test_peak_device_bytes_follow_the_schedule(tmp_path, make):
     """Streaming N tensors with one prefetched ahead never holds more than two on the device."""
     n, numel = 6, 1000  # 4000 bytes -> one 4 KiB block each
     store = make(tmp_path, device_budget=2 * 4 * KiB)
@@ -80,7 +88,7 @@ def test_peak_device_bytes_follow_the_schedule(tmp_path):
     assert store.budgets[Tier.DEVICE].peak == 2 * 4 * KiB
 
 
-def test_host_home_moves_to_device_and_back(tmp_path):
+def test_host_home_moves_to_device_and_back(tmp_path, make):
     store = make(tmp_path)
     store.put("h", torch.arange(100.0), home="host").result()
     assert store.record("h").state is State.RESIDENT and store.record("h").tier is Tier.HOST
@@ -93,7 +101,7 @@ def test_host_home_moves_to_device_and_back(tmp_path):
     assert store.usage()["device"]["used"] == 0 and store.usage()["host"]["used"] == 4 * KiB
 
 
-def test_create_resident_and_writeback(tmp_path):
+def test_create_resident_and_writeback(tmp_path, make):
     store = make(tmp_path)
     c = store.create("c", (10, 10), torch.float64, tier="host")
     c.fill_(2.5)
@@ -104,7 +112,7 @@ def test_create_resident_and_writeback(tmp_path):
     assert torch.equal(store.get("z", "host"), torch.zeros(5, dtype=torch.int32))
 
 
-def test_commit_reopen_and_crash_consistency(tmp_path):
+def test_commit_reopen_and_crash_consistency(tmp_path, make):
     store = make(tmp_path)
     store.put("w", torch.ones(1000)).result()
     store.put("h", torch.arange(10.0), home="host").result()
@@ -128,7 +136,7 @@ def test_commit_reopen_and_crash_consistency(tmp_path):
     assert sorted(again.names()) == ["h", "w"]
 
 
-def test_copy_on_write_reuses_space_after_commit(tmp_path):
+def test_copy_on_write_reuses_space_after_commit(tmp_path, make):
     store = make(tmp_path)
     store.put("w", torch.ones(1024)).result()
     store.commit()
@@ -142,14 +150,16 @@ def test_copy_on_write_reuses_space_after_commit(tmp_path):
     assert torch.equal(store.get("w", "host"), torch.full((1024,), 6.0))
 
 
-def test_bad_manifest_and_truncated_data_are_errors(tmp_path):
+def test_bad_manifest_and_truncated_data_are_errors(tmp_path, make):
     store = make(tmp_path)
     store.put("w", torch.ones(5000)).result()
     store.commit()
     store.close()
-    manifest = tmp_path / "store" / "manifest.json"
-    data = tmp_path / "store" / "data.bin"
+    manifest = store.root / "manifest.json"
     good = manifest.read_text()
+    entry = json.loads(good)
+    where = entry["tensors"]["w"].get("dir", 0)
+    data = store.dirs[where] / data_file_name(where)
     with open(data, "r+b") as f:
         f.truncate(4096)
     with pytest.raises(ValueError, match="truncated"):
@@ -157,7 +167,6 @@ def test_bad_manifest_and_truncated_data_are_errors(tmp_path):
     manifest.write_text("{not json")
     with pytest.raises(ValueError, match="unreadable"):
         make(tmp_path)
-    entry = json.loads(good)
     entry["tensors"]["w"]["nbytes"] = 12
     manifest.write_text(json.dumps(entry))
     with pytest.raises(ValueError, match="inconsistent"):
@@ -173,7 +182,7 @@ def test_config_validation():
         TieredStore.Config(root="/tmp/x", device="tpu")
 
 
-def test_duplicate_and_unknown_names(tmp_path):
+def test_duplicate_and_unknown_names(tmp_path, make):
     store = make(tmp_path)
     store.put("a", torch.ones(3)).result()
     with pytest.raises(KeyError, match="already exists"):
@@ -184,7 +193,7 @@ def test_duplicate_and_unknown_names(tmp_path):
     assert "a" not in store
 
 
-def test_freed_buffers_are_reused_within_the_budget_and_trimmed(tmp_path):
+def test_freed_buffers_are_reused_within_the_budget_and_trimmed(tmp_path, make):
     store = make(tmp_path, host_budget=64 * KiB)
     for name in ("a", "b", "c"):
         store.put(name, torch.full((5000,), 1.0)).result()  # 20000 bytes -> 20 KiB buffers
@@ -195,15 +204,15 @@ def test_freed_buffers_are_reused_within_the_budget_and_trimmed(tmp_path):
     store.evict("b").result()
     store.evict("c").result()
     ledger = store.budgets[Tier.HOST]
-    assert ledger.used == 0 and store._pooled[Tier.HOST] == 40 * KiB
+    assert ledger.used == 0 and store.pool.pooled(Tier.HOST) == 40 * KiB
     store.put("big", torch.zeros(14 * KiB // 4 * 4)).result()  # 56 KiB: the pool must shrink to make room
     store.get("big", "host")
-    assert ledger.used + store._pooled[Tier.HOST] <= ledger.limit
+    assert ledger.used + store.pool.pooled(Tier.HOST) <= ledger.limit
     store.evict("big").result()
     assert store.trim() > 0 and store.trim() == 0
 
 
-def test_many_tensors_move_in_one_request_vector(tmp_path):
+def test_many_tensors_move_in_one_request_vector(tmp_path, make):
     """prefetch_many / evict_many equal prefetch / evict one by one; a budget that runs out part-way raises
     after the reads begun before it were submitted (they still arrive)."""
     store = make(tmp_path, host_budget="36KiB")
@@ -228,7 +237,7 @@ def test_many_tensors_move_in_one_request_vector(tmp_path):
     assert store.record("t3").state is State.ON_SSD
 
 
-def test_a_second_prefetch_joins_the_read_under_way(tmp_path):
+def test_a_second_prefetch_joins_the_read_under_way(tmp_path, make):
     """A prefetch of a tensor whose read is in flight shares that read (the same future): a prefetch chained
     behind it could run after the caller has used and evicted the tensor, and read it back for no one."""
     store = make(tmp_path)
@@ -248,3 +257,162 @@ def test_a_second_prefetch_joins_the_read_under_way(tmp_path):
         store.wait(timeout=30)
         assert store.record("a").state is State.ON_SSD and store.usage()["host"]["used"] == 0
     assert joined > 0  # a 256 KiB O_DIRECT read is in flight right after it is submitted
+
+
+# ------------------------------------------------------------------ stores over several directories
+def two_dirs(tmp_path) -> str:
+    return f"{tmp_path / 'a'},{tmp_path / 'b'}"
+
+
+def dir_bytes(store: TieredStore) -> list[int]:
+    return [d["live"] for d in store.usage()["ssd"]["dirs"]]
+
+
+@pytest.mark.parametrize("weights, share", [((), (1, 1)), ((1.0, 3.0), (1, 3)), ((500.0, 250.0), (2, 1))])
+def test_default_placement_spreads_bytes_by_weight(tmp_path, weights, share):
+    """Each directory receives its weighted share of the bytes: exactly, for equal-sized records, and to within
+    one record for mixed sizes."""
+    store = open_store(two_dirs(tmp_path), bandwidths=weights)
+    for i in range(12 * sum(share)):
+        store.put(f"t{i}", torch.full((1024,), float(i))).result(timeout=30)  # 4 KiB each
+    assert dir_bytes(store) == [12 * s * 4 * KiB for s in share]
+    ssd = store.usage()["ssd"]
+    assert ssd["used"] == sum(d["used"] for d in ssd["dirs"]) and [d["dir"] for d in ssd["dirs"]] == [
+        str(tmp_path / "a"), str(tmp_path / "b")]
+    assert (tmp_path / "a" / "data.bin").exists() and (tmp_path / "b" / "data.1.bin").exists()
+    gen = torch.Generator().manual_seed(0)
+    for i in range(40):
+        n = int(torch.randint(1, 40_000, (1,), generator=gen))
+        store.put(f"r{i}", torch.zeros(n, dtype=torch.uint8)).result(timeout=30)
+    got = dir_bytes(store)
+    w = weights or (1.0, 1.0)
+    ideal = [sum(got) * x / sum(w) for x in w]
+    assert all(abs(g - i) <= 40 * KiB for g, i in zip(got, ideal))  # the largest record is < 40 KiB
+    for i in range(12 * sum(share)):
+        assert torch.equal(store.get(f"t{i}", "host"), torch.full((1024,), float(i)))
+        store.evict(f"t{i}").result(timeout=30)
+
+
+def test_placement_policy_is_pluggable_and_checked(tmp_path):
+    class Last:
+        def place(self, nbytes, placed):
+            return len(placed) - 1
+
+    store = TieredStore(TieredStore.Config(root=two_dirs(tmp_path), host_budget="1MiB"), placement=Last())
+    store.put("x", torch.ones(3000)).result(timeout=30)
+    assert dir_bytes(store) == [0, 12 * KiB]
+
+    class Wrong:
+        def place(self, nbytes, placed):
+            return 2
+
+    store = TieredStore(TieredStore.Config(root=two_dirs(tmp_path / "w")), placement=Wrong())
+    with pytest.raises(ValueError, match="chose directory 2 of 2"):
+        store.put("x", torch.ones(3))
+    with pytest.raises(ValueError, match="weights: 3 given for 2"):
+        StripeBySize(weights=(1, 2, 3)).place(4096, (0, 0))
+    with pytest.raises(ValueError, match="bandwidths: 1 given for 2"):
+        TieredStore.Config(root=two_dirs(tmp_path), bandwidths=[1.0])
+
+
+def test_commit_over_two_directories_reopens_identical_tensors(tmp_path):
+    gen = torch.Generator().manual_seed(1)
+    tensors = {f"w{i}": torch.randn(int(torch.randint(1, 5000, (1,), generator=gen)), generator=gen)
+               for i in range(16)}
+    store = open_store(two_dirs(tmp_path))
+    for name, t in tensors.items():
+        store.put(name, t).result(timeout=30)
+    store.put("h", torch.arange(10.0), home="host").result(timeout=30)
+    store.create("z", (7, 3), torch.int64)
+    store.get("w3", "host").mul_(2)  # a copy-on-write rewrite, committed
+    store.mark_dirty("w3")
+    tensors["w3"] = tensors["w3"] * 2
+    store.commit()
+    store.get("w5", "host").zero_()  # written but not committed: the reopened store must not see it
+    store.mark_dirty("w5")
+    store.writeback("w5").result(timeout=30)
+    store.close()
+
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["version"] == 2 and [d["data_file"] for d in manifest["dirs"]] == ["data.bin", "data.1.bin"]
+    assert {e["dir"] for e in manifest["tensors"].values()} == {0, 1}
+    again = open_store(two_dirs(tmp_path))
+    assert sorted(again.names()) == sorted([*tensors, "h", "z"])
+    for name, t in tensors.items():
+        assert torch.equal(again.get(name, "host"), t), name
+        again.evict(name).result(timeout=30)
+    assert torch.equal(again.get("h", "host"), torch.arange(10.0))
+    assert torch.equal(again.get("z", "host"), torch.zeros(7, 3, dtype=torch.int64))
+    assert dir_bytes(again) == [sum(e["capacity"] for e in manifest["tensors"].values() if e["dir"] == d)
+                                for d in (0, 1)]
+
+
+def test_a_different_number_of_directories_is_refused_by_name(tmp_path):
+    store = open_store(two_dirs(tmp_path))
+    store.put("w", torch.ones(10)).result(timeout=30)
+    store.commit()
+    store.close()
+    with pytest.raises(ValueError, match=r"describes 2 directories, but the store was opened with 1: .*a"):
+        open_store(str(tmp_path / "a"))
+    with pytest.raises(ValueError, match=r"describes 2 directories, but the store was opened with 3"):
+        open_store(f"{two_dirs(tmp_path)},{tmp_path / 'c'}")
+    assert not (tmp_path / "c").exists()  # a refused open creates nothing
+    with pytest.raises(ValueError, match="holds a store manifest but is not the first"):
+        open_store(f"{tmp_path / 'b'},{tmp_path / 'a'}")
+
+    one = open_store(str(tmp_path / "one"))
+    one.put("w", torch.ones(10)).result(timeout=30)
+    one.commit()
+    one.close()
+    with pytest.raises(ValueError, match=r"describes 1 directory, but the store was opened with 2"):
+        open_store(f"{tmp_path / 'one'},{tmp_path / 'two'}")
+
+
+OLD_KEYS = {"format", "version", "data_file", "data_bytes", "tensors"}
+OLD_ENTRY_KEYS = {"shape", "dtype", "nbytes", "home", "offset", "capacity"}
+
+
+def test_an_old_one_directory_manifest_still_opens(tmp_path):
+    """A store written before stores could span directories (data.bin + a version-1 manifest, written here as
+    that code wrote them) opens, and committing it writes the same format again."""
+    root = tmp_path / "old"
+    root.mkdir()
+    w = torch.arange(3000, dtype=torch.float32)  # 12000 bytes -> 12 KiB
+    h = torch.arange(6, dtype=torch.int16).view(2, 3)
+    data = bytearray(4 * 4096)
+    data[:w.numel() * 4] = w.numpy().tobytes()
+    data[3 * 4096:3 * 4096 + 12] = h.numpy().tobytes()
+    (root / "data.bin").write_bytes(bytes(data))
+    (root / "manifest.json").write_text(json.dumps({
+        "format": "terastack.tiers", "version": 1, "data_file": "data.bin", "data_bytes": 4 * 4096,
+        "tensors": {"w": {"shape": [3000], "dtype": "float32", "nbytes": 12000, "home": "ssd", "offset": 0,
+                          "capacity": 12288},
+                    "h": {"shape": [2, 3], "dtype": "int16", "nbytes": 12, "home": "host", "offset": 12288,
+                          "capacity": 4096}}}, indent=1, sort_keys=True) + "\n")
+    store = open_store(str(root))
+    assert torch.equal(store.get("w", "host"), w) and torch.equal(store.get("h", "host"), h)
+    store.tensor("w").add_(1)
+    store.mark_dirty("w")
+    store.commit()
+    store.close()
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert set(manifest) == OLD_KEYS and manifest["version"] == 1 and manifest["data_file"] == "data.bin"
+    assert all(set(e) == OLD_ENTRY_KEYS for e in manifest["tensors"].values())
+    assert sorted(p.name for p in root.iterdir()) == ["data.bin", "manifest.json"]
+    assert torch.equal(open_store(str(root)).get("w", "host"), w + 1)
+
+
+def test_root_forms(tmp_path):
+    """root: one path, comma-separated paths, or a sequence; `root` is then the first and `dirs` all."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for root in (f"{a}, {b}", [a, b], (tmp_path / "a", tmp_path / "b")):
+        config = TieredStore.Config(root=root)
+        assert config.root == a and config.dirs == (a, b)
+    assert TieredStore.Config(root=a).dirs == (a,)
+    with pytest.raises(ValueError, match="root: directory .* is listed twice"):
+        TieredStore.Config(root=[a, a])
+    with pytest.raises(ValueError, match="root"):
+        TieredStore.Config(root=f"{a},,{b}")
+    store = open_store([a, b])
+    assert store.root == tmp_path / "a" and store.dirs == (tmp_path / "a", tmp_path / "b")
+    store.close()

@@ -4,7 +4,7 @@ Workers only compute; a communication agent per worker fetches parameters and
 pushes gradients off the compute path; an aggregator reduces the workers'
 gradients before they reach the parameter servers; parameter-server shards hold
 the fp32 master weights and AdamW moments (in memory or on SSD) and apply the
-update. See :mod:`terastack.dist.job` for how one training step flows.
+update. See :mod:`terastack.dist.run` for how one training step flows.
 """
 from terastack.dist.roles import Role, RoleMap
 

@@ -3,7 +3,7 @@
 Same model, same data, same seeds, same number of workers. For each system:
 ``step_s`` (median steady step, slowest worker), ``exposed_comm_fraction``
 (time the training thread waits on communication / step time; see [Note: exposed
-communication] in terastack.dist.job for the worker it is taken from),
+communication] in terastack.dist.stats for the worker it is taken from),
 ``worker_optimizer_bytes`` (optimizer state held in a worker process,
 measured from its live optimizers) and the max abs difference of the final
 parameters from single-process AdamW. Then the parameter servers' ingress per
@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from terastack.dist.checkpoint import load_parameters
-from terastack.dist.job import TrainConfig, launch_local
+from terastack.dist.config import TrainConfig
+from terastack.dist.launch import JOB_MODULE, launch_local
 from terastack.dist.reference import max_abs_diff, train_single_process
 
 HEADLINE = ["speedup_vs_fsdp2", "exposed_comm_fraction_ratio_vs_fsdp2", "terastack_exposed_comm_fraction",
@@ -84,7 +85,7 @@ def measure(args: argparse.Namespace) -> dict:
         result: dict = {"workers": args.workers, "servers": args.servers, "model": args.model,
                         "parameters": sum(t.numel() for t in ref.values()), "steps": args.steps}
         systems = {
-            "terastack": (main, "terastack.dist.job", None),
+            "terastack": (main, JOB_MODULE, None),
             "fsdp2": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "fsdp2"), "trace_dir": ""})),
                       "terastack.dist.fsdp2", args.workers),
             "zero3": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "zero3"), "trace_dir": ""})),

@@ -25,12 +25,12 @@ import torch
 
 from terastack import io
 from terastack.atomic import atomic_write_json, safe_relative
+from terastack.constants import DIRECT_ALIGN, round_up
 from terastack.dist.layout import Layout
 
 INDEX = "checkpoint.json"
 FORMAT = "terastack.dist.checkpoint"
 VERSION = 1
-_ALIGN = 4096
 
 
 def step_dir_name(step: int) -> str:
@@ -56,7 +56,7 @@ def write_shard(root: str | Path, step: int, server: int, tensors: dict[str, tor
                              "dtype": str(t.dtype).removeprefix("torch."), "crc32": _crc(t)}
             if nbytes:
                 pending.append((f.pwrite(t.view(torch.uint8).reshape(-1), offset, nbytes), t))
-            offset += -(-nbytes // _ALIGN) * _ALIGN
+            offset += round_up(nbytes, DIRECT_ALIGN)
         for fut, _ in pending:
             fut.result(600)
         f.sync()
@@ -106,7 +106,7 @@ def read_shard(root: str | Path, index: dict, server: int) -> tuple[dict[str, to
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"checkpoint shard manifest {mpath} is unreadable: {exc}") from None
     size = data_path.stat().st_size if data_path.exists() else -1
-    if size < int(manifest.get("data_bytes", 0)) - _ALIGN:
+    if size < int(manifest.get("data_bytes", 0)) - DIRECT_ALIGN:
         raise ValueError(f"checkpoint data file {data_path} is truncated ({size} bytes, manifest needs "
                          f"{manifest.get('data_bytes')})")
     out = {}

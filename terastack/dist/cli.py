@@ -18,7 +18,7 @@ from terastack.reporting import dumps
 
 
 def _train_arguments(p: argparse.ArgumentParser) -> None:
-    from terastack.dist.job import TrainConfig
+    from terastack.dist.config import TrainConfig
 
     d = TrainConfig()
     p.add_argument("--config", metavar="TOML", help="read settings from a TOML file ([train] table); flags override")
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from terastack.dist.job import TrainConfig
+    from terastack.dist.config import TrainConfig
 
     base = TrainConfig.from_toml(args.config).to_dict() if args.config else {}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         from terastack.plan import cluster
 
         return cluster.run(args)
-    from terastack.dist.job import launch_local, run_role
+    from terastack.dist.launch import launch_local
+    from terastack.dist.run import run_role
 
     config = config_from_args(args)
     if _under_torchrun():

@@ -16,7 +16,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from terastack.dist.job import TrainConfig, finish_baseline, init_baseline, rank_main, save_final
+from terastack.dist.baseline import finish_baseline, init_baseline, save_final
+from terastack.dist.config import TrainConfig
+from terastack.dist.launch import rank_main
 from terastack.dist.layout import Layout, find_layers
 from terastack.dist.models import build_model, loss_of, worker_batch
 
@@ -104,8 +106,7 @@ def run(config: TrainConfig) -> int:
             losses.append(float(loss.detach()))
     full = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for n, p in params.items()}
     if rank == 0:
-        flats = [torch.cat([full[p.name].detach().reshape(-1) for p in b.params]) for b in layout.buckets]
-        save_final(config, layout, flats, config.steps)
+        save_final(config, layout, layout.flatten(full), config.steps)
     return finish_baseline(config, rank, {"step_s": step_s, "wait_s": wait_s, "loss": losses})
 
 

@@ -114,6 +114,10 @@ class Layout:
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
+    def flatten(self, params: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """One flat fp32 vector per bucket from named parameter tensors (the inverse of :meth:`unflatten`)."""
+        return [torch.cat([params[p.name].detach().reshape(-1) for p in b.params]).float() for b in self.buckets]
+
     def unflatten(self, flats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Named parameter tensors from one flat vector per bucket."""
         out = {}

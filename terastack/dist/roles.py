@@ -92,9 +92,6 @@ class RoleMap:
     def agent_ranks(self) -> list[int]:
         return [self.agent_rank(i) for i in range(self.workers)]
 
-    def server_ranks(self) -> list[int]:
-        return [self.server_rank(s) for s in range(self.servers)]
-
     def table(self) -> str:
         """The role of every rank, one line each (printed at start)."""
         lines = []

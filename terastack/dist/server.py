@@ -31,12 +31,12 @@ import torch
 from torch.optim.adamw import adamw
 
 from terastack import trace
+from terastack.constants import padded_size
 from terastack.dist import checkpoint as ckpt
 from terastack.dist.comm import Comm, Kind, Pending, tag
 from terastack.dist.layout import Layout, Schedule
 from terastack.dist.roles import RoleMap
 from terastack.tiers import Tier, TieredStore
-from terastack.units import round_up
 
 STATES = ("memory", "ssd")
 
@@ -95,7 +95,7 @@ class _TieredMoments:
             shutil.rmtree(root)   # scratch space: the durable state is in the checkpoints
         biggest = max(shapes.values())
         # Two buckets' moments resident (current + prefetched) plus up to two being written back.
-        budget = 4 * 2 * max(4096, round_up(biggest * 4, 4096))
+        budget = 4 * 2 * padded_size(biggest * 4)
         self.store = TieredStore(TieredStore.Config(root=str(root), host_budget=budget, device_budget=0))
         for b, n in shapes.items():
             self.store.create(f"m{b}", (n,), torch.float32, home=Tier.SSD)

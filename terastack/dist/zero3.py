@@ -17,7 +17,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from terastack.dist.job import TrainConfig, _flats, finish_baseline, init_baseline, rank_main, save_final
+from terastack.dist.baseline import finish_baseline, init_baseline, save_final
+from terastack.dist.config import TrainConfig
+from terastack.dist.launch import rank_main
 from terastack.dist.layout import Layout, Schedule
 from terastack.dist.models import build_model, loss_of, worker_batch
 from terastack.dist.worker import ShardedModel
@@ -79,7 +81,7 @@ def run(config: TrainConfig) -> int:
     spec = config.model_spec()
     meta = build_model(spec, seed=config.seed, meta=True)
     layout = Layout.of(meta, 1)
-    initial = _flats(build_model(spec, seed=config.seed), layout)
+    initial = layout.flatten(dict(build_model(spec, seed=config.seed).named_parameters()))
     sharded = ShardedModel(meta, layout, Schedule(layout, reshard=config.reshard), pad_multiple=world)
     link = sharded.link = SerialZero3Link(sharded, layout, initial, config, rank, world)
     del initial

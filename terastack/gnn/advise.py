@@ -14,6 +14,7 @@ import time
 import numpy as np
 import torch
 
+from terastack.constants import BLOCK
 from terastack.gnn.hotness import Hotness
 from terastack.gnn.models import GNN, train_step
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss
@@ -78,13 +79,13 @@ def measure_gather_costs(num_nodes: int, row_len: int, dtype: torch.dtype, rows_
         out.index_copy_(0, torch.from_numpy(np.arange(rows)), cache.index_select(0, slots))
         return hit
 
-    blocks_buf = torch.zeros(len(covering_blocks(ids, row_bytes)) * 4096 // itemsize + row_len, dtype=dtype)
+    blocks_buf = torch.zeros(len(covering_blocks(ids, row_bytes)) * BLOCK // itemsize + row_len, dtype=dtype)
 
     def miss_path() -> None:
         blocks = covering_blocks(ids, row_bytes)
         start = ids * row_bytes
-        slot = np.searchsorted(blocks, start // 4096)
-        elem = torch.from_numpy((slot * 4096 + start % 4096) // itemsize)
+        slot = np.searchsorted(blocks, start // BLOCK)
+        elem = torch.from_numpy((slot * BLOCK + start % BLOCK) // itemsize)
         out.index_copy_(0, torch.from_numpy(np.arange(rows)), blocks_buf.unfold(0, row_len, 1).index_select(0, elem))
 
     timings = []
@@ -124,24 +125,24 @@ def probe_feature_file(ds, *, seconds: float = 1.0, batch_blocks: int = 8192, se
     The page cache is dropped first; reads are O_DIRECT when the file system allows it."""
     from terastack import io
 
-    blocks_in_file = ds.feature_bytes // 4096
+    blocks_in_file = ds.feature_bytes // BLOCK
     if blocks_in_file < 1:
         raise ValueError(f"{ds.features_path}: too small to measure (under one 4 KiB block)")
     rng = np.random.default_rng(0)
     with io.open(ds.features_path, "r", direct="auto", engine=engine) as f:
         f.drop_cache()
         n = int(min(batch_blocks, blocks_in_file))
-        buf = io.aligned_empty(n * 4096)
+        buf = io.aligned_empty(n * BLOCK)
         done, start, sys_cpu = 0, time.perf_counter(), 0.0
         while time.perf_counter() - start < seconds or done == 0:
             blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
             before = os.times().system
-            f.pread_many(buf, blocks * 4096, 4096).result(timeout=120)
+            f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
             sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
             done += n
         iops = done / (time.perf_counter() - start)
         f.drop_cache()
-        length = int(min(seq_bytes, blocks_in_file * 4096))
+        length = int(min(seq_bytes, blocks_in_file * BLOCK))
         seq = io.aligned_empty(length)
         t0 = time.perf_counter()
         f.read(seq, 0, length, timeout=300)

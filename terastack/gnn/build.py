@@ -32,6 +32,7 @@ import numpy as np
 
 from terastack.atomic import atomic_write_json
 from terastack.gnn.dataset import FILES, MANIFEST, DatasetError
+from terastack.gnn.rows import block_period_rows
 from terastack.progress import Progress
 
 STATE = ".build-state.json"
@@ -291,7 +292,7 @@ class FeatureWriter:
         self.num_nodes, self.feat_dim, self.dtype = num_nodes, feat_dim, np.dtype(dtype)
         self.row_bytes = feat_dim * self.dtype.itemsize
         # Chunks hold whole 4 KiB blocks and whole units of the caller's row alignment.
-        period = int(np.lcm(4096 // np.gcd(self.row_bytes, 4096), align_rows))
+        period = int(np.lcm(block_period_rows(self.row_bytes), align_rows))
         self.rows_per_chunk = int(max(period, chunk_bytes // self.row_bytes // period * period))
         self.show_progress = progress
         self.engine = engine

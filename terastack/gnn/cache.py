@@ -37,10 +37,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from terastack.constants import BLOCK
+from terastack.gnn.rows import RowReader, covering_blocks
 from terastack.io.errors import BudgetError
+from terastack.memory import mem_available
 from terastack.tiers.budget import BudgetLedger
 from terastack.units import format_bytes, parse_bytes
-from terastack.gnn.rows import RowReader, covering_blocks
 
 
 @dataclass(slots=True)
@@ -83,16 +85,12 @@ class GatherStats:
             self.gather_seconds = self.io_wait_seconds = 0.0
 
 
-def mem_available() -> int:
-    """MemAvailable of /proc/meminfo (0 if unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+def resolve_device(name: str) -> torch.device:
+    """The device a ``device`` setting names: "auto" is CUDA when available, else the CPU (the rule
+    terastack.tiers applies to its own ``device`` setting)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -153,8 +151,7 @@ class UnifiedCache(FeatureSource):
         """``ranking``: node ids hottest first (:meth:`Hotness.order`); nodes not in it are never cached."""
         super().__init__()
         cfg = self.config = config or UnifiedCache.Config(**fields)
-        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if cfg.device == "auto" else cfg.device))
+        self.device = resolve_device(cfg.device)
         n, self.row_len = dataset.num_nodes, dataset.feat_dim
         self.num_nodes = n
         self.np_dtype = dataset.feat_dtype
@@ -231,7 +228,7 @@ class UnifiedCache(FeatureSource):
             return 0
         blocks = len(self.reader.blocks_for(cached))
         read = 0
-        if blocks * 4096 * 4 > self.reader.file_size:  # dense enough: one sequential pass is cheaper
+        if blocks * BLOCK * 4 > self.reader.file_size:  # dense enough: one sequential pass is cheaper
             for first, rows in self.reader.scan():
                 slots = self.table[first: first + len(rows)].astype(np.int64)
                 hit = np.flatnonzero(slots >= 0)
@@ -243,7 +240,7 @@ class UnifiedCache(FeatureSource):
                 ids = cached[start:start + step]
                 rows = self.reader.read(ids)
                 self._store(self.table[ids].astype(np.int64), rows)
-                read += len(self.reader.blocks_for(ids)) * 4096
+                read += len(self.reader.blocks_for(ids)) * BLOCK
         return read
 
     def _store(self, slots: np.ndarray, rows: torch.Tensor) -> None:

@@ -120,15 +120,17 @@ def _emit(result: dict, as_json: bool, lines) -> None:
 def _gen(args) -> int:
     from terastack.gnn.gen import GraphGenerator
 
-    cfg = GraphGenerator.Config(out=args.out, nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
-                                classes=args.classes, dtype=args.dtype, seed=args.seed,
-                                train_fraction=args.train_fraction, val_fraction=args.val_fraction,
-                                test_fraction=args.test_fraction, signal=args.signal, noise=args.noise,
-                                memory_budget=args.memory_budget, force=args.force, progress=not args.quiet)
-    return _report_build(GraphGenerator(cfg).run(), args)
+    return _build(GraphGenerator, args, nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
+                  classes=args.classes, dtype=args.dtype, seed=args.seed, train_fraction=args.train_fraction,
+                  val_fraction=args.val_fraction, test_fraction=args.test_fraction, signal=args.signal,
+                  noise=args.noise)
 
 
-def _report_build(result: dict, args) -> int:
+def _build(builder, args, **fields) -> int:
+    """Run a dataset builder (the generator or the importer) with the flags both take, and report the result."""
+    cfg = builder.Config(out=args.out, memory_budget=args.memory_budget, force=args.force, progress=not args.quiet,
+                         **fields)
+    result = builder(cfg).run()
     _emit(result, args.json, [f"{result['status']}: {args.out} ({result.get('nodes', '?')} nodes, "
                               f"{result.get('edges', '?')} edges) in {result['seconds']:.1f} s"])
     return 0
@@ -137,12 +139,10 @@ def _report_build(result: dict, args) -> int:
 def _import(args) -> int:
     from terastack.gnn.importer import GraphImporter
 
-    cfg = GraphImporter.Config(out=args.out, ogb_dir=args.ogb_dir, edge_index=args.edge_index, indptr=args.indptr,
-                               indices=args.indices, features=args.features, labels=args.labels,
-                               train_idx=args.train_idx, val_idx=args.val_idx, test_idx=args.test_idx,
-                               undirected=args.undirected, dtype=args.dtype, classes=args.classes,
-                               memory_budget=args.memory_budget, force=args.force, progress=not args.quiet)
-    return _report_build(GraphImporter(cfg).run(), args)
+    return _build(GraphImporter, args, ogb_dir=args.ogb_dir, edge_index=args.edge_index, indptr=args.indptr,
+                  indices=args.indices, features=args.features, labels=args.labels, train_idx=args.train_idx,
+                  val_idx=args.val_idx, test_idx=args.test_idx, undirected=args.undirected, dtype=args.dtype,
+                  classes=args.classes)
 
 
 def _verify(args) -> int:

@@ -275,10 +275,6 @@ class GraphDataset:
     def feature_bytes(self) -> int:
         return self.manifest.files["features"].nbytes
 
-    @property
-    def topology_bytes(self) -> int:
-        return self.manifest.files["indptr"].nbytes + self.manifest.files["indices"].nbytes
-
     def __repr__(self) -> str:
         return (f"GraphDataset({str(self.root)!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"features={self.feat_dim}x{self.feat_dtype.name}, classes={self.num_classes})")
@@ -295,9 +291,6 @@ class GraphDataset:
             with io.open(self.features_path, "r", direct="auto", engine=self.engine) as f:
                 f.read(out, start * self.row_bytes, count * self.row_bytes, timeout=3600)
         return out
-
-    def features_memmap(self) -> np.memmap:
-        return np.memmap(self.features_path, dtype=self.feat_dtype, mode="r", shape=(self.num_nodes, self.feat_dim))
 
     # --------------------------------------------------------------- checks
     def _read_manifest(self) -> Manifest:

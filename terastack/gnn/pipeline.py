@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from terastack import trace
-from terastack.gnn.cache import FeatureSource
+from terastack.gnn.cache import FeatureSource, resolve_device
 from terastack.gnn.sampler import NeighborSampler, SampledBatch, epoch_batches
 
 _POLL = 0.05
@@ -100,9 +100,7 @@ class Pipeline:
         self.sampler = sampler
         self.source = source
         self.labels = torch.from_numpy(np.asarray(labels)).long()
-        dev = self.config.device
-        self.device = torch.device("cuda" if dev == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if dev == "auto" else dev))
+        self.device = resolve_device(self.config.device)
         self._slots: list[torch.Tensor] = []
         self.last_stats = EpochStats()
 

@@ -4,12 +4,12 @@
 A feature row (e.g. 128 fp32 = 512 bytes) is smaller than the 4 KiB unit
 O_DIRECT works in, and rows start at arbitrary offsets. So a set of rows is
 read as the set of 4 KiB blocks that cover them: for every row, the blocks from
-``floor(start / 4096)`` to ``floor((end - 1) / 4096)``; their union, sorted,
+``floor(start / BLOCK)`` to ``floor((end - 1) / BLOCK)``; their union, sorted,
 with runs of consecutive blocks merged into one extent. All extents go to the
 storage engine in ONE ``File.pread_many`` call into a page-aligned buffer,
 packed in block order, so every request is O_DIRECT (the engine serves only a
 file's unaligned last block through the page cache). A row then sits at
-``(index of its first block in the packed buffer) * 4096 + start % 4096``,
+``(index of its first block in the packed buffer) * BLOCK + start % BLOCK``,
 contiguous even when it straddles two blocks (both were read, adjacently).
 Rows are cut out of the buffer with one ``index_select`` over a strided view
 (``unfold``) of it: no Python loop per row or per block.
@@ -23,9 +23,7 @@ import numpy as np
 import torch
 
 from terastack import io
-from terastack.io.buffers import DIRECT_ALIGN
-
-BLOCK = DIRECT_ALIGN
+from terastack.constants import BLOCK
 
 
 @dataclass(slots=True)
@@ -38,6 +36,12 @@ class RowRequest:
     blocks: int
     extents: int
     nbytes: int
+
+
+def block_period_rows(row_bytes: int) -> int:
+    """Rows in the shortest run of rows that ends on a block boundary: a chunk of a multiple of this many
+    rows starts and ends block aligned (what O_DIRECT needs)."""
+    return BLOCK // int(np.gcd(row_bytes, BLOCK))
 
 
 def covering_blocks(rows: np.ndarray, row_bytes: int, block: int = BLOCK) -> np.ndarray:
@@ -135,7 +139,7 @@ class RowReader:
         """Yield ``(first_row, rows_tensor)`` over the whole file in large sequential O_DIRECT reads (double-buffered)."""
         rows_per_chunk = max(1, chunk_bytes // self.row_bytes)
         # Chunk starts must stay block aligned: use a multiple of the rows per whole number of blocks.
-        period = BLOCK // int(np.gcd(self.row_bytes, BLOCK))
+        period = block_period_rows(self.row_bytes)
         rows_per_chunk = max(period, rows_per_chunk // period * period)
         bufs = [io.aligned_empty((rows_per_chunk, self.row_len), self.dtype) for _ in range(2)]
         starts = list(range(0, self.num_rows, rows_per_chunk))

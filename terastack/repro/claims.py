@@ -228,7 +228,3 @@ CLAIMS: tuple[Claim, ...] = (
           paper_hardware="an NVIDIA GPU (model given in the paper)",
           differs_because="no GPU (and no CUDA toolkit) on this machine"),
 )
-
-
-def for_suite(suite: str, claims: tuple[Claim, ...] = CLAIMS) -> list[Claim]:
-    return [c for c in claims if c.suite == suite]

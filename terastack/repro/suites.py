@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from terastack.repro.logs import last_lines
+
 #: suite -> the benchmark names (keys of terastack.bench.BENCHMARKS) it runs, in order
 BENCH_SUITES = {"io": ("io",), "kernels": ("gemm", "sort"), "llm": ("llm",), "gnn": ("gnn",), "dist": ("dist",)}
 SUITE_NAMES = (*BENCH_SUITES, "dace")
@@ -116,7 +118,7 @@ class BenchSuite:
         try:
             outcome = json.loads(out_json.read_text())
         except (OSError, ValueError):
-            tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-10:])
+            tail = last_lines(log_path.read_text(errors="replace"), 10)
             return BenchOutcome(name=bench, module=module, status="error", log=str(log_path), wall_s=wall,
                                 reason=f"the benchmark process died (exit {proc.returncode}) without a result; "
                                        f"last lines:\n{tail}")

@@ -10,7 +10,8 @@ import re
 import pytest
 
 from terastack.dist.checkpoint import load_parameters
-from terastack.dist.job import JobFailed, TrainConfig, launch_local
+from terastack.dist.config import TrainConfig
+from terastack.dist.launch import JobFailed, launch_local
 from terastack.dist.reference import max_abs_diff, train_single_process
 
 TINY = dict(model="toy", dim=16, layers=2, vocab=32, seq_len=8, micro_batch=2, steps=3, timeout_s=40)

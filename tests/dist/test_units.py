@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from terastack.dist import checkpoint as ckpt
-from terastack.dist.job import JobFailed, TrainConfig, describe_failures
+from terastack.dist.config import TrainConfig
+from terastack.dist.launch import JobFailed, describe_failures
 from terastack.dist.layout import Layout, Schedule
 from terastack.dist.models import ModelSpec, build_model, global_batch, loss_of, worker_batch
 from terastack.dist.roles import Role, RoleMap

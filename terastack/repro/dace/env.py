@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from terastack.atomic import atomic_write_json
+from terastack.repro.logs import last_lines
 
 #: the tested set; dace 1.0.2 needs numpy<2 and networkx<3.4, Numba's ``@`` needs SciPy's BLAS
 REQUIREMENTS = ("dace==1.0.2", "numpy==1.26.4", "networkx==3.3", "numba==0.68.1", "llvmlite==0.50.0",
@@ -181,7 +182,7 @@ class DaceEnvironment:
                                           f" s (step: {' '.join(cmd[:4])} ...); log: {log_path}") from None
                 if proc.returncode != 0:
                     logf.flush()
-                    tail = "".join(l for l in log_path.read_text().splitlines(True)[-15:] if "WARNING" not in l)
+                    tail = last_lines(log_path.read_text(), 15, skip="WARNING")
                     raise DaceUnavailable(f"`{' '.join(cmd[:5])} ...` failed with exit {proc.returncode}; "
                                           f"log: {log_path}; last lines:\n{tail}")
         install_s = time.monotonic() - started

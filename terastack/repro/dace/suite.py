@@ -24,6 +24,7 @@ from terastack.repro.dace.env import DaceEnvironment, DaceUnavailable
 from terastack.repro.dace.kernels import select as select_kernels
 from terastack.repro.dace.runner import FRAMEWORKS
 from terastack.repro.dace.stats import geomean, ratio_ci
+from terastack.repro.logs import last_lines
 
 # [Note: one process per kernel]
 # Each kernel runs in its own runner process: generated code that crashes
@@ -263,7 +264,7 @@ def _run_logged(cmd: list[str], *, env: dict, cwd: str, timeout: float, log_path
     with open(log_path, "rb") as f:     # this process's output only (the log may hold earlier runs')
         f.seek(start)
         mine = f.read().decode(errors="replace")
-    tail = "".join(l for l in mine.splitlines(True)[-12:] if "Warning" not in l)
+    tail = last_lines(mine, 12, skip="Warning")
     return {"returncode": 124 if timed_out else proc.returncode, "timed_out": timed_out, "tail": tail}
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from terastack.atomic import atomic_write_json
 from terastack.constants import DIRECT_ALIGN
 from terastack.io import File, IOEngine
+from terastack.io.buffers import aligned_empty
 from terastack.tiers.extents import Extent, ExtentAllocator
 from terastack.tiers.placement import PlacementPolicy
 from terastack.tiers.record import State, TensorRecord, Tier, dtype_from_name, dtype_name, tensor_nbytes
@@ -75,6 +76,9 @@ class StoreLayout:
             self.close()
             raise
         self._sizes = [f.size for f in self.files]
+        # below this offset a data file may hold bytes of earlier extents (freed since, or written and never
+        # committed before a crash); above it, only never-written fallocated space, which reads back as zeros
+        self._stale_end = list(self._sizes)
         self._extents = [ExtentAllocator(dir=i) for i in range(len(self.dirs))]
         self._live = [0] * len(self.dirs)  # bytes of allocated extents per directory (what placement sees)
 
@@ -107,7 +111,18 @@ class StoreLayout:
                 new_size = max(end, self._sizes[d] + GROW_STEP) if not zero else end
                 self.files[d].allocate(new_size)
                 self._sizes[d] = new_size
+            if zero and ext.offset < self._stale_end[d]:
+                self._write_zeros(ext, min(end, self._stale_end[d]))
+            self._stale_end[d] = max(self._stale_end[d], end)
             return ext
+
+    def _write_zeros(self, ext: Extent, until: int) -> None:
+        """Zero ``ext`` up to ``until``: space that held an earlier extent's bytes must not show through a
+        tensor created as zeros. Only reused space pays for this; fresh extents are fallocated zeros."""
+        chunk = min(until - ext.offset, 4 << 20)
+        zeros = aligned_empty(chunk)  # zero-filled
+        for offset in range(ext.offset, until, chunk):
+            self.files[ext.dir].pwrite(zeros, offset, min(chunk, until - offset)).result()
 
     def free(self, extent: Extent) -> None:
         with self._lock:

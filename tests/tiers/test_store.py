@@ -150,6 +150,19 @@ def test_copy_on_write_reuses_space_after_commit(tmp_path, make):
     assert torch.equal(store.get("w", "host"), torch.full((1024,), 6.0))
 
 
+def test_created_tensors_are_zeros_in_reused_and_crash_left_space(tmp_path, make):
+    store = make(tmp_path)
+    store.put("a", torch.full((3000,), 5.0)).result()
+    store.delete("a")  # its extent is free again (never committed)
+    store.create("z", (3000,), torch.float32)
+    assert torch.equal(store.get("z", "host"), torch.zeros(3000))
+    store.put("b", torch.full((3000,), 9.0)).result()  # written, not committed: a crash leaves its bytes behind
+    store.close()
+    reopened = make(tmp_path)
+    reopened.create("y", (6000,), torch.float32)
+    assert torch.equal(reopened.get("y", "host"), torch.zeros(6000))
+
+
 def test_bad_manifest_and_truncated_data_are_errors(tmp_path, make):
     store = make(tmp_path)
     store.put("w", torch.ones(5000)).result()

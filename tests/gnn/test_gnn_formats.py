@@ -311,3 +311,23 @@ def test_damaged_files_are_refused_naming_the_file(tmp_path, capsys):
     msg = _refused(capsys, tmp_path, size)
     assert "edge_index.npy: node id -1 of edge 5 is out of range" in msg, msg
     assert "no known dataset layout" in _refused(capsys, tmp_path, tmp_path / "ogbn_arxiv" / "split")
+
+
+def test_interrupted_import_resumes(tmp_path, monkeypatch, reference_csc):
+    from terastack.gnn.formats import source as source_mod
+    from terastack.gnn.formats.detect import import_directory
+
+    root = tmp_path / "ogbn_arxiv"
+    src, dst, feats, labels, perm = ogb_csv(root)
+    real = source_mod.SourceImporter._feature_rows
+
+    def crash(self):
+        raise KeyboardInterrupt  # after labels and topology are committed
+    monkeypatch.setattr(source_mod.SourceImporter, "_feature_rows", crash)
+    with pytest.raises(KeyboardInterrupt):
+        import_directory(root, tmp_path / "out", progress=False)
+    assert (tmp_path / "out" / ".build-state.json").exists()
+    monkeypatch.setattr(source_mod.SourceImporter, "_feature_rows", real)
+    monkeypatch.setattr(source_mod.CSCBuilder, "add_chunk", lambda *a, **k: pytest.fail("edges were re-read"))
+    assert import_directory(root, tmp_path / "out", progress=False)["status"] == "imported"
+    check_dataset(open_dataset(tmp_path / "out"), src, dst, feats, labels, reference_csc)

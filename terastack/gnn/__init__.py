@@ -35,7 +35,9 @@ Train your own PyG model on a dataset larger than memory::
     cache.close()
 
 ``batch.x`` is valid until the next batch is requested (its memory is reused).
-Make a dataset with ``terastack gnn gen`` or ``terastack gnn import``; train
+Make a dataset with ``terastack gnn gen`` or ``terastack gnn import --from DIR`` (an OGB
+``ogbn_*`` directory in its CSV or npz form, an IGB ``<root>/<size>`` directory, or ``.npy``
+arrays; see docs/gnn.md), or from a PyG graph in memory with ``from_pyg(data, out_dir)``; train
 from the shell with ``terastack gnn train``; ask which hardware gives the most
 epochs per dollar with ``terastack gnn advise``. PyG's own ``NodeLoader`` runs
 over the same storage through :mod:`terastack.gnn.pyg`.
@@ -57,6 +59,8 @@ _EXPORTS = {
     "GNN": "terastack.gnn.models", "GnnTrainer": "terastack.gnn.train",
     "TerastackFeatureStore": "terastack.gnn.pyg", "CSCGraphStore": "terastack.gnn.pyg",
     "PygNeighborSampler": "terastack.gnn.pyg",
+    "from_pyg": "terastack.gnn.formats.pyg_data", "import_directory": "terastack.gnn.formats.detect",
+    "detect_layout": "terastack.gnn.formats.detect",
 }
 
 __all__ = sorted(_EXPORTS)

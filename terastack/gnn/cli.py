@@ -28,12 +28,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing dataset or interrupted build")
     _common(p)
 
-    p = sub.add_parser("import", help="import numpy / OGB-style arrays (.npy) into a dataset (resumable)")
+    p = sub.add_parser("import", help="import an OGB / IGB dataset directory or .npy arrays into a dataset (resumable)")
     p.add_argument("--out", required=True)
+    p.add_argument("--from", dest="source", metavar="DIR", help="dataset directory, layout detected: OGB "
+                   "(raw/edge.csv.gz or raw/data.npz + split/), IGB (<root>/<size>/processed), or .npy arrays")
+    p.add_argument("--split", help="OGB: split directory under split/ (default: the only one, or the dataset's)")
+    p.add_argument("--label-set", choices=["19", "2K"], help="IGB: label file (default: the first present)")
+    p.add_argument("--split-seed", type=int, default=0, help="IGB: seed of the random 60/20/20 split (0: IGB's)")
     p.add_argument("--ogb-dir", help="directory with edge_index.npy, node_feat.npy, node_label.npy, split/*.npy")
     for name in ("edge-index", "indptr", "indices", "features", "labels", "train-idx", "val-idx", "test-idx"):
         p.add_argument(f"--{name}", help=f"{name.replace('-', '_')} .npy file")
-    p.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    p.add_argument("--undirected", "--add-inverse-edges", action=argparse.BooleanOptionalAction, default=None,
+                   help="add the reverse of every edge (--from default: as the dataset's loader does, e.g. OGB's "
+                        "add_inverse_edge for ogbn_products; otherwise off)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16"])
     p.add_argument("--classes", type=int, default=None)
     p.add_argument("--memory-budget", default="1GiB")
@@ -139,9 +146,14 @@ def _build(builder, args, **fields) -> int:
 def _import(args) -> int:
     from terastack.gnn.importer import GraphImporter
 
+    if args.source:
+        from terastack.gnn.formats.detect import DirectoryImporter
+
+        return _build(DirectoryImporter, args, source=args.source, split=args.split, label_set=args.label_set,
+                      split_seed=args.split_seed, undirected=args.undirected, dtype=args.dtype, classes=args.classes)
     return _build(GraphImporter, args, ogb_dir=args.ogb_dir, edge_index=args.edge_index, indptr=args.indptr,
                   indices=args.indices, features=args.features, labels=args.labels, train_idx=args.train_idx,
-                  val_idx=args.val_idx, test_idx=args.test_idx, undirected=args.undirected, dtype=args.dtype,
+                  val_idx=args.val_idx, test_idx=args.test_idx, undirected=bool(args.undirected), dtype=args.dtype,
                   classes=args.classes)
 
 

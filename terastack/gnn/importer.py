@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.dataset import FEATURE_DTYPES, DatasetError, write_manifest
+from terastack.gnn.dataset import DatasetError, write_manifest
+from terastack.gnn.formats.source import BuildOptions
 from terastack.progress import Progress
-from terastack.units import parse_bytes
 
 _EDGE_CHUNK = 1 << 22
 
@@ -62,7 +62,7 @@ def _check_range(arr: np.ndarray, hi: int, path, what: str, chunk: int = 1 << 24
 
 class GraphImporter:
     @dataclass(kw_only=True, slots=True)
-    class Config:
+    class Config(BuildOptions):
         out: str
         ogb_dir: str | None = None
         edge_index: str | None = None
@@ -75,12 +75,6 @@ class GraphImporter:
         test_idx: str | None = None
         #: add every edge's reverse (OGB graphs such as arxiv are directed)
         undirected: bool = False
-        #: stored feature dtype ("auto": float16 sources stay float16, everything else becomes float32)
-        dtype: str = "auto"
-        classes: int | None = None
-        memory_budget: int | str = "1GiB"
-        force: bool = False
-        progress: bool = True
 
         def __post_init__(self) -> None:
             if not self.out:
@@ -106,11 +100,7 @@ class GraphImporter:
             for name in ("features", "labels", "train_idx"):
                 if not getattr(self, name):
                     raise ValueError(f"{name}: a .npy file is required (or --ogb-dir holding it)")
-            if self.dtype not in ("auto",) + FEATURE_DTYPES:
-                raise ValueError(f"dtype: must be auto or one of {', '.join(FEATURE_DTYPES)}, got {self.dtype!r}")
-            if self.classes is not None and self.classes < 1:
-                raise ValueError(f"classes: must be >= 1, got {self.classes}")
-            self.memory_budget = parse_bytes(self.memory_budget, field="memory_budget")
+            BuildOptions.check(self)
 
     def __init__(self, config: "GraphImporter.Config", *, engine=None):
         self.config = config

@@ -1,0 +1,232 @@
+"""One importer for every on-disk layout: a :class:`GraphSource` says how to stream a dataset's edges,
+feature rows, labels and splits; :class:`SourceImporter` writes them into a terastack dataset with the
+same resumable, bounded-memory building blocks as ``gen`` and the ``.npy`` importer
+(:class:`~terastack.gnn.build.BuildState`, :class:`~terastack.gnn.build.CSCBuilder`,
+:class:`~terastack.gnn.build.FeatureWriter`; see [Note: resumable builds]).
+
+Unlabelled nodes: the dataset format stores one class id in ``0..C-1`` per node and has no "missing"
+value, so a node a source marks as unlabelled (NaN, an empty CSV field, or a negative id) is stored
+with the placeholder class 0 and must not appear in any split -- a split naming one is refused. A
+sampled batch only reads the labels of its seed nodes, which all come from a split, so the placeholder
+is never trained on or scored. The number of unlabelled nodes is reported.
+
+Memory: edges and feature rows stream in chunks sized from ``memory_budget``; labels (8 bytes per
+node while importing) and the splits are held whole, like the CSC builder's O(N) per-node arrays.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.dataset import FEATURE_DTYPES, DatasetError, write_manifest
+from terastack.progress import Progress
+from terastack.units import parse_bytes
+
+SPLITS = ("train_idx", "val_idx", "test_idx")
+
+
+@dataclass(kw_only=True, slots=True)
+class GraphSource:
+    """A dataset as streams; made by a layout reader (ogb, igb, a PyG ``Data``) and consumed by SourceImporter."""
+    #: layout name recorded in the manifest's origin ("ogb-csv", "ogb-npz", "igb", "pyg")
+    layout: str
+    num_nodes: int
+    feat_dim: int
+    #: dtype of the source features ("auto" keeps float16, makes everything else float32)
+    feat_dtype: np.dtype
+    #: ``(first_edge, max_chunk) -> iterator of (src, dst)`` int arrays, in source order, from edge first_edge
+    edge_blocks: Callable[[int, int], Iterator[tuple[np.ndarray, np.ndarray]]]
+    #: number of source edges (may read the edge file once; only called when a build starts)
+    count_edges: Callable[[], int]
+    edges_where: str
+    #: ``(first_row, max_rows) -> iterator of row blocks`` of the N x F feature matrix, from row first_row
+    feature_blocks: Callable[[int, int], Iterator[np.ndarray]]
+    features_where: str
+    #: ``() -> int64 [N]``, -1 for an unlabelled node
+    labels: Callable[[], np.ndarray]
+    labels_where: str
+    #: ``labels -> {"train_idx" | "val_idx" | "test_idx": (node ids, where they came from)}``
+    splits: Callable[[np.ndarray], dict[str, tuple[np.ndarray, str]]]
+    #: source files (path, bytes, mtime) or content digests: resuming with other sources is refused
+    files: dict
+    #: whether the layout's own loader adds the reverse of every edge (OGB's add_inverse_edge)
+    undirected: bool = False
+    #: the dataset's published class count, when known (else the largest label + 1)
+    num_classes: int | None = None
+    #: more facts for the manifest's origin (split rule, label set, dataset name)
+    notes: dict = field(default_factory=dict)
+
+
+def labels_from_values(values: np.ndarray, where, offset: int = 0) -> np.ndarray:
+    """Class ids as int64 with -1 for unlabelled (NaN or negative); ``values`` are nodes ``offset``...
+    Fractional or infinite values are an error naming ``where`` and the node."""
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim != 1:
+        raise DatasetError(f"{where}: labels must be one class id per node, shape is {values.shape} "
+                           "(multi-task / multi-label targets are not supported)")
+    if np.issubdtype(values.dtype, np.floating):
+        missing = np.isnan(values)
+        filled = np.where(missing, -1.0, values)
+        frac = filled != np.round(filled)
+        if frac.any() or np.isinf(filled).any():
+            i = int(np.argmax(frac | np.isinf(filled)))
+            raise DatasetError(f"{where}: label of node {offset + i} is {values[i]}, not a class id")
+        values = filled
+    elif not np.issubdtype(values.dtype, np.integer):
+        raise DatasetError(f"{where}: labels must be numbers, dtype is {values.dtype}")
+    out = values.astype(np.int64)
+    out[out < 0] = -1
+    return out
+
+
+def check_ids(ids: np.ndarray, n: int, where, item: str, offset: int = 0) -> None:
+    """Every node id in ``0..n-1``, else a DatasetError naming ``where`` and the ``item`` (edge, entry) number."""
+    bad = (ids < 0) | (ids >= n)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DatasetError(f"{where}: node id {int(ids[i])} of {item} {offset + i} is out of range "
+                           f"(the graph has {n} nodes)")
+
+
+@dataclass(kw_only=True, slots=True)
+class BuildOptions:
+    """Options every import shares (a base of the importers' Configs)."""
+    #: stored feature dtype ("auto": float16 sources stay float16, everything else becomes float32)
+    dtype: str = "auto"
+    #: number of classes (None: the dataset's published count, else the largest label + 1)
+    classes: int | None = None
+    memory_budget: int | str = "1GiB"
+    force: bool = False
+    progress: bool = True
+
+    def check(self) -> None:
+        """Validate the shared fields (a ValueError names the field); called from each Config's __post_init__."""
+        if self.dtype not in ("auto",) + FEATURE_DTYPES:
+            raise ValueError(f"dtype: must be auto or one of {', '.join(FEATURE_DTYPES)}, got {self.dtype!r}")
+        if self.classes is not None and self.classes < 1:
+            raise ValueError(f"classes: must be >= 1, got {self.classes}")
+        self.memory_budget = parse_bytes(self.memory_budget, field="memory_budget")
+
+
+class SourceImporter:
+    """Writes a :class:`GraphSource` into a dataset directory (resumable; see the module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BuildOptions):
+        out: str
+        #: add the reverse of every edge; None: what the layout's own loader does (OGB's add_inverse_edge)
+        undirected: bool | None = None
+
+        def __post_init__(self) -> None:
+            if not self.out:
+                raise ValueError("out: an output directory is required")
+            BuildOptions.check(self)
+
+    def __init__(self, source: GraphSource, config: "SourceImporter.Config", *, engine=None):
+        self.source = source
+        self.config = config
+        self.engine = engine
+
+    def run(self) -> dict:
+        src, cfg = self.source, self.config
+        started = time.perf_counter()
+        n = src.num_nodes
+        labels = src.labels()
+        if labels.shape != (n,):
+            raise DatasetError(f"{src.labels_where}: labels must have one entry per node ({n}), has {labels.shape[0]}")
+        classes = cfg.classes or src.num_classes or int(labels.max(initial=0)) + 1
+        if labels.max(initial=0) >= classes:
+            i = int(np.argmax(labels >= classes))
+            raise DatasetError(f"{src.labels_where}: label {int(labels[i])} of node {i} is not below classes={classes}")
+        undirected = src.undirected if cfg.undirected is None else cfg.undirected
+        dtype = cfg.dtype if cfg.dtype != "auto" else ("float16" if src.feat_dtype == np.float16 else "float32")
+        params = {"importer": src.layout, "sources": src.files, "undirected": undirected, "dtype": dtype,
+                  "classes": classes, **src.notes}
+        state = BuildState(cfg.out, params, force=cfg.force)
+        if state.complete:
+            return {"out": cfg.out, "status": "already complete", "seconds": 0.0}
+        splits = self._splits(labels)  # checked before anything is written
+        write_array(state, "labels", np.maximum(labels, 0).astype(np.int32))
+        edges = self._edges(state, undirected)
+        cursor_rows = self._feature_rows()
+        FeatureWriter(state, num_nodes=n, feat_dim=src.feat_dim, dtype=dtype,
+                      chunk_bytes=max(4 << 20, min(64 << 20, cfg.memory_budget // 8)), progress=cfg.progress,
+                      engine=self.engine).write(lambda a, b: cursor_rows(a, b).astype(dtype))
+        for key in SPLITS:
+            write_array(state, key, splits[key])
+        write_manifest(cfg.out, num_nodes=n, num_edges=edges, feat_dim=src.feat_dim, feat_dtype=dtype,
+                       num_classes=classes, index_dtype="int32" if n < 2**31 else "int64", origin=state.params,
+                       engine=self.engine)
+        state.finish()
+        return {"out": cfg.out, "status": "imported", "layout": src.layout, "nodes": n, "edges": edges,
+                "classes": classes, "unlabelled": int((labels < 0).sum()), "undirected": undirected,
+                "splits": {k: len(v) for k, v in splits.items()}, "seconds": time.perf_counter() - started}
+
+    def _splits(self, labels: np.ndarray) -> dict[str, np.ndarray]:
+        n = self.source.num_nodes
+        out = {}
+        given = self.source.splits(labels)
+        for key in SPLITS:
+            ids, where = given.get(key, (np.zeros(0, np.int64), ""))
+            ids = np.asarray(ids).reshape(-1)
+            if ids.size and not np.issubdtype(ids.dtype, np.integer):
+                raise DatasetError(f"{where}: {key} must hold integer node ids, holds {ids.dtype}")
+            ids = ids.astype(np.int64)
+            check_ids(ids, n, where, "entry")
+            unlabelled = labels[ids] < 0
+            if unlabelled.any():
+                v = int(ids[np.argmax(unlabelled)])
+                raise DatasetError(f"{where}: node {v} is in the {key.split('_')[0]} split but has no label in "
+                                   f"{self.source.labels_where}")
+            out[key] = np.sort(ids)
+        if len(out["train_idx"]) == 0:
+            raise DatasetError(f"{given.get('train_idx', (None, self.source.labels_where))[1]}: the training split "
+                               "is empty")
+        return out
+
+    def _feature_rows(self):
+        from terastack.gnn.formats.streams import RowCursor
+
+        src = self.source
+        rows = max(1, (4 << 20) // max(1, src.feat_dim * src.feat_dtype.itemsize))
+        cursor = RowCursor(lambda start: src.feature_blocks(start, rows), src.num_nodes, src.features_where,
+                           "the feature matrix")
+        return cursor.rows
+
+    def _edges(self, state: BuildState, undirected: bool) -> int:
+        src, cfg = self.source, self.config
+        n = src.num_nodes
+        saved = state.progress("edges")
+        total = None if ("buckets" in saved or state.done("edges") or state.done("topology")) else src.count_edges()
+        builder = CSCBuilder(state, num_nodes=n, expected_edges=(total or 0) * (2 if undirected else 1),
+                             memory_budget=max(16 << 20, cfg.memory_budget - 16 * n), progress=cfg.progress,
+                             drop_self_loops=False)  # an imported graph keeps its self-loops; duplicates merge
+        if not state.done("edges"):
+            step = int(max(1 << 16, min(1 << 22, cfg.memory_budget // 200)))
+            pos = builder.extra.get("edges", 0)
+            bar = Progress(total, label="edges", unit="edges", enabled=cfg.progress)
+            bar.update(pos)
+            for s, d in src.edge_blocks(pos, step):
+                s, d = np.asarray(s, np.int64), np.asarray(d, np.int64)
+                check_ids(s, n, src.edges_where, "edge", pos)
+                check_ids(d, n, src.edges_where, "edge", pos)
+                if undirected:
+                    s, d = np.concatenate([s, d]), np.concatenate([d, s])
+                pos += len(s) // (2 if undirected else 1)
+                builder.add_chunk(s, d, edges=pos)
+                bar.update(len(s) // (2 if undirected else 1))
+            bar.close()
+            builder.close_edges()
+        return builder.build()
+
+
+def import_source(source: GraphSource, out: str | os.PathLike, **kwargs) -> dict:
+    """Import ``source`` into ``out``; keyword arguments are :class:`SourceImporter.Config` fields."""
+    return SourceImporter(source, SourceImporter.Config(out=os.fspath(out), **kwargs)).run()

@@ -253,19 +253,29 @@ class File:
             raise StorageError(errno.EBADF, what, path=self.path, offset=offset, length=length,
                                detail="file was opened read-only (mode 'r')")
 
-    def _single(self, op: int, buf, offset: int, length: int | None, *, pad: bool = False) -> Future:
+    def _check_request(self, op: int, offset: int | None = None, length: int | None = None) -> str:
+        """The verb of ``op`` ("read"/"write") once this file can take it: open, and writable for a write."""
         what = op_name(op)
+        self._check_open(what, offset, length)
+        if op == OP_WRITE:
+            self._check_writable(what, offset, length)
+        return what
+
+    def _view(self, op: int, buf, offset: int | None = None, length: int | None = None, *, label: str = ""):
+        """Where ``buf``'s bytes are; a buffer the request cannot use raises InvalidRequestError."""
+        try:
+            return view_buffer(buf, writable=op == OP_READ)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(op_name(op), path=self.path, offset=offset, length=length,
+                                      detail=f"{label}{exc}") from None
+
+    def _single(self, op: int, buf, offset: int, length: int | None, *, pad: bool = False) -> Future:
         if _is_device_tensor(buf):
             from terastack.io.cuda import staged_transfer
 
             return staged_transfer(self, op, buf, offset, length)
-        self._check_open(what, offset, length)
-        if op == OP_WRITE:
-            self._check_writable(what, offset, length)
-        try:
-            view = view_buffer(buf, writable=op == OP_READ)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(what, path=self.path, offset=offset, length=length, detail=str(exc)) from None
+        what = self._check_request(op, offset, length)
+        view = self._view(op, buf, offset, length)
         if length is None:
             length = view.nbytes
         if not isinstance(offset, (int, np.integer)) or offset < 0:
@@ -291,14 +301,8 @@ class File:
                             keepalive=view.owner, what=what, single=True, then=then)
 
     def _many(self, op: int, buf, offsets, lengths, buffer_offsets) -> Future:
-        what = op_name(op)
-        self._check_open(what)
-        if op == OP_WRITE:
-            self._check_writable(what, None, None)
-        try:
-            view = view_buffer(buf, writable=op == OP_READ)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(what, path=self.path, offset=None, length=None, detail=str(exc)) from None
+        what = self._check_request(op)
+        view = self._view(op, buf)
         offsets = np.asarray(offsets, dtype=np.int64).ravel()
         lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), offsets.shape)
         if buffer_offsets is None:
@@ -309,20 +313,13 @@ class File:
         return self._submit(op, view.address, buffer_offsets, offsets, lengths, keepalive=view.owner, what=what)
 
     def _buffers(self, op: int, bufs, offsets, lengths) -> Future:
-        what = op_name(op)
-        self._check_open(what)
-        if op == OP_WRITE:
-            self._check_writable(what, None, None)
+        what = self._check_request(op)
         views = []
         for i, buf in enumerate(bufs):
             if _is_device_tensor(buf):
                 raise InvalidRequestError(what, path=self.path, offset=None, length=None,
                                           detail=f"buffer {i} is on an accelerator; use pread/pwrite for those")
-            try:
-                views.append(view_buffer(buf, writable=op == OP_READ))
-            except (TypeError, ValueError) as exc:
-                raise InvalidRequestError(what, path=self.path, offset=None, length=None,
-                                          detail=f"buffer {i}: {exc}") from None
+            views.append(self._view(op, buf, label=f"buffer {i}: "))
         offsets = np.asarray(offsets, dtype=np.int64).ravel()
         if len(offsets) != len(views):
             raise InvalidRequestError(what, path=self.path, offset=None, length=None,

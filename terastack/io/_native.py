@@ -16,13 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-#: One request as the native core reads it (struct ts_request in tsio.c).
-REQUEST_DTYPE = np.dtype([("op", "<i4"), ("fd", "<i4"), ("offset", "<i8"), ("length", "<i8"),
-                          ("addr", "<u8")])
-OP_READ = 0
-OP_WRITE = 1
-
 _KIND = {"threads": 1, "io_uring": 2}
+_MAX_SYSCALL_BYTES = 1 << 30  # TS_MAX_SYSCALL_BYTES in tsio.c
 _lib = None
 _lib_gil = None
 _lib_error: str | None = None
@@ -87,14 +82,14 @@ def load_error() -> str | None:
 
 
 def set_syscall_limit(limit: int) -> int:
-    """Cap the bytes one read/write syscall may move (0: default). Tests use it to force short transfers."""
-    from terastack.io import _python_backend
+    """Cap the bytes one read/write syscall of the native core may move (0: no cap); returns the previous cap.
 
-    previous = _python_backend.set_syscall_limit(limit)
+    Tests use it (through :func:`terastack.io.backend.set_syscall_limit`) to force short transfers.
+    """
     lib = load()
-    if lib is not None:
-        lib.ts_set_syscall_limit(limit)
-    return previous
+    if lib is None:
+        return _MAX_SYSCALL_BYTES  # nothing to cap: no native backend can run
+    return int(lib.ts_set_syscall_limit(limit))
 
 
 def uring_unavailable_reason() -> str | None:
@@ -110,7 +105,10 @@ def uring_unavailable_reason() -> str | None:
 
 
 class NativeBackend:
-    """Requests go to the C control plane; one Python thread reaps finished batches."""
+    """Requests go to the C control plane; one Python thread reaps finished batches.
+
+    Implements :class:`terastack.io.backend.Backend` as the ``io_uring`` and ``threads`` backends.
+    """
 
     def __init__(self, kind: str, *, threads: int, queue_depth: int, rings: int = 1):
         lib = load()

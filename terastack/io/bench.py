@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from terastack import io
+from terastack.constants import BLOCK, SEQ_BLOCK
 from terastack.io.buffers import anonymous_map, huge_page_bytes
 from terastack.units import format_bytes, parse_bytes
 
@@ -41,7 +42,7 @@ PRESETS = {
     "full": [],
 }
 
-SEQ_BLOCK = 1 << 20
+#: queue depths of the sequential (SEQ_BLOCK requests) and random (BLOCK requests) tests, both sides
 SEQ_DEPTH = 16
 RAND_DEPTH = 64
 
@@ -56,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", help="terastack I/O backend (default auto)")
 
 
-def _fio_engine() -> str:
-    """fio's fastest engine that works here (io_uring, then libaio, then psync)."""
+def best_fio_engine() -> str:
+    """fio's fastest ``--ioengine`` that works here (io_uring, then libaio, then psync). Needs fio on PATH."""
     for engine in ("io_uring", "libaio"):
         probe = subprocess.run(["fio", "--name=probe", "--filename=/dev/null", "--size=4k", "--rw=read",
                                 f"--ioengine={engine}", "--output-format=json"], capture_output=True, text=True)
@@ -66,8 +67,14 @@ def _fio_engine() -> str:
     return "psync"
 
 
-def _fio(path: str, size: int, rw: str, bs: int, depth: int, engine: str, runtime: float | None = None) -> float:
-    """Bytes per second (sequential) or IOPS (random) as fio reports them."""
+def run_fio(path: str, size: int, rw: str, bs: int, depth: int, engine: str, runtime: float | None = None) -> float:
+    """Run fio once on ``path``; bytes per second (``rw`` "read" or "write") or IOPS ("randread") as fio reports them.
+
+    ``size`` bytes of the file in requests of ``bs`` bytes at queue depth ``depth`` through
+    ``--ioengine=engine`` (see :func:`best_fio_engine`), O_DIRECT, page cache invalidated first; a
+    write overwrites real blocks (no fallocate) and fsyncs at the end; ``runtime`` seconds makes the
+    run time-based. Raises RuntimeError with fio's message if fio fails.
+    """
     cmd = ["fio", "--name=terastack-bench", f"--filename={path}", f"--size={size}", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={depth}", "--direct=1", f"--ioengine={engine}", "--invalidate=1", "--output-format=json",
            "--randrepeat=0"]
@@ -121,12 +128,12 @@ def _ours_seq(engine: io.IOEngine, path: str, size: int, write: bool, ring: np.n
 def _ours_rand(engine: io.IOEngine, path: str, size: int, seconds: float, iops_guess: float,
                target: np.ndarray) -> float:
     n = max(2000, int(iops_guess * seconds))
-    offsets = np.random.default_rng().integers(0, size // 4096, n) * 4096
-    slots = len(target) // 4096
+    offsets = np.random.default_rng().integers(0, size // BLOCK, n) * BLOCK
+    slots = len(target) // BLOCK
     with engine.open(path, "r", direct=True) as f:
         f.drop_cache()
         start = time.perf_counter()
-        f.pread_many(target, offsets, 4096, (np.arange(n) % slots) * 4096).result()
+        f.pread_many(target, offsets, BLOCK, (np.arange(n) % slots) * BLOCK).result()
         return n / (time.perf_counter() - start)
 
 
@@ -146,15 +153,15 @@ def _batch_submit_rate(engine: io.IOEngine, path: str, size: int, ops: int, hot:
         for off in range(0, hot, len(warm)):  # pull the region into the page cache
             f.read(warm, off, min(len(warm), hot - off))
         target = io.aligned_empty(1 << 20)
-        offsets = np.random.default_rng(1).integers(0, hot // 4096, ops) * 4096
-        buf_offsets = _ring_offsets(ops, 4096, len(target))
-        f.pread_many(target, offsets[:1000], 4096, buf_offsets[:1000]).result()
+        offsets = np.random.default_rng(1).integers(0, hot // BLOCK, ops) * BLOCK
+        buf_offsets = _ring_offsets(ops, BLOCK, len(target))
+        f.pread_many(target, offsets[:1000], BLOCK, buf_offsets[:1000]).result()
         start = time.perf_counter()
-        f.pread_many(target, offsets, 4096, buf_offsets).result()
+        f.pread_many(target, offsets, BLOCK, buf_offsets).result()
         batch = ops / (time.perf_counter() - start)
         single_ops = min(ops, 20000)
         start = time.perf_counter()
-        futures = [f.pread(target[b:b + 4096], o) for o, b in zip(offsets[:single_ops].tolist(),
+        futures = [f.pread(target[b:b + BLOCK], o) for o, b in zip(offsets[:single_ops].tolist(),
                                                                   buf_offsets[:single_ops].tolist())]
         for fut in futures:
             fut.result()
@@ -172,7 +179,7 @@ def measure(args: argparse.Namespace) -> dict:
     batch_ops = args.batch_ops or (200_000 if args.quick else 1_000_000)
     directory = args.dir or tempfile.gettempdir()
     os.makedirs(directory, exist_ok=True)
-    fio_engine = _fio_engine()
+    fio_engine = best_fio_engine()
     path = os.path.join(directory, f".terastack-bench-io-{os.getpid()}.bin")
     print(f"bench io: {format_bytes(size)} test file in {directory}, fio engine {fio_engine}, "
           f"{repeat} pairs per test", file=sys.stderr)
@@ -190,19 +197,19 @@ def measure(args: argparse.Namespace) -> dict:
     huge_bytes = huge_page_bytes(ring_huge)
     print(f"  buffers: {format_bytes(ring_bytes)} of 4 KiB pages; {format_bytes(ring_bytes)} from terastack's "
           f"allocator, {format_bytes(huge_bytes)} of it in huge pages", file=sys.stderr)
-    target = np.frombuffer(anonymous_map(RAND_DEPTH * 4096 * 16, huge_pages=False), np.uint8)
+    target = np.frombuffer(anonymous_map(RAND_DEPTH * BLOCK * 16, huge_pages=False), np.uint8)
     sides = {"write": ("fio", "ours", "ours_huge"), "read": ("fio", "ours", "ours_huge"), "rand": ("fio", "ours")}
     samples: dict[str, list[float]] = {f"{who}_{test}": [] for test, whos in sides.items() for who in whos}
     try:
         _prepare(path, size)
         tests = {
-            "write": {"fio": lambda: _fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
+            "write": {"fio": lambda: run_fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
                       "ours": lambda: _ours_seq(seq_engine, path, size, True, ring),
                       "ours_huge": lambda: _ours_seq(seq_engine, path, size, True, ring_huge)},
-            "read": {"fio": lambda: _fio(path, size, "read", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
+            "read": {"fio": lambda: run_fio(path, size, "read", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
                      "ours": lambda: _ours_seq(seq_engine, path, size, False, ring),
                      "ours_huge": lambda: _ours_seq(seq_engine, path, size, False, ring_huge)},
-            "rand": {"fio": lambda: _fio(path, size, "randread", 4096, RAND_DEPTH, fio_engine, rand_seconds),
+            "rand": {"fio": lambda: run_fio(path, size, "randread", BLOCK, RAND_DEPTH, fio_engine, rand_seconds),
                      "ours": lambda: _ours_rand(rand_engine, path, size, rand_seconds,
                                                 samples["fio_rand"][-1] if samples["fio_rand"] else 50_000, target)},
         }

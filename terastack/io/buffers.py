@@ -18,7 +18,7 @@ import numpy as np
 
 # DIRECT_ALIGN: O_DIRECT alignment; HUGE_PAGE: from this size up, buffers ask for transparent huge pages
 # (see [Note: huge pages for I/O buffers]). Both live in the one constants module; re-exported here.
-from terastack.constants import DIRECT_ALIGN, HUGE_PAGE  # noqa: F401
+from terastack.constants import DIRECT_ALIGN, HUGE_PAGE, round_up  # noqa: F401
 from terastack.io.errors import BudgetError
 
 PAGE = mmap.PAGESIZE
@@ -189,7 +189,7 @@ class AlignedArena:
         if capacity <= 0:
             raise ValueError(f"capacity: must be > 0, got {capacity}")
         self.name = name
-        self.capacity = -(-capacity // PAGE) * PAGE
+        self.capacity = round_up(capacity, PAGE)
         self._map = anonymous_map(self.capacity)
         self.address = np.frombuffer(self._map, dtype=np.uint8, count=1).ctypes.data
         self._lock = threading.Lock()
@@ -204,7 +204,7 @@ class AlignedArena:
     def alloc(self, nbytes: int, *, what: str = "") -> ArenaBuffer:
         if nbytes < 0:
             raise ValueError(f"nbytes: must be >= 0, got {nbytes}")
-        size = max(PAGE, -(-nbytes // PAGE) * PAGE)
+        size = max(PAGE, round_up(nbytes, PAGE))
         with self._lock:
             for start in self._free_starts:
                 extent = self._free_sizes[start]
@@ -242,10 +242,6 @@ class AlignedArena:
                     return
             self._free_starts.insert(i, start)
             self._free_sizes[start] = size
-
-    @property
-    def free_bytes(self) -> int:
-        return self.capacity - self.used
 
     def close(self) -> None:
         if self.pinned:

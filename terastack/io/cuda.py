@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from terastack.io._native import OP_READ
 from terastack.io.errors import InvalidRequestError
 from terastack.io.futures import Future
+from terastack.io.requests import OP_READ, op_name
 
 _streams: dict = {}
 _lock = threading.Lock()
@@ -33,7 +33,7 @@ def side_stream(device):
 def staged_transfer(file, op: int, tensor, offset: int, length: int | None) -> Future:
     import torch
 
-    what = "read" if op == OP_READ else "write"
+    what = op_name(op)
     if not tensor.is_contiguous():
         raise InvalidRequestError(what, path=file.path, offset=offset, length=length,
                                   detail="device tensor is not contiguous")

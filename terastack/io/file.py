@@ -21,10 +21,12 @@ import time
 
 import numpy as np
 
-from terastack.io._native import OP_READ, OP_WRITE
-from terastack.io.buffers import DIRECT_ALIGN, view_buffer
+from terastack.constants import DIRECT_ALIGN, round_up
+from terastack.io.buffers import view_buffer
+from terastack.io.engine import IOEngine, get_engine
 from terastack.io.errors import ClosedFileError, InvalidRequestError, StorageError
 from terastack.io.futures import Future
+from terastack.io.requests import OP_READ, OP_WRITE, op_name
 
 _ZERO = np.zeros(1, np.int64)
 _MODES = {
@@ -45,9 +47,7 @@ class File:
     """
 
     def __init__(self, path: str | os.PathLike, mode: str = "r", *, direct: bool | str = "auto",
-                 size: int | None = None, engine=None):
-        from terastack.io.engine import get_engine
-
+                 size: int | None = None, engine: IOEngine | None = None):
         if mode not in _MODES:
             raise ValueError(f"mode: must be one of {', '.join(_MODES)}; got {mode!r}")
         if direct not in (True, False, "auto"):
@@ -96,7 +96,12 @@ class File:
         return os.fstat(self._fd).st_size
 
     def fileno(self) -> int:
+        """The buffered descriptor (-1 once closed)."""
         return self._fd
+
+    def direct_fileno(self) -> int:
+        """The O_DIRECT descriptor of the same file, or -1 when there is none (see :attr:`direct`)."""
+        return self._direct_fd
 
     # ------------------------------------------------------------- requests
     def pread(self, buf, offset: int, length: int | None = None) -> Future:
@@ -218,11 +223,22 @@ class File:
         return f"File({self.path!r}, mode={self.mode!r}, {state})"
 
     # --------------------------------------------------------------- helpers
-    def _request_started(self) -> None:
+    def _submit(self, op: int, buffer_address: int, buffer_offsets: np.ndarray, offsets: np.ndarray,
+                lengths: np.ndarray, **kwargs) -> Future:
+        """One request vector over this file through the engine, counted in flight until its future is done
+        (what :meth:`wait_idle` and :meth:`close` wait for)."""
         with self._idle:
             self._in_flight += 1
+        try:
+            future = self.engine.submit_vector(op, [self], None, buffer_address, buffer_offsets, offsets,
+                                               lengths, **kwargs)
+        except BaseException:
+            self._request_done()
+            raise
+        future.add_done_callback(self._request_done)
+        return future
 
-    def _request_done(self) -> None:
+    def _request_done(self, _future: Future | None = None) -> None:
         with self._idle:
             self._in_flight -= 1
             if not self._in_flight:
@@ -237,19 +253,29 @@ class File:
             raise StorageError(errno.EBADF, what, path=self.path, offset=offset, length=length,
                                detail="file was opened read-only (mode 'r')")
 
+    def _check_request(self, op: int, offset: int | None = None, length: int | None = None) -> str:
+        """The verb of ``op`` ("read"/"write") once this file can take it: open, and writable for a write."""
+        what = op_name(op)
+        self._check_open(what, offset, length)
+        if op == OP_WRITE:
+            self._check_writable(what, offset, length)
+        return what
+
+    def _view(self, op: int, buf, offset: int | None = None, length: int | None = None, *, label: str = ""):
+        """Where ``buf``'s bytes are; a buffer the request cannot use raises InvalidRequestError."""
+        try:
+            return view_buffer(buf, writable=op == OP_READ)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(op_name(op), path=self.path, offset=offset, length=length,
+                                      detail=f"{label}{exc}") from None
+
     def _single(self, op: int, buf, offset: int, length: int | None, *, pad: bool = False) -> Future:
-        what = "read" if op == OP_READ else "write"
         if _is_device_tensor(buf):
             from terastack.io.cuda import staged_transfer
 
             return staged_transfer(self, op, buf, offset, length)
-        self._check_open(what, offset, length)
-        if op == OP_WRITE:
-            self._check_writable(what, offset, length)
-        try:
-            view = view_buffer(buf, writable=op == OP_READ)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(what, path=self.path, offset=offset, length=length, detail=str(exc)) from None
+        what = self._check_request(op, offset, length)
+        view = self._view(op, buf, offset, length)
         if length is None:
             length = view.nbytes
         if not isinstance(offset, (int, np.integer)) or offset < 0:
@@ -263,7 +289,7 @@ class File:
                                       detail=f"buffer too small: holds {view.nbytes} bytes, request needs {length}")
         true_end = None
         if pad and self.direct and length % DIRECT_ALIGN:
-            padded = -(-length // DIRECT_ALIGN) * DIRECT_ALIGN
+            padded = round_up(length, DIRECT_ALIGN)
             if padded <= view.capacity and offset % DIRECT_ALIGN == 0:
                 true_end, length = offset + length, padded
         then = None
@@ -271,19 +297,12 @@ class File:
             def then(_moved: int) -> int:
                 self.truncate(true_end)
                 return true_end - offset
-        return self.engine.submit_vector(op, [self], None, view.address, _ZERO, np.array([offset], np.int64),
-                                         np.array([length], np.int64), keepalive=view.owner, what=what,
-                                         single=True, then=then)
+        return self._submit(op, view.address, _ZERO, np.array([offset], np.int64), np.array([length], np.int64),
+                            keepalive=view.owner, what=what, single=True, then=then)
 
     def _many(self, op: int, buf, offsets, lengths, buffer_offsets) -> Future:
-        what = "read" if op == OP_READ else "write"
-        self._check_open(what)
-        if op == OP_WRITE:
-            self._check_writable(what, None, None)
-        try:
-            view = view_buffer(buf, writable=op == OP_READ)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(what, path=self.path, offset=None, length=None, detail=str(exc)) from None
+        what = self._check_request(op)
+        view = self._view(op, buf)
         offsets = np.asarray(offsets, dtype=np.int64).ravel()
         lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), offsets.shape)
         if buffer_offsets is None:
@@ -291,25 +310,16 @@ class File:
         else:
             buffer_offsets = np.broadcast_to(np.asarray(buffer_offsets, dtype=np.int64), offsets.shape)
         validate_extents(what, self.path, view.nbytes, offsets, lengths, buffer_offsets)
-        return self.engine.submit_vector(op, [self], None, view.address, buffer_offsets, offsets, lengths,
-                                         keepalive=view.owner, what=what)
-
+        return self._submit(op, view.address, buffer_offsets, offsets, lengths, keepalive=view.owner, what=what)
 
     def _buffers(self, op: int, bufs, offsets, lengths) -> Future:
-        what = "read" if op == OP_READ else "write"
-        self._check_open(what)
-        if op == OP_WRITE:
-            self._check_writable(what, None, None)
+        what = self._check_request(op)
         views = []
         for i, buf in enumerate(bufs):
             if _is_device_tensor(buf):
                 raise InvalidRequestError(what, path=self.path, offset=None, length=None,
                                           detail=f"buffer {i} is on an accelerator; use pread/pwrite for those")
-            try:
-                views.append(view_buffer(buf, writable=op == OP_READ))
-            except (TypeError, ValueError) as exc:
-                raise InvalidRequestError(what, path=self.path, offset=None, length=None,
-                                          detail=f"buffer {i}: {exc}") from None
+            views.append(self._view(op, buf, label=f"buffer {i}: "))
         offsets = np.asarray(offsets, dtype=np.int64).ravel()
         if len(offsets) != len(views):
             raise InvalidRequestError(what, path=self.path, offset=None, length=None,
@@ -324,8 +334,7 @@ class File:
                                       detail=f"buffer {i} too small: holds {int(sizes[i])} bytes")
         validate_extents(what, self.path, int(lengths.max(initial=0)), offsets, lengths,
                          np.zeros_like(offsets))
-        return self.engine.submit_vector(op, [self], None, 0, addresses, offsets, lengths,
-                                         keepalive=[v.owner for v in views], what=what)
+        return self._submit(op, 0, addresses, offsets, lengths, keepalive=[v.owner for v in views], what=what)
 
 
 def validate_extents(what: str, path: str, nbytes: int, offsets: np.ndarray, lengths: np.ndarray,
@@ -347,7 +356,10 @@ def _is_device_tensor(buf) -> bool:
     return torch is not None and isinstance(buf, torch.Tensor) and buf.device.type != "cpu"
 
 
+IOEngine.file_type = File  # what IOEngine.open makes; see [Note: engine and file without an import cycle]
+
+
 def open(path: str | os.PathLike, mode: str = "r", *, direct: bool | str = "auto", size: int | None = None,
-         engine=None) -> File:  # noqa: A001 - mirrors the builtin on purpose
+         engine: IOEngine | None = None) -> File:  # noqa: A001 - mirrors the builtin on purpose
     """Open ``path`` on ``engine`` (default: the process-wide engine)."""
     return File(path, mode, direct=direct, size=size, engine=engine)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from terastack import trace
+from terastack.constants import padded_size
 from terastack.tiers import Tier, TieredStore
 
 
@@ -54,9 +55,10 @@ class TiledMatrix:
 
 
 def working_set_bytes(a: TiledMatrix, n: int, itemsize: int = 4) -> int:
-    """Device-tier bytes the pipelined schedule needs: 2 A tiles + 2 C tiles + B (4 KiB-padded)."""
-    pad = lambda b: -(-b // 4096) * 4096  # noqa: E731
-    return 2 * pad(a.tile_rows * a.cols * itemsize) + 2 * pad(a.tile_rows * n * itemsize) + pad(a.cols * n * itemsize)
+    """Device-tier bytes the pipelined schedule needs: 2 A tiles + 2 C tiles + B, each as the store holds it
+    (:func:`~terastack.constants.padded_size`)."""
+    return (2 * padded_size(a.tile_rows * a.cols * itemsize) + 2 * padded_size(a.tile_rows * n * itemsize)
+            + padded_size(a.cols * n * itemsize))
 
 
 class OutOfCoreGemm:

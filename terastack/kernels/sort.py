@@ -32,11 +32,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from terastack import trace
+from terastack.constants import BLOCK, DIRECT_ALIGN
 from terastack.io import File, IOEngine, aligned_empty, completed, get_engine
 from terastack.io.futures import Future
 
 KEY = np.dtype("<i8")  # the sort treats the 8 bytes as signed little-endian integers
-ALIGN_KEYS = 4096 // KEY.itemsize
+ALIGN_KEYS = DIRECT_ALIGN // KEY.itemsize  # blocks and chunks hold whole O_DIRECT blocks of keys
+#: the smallest host budget: room for a few dozen blocks, so a merge has a useful fan-in
+MIN_HOST_BUDGET = 64 * BLOCK
+
+
+def file_bytes(keys: int) -> int:
+    """Bytes to preallocate for a file of ``keys`` keys (fallocate refuses 0: at least one block)."""
+    return max(keys * KEY.itemsize, BLOCK)
 
 
 @dataclass(slots=True)
@@ -83,7 +91,7 @@ class ExternalSort:
         io_only: bool = False
 
         def __post_init__(self) -> None:
-            if self.host_budget < 64 * 4096:
+            if self.host_budget < MIN_HOST_BUDGET:
                 raise ValueError(f"host_budget: at least 256 KiB, got {self.host_budget}")
             if self.threads < 0:
                 raise ValueError(f"threads: must be >= 0 (0 = one per core), got {self.threads}")
@@ -102,13 +110,13 @@ class ExternalSort:
         stats = SortStats()
         run_path = os.path.join(work_dir, "runs.bin")
         with self.engine.open(src, "r", direct=True) as fin, \
-                self.engine.open(run_path, "w", direct=True, size=max(keys * 8, 4096)) as frun:
+                self.engine.open(run_path, "w", direct=True, size=file_bytes(keys)) as frun:
             t0 = time.perf_counter()
             runs = self._form_runs(FileChunks(fin, keys), FileRuns(frun), stats)
             stats.run_formation_s = time.perf_counter() - t0
         stats.runs = len(runs)
         t0 = time.perf_counter()
-        with self.engine.open(dst, "w", direct=True, size=max(keys * 8, 4096)) as fout:
+        with self.engine.open(dst, "w", direct=True, size=file_bytes(keys)) as fout:
             self._merge_all(runs, FileLevel(self.engine, run_path, keys), FileOutput(fout), stats)
             fout.truncate(keys * 8)
             fout.sync()
@@ -320,7 +328,7 @@ class FileLevel:
     def merge_groups(self, sorter: "ExternalSort", groups, stats: SortStats) -> "FileLevel":
         nxt = self.path + ".next"
         with self.engine.open(self.path, "r", direct=True) as fin, \
-                self.engine.open(nxt, "w", direct=True, size=max(self.keys * 8, 4096)) as fout:
+                self.engine.open(nxt, "w", direct=True, size=file_bytes(self.keys)) as fout:
             for group in groups:
                 sorter._merge(FileBlocks(fin), group, FileOutput(fout, base=group[0][0]), stats)
         os.replace(nxt, self.path)

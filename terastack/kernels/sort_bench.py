@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from terastack import io
-from terastack.io.bench import SEQ_BLOCK, SEQ_DEPTH, _fio, _fio_engine
+from terastack.constants import SEQ_BLOCK
+from terastack.io.bench import SEQ_DEPTH, best_fio_engine, run_fio
 from terastack.kernels.sort import KEY, Checksum, ExternalSort
 from terastack.kernels.overlap import overlap_figures
 from terastack.memory import PeakRSS
@@ -99,9 +100,9 @@ def measure(args: argparse.Namespace) -> dict:
         if not args.no_fio:
             if shutil.which("fio") is None:
                 raise RuntimeError("fio is not installed; `apt-get install fio` or pass --no-fio")
-            engine = _fio_engine()
-            fio = {"read": _fio(src, keys * 8, "read", SEQ_BLOCK, SEQ_DEPTH, engine),
-                   "write": _fio(src, keys * 8, "write", SEQ_BLOCK, SEQ_DEPTH, engine)}
+            engine = best_fio_engine()
+            fio = {"read": run_fio(src, keys * 8, "read", SEQ_BLOCK, SEQ_DEPTH, engine),
+                   "write": run_fio(src, keys * 8, "write", SEQ_BLOCK, SEQ_DEPTH, engine)}
             expect = _generate(src, keys)  # fio's write replaced the keys
         for rep in range(repeat):
             data = np.fromfile(src, dtype=KEY)

@@ -1,19 +1,15 @@
 import pytest
 
 from terastack import io
-from terastack.io import _native
+from terastack.io.backend import backend_names, backend_unavailable_reason
 
-BACKENDS = ["io_uring", "threads", "python"]
+#: Every registered backend, in the order auto tries them (io_uring, threads, python, then any added).
+BACKENDS = list(backend_names())
 
 
 def available(backend: str) -> str | None:
     """None if the backend can run here, else why not."""
-    if backend == "python":
-        return None
-    reason = _native.load_error()
-    if reason is None and backend == "io_uring":
-        reason = _native.uring_unavailable_reason()
-    return reason
+    return backend_unavailable_reason(backend)
 
 
 @pytest.fixture(params=BACKENDS)

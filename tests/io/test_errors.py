@@ -10,6 +10,8 @@ import pytest
 
 from terastack import io
 
+from tests.io.conftest import BACKENDS, available
+
 
 def test_missing_file(engine, tmp_path):
     missing = tmp_path / "nope.bin"
@@ -66,11 +68,9 @@ def test_full_disk_gives_enospc(engine):
     assert (info.value.path, info.value.offset, info.value.length) == ("/dev/full", 0, 8192)
 
 
-@pytest.mark.parametrize("backend", ["io_uring", "threads", "python"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_file_size_limit_gives_efbig(tmp_path, backend):
     """RLIMIT_FSIZE: the write fails with EFBIG and the process lives (SIGXFSZ must not kill it)."""
-    from tests.io.conftest import available
-
     if available(backend):
         pytest.skip(available(backend))
     code = textwrap.dedent(f"""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from terastack import io
-from terastack.io import _native
+from terastack.io import backend
 
 SIZES = [1, 511, 4096, 4097, 65536 + 3, (1 << 20) + 7]
 
@@ -54,8 +54,8 @@ def test_64mib_roundtrip(engine, tmp_path):
 
 @pytest.mark.parametrize("threads", [1, 4, 32])
 def test_thread_counts(random_file, threads):
-    if _native.load_error():
-        pytest.skip(_native.load_error())
+    if backend.backend_unavailable_reason("threads"):
+        pytest.skip(backend.backend_unavailable_reason("threads"))
     path, data = random_file(3 << 20)
     with io.IOEngine(backend="threads", threads=threads) as eng, eng.open(path, "r") as f:
         n = 500
@@ -117,7 +117,7 @@ def test_buffer_types(engine, random_file, kind):
 def test_forced_short_transfers_are_retried(engine, random_file, tmp_path):
     """Every syscall is capped at 1000 bytes: each transfer must be completed by the retry path."""
     path, data = random_file(300_000)
-    previous = _native.set_syscall_limit(1000)
+    previous = backend.set_syscall_limit(1000)
     try:
         out = np.zeros(300_000 - 3, np.uint8)
         with engine.open(path, "r", direct=False) as f:
@@ -127,7 +127,7 @@ def test_forced_short_transfers_are_retried(engine, random_file, tmp_path):
             assert f.write(out, 0) == len(out)
         assert (tmp_path / "copy.bin").read_bytes() == data[3:]
     finally:
-        _native.set_syscall_limit(previous if previous < (1 << 30) else 0)
+        backend.set_syscall_limit(previous if previous < (1 << 30) else 0)
 
 
 def test_kernel_short_reads_are_retried(engine):

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from terastack.constants import padded_size
 from terastack.kernels.gemm import OutOfCoreGemm, TiledMatrix, working_set_bytes
 from terastack.memory import PeakRSS
 from terastack.tiers import Tier, TieredStore
@@ -36,8 +37,7 @@ def test_device_tier_peak_matches_schedule(tmp_path):
     need = working_set_bytes(a, 64)
     store, _, _ = setup_store(tmp_path, need, a, 64)  # exactly the working set: any extra tile would be refused
     OutOfCoreGemm(store).multiply(a, "B", c)
-    pad = lambda x: -(-x // 4096) * 4096  # noqa: E731
-    a_tile, c_tile, b = pad(256 * 256 * 4), pad(256 * 64 * 4), pad(256 * 64 * 4)
+    a_tile, c_tile, b = padded_size(256 * 256 * 4), padded_size(256 * 64 * 4), padded_size(256 * 64 * 4)
     # Two A tiles were resident together (the prefetch overlapped the compute); a second C tile is
     # resident only when the previous write has not finished yet, so the peak may stop one C tile short.
     assert 2 * a_tile + c_tile + b <= store.budgets[Tier.DEVICE].peak <= need

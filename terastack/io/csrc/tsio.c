@@ -55,7 +55,7 @@ static int64_t g_syscall_limit = TS_MAX_SYSCALL_BYTES;
 /* A worker takes at most this many queued requests at a time (amortizes the lock). */
 #define TS_MAX_TAKE 64
 
-/* Laid out exactly like the numpy dtype REQUEST_DTYPE in terastack/io/_native.py. */
+/* Laid out exactly like the numpy dtype REQUEST_DTYPE in terastack/io/requests.py. */
 typedef struct {
     int32_t op;
     int32_t fd;

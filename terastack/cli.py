@@ -23,7 +23,8 @@ COMMANDS = [
 ]
 
 
-def _available(module: str) -> bool:
+def available(module: str) -> bool:
+    """Whether ``module`` is installed (a subcommand whose module is not is left out of ``--help``)."""
     try:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, help_text in COMMANDS:
-        if not _available(module):
+        if not available(module):
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from terastack.cli import _available
+from terastack.cli import available
 
 #: (subcommand, module, one-line help)
 PLANNERS = [
@@ -19,7 +19,7 @@ PLANNERS = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="planner", metavar="PLANNER", required=True)
     for name, module, help_text in PLANNERS:
-        if not _available(module):
+        if not available(module):
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_plan_module=module)

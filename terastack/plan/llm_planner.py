@@ -49,27 +49,34 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from terastack.constants import BLOCK, padded_size
 from terastack.io.errors import BudgetError
 from terastack.plan.hardware import Hardware
 from terastack.units import format_bytes, parse_bytes
 
+#: what a unit does with the activations its autograd graph saves: keep them on the device, swap them to host
+#: memory or to the SSD, or keep only its inputs and recompute the rest in backward
 POLICIES = ("keep", "host", "ssd", "recompute")
-#: the store rounds every record up to whole 4 KiB blocks (O_DIRECT); small tensors cost a block each
-BLOCK = 4096
+#: when the CPU optimizer updates a tensor: "eager" (as soon as backward has its whole gradient, overlapped
+#: with the backward of earlier units), "deferred" (for clipping: once backward has the global gradient norm,
+#: in forward order, overlapped with the next forward), "after_backward" (every update after backward, which
+#: waits for them all: active offloading off). The one definition: terastack.llm's optimizer checks its mode
+#: against it (see that module's [Note: active gradient offloading] and [Note: clipping with eager updates]).
+MODES = ("eager", "deferred", "after_backward")
+#: fp32 master + AdamW exp_avg + exp_avg_sq, bytes per trainable parameter
+STATE_BYTES = 12
+#: elements per optimizer chunk at most when the host budget is too small for the configured chunks
+LEAN_CHUNK = 256 << 10
 
-
-def held_bytes(nbytes: int) -> int:
-    """Bytes a record of ``nbytes`` takes in a tier of the store."""
-    return max(BLOCK, -(-nbytes // BLOCK) * BLOCK)
+#: Bytes a record of ``nbytes`` takes in a tier of the store: the store's own padding rule (whole O_DIRECT
+#: blocks, at least one, so small tensors cost a block each), so that plan and store cannot disagree.
+held_bytes = padded_size
 
 
 def chunked_bytes(numel: int, elem: int, chunk: int) -> int:
     """Bytes the optimizer chunks of a ``numel``-element tensor take (each chunk its own record)."""
     full, rest = divmod(max(numel, 1), chunk)
     return full * held_bytes(chunk * elem) + (held_bytes(rest * elem) if rest else 0)
-MODES = ("eager", "deferred", "after_backward")
-#: fp32 master + AdamW exp_avg + exp_avg_sq, bytes per trainable parameter
-STATE_BYTES = 12
 
 
 @dataclass(kw_only=True, slots=True)
@@ -240,13 +247,15 @@ class PlanError(BudgetError):
     """No placement fits the budgets; the message names the budget and the shortfall."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class _Shortfall:
-    budget: str
-    needed: int
+    """Why a candidate does not fit: the budget it overruns, by how much, and what it would hold."""
+
+    budget: str          # "device" or "host"
+    needed: int          # bytes the candidate needs in that budget
     available: int
     limit: int
-    what: str
+    what: str            # what the needed bytes are made of (for the error message)
 
     @property
     def shortfall(self) -> int:
@@ -257,7 +266,7 @@ class _Shortfall:
                          what=self.what)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class _Split:
     """What a set of activation policies adds up to (the planner's search works on these sums)."""
 
@@ -268,6 +277,60 @@ class _Split:
     max_swapped: int     # the largest swapped unit (in flight out and back at once)
     recompute_s: float   # the second forward of recomputed units
     policies: tuple = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _UnitTimes:
+    """Seconds one unit computes, measured or from its FLOPs."""
+
+    fwd_s: float
+    bwd_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _OptimizerSizes:
+    """Host memory the optimizer side holds for its own work, and the chunk it works in (see _optimizer_sizes)."""
+
+    grad_pool: int       # gradients in flight from backward to the optimizer
+    read_ahead: int      # state chunks being updated or read ahead (with inline updates: a whole unit's state)
+    writeback: int       # updated state chunks in flight back to the SSD
+    masters: int         # whole fp32 masters held: handed over by backward, read, being updated or written
+    chunk: int           # elements per optimizer chunk
+
+    @property
+    def host_bytes(self) -> int:
+        """Host bytes all of the above take: the part of the host ledger that no resting state can use."""
+        return self.grad_pool + self.read_ahead + self.writeback + self.masters
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Homes:
+    """Where the training state rests and what that costs per step (see _homes)."""
+
+    state_home: dict     # tensor -> "host" or "ssd": its fp32 master and moments
+    compute_home: dict   # tensor -> "host" or "ssd": its compute copy (mixed precision, or a frozen tensor)
+    host_bytes: int      # host memory taken by the state that rests there
+    ssd_read_bytes: int  # read per step for the state that rests on the SSD
+    ssd_write_bytes: int  # written per step for the state that rests on the SSD
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Retention:
+    """Units whose updated fp32 masters stay in the device tier for the next forward (see _retention)."""
+
+    units: tuple         # their names, in forward order
+    ssd_read_saved: int  # SSD bytes per step the next forward no longer reads for them
+    device_peak: int     # peak of the device ledger while they wait (0: none retained)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Scored:
+    """A candidate that fits both budgets: its predicted step and what its plan is built from."""
+
+    prediction: StepPrediction
+    homes: _Homes
+    sizes: _OptimizerSizes
+    retained_units: tuple  # _Retention.units
 
 
 class LLMPlanner:
@@ -320,6 +383,9 @@ class LLMPlanner:
 
     def __init__(self, config: "LLMPlanner.Config"):
         self.config = config
+        # _homes results of the last profile planned, by (host room, chunk): every candidate of a search asks again
+        self._homes_profile: ModelProfile | None = None
+        self._homes_cache: dict[tuple[int, int], _Homes] = {}
 
     # ------------------------------------------------------------------ plan
     def plan(self, profile: ModelProfile, hw: Hardware) -> LLMPlan:
@@ -338,7 +404,7 @@ class LLMPlanner:
                     if shortfall is None or rank < (shortfall.budget != "host", shortfall.shortfall):
                         shortfall = scored
                     continue
-                pred = scored[0]
+                pred = scored.prediction
                 # fastest first; among equally fast splits the one that moves fewer bytes, then uses less memory
                 key = (round(pred.step_s, 6), pred.ssd_read_bytes + pred.ssd_write_bytes + pred.device_link_bytes
                        + int(pred.host_copy_s * 1e9), pred.device_peak_bytes)
@@ -346,14 +412,15 @@ class LLMPlanner:
                     best = (key, policies, scored)
             if best is not None:
                 _, policies, scored = best
-                pred, state_home, compute_home, grad_pool, masters, writeback, chunk, read_ahead, retained = scored
-                return LLMPlan(policies=tuple(policies), state_home=state_home, compute_home=compute_home,
-                               mode=cfg.mode, prefetch_depth=depth,
-                               device_capacity=cfg.device_budget - pred.transient_bytes,
-                               host_capacity=cfg.host_budget, grad_pool_bytes=grad_pool, masters_bytes=masters,
-                               writeback_bytes=writeback, optimizer_chunk=chunk, read_ahead_bytes=read_ahead,
-                               retained_units=retained,
-                               prediction=pred,
+                homes, sizes = scored.homes, scored.sizes
+                return LLMPlan(policies=tuple(policies), state_home=homes.state_home,
+                               compute_home=homes.compute_home, mode=cfg.mode, prefetch_depth=depth,
+                               device_capacity=cfg.device_budget - scored.prediction.transient_bytes,
+                               host_capacity=cfg.host_budget, grad_pool_bytes=sizes.grad_pool,
+                               masters_bytes=sizes.masters, writeback_bytes=sizes.writeback,
+                               optimizer_chunk=sizes.chunk, read_ahead_bytes=sizes.read_ahead,
+                               retained_units=scored.retained_units,
+                               prediction=scored.prediction,
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget,
                                inline_updates=cfg.inline_updates and cfg.mode == "eager")
         raise shortfall.error()
@@ -365,7 +432,7 @@ class LLMPlanner:
                              self.config.prefetch_depth if depth is None else depth)
         if isinstance(scored, _Shortfall):
             raise scored.error()
-        return scored[0]
+        return scored.prediction
 
     def _policy_choices(self, profile: ModelProfile, hw: Hardware):
         """Candidate policy tuples. See [Note: choosing the activation policy]."""
@@ -407,18 +474,19 @@ class LLMPlanner:
                 kept += u.act_bytes
             elif pol == "recompute":
                 boundary += u.boundary_bytes
-                recompute_s += self._unit_times(u, hw)[0]
+                recompute_s += self._unit_times(u, hw).fwd_s
             else:
                 max_swapped = max(max_swapped, u.act_bytes + (u.act_tensors * BLOCK if pol == "ssd" else 0))
                 if pol == "host":
                     host_acts += u.act_bytes
                 else:
                     ssd_acts += u.act_bytes
-        return _Split(kept, boundary, host_acts, ssd_acts, max_swapped, recompute_s, tuple(policies))
+        return _Split(kept=kept, boundary=boundary, host_acts=host_acts, ssd_acts=ssd_acts, max_swapped=max_swapped,
+                      recompute_s=recompute_s, policies=tuple(policies))
 
     # -------------------------------------------------------------- scoring
-    def _score(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int):
-        """(prediction, state homes, compute homes, optimizer sizes...) or the _Shortfall that rules it out."""
+    def _score(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int) -> _Scored | _Shortfall:
+        """The candidate's predicted step and what its plan is built from, or the _Shortfall that rules it out."""
         cfg = self.config
         units = profile.units
         cb = profile.compute_bytes
@@ -433,35 +501,34 @@ class LLMPlanner:
         transient = int(max(u.act_bytes + u.trainable * cb for u in units) + 3 * profile.logits_bytes)
         if device_ledger + transient > cfg.device_budget:
             return _Shortfall(
-                "device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
+                budget="device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
                 what=f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
                      f"activations ({format_bytes(split.kept + split.boundary)} kept, {format_bytes(swap_flight)} "
                      f"in flight) and one unit's working memory ({format_bytes(transient)})")
         # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state
-        sizes = None
         for lean in (False, True):
             sizes = self._optimizer_sizes(profile, lean)
-            host_fixed = sum(sizes[:4]) + split.host_acts
+            host_fixed = sizes.host_bytes + split.host_acts
             if host_fixed <= cfg.host_budget:
                 break
-        grad_pool, opt_ws, writeback, masters, chunk = sizes
         if host_fixed > cfg.host_budget:
             return _Shortfall(
-                "host", needed=host_fixed, available=cfg.host_budget, limit=cfg.host_budget,
-                what=f"{profile.model}: gradients in flight ({format_bytes(grad_pool)}), the optimizer's working "
-                     f"set ({format_bytes(opt_ws + writeback + masters)}) and activations swapped to host "
-                     f"({format_bytes(split.host_acts)})")
+                budget="host", needed=host_fixed, available=cfg.host_budget, limit=cfg.host_budget,
+                what=f"{profile.model}: gradients in flight ({format_bytes(sizes.grad_pool)}), the optimizer's "
+                     f"working set ({format_bytes(sizes.host_bytes - sizes.grad_pool)}) and activations swapped "
+                     f"to host ({format_bytes(split.host_acts)})")
         room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
-        state_home, compute_home, host_state, read, write = self._homes(profile, room, chunk)
-        retained, saved, retention_peak = self._retention(
-            profile, split, state_home, capacity=cfg.device_budget - transient, base=weights_ws + swap_flight)
-        pred = self._predict(profile, hw, split, state_home, read - saved, write, depth,
-                             device_peak=max(device_ledger, retention_peak), host_peak=host_fixed + host_state,
-                             transient=transient)
-        return pred, state_home, compute_home, grad_pool, masters, writeback, chunk, opt_ws, retained
+        homes = self._homes(profile, room, sizes.chunk)
+        retention = self._retention(profile, split, homes.state_home, capacity=cfg.device_budget - transient,
+                                    base=weights_ws + swap_flight)
+        pred = self._predict(profile, hw, split, homes.state_home, homes.ssd_read_bytes - retention.ssd_read_saved,
+                             homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
+                             host_peak=host_fixed + homes.host_bytes, transient=transient)
+        return _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
 
-    def _retention(self, profile: ModelProfile, split: _Split, state_home: dict, *, capacity: int, base: int):
-        """[Note: weights kept for the next forward] (retained unit names, SSD reads saved, device peak).
+    def _retention(self, profile: ModelProfile, split: _Split, state_home: dict, *, capacity: int,
+                   base: int) -> _Retention:
+        """[Note: weights kept for the next forward]
 
         The first units of the forward are the last ones backward updates. With fp32 compute their updated
         masters can stay in the device tier (written back to the SSD, but not dropped) until the next forward
@@ -470,7 +537,7 @@ class LLMPlanner:
         forward, the masters still waiting plus the activations already kept fit the device ledger.
         """
         if profile.mixed_precision or self.config.mode == "after_backward" or not self.config.retain_weights:
-            return (), 0, 0
+            return _Retention(units=(), ssd_read_saved=0, device_peak=0)
         units = profile.units
         held = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in dict.fromkeys(u.tensors)
                     if profile.tensor_trainable[t] and state_home.get(t) == "ssd") for u in units]
@@ -492,13 +559,13 @@ class LLMPlanner:
                 break
             if held[k - 1]:
                 best_k, best_peak = k, peak + base
-        retained = tuple(u.name for u, h in zip(units[:best_k], held[:best_k]) if h)
-        return retained, sum(held[:best_k]), best_peak
+        return _Retention(units=tuple(u.name for u, h in zip(units[:best_k], held[:best_k]) if h),
+                          ssd_read_saved=sum(held[:best_k]), device_peak=best_peak)
 
-    def _optimizer_sizes(self, profile: ModelProfile, lean: bool) -> tuple[int, int, int, int, int]:
-        """Host bytes the optimizer side needs: (gradient pool, chunks being updated or read ahead, chunks being
+    def _optimizer_sizes(self, profile: ModelProfile, lean: bool) -> _OptimizerSizes:
+        """Host bytes the optimizer side needs (gradient pool, chunks being updated or read ahead, chunks being
         written back, whole fp32 masters) and the chunk size. ``lean``: one unit of slack instead of two and
-        chunks of at most 256K elements (a slower step when the optimizer falls behind backward, for host
+        chunks of at most ``LEAN_CHUNK`` elements (a slower step when the optimizer falls behind backward, for host
         budgets too small for more)."""
         cfg = self.config
         cb = profile.compute_bytes
@@ -507,7 +574,7 @@ class LLMPlanner:
         grads = sorted((u.trainable * 4 for u in units), reverse=True) + [0]
         grad_pool = grads[0] + (0 if lean else grads[1])
         largest = max(profile.tensor_numel.values())
-        chunk = min(cfg.optimizer_chunk, 256 << 10) if lean else cfg.optimizer_chunk
+        chunk = min(cfg.optimizer_chunk, LEAN_CHUNK) if lean else cfg.optimizer_chunk
         chunk_held = min(chunk, largest)
         per_chunk = 2 + (1 if mixed else 0) + (1 if cfg.mode != "eager" else 0)  # records per chunk
         job = per_chunk * held_bytes(chunk_held * 4)
@@ -532,27 +599,25 @@ class LLMPlanner:
                     masters += held[0] + held[1]
                 else:
                     masters *= 2
-        return grad_pool, jobs, writeback, masters, chunk
+        return _OptimizerSizes(grad_pool=grad_pool, read_ahead=jobs, writeback=writeback, masters=masters,
+                               chunk=chunk)
 
-    def _homes(self, profile: ModelProfile, room: int, chunk: int):
-        """Fill host memory with the state that moves the most bytes per byte held; the rest rests on SSD.
-
-        Returns the homes, the host bytes they take, and the SSD bytes read and written per step.
-        """
-        cache = getattr(self, "_homes_cache", None)
-        if cache is None or cache[0] is not profile:
-            cache = self._homes_cache = (profile, {})
-        if (room, chunk) in cache[1]:
-            return cache[1][(room, chunk)]
+    def _homes(self, profile: ModelProfile, room: int, chunk: int) -> _Homes:
+        """Fill ``room`` host bytes with the state that moves the most bytes per byte held; the rest rests on SSD."""
+        if self._homes_profile is not profile:
+            self._homes_profile, self._homes_cache = profile, {}
+        # keyed by the room asked for, which the fill below leaves as it is (it counts what it spends in ``host``)
+        key = (room, chunk)
+        if key in self._homes_cache:
+            return self._homes_cache[key]
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
-        ch = chunk
         items = []  # (SSD bytes per step per byte held, kind, name, bytes held, read, written)
         for name, n in profile.tensor_numel.items():
             if profile.tensor_trainable[name]:
-                moments = 2 * chunked_bytes(n, 4, ch)
+                moments = 2 * chunked_bytes(n, 4, chunk)
                 if mixed:
-                    state = moments + chunked_bytes(n, 4, ch)
+                    state = moments + chunked_bytes(n, 4, chunk)
                     items.append((2.0, "compute", name, held_bytes(n * cb), 2 * n * cb, n * cb))
                     items.append((2.0, "state", name, state, n * STATE_BYTES, n * STATE_BYTES))
                 else:
@@ -565,8 +630,7 @@ class LLMPlanner:
         state_home, compute_home = {}, {}
         host = read = write = 0
         for _, kind, name, held, r, w in items:
-            if held <= room:
-                room -= held
+            if host + held <= room:
                 host += held
                 home = "host"
             else:
@@ -574,16 +638,17 @@ class LLMPlanner:
                 read += r
                 write += w
             (state_home if kind == "state" else compute_home)[name] = home
-        cache[1][(room, chunk)] = out = (state_home, compute_home, host, read, write)
-        return out
+        self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home, host_bytes=host,
+                                                ssd_read_bytes=read, ssd_write_bytes=write)
+        return homes
 
-    def _unit_times(self, u: UnitProfile, hw: Hardware) -> tuple[float, float]:
+    def _unit_times(self, u: UnitProfile, hw: Hardware) -> _UnitTimes:
         if u.fwd_s is not None and u.bwd_s is not None:
-            return u.fwd_s, u.bwd_s
+            return _UnitTimes(fwd_s=u.fwd_s, bwd_s=u.bwd_s)
         rate = hw.compute_flops * self.config.compute_efficiency
         if rate <= 0:
             raise ValueError("hardware: no compute rate (cpu_flops or gpu_flops) to predict a step time from")
-        return u.fwd_flops / rate, u.bwd_flops / rate
+        return _UnitTimes(fwd_s=u.fwd_flops / rate, bwd_s=u.bwd_flops / rate)
 
     def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, state_home: dict, read: int,
                  write: int, depth: int, *, device_peak: int, host_peak: int, transient: int) -> StepPrediction:
@@ -594,9 +659,9 @@ class LLMPlanner:
         gpu = hw.has_gpu
         fwd = bwd = 0.0
         for u in profile.units:
-            f, b = self._unit_times(u, hw)
-            fwd += f
-            bwd += b
+            times = self._unit_times(u, hw)
+            fwd += times.fwd_s
+            bwd += times.bwd_s
         compute = fwd + bwd + split.recompute_s
         grad_unit = max(u.trainable * 4 for u in profile.units)
         if cfg.mode != "eager":

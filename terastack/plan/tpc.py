@@ -8,9 +8,9 @@ of ownership (purchase + energy over a stated lifetime), from a price table
 [Note: the epoch-time model]
 Per batch, with ``n`` rows gathered, a cache serving fraction ``h`` of them
 (from the workload's out-of-sample hit-rate curve, see terastack.gnn.hotness)
-and ``b`` 4 KiB blocks read per missed row:
+and ``b`` blocks (``BLOCK``, 4 KiB: the store's O_DIRECT block) read per missed row:
 
-    ssd     = (1 - h) n b 4096 / min(SSD bandwidth, SSD IOPS x 4096)     (all SSDs)
+    ssd     = (1 - h) n b BLOCK / min(SSD bandwidth, SSD IOPS x BLOCK)   (all SSDs)
     gather  = n x (CPU per row) + (1 - h) n x (CPU per missed row)
               + (1 - h) n b x (kernel CPU per block read)                    (measured costs)
     sample  = measured sampler time per batch
@@ -50,9 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
+from terastack.constants import BLOCK
 from terastack.plan.hardware import Hardware
 
-BLOCK = 4096
 GIB = 1 << 30
 DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
 

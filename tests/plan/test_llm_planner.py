@@ -151,3 +151,23 @@ def test_config_is_validated():
         LLMPlanner.Config(device_budget=1, host_budget=1, mode="lazy")
     with pytest.raises(ValueError, match="device_budget"):
         LLMPlanner.Config(device_budget="much", host_budget=1)
+
+
+def test_state_homes_of_one_candidate_do_not_leak_into_another():
+    """Candidates of one search share placements of the state by the host room left to it; an earlier candidate's
+    placement must not answer a later one that has less room (the room left over after it is not its room)."""
+    prof = profile(act=12 * MiB)  # a layer's activations take what its state does: 12 B x 1M parameters
+    all_keep = tuple("keep" for _ in prof.units)
+    five_host = tuple("host" if u.kind == "layer" and int(u.name.split(".")[1]) < 5 else "keep" for u in prof.units)
+    # the optimizer's own host memory: all state on the SSD leaves nothing else on the host
+    fixed = plan(prof, policy=all_keep, state_placement="ssd").prediction.host_peak_bytes
+    # 64 MiB of room: all-keep rests the embedding's state (24 MiB) and three layers' (36 MiB) on the host and
+    # leaves 4 MiB; swapping five layers' activations (60 MiB) to the host leaves exactly that 4 MiB of room
+    kw = dict(device_budget=1 << 30, host_budget=fixed + 64 * MiB)
+    shared = LLMPlanner(LLMPlanner.Config(**kw))
+    first = shared.predict(prof, CPU, all_keep)
+    assert first.host_peak_bytes == fixed + 60 * MiB
+    second = shared.predict(prof, CPU, five_host)
+    alone = LLMPlanner(LLMPlanner.Config(**kw)).predict(prof, CPU, five_host)
+    assert second == alone
+    assert second.host_peak_bytes == fixed + 60 * MiB <= kw["host_budget"]  # all state on the SSD

@@ -60,6 +60,7 @@ import torch
 from terastack import trace
 from terastack.io.errors import BudgetError
 from terastack.io.futures import Future
+from terastack.llm import records
 from terastack.plan.llm_planner import held_bytes
 from terastack.tiers import BudgetLedger, Tier
 
@@ -383,7 +384,7 @@ class OffloadedAdamW:
             return
         flat = held.tensor.view(-1)
         for k, (lo, hi) in enumerate(self.rt.chunk_ranges(name)):
-            record = f"g:{name}#{k}"
+            record = records.spilled_grad(name, k)
             self.rt.track_write(self.store.put(record, flat[lo:hi], home=Tier.SSD))
             held.records.append(record)
         held.tensor = None
@@ -488,7 +489,7 @@ class OffloadedAdamW:
                     with self._cv:
                         self._ahead.discard((name, k))
                 nbytes = sum(self.store.record(r).padded for r in self._job_records(name, k)
-                             if not r.startswith("g:"))
+                             if records.kind(r) != records.SPILLED_GRAD)
                 # a master that must wait for room may be waiting for those the group holds: update them first
                 if group and (group_bytes + nbytes > group_limit or not self._master_fits(name, whole)):
                     self._apply(task, group, whole)
@@ -505,7 +506,7 @@ class OffloadedAdamW:
         if rt.master_is_compute:
             if name not in whole:
                 self._admit_master(name)
-                whole[name] = self._fetch(f"p:{name}", f"master {name!r} for its update").view(-1)
+                whole[name] = self._fetch(records.master(name), f"master {name!r} for its update").view(-1)
             p = whole[name][lo:hi]
         else:
             p = self._fetch(rt.master_records(name)[k], f"master chunk {k} of {name!r}")
@@ -575,7 +576,7 @@ class OffloadedAdamW:
             handed = self._masters.pop(name, None)
             self._cv.notify_all()
         if handed is not None:
-            self.rt.track_write(self.store.evict(f"p:{name}"))
+            self.rt.track_write(self.store.evict(records.master(name)))
 
     def _master_fits(self, name: str, whole: dict) -> bool:
         """Whether ``name``'s whole fp32 master can be held now without waiting (see :meth:`_admit_master`)."""
@@ -618,7 +619,7 @@ class OffloadedAdamW:
         self.steps[name] += 1
         self.updated_params += self.tensors[name].numel
         if master is not None:
-            record = f"p:{name}"
+            record = records.master(name)
             self.store.mark_dirty(record)
             if name in rt.retained:
                 # written back, and kept for the next forward in the device tier (see the planner's

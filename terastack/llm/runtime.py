@@ -1,15 +1,5 @@
-"""The services every stage of a step shares: the store, the plan, ledgers with waiting, record names.
-
-Record names in the store (one record per tensor):
-
-=========  ====================================================================
-``p:NAME``  fp32 master of trainable parameter NAME (also its compute weight in fp32)
-``m:NAME``  AdamW exp_avg;  ``v:NAME``: exp_avg_sq
-``w:NAME``  compute copy in the compute dtype (mixed precision), or of a frozen tensor
-``g:NAME``  a gradient spilled to the SSD while the step waits for the global norm
-``a:...``   activations swapped to the SSD
-=========  ====================================================================
-"""
+"""The services every stage of a step shares: the store, the plan, ledgers with waiting, which records a
+tensor has (their names: :mod:`terastack.llm.records`)."""
 from __future__ import annotations
 
 import collections
@@ -20,6 +10,7 @@ import torch
 
 from terastack.io.errors import BudgetError
 from terastack.io.futures import Future
+from terastack.llm import records
 from terastack.tiers import Tier
 
 
@@ -87,18 +78,17 @@ class StepRuntime:
 
     def master_records(self, name: str) -> list[str]:
         if self.master_is_compute:
-            return [f"p:{name}"]
-        return [f"p:{name}#{k}" for k in range(len(self.chunk_ranges(name)))]
+            return [records.master(name)]
+        return [records.master(name, k) for k in range(len(self.chunk_ranges(name)))]
 
     def moment_records(self, name: str, which: int) -> list[str]:
-        kind = "m" if which == 1 else "v"
-        return [f"{kind}:{name}#{k}" for k in range(len(self.chunk_ranges(name)))]
+        return [records.moment(name, which, k) for k in range(len(self.chunk_ranges(name)))]
 
     def compute_record(self, name: str) -> str:
         info = self.tensors[name]
         if info.trainable and self.master_is_compute:
-            return f"p:{name}"
-        return f"w:{name}"
+            return records.master(name)
+        return records.compute(name)
 
     def compute_tier(self, record: str) -> Tier:
         """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU."""
@@ -111,7 +101,7 @@ class StepRuntime:
 
     def write_compute_copy(self, name: str, master: torch.Tensor) -> None:
         """After an update in mixed precision: refresh the low-precision compute copy from the master."""
-        record = f"w:{name}"
+        record = records.compute(name)
         rec = self.store.record(record)
         if rec.home is Tier.HOST:
             self.wait(self.store.prefetch(record, Tier.HOST), f"compute copy {record!r}").copy_(master)

@@ -37,6 +37,7 @@ import torch
 
 from terastack import trace
 from terastack.llm.config import MEMORY_BUDGET_ENV, TrainerConfig
+from terastack.llm import records
 from terastack.llm.fetch import WeightFetcher
 from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, checkpoint_key, find_units,
                                  load_hf_config, random_init, set_submodule)
@@ -323,7 +324,7 @@ class Trainer:
         if info.trainable:
             parts = [self._read_record(r).reshape(-1) for r in rt.master_records(name)]
             return torch.cat(parts).view(info.shape) if len(parts) > 1 else parts[0].view(info.shape)
-        return self._read_record(f"w:{name}").to(torch.float32)
+        return self._read_record(records.compute(name)).to(torch.float32)
 
     def _read_record(self, record: str) -> torch.Tensor:
         """A CPU copy of a record; a resident working copy is read where it is and stays there."""
@@ -439,7 +440,7 @@ class Trainer:
             home = Tier(plan.state_home[name])
             ranges = rt.chunk_ranges(name)
             if rt.master_is_compute:
-                out.append((f"p:{name}", torch.float32, home, info.shape, None))
+                out.append((records.master(name), torch.float32, home, info.shape, None))
             else:
                 out += [(r, torch.float32, home, (hi - lo,), (lo, hi))
                         for r, (lo, hi) in zip(rt.master_records(name), ranges)]
@@ -459,7 +460,7 @@ class Trainer:
                              f"expects {info.shape}")
         flat = tensor.reshape(-1)
         for record, dtype, home, shape, span in self._records_for(name):
-            if record.startswith(("m:", "v:")):
+            if records.kind(record) in (records.EXP_AVG, records.EXP_AVG_SQ):
                 self.store.create(record, shape, dtype, home=home)
                 continue
             data = (tensor if span is None else flat[span[0]:span[1]]).to(dtype).contiguous()

@@ -151,7 +151,7 @@ class StepRuntime:
                 raise TimeoutError(f"waited {self.timeout:.0f} s for room for {what}") from None
             return True
         opt = self.optimizer
-        if opt is not None and threading.current_thread() is not opt._thread and opt.busy():
+        if opt is not None and not opt.on_update_thread() and opt.busy():
             opt.wait_progress(min(1.0, max(0.0, deadline - time.monotonic())))
             return time.monotonic() < deadline
         return False

@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
-if TYPE_CHECKING:
-    from terastack.llm.optimizer import OffloadedAdamW, UpdateTask
+# (annotations name terastack.llm.optimizer's OffloadedAdamW and UpdateTask; that module imports this one)
 
 #: the optimizer's modes (the planner has its own copy of these names: plan/ may not import llm/)
 MODES = ("eager", "deferred", "after_backward")

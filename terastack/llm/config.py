@@ -10,7 +10,7 @@ from terastack.units import parse_bytes
 
 ACTIVATION_POLICIES = ("auto", "keep", "host", "ssd", "recompute")
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
-#: starts its process with them); see the trainer's [Note: a memory budget bounds resident memory]
+#: starts its process with them); see [Note: a memory budget bounds resident memory] (terastack.memory)
 MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(256 << 10)}
 
 
@@ -41,7 +41,8 @@ class LoraSpec:
 class TrainerConfig:
     #: where the training state lives (an SSD); a fresh subdirectory is made per run and removed on close.
     #: Several directories (one per SSD): a list, or one string with commas between them; kept as that string
-    store_dir: str | list[str] = dataclasses.field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "terastack-llm"))
+    store_dir: str | list[str] = dataclasses.field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "terastack-llm"))
     #: accelerator memory terastack may use ("auto": 90% of the GPU, or 1 GiB of host memory without one)
     device_budget: int | str = "auto"
     #: host memory terastack may use for training state and working sets ("auto": a quarter of RAM)

@@ -3,7 +3,7 @@
 A :class:`StreamedUnit` replaces one submodule of the skeleton. The model's
 own ``forward`` calls it with its usual arguments; it hands them to
 :class:`_UnitFunction`, whose forward and backward are the steady state of the
-step's schedule for that unit (see the trainer's [Note: the step schedule]):
+step's schedule for that unit (see [Note: the step schedule] in terastack.llm.step):
 
 forward of unit k   prefetch weights of k+1 | acquire weights of k | compute
                     (saving activations by policy) | release weights of k

@@ -47,3 +47,25 @@ def safe_relative(root: str | os.PathLike, relative: str) -> Path:
     if target != root and root not in target.parents:
         raise ValueError(f"path {relative!r} in manifest escapes its directory {root}")
     return target
+
+
+def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Rename the complete directory ``src`` to ``dst``, replacing what ``dst`` holds, and fsync the parent.
+
+    A directory cannot be renamed over a non-empty one, so an existing ``dst`` is first moved aside (to
+    ``.old-NAME-PID`` beside it), ``src`` takes its name, and only then is the old one removed: at every moment
+    ``dst`` is either the old directory or the new one (or, between the two renames, absent, with the old one
+    complete beside it under the aside name).
+    """
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        aside = dst.parent / f".old-{dst.name}-{os.getpid()}"
+        os.replace(dst, aside)
+        os.replace(src, dst)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+    fsync_dir(dst.parent)
+    return dst

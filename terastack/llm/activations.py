@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from terastack.io.futures import Future
+from terastack.llm import records
 from terastack.tiers import Tier
 
 
@@ -134,7 +135,7 @@ class ActivationStash:
             # charged to the device until written: the bytes stay in memory until then
             charge = rt.charge(entry, Tier.DEVICE, entry.nbytes,
                                what=f"activations of {self.unit.path} on their way to the SSD")
-            entry.record = f"a:{self.unit.index}:{next(_names)}"
+            entry.record = records.activation(self.unit.index, next(_names))
             entry.write = rt.store.put(entry.record, raw.cpu() if raw.device.type != "cpu" else raw, home=Tier.SSD)
             rt.track_write(entry.write)
             entry.write.add_done_callback(lambda _f, e=entry, c=charge: rt.uncharge(e, c))

@@ -24,26 +24,28 @@ sizes and checksums are checked before use.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import shutil
 import struct
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from terastack.atomic import atomic_write_json, fsync_dir, safe_relative
+from terastack.atomic import atomic_write_json, fsync_dir, replace_dir, safe_relative
+from terastack.constants import DIRECT_ALIGN, round_up
+from terastack.llm.hardware import resolve_device, resolve_dtype
+from terastack.llm.layout import records_for
 
 FORMAT = "terastack.llm.checkpoint"
 VERSION = 1
 LATEST = "LATEST"
 MANIFEST = "checkpoint.json"
 DATA = "state.bin"
-_ALIGN = 4096
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,13 +89,13 @@ def save_checkpoint(trainer, path: str | os.PathLike, *, extra: dict | None = No
             for pname in sorted(trainer.tensors, key=lambda n: trainer.tensors[n].index):
                 info = trainer.tensors[pname]
                 for part, records in _parts(trainer, pname).items():
-                    offset = -(-offset // _ALIGN) * _ALIGN
+                    offset = round_up(offset, DIRECT_ALIGN)
                     f.seek(offset)
                     crc = 0
                     nbytes = 0
                     dtype = None
                     for record in records:
-                        t = trainer._read_record(record)
+                        t = trainer.runtime.read_record(record)
                         dtype = t.dtype
                         data = _tensor_bytes(t)
                         f.write(data)
@@ -104,29 +106,20 @@ def save_checkpoint(trainer, path: str | os.PathLike, *, extra: dict | None = No
                     offset += nbytes
             f.flush()
             os.fdatasync(f.fileno())
-        opt = trainer.optimizer
         manifest = {
             "format": FORMAT, "version": VERSION, "data_file": DATA, "data_bytes": offset,
             "model": {"name": trainer.name, "model_type": trainer.family, "config": trainer.hf_config.to_dict(),
                       "fingerprint": model_fingerprint(trainer.tensors),
                       "lora": _lora_dict(trainer)},
-            "trainer": {"step": trainer.step_count, "lr": opt.lr, "adam_steps": opt.steps,
-                        "config": trainer.config.to_dict(),
-                        "rng_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()},
+            # the components' own state: the trainer's progress (step, RNG), the optimizer's (lr, step counts)
+            "trainer": {**trainer.progress_state(), **trainer.optimizer.state_dict(),
+                        "config": trainer.config.to_dict()},
             "extra": extra or {},
             "tensors": entries,
         }
         atomic_write_json(tmp / MANIFEST, manifest)
         fsync_dir(tmp)
-        final = root / name
-        if final.exists():
-            aside = root / f".old-{name}-{os.getpid()}"
-            os.replace(final, aside)
-            os.replace(tmp, final)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        fsync_dir(root)
+        replace_dir(tmp, root / name)
         atomic_write_json(root / LATEST, {"checkpoint": name, "step": trainer.step_count})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -181,8 +174,22 @@ def read_manifest(path: str | os.PathLike) -> tuple[Path, dict]:
     return snap, manifest
 
 
-def load_checkpoint(cls, path, config, *, expect_model=None):
-    """Rebuild the trainer that wrote checkpoint ``path`` and resume it (``cls`` is :class:`Trainer`)."""
+@dataclass(slots=True)
+class Resume:
+    """What rebuilding the trainer of a checkpoint needs: the skeleton (with LoRA adapters if it had them), its
+    config, its name, the snapshot (``state``, for :func:`fill_from_checkpoint`) and the fingerprint to check."""
+
+    model: object
+    hf_config: object
+    lora: object
+    name: str
+    state: dict
+    fingerprint: str
+
+
+def open_for_resume(path, config, *, expect_model=None) -> Resume:
+    """Read checkpoint ``path`` and build the skeleton of the model that wrote it (``config``: the resuming
+    ``TrainerConfig``; ``expect_model``: a config the checkpoint must match)."""
     from transformers import AutoConfig
 
     from terastack.llm.model import build_skeleton
@@ -196,23 +203,22 @@ def load_checkpoint(cls, path, config, *, expect_model=None):
         raise ValueError(f"{snap / MANIFEST}: model config is unusable ({exc})") from None
     if expect_model is not None:
         _check_same_model(expect_model, hf_config, snap)
-    from terastack.llm.trainer import _resolve_device, _resolve_dtype
-
-    skeleton = build_skeleton(hf_config, dtype=_resolve_dtype(config.dtype, _resolve_device(config.device)))
+    skeleton = build_skeleton(hf_config, dtype=resolve_dtype(config.dtype, resolve_device(config.device)))
     lora = None
     if model.get("lora"):
         from terastack.llm.lora import LoraSpec, apply_lora
 
         spec = LoraSpec(**model["lora"]["spec"])
         skeleton, lora = apply_lora(skeleton, spec, base_path=model["lora"].get("base"))
-    state = {"snapshot": snap, "manifest": manifest}
-    trainer = cls(skeleton, hf_config, config, name=model.get("name", str(path)), source=None,
-                  resume_state=state, lora=lora)
-    fp = model_fingerprint(trainer.tensors)
-    if fp != model["fingerprint"]:  # the tensors already matched one by one; a mismatch here is a bug
-        trainer.close()
-        raise ValueError(f"checkpoint {snap}: model fingerprint differs from the rebuilt model")
-    return trainer
+    return Resume(model=skeleton, hf_config=hf_config, lora=lora, name=model.get("name", str(path)),
+                  state={"snapshot": snap, "manifest": manifest}, fingerprint=model["fingerprint"])
+
+
+def check_fingerprint(tensors: dict, resume: Resume) -> None:
+    """The rebuilt model's tensors must be the checkpoint's (they already matched one by one while filling the
+    store; a mismatch here is a bug)."""
+    if model_fingerprint(tensors) != resume.fingerprint:
+        raise ValueError(f"checkpoint {resume.state['snapshot']}: model fingerprint differs from the rebuilt model")
 
 
 def _check_same_model(expected, hf_config, snap: Path) -> None:
@@ -259,14 +265,8 @@ def fill_from_checkpoint(trainer, state: dict) -> None:
                     raise ValueError(f"checkpoint data file {data_path}: {key} fails its checksum (CRC-32 "
                                      f"{crc:#010x}, manifest {int(entry['crc32']):#010x}); the file is corrupt")
                 _put_part(trainer, pname, part, records, flat)
-    t = manifest["trainer"]
-    trainer.step_count = int(t["step"])
-    trainer.optimizer.lr = float(t["lr"])
-    for pname, steps in t["adam_steps"].items():
-        if pname in trainer.optimizer.steps:
-            trainer.optimizer.steps[pname] = int(steps)
-    rng = base64.b64decode(t["rng_cpu"])
-    torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+    trainer.load_progress_state(manifest["trainer"])
+    trainer.optimizer.load_state_dict(manifest["trainer"])
     trainer.resumed_extra = manifest.get("extra", {})
     trainer.store.wait(timeout=trainer.config.timeout)
 
@@ -274,7 +274,7 @@ def fill_from_checkpoint(trainer, state: dict) -> None:
 def _put_part(trainer, name: str, part: str, records: list[str], flat: torch.Tensor) -> None:
     rt = trainer.runtime
     info = trainer.tensors[name]
-    homes = {r: (h, shape, span) for r, _, h, shape, span in trainer._records_for(name)}
+    homes = {r: (h, shape, span) for r, _, h, shape, span in records_for(rt, name)}
     if part == "master" and not rt.master_is_compute:
         low_record = rt.compute_record(name)
         home = homes[low_record][0]
@@ -321,14 +321,7 @@ def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = N
             cfg.to_json_file(str(tmp / "config.json"))
         _copy_tokenizer(trainer, tmp)
         fsync_dir(tmp)
-        if out.exists():
-            aside = out.parent / f".old-{out.name}-{os.getpid()}"
-            os.replace(out, aside)
-            os.replace(tmp, out)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        fsync_dir(out.parent)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -10,7 +10,7 @@ from terastack.units import parse_bytes
 
 ACTIVATION_POLICIES = ("auto", "keep", "host", "ssd", "recompute")
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
-#: starts its process with them); see the trainer's [Note: a memory budget bounds resident memory]
+#: starts its process with them); see [Note: a memory budget bounds resident memory] (terastack.memory)
 MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(256 << 10)}
 
 
@@ -39,8 +39,10 @@ class LoraSpec:
 
 @dataclass(kw_only=True, slots=True)
 class TrainerConfig:
-    #: where the training state lives (an SSD); a fresh subdirectory is made per run and removed on close
-    store_dir: str = dataclasses.field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "terastack-llm"))
+    #: where the training state lives (an SSD); a fresh subdirectory is made per run and removed on close.
+    #: Several directories (one per SSD): a list, or one string with commas between them; kept as that string
+    store_dir: str | list[str] = dataclasses.field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "terastack-llm"))
     #: accelerator memory terastack may use ("auto": 90% of the GPU, or 1 GiB of host memory without one)
     device_budget: int | str = "auto"
     #: host memory terastack may use for training state and working sets ("auto": a quarter of RAM)
@@ -86,8 +88,12 @@ class TrainerConfig:
     timeout: float = 600.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.store_dir, (list, tuple)):
+            self.store_dir = ",".join(str(d) for d in self.store_dir)
         if not self.store_dir:
             raise ValueError("store_dir: a directory for the training state is required")
+        if not all(d.strip() for d in self.store_dir.split(",")):
+            raise ValueError(f"store_dir: {self.store_dir!r} names an empty directory")
         for name in ("device_budget", "host_budget"):
             value = getattr(self, name)
             if value != "auto":

@@ -10,8 +10,9 @@ never modified in the device tier; nothing is written back), except when
 backward hands a fp32 master straight to the optimizer, which updates it next
 (see the optimizer's [Note: active gradient offloading]).
 
-The order is learned: before the first forward it is the module order; every
-forward records the order units really ran in and later steps prefetch by it.
+The order is learned: before the first forward it is the profile's (or the
+module order); every forward records the order units really ran in and later
+steps prefetch by it.
 
 Before a unit's weights are fetched for the next step, the update of this
 step must be finished: ``acquire`` and ``prefetch`` wait for the optimizer's
@@ -29,13 +30,13 @@ from terastack.tiers import State, Tier
 
 
 class WeightFetcher:
-    def __init__(self, runtime, units, *, depth: int):
+    def __init__(self, runtime, units, *, depth: int, order: list[int] | None = None):
+        """``order``: unit indices in the order forward will run them (None: the module order)."""
         self.rt = runtime
         self.store = runtime.store
         self.units = units
         self.depth = depth
-        self.order = [u.index for u in units]
-        self._pos = {u: i for i, u in enumerate(self.order)}
+        self._set_order([u.index for u in units] if order is None else list(order))
         self._observed: list[int] = []
         self._refs: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -52,9 +53,11 @@ class WeightFetcher:
     def end_forward(self) -> None:
         seen = self._observed
         if seen and seen != self.order:
-            rest = [u for u in self.order if u not in seen]
-            self.order = seen + rest
-            self._pos = {u: i for i, u in enumerate(self.order)}
+            self._set_order(seen + [u for u in self.order if u not in seen])
+
+    def _set_order(self, order: list[int]) -> None:
+        self.order = order
+        self._pos = {u: i for i, u in enumerate(order)}
 
     def first_units(self) -> list[int]:
         return self.order[: max(1, self.depth)]

@@ -82,9 +82,7 @@ class LoraHandle:
         file = path / "adapter_model.safetensors"
         if not file.exists():
             raise FileNotFoundError(f"lora.init_from: {file} does not exist")
-        reader = CheckpointReader.__new__(CheckpointReader)
-        reader.path, reader._handles = path, {}
-        reader.files = {k: file for k in CheckpointReader._keys(file)}
+        reader = CheckpointReader.of_file(file)
         for name in names:
             key = self.file_key(name)
             if key not in reader.files:

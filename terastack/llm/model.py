@@ -219,6 +219,16 @@ class CheckpointReader:
             raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {self.path}{hint}")
         self._handles: dict[Path, object] = {}
 
+    @classmethod
+    def of_file(cls, file: str | os.PathLike) -> "CheckpointReader":
+        """A reader of one safetensors file (a peft adapter's ``adapter_model.safetensors``, say)."""
+        file = Path(file)
+        reader = cls.__new__(cls)
+        reader.path = file.parent
+        reader.files = {key: file for key in cls._keys(file)}
+        reader._handles = {}
+        return reader
+
     @staticmethod
     def _keys(path: Path) -> list[str]:
         from safetensors import safe_open

@@ -48,6 +48,9 @@ the GPU's critical path.
 "after_backward" mode (the ablation "active offloading off") keeps the
 gradients the same way but runs every update after backward and makes the
 step wait for all of them, as ZeRO-Offload style optimizers do.
+
+When each mode runs its updates is written down in one place,
+:mod:`terastack.llm.schedules`; this module keeps the state and the math.
 """
 from __future__ import annotations
 
@@ -60,10 +63,10 @@ import torch
 from terastack import trace
 from terastack.io.errors import BudgetError
 from terastack.io.futures import Future
+from terastack.llm import records
+from terastack.llm.schedules import MODES, make_schedule
 from terastack.plan.llm_planner import held_bytes
 from terastack.tiers import BudgetLedger, Tier
-
-MODES = ("eager", "deferred", "after_backward")
 
 
 def adamw_kwargs(impl: str, device: torch.device) -> dict:
@@ -101,7 +104,9 @@ class _Grad:
 
 
 @dataclass(slots=True)
-class _Task:
+class UpdateTask:
+    """The updates of the tensors one unit completes (what a schedule hands its executor)."""
+
     unit: str
     names: list[str]
     coef: float | None                 # clip coefficient (None: no clipping)
@@ -163,8 +168,6 @@ class OffloadedAdamW:
         self._masters: dict[str, int] = {}
         self._ahead: set[tuple[str, int]] = set()
         self.writeback_limit = writeback_bytes
-        # [Note: inline updates without an accelerator] (eager mode only; the other modes gather gradients first)
-        self.inline = inline and config.mode == "eager"
         self.read_ahead_limit = read_ahead_bytes
         self._backward_next: dict[int, int] = {}
         self._read_ahead_units: set[int] = set()  # units whose state this backward has started reading
@@ -174,23 +177,41 @@ class OffloadedAdamW:
         self._gates: dict[str, Future] = {}
         self._contrib: dict[str, int] = {}
         self._grads: dict[str, _Grad] = {}
-        self._sq_norms: dict[str, torch.Tensor] = {}
+        #: 2-norm of each complete gradient of this step (clipping only); the total is the norm of these norms,
+        #: as ``clip_grad_norm_`` computes it
+        self._grad_norms: dict[str, torch.Tensor] = {}
         self._last_users: dict[int, list[str]] = {}
-        self._queue: collections.deque[_Task] = collections.deque()
         self._cv = threading.Condition()
-        self._busy = False
         self._error: BaseException | None = None
-        self._closed = False
         self.last_grad_norm: float | None = None
         self.updated_params = 0
-        self._thread = threading.Thread(target=self._worker, name="terastack-adamw", daemon=True)
-        self._thread.start()
+        # when updates run (and on which thread): [Note: inline updates without an accelerator]
+        self.schedule = make_schedule(self, config.mode, inline=inline, run=self._update, on_error=self._fail,
+                                      cv=self._cv)
+        self.executor = self.schedule.executor
+
+    @property
+    def inline(self) -> bool:
+        """Updates run on the training thread (see [Note: inline updates without an accelerator])."""
+        return self.executor.inline
+
+    # ------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """What a checkpoint needs besides the records in the store: the learning rate and per-tensor AdamW
+        step counts (masters and moments are streamed from the store record by record)."""
+        return {"lr": self.lr, "adam_steps": dict(self.steps)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lr = float(state["lr"])
+        for name, steps in state["adam_steps"].items():
+            if name in self.steps:
+                self.steps[name] = int(steps)
 
     # -------------------------------------------------------------- per step
     def begin_step(self) -> None:
         self._raise_if_failed()
         self._contrib = {name: len(set(info.users)) for name, info in self.tensors.items()}
-        self._sq_norms = {}
+        self._grad_norms = {}
         self._step_lr = self.lr
 
     def begin_backward(self) -> None:
@@ -208,21 +229,36 @@ class OffloadedAdamW:
         return self._gates.get(name)
 
     def prepare(self, unit) -> None:
-        """Backward of ``unit`` begins: start reading the first state chunks of tensors it completes (eager)."""
-        if self.config.mode != "eager":
-            return
-        if self.inline:
-            self._read_ahead(unit.index)
-            return
-        for name in self._last_users.get(unit.index, ()):
-            if not self._prefetch_job(name, 0):
-                return
+        """Backward of ``unit`` begins (the schedule may start reading the state of tensors it completes)."""
+        self.schedule.on_unit_backward(unit)
+
+    # ------------------------------------------- operations for schedules
+    def completed_by(self, unit_index: int) -> list[str]:
+        """Trainable tensors whose last gradient of the step comes from the backward of ``unit_index``."""
+        return self._last_users.get(unit_index, [])
+
+    def next_in_backward(self, unit_index: int) -> int | None:
+        """The unit whose backward runs after ``unit_index``'s (None: it is the last)."""
+        return self._backward_next.get(unit_index)
+
+    def task(self, unit_index: int, names: list[str], coef=None) -> UpdateTask:
+        """The update of ``names`` (completed by ``unit_index``) at this step's learning rate."""
+        return UpdateTask(self.rt.units[unit_index].path, names, coef, self._step_lr)
+
+    def gathered_by_unit(self) -> dict[int, list[str]]:
+        """unit index -> tensors it completes that have a gradient this step (deferred schedules)."""
+        return {unit_index: [n for n in names if n in self._grads] for unit_index, names in self._last_users.items()}
+
+    def forward_order(self, by_unit: dict) -> list[int]:
+        """The keys of ``by_unit`` (unit indices) in the order forward runs them."""
+        order = self.rt.fetcher.order
+        return [u for u in order if u in by_unit] + [u for u in by_unit if u not in order]
 
     def _unit_jobs(self, names: list[str]) -> list[tuple[str, int, int, int]]:
         """(tensor, chunk, lo, hi) of every optimizer chunk of ``names``."""
         return [(name, k, lo, hi) for name in names for k, (lo, hi) in enumerate(self.rt.chunk_ranges(name))]
 
-    def _read_ahead(self, unit_index: int | None) -> None:
+    def read_ahead(self, unit_index: int | None) -> None:
         """Inline mode: start reading the state of the tensors ``unit_index`` completes, within the plan's
         read-ahead allowance (the rest is read when its update gets to it)."""
         if unit_index is None or unit_index in self._read_ahead_units:
@@ -230,21 +266,21 @@ class OffloadedAdamW:
         self._read_ahead_units.add(unit_index)
         names = self._last_users.get(unit_index, ())
         allowance = self.read_ahead_limit
-        records: list[str] = []
+        wanted: list[str] = []
         for name, k, _, _ in self._unit_jobs(list(names)):
             job = self._job_records(name, k)
             allowance -= sum(self.store.record(r).padded for r in job)
             if allowance < 0:
                 break
-            records += job
+            wanted += job
         try:
-            self.store.prefetch_many(records, Tier.HOST)
+            self.store.prefetch_many(wanted, Tier.HOST)
         except MemoryError:
             pass  # read when the update gets to it
 
     def handoff(self, unit) -> set[str]:
         """Canonical names whose fp32 working copy backward should hand over instead of dropping."""
-        if self.config.mode != "eager" or not self.rt.master_is_compute:
+        if not self.schedule.hands_off_masters or not self.rt.master_is_compute:
             return set()
         out = set()
         with self._cv:
@@ -282,69 +318,51 @@ class OffloadedAdamW:
                 if self._contrib[name] == 0:
                     if self.config.max_grad_norm is not None:
                         # the norm of the whole gradient (a tied tensor's contributions summed)
-                        self._sq_norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
+                        self._grad_norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
                     ready.append(name)
         if not ready:
             return
         for name in ready:
             self._gates[name] = Future()
-        if self.inline:
-            task = _Task(unit.path, ready, None, self._step_lr)
-            try:
-                self._update(task, None)
-            except BaseException as exc:  # noqa: BLE001 - reported as the optimizer thread's failures are
-                self._fail(task, exc)
-                self._raise_if_failed()
-            self._read_ahead(self._backward_next.get(unit.index))
-        elif self.config.mode == "eager":
-            self._enqueue(_Task(unit.path, ready, None, self._step_lr))
-        else:
-            for name in ready:
-                self._maybe_spill(name)
+        self.schedule.on_grads_ready(unit, ready)
 
     def end_step(self) -> None:
-        """Backward is done: deferred updates are scheduled (and awaited in after_backward mode)."""
+        """Backward is done: the schedule gets the clip coefficient (deferred updates are queued; after_backward
+        waits for them)."""
         self._raise_if_failed()
         cfg = self.config
         pending = [n for n, left in self._contrib.items() if left > 0 and n in self._grads]
         if pending:
             raise RuntimeError(f"backward ended with gradients of {pending[:3]} still incomplete")
-        if self._sq_norms:
-            ordered = sorted(self._sq_norms, key=lambda n: self.tensors[n].index)
-            total = torch.linalg.vector_norm(torch.stack([self._sq_norms[n] for n in ordered]), 2)
-            self.last_grad_norm = float(total)
-        if cfg.mode == "eager":
-            return
         coef = None
         if cfg.max_grad_norm is not None:
+            total = self._total_grad_norm()
+            self.last_grad_norm = float(total)
             coef = torch.clamp(cfg.max_grad_norm / (total + 1e-6), max=1.0)
-        by_unit: dict[int, list[str]] = {}
-        for unit_index, names in self._last_users.items():
-            by_unit[unit_index] = [n for n in names if n in self._grads]
-        for unit_index in self._forward_order_of(by_unit):
-            names = by_unit[unit_index]
-            if names:
-                self._enqueue(_Task(self.rt.units[unit_index].path, names, coef, self._step_lr))
-        if cfg.mode == "after_backward":
-            self.synchronize()
+        self.schedule.on_backward_end(coef)
 
-    def _forward_order_of(self, by_unit: dict) -> list[int]:
-        order = self.rt.fetcher.order
-        return [u for u in order if u in by_unit] + [u for u in by_unit if u not in order]
+    def _total_grad_norm(self) -> torch.Tensor:
+        """The global 2-norm of this step's gradients, as ``clip_grad_norm_`` computes it (the norm of the
+        per-tensor norms, in parameter order); 0 when no gradient arrived."""
+        if not self._grad_norms:
+            return torch.zeros(())
+        ordered = sorted(self._grad_norms, key=lambda n: self.tensors[n].index)
+        return torch.linalg.vector_norm(torch.stack([self._grad_norms[n] for n in ordered]), 2)
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Wait until every scheduled update is done (and re-raise a failure of one)."""
         timeout = self.config.timeout if timeout is None else timeout
-        with self._cv:
-            ok = self._cv.wait_for(lambda: (not self._queue and not self._busy) or self._error is not None, timeout)
-        if not ok:
+        if not self.executor.wait_idle(timeout, lambda: self._error is not None):
             raise TimeoutError(f"optimizer updates still running after {timeout:.0f} s "
-                               f"({len(self._queue)} units queued)")
+                               f"({self.executor.queued()} units queued)")
         self._raise_if_failed()
 
     def busy(self) -> bool:
-        with self._cv:
-            return bool(self._queue) or self._busy
+        return self.executor.busy()
+
+    def on_update_thread(self) -> bool:
+        """Whether the caller is the thread that runs updates (which must not wait for updates)."""
+        return self.executor.is_current()
 
     def wait_progress(self, timeout: float) -> None:
         """Block until the worker finishes a task (or ``timeout`` passes)."""
@@ -352,12 +370,13 @@ class OffloadedAdamW:
             self._cv.wait(timeout)
 
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join(timeout=self.config.timeout)
+        self.executor.close(self.config.timeout)
 
     # --------------------------------------------------------------- helpers
+    def raise_if_failed(self) -> None:
+        """Re-raise (on the training thread) the failure of an update."""
+        self._raise_if_failed()
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"an optimizer update failed: {type(self._error).__name__}: {self._error}") \
@@ -365,7 +384,7 @@ class OffloadedAdamW:
 
     def _hold(self, name: str, g: torch.Tensor) -> _Grad:
         nbytes = g.numel() * 4
-        if self.config.mode == "eager":
+        if self.schedule.backpressure:
             # backpressure: backward waits for the optimizer to free room in the pool
             with trace.span(f"wait for room: gradient of {name}", track="stall", cat="gradients"):
                 self._reserve_pool(nbytes, name)
@@ -374,16 +393,16 @@ class OffloadedAdamW:
             self.grad_pool.reserve(nbytes, what=f"gradient of {name!r}")
             return _Grad(g.contiguous(), nbytes)
         except BudgetError:
-            return _Grad(g.contiguous(), 0)  # spilled to the SSD once complete (_maybe_spill)
+            return _Grad(g.contiguous(), 0)  # spilled to the SSD once complete (spill_if_unpooled)
 
-    def _maybe_spill(self, name: str) -> None:
+    def spill_if_unpooled(self, name: str) -> None:
         """A complete gradient that did not fit the pool goes to the SSD, in optimizer chunks."""
         held = self._grads[name]
         if held.charged or held.records:
             return
         flat = held.tensor.view(-1)
         for k, (lo, hi) in enumerate(self.rt.chunk_ranges(name)):
-            record = f"g:{name}#{k}"
+            record = records.spilled_grad(name, k)
             self.rt.track_write(self.store.put(record, flat[lo:hi], home=Tier.SSD))
             held.records.append(record)
         held.tensor = None
@@ -398,16 +417,11 @@ class OffloadedAdamW:
                 except BudgetError:
                     if self._error is not None:
                         self._raise_if_failed()
-                    if not self._queue and not self._busy:
+                    if not self.executor.busy():
                         raise
                     if not self._cv.wait(timeout=deadline):
                         raise TimeoutError(f"gradient of {name!r} waited {deadline:.0f} s for room in the host "
                                            f"gradient pool ({self.grad_pool})") from None
-
-    def _enqueue(self, task: _Task) -> None:
-        with self._cv:
-            self._queue.append(task)
-            self._cv.notify_all()
 
     def _job_records(self, name: str, k: int) -> list[str]:
         """Store records one optimizer chunk reads: moments, the master chunk (mixed precision), a spilled
@@ -421,7 +435,7 @@ class OffloadedAdamW:
             recs.append(held.records[k])
         return recs
 
-    def _prefetch_job(self, name: str, k: int) -> bool:
+    def prefetch_chunk(self, name: str, k: int) -> bool:
         """Start reading one chunk's records (one chunk ahead at most); False when that is not possible now."""
         with self._cv:
             if (name, k) in self._ahead:
@@ -436,28 +450,8 @@ class OffloadedAdamW:
                 return False
         return True
 
-    # ---------------------------------------------------------------- worker
-    def _worker(self) -> None:
-        # (torch.set_num_threads here would also change MKL's process-wide thread count: the model's matmuls
-        # would run on one core. The optimizer shares the intra-op pool setting of the process.)
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
-                    return
-                task = self._queue.popleft()
-                nxt = self._queue[0] if self._queue else None
-                self._busy = True
-            try:
-                self._update(task, nxt)
-            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                self._fail(task, exc)
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
-
-    def _fail(self, task: _Task, exc: BaseException) -> None:
+    # ---------------------------------------------------------------- updates
+    def _fail(self, task: UpdateTask, exc: BaseException) -> None:
         self._error = exc
         for name in task.names:
             gate = self._gates.get(name)
@@ -468,7 +462,7 @@ class OffloadedAdamW:
         rt = self.rt
         return rt.wait(rt.with_room(lambda: self.store.prefetch(record, Tier.HOST), what), what)
 
-    def _update(self, task: _Task, nxt: _Task | None) -> None:
+    def _update(self, task: UpdateTask, nxt: UpdateTask | None) -> None:
         """AdamW over the task's tensors. On the optimizer thread: chunk by chunk, reading chunk j+1 while
         updating chunk j. Inline: in groups of up to the read-ahead allowance (a whole unit when the plan has
         room), one fused call per group."""
@@ -482,13 +476,13 @@ class OffloadedAdamW:
             for j, (name, k, lo, hi) in enumerate(jobs):
                 if not self.inline:
                     if j + 1 < len(jobs):
-                        self._prefetch_job(jobs[j + 1][0], jobs[j + 1][1])
+                        self.prefetch_chunk(jobs[j + 1][0], jobs[j + 1][1])
                     elif nxt is not None:
-                        self._prefetch_job(nxt.names[0], 0)
+                        self.prefetch_chunk(nxt.names[0], 0)
                     with self._cv:
                         self._ahead.discard((name, k))
                 nbytes = sum(self.store.record(r).padded for r in self._job_records(name, k)
-                             if not r.startswith("g:"))
+                             if records.kind(r) != records.SPILLED_GRAD)
                 # a master that must wait for room may be waiting for those the group holds: update them first
                 if group and (group_bytes + nbytes > group_limit or not self._master_fits(name, whole)):
                     self._apply(task, group, whole)
@@ -498,14 +492,14 @@ class OffloadedAdamW:
                 group_bytes += nbytes
             self._apply(task, group, whole)
 
-    def _gather(self, task: _Task, name: str, k: int, lo: int, hi: int, whole: dict) -> tuple:
+    def _gather(self, task: UpdateTask, name: str, k: int, lo: int, hi: int, whole: dict) -> tuple:
         """(name, chunk, lo, hi, master, gradient, exp_avg, exp_avg_sq) of one chunk, its state read."""
         rt = self.rt
         held = self._grads[name]
         if rt.master_is_compute:
             if name not in whole:
                 self._admit_master(name)
-                whole[name] = self._fetch(f"p:{name}", f"master {name!r} for its update").view(-1)
+                whole[name] = self._fetch(records.master(name), f"master {name!r} for its update").view(-1)
             p = whole[name][lo:hi]
         else:
             p = self._fetch(rt.master_records(name)[k], f"master chunk {k} of {name!r}")
@@ -519,7 +513,7 @@ class OffloadedAdamW:
             g.mul_(task.coef)
         return name, k, lo, hi, p, g, m, v
 
-    def _apply(self, task: _Task, group: list[tuple], whole: dict) -> None:
+    def _apply(self, task: UpdateTask, group: list[tuple], whole: dict) -> None:
         """One AdamW call over the gathered chunks; their state goes home, finished tensors open their gates."""
         from torch.optim.adam import adam
 
@@ -575,7 +569,7 @@ class OffloadedAdamW:
             handed = self._masters.pop(name, None)
             self._cv.notify_all()
         if handed is not None:
-            self.rt.track_write(self.store.evict(f"p:{name}"))
+            self.rt.track_write(self.store.evict(records.master(name)))
 
     def _master_fits(self, name: str, whole: dict) -> bool:
         """Whether ``name``'s whole fp32 master can be held now without waiting (see :meth:`_admit_master`)."""
@@ -618,7 +612,7 @@ class OffloadedAdamW:
         self.steps[name] += 1
         self.updated_params += self.tensors[name].numel
         if master is not None:
-            record = f"p:{name}"
+            record = records.master(name)
             self.store.mark_dirty(record)
             if name in rt.retained:
                 # written back, and kept for the next forward in the device tier (see the planner's

@@ -21,7 +21,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from terastack.llm.units import _Call
+from terastack.llm.units import UnitCall, install_units
 from terastack.plan.llm_planner import ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
@@ -37,7 +37,7 @@ class _Recorder:
         self.calls: dict[int, tuple] = {}
 
     def run(self, unit, args, kwargs):
-        call = _Call(args, kwargs)
+        call = UnitCall(args, kwargs)
         floating_in = [i for i, a in enumerate(call.flat) if isinstance(a, torch.Tensor) and a.requires_grad]
         meta_flat = []
         for a in call.flat:
@@ -95,26 +95,20 @@ class _Recorder:
         return call.rebuild(real)
 
 
-def profile_model(trainer_like, *, batch: int, seq_len: int, compute_bytes: int, name: str,
+def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
                   calibrate: bool = False, device: torch.device | None = None) -> ModelProfile:
-    """Profile the wrapped skeleton (units already replaced by StreamedUnits) at ``batch`` x ``seq_len``."""
-    rt = trainer_like.runtime
-    model = trainer_like.model
-    units = rt.units
+    """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
+    places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own."""
     rec = _Recorder()
-    rt.profiler = rec
-    try:
-        ids = torch.zeros(batch, seq_len, dtype=torch.long)
-        with torch.enable_grad():
-            model(input_ids=ids, use_cache=False)
-    finally:
-        rt.profiler = None
+    install_units(model, units, rec)
+    ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    with torch.enable_grad():
+        model(input_ids=ids, use_cache=False)
     order = rec.order + [u.index for u in units if u.index not in rec.records]
     missing = [units[i].path for i in order if i not in rec.records]
     if missing:
         raise RuntimeError(f"profile: units {missing[:3]} never ran in the model's forward")
     times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes) if calibrate else {}
-    tensors = rt.tensors
     owner: dict[str, int] = {}
     for i in order:
         for cname in units[i].tensors.values():
@@ -217,11 +211,8 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
     """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
     layers and the second one repeated: decoder layers of one model are identical."""
     import copy
-    from types import SimpleNamespace
 
-    from terastack.llm.model import build_skeleton, find_units, set_submodule
-    from terastack.llm.runtime import StepRuntime
-    from terastack.llm.units import StreamedUnit
+    from terastack.llm.model import build_skeleton, find_units
 
     layers = int(getattr(hf_config, "num_hidden_layers", 0) or 0)
     small = hf_config
@@ -236,11 +227,7 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
 
         model, _ = apply_lora(model, lora)
     units, tensors = find_units(model)
-    rt = StepRuntime(store=None, units=units, tensors=tensors, plan=None, policies={}, compute_dtype=dtype,
-                     timeout=60.0)
-    for unit in units:
-        set_submodule(model, unit.path, StreamedUnit(unit, rt))
-    profile = profile_model(SimpleNamespace(runtime=rt, model=model), batch=batch, seq_len=seq_len,
+    profile = profile_model(model, units, tensors, batch=batch, seq_len=seq_len,
                             compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
                             calibrate=calibrate, device=device)
     return profile if small is hf_config else repeat_layers(profile, layers)

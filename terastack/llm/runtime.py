@@ -1,15 +1,5 @@
-"""The services every stage of a step shares: the store, the plan, ledgers with waiting, record names.
-
-Record names in the store (one record per tensor):
-
-=========  ====================================================================
-``p:NAME``  fp32 master of trainable parameter NAME (also its compute weight in fp32)
-``m:NAME``  AdamW exp_avg;  ``v:NAME``: exp_avg_sq
-``w:NAME``  compute copy in the compute dtype (mixed precision), or of a frozen tensor
-``g:NAME``  a gradient spilled to the SSD while the step waits for the global norm
-``a:...``   activations swapped to the SSD
-=========  ====================================================================
-"""
+"""The services every stage of a step shares: the store, the plan, ledgers with waiting, which records a
+tensor has (their names: :mod:`terastack.llm.records`)."""
 from __future__ import annotations
 
 import collections
@@ -20,36 +10,48 @@ import torch
 
 from terastack.io.errors import BudgetError
 from terastack.io.futures import Future
-from terastack.tiers import Tier
+from terastack.llm import records
+from terastack.llm.fetch import WeightFetcher
+from terastack.llm.optimizer import OffloadedAdamW
+from terastack.llm.units import UnitRunner
+from terastack.tiers import State, Tier
 
 
 class StepRuntime:
-    def __init__(self, *, store, units, tensors, plan, policies: dict[str, str], compute_dtype: torch.dtype,
-                 timeout: float):
+    """Everything a step's stages share, complete when built: the store, the plan, the weight fetcher, the unit
+    runner and the optimizer (the runtime builds the last three over itself)."""
+
+    def __init__(self, *, store, units, tensors, plan, policies: dict[str, str], order: list[int],
+                 compute_dtype: torch.dtype, timeout: float, optimizer_config, inline_updates: bool):
+        """``policies``: unit path -> activation policy; ``order``: unit indices in the order forward runs them
+        (the profile's); ``optimizer_config``: an ``OffloadedAdamW.Config``."""
         self.store = store
         self.units = units
         self.tensors = tensors
         self.plan = plan
         self.policies = policies
         self.compute_dtype = compute_dtype
-        self.device = store.device if store is not None else torch.device("cpu")
+        self.device = store.device
         self.timeout = timeout
-        self.fetcher = None
-        self.optimizer = None
-        self.runner = None
-        self.profiler = None          # set while a profile pass runs (see terastack.llm.profile)
+        self.chunk = plan.optimizer_chunk
+        #: canonical names whose updated masters stay in the device tier for the next forward (the planner's
+        #: [Note: weights kept for the next forward])
+        kept_units = set(plan.retained_units)
+        self.retained: set[str] = {c for u in units if u.path in kept_units for c in u.tensors.values()
+                                   if tensors[c].trainable and plan.state_home.get(c) == "ssd"}
         self._writes: collections.deque[Future] = collections.deque()
         self._lock = threading.Lock()
         self._stashes: dict[int, object] = {}
-        #: canonical names whose updated masters stay in the device tier for the next forward (the planner's
-        #: [Note: weights kept for the next forward])
-        self.retained: set[str] = set()
         self._act_writes: collections.deque[list] = collections.deque()
+        self.fetcher = WeightFetcher(self, units, depth=plan.prefetch_depth, order=order)
+        self.runner = UnitRunner(self)
+        self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
+                                        masters_bytes=plan.masters_bytes, writeback_bytes=plan.writeback_bytes,
+                                        read_ahead_bytes=plan.read_ahead_bytes, inline=inline_updates)
 
     # ----------------------------------------------------------- dispatch
     def run(self, unit, args, kwargs):
-        if self.profiler is not None:
-            return self.profiler.run(unit, args, kwargs)
+        """A stand-in was called (see :func:`terastack.llm.units.install_units`)."""
         return self.runner.run(unit, args, kwargs)
 
     def unit_forward(self, ctx, unit, call, xs):
@@ -87,18 +89,17 @@ class StepRuntime:
 
     def master_records(self, name: str) -> list[str]:
         if self.master_is_compute:
-            return [f"p:{name}"]
-        return [f"p:{name}#{k}" for k in range(len(self.chunk_ranges(name)))]
+            return [records.master(name)]
+        return [records.master(name, k) for k in range(len(self.chunk_ranges(name)))]
 
     def moment_records(self, name: str, which: int) -> list[str]:
-        kind = "m" if which == 1 else "v"
-        return [f"{kind}:{name}#{k}" for k in range(len(self.chunk_ranges(name)))]
+        return [records.moment(name, which, k) for k in range(len(self.chunk_ranges(name)))]
 
     def compute_record(self, name: str) -> str:
         info = self.tensors[name]
         if info.trainable and self.master_is_compute:
-            return f"p:{name}"
-        return f"w:{name}"
+            return records.master(name)
+        return records.compute(name)
 
     def compute_tier(self, record: str) -> Tier:
         """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU."""
@@ -107,11 +108,20 @@ class StepRuntime:
         return Tier.DEVICE
 
     def update_gate(self, name: str) -> Future | None:
-        return self.optimizer.update_gate(name) if self.optimizer is not None else None
+        return self.optimizer.update_gate(name)
+
+    def read_record(self, record: str) -> torch.Tensor:
+        """A CPU copy of a record; a resident working copy is read where it is and stays there."""
+        if self.store.record(record).state is State.RESIDENT:
+            return self.store.tensor(record).to("cpu", copy=True)
+        t = self.wait(self.with_room(lambda: self.store.prefetch(record, Tier.HOST), f"reading {record!r}"),
+                      f"{record!r} from the SSD").clone()
+        self.track_write(self.store.evict(record))
+        return t
 
     def write_compute_copy(self, name: str, master: torch.Tensor) -> None:
         """After an update in mixed precision: refresh the low-precision compute copy from the master."""
-        record = f"w:{name}"
+        record = records.compute(name)
         rec = self.store.record(record)
         if rec.home is Tier.HOST:
             self.wait(self.store.prefetch(record, Tier.HOST), f"compute copy {record!r}").copy_(master)
@@ -161,7 +171,7 @@ class StepRuntime:
                 raise TimeoutError(f"waited {self.timeout:.0f} s for room for {what}") from None
             return True
         opt = self.optimizer
-        if opt is not None and threading.current_thread() is not opt._thread and opt.busy():
+        if not opt.on_update_thread() and opt.busy():
             opt.wait_progress(min(1.0, max(0.0, deadline - time.monotonic())))
             return time.monotonic() < deadline
         return False

@@ -3,7 +3,7 @@
 A :class:`StreamedUnit` replaces one submodule of the skeleton. The model's
 own ``forward`` calls it with its usual arguments; it hands them to
 :class:`_UnitFunction`, whose forward and backward are the steady state of the
-step's schedule for that unit (see the trainer's [Note: the step schedule]):
+step's schedule for that unit (see [Note: the step schedule] in terastack.llm.step):
 
 forward of unit k   prefetch weights of k+1 | acquire weights of k | compute
                     (saving activations by policy) | release weights of k
@@ -28,7 +28,7 @@ from terastack import trace
 from terastack.llm.activations import ActivationStash, storage_bytes
 
 
-class _Call:
+class UnitCall:
     """A unit call's arguments, flattened: tensors needing a gradient travel through autograd, the rest are kept."""
 
     def __init__(self, args: tuple, kwargs: dict):
@@ -74,16 +74,17 @@ class _UnitFunction(torch.autograd.Function):
 
 
 class StreamedUnit(nn.Module):
-    """Stands in for one submodule; weights come from the store each time it runs."""
+    """Stands in for one submodule; weights come from the store each time it runs. A call goes to ``target``
+    (anything with ``run(unit, args, kwargs)``): the step runtime, or the profiler's recorder."""
 
-    def __init__(self, unit, runtime):
+    def __init__(self, unit, target):
         super().__init__()
         self.inner = unit.module                 # registered, so the skeleton still lists its (meta) parameters
         self.__dict__["unit"] = unit
-        self.__dict__["runtime"] = runtime
+        self.__dict__["target"] = target
 
     def forward(self, *args, **kwargs):
-        return self.runtime.run(self.unit, args, kwargs)
+        return self.target.run(self.unit, args, kwargs)
 
     def __getattr__(self, name):
         # Model code may read attributes of the module it calls (padding_idx, weight.dtype, ...).
@@ -91,6 +92,15 @@ class StreamedUnit(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["inner"], name)
+
+
+def install_units(model: nn.Module, units, target) -> None:
+    """Put a :class:`StreamedUnit` calling ``target`` at every unit's place in ``model`` (replacing the module, or
+    a stand-in installed before for another target)."""
+    from terastack.llm.model import set_submodule
+
+    for unit in units:
+        set_submodule(model, unit.path, StreamedUnit(unit, target))
 
 
 def call_unit(unit, weights: dict[str, torch.Tensor], args: tuple, kwargs: dict):
@@ -144,7 +154,7 @@ class UnitRunner:
     def run(self, unit, args: tuple, kwargs: dict):
         rt = self.rt
         rt.fetcher.observe(unit)
-        call = _Call(args, kwargs)
+        call = UnitCall(args, kwargs)
         if not torch.is_grad_enabled() or not (call.grad_idx or unit.has_trainable):
             # evaluation, or nothing to differentiate: plain streamed forward
             weights = self._acquire_forward(unit)
@@ -167,7 +177,7 @@ class UnitRunner:
         return rt.fetcher.acquire(unit, "forward")
 
     # ---------------------------------------------------------------- forward
-    def forward(self, ctx, unit, call: _Call, xs) -> list[torch.Tensor]:
+    def forward(self, ctx, unit, call: UnitCall, xs) -> list[torch.Tensor]:
         rt = self.rt
         policy = rt.policy(unit)
         ctx.runtime, ctx.unit, ctx.call, ctx.policy = rt, unit, call, policy

@@ -13,23 +13,29 @@ from .llm_helpers import batches, make_model, max_weight_diff, offloaded_train, 
 from terastack.llm import Trainer
 
 
-def test_resume_reaches_the_uninterrupted_weights(tmp_path, trainer_config):
+def test_resume_reaches_the_uninterrupted_weights(tmp_path, trainer_config, store_dirs):
+    """Also with the store spanning two directories: the checkpoint written from it resumes (into a store over
+    the same directories) and the run dirs are removed on close."""
+    from pathlib import Path
+
     make_model("gpt2", tmp_path / "model")  # tied embeddings and dropout: the RNG state is part of the state
     data = batches(5)
-    with Trainer.from_pretrained(tmp_path / "model", trainer_config(max_grad_norm=1.0)) as full:
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config(max_grad_norm=1.0, store_dir=store_dirs)) as full:
+        assert len(full.run_dirs) == len(store_dirs.split(","))
         offloaded_train(full, data[:2])
         snap = full.save_checkpoint(tmp_path / "ckpt", extra={"note": "two steps"})
         for ids in data[2:]:
             full.step(ids)
         expected = full.state_dict()
     assert snap.name == "step-00000002" and json.loads((tmp_path / "ckpt" / "LATEST").read_text())["step"] == 2
-    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(max_grad_norm=1.0)) as resumed:
+    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(max_grad_norm=1.0, store_dir=store_dirs)) as resumed:
         assert resumed.step_count == 2 and resumed.resumed_extra == {"note": "two steps"}
         for ids in data[2:]:
             resumed.step(ids)
         got = resumed.state_dict()
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[k], expected[k]) for k in got)
+    assert all(not any(Path(d).iterdir()) for d in store_dirs.split(","))  # every run dir removed
 
 
 def test_checkpoint_keeps_only_the_latest_complete_snapshot(tmp_path, trainer_config):

@@ -20,11 +20,13 @@ STEPS = 3
 
 @pytest.mark.parametrize("clip", [None, 0.5], ids=["noclip", "clip"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_family_matches_plain_adamw(family, clip, tmp_path, trainer_config):
-    # Every activation policy in one model: decoder layers cycle through keep, host, ssd, recompute.
+def test_family_matches_plain_adamw(family, clip, tmp_path, trainer_config, store_dirs):
+    # Every activation policy in one model: decoder layers cycle through keep, host, ssd, recompute; the state
+    # on the SSD (one directory, or the store spanning two).
     ref = make_model(family, tmp_path / "model")
     data = batches(STEPS)
-    cfg = trainer_config(activation_policy="keep,host,ssd,recompute", max_grad_norm=clip, state_placement="ssd")
+    cfg = trainer_config(activation_policy="keep,host,ssd,recompute", max_grad_norm=clip, state_placement="ssd",
+                         store_dir=store_dirs)
     with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
         assert set(trainer.plan.policies) == {"keep", "host", "ssd", "recompute"}
         assert trainer.plan.mode == ("deferred" if clip else "eager")

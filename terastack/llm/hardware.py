@@ -1,0 +1,63 @@
+"""The machine a trainer runs on: its device and compute dtype, its memory budgets, its measured speeds."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from terastack.memory import mem_total
+
+
+def resolve_device(device: str) -> torch.device:
+    """``TrainerConfig.device`` as a torch device ("auto": the GPU when there is one)."""
+    if device == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``TrainerConfig.dtype`` as a torch dtype ("auto": bfloat16 on a GPU, float32 on a CPU)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+def budgets(config, device: torch.device) -> tuple[int, int]:
+    """(device, host) budgets in bytes of a ``TrainerConfig``, "auto" resolved on this machine."""
+    device_budget, host_budget = config.device_budget, config.host_budget
+    if device_budget == "auto":
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            device_budget = int(free * 0.9)
+        else:
+            device_budget = 1 << 30
+    if host_budget == "auto":
+        host_budget = max(256 << 20, mem_total() // 4)
+    return int(device_budget), int(host_budget)
+
+
+def discover_hardware(config, device: torch.device):
+    """The machine the plan is made for: ``config.hardware`` (a probe file), the cached probe, or quick
+    measurements."""
+    from terastack.plan.hardware import Hardware, load_probe
+
+    if config.hardware:
+        try:
+            return Hardware.from_dict(json.loads(Path(config.hardware).read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"hardware: cannot read probe file {config.hardware} ({exc})") from None
+    hw = load_probe()
+    if hw is not None:
+        return hw
+    from terastack.probe import measure_cpu_adam, measure_cpu_flops, measure_memcpy
+
+    return Hardware(name="this machine (quick measurements; run `terastack probe` for SSD figures)", measured=True,
+                    cores=os.cpu_count() or 1, host_memory_bytes=mem_total(),
+                    cpu_flops=0.0 if config.calibrate else measure_cpu_flops(0.1, 512),
+                    memcpy_bytes_per_s=measure_memcpy(0.05, 16 << 20),
+                    cpu_adam_params_per_s=measure_cpu_adam(0.1, 1 << 20), ssd_read_bytes_per_s=1e9,
+                    ssd_write_bytes_per_s=1e9)

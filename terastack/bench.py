@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 from pathlib import Path
 
 from terastack import trace
+from terastack.commands import add_subcommands
 from terastack.reporting import dumps, environment, print_result
 
 BENCHMARKS = [
@@ -26,12 +26,6 @@ BENCHMARKS = [
 ]
 
 
-def _available(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -41,14 +35,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    for name, module, help_text in BENCHMARKS:
-        if not _available(module):
-            continue
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_bench_module=module)
-        add_common_arguments(p)
-        importlib.import_module(module).add_arguments(p)
-
+    add_subcommands(sub, BENCHMARKS, module_key="_bench_module", extra=add_common_arguments)
 
 def run(args: argparse.Namespace) -> int:
     module = importlib.import_module(args._bench_module)

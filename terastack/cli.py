@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
+
+from terastack.commands import add_subcommands
 
 #: (subcommand, module, one-line help)
 COMMANDS = [
@@ -23,13 +24,6 @@ COMMANDS = [
 ]
 
 
-def available(module: str) -> bool:
-    """Whether ``module`` is installed (a subcommand whose module is not is left out of ``--help``)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -41,13 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"terastack {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module, help_text in COMMANDS:
-        if not available(module):
-            continue
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        p.set_defaults(_parser=p)
-        importlib.import_module(module).add_arguments(p)
+    add_subcommands(sub, COMMANDS, module_key="_module")
     return parser
 
 

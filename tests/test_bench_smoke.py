@@ -7,10 +7,11 @@ import pytest
 
 from terastack import bench
 from terastack.cli import main
+from terastack.commands import available
 
 # Benchmarks whose own smoke test checks every field (and costs tens of seconds) are not run twice here.
 DEDICATED = {"dist": "tests/dist/test_bench.py"}
-AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if bench._available(module) and name not in DEDICATED]
+AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if available(module) and name not in DEDICATED]
 
 
 @pytest.mark.parametrize("name", AVAILABLE)

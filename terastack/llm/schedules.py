@@ -33,7 +33,8 @@ accelerator].
 
 Adding a schedule: subclass :class:`Schedule`, answer the three hand-offs with
 the optimizer's public operations, set ``backpressure`` / ``hands_off_masters``,
-add its mode to :data:`MODES` and to :func:`make_schedule`.
+add its mode to :data:`terastack.plan.llm_planner.MODES` (the planner must
+model it too) and to :func:`make_schedule`.
 """
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ import collections
 import threading
 from typing import Callable, Protocol
 
-# (annotations name terastack.llm.optimizer's OffloadedAdamW and UpdateTask; that module imports this one)
+# the optimizer's modes are named once, in the planner (plan/ may not import llm/, so llm imports them)
+from terastack.plan.llm_planner import MODES
 
-#: the optimizer's modes (the planner has its own copy of these names: plan/ may not import llm/)
-MODES = ("eager", "deferred", "after_backward")
+# (annotations name terastack.llm.optimizer's OffloadedAdamW and UpdateTask; that module imports this one)
 
 
 # --------------------------------------------------------------- executors

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from terastack.cli import available
+from terastack.commands import add_subcommands
 
 #: (subcommand, module, one-line help)
 PLANNERS = [
@@ -18,13 +18,7 @@ PLANNERS = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="planner", metavar="PLANNER", required=True)
-    for name, module, help_text in PLANNERS:
-        if not available(module):
-            continue
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_plan_module=module)
-        importlib.import_module(module).add_arguments(p)
-
+    add_subcommands(sub, PLANNERS, module_key="_plan_module")
 
 def run(args: argparse.Namespace) -> int:
     return int(importlib.import_module(args._plan_module).run(args) or 0)

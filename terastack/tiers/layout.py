@@ -25,7 +25,10 @@ commit. A crash at any point therefore leaves the last committed state intact.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +36,6 @@ from pathlib import Path
 from terastack.atomic import atomic_write_json
 from terastack.constants import DIRECT_ALIGN
 from terastack.io import File, IOEngine
-from terastack.io.buffers import aligned_empty
 from terastack.tiers.extents import Extent, ExtentAllocator
 from terastack.tiers.placement import PlacementPolicy
 from terastack.tiers.record import State, TensorRecord, Tier, dtype_from_name, dtype_name, tensor_nbytes
@@ -45,6 +47,20 @@ FORMAT_VERSION = 1        # one directory: the manifest as it has always been
 FORMAT_VERSION_DIRS = 2   # several directories: adds "dirs" and each entry's "dir"
 #: A data file grows by at least this much at a time (fewer fallocate calls).
 GROW_STEP = 64 << 20
+
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Deallocate a byte range of a file (it then reads back as zeros, the file keeps its size). False where
+    the file system cannot (the caller then writes zeros)."""
+    fallocate = getattr(_libc, "fallocate", None)
+    if fallocate is None:
+        return False
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    return fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0
 
 
 def data_file_name(index: int) -> str:
@@ -118,11 +134,16 @@ class StoreLayout:
 
     def _write_zeros(self, ext: Extent, until: int) -> None:
         """Zero ``ext`` up to ``until``: space that held an earlier extent's bytes must not show through a
-        tensor created as zeros. Only reused space pays for this; fresh extents are fallocated zeros."""
-        chunk = min(until - ext.offset, 4 << 20)
-        zeros = aligned_empty(chunk)  # zero-filled
-        for offset in range(ext.offset, until, chunk):
-            self.files[ext.dir].pwrite(zeros, offset, min(chunk, until - offset)).result()
+        tensor created as zeros. Only reused space pays for this; fresh extents are fallocated zeros.
+
+        Synchronous system calls, no engine future: the caller holds the store's lock, and an engine
+        completion waiting for that lock would never let a future of ours complete."""
+        fd, offset, length = self.files[ext.dir].fileno(), ext.offset, until - ext.offset
+        if punch_hole(fd, offset, length):
+            return
+        zeros = bytes(min(length, 4 << 20))
+        for start in range(offset, until, len(zeros)):
+            os.pwrite(fd, zeros[: min(len(zeros), until - start)], start)
 
     def free(self, extent: Extent) -> None:
         with self._lock:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass
 
+from terastack.configfile import config_from_dict, read_toml_table
 from terastack.dist.models import ModelSpec
 from terastack.dist.roles import AGENT_MODES, Role, RoleMap
 from terastack.dist.server import STATES, AdamWConfig
@@ -95,17 +95,14 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "config") -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown field(s) {', '.join(unknown)}")
-        return cls(**data)
+        try:
+            return config_from_dict(cls, data, what="dist config")
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike) -> "TrainConfig":
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-        return cls.from_dict(data.get("train", data), source=str(path))
+        return cls.from_dict(read_toml_table(path, "train"), source=str(path))
 
 
 FAULTS = ("kill", "hang")

@@ -6,6 +6,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
+from terastack.configfile import config_from_dict, read_toml_table
 from terastack.units import parse_bytes
 
 ACTIVATION_POLICIES = ("auto", "keep", "host", "ssd", "recompute")
@@ -157,22 +158,11 @@ class TrainerConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainerConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown trainer config fields: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(**data)
+        return config_from_dict(cls, data, what="trainer config")
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike) -> "TrainerConfig":
-        import tomllib
-
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: not valid TOML ({exc})") from None
-        data = data.get("trainer", data)
+        data = read_toml_table(path, "trainer")
         try:
             return cls.from_dict(data)
         except (TypeError, ValueError) as exc:

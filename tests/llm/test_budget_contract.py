@@ -101,7 +101,22 @@ def test_tied_mistral_without_clipping_trains_or_is_refused(tmp_path, trainer_co
             check_contract(tmp_path / "model", cfg, 257)
 
 
-SEEDS = list(range(32))
+def test_inline_update_groups_fit_the_writeback_allowance(tmp_path, trainer_config):
+    """A lean plan (small host budget) with inline updates: the host ledger stayed within the budget but above
+    the plan's formula, because an update group (up to the read-ahead allowance) was written back at once while
+    the next unit's state was read ahead; groups now fit the write-back allowance too."""
+    from transformers import OPTConfig
+
+    hf = OPTConfig(vocab_size=111, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                   word_embed_proj_dim=32, pad_token_id=2, max_position_embeddings=64, bos_token_id=0,
+                   eos_token_id=1, tie_word_embeddings=False)
+    save_model(hf, tmp_path / "model")
+    cfg = trainer_config(device_budget="8MiB", host_budget="459KiB", batch_size=1, seq_len=SEQ, inline_updates=True,
+                         optimizer_chunk=1024, state_placement="ssd", activation_policy="ssd")
+    assert check_contract(tmp_path / "model", cfg, 111) == "trained"
+
+
+SEEDS = list(range(40))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -112,7 +127,9 @@ def test_budget_contract(seed, tmp_path, trainer_config):
     host_budget = log_uniform(rng, 256 * KIB, 4 << 20)
     clip = rng.choice((None, 1.0))
     inline = rng.choice((True, False))
+    chunk = rng.choice((1024, 1 << 20))  # small chunks: tensors in several optimizer records
+    placement = rng.choice(("auto", "ssd"))
     save_model(hf, tmp_path / "model")
     cfg = trainer_config(device_budget=device_budget, host_budget=host_budget, batch_size=1, seq_len=SEQ,
-                         max_grad_norm=clip, inline_updates=inline)
+                         max_grad_norm=clip, inline_updates=inline, optimizer_chunk=chunk, state_placement=placement)
     check_contract(tmp_path / "model", cfg, hf.vocab_size)

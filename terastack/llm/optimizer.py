@@ -464,11 +464,13 @@ class OffloadedAdamW:
 
     def _update(self, task: UpdateTask, nxt: UpdateTask | None) -> None:
         """AdamW over the task's tensors. On the optimizer thread: chunk by chunk, reading chunk j+1 while
-        updating chunk j. Inline: in groups of up to the read-ahead allowance (a whole unit when the plan has
-        room), one fused call per group."""
+        updating chunk j. Inline: in groups of up to the read-ahead and write-back allowances (a whole unit when
+        the plan has room), one fused call per group."""
         rt = self.rt
         jobs = self._unit_jobs(task.names)
-        group_limit = self.read_ahead_limit if self.inline else 0
+        # a group is written back in one request vector, and the next unit's state is read ahead while it is on
+        # its way: so a group fits the write-back allowance too (with a lean plan, one chunk)
+        group_limit = min(self.read_ahead_limit, self.writeback_limit) if self.inline else 0
         with trace.span(f"adamw {task.unit}", track="optimizer", cat="optimizer", tensors=len(task.names)):
             whole: dict[str, torch.Tensor] = {}
             group: list[tuple] = []

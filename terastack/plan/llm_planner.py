@@ -79,6 +79,38 @@ def chunked_bytes(numel: int, elem: int, chunk: int) -> int:
     return full * held_bytes(chunk * elem) + (held_bytes(rest * elem) if rest else 0)
 
 
+def gradients_in_flight(profile: ModelProfile, *, slack: bool = True) -> int:
+    """Host bytes of gradients the pool must hold at once. [Note: gradients in flight]
+
+    Backward hands each unit's weight gradients to the optimizer as one batch, and a tensor's gradient stays
+    in the pool from its first contribution until its update is done. Most tensors have one user, so that is
+    one unit's gradients; a tensor several units share (tied input and output embeddings) is held from the
+    backward of its last user in forward order (the head, first in backward) to that of its first (the
+    embedding, last in backward): every unit's backward in between adds its own gradients to it. Updates
+    keep up at best (inline on the training thread; the optimizer thread when backward waits for it), so the
+    pool needs, at some unit's backward, the gradients of that unit plus those still partial: ``live`` below.
+    ``slack``: room for one more unit's completed gradients, so that backward runs on while the optimizer
+    thread still works through them (the second-largest unit, as when every tensor has one user).
+    """
+    units = profile.units
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    for i, u in enumerate(reversed(units)):  # backward order
+        for t in dict.fromkeys(u.tensors):
+            if profile.tensor_trainable[t]:
+                start.setdefault(t, i)
+                end[t] = i
+    held = [0] * len(units)      # gradients in the pool during the backward of each unit (backward order)
+    completed = [0] * len(units)  # gradients each unit's backward completes
+    for t, first in start.items():
+        nbytes = profile.tensor_numel[t] * 4
+        for i in range(first, end[t] + 1):
+            held[i] += nbytes
+        completed[end[t]] += nbytes
+    live = max(held, default=0)
+    return live + (sorted(completed, reverse=True) + [0, 0])[1] if slack else live
+
+
 @dataclass(kw_only=True, slots=True)
 class UnitProfile:
     """One streamed unit (an embedding, a decoder layer, the final norm, the head) at one batch shape."""
@@ -564,15 +596,14 @@ class LLMPlanner:
 
     def _optimizer_sizes(self, profile: ModelProfile, lean: bool) -> _OptimizerSizes:
         """Host bytes the optimizer side needs (gradient pool, chunks being updated or read ahead, chunks being
-        written back, whole fp32 masters) and the chunk size. ``lean``: one unit of slack instead of two and
+        written back, whole fp32 masters) and the chunk size. ``lean``: no unit of slack in the gradient pool and
         chunks of at most ``LEAN_CHUNK`` elements (a slower step when the optimizer falls behind backward, for host
         budgets too small for more)."""
         cfg = self.config
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
         units = profile.units
-        grads = sorted((u.trainable * 4 for u in units), reverse=True) + [0]
-        grad_pool = grads[0] + (0 if lean else grads[1])
+        grad_pool = gradients_in_flight(profile, slack=not lean)
         largest = max(profile.tensor_numel.values())
         chunk = min(cfg.optimizer_chunk, LEAN_CHUNK) if lean else cfg.optimizer_chunk
         chunk_held = min(chunk, largest)

@@ -171,3 +171,34 @@ def test_state_homes_of_one_candidate_do_not_leak_into_another():
     alone = LLMPlanner(LLMPlanner.Config(**kw)).predict(prof, CPU, five_host)
     assert second == alone
     assert second.host_peak_bytes == fixed + 60 * MiB <= kw["host_budget"]  # all state on the SSD
+
+
+def tied(prof):
+    """``prof`` with the head using the embedding's tensor (tied input and output embeddings)."""
+    units = [u if u.name != "head" else UnitProfile(**{**{f: getattr(u, f) for f in u.__slots__},
+                                                      "tensors": ("embed",), "trainable": 0})
+             for u in prof.units]
+    numel = {n: v for n, v in prof.tensor_numel.items() if n != "head"}
+    return ModelProfile(model=prof.model, batch=prof.batch, seq_len=prof.seq_len, compute_bytes=prof.compute_bytes,
+                        units=units, tensor_numel=numel, tensor_trainable={n: True for n in numel},
+                        logits_bytes=prof.logits_bytes)
+
+
+def test_gradient_pool_holds_a_tied_embedding_through_backward():
+    """A tied embedding's gradient is held from the head's backward (first) to the embedding's (last): every
+    layer's gradients arrive beside it, so the pool is at least one layer's plus the embedding's."""
+    from terastack.plan.llm_planner import gradients_in_flight
+
+    prof = profile(layers=3, params=1 << 20, vocab_params=1 << 19)
+    assert gradients_in_flight(prof, slack=False) == 4 << 20  # untied: the largest unit's gradients
+    assert gradients_in_flight(prof) == 8 << 20               # ... and the second largest's
+    t = tied(prof)
+    assert gradients_in_flight(t, slack=False) == (4 << 20) + (2 << 20)
+    assert gradients_in_flight(t) == (4 << 20) + (2 << 20) + (4 << 20)
+    # a host budget between the untied and the tied lean pool: the tied model is refused, naming the pool
+    with pytest.raises(PlanError) as refused:
+        plan(t, host_budget=1 << 20, state_placement="ssd")
+    budget = refused.value.needed - 1  # the tied model's smallest host need, less a byte
+    plan(prof, host_budget=budget, state_placement="ssd")
+    with pytest.raises(PlanError, match="host budget exceeded.*gradients in flight"):
+        plan(t, host_budget=budget, state_placement="ssd")

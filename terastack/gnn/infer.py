@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from terastack.gnn.cache import UnifiedCache
-from terastack.gnn.dataset import VERIFY_MODES, open_dataset
+from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.models import load_model
 from terastack.progress import Progress
 from terastack.units import parse_bytes
@@ -160,6 +160,7 @@ class GnnInference:
         def __post_init__(self) -> None:
             if not self.data:
                 raise ValueError("data: a dataset directory is required")
+            GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology)  # validates both
             if not self.checkpoint:
                 raise ValueError("checkpoint: a model saved by `terastack gnn train --save-model` is required")
             if not self.out and not self.embeddings:
@@ -171,10 +172,6 @@ class GnnInference:
                 raise ValueError("out, embeddings: must be different files")
             if not isinstance(self.chunk_nodes, int) or self.chunk_nodes < 1:
                 raise ValueError(f"chunk_nodes: must be an integer >= 1, got {self.chunk_nodes!r}")
-            if self.topology not in ("memory", "mmap"):
-                raise ValueError(f"topology: must be 'memory' or 'mmap', got {self.topology!r}")
-            if self.verify not in VERIFY_MODES:
-                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")
             self.host_cache = parse_bytes(self.host_cache, field="host_cache")
 

@@ -16,7 +16,7 @@ import torch
 
 from terastack import trace
 from terastack.gnn.cache import FeatureSource, UnifiedCache
-from terastack.gnn.dataset import VERIFY_MODES, open_dataset
+from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step
 from terastack.gnn.pipeline import Pipeline
@@ -142,12 +142,9 @@ class GnnTrainer:
                 raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
             if not self.lr > 0:
                 raise ValueError(f"lr: must be > 0, got {self.lr}")
-            if self.topology not in ("memory", "mmap"):
-                raise ValueError(f"topology: must be 'memory' or 'mmap', got {self.topology!r}")
+            GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology)  # validates both
             if self.save_model:
                 checkpoint_meta_path(self.save_model)  # validates the name
-            if self.verify not in VERIFY_MODES:
-                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")
             self.host_cache = parse_bytes(self.host_cache, field="host_cache")
 

@@ -12,6 +12,8 @@ from terastack.commands import available
 # Benchmarks whose own smoke test checks every field (and costs tens of seconds) are not run twice here.
 DEDICATED = {"dist": "tests/dist/test_bench.py"}
 AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if available(module) and name not in DEDICATED]
+# Ratios a benchmark must report as positive numbers, beyond its headline fields being present and finite.
+POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial")}
 
 
 @pytest.mark.parametrize("name", AVAILABLE)
@@ -25,6 +27,8 @@ def test_benchmark_smoke(name, tmp_path, capsys):
         value = result[field]
         if isinstance(value, float):
             assert math.isfinite(value), f"{name}: {field} = {value}"
+    for field in POSITIVE.get(name, ()):
+        assert result[field] > 0, f"{name}: {field} = {result[field]}"
     assert result["environment"]["versions"]["torch"]
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert any(e.get("ph") == "X" for e in trace["traceEvents"]), "trace has no spans"

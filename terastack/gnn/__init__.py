@@ -38,7 +38,8 @@ Train your own PyG model on a dataset larger than memory::
 Make a dataset with ``terastack gnn gen`` or ``terastack gnn import --from DIR`` (an OGB
 ``ogbn_*`` directory in its CSV or npz form, an IGB ``<root>/<size>`` directory, or ``.npy``
 arrays; see docs/gnn.md), or from a PyG graph in memory with ``from_pyg(data, out_dir)``; train
-from the shell with ``terastack gnn train``; ask which hardware gives the most
+from the shell with ``terastack gnn train`` (``--save-model``), predict every node with full
+neighbourhoods, layer by layer out of core, with ``terastack gnn infer``; ask which hardware gives the most
 epochs per dollar with ``terastack gnn advise``. PyG's own ``NodeLoader`` runs
 over the same storage through :mod:`terastack.gnn.pyg`.
 """
@@ -56,7 +57,8 @@ _EXPORTS = {
     "UnifiedCache": "terastack.gnn.cache", "InMemoryFeatures": "terastack.gnn.cache",
     "MmapFeatures": "terastack.gnn.cache", "FeatureSource": "terastack.gnn.cache",
     "Pipeline": "terastack.gnn.pipeline", "PipelineError": "terastack.gnn.pipeline",
-    "GNN": "terastack.gnn.models", "GnnTrainer": "terastack.gnn.train",
+    "GNN": "terastack.gnn.models", "GnnTrainer": "terastack.gnn.train", "GnnInference": "terastack.gnn.infer",
+    "save_model": "terastack.gnn.models", "load_model": "terastack.gnn.models",
     "TerastackFeatureStore": "terastack.gnn.pyg", "CSCGraphStore": "terastack.gnn.pyg",
     "PygNeighborSampler": "terastack.gnn.pyg",
     "from_pyg": "terastack.gnn.formats.pyg_data", "import_directory": "terastack.gnn.formats.detect",

@@ -1,4 +1,4 @@
-"""``terastack gnn``: gen, import, verify, train, advise."""
+"""``terastack gnn``: gen, import, verify, train, infer, advise."""
 from __future__ import annotations
 
 import argparse
@@ -59,13 +59,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--replace", action="store_true", help="sample neighbours with replacement")
     p.add_argument("--sync", action="store_true", help="no overlap: sample, gather, train one after another")
     p.add_argument("--depth", type=int, default=1, help="batches each pipeline queue holds")
-    p.add_argument("--eval-nodes", type=int, default=4096, help="test nodes to evaluate (-1: all, 0: none)")
+    p.add_argument("--eval-nodes", type=int, default=4096,
+                   help="validation and test nodes (each) scored after every epoch (-1: all, 0: none)")
+    p.add_argument("--save-model", metavar="PATH", default="",
+                   help="write the trained model's weights to PATH (e.g. model.pt) and its description to "
+                        "PATH with a .json suffix, for `terastack gnn infer`")
     p.add_argument("--verify", default="stamp", choices=["stamp", "full", "size"])
     p.add_argument("--topology", default="memory", choices=["memory", "mmap"],
                    help="read the CSC topology into memory, or map it (pages come from SSD on demand)")
     p.add_argument("--device", default="auto")
     _threads_arg(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
+    _common(p)
+
+    p = sub.add_parser("infer", help="predict every node with a trained model: layer-wise, full neighbourhoods, "
+                                     "out of core")
+    p.add_argument("--data", required=True, help="dataset directory")
+    p.add_argument("--checkpoint", required=True, help="weights saved by `terastack gnn train --save-model`")
+    p.add_argument("--out", default="", help="predictions (argmax, int64, one per node) as .npy")
+    p.add_argument("--embeddings", default="", help="the last layer's output (logits, float32) as .npy")
+    p.add_argument("--chunk-nodes", type=int, default=8192, help="destination nodes computed at a time")
+    p.add_argument("--device-cache", default="0", help="device-tier cache budget for the input features")
+    p.add_argument("--host-cache", default="256MiB", help="host-tier cache budget for the input features")
+    p.add_argument("--work-dir", default="", help="where layer outputs are written between layers "
+                   "(default: beside --out)")
+    p.add_argument("--topology", default="memory", choices=["memory", "mmap"])
+    p.add_argument("--verify", default="stamp", choices=["stamp", "full", "size"])
+    _threads_arg(p)
     _common(p)
 
     p = sub.add_parser("advise", help="predict epoch time and recommend hardware by throughput per cost (TPC)")
@@ -113,7 +133,8 @@ def _training_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"gen": _gen, "import": _import, "verify": _verify, "train": _train, "advise": _advise}[args.gnn_command](args)
+    return {"gen": _gen, "import": _import, "verify": _verify, "train": _train, "infer": _infer,
+            "advise": _advise}[args.gnn_command](args)
 
 
 def _emit(result: dict, as_json: bool, lines) -> None:
@@ -177,9 +198,8 @@ def _train(args) -> int:
                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                             device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
                             replace=args.replace, overlap=not args.sync, depth=args.depth,
-                            eval_nodes=args.eval_nodes, verify=args.verify, topology=args.topology,
-                            device=args.device,
-                            progress=not args.quiet)
+                            eval_nodes=args.eval_nodes, save_model=args.save_model, verify=args.verify,
+                            topology=args.topology, device=args.device, progress=not args.quiet)
     _set_threads(args.threads)
     if args.trace:
         trace.tracer.start()
@@ -198,9 +218,35 @@ def _train(args) -> int:
     for e in result["epochs"]:
         lines.append(f"epoch {e['epoch']}: {e['seconds']:.2f} s, {e['batches_per_s']:.1f} batches/s, "
                      f"loss {e['loss_mean']:.4f}, hits device {e['device_hit_rate']:.1%} host {e['host_hit_rate']:.1%} "
-                     f"miss {e['miss_rate']:.1%}, SSD {e['ssd_GBps']:.3f} GB/s")
-    if result["accuracy"] is not None:
-        lines.append(f"test accuracy {result['accuracy']:.4f}")
+                     f"miss {e['miss_rate']:.1%}, SSD {e['ssd_GBps']:.3f} GB/s{_accuracies(e)}")
+    if not result["epochs"] and (result["val_acc"] is not None or result["test_acc"] is not None):
+        lines.append(f"untrained model:{_accuracies(result)}")
+    if result["checkpoint"]:
+        lines.append(f"model saved to {result['checkpoint']}")
+    _emit(result, args.json, lines)
+    return 0
+
+
+def _accuracies(r: dict) -> str:
+    return "".join(f", {name} acc {r[key]:.4f}" for name, key in (("val", "val_acc"), ("test", "test_acc"))
+                   if r.get(key) is not None)
+
+
+def _infer(args) -> int:
+    from terastack.gnn.infer import GnnInference
+
+    cfg = GnnInference.Config(data=args.data, checkpoint=args.checkpoint, out=args.out, embeddings=args.embeddings,
+                              chunk_nodes=args.chunk_nodes, device_cache=args.device_cache,
+                              host_cache=args.host_cache, work_dir=args.work_dir, topology=args.topology,
+                              verify=args.verify, progress=not args.quiet)
+    _set_threads(args.threads)
+    result = GnnInference(cfg).run()
+    per_layer = ", ".join(f"{la['seconds']:.2f} s" for la in result["layers"])
+    lines = [f"{result['dataset']['nodes']} nodes, {len(result['layers'])} layers in {result['seconds']:.2f} s "
+             f"({per_layer}); input rows from the cache {1 - result['input_reads']['miss_rate']:.1%}"]
+    lines += [f"{name} written to {result[name]}" for name in ("out", "embeddings") if result[name]]
+    if result["out"]:
+        lines.append(f"full-neighbourhood accuracy:{_accuracies(result)[1:]}")
     _emit(result, args.json, lines)
     return 0
 

@@ -5,10 +5,19 @@ batch like any PyG model, which is what lets a user bring their own.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
 MODELS = ("sage", "gcn", "gat")
+CHECKPOINT_FORMAT = "terastack-gnn-model"
+CHECKPOINT_VERSION = 1
+_META_MAX_BYTES = 1 << 20
 
 
 class GNN(torch.nn.Module):
@@ -26,6 +35,9 @@ class GNN(torch.nn.Module):
         if kind == "gat" and hidden % heads:
             raise ValueError(f"hidden: must be a multiple of heads ({heads}) for gat, got {hidden}")
         self.kind, self.dropout = kind, dropout
+        #: the constructor's arguments: what a checkpoint needs to rebuild the model (see save_model)
+        self.config = {"kind": kind, "in_dim": in_dim, "hidden": hidden, "out_dim": out_dim,
+                       "num_layers": num_layers, "heads": heads, "dropout": dropout}
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         convs = []
         for i in range(num_layers):
@@ -65,3 +77,76 @@ def eval_step(model: torch.nn.Module, data) -> tuple[int, int]:
     model.eval()
     pred = model(data.x.float(), data.edge_index)[: data.batch_size].argmax(dim=-1)
     return int((pred == data.y[: data.batch_size]).sum()), int(data.batch_size)
+
+
+# ------------------------------------------------------------------ checkpoints
+# [Note: model checkpoints]
+# A checkpoint is two files: PATH holds the state_dict written by torch.save (read back only with
+# torch.load(weights_only=True), so loading runs no code from the file), and PATH with its suffix
+# replaced by .json holds what rebuilds the model (GNN's constructor arguments), the weights' size and
+# SHA-256, and whatever the caller adds (the training configuration, the dataset it was trained on).
+# Both are written atomically, the weights first: a JSON file always names complete weights.
+
+
+def checkpoint_meta_path(path: str | os.PathLike) -> Path:
+    """The JSON file beside a checkpoint's weights (``model.pt`` -> ``model.json``)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        raise ValueError(f"checkpoint: {path} ends in .json, which is the name of its description file; "
+                         "give the weights another suffix (e.g. .pt)")
+    return path.with_suffix(".json")
+
+
+def save_model(model: GNN, path: str | os.PathLike, **extra) -> Path:
+    """Write ``model``'s weights to ``path`` and its description to :func:`checkpoint_meta_path`."""
+    from terastack.atomic import atomic_write_bytes, atomic_write_json
+
+    path = Path(path)
+    meta_path = checkpoint_meta_path(path)
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
+    data = buf.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, data)
+    atomic_write_json(meta_path, {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": model.config,
+                                  "weights": path.name, "bytes": len(data),
+                                  "sha256": hashlib.sha256(data).hexdigest(), **extra})
+    return path
+
+
+def load_model(path: str | os.PathLike) -> tuple[GNN, dict]:
+    """The model saved by :func:`save_model` at ``path`` (on the CPU, in eval mode) and its description."""
+    from terastack.atomic import safe_relative
+
+    path = Path(path)
+    meta_path = checkpoint_meta_path(path)
+    for p in (path, meta_path):
+        if not p.is_file():
+            raise ValueError(f"checkpoint: {p} does not exist (written by `terastack gnn train --save-model`)")
+    if meta_path.stat().st_size > _META_MAX_BYTES:
+        raise ValueError(f"{meta_path}: {meta_path.stat().st_size} bytes is too large for a checkpoint description")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{meta_path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{meta_path}: not a terastack GNN checkpoint description (format != {CHECKPOINT_FORMAT})")
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"{meta_path}: version {meta.get('version')!r} is not supported ({CHECKPOINT_VERSION})")
+    if safe_relative(path.parent, str(meta.get("weights", ""))) != path.resolve():
+        raise ValueError(f"{meta_path}: describes weights {meta.get('weights')!r}, not {path.name}")
+    data = path.read_bytes()
+    if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        raise ValueError(f"{path}: size or SHA-256 differs from {meta_path.name} (a damaged or replaced file)")
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    cfg = meta.get("model")
+    keys = ("kind", "in_dim", "hidden", "out_dim", "num_layers", "heads", "dropout")
+    if not isinstance(cfg, dict) or set(cfg) != set(keys):
+        raise ValueError(f"{meta_path}: 'model' must have exactly the fields {', '.join(keys)}")
+    model = GNN(cfg["kind"], cfg["in_dim"], cfg["hidden"], cfg["out_dim"], cfg["num_layers"], heads=cfg["heads"],
+                dropout=cfg["dropout"])
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"{path}: weights do not fit the model in {meta_path.name}: {exc}") from None
+    return model.eval(), meta

@@ -2,7 +2,9 @@
 
 The steps are the Python API's, in order: open (and verify) the dataset, build
 the sampler, pre-sample to count hotness, place and fill the unified cache,
-then train epochs through the pipeline and evaluate on the test split.
+then train epochs through the pipeline, scoring each on the validation and
+test splits (sampled inference, at most ``eval_nodes`` nodes of each), and
+optionally save the model (see terastack.gnn.models [Note: model checkpoints]).
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ import torch
 
 from terastack import trace
 from terastack.gnn.cache import FeatureSource, UnifiedCache
-from terastack.gnn.dataset import VERIFY_MODES, open_dataset
+from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.hotness import presample
-from terastack.gnn.models import MODELS, GNN, eval_step, train_step
+from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step
 from terastack.gnn.pipeline import Pipeline
 from terastack.gnn.sampler import NeighborSampler, parse_fanouts
 from terastack.progress import Progress
@@ -113,8 +115,10 @@ class GnnTrainer:
         #: False: sample, gather and train one after another (no overlap)
         overlap: bool = True
         depth: int = 1
-        #: test nodes to evaluate on after training (0: none, -1: the whole test split)
+        #: validation and test nodes (each) to evaluate on after every epoch (0: none, -1: the whole splits)
         eval_nodes: int = 4096
+        #: write the trained model here (weights; its description beside it as .json), "" for nowhere
+        save_model: str = ""
         presample_epochs: int = 2
         verify: str = "stamp"
         #: "memory": topology read into RAM; "mmap": topology pages read from SSD on demand
@@ -138,10 +142,9 @@ class GnnTrainer:
                 raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
             if not self.lr > 0:
                 raise ValueError(f"lr: must be > 0, got {self.lr}")
-            if self.topology not in ("memory", "mmap"):
-                raise ValueError(f"topology: must be 'memory' or 'mmap', got {self.topology!r}")
-            if self.verify not in VERIFY_MODES:
-                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
+            GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology)  # validates both
+            if self.save_model:
+                checkpoint_meta_path(self.save_model)  # validates the name
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")
             self.host_cache = parse_bytes(self.host_cache, field="host_cache")
 
@@ -167,16 +170,30 @@ class GnnTrainer:
             torch.manual_seed(cfg.seed)
             model = GNN(cfg.model, ds.feat_dim, cfg.hidden, ds.num_classes, len(cfg.fanouts)).to(pipeline.device)
             optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-            epochs = fit(pipeline, model, optimizer, train_ids, batch_size=cfg.batch_size, epochs=cfg.epochs,
-                         progress=cfg.progress)
-            test = ds.splits["test"]
-            accuracy = None
-            if cfg.eval_nodes and len(test):
-                ids = test if cfg.eval_nodes < 0 else test[: cfg.eval_nodes]
-                accuracy = evaluate(pipeline, model, ids, batch_size=cfg.batch_size)
+            # Evaluation nodes: the first eval_nodes of each split, the same ones after every epoch.
+            held_out = {name: ds.splits[name] if cfg.eval_nodes < 0 else ds.splits[name][: cfg.eval_nodes]
+                        for name in ("val", "test") if cfg.eval_nodes and len(ds.splits[name])}
+
+            def scores() -> dict:
+                return {f"{k}_acc": evaluate(pipeline, model, ids, batch_size=cfg.batch_size)
+                        for k, ids in held_out.items()}
+
+            epochs = []
+            for epoch in range(cfg.epochs):  # train an epoch, then score it on the validation and test nodes
+                result = train_epoch(pipeline, model, optimizer, train_ids, batch_size=cfg.batch_size, epoch=epoch,
+                                     progress=cfg.progress)
+                epochs.append({**result, "val_acc": None, "test_acc": None, **scores()})
+            final = {k: epochs[-1][k] for k in ("val_acc", "test_acc")} if epochs else \
+                {"val_acc": None, "test_acc": None, **scores()}
             cache_info = cache.describe()
         finally:
             cache.close()
+        checkpoint = None
+        if cfg.save_model:
+            checkpoint = str(save_model(model, cfg.save_model, dataset={
+                "root": str(ds.root), "nodes": ds.num_nodes, "feat_dim": ds.feat_dim, "classes": ds.num_classes},
+                training={"fanouts": list(cfg.fanouts), "epochs": cfg.epochs, "lr": cfg.lr, "seed": cfg.seed},
+                val_acc=final["val_acc"], test_acc=final["test_acc"]))
         losses = [loss for e in epochs for loss in e["losses"]]
         return {
             "dataset": {"root": str(ds.root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
@@ -190,6 +207,9 @@ class GnnTrainer:
             "setup_seconds": {"open": opened - t0, "presample": presampled - opened, "cache_fill": cache.fill_seconds},
             "epochs": [{k: v for k, v in e.items() if k != "losses"} for e in epochs],
             "loss_curve": losses,
-            "accuracy": accuracy,
+            "accuracy": final["test_acc"],  # the last epoch's test accuracy (the older name of test_acc)
+            "val_acc": final["val_acc"], "test_acc": final["test_acc"],
+            "val_acc_per_epoch": [e["val_acc"] for e in epochs], "test_acc_per_epoch": [e["test_acc"] for e in epochs],
             "epoch_seconds": [e["seconds"] for e in epochs],
+            "checkpoint": checkpoint,
         }

@@ -148,9 +148,12 @@ CLAIMS: tuple[Claim, ...] = (
           baseline="synchronous batched gathering through the same engine", target=1.84,
           differs_because="training a batch on 2 CPU cores is slow next to the SSD reads it overlaps. " + HERE_2CORE),
     Claim(id="hyperion.in_memory", suite="gnn", benchmark="gnn", title="out-of-core epoch vs in-memory epoch",
-          source="paper", paper_figure="Hyperion: in-memory-like throughput; issue 4: slowdown <= 1.3",
-          paper_hardware=GPU_NVME, field="slowdown_vs_in_memory", comparison="<=", target=1.3,
-          baseline="same model, all features in memory", differs_because=HERE_2CORE),
+          source="paper", paper_figure="Hyperion: in-memory-like throughput; issue: slowdown <= 1.15 at features "
+                                       "4x the budget", paper_hardware=GPU_NVME,
+          field="slowdown_vs_in_memory_pipelined", comparison="<=", target=1.15,
+          baseline="same model, features and topology in memory, fed through the same pipeline (same sampler, "
+                   "threads, batch shapes, prefetch depth); the serial in-memory loop is "
+                   "slowdown_vs_in_memory_serial", differs_because=HERE_2CORE),
     Claim(id="hyperion.mmap", suite="gnn", benchmark="gnn", title="out-of-core epoch vs np.memmap features",
           source="project", paper_figure="issue 4: >= 3x", field="speedup_vs_mmap", target=3.0,
           baseline="features in np.memmap under the same memory budget",

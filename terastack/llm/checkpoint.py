@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -39,6 +40,7 @@ import torch
 from terastack.atomic import atomic_write_json, fsync_dir, replace_dir, safe_relative
 from terastack.constants import DIRECT_ALIGN, round_up
 from terastack.llm.hardware import resolve_device, resolve_dtype
+from terastack.llm.keys import export_layout
 from terastack.llm.layout import records_for
 
 FORMAT = "terastack.llm.checkpoint"
@@ -313,8 +315,10 @@ def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = N
             _write_safetensors(trainer, tmp / "adapter_model.safetensors", names, target)
             trainer.lora.write_config(tmp)
         else:
-            names = {n: n for n in sorted(trainer.tensors, key=lambda n: trainer.tensors[n].index)}
-            _write_safetensors(trainer, tmp / "model.safetensors", names, target)
+            # the keys and tensors transformers' save_pretrained writes ([Note: checkpoint keys])
+            groups = [(shapes, lambda run=run: run(trainer.parameter))
+                      for _, run, shapes in export_layout(trainer.model, trainer.tensors)]
+            write_safetensors_groups(tmp / "model.safetensors", groups, target)
             cfg = trainer.hf_config
             if target != torch.float32:
                 cfg.dtype = str(target).removeprefix("torch.")
@@ -330,22 +334,36 @@ def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = N
 
 def _write_safetensors(trainer, path: Path, names: dict[str, str], dtype: torch.dtype) -> None:
     """safetensors written by hand, tensor after tensor (``names``: parameter name -> key in the file)."""
+    groups = [({key: trainer.tensors[pname].shape}, lambda p=pname, k=key: {k: trainer.parameter(p)})
+              for pname, key in names.items()]
+    write_safetensors_groups(path, groups, dtype)
+
+
+def write_safetensors_groups(path: Path, groups, dtype: torch.dtype) -> None:
+    """A safetensors file written group after group: ``groups`` is a list of ({key: shape}, make) where
+    ``make()`` returns {key: tensor} for exactly those keys; only one group's tensors are in memory at a time."""
     header = {}
     offset = 0
     size = torch.empty((), dtype=dtype).element_size()
-    for pname, key in names.items():
-        info = trainer.tensors[pname]
-        n = info.numel * size
-        header[key] = {"dtype": _ST_DTYPES[dtype], "shape": list(info.shape), "data_offsets": [offset, offset + n]}
-        offset += n
+    for shapes, _ in groups:
+        for key, shape in shapes.items():
+            n = math.prod(shape) * size
+            header[key] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+            offset += n
     header["__metadata__"] = {"format": "pt"}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for pname in names:
-            f.write(_tensor_bytes(trainer.parameter(pname).to(dtype)))
+        for shapes, make in groups:
+            tensors = make()
+            for key, shape in shapes.items():
+                t = tensors[key]
+                if tuple(t.shape) != tuple(shape):
+                    raise RuntimeError(f"export: tensor {key!r} came out with shape {tuple(t.shape)}, "
+                                       f"expected {tuple(shape)}")
+                f.write(_tensor_bytes(t.to(dtype)))
         f.flush()
         os.fdatasync(f.fileno())
 

@@ -28,8 +28,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-#: Families whose results are tested against plain PyTorch training.
-TESTED_FAMILIES = ("llama", "qwen2", "gpt2", "opt")
+#: Families (transformers model_type) whose results are tested against plain PyTorch training
+#: (tests/llm/test_families.py; docs/llm.md lists them).
+TESTED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+                   "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "starcoder2")
 
 
 @dataclass(eq=False, slots=True)
@@ -106,15 +108,40 @@ def build_skeleton(hf_config, *, dtype: torch.dtype = torch.float32) -> nn.Modul
     return model
 
 
+def check_seq_len(hf_config, seq_len: int) -> None:
+    """Refuse a sequence longer than the model's positions up front. Learned position tables (GPT-2, OPT) and
+    precomputed rotary tables (GPT-J) would fail deep inside the profile pass with a raw ``IndexError``; models
+    that compute rotary angles on the fly would run, but on positions the model never saw -- refused alike, so
+    the rule is the config's own limit for every family (raise ``max_position_embeddings`` in the config, as
+    context extension with rope scaling does, to train longer)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    limit = getattr(text, "max_position_embeddings", None)
+    if isinstance(limit, int) and limit > 0 and seq_len > limit:
+        raise ValueError(f"seq_len {seq_len} > max_position_embeddings {limit} of "
+                         f"{getattr(hf_config, 'model_type', type(hf_config).__name__)}: the model has no positions "
+                         "beyond that; lower seq_len")
+
+
 def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    best = None
+    """The decoder stack: the longest ``nn.ModuleList`` (owning parameters) whose children share a class. A longer
+    list of mixed classes is a hybrid stack (Jamba's attention and Mamba layers): refused, naming the family,
+    since its layers are not interchangeable units."""
+    best = mixed = None
     for name, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(c) for c in mod}) == 1:
-            if any(True for _ in mod.parameters()) and (best is None or len(mod) > len(best[1])):
-                best = (name, mod)
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and any(True for _ in mod.parameters()):
+            if len({type(c) for c in mod}) == 1:
+                if best is None or len(mod) > len(best[1]):
+                    best = (name, mod)
+            elif mixed is None or len(mod) > len(mixed[1]):
+                mixed = (name, mod)
+    family = f"{getattr(getattr(model, 'config', None), 'model_type', '?')} ({type(model).__name__})"
+    if mixed is not None and (best is None or len(mixed[1]) > len(best[1])):
+        kinds = ", ".join(sorted({type(c).__name__ for c in mixed[1]}))
+        raise ValueError(f"{family}: its layer stack {mixed[0]!r} mixes layer kinds ({kinds}); terastack streams "
+                         "a stack of identical decoder layers, so this family is not supported yet")
     if best is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layer stack (a ModuleList of identical layers) found; "
-                         "terastack streams decoder-only causal LMs")
+        raise ValueError(f"{family}: no decoder layer stack (a ModuleList of identical layers) found; terastack "
+                         "streams decoder-only causal LMs")
     return best
 
 

@@ -21,11 +21,65 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from terastack.llm.model import check_seq_len
 from terastack.llm.units import UnitCall, install_units
 from terastack.plan.llm_planner import ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
 _MATERIALIZE_LIMIT = 64 << 20
+
+
+class _MetaGroupedMM(torch.overrides.TorchFunctionMode):
+    """[Note: mixture-of-experts on the meta device]
+    transformers 5 runs a mixture of experts' stacked expert weights through ``torch.nn.functional.grouped_mm``
+    (``config._experts_implementation == "grouped_mm"``, its default; the CPU kernel takes fp32 and plain
+    training uses it). torch's *meta* kernel of ``_grouped_mm`` only accepts bf16 ("Expected inputs of BF16
+    type"), so the profile pass, where every unit runs on meta tensors, would stop there. For meta fp32 inputs
+    this mode calls transformers' own fallback op instead (``transformers::grouped_mm_fallback``: the same
+    result shape, the same tensors saved for backward, a registered fake kernel); its FLOPs are counted by the
+    formulas below (``FlopCounterMode`` knows neither op). Training and calibration run the real kernel."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _GROUPED_MM and len(args) >= 2 and _meta_fp32(args[0], args[1]) \
+                and kwargs.get("bias") is None and kwargs.get("out_dtype") is None and hasattr(torch.ops, "transformers"):
+            offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+            return torch.ops.transformers.grouped_mm_fallback(args[0], args[1], offs=offs)
+        return func(*args, **kwargs)
+
+
+def _meta_fp32(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device.type == "meta"
+            and torch.bfloat16 not in (a.dtype, b.dtype))
+
+
+_GROUPED_MM = tuple(f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
+                    if f is not None)
+_FLOPS_REGISTERED = False
+
+
+def _register_grouped_mm_flops() -> None:
+    """FLOP formulas of transformers' grouped-mm fallback ops: (S, K) x (E, K, N) is 2*S*K*N forward, twice that
+    backward (grad of input and of weight)."""
+    global _FLOPS_REGISTERED
+    if _FLOPS_REGISTERED:
+        return
+    _FLOPS_REGISTERED = True
+    try:
+        import transformers.integrations.moe  # noqa: F401 - registers the ops
+        fwd_op = torch.ops.transformers.grouped_mm_fallback
+        bwd_op = torch.ops.transformers.grouped_mm_fallback_backward
+    except (ImportError, AttributeError):
+        return
+    from torch.utils.flop_counter import register_flop_formula
+
+    @register_flop_formula(fwd_op)
+    def _fwd(a_shape, b_shape, *_, **__) -> int:
+        return 2 * math.prod(a_shape) * b_shape[-1]
+
+    @register_flop_formula(bwd_op)
+    def _bwd(a_shape, b_shape, *_, **__) -> int:
+        return 4 * math.prod(a_shape) * b_shape[-1]
 
 
 class _Recorder:
@@ -63,7 +117,8 @@ class _Recorder:
 
         m_args, m_kwargs = pytree.tree_unflatten(meta_flat, call.spec)
         keep = []  # saved tensors stay alive until the backward count is done (ids must not be reused)
-        with FlopCounterMode(display=False) as fc:
+        _register_grouped_mm_flops()
+        with FlopCounterMode(display=False) as fc, _MetaGroupedMM():
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: (keep.append(t), pack(t))[1],
                                                                               lambda t: t):
                 out = torch.func.functional_call(unit.module, {**leaves, **buffers}, m_args, m_kwargs,
@@ -99,6 +154,7 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
                   calibrate: bool = False, device: torch.device | None = None) -> ModelProfile:
     """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
     places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own."""
+    check_seq_len(model.config, seq_len)
     rec = _Recorder()
     install_units(model, units, rec)
     ids = torch.zeros(batch, seq_len, dtype=torch.long)

@@ -23,6 +23,7 @@ import torch
 from terastack.llm import checkpoint, layout, records
 from terastack.llm.config import MEMORY_BUDGET_ENV, TrainerConfig
 from terastack.llm.hardware import budgets, discover_hardware, resolve_device, resolve_dtype
+from terastack.llm.keys import CheckpointKeys
 from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, checkpoint_key, find_units,
                                  load_hf_config, random_init)
 from terastack.llm.profile import profile_model
@@ -66,6 +67,9 @@ class Trainer:
                                else bool(config.inline_updates))
         self.units, self.tensors = find_units(model)
         self.family = getattr(hf_config, "model_type", "?")
+        # checkpoint keys -> parameters, decided on the unmodified skeleton ([Note: checkpoint keys])
+        self._source_keys = (CheckpointKeys(model, source.keys()) if source is not None and lora is None
+                             else None)
         if self.family not in TESTED_FAMILIES:
             warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
                           f"({', '.join(TESTED_FAMILIES)}); units were found generically", stacklevel=3)
@@ -360,24 +364,36 @@ class Trainer:
         if source is None:
             for name, tensor in random_init(self.model, self.units, self.tensors, self.config.seed):
                 layout.put_initial(self.runtime, name, tensor, in_flight)
-        else:
-            keys = set(source.keys())
-            prefix = getattr(self.model, "base_model_prefix", "")
-            pending_lora = []
-            for name in sorted(self.tensors, key=lambda n: self.tensors[n].index):
-                key = checkpoint_key(keys, name, prefix)
-                if key is None and self.lora is not None:
-                    key = self.lora.base_key(keys, name, prefix)
-                if key is None:
-                    if self.lora is not None and self.lora.is_adapter(name):
-                        pending_lora.append(name)
-                        continue
-                    raise ValueError(f"checkpoint {source.path} has no tensor for parameter {name!r}")
-                layout.put_initial(self.runtime, name, source.get(key).to(torch.float32), in_flight)
-            if pending_lora:
-                for name, tensor in self.lora.initial_adapter(self.model, self.units, self.tensors, pending_lora,
-                                                              self.config.seed):
-                    layout.put_initial(self.runtime, name, tensor, in_flight)
+        elif self._source_keys is not None:
+            filled = set()
+            for name, tensor in self._source_keys.tensors(source.get):
+                filled.add(name)
+                layout.put_initial(self.runtime, name, tensor.to(torch.float32), in_flight)
             source.close()
+            missing = [n for n in sorted(self.tensors, key=lambda n: self.tensors[n].index) if n not in filled]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise ValueError(f"checkpoint {source.path} has no tensor for parameter {missing[0]!r}{more}")
+        else:
+            self._fill_lora(source, in_flight)
         for fut, _ in in_flight:
             self.runtime.wait(fut, "initial weights reaching the SSD")
+
+    def _fill_lora(self, source: "CheckpointReader", in_flight: list) -> None:
+        """A LoRA model's frozen base from the checkpoint (peft's names), its adapters initialized."""
+        keys = set(source.keys())
+        prefix = getattr(self.model, "base_model_prefix", "")
+        pending_lora = []
+        for name in sorted(self.tensors, key=lambda n: self.tensors[n].index):
+            key = checkpoint_key(keys, name, prefix) or self.lora.base_key(keys, name, prefix)
+            if key is None:
+                if self.lora.is_adapter(name):
+                    pending_lora.append(name)
+                    continue
+                raise ValueError(f"checkpoint {source.path} has no tensor for parameter {name!r}")
+            layout.put_initial(self.runtime, name, source.get(key).to(torch.float32), in_flight)
+        if pending_lora:
+            for name, tensor in self.lora.initial_adapter(self.model, self.units, self.tensors, pending_lora,
+                                                          self.config.seed):
+                layout.put_initial(self.runtime, name, tensor, in_flight)
+        source.close()

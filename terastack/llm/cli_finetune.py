@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps "
                    "(default: only at the end when --checkpoint is given)")
     p.add_argument("--save", default=None, metavar="DIR", help="export the trained model to DIR "
-                   "(save_pretrained format; a peft adapter with --lora)")
+                   "(save_pretrained format: config.json, model.safetensors and the model's tokenizer; a peft "
+                   "adapter with --lora)")
     p.add_argument("--show-plan", action="store_true", help="print the placement plan before training")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
@@ -107,9 +108,10 @@ def run(args: argparse.Namespace) -> int:
         import dataclasses
 
         config = dataclasses.replace(config, store_dir=scratch)
+    tokenizer = load_tokenizer(model_dir)  # None: byte tokens
     records = args.data is not None and (args.data.startswith("builtin:") or is_record_file(args.data))
     if records:
-        data = SupervisedData.load(args.data, load_tokenizer(model_dir), SupervisedData.Config(
+        data = SupervisedData.load(args.data, tokenizer, SupervisedData.Config(
             seq_len=args.seq_len, train_on_prompt=args.train_on_prompt, val_fraction=args.val_fraction))
         data_info, max_token = data.info(), data.max_token_id
     else:
@@ -187,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
                     trainer.save_checkpoint(args.checkpoint, extra={"data": data_info})
                 if args.save:
                     trainer.save_pretrained(args.save)
+                    if tokenizer is not None:  # the export loads with transformers on its own, tokenizer too
+                        tokenizer.save_pretrained(args.save)
                     print(f"exported to {args.save}", file=log)
                 hist = trainer.history[-len(losses):] if losses else []
                 tokens_done = sum(h.tokens for h in hist)

@@ -210,7 +210,13 @@ def test_finetune_on_chat_jsonl_through_the_cli(tmp_path, capsys, hardware_file,
     assert r["steps"] == 2 and len(r["losses"]) == 2 and r["data"]["format"] == "openai messages"
     assert r["data"]["tokenizer"] != "bytes" and r["data"]["records"] == 24
     assert r["val_loss_first"] > 0 and r["val_loss_last"] > 0 and "validation loss before" in captured.err
-    assert (tmp_path / "out" / "model.safetensors").exists()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tuned = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "out")).apply_chat_template(CHAT[1:3], tokenize=False) == \
+        hf_tokenizer.apply_chat_template(CHAT[1:3], tokenize=False)
+    assert tuned.config.vocab_size == 96
+    capsys.readouterr()  # transformers' loading progress
     # a malformed record: one line naming file, line and field; nothing trained or exported
     bad = write_jsonl(tmp_path / "bad.jsonl", chats[:3] + [{"messages": [{"role": "user", "content": 1}]}])
     assert main(args + ["--data", bad, "--steps", "2", "--save", str(tmp_path / "out2")]) == 2

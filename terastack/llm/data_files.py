@@ -60,8 +60,9 @@ def _json_lines_records(path: Path) -> Iterator[tuple[str, dict]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DatasetError(where, None, f"not valid JSON ({exc.msg} at column {exc.colno}); a "
-                                   f"{path.suffix} file holds one JSON object per line") from None
+                layout = "one JSON object per line" + (" or a JSON array of them" if path.suffix == ".json" else "")
+                raise DatasetError(where, None, f"not valid JSON ({exc.msg} at column {exc.colno}); the file "
+                                   f"should hold {layout}") from None
             yield _record(where, obj)
 
 

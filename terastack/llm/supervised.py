@@ -192,9 +192,17 @@ class ExampleTokenizer:
                 raise DatasetError(where, f"messages[{i}]", "the chat template does not render this "
                                    "conversation's turns as prefixes of one another; cannot find the assistant text")
             spans.append((len(start), len(end)))
-        enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
-        ids = list(enc["input_ids"])
-        trained = [any(a <= s < b for a, b in spans) for s, _ in enc["offset_mapping"]]
+        if getattr(tok, "is_fast", True):
+            enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+            ids = list(enc["input_ids"])
+            trained = [any(a <= s < b for a, b in spans) for s, _ in enc["offset_mapping"]]
+        else:  # a Python tokenizer has no offsets: count the tokens of the rendered prefixes instead
+            def count(text: str) -> int:
+                return len(tok(text, add_special_tokens=False)["input_ids"])
+
+            ids = list(tok(full, add_special_tokens=False)["input_ids"])
+            bounds = [(count(full[:a]), count(full[:b])) for a, b in spans]
+            trained = [any(a <= i < b for a, b in bounds) for i in range(len(ids))]
         return self._finish(ids, trained)
 
     def record(self, where: str, record: dict, fmt: str) -> Example:

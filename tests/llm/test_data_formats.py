@@ -61,7 +61,7 @@ def test_byte_tokenizer_masks_by_hand():
     assert ex.ids.tolist() == ex.labels.tolist() == [BOS, 97, 98, 99, EOS]
 
 
-def test_chat_template_mask_by_hand(hf_tokenizer):
+def test_chat_template_mask_by_hand(hf_tokenizer, monkeypatch):
     tok = ExampleTokenizer(hf_tokenizer)
     ex = tok.chat(CHAT)
     w = {word: i for i, word in enumerate(WORDS)}
@@ -72,6 +72,10 @@ def test_chat_template_mask_by_hand(hf_tokenizer):
     trained = {10, 11, 18, 19, 20, 21}
     assert ex.labels.tolist() == [w[s] if i in trained else IGNORE for i, s in enumerate(seq)]
     assert ex.ids[-1] == hf_tokenizer.eos_token_id
+    monkeypatch.setattr(type(hf_tokenizer), "is_fast", False)  # no offsets: the token-count path
+    slow = tok.chat(CHAT)
+    assert slow.ids.tolist() == ex.ids.tolist() and slow.labels.tolist() == ex.labels.tolist()
+    monkeypatch.undo()
     ex = tok.prompt_completion("tell me", "fine")
     assert ex.ids.tolist() == [w["tell"], w["me"], w["fine"], w["</s>"]]
     assert ex.labels.tolist() == [IGNORE, IGNORE, w["fine"], w["</s>"]]

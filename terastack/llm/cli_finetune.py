@@ -2,6 +2,8 @@
 
 With no arguments it trains the built-in ``tiny-llama`` on the running Python's standard-library sources
 (byte tokens), with a host budget of a quarter of the model's training state so most of it lives on the SSD.
+``--data`` takes a text file, a record file of instruction or chat data (JSONL, JSON, Parquet; the loss covers
+completions / assistant turns: :mod:`terastack.llm.supervised`), or ``builtin:docstrings``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Hugging Face model directory (safetensors), a config.json, or a built-in name "
                         "(default: tiny-llama, random init)")
     p.add_argument("--data", default=None,
-                   help="a text file to train on (default: this Python's standard-library sources)")
+                   help="a text file; a .jsonl/.json/.parquet file of text, prompt/completion, OpenAI messages, "
+                        "ShareGPT conversations or Alpaca records; or builtin:docstrings (signature -> docstring "
+                        "pairs from this Python's standard library). Default: this Python's standard-library sources")
+    p.add_argument("--train-on-prompt", action="store_true",
+                   help="with records: put prompts and user turns in the loss too (default: completions and "
+                        "assistant turns only)")
+    p.add_argument("--val-fraction", type=float, default=0.05,
+                   help="with records: the share held out for a validation loss before and after training "
+                        "(default 0.05; 0: none)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=4)
@@ -44,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps "
                    "(default: only at the end when --checkpoint is given)")
     p.add_argument("--save", default=None, metavar="DIR", help="export the trained model to DIR "
-                   "(save_pretrained format; a peft adapter with --lora)")
+                   "(save_pretrained format: config.json, model.safetensors and the model's tokenizer; a peft "
+                   "adapter with --lora)")
     p.add_argument("--show-plan", action="store_true", help="print the placement plan before training")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
@@ -79,7 +90,9 @@ def _config(args, *, builtin: bool, pretrained: bool, hf_config):
 def run(args: argparse.Namespace) -> int:
     from terastack import trace
     from terastack.llm.builtin import DEFAULT_MODEL, resolve_model
-    from terastack.llm.data import TokenBatches, load_tokens
+    from terastack.llm.data import TokenBatches, load_tokenizer, load_tokens
+    from terastack.llm.data_files import is_record_file
+    from terastack.llm.supervised import SupervisedData, validation_loss
     from terastack.llm.trainer import Trainer
     from terastack.memory import PeakRSS
     from terastack.progress import Progress
@@ -95,7 +108,18 @@ def run(args: argparse.Namespace) -> int:
         import dataclasses
 
         config = dataclasses.replace(config, store_dir=scratch)
-    tokens, data_info = load_tokens(args.data, model_dir)
+    tokenizer = load_tokenizer(model_dir)  # None: byte tokens
+    records = args.data is not None and (args.data.startswith("builtin:") or is_record_file(args.data))
+    if records:
+        data = SupervisedData.load(args.data, tokenizer, SupervisedData.Config(
+            seq_len=args.seq_len, train_on_prompt=args.train_on_prompt, val_fraction=args.val_fraction))
+        data_info, max_token = data.info(), data.max_token_id
+    else:
+        if args.train_on_prompt:
+            raise ValueError("--train-on-prompt: only for record files and builtin: data sets (plain text has no "
+                             "prompts)")
+        tokens, data_info = load_tokens(args.data, model_dir)
+        max_token = int(tokens.max())
     if args.trace:
         trace.tracer.start()
     log = sys.stderr
@@ -114,11 +138,16 @@ def run(args: argparse.Namespace) -> int:
                 trainer = Trainer.from_config(hf_config, config, name=spec)
             with trainer:
                 vocab = getattr(hf_config, "vocab_size", None)
-                if vocab is not None and int(tokens.max()) >= vocab:
-                    raise ValueError(f"the tokens of {data_info['source']} reach id {int(tokens.max())} but "
+                if vocab is not None and max_token >= vocab:
+                    raise ValueError(f"the tokens of {data_info['source']} reach id {max_token} but "
                                      f"{spec} has a vocabulary of {vocab}")
-                batches = TokenBatches(tokens, seq_len=args.seq_len, batch_size=args.batch_size,
-                                       seed=config.seed)
+                if records:
+                    batches = data.batches(args.batch_size, seed=config.seed)
+                    val_batches = data.val_batches(args.batch_size)
+                else:
+                    batches = TokenBatches(tokens, seq_len=args.seq_len, batch_size=args.batch_size,
+                                           seed=config.seed)
+                    val_batches = []
                 build_s = time.perf_counter() - t_build
                 state = trainer.profile.state_bytes() + trainer.profile.trainable_params * 4
                 print(f"terastack finetune: {spec} ({trainer.profile.total_params / 1e6:.1f}M parameters, "
@@ -131,6 +160,11 @@ def run(args: argparse.Namespace) -> int:
                     p = trainer.plan.prediction
                     print(f"plan: {p.bottleneck}-bound, predicted {p.step_s:.3f} s/step "
                           f"({p.tokens_per_s:.0f} tokens/s); --show-plan for the placement", file=log)
+                if records:
+                    print(data.summary(), file=log)
+                val_first = validation_loss(trainer, val_batches) if val_batches else None
+                if val_first is not None:
+                    print(f"validation loss before training: {val_first:.4f}", file=log)
                 start = trainer.step_count
                 if start >= args.steps:
                     print(f"checkpoint is at step {start}, nothing to do for --steps {args.steps}", file=log)
@@ -138,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                 losses = []
                 t0 = time.perf_counter()
                 for step in range(start, args.steps):
-                    loss = trainer.step(batches.batch(step))
+                    loss = trainer.step(**batches.step_inputs(step))
                     losses.append(loss)
                     h = trainer.history[-1]
                     progress.update(1, loss=loss, **{"tok/s": h.tokens / h.seconds,
@@ -150,10 +184,13 @@ def run(args: argparse.Namespace) -> int:
                 progress.close()
                 trainer.synchronize()
                 train_s = time.perf_counter() - t0
+                val_last = validation_loss(trainer, val_batches) if val_batches else None
                 if args.checkpoint and (not args.checkpoint_every or args.steps % args.checkpoint_every):
                     trainer.save_checkpoint(args.checkpoint, extra={"data": data_info})
                 if args.save:
                     trainer.save_pretrained(args.save)
+                    if tokenizer is not None:  # the export loads with transformers on its own, tokenizer too
+                        tokenizer.save_pretrained(args.save)
                     print(f"exported to {args.save}", file=log)
                 hist = trainer.history[-len(losses):] if losses else []
                 tokens_done = sum(h.tokens for h in hist)
@@ -162,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
                     "trainable_parameters": trainer.profile.trainable_params, "data": data_info,
                     "steps": trainer.step_count, "first_step": start, "losses": losses,
                     "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+                    "val_loss_first": val_first, "val_loss_last": val_last,
                     "tokens_per_s": tokens_done / train_s if losses else None,
                     "step_s_mean": train_s / len(losses) if losses else None, "setup_s": build_s,
                     "ssd_read_bytes_per_step": sum(h.ssd_read_bytes for h in hist) / max(1, len(hist)),
@@ -186,4 +224,6 @@ def run(args: argparse.Namespace) -> int:
                   f"SSD {format_bytes(result['ssd_read_bytes_per_step'])} read + "
                   f"{format_bytes(result['ssd_write_bytes_per_step'])} written per step; "
                   f"peak RSS +{format_bytes(result['peak_rss_bytes'])}")
+        if val_first is not None:
+            print(f"validation loss {val_first:.4f} -> {val_last:.4f} on {len(data.val)} held-out examples")
     return 0

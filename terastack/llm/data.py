@@ -56,6 +56,16 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
 
 
+def load_tokenizer(model_dir: str | None):
+    """The model directory's own tokenizer (``transformers.AutoTokenizer``), or None: byte tokens."""
+    if model_dir is None or not any(os.path.exists(os.path.join(model_dir, f))
+                                    for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 def load_tokens(data: str | None, model_dir: str | None, *, max_bytes: int = 16 << 20) -> tuple[np.ndarray, dict]:
     """Token ids of the training text and a description of where they came from (for checkpoints and --json)."""
     if data is None:
@@ -70,11 +80,8 @@ def load_tokens(data: str | None, model_dir: str | None, *, max_bytes: int = 16 
             raise ValueError(f"data file {path} is empty")
         what = f"{path} ({len(text)} bytes{', truncated' if path.stat().st_size > max_bytes else ''})"
     tokenizer = "bytes"
-    if model_dir is not None and any(os.path.exists(os.path.join(model_dir, f))
-                                     for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = load_tokenizer(model_dir)
+    if tok is not None:
         ids = np.asarray(tok(text.decode("utf-8", errors="replace"))["input_ids"], dtype=np.int64)
         tokenizer = type(tok).__name__
     else:
@@ -101,3 +108,7 @@ class TokenBatches:
         rng = np.random.default_rng([self.seed, step])
         starts = rng.integers(0, self.tokens.size - self.seq_len, self.batch_size)
         return torch.from_numpy(np.stack([self.tokens[s:s + self.seq_len] for s in starts]))
+
+    def step_inputs(self, step: int) -> dict:
+        """Keyword arguments of ``Trainer.step`` for batch ``step`` (labels are the inputs)."""
+        return {"input_ids": self.batch(step)}

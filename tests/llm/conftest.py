@@ -1,8 +1,5 @@
 """Fixtures of the LLM engine tests (helpers live in llm_helpers.py)."""
-import functools
 import json
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -40,30 +37,9 @@ def trainer_config(tmp_path, hardware_file):
     return make
 
 
-@functools.cache
-def store_spans_directories() -> bool:
-    """Whether TieredStore takes several directories as one comma-separated root (tried, not looked up by
-    version: a store built over "A,B" in a temp dir must make both A and B)."""
-    from terastack.tiers import TieredStore
-
-    with tempfile.TemporaryDirectory() as tmp:
-        a, b = Path(tmp) / "a", Path(tmp) / "b"
-        try:
-            store = TieredStore(TieredStore.Config(root=f"{a},{b}", device_budget="1MiB", host_budget="1MiB",
-                                                   device="cpu"))
-        except (ValueError, OSError, TypeError):
-            return False
-        try:
-            return a.is_dir() and b.is_dir()
-        finally:
-            store.close()
-
-
 @pytest.fixture(params=["one", "two"])
 def store_dirs(request, tmp_path):
     """``TrainerConfig.store_dir``: one directory, or two (the store spanning two SSDs)."""
     if request.param == "one":
         return str(tmp_path / "store")
-    if not store_spans_directories():
-        pytest.skip("TieredStore.Config(root=...) does not accept several comma-separated directories yet")
     return f"{tmp_path / 'ssd0'},{tmp_path / 'ssd1'}"

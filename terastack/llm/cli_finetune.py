@@ -4,10 +4,16 @@ With no arguments it trains the built-in ``tiny-llama`` on the running Python's 
 (byte tokens), with a host budget of a quarter of the model's training state so most of it lives on the SSD.
 ``--data`` takes a text file, a record file of instruction or chat data (JSONL, JSON, Parquet; the loss covers
 completions / assistant turns: :mod:`terastack.llm.supervised`), or ``builtin:docstrings``.
+
+This module maps the command line to a :class:`~terastack.llm.job_config.JobConfig` and wires the pieces:
+the data (:mod:`terastack.llm.epochs`, :mod:`terastack.llm.supervised`), the trainer, the schedule
+(:mod:`terastack.llm.lr_schedule`), the loop (:mod:`terastack.llm.finetune_loop`), the metrics
+(:mod:`terastack.llm.metrics`) and the output directory (:mod:`terastack.llm.job_output`).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -16,68 +22,114 @@ import time
 
 from terastack.units import format_bytes
 
+#: at most this many held-out rows (windows or examples) are evaluated per validation
+VAL_MAX_ROWS = 64
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
+    # Job flags default to None: "not given", so that a --config file's value stands unless the flag is given
+    # ([Note: job config resolution] in terastack.llm.job_config).
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a YAML or TOML job file: any of the settings below by name (lr, epochs, grad_accum, "
+                        "data, output...), flat or in sections, and a trainer: table of TrainerConfig fields. "
+                        "Flags given on the command line win over the file")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="settings that win over the file and the flags, e.g. lr=1e-5 epochs=2 "
+                        "trainer.calibrate=false")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", default=None,
                    help="a Hugging Face model directory (safetensors), a config.json, or a built-in name "
                         "(default: tiny-llama, random init)")
-    p.add_argument("--data", default=None,
+    g.add_argument("--data", default=None,
                    help="a text file; a .jsonl/.json/.parquet file of text, prompt/completion, OpenAI messages, "
                         "ShareGPT conversations or Alpaca records; or builtin:docstrings (signature -> docstring "
                         "pairs from this Python's standard library). Default: this Python's standard-library sources")
-    p.add_argument("--train-on-prompt", action="store_true",
+    g.add_argument("--train-on-prompt", action="store_true", default=None,
                    help="with records: put prompts and user turns in the loss too (default: completions and "
                         "assistant turns only)")
-    p.add_argument("--val-fraction", type=float, default=0.05,
-                   help="with records: the share held out for a validation loss before and after training "
-                        "(default 0.05; 0: none)")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-4; 1e-5 for a checkpoint)")
-    p.add_argument("--weight-decay", type=float, default=None)
-    p.add_argument("--max-grad-norm", type=float, default=None, help="global-norm gradient clipping")
-    p.add_argument("--device-budget", default=None, help="accelerator memory to use, e.g. 20GiB (default: auto)")
-    p.add_argument("--host-budget", default=None,
+    g.add_argument("--pack", action="store_true", default=None,
+                   help="with records: pack several short examples into one row")
+    g.add_argument("--val-data", default=None, metavar="FILE",
+                   help="validation data, in the formats of --data (at most 64 rows are evaluated)")
+    g.add_argument("--val-fraction", type=float, default=None,
+                   help="the share of --data held out for validation (records: by a hash of the example, default "
+                        "0.05; text: the end of the text, default 0)")
+    g.add_argument("--seq-len", type=int, default=None, help="tokens per row (default 128)")
+    t = p.add_argument_group("training")
+    length = t.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None, help="optimizer steps (default 20)")
+    length.add_argument("--epochs", type=float, default=None,
+                        help="passes over the training rows instead of --steps (each epoch in its own seeded order)")
+    t.add_argument("--batch-size", type=int, default=None, help="rows per micro-batch (default 4)")
+    t.add_argument("--grad-accum", type=int, default=None, metavar="N",
+                   help="micro-batches per optimizer step (default 1); the loss is the mean over their target "
+                        "tokens")
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-4; 1e-5 for a checkpoint)")
+    t.add_argument("--lr-schedule", default=None, choices=["constant", "linear", "cosine"],
+                   help="after the warmup: constant, or a linear or cosine decay to --min-lr (default constant; "
+                        "the formulas of transformers' get_*_schedule_with_warmup)")
+    warmup = t.add_mutually_exclusive_group()
+    warmup.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                        help="steps of linear warmup from 0 (default 0)")
+    warmup.add_argument("--warmup-ratio", type=float, default=None, metavar="F",
+                        help="warmup over this share of the steps (rounded up)")
+    t.add_argument("--min-lr", type=float, default=None, help="the floor of the linear/cosine decay (default 0)")
+    t.add_argument("--weight-decay", type=float, default=None)
+    t.add_argument("--max-grad-norm", type=float, default=None,
+                   help="global-norm gradient clipping (the metrics then carry grad_norm)")
+    t.add_argument("--seed", type=int, default=None, help="initialization and data order (default 0)")
+    t.add_argument("--lora", type=int, default=None, metavar="R", help="train a LoRA adapter of rank R (peft)")
+    t.add_argument("--eval-every", type=int, default=None, metavar="N",
+                   help="validation loss and perplexity every N steps (default: before training and at the end)")
+    m = p.add_argument_group("memory and storage")
+    m.add_argument("--device-budget", default=None, help="accelerator memory to use, e.g. 20GiB (default: auto)")
+    m.add_argument("--host-budget", default=None,
                    help="host memory for training state and working sets, e.g. 64GiB (default: auto; the built-in "
                         "model gets a quarter of its training state)")
-    p.add_argument("--memory-budget", default=None,
+    m.add_argument("--memory-budget", default=None,
                    help="without a GPU: one budget for both tiers, split by the planner (instead of the two above)")
-    p.add_argument("--store", default=None, help="directory on the SSD for the training state (default: temp dir)")
-    p.add_argument("--activation-policy", default=None, choices=["auto", "keep", "host", "ssd", "recompute"])
-    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--lora", type=int, default=None, metavar="R", help="train a LoRA adapter of rank R (peft)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--config", default=None, help="a TOML file of TrainerConfig fields ([trainer] table)")
-    p.add_argument("--resume", default=None, metavar="DIR", help="continue from the checkpoint in DIR")
-    p.add_argument("--checkpoint", default=None, metavar="DIR", help="write checkpoints to DIR")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="checkpoint every N steps "
-                   "(default: only at the end when --checkpoint is given)")
-    p.add_argument("--save", default=None, metavar="DIR", help="export the trained model to DIR "
-                   "(save_pretrained format: config.json, model.safetensors and the model's tokenizer; a peft "
-                   "adapter with --lora)")
-    p.add_argument("--show-plan", action="store_true", help="print the placement plan before training")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
+    m.add_argument("--store", default=None, help="directory on the SSD for the training state (default: temp dir)")
+    m.add_argument("--activation-policy", default=None, choices=["auto", "keep", "host", "ssd", "recompute"])
+    m.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16"])
+    o = p.add_argument_group("output")
+    o.add_argument("--output", "--save", dest="output", default=None, metavar="DIR",
+                   help="the result: the trained model (save_pretrained format, a peft adapter with --lora) and its "
+                        "tokenizer, metrics.jsonl and finetune.yaml (the resolved job: repeat it with --config). "
+                        "Written under DIR.partial while training and renamed to DIR when complete")
+    o.add_argument("--metrics", default=None, metavar="FILE",
+                   help="per-step metrics as JSON lines (default: DIR/metrics.jsonl with --output); also "
+                        "TensorBoard events beside it when the tensorboard package is installed")
+    o.add_argument("--checkpoint", default=None, metavar="DIR", help="write checkpoints to DIR")
+    o.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="checkpoint every N steps (default: only at the end when --checkpoint is given)")
+    o.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue from the checkpoint in DIR: the schedule and the data order go on exactly")
+    o.add_argument("--show-plan", action="store_true", help="print the placement plan before training")
+    o.add_argument("--json", action="store_true", help="print the result as JSON")
+    o.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
 
 
-def _config(args, *, builtin: bool, pretrained: bool, hf_config):
+def _trainer_config(job, *, builtin: bool, pretrained: bool, hf_config):
+    """The job's TrainerConfig: its trainer table, then the job keys that are TrainerConfig fields."""
     from terastack.llm.config import LoraSpec, TrainerConfig
 
-    base = TrainerConfig.from_toml(args.config).to_dict() if args.config else {}
-    fields = dict(base)
+    fields = dict(job.trainer)
     fields.setdefault("lr", 1e-5 if pretrained else 3e-4)
-    fields.update({"batch_size": args.batch_size, "seq_len": args.seq_len})
-    for flag, field in (("lr", "lr"), ("weight_decay", "weight_decay"), ("max_grad_norm", "max_grad_norm"),
-                        ("device_budget", "device_budget"), ("host_budget", "host_budget"),
-                        ("memory_budget", "memory_budget"), ("store", "store_dir"),
-                        ("activation_policy", "activation_policy"), ("dtype", "dtype"), ("seed", "seed")):
-        value = getattr(args, flag)
+    fields.update({"batch_size": job.batch_size, "seq_len": job.seq_len})
+    for key, name in (("lr", "lr"), ("weight_decay", "weight_decay"), ("max_grad_norm", "max_grad_norm"),
+                      ("device_budget", "device_budget"), ("host_budget", "host_budget"),
+                      ("memory_budget", "memory_budget"), ("store", "store_dir"),
+                      ("activation_policy", "activation_policy"), ("dtype", "dtype"), ("seed", "seed")):
+        value = getattr(job, key)
         if value is not None:
-            fields[field] = value
-    if args.lora is not None:
-        fields["lora"] = LoraSpec(r=args.lora, alpha=2 * args.lora)
-    if builtin and args.host_budget is None and "host_budget" not in base and args.memory_budget is None:
+            fields[name] = value
+    if job.grad_accum > 1:
+        if "grad_accum" not in {f.name for f in dataclasses.fields(TrainerConfig)}:
+            raise ValueError("--grad-accum: this terastack's Trainer has no gradient accumulation")
+        fields["grad_accum"] = job.grad_accum
+    if job.lora is not None:
+        fields["lora"] = LoraSpec(r=job.lora, alpha=2 * job.lora)
+    if builtin and "host_budget" not in fields and "memory_budget" not in fields:
         from terastack.llm.model import build_skeleton
 
         n = sum(p.numel() for p in build_skeleton(hf_config).parameters())
@@ -87,50 +139,109 @@ def _config(args, *, builtin: bool, pretrained: bool, hf_config):
     return TrainerConfig.from_dict(fields)
 
 
+def _is_records(path: str | None) -> bool:
+    from terastack.llm.data_files import is_record_file
+
+    return path is not None and (path.startswith("builtin:") or is_record_file(path))
+
+
+class _Data:
+    """The job's training rows, held-out rows and description (see [Note: the data order of a job])."""
+
+    def __init__(self, job, tokenizer, model_dir, seed: int):
+        from terastack.llm.data import load_tokens
+        from terastack.llm.epochs import TokenWindows, windows_of
+        from terastack.llm.supervised import SupervisedData
+
+        self.records = _is_records(job.data)
+        self.summary = None
+        if self.records:
+            options = {"pack": True} if job.pack else {}
+            if job.pack and "pack" not in {f.name for f in dataclasses.fields(SupervisedData.Config)}:
+                raise ValueError("--pack: this terastack's SupervisedData does not pack examples")
+            val_fraction = 0.0 if job.val_data else (0.05 if job.val_fraction is None else job.val_fraction)
+            data = SupervisedData.load(job.data, tokenizer, SupervisedData.Config(
+                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=val_fraction,
+                val_max_examples=VAL_MAX_ROWS, **options))
+            self.info, self.max_token, self.summary = data.info(), data.max_token_id, data.summary()
+            self.train = data.batches(job.batch_size, seed=seed)
+            self.rows = len(self.train.examples)
+            self.val = data.val_batches(job.batch_size)
+        else:
+            if job.train_on_prompt or job.pack:
+                raise ValueError(f"--{'train-on-prompt' if job.train_on_prompt else 'pack'}: only for record files "
+                                 "and builtin: data sets (plain text has no prompts or examples)")
+            tokens, self.info = load_tokens(job.data, model_dir)
+            cut = tokens.size - int(tokens.size * (job.val_fraction or 0))
+            self.train = TokenWindows(tokens[:cut], seq_len=job.seq_len, batch_size=job.batch_size, seed=seed)
+            self.rows = self.train.rows
+            self.val = windows_of(tokens[cut:], job.seq_len, VAL_MAX_ROWS) if cut < tokens.size else []
+            self.max_token = int(tokens.max())
+        if job.val_data:
+            self.val = self._val_data(job, tokenizer, model_dir)
+        self.val_rows = sum(ids.shape[0] for ids, _ in self.val)
+
+    @staticmethod
+    def _val_data(job, tokenizer, model_dir):
+        from terastack.llm.data import load_tokens
+        from terastack.llm.epochs import windows_of
+        from terastack.llm.supervised import SupervisedData, pad_batch
+
+        if _is_records(job.val_data):
+            val = SupervisedData.load(job.val_data, tokenizer, SupervisedData.Config(
+                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=0.0))
+            rows = val.train[:VAL_MAX_ROWS]
+            return [pad_batch(rows[i:i + job.batch_size], val.pad_id) for i in range(0, len(rows), job.batch_size)]
+        tokens, _ = load_tokens(job.val_data, model_dir)
+        return windows_of(tokens, job.seq_len, VAL_MAX_ROWS)
+
+
 def run(args: argparse.Namespace) -> int:
     from terastack import trace
     from terastack.llm.builtin import DEFAULT_MODEL, resolve_model
-    from terastack.llm.data import TokenBatches, load_tokenizer, load_tokens
-    from terastack.llm.data_files import is_record_file
-    from terastack.llm.supervised import SupervisedData, validation_loss
+    from terastack.llm.data import load_tokenizer
+    from terastack.llm.epochs import total_steps
+    from terastack.llm.finetune_loop import FinetuneLoop, LoopConfig, perplexity
+    from terastack.llm.job_config import JOB_KEYS, resolve_job, write_job_file
+    from terastack.llm.job_output import OutputDir
+    from terastack.llm.lr_schedule import LRSchedule, warmup_from_ratio
+    from terastack.llm.metrics import MetricsLog
     from terastack.llm.trainer import Trainer
     from terastack.memory import PeakRSS
-    from terastack.progress import Progress
 
-    if args.steps < 1:
-        raise ValueError(f"--steps: must be >= 1, got {args.steps}")
-    spec = args.model or DEFAULT_MODEL
+    job = resolve_job(file=args.config, flags={k: getattr(args, k) for k in JOB_KEYS if hasattr(args, k)},
+                      overrides=args.overrides or [])
+    if job.grad_accum > 1 and not hasattr(Trainer, "step_accumulated"):
+        raise ValueError("--grad-accum: this terastack's Trainer has no step_accumulated")
+    spec = job.model or DEFAULT_MODEL
     hf_config, model_dir = resolve_model(spec)
-    config = _config(args, builtin=args.model is None, pretrained=model_dir is not None, hf_config=hf_config)
+    config = _trainer_config(job, builtin=job.model is None, pretrained=model_dir is not None, hf_config=hf_config)
+    output = OutputDir(job.output) if job.output else None
     scratch = None
-    if args.store is None and "store_dir" not in (vars(args) or {}):
+    if job.store is None and "store_dir" not in job.trainer:
         scratch = tempfile.mkdtemp(prefix="terastack-finetune-")
-        import dataclasses
-
         config = dataclasses.replace(config, store_dir=scratch)
     tokenizer = load_tokenizer(model_dir)  # None: byte tokens
-    records = args.data is not None and (args.data.startswith("builtin:") or is_record_file(args.data))
-    if records:
-        data = SupervisedData.load(args.data, tokenizer, SupervisedData.Config(
-            seq_len=args.seq_len, train_on_prompt=args.train_on_prompt, val_fraction=args.val_fraction))
-        data_info, max_token = data.info(), data.max_token_id
-    else:
-        if args.train_on_prompt:
-            raise ValueError("--train-on-prompt: only for record files and builtin: data sets (plain text has no "
-                             "prompts)")
-        tokens, data_info = load_tokens(args.data, model_dir)
-        max_token = int(tokens.max())
+    data = _Data(job, tokenizer, model_dir, config.seed)
+    steps_total = total_steps(steps=job.step_count, epochs=job.epochs, rows=data.rows, batch_size=job.batch_size,
+                              grad_accum=job.grad_accum)
+    warmup = job.warmup_steps if job.warmup_steps is not None else warmup_from_ratio(job.warmup_ratio or 0.0,
+                                                                                     steps_total)
+    schedule = LRSchedule(LRSchedule.Config(kind=job.lr_schedule, lr=config.lr, total_steps=steps_total,
+                                            warmup_steps=warmup, min_lr=job.min_lr))
+    resolved = dataclasses.replace(job, lr=config.lr, seed=config.seed, resume=None)
     if args.trace:
         trace.tracer.start()
     log = sys.stderr
     try:
         with PeakRSS() as rss:
             t_build = time.perf_counter()
-            if args.resume:
-                trainer = Trainer.load_checkpoint(args.resume, config, expect_model=hf_config)
+            if job.resume:
+                trainer = Trainer.load_checkpoint(job.resume, config, expect_model=hf_config)
                 saved_data = trainer.resumed_extra.get("data", {})
-                if saved_data.get("sha256") not in (None, data_info["sha256"]):
-                    raise ValueError(f"--resume {args.resume}: the checkpoint was trained on other data "
+                if saved_data.get("sha256") not in (None, data.info["sha256"]):
+                    trainer.close()
+                    raise ValueError(f"--resume {job.resume}: the checkpoint was trained on other data "
                                      f"({saved_data.get('source')}); give the same --data")
             elif model_dir is not None:
                 trainer = Trainer.from_pretrained(model_dir, config)
@@ -138,20 +249,13 @@ def run(args: argparse.Namespace) -> int:
                 trainer = Trainer.from_config(hf_config, config, name=spec)
             with trainer:
                 vocab = getattr(hf_config, "vocab_size", None)
-                if vocab is not None and max_token >= vocab:
-                    raise ValueError(f"the tokens of {data_info['source']} reach id {max_token} but "
+                if vocab is not None and data.max_token >= vocab:
+                    raise ValueError(f"the tokens of {data.info['source']} reach id {data.max_token} but "
                                      f"{spec} has a vocabulary of {vocab}")
-                if records:
-                    batches = data.batches(args.batch_size, seed=config.seed)
-                    val_batches = data.val_batches(args.batch_size)
-                else:
-                    batches = TokenBatches(tokens, seq_len=args.seq_len, batch_size=args.batch_size,
-                                           seed=config.seed)
-                    val_batches = []
                 build_s = time.perf_counter() - t_build
                 state = trainer.profile.state_bytes() + trainer.profile.trainable_params * 4
                 print(f"terastack finetune: {spec} ({trainer.profile.total_params / 1e6:.1f}M parameters, "
-                      f"training state {format_bytes(state)}) on {data_info['source']}; "
+                      f"training state {format_bytes(state)}) on {data.info['source']}; "
                       f"device budget {format_bytes(trainer.plan.device_budget)}, host budget "
                       f"{format_bytes(trainer.plan.host_budget)}; store {trainer.run_dir}", file=log)
                 if args.show_plan:
@@ -160,53 +264,50 @@ def run(args: argparse.Namespace) -> int:
                     p = trainer.plan.prediction
                     print(f"plan: {p.bottleneck}-bound, predicted {p.step_s:.3f} s/step "
                           f"({p.tokens_per_s:.0f} tokens/s); --show-plan for the placement", file=log)
-                if records:
-                    print(data.summary(), file=log)
-                val_first = validation_loss(trainer, val_batches) if val_batches else None
-                if val_first is not None:
-                    print(f"validation loss before training: {val_first:.4f}", file=log)
-                start = trainer.step_count
-                if start >= args.steps:
-                    print(f"checkpoint is at step {start}, nothing to do for --steps {args.steps}", file=log)
-                progress = Progress(args.steps - start, label="finetune", unit="step", stream=log, log_every=5.0)
-                losses = []
-                t0 = time.perf_counter()
-                for step in range(start, args.steps):
-                    loss = trainer.step(**batches.step_inputs(step))
-                    losses.append(loss)
-                    h = trainer.history[-1]
-                    progress.update(1, loss=loss, **{"tok/s": h.tokens / h.seconds,
-                                                     "ssd r MB/s": h.ssd_read_bytes / h.seconds / 1e6,
-                                                     "ssd w MB/s": h.ssd_write_bytes / h.seconds / 1e6,
-                                                     "to device MB/s": h.device_in_bytes / h.seconds / 1e6})
-                    if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-                        trainer.save_checkpoint(args.checkpoint, extra={"data": data_info})
-                progress.close()
-                trainer.synchronize()
-                train_s = time.perf_counter() - t0
-                val_last = validation_loss(trainer, val_batches) if val_batches else None
-                if args.checkpoint and (not args.checkpoint_every or args.steps % args.checkpoint_every):
-                    trainer.save_checkpoint(args.checkpoint, extra={"data": data_info})
-                if args.save:
-                    trainer.save_pretrained(args.save)
-                    if tokenizer is not None:  # the export loads with transformers on its own, tokenizer too
-                        tokenizer.save_pretrained(args.save)
-                    print(f"exported to {args.save}", file=log)
+                if data.summary:
+                    print(data.summary, file=log)
+                print(f"{steps_total} steps of {job.grad_accum} x {job.batch_size} rows "
+                      f"({steps_total * job.grad_accum * job.batch_size / data.rows:.3g} epochs of {data.rows} "
+                      f"rows); lr {config.lr:g}, {job.lr_schedule} after {warmup} warmup steps", file=log)
+                if trainer.step_count >= steps_total:
+                    print(f"checkpoint is at step {trainer.step_count}, nothing to do for {steps_total} steps",
+                          file=log)
+                if output is not None:
+                    output.start(resuming=bool(job.resume))
+                metrics_path = job.metrics or (output.metrics_path if output is not None else None)
+                with MetricsLog(metrics_path, resume_step=trainer.step_count if job.resume else None) as metrics:
+                    loop = FinetuneLoop(
+                        trainer, data.train, schedule,
+                        LoopConfig(total_steps=steps_total, batch_size=job.batch_size, grad_accum=job.grad_accum,
+                                   rows_per_epoch=data.rows, eval_every=job.eval_every,
+                                   checkpoint_dir=job.checkpoint, checkpoint_every=job.checkpoint_every),
+                        val_batches=data.val, metrics=metrics, log=log, checkpoint_extra={"data": data.info})
+                    done = loop.run()
+                if output is not None:
+                    output.finish(trainer, tokenizer, lambda path: write_job_file(resolved, path))
+                    print(f"exported to {output.path}", file=log)
+                losses = done.losses
                 hist = trainer.history[-len(losses):] if losses else []
                 tokens_done = sum(h.tokens for h in hist)
+                evals = done.evaluations
                 result = {
                     "model": spec, "parameters": trainer.profile.total_params,
-                    "trainable_parameters": trainer.profile.trainable_params, "data": data_info,
-                    "steps": trainer.step_count, "first_step": start, "losses": losses,
-                    "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-                    "val_loss_first": val_first, "val_loss_last": val_last,
-                    "tokens_per_s": tokens_done / train_s if losses else None,
-                    "step_s_mean": train_s / len(losses) if losses else None, "setup_s": build_s,
+                    "trainable_parameters": trainer.profile.trainable_params, "data": data.info,
+                    "steps": trainer.step_count, "first_step": done.first_step, "total_steps": steps_total,
+                    "epochs": trainer.step_count * job.grad_accum * job.batch_size / data.rows,
+                    "losses": losses, "loss_first": losses[0] if losses else None,
+                    "loss_last": losses[-1] if losses else None,
+                    "val_loss_first": evals[0][1] if evals else None, "val_loss_last": evals[-1][1] if evals else None,
+                    "val_ppl_last": perplexity(evals[-1][1]) if evals else None,
+                    "evaluations": [{"step": s, "val_loss": v} for s, v in evals],
+                    "tokens_per_s": tokens_done / done.train_seconds if losses else None,
+                    "step_s_mean": done.train_seconds / len(losses) if losses else None, "setup_s": build_s,
                     "ssd_read_bytes_per_step": sum(h.ssd_read_bytes for h in hist) / max(1, len(hist)),
                     "ssd_write_bytes_per_step": sum(h.ssd_write_bytes for h in hist) / max(1, len(hist)),
                     "device_in_bytes_per_step": sum(h.device_in_bytes for h in hist) / max(1, len(hist)),
                     "plan": trainer.plan.summary(), "usage": trainer.usage(),
-                    "checkpoint": args.checkpoint, "exported": args.save,
+                    "checkpoint": job.checkpoint, "exported": job.output,
+                    "metrics": str(output.path / "metrics.jsonl") if output and not job.metrics else job.metrics,
                 }
         result["peak_rss_bytes"] = rss.peak_bytes
     finally:
@@ -224,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
                   f"SSD {format_bytes(result['ssd_read_bytes_per_step'])} read + "
                   f"{format_bytes(result['ssd_write_bytes_per_step'])} written per step; "
                   f"peak RSS +{format_bytes(result['peak_rss_bytes'])}")
-        if val_first is not None:
-            print(f"validation loss {val_first:.4f} -> {val_last:.4f} on {len(data.val)} held-out examples")
+        if evals:
+            print(f"validation loss {evals[0][1]:.4f} -> {evals[-1][1]:.4f} (perplexity "
+                  f"{result['val_ppl_last']:.4g}) on {data.val_rows} held-out rows")
     return 0

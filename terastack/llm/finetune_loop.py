@@ -116,7 +116,7 @@ class FinetuneLoop:
         return self.state.micro_batches * self.config.batch_size / self.config.rows_per_epoch
 
     # ----------------------------------------------------------------- pieces
-    def evaluate(self, result: LoopResult) -> float | None:
+    def evaluate(self, result: LoopResult, when: str | None = None) -> float | None:
         if not self.val_batches:
             return None
         loss = validation_loss(self.trainer, self.val_batches)
@@ -124,8 +124,8 @@ class FinetuneLoop:
         record = eval_record(self.state.step, loss)
         self.metrics.write(record)
         if self.log is not None:
-            print(f"validation at step {self.state.step}: loss {loss:.4f}, perplexity {record['val_ppl']:.4g}",
-                  file=self.log)
+            print(f"validation loss {when or f'at step {self.state.step}'}: {loss:.4f} (perplexity "
+                  f"{record['val_ppl']:.4g})", file=self.log)
         return loss
 
     def checkpoint(self) -> None:
@@ -147,7 +147,7 @@ class FinetuneLoop:
         c, s, trainer = self.config, self.state, self.trainer
         result = LoopResult(first_step=s.step)
         # prologue
-        self.evaluate(result)
+        self.evaluate(result, "before training" if s.step == 0 else f"at step {s.step} (resumed)")
         progress = Progress(max(0, c.total_steps - s.step), label="finetune", unit="step", stream=self.log,
                             log_every=5.0, enabled=self.log is not None)
         t0 = time.perf_counter()

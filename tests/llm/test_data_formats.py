@@ -200,6 +200,7 @@ def test_finetune_on_chat_jsonl_through_the_cli(tmp_path, capsys, hardware_file,
     model_dir = tmp_path / "model"
     make_model("llama", model_dir, layers=2)
     hf_tokenizer.save_pretrained(str(model_dir))
+    capsys.readouterr()  # what importing transformers' integrations printed (deepspeed, where installed)
     (tmp_path / "t.toml").write_text(f"[trainer]\ncalibrate = false\nhardware = {json.dumps(hardware_file)}\n"
                                      "device_budget = \"64MiB\"\nhost_budget = \"64MiB\"\n")
     words = ["hi", "there", "how", "are", "you", "fine"]

@@ -307,7 +307,8 @@ def test_validation_every_n_steps_through_the_command(tmp_path, job, capsys):
     r = json.loads(captured.out[captured.out.index("{\n"):])
     assert r["total_steps"] == 6 and r["steps"] == 6 and r["epochs"] == pytest.approx(2.0)
     assert [e["step"] for e in r["evaluations"]] == [0, 2, 4, 6]
-    assert "validation at step 4: loss" in captured.err and "perplexity" in captured.err
+    assert "validation loss before training: " in captured.err and "validation loss at step 4: " in captured.err
+    assert "perplexity" in captured.err
     lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [x["val_loss"] for x in lines if "val_loss" in x] == [e["val_loss"] for e in r["evaluations"]]
     assert [x["loss"] for x in lines if "loss" in x] == r["losses"]

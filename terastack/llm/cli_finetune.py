@@ -6,7 +6,7 @@ With no arguments it trains the built-in ``tiny-llama`` on the running Python's 
 completions / assistant turns: :mod:`terastack.llm.supervised`), or ``builtin:docstrings``.
 
 This module maps the command line to a :class:`~terastack.llm.job_config.JobConfig` and wires the pieces:
-the data (:mod:`terastack.llm.epochs`, :mod:`terastack.llm.supervised`), the trainer, the schedule
+the data (:mod:`terastack.llm.job_data`), the trainer, the schedule
 (:mod:`terastack.llm.lr_schedule`), the loop (:mod:`terastack.llm.finetune_loop`), the metrics
 (:mod:`terastack.llm.metrics`) and the output directory (:mod:`terastack.llm.job_output`).
 """
@@ -21,10 +21,6 @@ import tempfile
 import time
 
 from terastack.units import format_bytes
-
-#: at most this many held-out rows (windows or examples) are evaluated per validation
-VAL_MAX_ROWS = 64
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # Job flags default to None: "not given", so that a --config file's value stands unless the flag is given
@@ -139,63 +135,6 @@ def _trainer_config(job, *, builtin: bool, pretrained: bool, hf_config):
     return TrainerConfig.from_dict(fields)
 
 
-def _is_records(path: str | None) -> bool:
-    from terastack.llm.data_files import is_record_file
-
-    return path is not None and (path.startswith("builtin:") or is_record_file(path))
-
-
-class _Data:
-    """The job's training rows, held-out rows and description (see [Note: the data order of a job])."""
-
-    def __init__(self, job, tokenizer, model_dir, seed: int):
-        from terastack.llm.data import load_tokens
-        from terastack.llm.epochs import TokenWindows, windows_of
-        from terastack.llm.supervised import SupervisedData
-
-        self.records = _is_records(job.data)
-        self.summary = None
-        if self.records:
-            options = {"pack": True} if job.pack else {}
-            if job.pack and "pack" not in {f.name for f in dataclasses.fields(SupervisedData.Config)}:
-                raise ValueError("--pack: this terastack's SupervisedData does not pack examples")
-            val_fraction = 0.0 if job.val_data else (0.05 if job.val_fraction is None else job.val_fraction)
-            data = SupervisedData.load(job.data, tokenizer, SupervisedData.Config(
-                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=val_fraction,
-                val_max_examples=VAL_MAX_ROWS, **options))
-            self.info, self.max_token, self.summary = data.info(), data.max_token_id, data.summary()
-            self.train = data.batches(job.batch_size, seed=seed)
-            self.rows = len(self.train.examples)
-            self.val = data.val_batches(job.batch_size)
-        else:
-            if job.train_on_prompt or job.pack:
-                raise ValueError(f"--{'train-on-prompt' if job.train_on_prompt else 'pack'}: only for record files "
-                                 "and builtin: data sets (plain text has no prompts or examples)")
-            tokens, self.info = load_tokens(job.data, model_dir)
-            cut = tokens.size - int(tokens.size * (job.val_fraction or 0))
-            self.train = TokenWindows(tokens[:cut], seq_len=job.seq_len, batch_size=job.batch_size, seed=seed)
-            self.rows = self.train.rows
-            self.val = windows_of(tokens[cut:], job.seq_len, VAL_MAX_ROWS) if cut < tokens.size else []
-            self.max_token = int(tokens.max())
-        if job.val_data:
-            self.val = self._val_data(job, tokenizer, model_dir)
-        self.val_rows = sum(ids.shape[0] for ids, _ in self.val)
-
-    @staticmethod
-    def _val_data(job, tokenizer, model_dir):
-        from terastack.llm.data import load_tokens
-        from terastack.llm.epochs import windows_of
-        from terastack.llm.supervised import SupervisedData, pad_batch
-
-        if _is_records(job.val_data):
-            val = SupervisedData.load(job.val_data, tokenizer, SupervisedData.Config(
-                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=0.0))
-            rows = val.train[:VAL_MAX_ROWS]
-            return [pad_batch(rows[i:i + job.batch_size], val.pad_id) for i in range(0, len(rows), job.batch_size)]
-        tokens, _ = load_tokens(job.val_data, model_dir)
-        return windows_of(tokens, job.seq_len, VAL_MAX_ROWS)
-
-
 def run(args: argparse.Namespace) -> int:
     from terastack import trace
     from terastack.llm.builtin import DEFAULT_MODEL, resolve_model
@@ -203,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from terastack.llm.epochs import total_steps
     from terastack.llm.finetune_loop import FinetuneLoop, LoopConfig, perplexity
     from terastack.llm.job_config import JOB_KEYS, resolve_job, write_job_file
+    from terastack.llm.job_data import JobData
     from terastack.llm.job_output import OutputDir
     from terastack.llm.lr_schedule import LRSchedule, warmup_from_ratio
     from terastack.llm.metrics import MetricsLog
@@ -222,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         scratch = tempfile.mkdtemp(prefix="terastack-finetune-")
         config = dataclasses.replace(config, store_dir=scratch)
     tokenizer = load_tokenizer(model_dir)  # None: byte tokens
-    data = _Data(job, tokenizer, model_dir, config.seed)
+    data = JobData(job, tokenizer, model_dir, seed=config.seed)
     steps_total = total_steps(steps=job.step_count, epochs=job.epochs, rows=data.rows, batch_size=job.batch_size,
                               grad_accum=job.grad_accum)
     warmup = job.warmup_steps if job.warmup_steps is not None else warmup_from_ratio(job.warmup_ratio or 0.0,

@@ -267,13 +267,13 @@ def resolve_job(*, file: str | os.PathLike | None, flags: dict, overrides: list[
     """The job of [Note: job config resolution]: file < flags < ``key=value``. ``flags``: the job keys the
     command line gave (None values are ignored)."""
     from_file = read_job_file(file) if file else {}
+    if file:
+        try:  # the file's own mistakes are named with the file
+            JobConfig(**from_file)
+        except ValueError as exc:
+            raise ValueError(f"{file}: {exc}") from None
     given = {k: v for k, v in flags.items() if v is not None}
-    merged = merge_layers(from_file, given, parse_overrides(overrides))
-    where = f"{file}: " if file else ""
-    try:
-        return JobConfig(**merged)
-    except ValueError as exc:
-        raise ValueError(f"{where}{exc}") from None
+    return JobConfig(**merge_layers(from_file, given, parse_overrides(overrides)))
 
 
 def write_job_file(job: JobConfig, path: str | os.PathLike) -> None:

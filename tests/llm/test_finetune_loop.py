@@ -136,8 +136,13 @@ def test_unknown_or_bad_keys_name_the_key_and_the_file(tmp_path, capsys):
     path.write_text("steps: three\n")
     with pytest.raises(ValueError, match="job.yaml: steps: must be an integer"):
         resolve_job(file=path, flags={}, overrides=[])
-    with pytest.raises(ValueError, match="grad_accum: must be >= 1"):
-        JobConfig(grad_accum=0)
+    with pytest.raises(ValueError, match="^grad_accum: must be >= 1"):  # a flag's mistake is not the file's
+        resolve_job(file=None, flags={"grad_accum": 0}, overrides=[])
+    path.write_text("lr: 1e-4\n")
+    with pytest.raises(ValueError, match="^lr_schedule: must be one of"):
+        resolve_job(file=path, flags={}, overrides=["lr_schedule=step"])
+    with pytest.raises(ValueError, match="epochs: must be > 0"):
+        JobConfig(epochs=0)
     # through the command: one line, before any model is built
     from terastack.cli import main
 

@@ -26,6 +26,7 @@ from terastack.llm.hardware import budgets, discover_hardware, resolve_device, r
 from terastack.llm.keys import CheckpointKeys
 from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, checkpoint_key, find_units,
                                  load_hf_config, random_init)
+from terastack.llm.pretrained_dir import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.profile import profile_model
 from terastack.llm.runtime import StepRuntime
 from terastack.llm.step import eval_loss, train_step
@@ -297,10 +298,13 @@ class Trainer:
         self._check_open()
         return checkpoint.save_checkpoint(self, path, extra=extra)
 
-    def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None) -> Path:
-        """Export a directory ``transformers`` (or, for LoRA, ``peft``) loads."""
+    def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None,
+                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+        """Export a directory ``transformers`` (or, for LoRA, ``peft``) loads: ``model.safetensors``, or above
+        ``max_shard_size`` shards named and indexed as transformers' ``save_pretrained`` names them ([Note: sharded
+        export]); ``dtype``: float32 (default), bfloat16 or float16."""
         self._check_open()
-        return checkpoint.export_pretrained(self, path, dtype=dtype)
+        return checkpoint.export_pretrained(self, path, dtype=dtype, max_shard_size=max_shard_size)
 
     def progress_state(self) -> dict:
         """The trainer's own part of a checkpoint: steps taken and the CPU RNG state (dropout draws)."""

@@ -303,19 +303,6 @@ def load_hf_config(path: str | os.PathLike):
         raise ValueError(f"{path / 'config.json'} is not a usable model config ({exc})") from None
 
 
-def checkpoint_key(reader_keys: set[str], name: str, base_prefix: str) -> str | None:
-    """The checkpoint key holding canonical parameter ``name`` (with or without the base model prefix)."""
-    if name in reader_keys:
-        return name
-    if base_prefix and name.startswith(base_prefix + "."):
-        short = name[len(base_prefix) + 1:]
-        if short in reader_keys:
-            return short
-    if base_prefix and f"{base_prefix}.{name}" in reader_keys:
-        return f"{base_prefix}.{name}"
-    return None
-
-
 @contextmanager
 def materialized(modules):
     """Give the parameters of ``modules`` (not of their children) real, uninitialized CPU fp32 storage for the

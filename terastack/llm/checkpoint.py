@@ -24,6 +24,7 @@ sizes and checksums are checked before use.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -325,9 +326,9 @@ def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = N
                       for _, run, shapes in export_layout(trainer.model, trainer.tensors)]
             write_safetensors_files(tmp, groups, max_shard_size=limit,
                                     total_parameters=sum(info.numel for info in trainer.tensors.values()))
-            cfg = trainer.hf_config
-            if target != torch.float32:
-                cfg.dtype = str(target).removeprefix("torch.")
+            # the dtype the weights are written in (transformers loads in it); the trainer's config is untouched
+            cfg = copy.deepcopy(trainer.hf_config)
+            cfg.dtype = str(target).removeprefix("torch.")
             cfg.to_json_file(str(tmp / "config.json"))
         copy_tokenizer_files(getattr(trainer, "source_dir", None), tmp)
     return Path(path)

@@ -22,8 +22,6 @@ from torch import nn
 
 from terastack.llm.config import LoraSpec
 
-_PREFIX = "base_model.model."
-
 
 class LoraHandle:
     """What the trainer needs to know about the adapters of a peft-wrapped skeleton."""

@@ -110,6 +110,7 @@ def test_below_the_shard_size_one_file_and_bfloat16_loads_as_bfloat16(tmp_path, 
         t.save_pretrained(tmp_path / "bf16", dtype="bfloat16", max_shard_size="20KB")
         trained = {n: t.parameter(n) for n in t.tensors}
     assert (tmp_path / "one" / "model.safetensors").exists() and not (tmp_path / "one" / INDEX).exists()
+    assert json.loads((tmp_path / "one" / "config.json").read_text())["dtype"] == "float32"
     index = _check_sharded(tmp_path / "bf16", 20_000)
     assert index["metadata"]["total_size"] == sum(p.numel() * 2 for p in trained.values())
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"

@@ -56,6 +56,8 @@ CASES = {
     "gpt2": dict(r=4, lora_alpha=16, target_modules=["c_attn", "c_fc"]),
     # the adapted head is lm_head in the model, embed_out.weight in the file
     "gpt_neox": dict(r=2, lora_alpha=4, target_modules=["query_key_value", "lm_head"]),
+    # per-expert tensors in the file, stacked in the model: copied through as the base stores them
+    "mixtral": dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
 }
 
 
@@ -64,7 +66,7 @@ def test_merge_equals_peft_merge_and_unload(family, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     base = tmp_path / "base"
-    if family == "gpt_neox":
+    if family in ("gpt_neox", "mixtral"):
         save_family(family, base)
     else:
         make_model(family, tmp_path / "b0", layers=2)

@@ -15,6 +15,7 @@ from terastack.commands import add_subcommands
 #: (subcommand, module, one-line help)
 COMMANDS = [
     ("finetune", "terastack.llm.cli_finetune", "fine-tune a causal LM larger than memory (default: built-in tiny Llama)"),
+    ("merge", "terastack.llm.merge", "merge a LoRA adapter into its base model: a full model transformers loads"),
     ("plan", "terastack.plan.cli", "predict placement and step time for a model on given hardware"),
     ("gnn", "terastack.gnn.cli", "out-of-core GNN training: gen, import, train, advise"),
     ("dist", "terastack.dist.cli", "disaggregated sharded data parallel: train, simulate"),

@@ -24,12 +24,11 @@ sizes and checksums are checked before use.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
-import math
 import os
 import shutil
-import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,9 @@ from terastack.constants import DIRECT_ALIGN, round_up
 from terastack.llm.hardware import resolve_device, resolve_dtype
 from terastack.llm.keys import export_layout
 from terastack.llm.layout import records_for
+from terastack.llm.pretrained_dir import (DEFAULT_MAX_SHARD_SIZE, copy_tokenizer_files, staged_dir,
+                                            write_safetensors_files)
+from terastack.units import parse_bytes
 
 FORMAT = "terastack.llm.checkpoint"
 VERSION = 1
@@ -291,92 +293,42 @@ def _put_part(trainer, name: str, part: str, records: list[str], flat: torch.Ten
 
 
 # ----------------------------------------------------------------- export
-_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_EXPORT_DTYPES = {None: torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                  "float16": torch.float16}
 
 
-def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (or a peft adapter for LoRA) into ``path``, atomically.
+def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = None,
+                      max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (shards and their index above ``max_shard_size``: [Note:
+    sharded export]), or a peft adapter for LoRA, and the tokenizer files into ``path``, atomically.
 
-    Tensors are streamed one at a time into the safetensors file: the model is never whole in memory.
+    Tensors are streamed one group at a time into the safetensors files: the model is never whole in memory.
     """
-    out = Path(path)
-    trainer.synchronize()
-    target = {None: torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
-              "float16": torch.float16}.get(dtype)
+    target = _EXPORT_DTYPES.get(dtype)
     if target is None:
         raise ValueError(f"dtype: must be float32, bfloat16 or float16; got {dtype!r}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    limit = parse_bytes(max_shard_size, field="max_shard_size")
+    if limit < 1:
+        raise ValueError(f"max_shard_size: must be at least 1 byte, got {max_shard_size!r}")
+    trainer.synchronize()
+    with staged_dir(path) as tmp:
         if trainer.lora is not None:
-            names = trainer.lora.adapter_names(trainer.tensors)
-            _write_safetensors(trainer, tmp / "adapter_model.safetensors", names, target)
+            # one adapter_model.safetensors, as peft writes it (adapters are small; peft does not shard them)
+            groups = [({key: (trainer.tensors[pname].shape, target)},
+                       lambda p=pname, k=key: {k: trainer.parameter(p)})
+                      for pname, key in trainer.lora.adapter_names(trainer.tensors).items()]
+            write_safetensors_files(tmp, groups, filename="adapter_model.safetensors")
             trainer.lora.write_config(tmp)
         else:
             # the keys and tensors transformers' save_pretrained writes ([Note: checkpoint keys])
-            groups = [(shapes, lambda run=run: run(trainer.parameter))
+            groups = [({key: (shape, target) for key, shape in shapes.items()},
+                       lambda run=run: run(trainer.parameter))
                       for _, run, shapes in export_layout(trainer.model, trainer.tensors)]
-            write_safetensors_groups(tmp / "model.safetensors", groups, target)
-            cfg = trainer.hf_config
-            if target != torch.float32:
-                cfg.dtype = str(target).removeprefix("torch.")
+            write_safetensors_files(tmp, groups, max_shard_size=limit,
+                                    total_parameters=sum(info.numel for info in trainer.tensors.values()))
+            # the dtype the weights are written in (transformers loads in it); the trainer's config is untouched
+            cfg = copy.deepcopy(trainer.hf_config)
+            cfg.dtype = str(target).removeprefix("torch.")
             cfg.to_json_file(str(tmp / "config.json"))
-        _copy_tokenizer(trainer, tmp)
-        fsync_dir(tmp)
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def _write_safetensors(trainer, path: Path, names: dict[str, str], dtype: torch.dtype) -> None:
-    """safetensors written by hand, tensor after tensor (``names``: parameter name -> key in the file)."""
-    groups = [({key: trainer.tensors[pname].shape}, lambda p=pname, k=key: {k: trainer.parameter(p)})
-              for pname, key in names.items()]
-    write_safetensors_groups(path, groups, dtype)
-
-
-def write_safetensors_groups(path: Path, groups, dtype: torch.dtype) -> None:
-    """A safetensors file written group after group: ``groups`` is a list of ({key: shape}, make) where
-    ``make()`` returns {key: tensor} for exactly those keys; only one group's tensors are in memory at a time."""
-    header = {}
-    offset = 0
-    size = torch.empty((), dtype=dtype).element_size()
-    for shapes, _ in groups:
-        for key, shape in shapes.items():
-            n = math.prod(shape) * size
-            header[key] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
-            offset += n
-    header["__metadata__"] = {"format": "pt"}
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for shapes, make in groups:
-            tensors = make()
-            for key, shape in shapes.items():
-                t = tensors[key]
-                if tuple(t.shape) != tuple(shape):
-                    raise RuntimeError(f"export: tensor {key!r} came out with shape {tuple(t.shape)}, "
-                                       f"expected {tuple(shape)}")
-                f.write(_tensor_bytes(t.to(dtype)))
-        f.flush()
-        os.fdatasync(f.fileno())
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
-
-
-def _copy_tokenizer(trainer, dest: Path) -> None:
-    src = getattr(trainer, "source_dir", None)
-    if not src:
-        return
-    for fname in _TOKENIZER_FILES:
-        p = Path(src) / fname
-        if p.is_file():
-            shutil.copy2(p, dest / fname)
+        copy_tokenizer_files(getattr(trainer, "source_dir", None), tmp)
+    return Path(path)

@@ -41,12 +41,23 @@ class KeyGroup:
         """Read this group's sources with ``fetch`` (one name -> tensor) and apply the transform; {name: tensor}.
         ``renamings`` are applied to a converter's outputs (the save direction, as transformers does)."""
         transform = deepcopy(self.transform)
+        read_errors: list[BaseException] = []
+
+        def read(source: str) -> torch.Tensor:
+            try:
+                return fetch(source)
+            except BaseException as exc:
+                read_errors.append(exc)
+                raise
+
         for source, pattern, renamed in self.members:
             # a callable is read when the transform materializes its inputs (transformers' synchronous loading)
-            transform.add_tensor(renamed, source, pattern, (lambda s=source: fetch(s)))
+            transform.add_tensor(renamed, source, pattern, (lambda s=source: read(s)))
         try:
             out = transform.convert(self.first, model=model, config=model.config)
         except Exception as exc:  # noqa: BLE001 - name the transform rather than a stack inside transformers
+            if read_errors:           # reading a source failed (a missing file, a full disk): that error, as is
+                raise read_errors[0] from None
             raise ValueError(f"{model.config.model_type}: transformers' {type(self.transform).__name__} "
                              f"{self.transform!r} cannot be applied to {self.sources[:4]} one group at a time "
                              f"({type(exc).__name__}: {exc}); terastack cannot stream this checkpoint") from None

@@ -22,30 +22,29 @@ from torch import nn
 
 from terastack.llm.config import LoraSpec
 
-_PREFIX = "base_model.model."
-
 
 class LoraHandle:
     """What the trainer needs to know about the adapters of a peft-wrapped skeleton."""
 
-    def __init__(self, peft_model, spec: LoraSpec, base_path: str | None = None):
+    def __init__(self, peft_model, spec: LoraSpec, base_path: str | None = None,
+                 base_names: dict[str, str] | None = None):
         self.model = peft_model
         self.spec = spec
         self.base_path = base_path
         self.adapter = "default"
         self.peft_config = peft_model.peft_config[self.adapter]
+        #: a base parameter's name in the unwrapped model -> its name in the peft model (prefix, ``.base_layer``)
+        self.base_names = base_names or {}
+
+    def peft_name(self, base_name: str) -> str:
+        """The peft model's name of base parameter ``base_name`` (a name of the unwrapped model)."""
+        name = self.base_names.get(base_name)
+        if name is None:
+            raise ValueError(f"lora: base parameter {base_name!r} has no counterpart in the peft model")
+        return name
 
     def is_adapter(self, name: str) -> bool:
         return ".lora_" in name
-
-    def base_key(self, keys: set[str], name: str, prefix: str) -> str | None:
-        """The base checkpoint key of a frozen parameter (peft adds a prefix and ``.base_layer``)."""
-        if self.is_adapter(name) or not name.startswith(_PREFIX):
-            return None
-        from terastack.llm.model import checkpoint_key
-
-        base = name[len(_PREFIX):].replace(".base_layer.", ".")
-        return checkpoint_key(keys, base, prefix or getattr(self.model.get_base_model(), "base_model_prefix", ""))
 
     def file_key(self, name: str) -> str:
         """The key of adapter tensor ``name`` in a peft adapter file."""
@@ -121,6 +120,24 @@ def _local_prefix(root: nn.Module, target: nn.Module) -> str:
     raise KeyError("module not inside its unit")
 
 
+def default_target_modules(model) -> list[str] | str:
+    """peft's default LoRA targets for the model's family. peft gets no default through for the MoE families
+    transformers 5 converts (its config conversion turns a missing target list into an empty one), so terastack
+    passes the default explicitly; for a family peft lists none for (Qwen3-MoE), the attention query and value
+    projections -- peft's default of every Llama-like family -- when the model has modules of those names."""
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    model_type = getattr(model.config, "model_type", None)
+    targets = DEFAULTS.get(model_type)
+    if targets is not None:
+        return targets if isinstance(targets, str) else list(targets)
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if {"q_proj", "v_proj"} <= leaves:
+        return ["q_proj", "v_proj"]
+    raise ValueError(f"lora.target_modules: peft has no default target modules for {model_type}; name the modules "
+                     "to adapt (lora.target_modules in the [trainer.lora] table of a --config file)")
+
+
 def apply_lora(model, spec: LoraSpec, *, base_path: str | None = None):
     """Wrap the skeleton with peft LoRA adapters; returns (peft model, LoraHandle)."""
     try:
@@ -128,19 +145,29 @@ def apply_lora(model, spec: LoraSpec, *, base_path: str | None = None):
     except ImportError as exc:
         raise ValueError("lora: needs the peft package (pip install 'terastack[llm]')") from exc
     kwargs = {"r": spec.r, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "task_type": "CAUSAL_LM"}
+    targets = spec.target_modules
     if spec.init_from:
         cfg_path = Path(spec.init_from) / "adapter_config.json"
         if not cfg_path.exists():
             raise FileNotFoundError(f"lora.init_from: {cfg_path} does not exist")
         saved = json.loads(cfg_path.read_text())
         kwargs.update(r=saved.get("r", spec.r), lora_alpha=saved.get("lora_alpha", spec.alpha),
-                      lora_dropout=saved.get("lora_dropout", spec.dropout),
-                      target_modules=saved.get("target_modules"))
-    elif spec.target_modules != "auto":
-        kwargs["target_modules"] = list(spec.target_modules)
+                      lora_dropout=saved.get("lora_dropout", spec.dropout))
+        targets = saved.get("target_modules") or "auto"
+    if targets == "auto":
+        targets = default_target_modules(model)
+    kwargs["target_modules"] = targets if isinstance(targets, str) else list(targets)
+    # the base parameters keep their objects inside peft's wrappers: identity maps the unwrapped names to peft's
+    unwrapped: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        unwrapped.setdefault(id(p), name)
     try:
         peft_model = get_peft_model(model, LoraConfig(**kwargs))
     except ValueError as exc:
         raise ValueError(f"lora: {exc}") from None
     peft_model.train()
-    return peft_model, LoraHandle(peft_model, spec, base_path)
+    wrapped: dict[int, str] = {}
+    for name, p in peft_model.named_parameters(remove_duplicate=False):
+        wrapped.setdefault(id(p), name)
+    base_names = {name: wrapped[i] for i, name in unwrapped.items() if i in wrapped}
+    return peft_model, LoraHandle(peft_model, spec, base_path, base_names)

@@ -269,17 +269,31 @@ class CheckpointReader:
     def keys(self) -> list[str]:
         return list(self.files)
 
-    def get(self, key: str) -> torch.Tensor:
+    def _handle(self, path: Path):
         from safetensors import safe_open
 
-        path = self.files[key]
         handle = self._handles.get(path)
+        if handle is None:
+            if not path.exists():
+                raise FileNotFoundError(f"checkpoint shard {path} (named in the index) is missing")
+            handle = self._handles[path] = safe_open(str(path), framework="pt")
+        return handle
+
+    def get(self, key: str) -> torch.Tensor:
+        path = self.files[key]
         try:
-            if handle is None:
-                if not path.exists():
-                    raise FileNotFoundError(f"checkpoint shard {path} (named in the index) is missing")
-                handle = self._handles[path] = safe_open(str(path), framework="pt")
-            return handle.get_tensor(key)
+            return self._handle(path).get_tensor(key)
+        except (FileNotFoundError, KeyError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"checkpoint file {path}: tensor {key!r} cannot be read ({exc})") from None
+
+    def info(self, key: str) -> tuple[tuple[int, ...], str]:
+        """(shape, safetensors dtype name such as "BF16") of tensor ``key``, from the file's header alone."""
+        path = self.files[key]
+        try:
+            view = self._handle(path).get_slice(key)
+            return tuple(view.get_shape()), view.get_dtype()
         except (FileNotFoundError, KeyError):
             raise
         except Exception as exc:  # noqa: BLE001
@@ -301,19 +315,6 @@ def load_hf_config(path: str | os.PathLike):
         return AutoConfig.from_pretrained(str(path))
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(f"{path / 'config.json'} is not a usable model config ({exc})") from None
-
-
-def checkpoint_key(reader_keys: set[str], name: str, base_prefix: str) -> str | None:
-    """The checkpoint key holding canonical parameter ``name`` (with or without the base model prefix)."""
-    if name in reader_keys:
-        return name
-    if base_prefix and name.startswith(base_prefix + "."):
-        short = name[len(base_prefix) + 1:]
-        if short in reader_keys:
-            return short
-    if base_prefix and f"{base_prefix}.{name}" in reader_keys:
-        return f"{base_prefix}.{name}"
-    return None
 
 
 @contextmanager

@@ -24,8 +24,9 @@ from terastack.llm import checkpoint, layout, records
 from terastack.llm.config import MEMORY_BUDGET_ENV, TrainerConfig
 from terastack.llm.hardware import budgets, discover_hardware, resolve_device, resolve_dtype
 from terastack.llm.keys import CheckpointKeys
-from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, checkpoint_key, find_units,
+from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, find_units,
                                  load_hf_config, random_init)
+from terastack.llm.pretrained_dir import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.profile import profile_model
 from terastack.llm.runtime import StepRuntime
 from terastack.llm.step import eval_loss, train_step
@@ -52,7 +53,8 @@ class Trainer:
     :meth:`load_checkpoint`."""
 
     def __init__(self, model, hf_config, config: TrainerConfig, *, name: str, source: "CheckpointReader | None",
-                 resume_state: dict | None = None, lora=None, source_dir: str | None = None):
+                 source_keys: CheckpointKeys | None = None, resume_state: dict | None = None, lora=None,
+                 source_dir: str | None = None):
         self.config = config
         self.source_dir = source_dir          # tokenizer files are copied from here on export
         self.resumed_extra: dict = {}         # what the writer of a resumed checkpoint stored with it
@@ -67,9 +69,13 @@ class Trainer:
                                else bool(config.inline_updates))
         self.units, self.tensors = find_units(model)
         self.family = getattr(hf_config, "model_type", "?")
-        # checkpoint keys -> parameters, decided on the unmodified skeleton ([Note: checkpoint keys])
-        self._source_keys = (CheckpointKeys(model, source.keys()) if source is not None and lora is None
-                             else None)
+        # checkpoint keys -> parameters, decided on the unmodified skeleton ([Note: checkpoint keys]); with LoRA
+        # the caller decides them on a skeleton peft did not wrap
+        if source is not None and source_keys is None:
+            if lora is not None:
+                raise ValueError("a LoRA trainer's base checkpoint needs its keys decided on the unwrapped model")
+            source_keys = CheckpointKeys(model, source.keys())
+        self._source_keys = source_keys
         if self.family not in TESTED_FAMILIES:
             warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
                           f"({', '.join(TESTED_FAMILIES)}); units were found generically", stacklevel=3)
@@ -152,13 +158,19 @@ class Trainer:
         config = config or TrainerConfig()
         hf_config = load_hf_config(path)
         reader = CheckpointReader(path)
-        model = build_skeleton(hf_config, dtype=resolve_dtype(config.dtype, resolve_device(config.device)))
+        dtype = resolve_dtype(config.dtype, resolve_device(config.device))
+        model = build_skeleton(hf_config, dtype=dtype)
+        keys = CheckpointKeys(model, reader.keys())
         lora = None
         if config.lora is not None:
             from terastack.llm.lora import apply_lora
 
-            model, lora = apply_lora(model, config.lora, base_path=str(path))
-        return cls(model, hf_config, config, name=str(path), source=reader, lora=lora, source_dir=str(path))
+            # The frozen base loads through the same key conversions as a full fine-tune, decided above on an
+            # unwrapped skeleton: peft wraps a skeleton of its own, so conversions that look a parameter up by its
+            # name in the model (a split sized like its targets) never see peft's names.
+            model, lora = apply_lora(build_skeleton(hf_config, dtype=dtype), config.lora, base_path=str(path))
+        return cls(model, hf_config, config, name=str(path), source=reader, source_keys=keys, lora=lora,
+                   source_dir=str(path))
 
     @classmethod
     def from_config(cls, hf_config, config: TrainerConfig | None = None, *, name: str | None = None) -> "Trainer":
@@ -297,10 +309,13 @@ class Trainer:
         self._check_open()
         return checkpoint.save_checkpoint(self, path, extra=extra)
 
-    def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None) -> Path:
-        """Export a directory ``transformers`` (or, for LoRA, ``peft``) loads."""
+    def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None,
+                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+        """Export a directory ``transformers`` (or, for LoRA, ``peft``) loads: ``model.safetensors``, or above
+        ``max_shard_size`` shards named and indexed as transformers' ``save_pretrained`` names them ([Note: sharded
+        export]); ``dtype``: float32 (default), bfloat16 or float16."""
         self._check_open()
-        return checkpoint.export_pretrained(self, path, dtype=dtype)
+        return checkpoint.export_pretrained(self, path, dtype=dtype, max_shard_size=max_shard_size)
 
     def progress_state(self) -> dict:
         """The trainer's own part of a checkpoint: steps taken and the CPU RNG state (dropout draws)."""
@@ -364,36 +379,29 @@ class Trainer:
         if source is None:
             for name, tensor in random_init(self.model, self.units, self.tensors, self.config.seed):
                 layout.put_initial(self.runtime, name, tensor, in_flight)
-        elif self._source_keys is not None:
-            filled = set()
-            for name, tensor in self._source_keys.tensors(source.get):
-                filled.add(name)
-                layout.put_initial(self.runtime, name, tensor.to(torch.float32), in_flight)
-            source.close()
-            missing = [n for n in sorted(self.tensors, key=lambda n: self.tensors[n].index) if n not in filled]
-            if missing:
-                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-                raise ValueError(f"checkpoint {source.path} has no tensor for parameter {missing[0]!r}{more}")
         else:
-            self._fill_lora(source, in_flight)
+            self._fill_from(source, in_flight)
         for fut, _ in in_flight:
             self.runtime.wait(fut, "initial weights reaching the SSD")
 
-    def _fill_lora(self, source: "CheckpointReader", in_flight: list) -> None:
-        """A LoRA model's frozen base from the checkpoint (peft's names), its adapters initialized."""
-        keys = set(source.keys())
-        prefix = getattr(self.model, "base_model_prefix", "")
-        pending_lora = []
-        for name in sorted(self.tensors, key=lambda n: self.tensors[n].index):
-            key = checkpoint_key(keys, name, prefix) or self.lora.base_key(keys, name, prefix)
-            if key is None:
-                if self.lora.is_adapter(name):
-                    pending_lora.append(name)
-                    continue
-                raise ValueError(f"checkpoint {source.path} has no tensor for parameter {name!r}")
-            layout.put_initial(self.runtime, name, source.get(key).to(torch.float32), in_flight)
-        if pending_lora:
-            for name, tensor in self.lora.initial_adapter(self.model, self.units, self.tensors, pending_lora,
-                                                          self.config.seed):
-                layout.put_initial(self.runtime, name, tensor, in_flight)
+    def _fill_from(self, source: "CheckpointReader", in_flight: list) -> None:
+        """The weights from the checkpoint, through transformers' key conversions; a LoRA model's frozen base
+        alike (under peft's names), its adapters initialized (peft's initialization or ``lora.init_from``)."""
+        lora = self.lora
+        filled = set()
+        for name, tensor in self._source_keys.tensors(source.get):
+            name = lora.peft_name(name) if lora is not None else name
+            filled.add(name)
+            layout.put_initial(self.runtime, name, tensor.to(torch.float32), in_flight)
         source.close()
+        ordered = sorted(self.tensors, key=lambda n: self.tensors[n].index)
+        adapters = [n for n in ordered if lora is not None and lora.is_adapter(n)]
+        adapter_set = set(adapters)
+        missing = [n for n in ordered if n not in filled and n not in adapter_set]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ValueError(f"checkpoint {source.path} has no tensor for parameter {missing[0]!r}{more}")
+        if adapters:
+            for name, tensor in lora.initial_adapter(self.model, self.units, self.tensors, adapters,
+                                                     self.config.seed):
+                layout.put_initial(self.runtime, name, tensor, in_flight)

@@ -3,18 +3,32 @@ import pytest
 import torch
 
 from .llm_helpers import batches, make_model, offloaded_train, reference_train
+from .test_families import save_family
 from terastack.llm import LoraSpec, Trainer
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+#: peft's own default targets, named for Mixtral: under transformers 5 peft turns a missing target list of an MoE
+#: family into an empty one (terastack names the default itself, lora.default_target_modules)
+_TARGETS = {"mixtral": ["q_proj", "v_proj"]}
+
+
+def _save_base(family: str, path) -> None:
+    if family in ("llama", "gpt2"):
+        make_model(family, path)
+    else:  # GPT-NeoX: head stored as embed_out.weight; Mixtral: per-expert tensors stacked in the model
+        save_family(family, path)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "mixtral"])
 def test_lora_matches_peft_in_memory(family, tmp_path, trainer_config):
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    make_model(family, tmp_path / "base")
+    _save_base(family, tmp_path / "base")
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"))
-    ref = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM"))
+    ref = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
+                                          target_modules=_TARGETS.get(family)))
     with torch.no_grad():  # non-zero B so the adapters change the output from the first step
         for n, p in ref.named_parameters():
             if "lora_B" in n:
@@ -58,3 +72,30 @@ def test_lora_with_peft_initialization_and_checkpoint(tmp_path, trainer_config):
         for ids in data[1:]:
             r.step(ids)
         assert all(torch.equal(r.parameter(n), expected[n]) for n in names)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_lora_default_targets_on_mixture_of_experts(family, tmp_path, trainer_config):
+    """``--lora R`` on an MoE base: peft's default targets (the attention query and value projections where peft
+    lists none), the stacked experts loaded through transformers' conversions and left frozen."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    save_family(family, tmp_path / "base")
+    data = batches(2)
+    with Trainer.from_pretrained(tmp_path / "base", trainer_config(lora=LoraSpec(r=2, alpha=4))) as t:
+        adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in t.tensors if ".lora_" in n}
+        assert adapted == {"q_proj", "v_proj"}
+        experts = next(n for n in t.tensors if n.endswith("experts.gate_up_proj"))
+        before = t.parameter(experts)
+        losses = offloaded_train(t, data)
+        assert all(torch.isfinite(torch.tensor(losses)))
+        assert torch.equal(t.parameter(experts), before)  # frozen
+        b = next(n for n in t.tensors if "lora_B" in n)
+        assert t.parameter(b).abs().sum() > 0  # the adapters trained
+        t.save_pretrained(tmp_path / "adapter")
+        ids = data[0]
+        expected = t.loss(ids)
+    base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"))
+    loaded = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    assert loaded(input_ids=ids, labels=ids).loss.item() == pytest.approx(expected, abs=1e-5)

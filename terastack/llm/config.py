@@ -65,6 +65,9 @@ class TrainerConfig:
     #: micro-batches per optimizer step (``Trainer.step_accumulated``); the plan holds their gradient sums within
     #: the budgets (see terastack.llm.accumulate's [Note: gradient accumulation])
     grad_accum: int = 1
+    #: batches pack several examples per row (``position_ids`` restarting at each example): the plan counts the
+    #: block-diagonal attention mask such rows bring, and packed rows are refused without it
+    packed: bool = False
     #: "auto" (the planner chooses per layer), one policy for every decoder layer ("keep", "host", "ssd",
     #: "recompute"), a comma-separated cycle of them over the decoder layers, or one policy per unit (a list)
     activation_policy: str | tuple = "auto"

@@ -95,8 +95,10 @@ class Trainer:
             self._move_skeleton_buffers()
         # ---- plan
         self.hardware = discover_hardware(config, self.device)
+        if config.packed:
+            check_packing(hf_config, where="packed")
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
-                                     seq_len=config.seq_len,
+                                     seq_len=config.seq_len, packed=config.packed,
                                      compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
                                      name=name, calibrate=config.calibrate, device=self.device)
         self.planner, self.plan = self._make_plan()
@@ -321,6 +323,10 @@ class Trainer:
                 # restarts inside a row: packed examples, which need the block-diagonal mask transformers
                 # derives from position ids only when no 2D mask is given
                 check_packing(self.hf_config, where=f"{prefix}position_ids")
+                if not self.config.packed:
+                    raise ValueError(f"{prefix}position_ids: packed rows (positions restarting inside a row), but "
+                                     "the plan was made for unpacked batches; set TrainerConfig.packed=True (the "
+                                     "attention mask of packed rows takes activation memory the plan must count)")
                 if attention_mask is not None:
                     raise ValueError(f"{prefix}attention_mask: packed rows (position_ids restarting inside a row) "
                                      "take no attention mask; the attention within each example comes from the "

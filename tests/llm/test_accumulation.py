@@ -249,7 +249,7 @@ def test_packed_loss_equals_examples_run_separately(family, tmp_path, trainer_co
         expected = total / n_total
         assert ref(input_ids=ids, labels=labels, position_ids=pos, use_cache=False).loss.item() == \
             pytest.approx(expected, abs=1e-5)
-    with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as trainer:
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config(packed=True)) as trainer:
         trainer.model.eval()
         assert trainer.loss(ids, labels, position_ids=pos) == pytest.approx(expected, abs=1e-5)
         # without the restarting positions the examples would see each other: a different loss
@@ -275,7 +275,7 @@ def test_step_on_packed_data_equals_plain_training(tmp_path, trainer_config):
     assert (first["position_ids"][:, 1:] - first["position_ids"][:, :-1] != 1).any()  # rows hold several examples
     assert data.batches(BATCH, seed=3).step_inputs(5)["input_ids"].equal(batches.step_inputs(5)["input_ids"])
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01)
-    with Trainer.from_pretrained(tmp_path / "bytes", trainer_config(grad_accum=2)) as trainer:
+    with Trainer.from_pretrained(tmp_path / "bytes", trainer_config(grad_accum=2, packed=True)) as trainer:
         for step in range(2):
             inputs = batches.step_inputs(step)
             loss = trainer.step(**inputs)
@@ -298,6 +298,8 @@ def test_packing_refused_where_attention_would_cross_examples(tmp_path, trainer_
     save_model(hf, tmp_path / "model")
     with pytest.raises(ValueError, match="pack: .*not for opt"):
         check_packing(hf)
+    with pytest.raises(ValueError, match="packed: .*not for opt"):
+        Trainer.from_pretrained(tmp_path / "model", trainer_config(packed=True))
     rows = pack_rows(random_examples(4, seed=3), SEQ)[:1]
     ids, labels, pos = packed_batch(rows, pad_id=2)
     with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as trainer:
@@ -308,5 +310,23 @@ def test_packing_refused_where_attention_would_cross_examples(tmp_path, trainer_
     llama = tiny_config("llama", 1)
     save_model(llama, tmp_path / "llama")
     with Trainer.from_pretrained(tmp_path / "llama", trainer_config(store_dir=str(tmp_path / "s2"))) as trainer:
+        with pytest.raises(ValueError, match="position_ids: packed rows .*TrainerConfig.packed=True"):
+            trainer.step(ids, labels, position_ids=pos)  # the plan did not count the packed rows' mask
+    with Trainer.from_pretrained(tmp_path / "llama", trainer_config(store_dir=str(tmp_path / "s3"),
+                                                                    packed=True)) as trainer:
         with pytest.raises(ValueError, match="attention_mask: packed rows"):
             trainer.step(ids, labels, attention_mask=torch.ones_like(ids), position_ids=pos)
+        assert trainer.step_count == 0
+        trainer.step(ids, labels, position_ids=pos)
+
+
+def test_the_plan_counts_the_mask_of_packed_rows(tmp_path, trainer_config):
+    """Packed rows bring an explicit block-diagonal mask that each attention saves: ``packed=True`` profiles with
+    it, so the layers' planned activations grow."""
+    save_model(tiny_config("llama", 2), tmp_path / "model")
+    acts = []
+    for packed in (False, True):
+        cfg = trainer_config(packed=packed, seq_len=32, store_dir=str(tmp_path / f"s{packed}"))
+        with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+            acts.append([u.act_bytes for u in trainer.profile.units if u.kind == "layer"])
+    assert all(p > u for u, p in zip(*acts))

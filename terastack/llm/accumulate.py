@@ -30,6 +30,8 @@ order, ``((g1 + g2) + ...) + gN``.
 """
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from terastack.llm import records
@@ -46,6 +48,7 @@ class GradientSums:
         self.store = runtime.store
         self.homes = homes
         self._names: set[str] = set()
+        self._writes: collections.deque = collections.deque()  # sums on their way back to the SSD
 
     def __contains__(self, name: str) -> bool:
         return name in self._names
@@ -68,10 +71,13 @@ class GradientSums:
                 put = (lambda r=record, p=part: self.store.put(r, p, home=home))
                 rt.track_write(rt.with_room(put, f"sum of the gradients of {name!r}"))
                 continue
+            # the planner's two working buffers: this chunk, and the previous one on its way back
+            while len(self._writes) > 1:
+                rt.wait(self._writes.popleft(), f"sum of the gradients of {name!r} written back")
             total = self._read(record, name)
             total.add_(part)
             self.store.mark_dirty(record)
-            rt.track_write(self.store.evict(record))
+            self._writes.append(rt.track_write(self.store.evict(record)))
         self._names.add(name)
 
     def take_into(self, name: str, grad: torch.Tensor) -> None:
@@ -81,15 +87,6 @@ class GradientSums:
             grad[lo:hi].add_(self._read(record, name))
             self.store.delete(record)
         self._names.discard(name)
-
-    def clear(self) -> None:
-        """Forget every sum (a step that failed half-way)."""
-        for name in list(self._names):
-            for k in range(len(self.rt.chunk_ranges(name))):
-                record = records.accumulated_grad(name, k)
-                if record in self.store:
-                    self.store.delete(record)
-        self._names.clear()
 
     def _read(self, record: str, name: str) -> torch.Tensor:
         rt = self.rt

@@ -424,11 +424,6 @@ class OffloadedAdamW:
                 self.grad_pool.release(held.charged)
                 self._cv.notify_all()
 
-    def discard_sums(self) -> None:
-        """Forget the gradients summed so far (an accumulated step that did not finish)."""
-        self.sums.clear()
-        self._accumulating = False
-
     def spill_if_unpooled(self, name: str) -> None:
         """A complete gradient that did not fit the pool goes to the SSD, in optimizer chunks."""
         held = self._grads[name]

@@ -73,16 +73,12 @@ def accumulated_step(model, rt, micro_batches: list[dict], *, step_index: int) -
     gradients, the last one's backward runs the updates. Returns each micro-batch's loss (its share of the step's
     token-weighted loss). See [Note: gradient accumulation] in terastack.llm.accumulate."""
     losses = []
-    try:
-        for i, inputs in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            out = train_step(model, rt, inputs=inputs, step_index=step_index, accumulate=not last,
-                             label=f"step {step_index} micro-batch {i + 1}/{len(micro_batches)}")
-            losses.append(float(out.loss.detach()))
-            del out
-    except BaseException:
-        rt.optimizer.discard_sums()
-        raise
+    for i, inputs in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        out = train_step(model, rt, inputs=inputs, step_index=step_index, accumulate=not last,
+                         label=f"step {step_index} micro-batch {i + 1}/{len(micro_batches)}")
+        losses.append(float(out.loss.detach()))
+        del out
     return losses
 
 

@@ -330,3 +330,23 @@ def test_the_plan_counts_the_mask_of_packed_rows(tmp_path, trainer_config):
         with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
             acts.append([u.act_bytes for u in trainer.profile.units if u.kind == "layer"])
     assert all(p > u for u, p in zip(*acts))
+
+
+def test_the_plan_holds_the_gradient_sums(tmp_path, trainer_config):
+    """grad_accum: the plan's step is N micro-batches (compute N times, one optimizer pass), and its host peak
+    holds every trainable tensor's gradient sum when they rest in host memory."""
+    from terastack.plan.llm_planner import chunked_bytes
+
+    save_model(tiny_config("llama", 2), tmp_path / "model")
+    plans = {}
+    for accum in (1, 3):
+        cfg = trainer_config(grad_accum=accum, store_dir=str(tmp_path / f"s{accum}"))
+        with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+            plans[accum] = (trainer.plan, trainer.profile)
+    (one, profile), (three, _) = plans[1], plans[3]
+    assert one.grad_home == {} and set(three.grad_home.values()) == {"host"}
+    assert three.prediction.compute_s == pytest.approx(3 * one.prediction.compute_s)
+    assert three.prediction.optimizer_s == pytest.approx(one.prediction.optimizer_s)
+    sums = sum(chunked_bytes(n, 4, three.optimizer_chunk) for name, n in profile.tensor_numel.items()
+               if profile.tensor_trainable[name])
+    assert three.prediction.host_peak_bytes >= one.prediction.host_peak_bytes + sums

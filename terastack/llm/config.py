@@ -62,6 +62,12 @@ class TrainerConfig:
     #: the batch shape the plan is made for (a step with another shape is planned again)
     batch_size: int = 1
     seq_len: int = 256
+    #: micro-batches per optimizer step (``Trainer.step_accumulated``); the plan holds their gradient sums within
+    #: the budgets (see terastack.llm.accumulate's [Note: gradient accumulation])
+    grad_accum: int = 1
+    #: batches pack several examples per row (``position_ids`` restarting at each example): the plan counts the
+    #: block-diagonal attention mask such rows bring, and packed rows are refused without it
+    packed: bool = False
     #: "auto" (the planner chooses per layer), one policy for every decoder layer ("keep", "host", "ssd",
     #: "recompute"), a comma-separated cycle of them over the decoder layers, or one policy per unit (a list)
     activation_policy: str | tuple = "auto"
@@ -109,6 +115,8 @@ class TrainerConfig:
             raise ValueError(f"dtype: must be auto, float32 or bfloat16; got {self.dtype!r}")
         if self.batch_size < 1 or self.seq_len < 1:
             raise ValueError(f"batch_size/seq_len: must be >= 1, got {self.batch_size}/{self.seq_len}")
+        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+            raise ValueError(f"grad_accum: must be an integer >= 1, got {self.grad_accum!r}")
         if isinstance(self.activation_policy, (list, tuple)):
             self.activation_policy = tuple(self.activation_policy)
             names = self.activation_policy

@@ -92,6 +92,8 @@ def ssd_bytes_needed(profile, plan) -> int:
     for name, n in profile.tensor_numel.items():
         if profile.tensor_trainable[name]:
             need += n * 12 + (n * cb if profile.mixed_precision else 0) + n * 4  # + a spilled gradient
+            if plan.grad_accum > 1 and plan.grad_home.get(name) != "host":
+                need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])
         else:
             need += n * cb
     need += sum(u.act_bytes for u, p in zip(profile.units, plan.policies) if p == "ssd")

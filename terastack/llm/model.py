@@ -33,6 +33,30 @@ from torch import nn
 TESTED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
                    "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "starcoder2")
 
+#: Families whose attention transformers restricts to each packed example when ``position_ids`` restart inside a
+#: row and no 2D attention mask is given (their model code hands the position ids to ``create_causal_mask``, which
+#: derives a block-diagonal causal mask from them, for sdpa and eager attention alike), tested against running
+#: each example on its own (tests/llm/test_accumulation.py). OPT, for one, builds its mask without the position
+#: ids: packed rows there would attend across examples.
+PACKING_FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+#: attention implementations whose mask transformers builds from the position ids (flash attention takes them
+#: differently and is not tested here)
+PACKING_ATTENTION = ("sdpa", "eager")
+
+
+def check_packing(hf_config, *, where: str = "pack") -> None:
+    """Refuse packed rows (several examples in one row, positions restarting per example) for a model whose
+    attention would cross the examples' boundaries; ``where`` names the field in the error."""
+    family = getattr(hf_config, "model_type", "?")
+    if family not in PACKING_FAMILIES:
+        raise ValueError(f"{where}: packing several examples into one row is exact only where attention stays "
+                         f"within each example; terastack verified that for {', '.join(PACKING_FAMILIES)} models, "
+                         f"not for {family} (pad instead: no packing)")
+    impl = getattr(hf_config, "_attn_implementation", None) or "sdpa"
+    if impl not in PACKING_ATTENTION:
+        raise ValueError(f"{where}: packed rows need {' or '.join(PACKING_ATTENTION)} attention (the block-diagonal "
+                         f"mask comes from the position ids); this model uses {impl}")
+
 
 @dataclass(eq=False, slots=True)
 class Unit:

@@ -64,6 +64,7 @@ from terastack import trace
 from terastack.io.errors import BudgetError
 from terastack.io.futures import Future
 from terastack.llm import records
+from terastack.llm.accumulate import GradientSums
 from terastack.llm.schedules import MODES, make_schedule
 from terastack.plan.llm_planner import held_bytes
 from terastack.tiers import BudgetLedger, Tier
@@ -149,7 +150,7 @@ class OffloadedAdamW:
 
     def __init__(self, config: "OffloadedAdamW.Config", runtime, tensors: dict, *, grad_pool_bytes: int,
                  masters_bytes: int = 1 << 62, writeback_bytes: int = 1 << 62, read_ahead_bytes: int = 0,
-                 inline: bool = False):
+                 inline: bool = False, grad_homes: dict | None = None):
         self.config = config
         self.rt = runtime
         self.store = runtime.store
@@ -185,6 +186,9 @@ class OffloadedAdamW:
         self._error: BaseException | None = None
         self.last_grad_norm: float | None = None
         self.updated_params = 0
+        # [Note: gradient accumulation] (terastack.llm.accumulate): this backward only adds to the sums
+        self.sums = GradientSums(runtime, grad_homes or {})
+        self._accumulating = False
         # when updates run (and on which thread): [Note: inline updates without an accelerator]
         self.schedule = make_schedule(self, config.mode, inline=inline, run=self._update, on_error=self._fail,
                                       cv=self._cv)
@@ -208,8 +212,11 @@ class OffloadedAdamW:
                 self.steps[name] = int(steps)
 
     # -------------------------------------------------------------- per step
-    def begin_step(self) -> None:
+    def begin_step(self, *, accumulate: bool = False) -> None:
+        """A forward and backward begin. ``accumulate``: a micro-batch of an accumulated step other than the last:
+        its gradients are added to the sums and nothing is updated (see [Note: gradient accumulation])."""
         self._raise_if_failed()
+        self._accumulating = accumulate
         self._contrib = {name: len(set(info.users)) for name, info in self.tensors.items()}
         self._grad_norms = {}
         self._step_lr = self.lr
@@ -230,7 +237,8 @@ class OffloadedAdamW:
 
     def prepare(self, unit) -> None:
         """Backward of ``unit`` begins (the schedule may start reading the state of tensors it completes)."""
-        self.schedule.on_unit_backward(unit)
+        if not self._accumulating:
+            self.schedule.on_unit_backward(unit)
 
     # ------------------------------------------- operations for schedules
     def completed_by(self, unit_index: int) -> list[str]:
@@ -280,7 +288,7 @@ class OffloadedAdamW:
 
     def handoff(self, unit) -> set[str]:
         """Canonical names whose fp32 working copy backward should hand over instead of dropping."""
-        if not self.schedule.hands_off_masters or not self.rt.master_is_compute:
+        if not self.schedule.hands_off_masters or not self.rt.master_is_compute or self._accumulating:
             return set()
         out = set()
         with self._cv:
@@ -313,9 +321,17 @@ class OffloadedAdamW:
                         held.tensor.add_(g)
                 self._contrib[name] -= 1
                 if self._contrib[name] == 0 and name not in self._grads:
-                    self._unused(name)
+                    if self._accumulating or name not in self.sums:
+                        self._unused(name)
+                        continue
+                    # no gradient in the last micro-batch, but in earlier ones: the sum is the gradient
+                    self._grads[name] = self._hold(name, torch.zeros(self.tensors[name].numel))
+                if self._contrib[name] == 0 and self._accumulating:
+                    self._add_to_sum(name)
                     continue
                 if self._contrib[name] == 0:
+                    if name in self.sums:
+                        self.sums.take_into(name, self._grads[name].tensor.view(-1))
                     if self.config.max_grad_norm is not None:
                         # the norm of the whole gradient (a tied tensor's contributions summed)
                         self._grad_norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
@@ -334,6 +350,8 @@ class OffloadedAdamW:
         pending = [n for n, left in self._contrib.items() if left > 0 and n in self._grads]
         if pending:
             raise RuntimeError(f"backward ended with gradients of {pending[:3]} still incomplete")
+        if self._accumulating:
+            return  # the updates run in the last micro-batch
         coef = None
         if cfg.max_grad_norm is not None:
             total = self._total_grad_norm()
@@ -394,6 +412,17 @@ class OffloadedAdamW:
             return _Grad(g.contiguous(), nbytes)
         except BudgetError:
             return _Grad(g.contiguous(), 0)  # spilled to the SSD once complete (spill_if_unpooled)
+
+    def _add_to_sum(self, name: str) -> None:
+        """A micro-batch's complete gradient of ``name`` joins its sum and leaves the gradient pool."""
+        held = self._grads.pop(name)
+        with trace.span(f"accumulate gradient {name}", track="gradients", cat="accumulate"):
+            self.sums.add(name, held.tensor.view(-1))
+        held.tensor = None
+        if held.charged:
+            with self._cv:
+                self.grad_pool.release(held.charged)
+                self._cv.notify_all()
 
     def spill_if_unpooled(self, name: str) -> None:
         """A complete gradient that did not fit the pool goes to the SSD, in optimizer chunks."""

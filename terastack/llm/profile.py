@@ -151,15 +151,21 @@ class _Recorder:
 
 
 def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
-                  calibrate: bool = False, device: torch.device | None = None) -> ModelProfile:
+                  calibrate: bool = False, device: torch.device | None = None, packed: bool = False) -> ModelProfile:
     """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
-    places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own."""
+    places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own. ``packed``: rows
+    of several examples (position ids restarting), whose explicit block-diagonal attention mask each layer's
+    attention also saves."""
     check_seq_len(model.config, seq_len)
     rec = _Recorder()
     install_units(model, units, rec)
     ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    extra = {}
+    if packed and seq_len > 1:
+        half = seq_len // 2
+        extra["position_ids"] = torch.cat([torch.arange(half), torch.arange(seq_len - half)]).expand(batch, -1)
     with torch.enable_grad():
-        model(input_ids=ids, use_cache=False)
+        model(input_ids=ids, use_cache=False, **extra)
     order = rec.order + [u.index for u in units if u.index not in rec.records]
     missing = [units[i].path for i in order if i not in rec.records]
     if missing:

@@ -14,6 +14,8 @@ chunk index:
                    frozen tensor
 ``g:NAME#k``       chunk k of a gradient spilled to the SSD while the step waits for the
                    global norm (deferred and after-backward schedules)
+``s:NAME#k``       chunk k of NAME's gradient summed over the micro-batches of an accumulated
+                   step so far (gradient accumulation; gone when the step's updates start)
 ``a:U:S``          an activation storage of unit index U swapped to the SSD (S: serial)
 =================  ===================================================================
 
@@ -29,8 +31,9 @@ EXP_AVG = "m"
 EXP_AVG_SQ = "v"
 COMPUTE = "w"
 SPILLED_GRAD = "g"
+ACCUMULATED_GRAD = "s"
 ACTIVATION = "a"
-KINDS = (MASTER, EXP_AVG, EXP_AVG_SQ, COMPUTE, SPILLED_GRAD, ACTIVATION)
+KINDS = (MASTER, EXP_AVG, EXP_AVG_SQ, COMPUTE, SPILLED_GRAD, ACCUMULATED_GRAD, ACTIVATION)
 
 
 class Record(NamedTuple):
@@ -66,6 +69,11 @@ def compute(name: str) -> str:
 def spilled_grad(name: str, chunk: int) -> str:
     """Chunk ``chunk`` of ``name``'s gradient, spilled to the SSD."""
     return _build(SPILLED_GRAD, name, chunk)
+
+
+def accumulated_grad(name: str, chunk: int) -> str:
+    """Chunk ``chunk`` of ``name``'s gradient summed over the micro-batches of an accumulated step so far."""
+    return _build(ACCUMULATED_GRAD, name, chunk)
 
 
 def activation(unit_index: int, serial: int) -> str:

@@ -47,7 +47,8 @@ class StepRuntime:
         self.runner = UnitRunner(self)
         self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
                                         masters_bytes=plan.masters_bytes, writeback_bytes=plan.writeback_bytes,
-                                        read_ahead_bytes=plan.read_ahead_bytes, inline=inline_updates)
+                                        read_ahead_bytes=plan.read_ahead_bytes, inline=inline_updates,
+                                        grad_homes=plan.grad_home)
 
     # ----------------------------------------------------------- dispatch
     def run(self, unit, args, kwargs):

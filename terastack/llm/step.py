@@ -19,6 +19,11 @@ epilogue      global norm and clip coefficient; the schedule's end of backward
               (deferred: updates queued in forward order; after_backward:
               awaited); sweep unused prefetches
 
+An accumulated step (:func:`accumulated_step`) runs this once per
+micro-batch; all but the last only add their gradients to the sums (no
+update, no optimizer state read; [Note: gradient accumulation] in
+terastack.llm.accumulate), so the schedule's updates run in the last one.
+
 Updates that are still running when ``step`` returns overlap with the next
 step's forward; a unit's weights are fetched only after their update is done,
 and anything that reads the weights (checkpoints, export) waits for all. When
@@ -29,37 +34,57 @@ from __future__ import annotations
 from terastack import trace
 
 
-def train_step(model, rt, *, input_ids, labels, attention_mask, step_index: int):
-    """One forward, backward and optimizer step of ``model`` (its units installed for runtime ``rt``); returns
-    the model's output (its ``loss`` is this step's)."""
+def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = False, label: str | None = None):
+    """One forward and backward of ``model`` (its units installed for runtime ``rt``) on ``inputs`` (the model
+    call's keyword arguments: ``input_ids``, ``labels``, and any of ``attention_mask``, ``position_ids``,
+    ``num_items_in_batch``), and the optimizer step that closes it; returns the model's output (its ``loss`` is
+    this step's). ``accumulate``: a micro-batch of an accumulated step other than the last, whose backward only
+    adds to the gradient sums ([Note: gradient accumulation] in terastack.llm.accumulate)."""
     fetcher, opt = rt.fetcher, rt.optimizer
-    with trace.span(f"step {step_index}", track="step"):
+    with trace.span(label or f"step {step_index}", track="step"):
         # -- prologue: the first units' weights start travelling (each after its pending update)
-        opt.begin_step()
+        opt.begin_step(accumulate=accumulate)
         fetcher.begin_forward()
         for u in fetcher.first_units():
             fetcher.prefetch(u)
         # -- forward: the model calls each unit's stand-in -> UnitRunner.forward
         #    (prefetch next | acquire | compute, saving activations by policy | release)
         with trace.span("forward", track="phase"):
-            out = model(input_ids=input_ids, labels=labels, attention_mask=attention_mask, use_cache=False)
+            out = model(**inputs, use_cache=False)
         fetcher.end_forward()   # the order units ran in: backward prefetches by it, and the next step
         opt.begin_backward()    # ... and which unit's backward completes which tensor's gradient
         # -- backward: autograd runs each unit's backward in reverse -> UnitRunner.backward
         #    (prefetch previous | opt.prepare: schedule.on_unit_backward | acquire | recompute if planned |
-        #     gradients | release, handing masters over | opt.accept: schedule.on_grads_ready)
+        #     gradients | release, handing masters over | opt.accept: schedule.on_grads_ready, or, accumulating,
+        #     the gradient joins its sum)
         with trace.span("backward", track="phase"):
             out.loss.backward()
-        # -- epilogue: clip coefficient, schedule.on_backward_end; unused prefetches dropped
+        # -- epilogue: clip coefficient, schedule.on_backward_end (not while accumulating); unused prefetches
+        #    dropped
         with trace.span("epilogue", track="phase"):
             opt.end_step()
             fetcher.sweep()
     return out
 
 
-def eval_loss(model, rt, *, input_ids, labels) -> float:
+def accumulated_step(model, rt, micro_batches: list[dict], *, step_index: int) -> list[float]:
+    """One optimizer step over several micro-batches (each the keyword arguments of :func:`train_step`'s model
+    call, ``num_items_in_batch`` the step's total of target tokens): micro-batches 1..N-1 only accumulate
+    gradients, the last one's backward runs the updates. Returns each micro-batch's loss (its share of the step's
+    token-weighted loss). See [Note: gradient accumulation] in terastack.llm.accumulate."""
+    losses = []
+    for i, inputs in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        out = train_step(model, rt, inputs=inputs, step_index=step_index, accumulate=not last,
+                         label=f"step {step_index} micro-batch {i + 1}/{len(micro_batches)}")
+        losses.append(float(out.loss.detach()))
+        del out
+    return losses
+
+
+def eval_loss(model, rt, *, inputs: dict) -> float:
     """The loss of a batch without training on it: a forward with weights streamed as in training."""
     rt.fetcher.begin_forward()
-    out = model(input_ids=input_ids, labels=labels, use_cache=False)
+    out = model(**inputs, use_cache=False)
     rt.fetcher.sweep()
     return float(out.loss)

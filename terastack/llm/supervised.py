@@ -19,13 +19,23 @@ than -100) covers the completion, or the assistant turns with the template's end
 with it). An example longer than ``seq_len`` keeps its first ``seq_len`` tokens and is counted as truncated; one
 left with no token in the loss is dropped and counted.
 
-[Note: padding instead of packing]
-A batch is its examples padded on the right to the longest of them with the pad token (labels -100). No
-attention mask is needed: attention is causal and every pad comes after every real token of its row, so no
-real token attends to a pad, and pads are outside the loss -- the loss and the gradients are those of the
-examples alone, and ``Trainer.loss`` (which takes no mask) gives the validation loss the same way. Packing
-several short examples into one row would need per-example position ids and a block-diagonal mask, which
-``Trainer.step`` does not take; it is not done.
+[Note: padding and packing]
+By default a batch is its examples padded on the right to the longest of them with the pad token (labels
+-100). No attention mask is needed: attention is causal and every pad comes after every real token of its
+row, so no real token attends to a pad, and pads are outside the loss -- the loss and the gradients are those
+of the examples alone, and ``Trainer.loss`` gives the validation loss the same way.
+
+With ``Config.pack`` short examples share rows instead: in the epoch's shuffled order each example goes into
+the current row while it fits in ``seq_len`` tokens, else it starts the next row (next-fit: the order stays
+random, a row wastes at most the room the next example did not fit in). A row is exact only if no token
+attends across an example's boundary and no token is predicted from the example before it: its
+``position_ids`` restart at 0 with every example, from which transformers (>= 5, sdpa or eager attention,
+no 2D attention mask given) builds a block-diagonal causal mask, and the label of each example's first token
+is -100 (in a row of its own nothing predicts it either). Pads after a row's last example continue its
+positions and are outside the loss, as in padded batches. Families whose model code does not derive that mask
+from the position ids (OPT, for one) are refused by the trainer
+(:func:`terastack.llm.model.check_packing`), since their rows would attend across examples. The loss of a
+packed row is then the token-weighted loss of its examples run one by one; the validation set is not packed.
 """
 from __future__ import annotations
 
@@ -247,7 +257,7 @@ class SupervisedData:
     """Examples with a loss mask from a record file or a built-in set, split into train and held-out validation.
 
     ``SupervisedData.load("train.jsonl", tokenizer, SupervisedData.Config(seq_len=512))``; ``tokenizer`` None
-    means bytes. See [Note: record formats] and [Note: padding instead of packing]."""
+    means bytes. See [Note: record formats] and [Note: padding and packing]."""
 
     @dataclass(kw_only=True, slots=True)
     class Config:
@@ -258,6 +268,9 @@ class SupervisedData:
         val_fraction: float = 0.05
         #: at most this many held-out examples are evaluated (the validation loss runs twice per job)
         val_max_examples: int = 64
+        #: pack several short examples into each row of ``seq_len`` tokens (training batches only); see
+        #: [Note: padding and packing]
+        pack: bool = False
 
         def __post_init__(self) -> None:
             if self.seq_len < 2:
@@ -334,7 +347,7 @@ class SupervisedData:
         """Where the data came from, for checkpoints (resume refuses other data) and ``--json``."""
         return {"source": self.source, "format": self.format, "tokenizer": self.tokenizer, "records": self.records,
                 "train_examples": len(self.train), "val_examples": len(self.val), "truncated": self.truncated,
-                "dropped": self.dropped, "seq_len": self.config.seq_len,
+                "dropped": self.dropped, "seq_len": self.config.seq_len, "pack": self.config.pack,
                 "tokens": int(sum(ex.ids.size for ex in self.train)),
                 "loss_tokens": int(sum((ex.labels[1:] != IGNORE).sum() for ex in self.train)), "sha256": self.sha256}
 
@@ -344,14 +357,15 @@ class SupervisedData:
                 f"dropped (nothing left to learn)")
 
     def batches(self, batch_size: int, seed: int = 0) -> "ExampleBatches":
-        return ExampleBatches(self.train, batch_size=batch_size, pad_id=self.pad_id, seed=seed)
+        return ExampleBatches(self.train, batch_size=batch_size, pad_id=self.pad_id, seed=seed,
+                              pack_len=self.config.seq_len if self.config.pack else None)
 
     def val_batches(self, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [pad_batch(self.val[i:i + batch_size], self.pad_id) for i in range(0, len(self.val), batch_size)]
 
 
 def pad_batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, labels)``, right-padded to the longest example. See [Note: padding instead of packing]."""
+    """``(input_ids, labels)``, right-padded to the longest example. See [Note: padding and packing]."""
     width = max(ex.ids.size for ex in examples)
     ids = np.full((len(examples), width), pad_id, dtype=np.int64)
     labels = np.full((len(examples), width), IGNORE, dtype=np.int64)
@@ -361,27 +375,96 @@ def pad_batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch
     return torch.from_numpy(ids), torch.from_numpy(labels)
 
 
+def pack_rows(examples: list[Example], seq_len: int) -> list[list[Example]]:
+    """``examples`` in order, next-fit into rows of at most ``seq_len`` tokens. See [Note: padding and packing]."""
+    rows: list[list[Example]] = []
+    used = seq_len + 1
+    for ex in examples:
+        if ex.ids.size > seq_len:
+            raise ValueError(f"pack: an example of {ex.ids.size} tokens does not fit a row of seq_len {seq_len}")
+        if used + ex.ids.size > seq_len:
+            rows.append([])
+            used = 0
+        rows[-1].append(ex)
+        used += ex.ids.size
+    return rows
+
+
+def packed_batch(rows: list[list[Example]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, labels, position_ids)`` of packed rows, right-padded to the longest row: positions restart at
+    every example, its first token is outside the loss, pads continue the row's last positions. See [Note:
+    padding and packing]."""
+    width = max(sum(ex.ids.size for ex in row) for row in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    labels = np.full((len(rows), width), IGNORE, dtype=np.int64)
+    positions = np.zeros((len(rows), width), dtype=np.int64)
+    for r, row in enumerate(rows):
+        at = 0
+        for ex in row:
+            n = ex.ids.size
+            ids[r, at:at + n] = ex.ids
+            labels[r, at:at + n] = ex.labels
+            labels[r, at] = IGNORE  # nothing in this example predicts its first token
+            positions[r, at:at + n] = np.arange(n)
+            at += n
+        if at < width:
+            start = positions[r, at - 1] + 1 if at else 0
+            positions[r, at:] = np.arange(start, start + width - at)
+    return torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(positions)
+
+
 class ExampleBatches:
     """Batch ``step`` is a pure function of (seed, step): epochs in a seeded order, so a resumed run sees the
-    batches an uninterrupted one would."""
+    batches an uninterrupted one would. ``pack_len``: rows of examples packed up to that many tokens (an epoch
+    is then its packed rows, in order) instead of one example per row; see [Note: padding and packing]."""
 
-    def __init__(self, examples: list[Example], *, batch_size: int, pad_id: int, seed: int = 0):
+    def __init__(self, examples: list[Example], *, batch_size: int, pad_id: int, seed: int = 0,
+                 pack_len: int | None = None):
         if not examples:
             raise ValueError("no training examples")
+        if pack_len is not None and pack_len < 2:
+            raise ValueError(f"pack_len: must be >= 2 tokens, got {pack_len}")
         self.examples, self.batch_size, self.pad_id, self.seed = examples, batch_size, pad_id, seed
+        self.pack_len = pack_len
         self._orders: dict[int, np.ndarray] = {}
+        self._rows: dict[int, list[list[Example]]] = {}   # the packed rows of the epoch in use
+        self._row_counts: list[int] = []                  # packed rows of epochs 0, 1, ... (as far as seen)
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
             self._orders = {epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))}
         return self._orders[epoch]
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.examples)
+    def _epoch_rows(self, epoch: int) -> list[list[Example]]:
+        if epoch not in self._rows:
+            self._rows = {epoch: pack_rows([self.examples[i] for i in self._order(epoch)], self.pack_len)}
+        return self._rows[epoch]
+
+    def _row(self, index: int) -> list[Example]:
+        """Packed row ``index`` counted over epochs (each epoch's rows from its own order)."""
+        epoch = 0
+        while True:
+            if epoch == len(self._row_counts):
+                self._row_counts.append(len(self._epoch_rows(epoch)))
+            if index < self._row_counts[epoch]:
+                return self._epoch_rows(epoch)[index]
+            index -= self._row_counts[epoch]
+            epoch += 1
+
+    def batch(self, step: int) -> tuple[torch.Tensor, ...]:
+        """``(input_ids, labels)``; packed: ``(input_ids, labels, position_ids)``."""
         picks = [step * self.batch_size + j for j in range(self.batch_size)]
+        if self.pack_len is not None:
+            return packed_batch([self._row(i) for i in picks], self.pad_id)
+        n = len(self.examples)
         return pad_batch([self.examples[self._order(i // n)[i % n]] for i in picks], self.pad_id)
 
     def step_inputs(self, step: int) -> dict:
+        """The keyword arguments of ``Trainer.step`` for batch ``step`` (a micro-batch of
+        ``Trainer.step_accumulated``)."""
+        if self.pack_len is not None:
+            ids, labels, positions = self.batch(step)
+            return {"input_ids": ids, "labels": labels, "position_ids": positions}
         ids, labels = self.batch(step)
         return {"input_ids": ids, "labels": labels}
 

@@ -7,6 +7,9 @@
             loss = trainer.step(batch)          # one AdamW step; equals plain PyTorch training
         trainer.save_pretrained("/models/llama-7b-tuned")
 
+Several micro-batches per AdamW step: ``TrainerConfig(grad_accum=4)`` and ``trainer.step_accumulated([{"input_ids":
+..., "labels": ...}, ...])`` ([Note: gradient accumulation] in terastack.llm.accumulate).
+
 The step itself reads top to bottom in :func:`terastack.llm.step.train_step` ([Note: the step schedule]).
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ import dataclasses
 import os
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -24,20 +28,27 @@ from terastack.llm import checkpoint, layout, records
 from terastack.llm.config import MEMORY_BUDGET_ENV, TrainerConfig
 from terastack.llm.hardware import budgets, discover_hardware, resolve_device, resolve_dtype
 from terastack.llm.keys import CheckpointKeys
-from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, find_units,
+from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, check_packing, find_units,
                                  load_hf_config, random_init)
 from terastack.llm.pretrained_dir import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.profile import profile_model
 from terastack.llm.runtime import StepRuntime
-from terastack.llm.step import eval_loss, train_step
+from terastack.llm.step import accumulated_step, eval_loss, train_step
 from terastack.llm.units import install_units
 from terastack.memory import return_freed_memory
 from terastack.plan.budget_search import search_budget_split
 from terastack.plan.llm_planner import LLMPlanner
 from terastack.tiers import TieredStore
 
+#: the keys a batch (``step``'s arguments, a micro-batch of ``step_accumulated``) may have
+BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+IGNORE_INDEX = -100  # the label transformers' loss ignores
+
+
 @dataclasses.dataclass(slots=True)
 class StepStats:
+    """One optimizer step (all micro-batches of an accumulated one)."""
+
     step: int
     loss: float
     seconds: float
@@ -90,8 +101,10 @@ class Trainer:
             self._move_skeleton_buffers()
         # ---- plan
         self.hardware = discover_hardware(config, self.device)
+        if config.packed:
+            check_packing(hf_config, where="packed")
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
-                                     seq_len=config.seq_len,
+                                     seq_len=config.seq_len, packed=config.packed,
                                      compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
                                      name=name, calibrate=config.calibrate, device=self.device)
         self.planner, self.plan = self._make_plan()
@@ -134,7 +147,8 @@ class Trainer:
                 device_budget=device_budget, host_budget=host_budget, policy=config.activation_policy,
                 mode=config.optimizer_mode, prefetch_depth=config.prefetch_depth,
                 state_placement=config.state_placement, optimizer_chunk=config.optimizer_chunk,
-                retain_weights=config.retain_weights, inline_updates=self.inline_updates))
+                retain_weights=config.retain_weights, inline_updates=self.inline_updates,
+                grad_accum=config.grad_accum))
 
         def plan_for(device_budget: int, host_budget: int):
             planner = planner_for(device_budget, host_budget)
@@ -207,64 +221,147 @@ class Trainer:
             raise ValueError(f"lr: must be >= 0, got {value}")
         self.optimizer.lr = float(value)
 
-    def step(self, input_ids, labels=None, attention_mask=None) -> float:
-        """One optimizer step on a batch of token ids (batch, seq); returns the loss. See [Note: the step
-        schedule]."""
+    def step(self, input_ids, labels=None, attention_mask=None, position_ids=None) -> float:
+        """One optimizer step on a batch of token ids (batch, seq); returns the loss. ``position_ids`` (batch, seq):
+        positions restarting inside a row pack several examples into it, attending only within each (families
+        of :data:`terastack.llm.model.PACKING_FAMILIES`). See [Note: the step schedule]."""
         self._check_open()
-        ids = self._as_batch(input_ids, "input_ids")
-        labels = ids if labels is None else self._as_batch(labels, "labels")
-        if attention_mask is not None:
-            attention_mask = self._as_batch(attention_mask, "attention_mask")
+        inputs = self._inputs(input_ids, labels, attention_mask, position_ids)
         try:
-            return self._step(ids, labels, attention_mask)
+            return self._step(inputs)
         except BaseException as exc:
             # A step that failed half-way leaves weights fetched, activations stashed and updates half done:
             # this trainer is not used again (its last checkpoint is the way back).
             self._failed = exc
             raise
 
-    def _step(self, ids, labels, attention_mask) -> float:
-        rt = self.runtime
-        io0 = self.store.engine.stats.snapshot()
-        fetched0 = rt.fetcher.bytes_in
-        t0 = time.perf_counter()
-        out = train_step(self.model, rt, input_ids=ids, labels=labels, attention_mask=attention_mask,
-                         step_index=self.step_count)
-        loss = float(out.loss.detach())
-        del out
+    def step_accumulated(self, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> float:
+        """ONE optimizer step over several micro-batches (gradient accumulation), equal to plain training on all
+        of them together with the loss averaged over their target tokens (labels other than -100 after the
+        shift) -- not a mean of per-micro-batch means. Each micro-batch is a mapping with ``input_ids`` and
+        optionally ``labels``, ``attention_mask``, ``position_ids`` (as :meth:`step` takes them). Returns that
+        token-weighted loss. Eager updates run during the last micro-batch's backward; the earlier ones only add
+        their gradients to sums kept within the plan's budgets (``TrainerConfig.grad_accum`` > 1 plans them).
+        See [Note: gradient accumulation] in terastack.llm.accumulate."""
+        self._check_open()
+        if isinstance(micro_batches, Mapping) or not isinstance(micro_batches, Sequence) or not micro_batches:
+            raise ValueError("micro_batches: expected a non-empty sequence of mappings with input_ids")
+        if len(micro_batches) > 1 and self.plan.grad_accum == 1:
+            raise ValueError(f"micro_batches: {len(micro_batches)} micro-batches, but the plan was made without "
+                             "gradient accumulation; set TrainerConfig.grad_accum (their gradient sums are part "
+                             "of the budgets)")
+        batches = []
+        for i, mb in enumerate(micro_batches):
+            where = f"micro_batches[{i}]"
+            if not isinstance(mb, Mapping) or "input_ids" not in mb:
+                raise ValueError(f"{where}: expected a mapping with input_ids, got {type(mb).__name__}")
+            unknown = sorted(set(mb) - set(BATCH_KEYS))
+            if unknown:
+                raise ValueError(f"{where}: unknown key {unknown[0]!r} (a micro-batch has "
+                                 f"{', '.join(BATCH_KEYS)})")
+            batches.append(self._inputs(mb["input_ids"], mb.get("labels"), mb.get("attention_mask"),
+                                        mb.get("position_ids"), where=where))
+        targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+        if targets == 0:
+            raise ValueError("micro_batches: no target token in any micro-batch (every label after the shift is "
+                             "-100); the token-weighted loss is undefined")
+        for b in batches:
+            b["num_items_in_batch"] = targets
+        try:
+            return self._step_accumulated(batches)
+        except BaseException as exc:
+            self._failed = exc  # as in step(): a step that failed half-way is not continued
+            raise
+
+    def _begin_stats(self) -> tuple:
+        return self.store.engine.stats.snapshot(), self.runtime.fetcher.bytes_in, time.perf_counter()
+
+    def _end_stats(self, start: tuple, loss: float, tokens: int) -> None:
+        io0, fetched0, t0 = start
         io1 = self.store.engine.stats.snapshot()
         self.step_count += 1
-        stats = StepStats(step=self.step_count, loss=loss, seconds=time.perf_counter() - t0, tokens=ids.numel(),
-                          ssd_read_bytes=io1["bytes_read"] - io0["bytes_read"],
-                          ssd_write_bytes=io1["bytes_written"] - io0["bytes_written"],
-                          device_in_bytes=rt.fetcher.bytes_in - fetched0, grad_norm=self.optimizer.last_grad_norm)
-        self.history.append(stats)
+        self.history.append(StepStats(
+            step=self.step_count, loss=loss, seconds=time.perf_counter() - t0, tokens=tokens,
+            ssd_read_bytes=io1["bytes_read"] - io0["bytes_read"],
+            ssd_write_bytes=io1["bytes_written"] - io0["bytes_written"],
+            device_in_bytes=self.runtime.fetcher.bytes_in - fetched0, grad_norm=self.optimizer.last_grad_norm))
+
+    def _step(self, inputs: dict) -> float:
+        start = self._begin_stats()
+        out = train_step(self.model, self.runtime, inputs=inputs, step_index=self.step_count)
+        loss = float(out.loss.detach())
+        del out
+        self._end_stats(start, loss, inputs["input_ids"].numel())
+        return loss
+
+    def _step_accumulated(self, batches: list[dict]) -> float:
+        start = self._begin_stats()
+        losses = accumulated_step(self.model, self.runtime, batches, step_index=self.step_count)
+        # each micro-batch's loss is its sum over target tokens divided by the step's total: they add up
+        loss = float(sum(losses))
+        self._end_stats(start, loss, sum(b["input_ids"].numel() for b in batches))
         return loss
 
     @torch.no_grad()
-    def loss(self, input_ids, labels=None) -> float:
-        """The loss of a batch without training on it (weights streamed as in training)."""
+    def loss(self, input_ids, labels=None, attention_mask=None, position_ids=None) -> float:
+        """The loss of a batch without training on it (weights streamed as in training); the arguments as
+        :meth:`step` takes them."""
         self._check_open()
         self.synchronize()
-        ids = self._as_batch(input_ids, "input_ids")
-        labels = ids if labels is None else self._as_batch(labels, "labels")
-        return eval_loss(self.model, self.runtime, input_ids=ids, labels=labels)
+        inputs = self._inputs(input_ids, labels, attention_mask, position_ids)
+        if inputs.get("attention_mask") is None:
+            inputs.pop("attention_mask")
+        return eval_loss(self.model, self.runtime, inputs=inputs)
 
-    def _as_batch(self, x, what: str) -> torch.Tensor:
+    def _inputs(self, input_ids, labels, attention_mask, position_ids, *, where: str = "") -> dict:
+        """The model call's keyword arguments, validated (``where``: the micro-batch named in errors)."""
+        prefix = f"{where}." if where else ""
+        ids = self._as_batch(input_ids, "input_ids", prefix)
+        inputs = {"input_ids": ids, "labels": ids if labels is None else self._as_batch(labels, "labels", prefix),
+                  "attention_mask": None if attention_mask is None
+                  else self._as_batch(attention_mask, "attention_mask", prefix)}
+        for what in ("labels", "attention_mask"):
+            if inputs[what] is not None and inputs[what].shape != ids.shape:
+                raise ValueError(f"{prefix}{what}: shape {tuple(inputs[what].shape)} differs from input_ids' "
+                                 f"{tuple(ids.shape)}")
+        if position_ids is not None:
+            pos = self._as_batch(position_ids, "position_ids", prefix)
+            if pos.shape != ids.shape:
+                raise ValueError(f"{prefix}position_ids: shape {tuple(pos.shape)} differs from input_ids' "
+                                 f"{tuple(ids.shape)}")
+            if pos.numel() and int(pos.min()) < 0:
+                raise ValueError(f"{prefix}position_ids: must be >= 0, got {int(pos.min())}")
+            if pos.shape[1] > 1 and bool((pos[:, 1:] - pos[:, :-1] != 1).any()):
+                # restarts inside a row: packed examples, which need the block-diagonal mask transformers
+                # derives from position ids only when no 2D mask is given
+                check_packing(self.hf_config, where=f"{prefix}position_ids")
+                if not self.config.packed:
+                    raise ValueError(f"{prefix}position_ids: packed rows (positions restarting inside a row), but "
+                                     "the plan was made for unpacked batches; set TrainerConfig.packed=True (the "
+                                     "attention mask of packed rows takes activation memory the plan must count)")
+                if attention_mask is not None:
+                    raise ValueError(f"{prefix}attention_mask: packed rows (position_ids restarting inside a row) "
+                                     "take no attention mask; the attention within each example comes from the "
+                                     "position ids")
+            inputs["position_ids"] = pos
+        return inputs
+
+    def _as_batch(self, x, what: str, prefix: str = "") -> torch.Tensor:
         t = torch.as_tensor(x)
         if t.dim() == 1:
             t = t.unsqueeze(0)
         if t.dim() != 2:
-            raise ValueError(f"{what}: expected a (batch, seq) tensor of token ids, got shape {tuple(t.shape)}")
+            raise ValueError(f"{prefix}{what}: expected a (batch, seq) tensor of token ids, got shape "
+                             f"{tuple(t.shape)}")
         if t.shape[0] * t.shape[1] > self.config.batch_size * self.config.seq_len or t.shape[1] > self.config.seq_len:
-            raise ValueError(f"{what}: batch shape {tuple(t.shape)} exceeds the planned "
+            raise ValueError(f"{prefix}{what}: batch shape {tuple(t.shape)} exceeds the planned "
                              f"({self.config.batch_size}, {self.config.seq_len}); set TrainerConfig.batch_size/"
                              "seq_len to the largest batch you will train on")
         vocab = getattr(self.hf_config, "vocab_size", None)
-        if what != "attention_mask" and vocab is not None and t.numel():
+        if what in ("input_ids", "labels") and vocab is not None and t.numel():
             lo, hi = int(t.min()), int(t.max())
             if hi >= vocab or (lo < 0 and not (what == "labels" and lo == -100)):
-                raise ValueError(f"{what}: token ids must be in [0, {vocab}) for this model, got [{lo}, {hi}]")
+                raise ValueError(f"{prefix}{what}: token ids must be in [0, {vocab}) for this model, got [{lo}, {hi}]")
         return t.to(self.device, torch.long)
 
     # ------------------------------------------------------------- weights

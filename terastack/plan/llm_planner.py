@@ -32,6 +32,20 @@ Added to that is the part no schedule hides: the first unit of the next
 forward needs the update of the last unit of this backward (eager updates) or
 the whole optimizer runs after backward (active offloading off).
 
+[Note: planning gradient accumulation]
+With ``grad_accum`` N > 1 one step is N forwards and backwards and one AdamW
+update. The plan is made for that step: compute, activation traffic and
+compute-weight reads are N times those of one micro-batch (so a weight's
+bytes per byte held grow with N when homes are chosen), the optimizer's work
+is once. Each trainable tensor gets a gradient sum (4 bytes per parameter,
+in optimizer chunks) that lives from the first micro-batch's backward to the
+last one's; sums compete with the rest of the state for host room by bytes
+moved per byte held (on the SSD a sum is written N-1 times and read N-1
+times), and two chunk-sized host buffers are kept for the sums on the SSD
+(one being added to, one on its way back). The gradient pool is that of one
+micro-batch: a micro-batch's gradient leaves the pool as soon as it is in
+its sum. See terastack.llm's [Note: gradient accumulation].
+
 [Note: choosing the activation policy]
 Decoder layers are identical, so a policy is a count per option: ``n_ssd``
 layers swap their saved activations to the SSD, ``n_host`` to host memory,
@@ -223,6 +237,10 @@ class LLMPlan:
     device_budget: int
     host_budget: int
     inline_updates: bool = False   # eager updates on the training thread (no accelerator)
+    #: micro-batches per optimizer step (gradient accumulation; see [Note: planning gradient accumulation])
+    grad_accum: int = 1
+    #: canonical tensor name -> "host" or "ssd": where its gradient summed over the micro-batches rests
+    grad_home: dict = field(default_factory=dict, compare=False)
 
     def summary(self) -> dict:
         counts = {p: self.policies.count(p) for p in POLICIES}
@@ -234,6 +252,8 @@ class LLMPlan:
                 "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
                 "optimizer_chunk": self.optimizer_chunk,
                 "read_ahead_bytes": self.read_ahead_bytes, "retained_units": len(self.retained_units),
+                "grad_accum": self.grad_accum,
+                "grad_sums_on_host": sum(1 for v in self.grad_home.values() if v == "host"),
                 **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
 
     def describe(self, profile: ModelProfile) -> str:
@@ -264,6 +284,11 @@ class LLMPlan:
         label = "predicted" if p.prediction else "predicted (calibrated on this machine)"
         where = ", inline after each unit's backward" if self.inline_updates else ""
         lines.append(f"optimizer: {self.mode}{where}; prefetch depth {self.prefetch_depth}")
+        if self.grad_accum > 1:
+            g_host = sum(profile.tensor_numel[n] for n, h in self.grad_home.items() if h == "host")
+            g_all = sum(profile.tensor_numel[n] for n in self.grad_home)
+            lines.append(f"gradient accumulation: {self.grad_accum} micro-batches per step; gradient sums "
+                         f"{format_bytes(g_host * 4)} in host memory, {format_bytes((g_all - g_host) * 4)} on SSD")
         lines.append(f"{label} step {p.step_s:.3f} s, {p.tokens_per_s:.1f} tokens/s, bottleneck: {p.bottleneck}")
         lines.append(f"  compute {p.compute_s:.3f} s | device link {p.device_link_s:.3f} s | SSD {p.ssd_s:.3f} s "
                      f"({format_bytes(p.ssd_read_bytes)} read, {format_bytes(p.ssd_write_bytes)} written) | "
@@ -328,11 +353,12 @@ class _OptimizerSizes:
     writeback: int       # updated state chunks in flight back to the SSD
     masters: int         # whole fp32 masters held: handed over by backward, read, being updated or written
     chunk: int           # elements per optimizer chunk
+    accumulate: int = 0  # gradient sums on the SSD being added to or written back (gradient accumulation)
 
     @property
     def host_bytes(self) -> int:
         """Host bytes all of the above take: the part of the host ledger that no resting state can use."""
-        return self.grad_pool + self.read_ahead + self.writeback + self.masters
+        return self.grad_pool + self.read_ahead + self.writeback + self.masters + self.accumulate
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -341,6 +367,7 @@ class _Homes:
 
     state_home: dict     # tensor -> "host" or "ssd": its fp32 master and moments
     compute_home: dict   # tensor -> "host" or "ssd": its compute copy (mixed precision, or a frozen tensor)
+    grad_home: dict      # tensor -> "host" or "ssd": its gradient summed over micro-batches (accumulation only)
     host_bytes: int      # host memory taken by the state that rests there
     ssd_read_bytes: int  # read per step for the state that rests on the SSD
     ssd_write_bytes: int  # written per step for the state that rests on the SSD
@@ -388,8 +415,12 @@ class LLMPlanner:
         #: eager updates run on the training thread, a unit's state at a time (see the optimizer's
         #: [Note: inline updates without an accelerator]); False: on the optimizer thread, a chunk at a time
         inline_updates: bool = False
+        #: micro-batches per optimizer step (gradient accumulation); see [Note: planning gradient accumulation]
+        grad_accum: int = 1
 
         def __post_init__(self) -> None:
+            if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+                raise ValueError(f"grad_accum: must be an integer >= 1, got {self.grad_accum!r}")
             self.device_budget = parse_bytes(self.device_budget, field="device_budget")
             self.host_budget = parse_bytes(self.host_budget, field="host_budget")
             if isinstance(self.policy, str):
@@ -454,7 +485,8 @@ class LLMPlanner:
                                retained_units=scored.retained_units,
                                prediction=scored.prediction,
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget,
-                               inline_updates=cfg.inline_updates and cfg.mode == "eager")
+                               inline_updates=cfg.inline_updates and cfg.mode == "eager",
+                               grad_accum=cfg.grad_accum, grad_home=homes.grad_home)
         raise shortfall.error()
 
     def predict(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...],
@@ -630,8 +662,10 @@ class LLMPlanner:
                     masters += held[0] + held[1]
                 else:
                     masters *= 2
+        # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
+        accumulate = 2 * held_bytes(chunk_held * 4) if cfg.grad_accum > 1 else 0
         return _OptimizerSizes(grad_pool=grad_pool, read_ahead=jobs, writeback=writeback, masters=masters,
-                               chunk=chunk)
+                               chunk=chunk, accumulate=accumulate)
 
     def _homes(self, profile: ModelProfile, room: int, chunk: int) -> _Homes:
         """Fill ``room`` host bytes with the state that moves the most bytes per byte held; the rest rests on SSD."""
@@ -643,22 +677,30 @@ class LLMPlanner:
             return self._homes_cache[key]
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
+        micro = self.config.grad_accum  # compute weights are read in forward and backward of every micro-batch
         items = []  # (SSD bytes per step per byte held, kind, name, bytes held, read, written)
         for name, n in profile.tensor_numel.items():
             if profile.tensor_trainable[name]:
                 moments = 2 * chunked_bytes(n, 4, chunk)
                 if mixed:
                     state = moments + chunked_bytes(n, 4, chunk)
-                    items.append((2.0, "compute", name, held_bytes(n * cb), 2 * n * cb, n * cb))
+                    items.append((2.0 * micro, "compute", name, held_bytes(n * cb), 2 * micro * n * cb, n * cb))
                     items.append((2.0, "state", name, state, n * STATE_BYTES, n * STATE_BYTES))
                 else:
                     # fp32: the master is the compute copy: read in forward and backward (backward hands it to
                     # the optimizer), moments read once; all three written once
-                    items.append((28 / 12, "state", name, moments + held_bytes(n * 4), n * 16, n * STATE_BYTES))
+                    items.append(((8 * micro + 20) / 12, "state", name, moments + held_bytes(n * 4),
+                                  n * (8 * micro + 8), n * STATE_BYTES))
+                if micro > 1:
+                    # [Note: planning gradient accumulation]: the sum on the SSD is written by micro-batches
+                    # 1..N-1 and read by 2..N
+                    sums = chunked_bytes(n, 4, chunk)
+                    moved = (micro - 1) * n * 4
+                    items.append((2 * moved / sums, "grad", name, sums, moved, moved))
             else:
-                items.append((2.0, "compute", name, held_bytes(n * cb), 2 * n * cb, 0))
+                items.append((2.0 * micro, "compute", name, held_bytes(n * cb), 2 * micro * n * cb, 0))
         items.sort(key=lambda it: -it[0])
-        state_home, compute_home = {}, {}
+        state_home, compute_home, grad_home = {}, {}, {}
         host = read = write = 0
         for _, kind, name, held, r, w in items:
             if host + held <= room:
@@ -668,9 +710,10 @@ class LLMPlanner:
                 home = "ssd"
                 read += r
                 write += w
-            (state_home if kind == "state" else compute_home)[name] = home
-        self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home, host_bytes=host,
-                                                ssd_read_bytes=read, ssd_write_bytes=write)
+            {"state": state_home, "compute": compute_home, "grad": grad_home}[kind][name] = home
+        self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home,
+                                                grad_home=grad_home, host_bytes=host, ssd_read_bytes=read,
+                                                ssd_write_bytes=write)
         return homes
 
     def _unit_times(self, u: UnitProfile, hw: Hardware) -> _UnitTimes:
@@ -693,15 +736,16 @@ class LLMPlanner:
             times = self._unit_times(u, hw)
             fwd += times.fwd_s
             bwd += times.bwd_s
-        compute = fwd + bwd + split.recompute_s
+        micro = cfg.grad_accum  # every micro-batch computes and moves activations and weights; AdamW runs once
+        compute = (fwd + bwd + split.recompute_s) * micro
         grad_unit = max(u.trainable * 4 for u in profile.units)
         if cfg.mode != "eager":
             # gradients wait for the norm; those beyond the pool travel through the SSD and back
             spill = max(0, profile.trainable_params * 4 - 2 * grad_unit)
             read += spill
             write += spill
-        read += split.ssd_acts
-        write += split.ssd_acts
+        read += split.ssd_acts * micro
+        write += split.ssd_acts * micro
         read_bw = hw.ssd_read_total or 1e9
         write_bw = hw.ssd_write_total or 1e9
         ssd = read / read_bw + write / write_bw
@@ -709,12 +753,12 @@ class LLMPlanner:
         link = host_copy = 0.0
         if gpu:
             weights = sum(u.weight_bytes for u in profile.units)
-            h2d = 2 * weights + split.host_acts + split.ssd_acts
-            d2h = profile.trainable_params * cb + split.host_acts + split.ssd_acts
+            h2d = (2 * weights + split.host_acts + split.ssd_acts) * micro
+            d2h = (profile.trainable_params * cb + split.host_acts + split.ssd_acts) * micro
             link_bytes = h2d + d2h
             link = max(h2d, d2h) / (hw.pcie_bytes_per_s or 16e9)
         else:
-            host_copy = split.host_acts / (hw.memcpy_bytes_per_s or 5e9)
+            host_copy = split.host_acts * micro / (hw.memcpy_bytes_per_s or 5e9)
         adam_rate = hw.cpu_adam_params_per_s or 2e8
         optimizer = profile.trainable_params / adam_rate
         # ---- the part no schedule hides
@@ -731,7 +775,7 @@ class LLMPlanner:
             exposed = first_io + (first.trainable / adam_rate if gpu else 0.0)
         if depth == 0:
             # no prefetch: every unit's weights arrive while compute waits
-            exposed += sum(u.weight_bytes for u in profile.units) * 2 / read_bw
+            exposed += sum(u.weight_bytes for u in profile.units) * 2 * micro / read_bw
         io_slowdown = 0.0
         if gpu:
             pipes = {"compute": compute, "device link": link, "SSD": ssd, "CPU optimizer": optimizer}
@@ -744,7 +788,7 @@ class LLMPlanner:
             pipes = {"CPU (compute + AdamW + host copies)": cpu, "SSD": ssd}
         bottleneck = max(pipes, key=pipes.get)
         step = pipes[bottleneck] + exposed
-        return StepPrediction(step_s=step, tokens_per_s=profile.tokens / step if step > 0 else 0.0,
+        return StepPrediction(step_s=step, tokens_per_s=profile.tokens * micro / step if step > 0 else 0.0,
                               bottleneck=bottleneck, compute_s=compute, device_link_s=link, ssd_s=ssd,
                               optimizer_s=optimizer, host_copy_s=host_copy, exposed_s=exposed,
                               io_slowdown_s=io_slowdown,

@@ -2,7 +2,8 @@
 shortfall) or every step runs within it (no BudgetError, the ledgers' peaks within the plan's formulas).
 
 Checked as a property over random tiny models (families, widths, depths, vocabularies, tied embeddings or
-not) and random (device, host) budget pairs, with and without clipping, with both optimizer executors.
+not) and random (device, host) budget pairs, with and without clipping, with both optimizer executors, and with
+gradient accumulation (the gradient sums are part of the plan).
 """
 import math
 import random
@@ -13,6 +14,7 @@ import torch
 
 from terastack.io.errors import BudgetError
 from terastack.llm import Trainer
+from terastack.llm.model import PACKING_FAMILIES
 from terastack.plan.llm_planner import PlanError
 
 KIB = 1 << 10
@@ -57,7 +59,8 @@ def save_model(hf_config, path) -> None:
 
 def check_contract(model_dir, cfg, vocab: int, *, steps: int = STEPS) -> str:
     """Build a trainer under ``cfg``: a refusal must be a PlanError naming a budget and its shortfall; an
-    accepted plan must run ``steps`` steps within its ledgers. Returns "refused" or "trained"."""
+    accepted plan must run ``steps`` steps within its ledgers (``cfg.grad_accum`` > 1: accumulated steps of that
+    many micro-batches, some labels -100). Returns "refused" or "trained"."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # families not yet in TESTED_FAMILIES train with a warning
         try:
@@ -70,7 +73,20 @@ def check_contract(model_dir, cfg, vocab: int, *, steps: int = STEPS) -> str:
     with trainer as t:
         for _ in range(steps):
             try:
-                t.step(torch.randint(0, vocab, (cfg.batch_size, SEQ), generator=g))
+                if cfg.grad_accum == 1 and not cfg.packed:
+                    t.step(torch.randint(0, vocab, (cfg.batch_size, SEQ), generator=g))
+                    continue
+                mbs = []
+                for _ in range(cfg.grad_accum):
+                    ids = torch.randint(0, vocab, (cfg.batch_size, SEQ), generator=g)
+                    labels = ids.clone()
+                    labels[:, int(torch.randint(0, SEQ - 1, (), generator=g)):] = -100
+                    mbs.append({"input_ids": ids, "labels": labels})
+                    if cfg.packed:  # two examples per row
+                        cut = int(torch.randint(2, SEQ - 2, (), generator=g))
+                        pos = torch.cat([torch.arange(cut), torch.arange(SEQ - cut)]).expand(cfg.batch_size, -1)
+                        mbs[-1]["position_ids"] = pos
+                t.step_accumulated(mbs)
             except BudgetError as exc:  # (a PlanError is one too: too late once the plan was accepted)
                 pytest.fail(f"accepted plan failed inside a step: {exc}\n{t.describe_plan()}")
         t.synchronize()
@@ -132,4 +148,29 @@ def test_budget_contract(seed, tmp_path, trainer_config):
     save_model(hf, tmp_path / "model")
     cfg = trainer_config(device_budget=device_budget, host_budget=host_budget, batch_size=1, seq_len=SEQ,
                          max_grad_norm=clip, inline_updates=inline, optimizer_chunk=chunk, state_placement=placement)
+    check_contract(tmp_path / "model", cfg, hf.vocab_size)
+
+
+ACCUM_SEEDS = list(range(100, 116))
+
+
+@pytest.mark.parametrize("seed", ACCUM_SEEDS)
+def test_budget_contract_with_gradient_accumulation(seed, tmp_path, trainer_config):
+    """As above, with 2 or 3 micro-batches per step: the plan's gradient sums (host or SSD) and their working
+    buffers stay within the budgets it accepted; for families that pack, some plans take packed rows (the
+    block-diagonal mask's activations counted)."""
+    rng = random.Random(seed)
+    hf = random_config(rng)
+    device_budget = log_uniform(rng, 256 * KIB, 6 << 20)
+    host_budget = log_uniform(rng, 256 * KIB, 4 << 20)
+    clip = rng.choice((None, 1.0))
+    inline = rng.choice((True, False))
+    chunk = rng.choice((1024, 1 << 20))
+    placement = rng.choice(("auto", "ssd"))
+    accum = rng.choice((2, 3))
+    packed = hf.model_type in PACKING_FAMILIES and rng.random() < 0.5
+    save_model(hf, tmp_path / "model")
+    cfg = trainer_config(device_budget=device_budget, host_budget=host_budget, batch_size=1, seq_len=SEQ,
+                         max_grad_norm=clip, inline_updates=inline, optimizer_chunk=chunk, state_placement=placement,
+                         grad_accum=accum, packed=packed)
     check_contract(tmp_path / "model", cfg, hf.vocab_size)

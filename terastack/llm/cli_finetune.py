@@ -95,6 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--metrics", default=None, metavar="FILE",
                    help="per-step metrics as JSON lines (default: DIR/metrics.jsonl with --output); also "
                         "TensorBoard events beside it when the tensorboard package is installed")
+    o.add_argument("--max-shard-size", default=None, metavar="SIZE",
+                   help="split the exported weights into safetensors shards of at most SIZE with an index file, "
+                        "as transformers does (default 5GB)")
     o.add_argument("--checkpoint", default=None, metavar="DIR", help="write checkpoints to DIR")
     o.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="checkpoint every N steps (default: only at the end when --checkpoint is given)")
@@ -119,10 +122,9 @@ def _trainer_config(job, *, builtin: bool, pretrained: bool, hf_config):
         value = getattr(job, key)
         if value is not None:
             fields[name] = value
-    if job.grad_accum > 1:
-        if "grad_accum" not in {f.name for f in dataclasses.fields(TrainerConfig)}:
-            raise ValueError("--grad-accum: this terastack's Trainer has no gradient accumulation")
-        fields["grad_accum"] = job.grad_accum
+    fields["grad_accum"] = job.grad_accum
+    if job.pack:
+        fields["packed"] = True  # packed rows carry an attention mask per layer: the plan counts it
     if job.lora is not None:
         fields["lora"] = LoraSpec(r=job.lora, alpha=2 * job.lora)
     if builtin and "host_budget" not in fields and "memory_budget" not in fields:
@@ -151,8 +153,6 @@ def run(args: argparse.Namespace) -> int:
 
     job = resolve_job(file=args.config, flags={k: getattr(args, k) for k in JOB_KEYS if hasattr(args, k)},
                       overrides=args.overrides or [])
-    if job.grad_accum > 1 and not hasattr(Trainer, "step_accumulated"):
-        raise ValueError("--grad-accum: this terastack's Trainer has no step_accumulated")
     spec = job.model or DEFAULT_MODEL
     hf_config, model_dir = resolve_model(spec)
     config = _trainer_config(job, builtin=job.model is None, pretrained=model_dir is not None, hf_config=hf_config)
@@ -224,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
                         val_batches=data.val, metrics=metrics, log=log, checkpoint_extra={"data": data.info})
                     done = loop.run()
                 if output is not None:
-                    output.finish(trainer, tokenizer, lambda path: write_job_file(resolved, path))
+                    output.finish(trainer, tokenizer, max_shard_size=job.max_shard_size,
+                                  write_job=lambda path: write_job_file(resolved, path))
                     print(f"exported to {output.path}", file=log)
                 losses = done.losses
                 hist = trainer.history[-len(losses):] if losses else []

@@ -82,6 +82,8 @@ class JobConfig:
     output: str | None = None
     #: metrics.jsonl elsewhere than in ``output``
     metrics: str | None = None
+    #: the exported weights are split into safetensors shards of at most this size (with an index file)
+    max_shard_size: str = "5GB"
     checkpoint: str | None = None
     checkpoint_every: int = 0
     resume: str | None = None
@@ -158,6 +160,7 @@ _TYPES = {"model": (str,), "data": (str,), "val_data": (str,), "val_fraction": (
           "weight_decay": (float, int), "max_grad_norm": (float, int), "device_budget": (str, int),
           "host_budget": (str, int), "memory_budget": (str, int), "store": (str,), "activation_policy": (str,),
           "dtype": (str,), "lora": (int,), "seed": (int,), "output": (str,), "metrics": (str,),
+          "max_shard_size": (str, int),
           "checkpoint": (str,), "checkpoint_every": (int,), "resume": (str,)}
 JOB_KEYS = tuple(f.name for f in dataclasses.fields(JobConfig))
 TRAINER_KEYS = tuple(f.name for f in dataclasses.fields(TrainerConfig))

@@ -6,7 +6,6 @@ becomes examples with a loss mask (:class:`terastack.llm.supervised.SupervisedDa
 """
 from __future__ import annotations
 
-import dataclasses
 
 from terastack.llm.data import load_tokens
 from terastack.llm.data_files import is_record_file
@@ -30,8 +29,6 @@ class JobData:
         self.summary = None
         if self.records:
             options = {"pack": True} if job.pack else {}
-            if job.pack and "pack" not in {f.name for f in dataclasses.fields(SupervisedData.Config)}:
-                raise ValueError("--pack: this terastack's SupervisedData does not pack examples")
             val_fraction = 0.0 if job.val_data else (0.05 if job.val_fraction is None else job.val_fraction)
             data = SupervisedData.load(job.data, tokenizer, SupervisedData.Config(
                 seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=val_fraction,

@@ -38,13 +38,13 @@ class OutputDir:
             shutil.rmtree(self.partial, ignore_errors=True)
         self.partial.mkdir(parents=True, exist_ok=True)
 
-    def finish(self, trainer, tokenizer, write_job) -> Path:
+    def finish(self, trainer, tokenizer, *, max_shard_size, write_job) -> Path:
         """Export ``trainer``'s model with ``tokenizer`` (None: the model's own files, if any), move the
         metrics in, ``write_job(path)`` the job file, and rename the whole to the output directory."""
         staging = self.path.with_name(f".{self.path.name}.export-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            trainer.save_pretrained(staging)
+            trainer.save_pretrained(staging, max_shard_size=max_shard_size)
             if tokenizer is not None:  # the export loads with transformers on its own, tokenizer too
                 tokenizer.save_pretrained(str(staging))
             for entry in self.partial.iterdir() if self.partial.exists() else ():

@@ -320,8 +320,6 @@ def test_validation_every_n_steps_through_the_command(tmp_path, job, capsys):
     assert [x["lr"] for x in lines if "lr" in x] == pytest.approx(_reference_lrs("linear", 5e-3, 0, 6), rel=1e-12)
 
 
-@pytest.mark.skipif(not hasattr(__import__("terastack.llm.trainer", fromlist=["Trainer"]).Trainer,
-                                "step_accumulated"), reason="Trainer.step_accumulated is not in this tree yet")
 def test_grad_accum_equals_the_larger_batch(tmp_path, job, capsys):
     """Two micro-batches of one full window accumulated equal one batch of both windows (same target tokens)."""
     from terastack.cli import main
@@ -338,9 +336,6 @@ def test_grad_accum_equals_the_larger_batch(tmp_path, job, capsys):
     assert [r["tokens"] for r in steps] == [2 * SEQ] * 3
 
 
-@pytest.mark.skipif("pack" not in __import__("terastack.llm.supervised", fromlist=["SupervisedData"])
-                    .SupervisedData.Config.__dataclass_fields__, reason="SupervisedData.Config.pack is not in this "
-                    "tree yet")
 def test_pack_trains_on_records(tmp_path, job, capsys):
     from terastack.cli import main
 
@@ -351,3 +346,23 @@ def test_pack_trains_on_records(tmp_path, job, capsys):
     capsys.readouterr()
     steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "loss" in r] == [1, 2]
+
+
+def test_output_is_sharded_above_max_shard_size_and_loads_with_transformers(tmp_path, job, capsys):
+    """--max-shard-size splits the export as transformers does; the directory loads with from_pretrained."""
+    from transformers import AutoModelForCausalLM
+
+    from terastack.cli import main
+
+    out = tmp_path / "out"
+    assert main(["finetune", "--config", str(job), "--store", str(tmp_path / "store"), "--steps", "1",
+                 "--max-shard-size", "20KB", "--output", str(out)]) == 0
+    capsys.readouterr()
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(out.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and set(index["weight_map"].values()) == {p.name for p in shards}
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    weights = _weights(out)
+    for name, p in model.state_dict().items():
+        if name in weights:
+            torch.testing.assert_close(p, weights[name], rtol=0, atol=0, msg=name)

@@ -38,11 +38,13 @@ def rank_nodes(counts: np.ndarray, degree: np.ndarray) -> np.ndarray:
 class Hotness:
     """Access counts from pre-sampling plus the per-batch shape of the workload."""
 
-    counts: np.ndarray          # int64 [num_nodes]: times each row was gathered, all pre-sampled epochs
+    # per-node arrays are int32 (4 bytes per node each: on a graph larger than memory they are what the
+    # pass itself holds); counts are bounded by the batches sampled
+    counts: np.ndarray          # int32 [num_nodes]: times each row was gathered, all pre-sampled epochs
     #: int32 [num_nodes]: times each node's in-neighbour list was sampled (it was in a hop's frontier),
     #: all pre-sampled epochs (what a cached list saves; terastack.gnn.topology)
     expansions: np.ndarray
-    degree: np.ndarray          # int64 [num_nodes]: in-neighbour lists each node appears in
+    degree: np.ndarray          # int32 [num_nodes] (int64 past 2^31): in-neighbour lists each node appears in
     holdout_counts: np.ndarray | None  # the last epoch's counts (the curve is scored on them)
     batches: int                # batches sampled
     epochs: int
@@ -85,7 +87,7 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
     if epochs < 1:
         raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")
     n = sampler.num_nodes
-    counts = np.zeros(n, np.int64)
+    counts = np.zeros(n, np.int32)
     expansions = np.zeros(n, np.int32)
     last = None
     nodes = edges = seeds = batches = 0
@@ -107,11 +109,14 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
             if len(examples) < keep_examples:
                 examples.append(batch)
         epoch_counts = np.bincount(np.concatenate(touched), minlength=n) if touched else np.zeros(n, np.int64)
-        counts += epoch_counts
+        counts += epoch_counts.astype(np.int32)
         if epoch == epochs - 1 and epochs > 1:
-            last = epoch_counts
+            last = epoch_counts.astype(np.int32)
+        del epoch_counts, touched
     if degree is None:  # streamed: the topology may be memory-mapped or on the SSD, larger than memory
         degree = sampler.topology.appearance_counts()
+        if degree.max(initial=0) < 2**31:
+            degree = degree.astype(np.int32)
     b = max(batches, 1)
     return Hotness(counts=counts, expansions=expansions, degree=degree, holdout_counts=last, batches=batches, epochs=epochs,
                    nodes_per_batch=nodes / b, edges_per_batch=edges / b, seeds_per_batch=seeds / b,

@@ -175,6 +175,8 @@ def measure_scale(args) -> dict:
         presample_seconds = time.perf_counter() - t0
         split, feature_budget = share_budget(ds, hot, budget, fanouts)
         cache = UnifiedCache(ds, hot.order(), device_budget=0, host_budget=feature_budget, device="cpu")
+        hot_summary = {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
+                       "expected_feature_hit_rate": hot.hit_rate(cache.device_rows + cache.host_rows)}
         ssd = probe_feature_file(ds)
         here = Hardware(name="this machine (SSD measured on the feature file)", measured=True,
                         cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
@@ -184,6 +186,7 @@ def measure_scale(args) -> dict:
         wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size))
         predicted = predict_epoch(wl, here, device_cache=0, host_cache=feature_budget,
                                   train_threads=wl.compute_threads)
+        del hot  # its per-node arrays (counts, ranking curve) are not needed while training
         torch.manual_seed(args.seed)
         model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -222,7 +225,7 @@ def measure_scale(args) -> dict:
                 "stages_seconds_per_batch": predicted.stages, "ssd": ssd,
                 "note": "features-only model: topology reads are not modelled"},
         "epoch": {k: v for k, v in epoch.items() if k != "losses"},
-        "presample_seconds": presample_seconds,
+        "presample_seconds": presample_seconds, "presample": hot_summary,
         "generation": {"status": gen["status"], "seconds": gen["wall_seconds"],
                        "peak_rss_bytes": gen["peak_rss_bytes"], "memory_budget": gen_memory},
         "dataset": {"dir": str(root), "nodes": nodes, "edges": gen.get("edges"), "avg_degree": avg_degree,

@@ -30,8 +30,12 @@ PRESAMPLE_SEED_OFFSET = 7_919
 
 def rank_nodes(counts: np.ndarray, degree: np.ndarray) -> np.ndarray:
     """Node ids hottest first; see [Note: hotness ranking and its hit-rate curve]."""
-    score = counts.astype(np.int64) * (int(degree.max(initial=0)) + 1) + degree.astype(np.int64)
-    return np.argsort(-score, kind="stable")
+    # In place, one int64 per node besides the result: on a graph larger than memory these are the pass's
+    # largest temporaries.
+    score = counts.astype(np.int64)
+    score *= -(int(degree.max(initial=0)) + 1)
+    score -= degree
+    return np.argsort(score, kind="stable")
 
 
 @dataclass(slots=True)

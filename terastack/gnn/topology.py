@@ -364,20 +364,28 @@ class SsdTopology:
         return out
 
     # ------------------------------------------------------------------ cache
-    def fill(self, nodes: np.ndarray, *, step: int = 1 << 16) -> int:
-        """Cache the whole in-neighbour lists of ``nodes`` (replacing any cached before). Returns bytes read."""
+    def fill(self, nodes: np.ndarray, *, step_entries: int = 1 << 22) -> int:
+        """Cache the whole in-neighbour lists of ``nodes`` (replacing any cached before). Returns bytes read.
+
+        Read in groups of lists of about ``step_entries`` entries (a list longer than that alone): the
+        positions of a read are int64 arrays, so an unbounded group (hub lists hold millions of entries)
+        would cost far more transient memory than the cache itself.
+        """
         nodes = np.unique(np.asarray(nodes, dtype=np.int64))
         starts, degs = self._ranges(nodes)
         ptr = np.zeros(len(nodes) + 1, np.int64)
         np.cumsum(degs, out=ptr[1:])
+        self.hot = HotLists.empty(self.index_dtype)  # the old lists go before the new ones are read
         lists = np.empty(int(ptr[-1]), self.index_dtype)
-        read = 0
-        for k in range(0, len(nodes), step):  # a bounded number of lists per read
-            s, d = starts[k:k + step], degs[k:k + step]
-            pos = np.repeat(s, d) + (np.arange(int(d.sum())) - np.repeat(np.cumsum(d) - d, d))
+        read, k = 0, 0
+        while k < len(nodes):
+            stop = max(k + 1, int(np.searchsorted(ptr, ptr[k] + step_entries, side="right")) - 1)
+            s, d = starts[k:stop], degs[k:stop]
+            pos = np.repeat(s - (ptr[k:stop] - ptr[k]), d) + np.arange(int(ptr[stop] - ptr[k]))
             values, nbytes, _ = self.indices.take(pos)
-            lists[ptr[k]: ptr[min(k + step, len(nodes))]] = values
+            lists[ptr[k]: ptr[stop]] = values
             read += nbytes
+            k = stop
         self.hot = HotLists(nodes, starts, ptr, lists)
         return read
 

@@ -183,3 +183,18 @@ def test_ssd_topology_config_is_checked(tiny):
         open_dataset(tiny, topology="disk")
     with pytest.raises(ValueError, match="host_cache"):  # indptr in memory is paid from the budget
         _train(tiny, "ssd", 1000, indptr="memory")
+
+
+def test_fill_in_bounded_groups_caches_every_list_exactly(tiny):
+    mem = open_dataset(tiny)
+    ssd = open_dataset(tiny, topology="ssd", indptr="ssd")
+    try:
+        nodes = np.random.default_rng(4).choice(ssd.num_nodes, 700, replace=False)
+        ssd.topology.fill(nodes, step_entries=37)  # many groups, some lists longer than a group
+        hot = ssd.topology.hot
+        assert np.array_equal(hot.ids, np.sort(nodes))
+        for k, v in enumerate(hot.ids.tolist()):
+            assert np.array_equal(hot.lists[hot.ptr[k]:hot.ptr[k + 1]], mem.indices[mem.indptr[v]:mem.indptr[v + 1]])
+            assert hot.start[k] == mem.indptr[v]
+    finally:
+        ssd.close()

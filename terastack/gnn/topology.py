@@ -47,7 +47,8 @@ in-degree, ``s`` the index itemsize, ``F`` the largest fanout::
     list of v:         density_t(v) = x_v * (B_list(d_v) + B_ptr) / (d_v * s + 24)
                        B_list(d) = 4096 * min(1 + (d - 1) * s / 4096, min(d, F))
                                    (blocks a list of d entries spans, at most one per drawn entry)
-                       B_ptr = 4096 if indptr is on the SSD else 0  (the list's indptr entries)
+                       B_ptr = 4096 if indptr is on the SSD else 0  (the list's indptr entries; so
+                               with indptr on the SSD even an empty list is worth caching)
                        24 bytes: the cached list's id, start and offset
 
 Candidates of both kinds are merged by density, highest first, and taken while
@@ -457,7 +458,8 @@ def split_budget(budget: int, *, feature_counts: np.ndarray, expansions: np.ndar
     f_cost = np.full(len(feat), row_bytes, np.int64)
     expanded = np.flatnonzero(expansions > 0)
     deg = np.asarray(degrees_of(expanded), np.int64) if len(expanded) else np.zeros(0, np.int64)
-    keep = deg > 0
+    # an empty list saves nothing unless indptr is on the SSD: then caching it (24 bytes) saves its indptr read
+    keep = (deg > 0) | indptr_on_ssd
     expanded, deg = expanded[keep], deg[keep]
     saved = expansions[expanded] * (list_read_bytes(deg, index_itemsize, max_fanout)
                                     + (BLOCK if indptr_on_ssd else 0))

@@ -70,7 +70,9 @@ def print_result(result: dict, *, title: str, headline: list[str] | None = None,
     print(f"== {title} ==", file=stream)
     keys = list(headline or []) + [k for k in result if k not in (headline or [])]
     for key in keys:
-        value = result.get(key)
+        if key not in result:  # a headline field this variant of the benchmark does not report
+            continue
+        value = result[key]
         if isinstance(value, (dict, list)) or key == "environment":
             continue
         if isinstance(value, float):

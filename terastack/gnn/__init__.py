@@ -53,6 +53,8 @@ _EXPORTS = {
     "GraphGenerator": "terastack.gnn.gen", "generate": "terastack.gnn.gen",
     "GraphImporter": "terastack.gnn.importer", "import_arrays": "terastack.gnn.importer",
     "NeighborSampler": "terastack.gnn.sampler", "SampledBatch": "terastack.gnn.sampler",
+    "SsdTopology": "terastack.gnn.topology", "ArrayTopology": "terastack.gnn.topology",
+    "DiskArray": "terastack.gnn.topology",
     "presample": "terastack.gnn.hotness", "Hotness": "terastack.gnn.hotness",
     "UnifiedCache": "terastack.gnn.cache", "InMemoryFeatures": "terastack.gnn.cache",
     "MmapFeatures": "terastack.gnn.cache", "FeatureSource": "terastack.gnn.cache",

@@ -64,7 +64,7 @@ from terastack.gnn.hotness import presample
 from terastack.gnn.models import GNN, eval_step, train_step
 from terastack.gnn.pipeline import Pipeline
 from terastack.gnn.sampler import NeighborSampler, epoch_batches, parse_fanouts
-from terastack.gnn.train import EVAL_EPOCH, evaluate, train_epoch, training_threads
+from terastack.gnn.train import EVAL_EPOCH, evaluate, share_budget, train_epoch, training_threads
 from terastack.memory import peak_rss
 from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import predict_epoch
@@ -86,28 +86,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="where the generated dataset lives (kept and reused when its "
                    "parameters match; default: $TERASTACK_CACHE/bench-gnn or ~/.cache/terastack/bench-gnn)")
     p.add_argument("--fresh", action="store_true", help="regenerate the dataset even if a matching one exists")
-    p.add_argument("--nodes", type=int, default=4_000_000)
-    p.add_argument("--avg-degree", type=float, default=10.0)
+    p.add_argument("--nodes", type=int, default=None, help="default 4M (with --scale: 48M)")
+    p.add_argument("--avg-degree", type=float, default=None, help="default 10 (with --scale: 15)")
     p.add_argument("--feat-dim", type=int, default=128)
     p.add_argument("--classes", type=int, default=16)
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
-    p.add_argument("--train-nodes", type=int, default=65536, help="training seeds per epoch")
+    p.add_argument("--train-nodes", type=int, default=None,
+                   help="training seeds per epoch (default 65536; with --scale: 16384)")
     p.add_argument("--test-nodes", type=int, default=4096, help="test nodes evaluated after training")
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--fanouts", default="15,10")
-    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=None, help="default 1024 (with --scale: 512)")
     p.add_argument("--epochs", type=int, default=2, help="epochs of the in-memory and terastack runs")
     p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the mmap and sync-gather runs")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", default=None, help="memory for the feature cache, all tiers together "
-                   "(default: a quarter of the feature file)")
+                   "(default: a quarter of the feature file; with --scale: 1GiB for hot lists and rows together)")
     p.add_argument("--device-share", type=float, default=0.25, help="share of the budget in the device tier")
     p.add_argument("--tpc-fractions", default="0.25,0.5,1",
                    help="cache sizes (fractions of the budget) at which TPC predictions are checked")
     p.add_argument("--tpc-rounds", type=int, default=2, help="measured epochs per TPC cache size (taking turns)")
-    p.add_argument("--gen-memory", default="1GiB", help="memory budget of dataset generation")
+    p.add_argument("--gen-memory", default=None, help="memory budget of dataset generation (default 1GiB; "
+                   "with --scale: 3GiB)")
+    p.add_argument("--topology", default="memory", choices=["memory", "ssd"],
+                   help="the terastack and sync-gather contenders' topology: in memory, or on the SSD with hot "
+                        "lists cached out of the budget (the in-memory baselines keep theirs in memory)")
+    p.add_argument("--indptr", default="auto", choices=["auto", "memory", "ssd"],
+                   help="with the topology on the SSD: where indptr lives (see terastack gnn train --indptr)")
+    p.add_argument("--scale", action="store_true",
+                   help="instead: one epoch of GraphSAGE on a generated graph larger than RAM, topology and "
+                        "features on the SSD, peak RSS reported (see terastack.gnn.scale)")
+    p.add_argument("--rss-limit", default="8GiB", help="with --scale: stop the run if its RSS passes this")
+    p.add_argument("--cleanup", action="store_true", help="with --scale: delete the dataset after the run")
     p.add_argument("--threads", type=int, default=-1,
                    help="torch intra-op threads for every contender (-1: one less than the cores, leaving one "
                         "for the pipeline's sampling and gathering threads; 0: torch's default, one per core)")
@@ -168,9 +180,20 @@ def _model(args, ds):
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
 
 
+#: defaults of the flags whose default differs with --scale (terastack.gnn.scale.SCALE_DEFAULTS)
+_DEFAULTS = {"nodes": 4_000_000, "avg_degree": 10.0, "train_nodes": 65536, "batch_size": 1024, "gen_memory": "1GiB"}
+
+
 def measure(args: argparse.Namespace) -> dict:
     from terastack.gnn.cache import InMemoryFeatures
 
+    if args.scale:
+        from terastack.gnn.scale import measure_scale
+
+        return measure_scale(args)
+    for name, default in _DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     fanouts = parse_fanouts(args.fanouts)
     progress = not args.quiet
     root = _dataset_dir(args)
@@ -232,13 +255,20 @@ def measure(args: argparse.Namespace) -> dict:
         dev = int(total * args.device_share)
         return UnifiedCache(ds, hot.order(), device_budget=dev, host_budget=total - dev)
 
-    cache = build_cache(budget)
+    ts_sampler, split, ds_ssd = sampler, {}, None
+    if args.topology == "ssd":  # same batches (same draws), lists read per hop, hot ones cached from the budget
+        ds_ssd = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget - device_cache)
+        ts_sampler = NeighborSampler(topology=ds_ssd.topology, fanouts=fanouts, seed=args.seed)
+        split, host_left = share_budget(ds_ssd, hot, budget - device_cache, fanouts)
+        cache = UnifiedCache(ds, hot.order(), device_budget=device_cache, host_budget=host_left)
+    else:
+        cache = build_cache(budget)
     mm = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim, dtype=ds.feat_dtype,
                       budget=budget)
     # The pipelined in-memory contender differs from terastack's only in its feature source.
     pipes = {"in_memory_pipelined": Pipeline(sampler, features, ds.labels),
-             "terastack": Pipeline(sampler, cache, ds.labels),
-             "sync": Pipeline(sampler, cache, ds.labels, overlap=False)}
+             "terastack": Pipeline(ts_sampler, cache, ds.labels),
+             "sync": Pipeline(ts_sampler, cache, ds.labels, overlap=False)}
     sources = {"in_memory": features, "mmap": mm}
     labels_ = {"in_memory": "in-memory serial", "in_memory_pipelined": "in-memory pipelined",
                "terastack": "terastack", "sync": "sync gather", "mmap": "mmap"}
@@ -272,6 +302,9 @@ def measure(args: argparse.Namespace) -> dict:
     cache_info = cache.describe()
     cache.close()
     mm.close()
+    topology_info = {**ts_sampler.topology.describe(), "split": split}
+    if ds_ssd is not None:
+        ds_ssd.close()
     del sources, models
     mem_epochs, pipe_epochs, ts_epochs, sync_epochs, mm_epochs = (
         results[k] for k in ("in_memory", "in_memory_pipelined", "terastack", "sync", "mmap"))
@@ -357,7 +390,7 @@ def measure(args: argparse.Namespace) -> dict:
         "max_loss_diff": max_diff,
         "final_loss": ts_losses[-1] if ts_losses else None,
         "hit_rates": {"device": ts_epochs[0]["device_hit_rate"], "host": ts_epochs[0]["host_hit_rate"],
-                      "miss": ts_epochs[0]["miss_rate"],
+                      "miss": ts_epochs[0]["miss_rate"], "topology": ts_epochs[0]["topology_hit_rate"],
                       "predicted_from_presampling": hot.hit_rate(cache.device_rows + cache.host_rows)},
         "ssd": {"GBps_per_epoch": [e["ssd_GBps"] for e in ts_epochs],
                 "bytes_per_epoch": [e["ssd_bytes"] for e in ts_epochs],
@@ -368,9 +401,10 @@ def measure(args: argparse.Namespace) -> dict:
         "mmap": {"budget_bytes": budget, "evicted_pages": mm.evicted_pages},
         "tpc": tpc, "tpc_calibration": calibration,
         "cache": cache_info,
+        "topology": topology_info,
         "memory_bytes": {"in_memory_features": ds.feature_bytes,
                          "terastack_cache": cache_info["device_bytes"] + cache_info["host_bytes"]
-                         + cache_info["table_bytes"],
+                         + cache_info["table_bytes"] + topology_info.get("memory_bytes", 0),
                          "terastack_staging": cache_info["staging_bytes"]
                          + sum(pipes["terastack"].last_stats.slot_bytes),
                          "process_peak_rss": peak_rss()},

@@ -65,8 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="write the trained model's weights to PATH (e.g. model.pt) and its description to "
                         "PATH with a .json suffix, for `terastack gnn infer`")
     p.add_argument("--verify", default="stamp", choices=["stamp", "full", "size"])
-    p.add_argument("--topology", default="memory", choices=["memory", "mmap"],
-                   help="read the CSC topology into memory, or map it (pages come from SSD on demand)")
+    p.add_argument("--topology", default="memory", choices=["memory", "mmap", "ssd"],
+                   help="read the CSC topology into memory, map it (pages come from SSD on demand), or leave it "
+                        "on the SSD (read per hop through the storage engine, hot lists cached out of --host-cache)")
+    p.add_argument("--indptr", default="auto", choices=["auto", "memory", "ssd"],
+                   help="with --topology ssd: indptr (8 bytes per node) in memory, on the SSD, or auto (in memory "
+                        "when it costs at most a quarter of --host-cache)")
     p.add_argument("--device", default="auto")
     _threads_arg(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
@@ -83,7 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--host-cache", default="256MiB", help="host-tier cache budget for the input features")
     p.add_argument("--work-dir", default="", help="where layer outputs are written between layers "
                    "(default: beside --out)")
-    p.add_argument("--topology", default="memory", choices=["memory", "mmap"])
+    p.add_argument("--topology", default="memory", choices=["memory", "mmap", "ssd"],
+                   help="CSC topology in memory, mapped, or on the SSD (each chunk's lists read through the "
+                        "storage engine)")
     p.add_argument("--verify", default="stamp", choices=["stamp", "full", "size"])
     _threads_arg(p)
     _common(p)
@@ -199,7 +205,8 @@ def _train(args) -> int:
                             device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
                             replace=args.replace, overlap=not args.sync, depth=args.depth,
                             eval_nodes=args.eval_nodes, save_model=args.save_model, verify=args.verify,
-                            topology=args.topology, device=args.device, progress=not args.quiet)
+                            topology=args.topology, indptr=args.indptr, device=args.device,
+                            progress=not args.quiet)
     _set_threads(args.threads)
     if args.trace:
         trace.tracer.start()
@@ -215,10 +222,15 @@ def _train(args) -> int:
              f"features {format_bytes(result['dataset']['feature_bytes'])} ({result['dataset']['verified']})",
              f"cache: {c['device_rows']} rows in the device tier ({c['device']}), {c['host_rows']} in host, "
              f"{c['cached_fraction']:.1%} of nodes; reads {c['io']}"]
+    t = result["topology"]
+    if t["topology"] == "ssd":
+        lines.append(f"topology on the SSD (indptr in {t['indptr']}): {t['cached_lists']} hot lists cached "
+                     f"({format_bytes(t['split']['topology_bytes'])} of the host budget)")
     for e in result["epochs"]:
         lines.append(f"epoch {e['epoch']}: {e['seconds']:.2f} s, {e['batches_per_s']:.1f} batches/s, "
                      f"loss {e['loss_mean']:.4f}, hits device {e['device_hit_rate']:.1%} host {e['host_hit_rate']:.1%} "
-                     f"miss {e['miss_rate']:.1%}, SSD {e['ssd_GBps']:.3f} GB/s{_accuracies(e)}")
+                     f"miss {e['miss_rate']:.1%}, SSD {e['ssd_GBps']:.3f} GB/s, "
+                     f"topology hits {e['topology_hit_rate']:.1%}{_accuracies(e)}")
     if not result["epochs"] and (result["val_acc"] is not None or result["test_acc"] is not None):
         lines.append(f"untrained model:{_accuracies(result)}")
     if result["checkpoint"]:

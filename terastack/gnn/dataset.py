@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json, safe_relative
+from terastack.gnn.topology import ArrayTopology, SsdTopology, stream_chunks
 
 FORMAT = "terastack-gnn"
 FORMAT_VERSION = 1
@@ -50,6 +51,7 @@ FILES = {"indptr": "indptr.bin", "indices": "indices.bin", "labels": "labels.bin
          "train_idx": "train_idx.bin", "val_idx": "val_idx.bin", "test_idx": "test_idx.bin",
          "features": "features.bin"}
 VERIFY_MODES = ("stamp", "full", "size")
+TOPOLOGY_MODES = ("memory", "mmap", "ssd")
 
 
 class DatasetError(ValueError):
@@ -223,8 +225,10 @@ def _stamp_matches(root: Path, files: dict[str, FileEntry]) -> bool:
 class GraphDataset:
     """An opened, verified dataset directory. See the module docstring for the format.
 
-    Topology, labels and splits are loaded into host memory (``topology="memory"``)
-    or memory-mapped (``"mmap"``); features stay on disk and are read by row
+    Topology is loaded into host memory (``topology="memory"``), memory-mapped
+    (``"mmap"``) or left in its files and read through the storage engine
+    (``"ssd"``; ``self.topology`` is then a :class:`terastack.gnn.topology.SsdTopology`);
+    labels and splits are loaded into memory; features stay on disk and are read by row
     extents (:class:`terastack.gnn.cache.UnifiedCache`).
     """
 
@@ -233,16 +237,23 @@ class GraphDataset:
         root: str
         #: "stamp" (full hash unless an unchanged, already verified dataset), "full", or "size"
         verify: str = "stamp"
-        #: "memory": read indptr/indices into RAM; "mmap": map them (pages come from disk on demand)
+        #: "memory": read indptr/indices into RAM; "mmap": map them (pages come from disk on demand);
+        #: "ssd": leave them in their files, read through the storage engine per hop (terastack.gnn.topology)
         topology: str = "memory"
+        #: with topology="ssd": indptr in RAM ("memory"), on the SSD ("ssd"), or "auto" (RAM when it costs at
+        #: most a quarter of ``topology_budget``)
+        indptr: str = "auto"
+        #: with topology="ssd": the memory the topology may hold (bytes), which "auto" weighs indptr against
+        topology_budget: int = 0
 
         def __post_init__(self) -> None:
             if not self.root:
                 raise ValueError("root: the dataset directory is required")
             if self.verify not in VERIFY_MODES:
                 raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
-            if self.topology not in ("memory", "mmap"):
-                raise ValueError(f"topology: must be 'memory' or 'mmap'; got {self.topology!r}")
+            if self.topology not in TOPOLOGY_MODES:
+                raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {self.topology!r}")
+            SsdTopology.Config(indptr=self.indptr, budget=self.topology_budget)  # validates both
 
     def __init__(self, config: "GraphDataset.Config | str | os.PathLike", *, engine=None):
         if not isinstance(config, GraphDataset.Config):
@@ -259,9 +270,16 @@ class GraphDataset:
         self.paths = {key: safe_relative(self.root, e.path) for key, e in m.files.items()}
         self._check_layout()
         self.verified = self._verify_contents()
-        load = self._map if config.topology == "mmap" else self._load
-        self.indptr = load("indptr")
-        self.indices = load("indices")
+        if config.topology == "ssd":
+            self.topology = SsdTopology(self.paths["indptr"], self.paths["indices"], num_nodes=self.num_nodes,
+                                        num_edges=self.num_edges, index_dtype=m.files["indices"].dtype,
+                                        indptr=config.indptr, budget=config.topology_budget, engine=engine)
+        else:
+            load = self._map if config.topology == "mmap" else self._load
+            self.topology = ArrayTopology(load("indptr"), load("indices"))
+        # array-like either way; on the SSD, DiskArrays whose slices and index arrays are engine reads
+        self.indptr = self.topology.indptr
+        self.indices = self.topology.indices
         self.labels = self._load("labels")
         self.splits = {name: self._load(f"{name}_idx") for name in ("train", "val", "test")}
         self._check_invariants()
@@ -278,6 +296,10 @@ class GraphDataset:
     def __repr__(self) -> str:
         return (f"GraphDataset({str(self.root)!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"features={self.feat_dim}x{self.feat_dtype.name}, classes={self.num_classes})")
+
+    def close(self) -> None:
+        """Close the topology's files (``topology="ssd"``); arrays in memory are left to the collector."""
+        self.topology.close()
 
     # ------------------------------------------------------------- features
     def read_features(self, rows: slice | None = None) -> np.ndarray:
@@ -377,9 +399,15 @@ class GraphDataset:
         if int(ip[0]) != 0 or int(ip[-1]) != e:
             raise DatasetError(f"{self.paths['indptr']}: indptr must run from 0 to num_edges={e}, "
                                f"runs from {int(ip[0])} to {int(ip[-1])}")
-        if n and (np.diff(ip) < 0).any():
-            v = int(np.argmax(np.diff(ip) < 0))
-            raise DatasetError(f"{self.paths['indptr']}: indptr decreases at node {v}")
+        previous = None  # streamed: indptr may be mapped or on the SSD
+        for first, part in stream_chunks(ip):
+            part = np.asarray(part, dtype=np.int64)
+            steps = np.diff(part if previous is None else np.concatenate([[previous], part]))
+            if (steps < 0).any():
+                v = int(np.argmax(steps < 0)) + first - (previous is not None)
+                raise DatasetError(f"{self.paths['indptr']}: indptr decreases at node {v}")
+            if len(part):
+                previous = part[-1]
         _check_ids(self.indices, n, self.paths["indices"], "neighbour id")
         labels = self.labels
         if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
@@ -399,7 +427,8 @@ def _check_ids(ids: np.ndarray, num_nodes: int, path: Path, what: str, chunk: in
                                f"(the graph has {num_nodes} nodes)")
 
 
-def open_dataset(root: str | os.PathLike, *, verify: str = "stamp", topology: str = "memory",
-                 engine=None) -> GraphDataset:
+def open_dataset(root: str | os.PathLike, *, verify: str = "stamp", topology: str = "memory", indptr: str = "auto",
+                 topology_budget: int = 0, engine=None) -> GraphDataset:
     """Open and verify the dataset in ``root``; see :class:`GraphDataset`."""
-    return GraphDataset(GraphDataset.Config(root=os.fspath(root), verify=verify, topology=topology), engine=engine)
+    return GraphDataset(GraphDataset.Config(root=os.fspath(root), verify=verify, topology=topology, indptr=indptr,
+                                            topology_budget=topology_budget), engine=engine)

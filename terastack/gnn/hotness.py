@@ -30,16 +30,25 @@ PRESAMPLE_SEED_OFFSET = 7_919
 
 def rank_nodes(counts: np.ndarray, degree: np.ndarray) -> np.ndarray:
     """Node ids hottest first; see [Note: hotness ranking and its hit-rate curve]."""
-    score = counts.astype(np.int64) * (int(degree.max(initial=0)) + 1) + degree.astype(np.int64)
-    return np.argsort(-score, kind="stable")
+    # In place, one int64 per node besides the result: on a graph larger than memory these are the pass's
+    # largest temporaries.
+    score = counts.astype(np.int64)
+    score *= -(int(degree.max(initial=0)) + 1)
+    score -= degree
+    return np.argsort(score, kind="stable")
 
 
 @dataclass(slots=True)
 class Hotness:
     """Access counts from pre-sampling plus the per-batch shape of the workload."""
 
-    counts: np.ndarray          # int64 [num_nodes]: times each row was gathered, all pre-sampled epochs
-    degree: np.ndarray          # int64 [num_nodes]: in-neighbour lists each node appears in
+    # per-node arrays are int32 (4 bytes per node each: on a graph larger than memory they are what the
+    # pass itself holds); counts are bounded by the batches sampled
+    counts: np.ndarray          # int32 [num_nodes]: times each row was gathered, all pre-sampled epochs
+    #: int32 [num_nodes]: times each node's in-neighbour list was sampled (it was in a hop's frontier),
+    #: all pre-sampled epochs (what a cached list saves; terastack.gnn.topology)
+    expansions: np.ndarray
+    degree: np.ndarray          # int32 [num_nodes] (int64 past 2^31): in-neighbour lists each node appears in
     holdout_counts: np.ndarray | None  # the last epoch's counts (the curve is scored on them)
     batches: int                # batches sampled
     epochs: int
@@ -82,7 +91,8 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
     if epochs < 1:
         raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")
     n = sampler.num_nodes
-    counts = np.zeros(n, np.int64)
+    counts = np.zeros(n, np.int32)
+    expansions = np.zeros(n, np.int32)
     last = None
     nodes = edges = seeds = batches = 0
     examples = []
@@ -94,6 +104,8 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
             batch = sampler.sample(ids, np.random.default_rng([seed + PRESAMPLE_SEED_OFFSET, epoch, k]))
             sampling += time.perf_counter() - t0
             touched.append(batch.n_id)
+            # every node but those first reached at the last hop had its list sampled (n_id has no repeats)
+            expansions[batch.n_id[: batch.num_nodes - batch.num_sampled_nodes[-1]]] += 1
             nodes += batch.num_nodes
             edges += len(batch.row)
             seeds += batch.batch_size
@@ -101,14 +113,15 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
             if len(examples) < keep_examples:
                 examples.append(batch)
         epoch_counts = np.bincount(np.concatenate(touched), minlength=n) if touched else np.zeros(n, np.int64)
-        counts += epoch_counts
+        counts += epoch_counts.astype(np.int32)
         if epoch == epochs - 1 and epochs > 1:
-            last = epoch_counts
-    if degree is None:  # in chunks: the topology may be memory-mapped and larger than memory
-        degree = np.zeros(n, np.int64)
-        for s in range(0, len(sampler.indices), 1 << 24):
-            degree += np.bincount(np.asarray(sampler.indices[s:s + (1 << 24)]), minlength=n)
+            last = epoch_counts.astype(np.int32)
+        del epoch_counts, touched
+    if degree is None:  # streamed: the topology may be memory-mapped or on the SSD, larger than memory
+        degree = sampler.topology.appearance_counts()
+        if degree.max(initial=0) < 2**31:
+            degree = degree.astype(np.int32)
     b = max(batches, 1)
-    return Hotness(counts=counts, degree=degree, holdout_counts=last, batches=batches, epochs=epochs,
+    return Hotness(counts=counts, expansions=expansions, degree=degree, holdout_counts=last, batches=batches, epochs=epochs,
                    nodes_per_batch=nodes / b, edges_per_batch=edges / b, seeds_per_batch=seeds / b,
                    sample_seconds_per_batch=sampling / b, examples=examples)

@@ -200,7 +200,7 @@ class GnnInference:
         work = Path(tempfile.mkdtemp(prefix=".terastack-infer-", dir=work_root))
         temps = {name: dest.with_name(f".{dest.name}.tmp-{os.getpid()}") for name, dest in finals.items()}
         # Layer 0's rows come through the unified cache, hottest first: the nodes most edges leave from.
-        ranking = np.argsort(-np.bincount(np.asarray(ds.indices), minlength=n), kind="stable")
+        ranking = np.argsort(-ds.topology.appearance_counts(), kind="stable")
         cache = UnifiedCache(ds, ranking, device_budget=cfg.device_cache, host_budget=cfg.host_cache, device="cpu",
                              engine=self.engine)
         bar = Progress(len(widths) * -(-n // chunk), label="infer", unit="chunks", enabled=cfg.progress)
@@ -249,6 +249,7 @@ class GnnInference:
         finally:
             bar.close()
             cache.close()
+            ds.close()
             shutil.rmtree(work, ignore_errors=True)
             for tmp in temps.values():
                 tmp.unlink(missing_ok=True)

@@ -109,6 +109,7 @@ class Pipeline:
         """Iterate over the batches of one epoch of seed nodes ``ids``: PyG ``Data`` objects."""
         batches = epoch_batches(ids, batch_size, seed=self.sampler.config.seed, epoch=epoch, shuffle=shuffle)
         self.source.new_epoch()
+        self.sampler.topology.new_epoch()
         if self.config.overlap:
             return self._overlapped(batches, epoch)
         return self._synchronous(batches, epoch)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from terastack.gnn.topology import ArrayTopology
+
 
 @dataclass(slots=True)
 class SampledBatch:
@@ -89,15 +91,26 @@ class NeighborSampler:
                 if isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1:
                     raise ValueError(f"fanouts: hop {i + 1} has fanout {f!r}; every fanout must be a positive integer")
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, config: "NeighborSampler.Config | None" = None,
-                 **fields):
+    def __init__(self, indptr: np.ndarray | None = None, indices: np.ndarray | None = None,
+                 config: "NeighborSampler.Config | None" = None, *, topology=None, **fields):
+        """Sample over CSC arrays ``indptr``/``indices``, or over a ``topology``
+        (terastack.gnn.topology: arrays, or files on the SSD with hot lists cached)."""
         self.config = config or NeighborSampler.Config(**fields)
-        if len(indptr) < 1:
-            raise ValueError("indptr: must have num_nodes + 1 entries")
-        self.indptr = indptr
-        self.indices = indices
-        self.num_nodes = len(indptr) - 1
+        if topology is None:
+            if indptr is None or indices is None:
+                raise ValueError("indptr, indices: give the CSC arrays, or a topology")
+            topology = ArrayTopology(indptr, indices)
+        self.topology = topology
+        self.num_nodes = topology.num_nodes
         self._local = threading.local()  # per-thread global -> local id map, reset after each batch
+
+    @property
+    def indptr(self):
+        return self.topology.indptr
+
+    @property
+    def indices(self):
+        return self.topology.indices
 
     @property
     def fanouts(self) -> tuple[int, ...]:
@@ -117,7 +130,8 @@ class NeighborSampler:
     def _map(self) -> np.ndarray:
         local = getattr(self._local, "map", None)
         if local is None:
-            local = self._local.map = np.full(self.num_nodes, -1, np.int64)
+            # int32 when ids fit: this map is one per sampling thread, 4 bytes per node of the graph
+            local = self._local.map = np.full(self.num_nodes, -1, np.int32 if self.num_nodes < 2**31 else np.int64)
         return local
 
     def sample(self, seeds, rng: np.random.Generator, *, index: int = 0, epoch: int = 0) -> SampledBatch:
@@ -144,8 +158,8 @@ class NeighborSampler:
                 new = uniq[np.argsort(first, kind="stable")]  # in order of discovery
                 local[new] = np.arange(count, count + len(new))
                 count += len(new)
-                rows.append(local[neighbour])
-                cols.append(local[target])
+                rows.append(local[neighbour].astype(np.int64))
+                cols.append(local[target].astype(np.int64))
                 nodes.append(new)
                 num_nodes.append(len(new))
                 num_edges.append(len(neighbour))
@@ -158,14 +172,19 @@ class NeighborSampler:
                             num_sampled_nodes=num_nodes, num_sampled_edges=num_edges, index=index, epoch=epoch)
 
     def _sample_hop(self, frontier: np.ndarray, fanout: int, rng: np.random.Generator):
-        """(target, neighbour) global id pairs sampled for ``frontier``."""
-        start = self.indptr[frontier].astype(np.int64)
-        deg = self.indptr[frontier + 1].astype(np.int64) - start
+        """(target, neighbour) global id pairs sampled for ``frontier``.
+
+        The draws depend only on the list lengths; the topology is asked for the
+        values at the drawn positions once per hop (one SSD submission when it is
+        on the SSD; see terastack.gnn.topology [Note: topology on the SSD]).
+        """
+        hop = self.topology.lookup(frontier)
+        start, deg = hop.start, hop.deg
         if self.config.replace:
             has = np.flatnonzero(deg > 0)
             rep = np.repeat(has, fanout)
             pos = start[rep] + (rng.random(len(rep)) * deg[rep]).astype(np.int64)
-            return frontier[rep], np.asarray(self.indices[pos], dtype=np.int64)
+            return frontier[rep], self.topology.neighbours(hop, rep, pos)
         # nodes with deg <= fanout keep every neighbour
         small = np.flatnonzero((deg > 0) & (deg <= fanout))
         counts = deg[small]
@@ -182,9 +201,9 @@ class NeighborSampler:
             seen = (chosen[:, :i] == t[:, None]).any(axis=1) if i else np.zeros(len(big), bool)
             chosen[:, i] = np.where(seen, j, t)
         pos_big = (start[big][:, None] + chosen).ravel()
-        targets = np.concatenate([frontier[rep_small], np.repeat(frontier[big], fanout)])
+        owner = np.concatenate([rep_small, np.repeat(big, fanout)])  # the frontier node each position belongs to
         pos = np.concatenate([pos_small, pos_big])
-        return targets, np.asarray(self.indices[pos], dtype=np.int64)
+        return frontier[owner], self.topology.neighbours(hop, owner, pos)
 
 
 def parse_fanouts(text: str) -> tuple[int, ...]:

@@ -15,12 +15,15 @@ import numpy as np
 import torch
 
 from terastack import trace
+from terastack.constants import BLOCK
 from terastack.gnn.cache import FeatureSource, UnifiedCache
 from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step
 from terastack.gnn.pipeline import Pipeline
 from terastack.gnn.sampler import NeighborSampler, parse_fanouts
+from terastack.gnn.topology import SsdTopology, split_budget
+from terastack.plan.tpc import blocks_per_miss
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 
@@ -44,7 +47,9 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
                 *, batch_size: int, epoch: int, progress: bool = True, label: str = "train") -> dict:
     """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic."""
     source = pipeline.source
+    topology = pipeline.sampler.topology
     before = source.stats.snapshot()
+    topo_before = topology.stats.snapshot()
     batches = -(-len(train_ids) // batch_size)
     bar = Progress(batches, label=f"{label} epoch {epoch}", unit="batches", enabled=progress)
     losses = []
@@ -65,6 +70,9 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
     delta = {k: after[k] - before[k] for k in ("rows", "device_hits", "host_hits", "misses", "ssd_bytes", "ssd_blocks",
                                                "ssd_calls", "batches", "io_wait_seconds")}
     rows = max(delta["rows"], 1)
+    topo_after = topology.stats.snapshot()
+    topo = {k: topo_after[k] - topo_before[k] for k in ("lookups", "hits", "indptr_calls", "indices_calls",
+                                                        "ssd_bytes")}
     st = pipeline.last_stats
     return {
         "epoch": epoch, "seconds": seconds, "batches": len(losses),
@@ -77,7 +85,37 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
         "rows_gathered": delta["rows"], "sample_seconds": st.sample_seconds, "gather_seconds": st.gather_seconds,
         "io_wait_seconds": delta["io_wait_seconds"], "stall_seconds": st.stall_seconds,
         "max_batch_rows": st.max_rows,
+        # the sampler's topology: lists served from memory, and what was read from the SSD for the rest
+        "topology_hit_rate": topo["hits"] / max(topo["lookups"], 1), "topology_ssd_bytes": topo["ssd_bytes"],
+        "topology_calls_per_batch": (topo["indptr_calls"] + topo["indices_calls"]) / max(len(losses), 1),
     }
+
+
+def share_budget(ds, hot, host_budget: int, fanouts) -> tuple[dict, int]:
+    """With the topology on the SSD: cache hot neighbour lists out of ``host_budget``, by SSD bytes saved per
+    byte (terastack.gnn.topology [Note: splitting one budget between topology and features]).
+
+    Returns (a description of the split, the host budget left for feature rows). indptr, when the topology
+    holds it in memory, is paid for first; the feature cache's lookup table (4 bytes per node) is set aside.
+    """
+    topo = ds.topology
+    if not isinstance(topo, SsdTopology):
+        return {}, host_budget
+    held = topo.memory_bytes  # indptr, if in memory
+    if held > host_budget:
+        raise ValueError(f"host_cache: {host_budget} bytes cannot hold indptr in memory ({held} bytes for "
+                         f"{ds.num_nodes} nodes); raise host_cache or read indptr from the SSD (indptr='ssd')")
+    table = ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)
+    split = split_budget(max(0, host_budget - held - table), feature_counts=hot.counts, expansions=hot.expansions,
+                         degrees_of=topo.degrees, row_bytes=ds.row_bytes,
+                         feature_read_bytes=blocks_per_miss(ds.row_bytes) * BLOCK,
+                         index_itemsize=topo.index_dtype.itemsize, max_fanout=max(fanouts),
+                         indptr_on_ssd=not topo.indptr_in_memory)
+    started = time.perf_counter()
+    read = topo.fill(split.topology_nodes)
+    info = {**split.to_dict(), "indptr": "memory" if topo.indptr_in_memory else "ssd", "indptr_bytes": held,
+            "fill_bytes_read": read, "fill_seconds": time.perf_counter() - started}
+    return info, max(0, host_budget - topo.memory_bytes)
 
 
 def fit(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray, *,
@@ -121,8 +159,11 @@ class GnnTrainer:
         save_model: str = ""
         presample_epochs: int = 2
         verify: str = "stamp"
-        #: "memory": topology read into RAM; "mmap": topology pages read from SSD on demand
+        #: "memory": topology read into RAM; "mmap": topology pages read from SSD on demand; "ssd": topology
+        #: read per hop through the storage engine, hot lists cached out of host_cache (terastack.gnn.topology)
         topology: str = "memory"
+        #: with topology="ssd": indptr in memory, on the SSD, or "auto" (memory when <= a quarter of host_cache)
+        indptr: str = "auto"
         device: str = "auto"
         progress: bool = True
 
@@ -142,7 +183,8 @@ class GnnTrainer:
                 raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
             if not self.lr > 0:
                 raise ValueError(f"lr: must be > 0, got {self.lr}")
-            GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology)  # validates both
+            GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology,
+                                indptr=self.indptr)  # validates them
             if self.save_model:
                 checkpoint_meta_path(self.save_model)  # validates the name
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")
@@ -155,15 +197,17 @@ class GnnTrainer:
     def run(self) -> dict:
         cfg = self.config
         t0 = time.perf_counter()
-        ds = open_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, engine=self.engine)
+        ds = open_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, indptr=cfg.indptr,
+                          topology_budget=cfg.host_cache, engine=self.engine)
         opened = time.perf_counter()
-        sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=cfg.fanouts, replace=cfg.replace, seed=cfg.seed)
+        sampler = NeighborSampler(topology=ds.topology, fanouts=cfg.fanouts, replace=cfg.replace, seed=cfg.seed)
         train_ids = ds.splits["train"]
         if len(train_ids) == 0:
             raise ValueError(f"{ds.paths['train_idx']}: the training split is empty")
         hot = presample(sampler, train_ids, cfg.batch_size, epochs=cfg.presample_epochs, seed=cfg.seed)
         presampled = time.perf_counter()
-        cache = UnifiedCache(ds, hot.order(), device_budget=cfg.device_cache, host_budget=cfg.host_cache,
+        split, feature_host = share_budget(ds, hot, cfg.host_cache, cfg.fanouts)
+        cache = UnifiedCache(ds, hot.order(), device_budget=cfg.device_cache, host_budget=feature_host,
                              device=cfg.device, engine=self.engine)
         try:
             pipeline = Pipeline(sampler, cache, ds.labels, overlap=cfg.overlap, depth=cfg.depth, device=cfg.device)
@@ -186,8 +230,10 @@ class GnnTrainer:
             final = {k: epochs[-1][k] for k in ("val_acc", "test_acc")} if epochs else \
                 {"val_acc": None, "test_acc": None, **scores()}
             cache_info = cache.describe()
+            topology_info = {**ds.topology.describe(), "split": split}
         finally:
             cache.close()
+            ds.close()
         checkpoint = None
         if cfg.save_model:
             checkpoint = str(save_model(model, cfg.save_model, dataset={
@@ -201,6 +247,7 @@ class GnnTrainer:
                         "verified": ds.verified},
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
             "cache": cache_info,
+            "topology": topology_info,
             "presample": {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
                           "sample_seconds_per_batch": hot.sample_seconds_per_batch,
                           "expected_hit_rate": hot.hit_rate(cache.device_rows + cache.host_rows)},

@@ -35,6 +35,13 @@ def test_gen_verify_train_advise(tmp_path, capsys):
     result = json.loads(out)
     assert len(result["epochs"]) == 2 and result["accuracy"] is not None
     assert 0 < result["epochs"][0]["miss_rate"] < 1
+    code, out, err = run_cli(capsys, "gnn", "train", "--data", str(data), "--fanouts", "4,4", "--batch-size", "64",
+                             "--epochs", "2", "--hidden", "16", "--host-cache", "40KiB", "--device-cache", "2KiB",
+                             "--topology", "ssd", "--indptr", "ssd", "--json", "--quiet")
+    assert code == 0, err
+    on_ssd = json.loads(out)
+    assert on_ssd["loss_curve"] == result["loss_curve"]  # same batches whichever way the topology is read
+    assert on_ssd["topology"]["indptr"] == "ssd" and on_ssd["epochs"][0]["topology_ssd_bytes"] > 0
     events = json.loads(trace.read_text())["traceEvents"]
     lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert {"sample", "gather", "train", "io"} <= lanes

@@ -125,3 +125,16 @@ def test_checkpoint_errors_name_the_file(small, tmp_path, capsys):
         GnnTrainer.Config(data=str(small), save_model=str(tmp_path / "m.json"))
     with pytest.raises(ValueError, match="out, embeddings"):
         GnnInference.Config(data=str(small), checkpoint=str(ckpt))
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_infer_with_topology_on_ssd_equals_topology_in_memory(small, tmp_path, kind):
+    ckpt = tmp_path / "model.pt"
+    GnnTrainer(GnnTrainer.Config(data=str(small), model=kind, hidden=8, fanouts=(3, 3), batch_size=64, epochs=1,
+                                 host_cache="16KiB", eval_nodes=0, save_model=str(ckpt), progress=False)).run()
+    outs = {}
+    for topology in ("memory", "ssd"):
+        GnnInference(GnnInference.Config(data=str(small), checkpoint=str(ckpt), embeddings=str(tmp_path / f"{topology}.npy"),
+                                         chunk_nodes=37, host_cache="8KiB", topology=topology, progress=False)).run()
+        outs[topology] = np.load(tmp_path / f"{topology}.npy")
+    np.testing.assert_array_equal(outs["ssd"], outs["memory"])

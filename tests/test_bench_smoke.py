@@ -13,7 +13,10 @@ from terastack.commands import available
 DEDICATED = {"dist": "tests/dist/test_bench.py"}
 AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if available(module) and name not in DEDICATED]
 # Ratios a benchmark must report as positive numbers, beyond its headline fields being present and finite.
-POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial")}
+POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial"),
+            "llm": ("slowdown_vs_in_memory_host_resident",)}
+# Fields that must be exactly zero: with the host budget holding the whole state, terastack's store moves nothing.
+ZERO = {"llm": ("host_resident_store_bytes_per_step",)}
 
 
 @pytest.mark.parametrize("name", AVAILABLE)
@@ -29,6 +32,8 @@ def test_benchmark_smoke(name, tmp_path, capsys):
             assert math.isfinite(value), f"{name}: {field} = {value}"
     for field in POSITIVE.get(name, ()):
         assert result[field] > 0, f"{name}: {field} = {result[field]}"
+    for field in ZERO.get(name, ()):
+        assert result[field] == 0, f"{name}: {field} = {result[field]}"
     assert result["environment"]["versions"]["torch"]
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert any(e.get("ph") == "X" for e in trace["traceEvents"]), "trace has no spans"

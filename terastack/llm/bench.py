@@ -7,6 +7,9 @@ machine. Each system runs in its own process (so peak RSS is its own), one after
 * ``terastack``: the offloading trainer with a host budget of a quarter of the training state (16 bytes a
   parameter), so most of the state lives on the SSD, as in ZeRO-Infinity's run; then the ablations in the same
   process: active gradient offloading off, every layer recomputed, every layer swapped to the SSD;
+* ``host_resident``: terastack with a host budget holding the whole training state (no SSD traffic), its steps
+  alternating with in-memory AdamW's in one process (``slowdown_vs_in_memory_host_resident``): what terastack's
+  own machinery costs, measured so that a busy machine's drift between processes does not pass for it;
 * ``small_budget``: terastack with one memory budget for device and host tiers together (on a CPU the device
   tier is host memory too) of a quarter of the training state (``--budget-fraction``), split between the
   tiers by the planner; peak RSS above the interpreter's must stay under that budget;
@@ -14,6 +17,10 @@ machine. Each system runs in its own process (so peak RSS is its own), one after
 
 Ratios compare step times (median of the measured steps after warm-up); SSD bytes per step are what each
 process read from and wrote to storage (/proc/self/io).
+
+Of the quarter budget's slowdown, ``io_contention_share`` is the part the planner attributes to SSD traffic
+slowing the CPU's compute beside it: the probe's ``cpu_io_slowdown_per_gbps`` times the step's measured SSD
+GB/s, applied to the in-memory step (``io_contention_s``), over terastack's step minus the in-memory step.
 """
 from __future__ import annotations
 
@@ -30,18 +37,22 @@ from terastack import trace
 from terastack.llm.config import MEMORY_BUDGET_ENV
 from terastack.units import parse_bytes
 
-HEADLINE = ["speedup_vs_zero_infinity", "slowdown_vs_in_memory", "rss_vs_zero_infinity", "prediction_error",
-            "small_budget_rss_within_budget", "ablation_no_active_offload", "ablation_all_recompute",
-            "ablation_all_swap"]
+HEADLINE = ["speedup_vs_zero_infinity", "slowdown_vs_in_memory", "slowdown_vs_in_memory_host_resident",
+            "io_contention_share", "rss_vs_zero_infinity", "prediction_error", "small_budget_rss_within_budget",
+            "ablation_no_active_offload", "ablation_all_recompute", "ablation_all_swap"]
 
 PRESETS = {
     "smoke": ["--model", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--steps", "2", "--warmup", "1",
-              "--systems", "in_memory,terastack,small_budget", "--budget-fraction", "1.0"],
+              "--systems", "in_memory,terastack,host_resident,small_budget", "--budget-fraction", "1.0"],
     "small": ["--model", "llama-150m", "--seq-len", "128", "--steps", "2", "--warmup", "1"],
     "full": [],
 }
 
-SYSTEMS = ("in_memory", "terastack", "small_budget", "zero_infinity")
+#: host_resident's host budget over the training state: the state, plus room for the gradients in flight and the
+#: optimizer's read-ahead, so the planner puts nothing on the SSD (tiny models need the margin most)
+RESIDENT_FRACTION = 1.25
+
+SYSTEMS = ("in_memory", "terastack", "host_resident", "small_budget", "zero_infinity")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,6 +144,10 @@ def measure(args: argparse.Namespace) -> dict:
                 extra += ["--trace", str(workdir / "terastack-trace.json")]
             result["terastack"] = _worker("terastack", args, workdir, extra, "terastack")
             _merge_trace(workdir / "terastack-trace.json")
+        if "host_resident" in systems:
+            extra = ["--device-budget", str(device_budget), "--host-budget", str(int(state * RESIDENT_FRACTION)),
+                     "--hardware", str(probe)]
+            result["host_resident"] = _worker("host_resident", args, workdir, extra, "host_resident")
         if "small_budget" in systems:
             budget = int(state * args.budget_fraction)
             # the allocator settings of a memory budget, from the process's start (see terastack.llm.trainer's
@@ -201,6 +216,7 @@ def _ratios(r: dict) -> None:
         src = ts if system == "terastack" else (r.get(system) or {})
         r[f"{system}_ssd_read_bytes_per_step"] = src.get("ssd_read_bytes_per_step")
         r[f"{system}_ssd_write_bytes_per_step"] = src.get("ssd_write_bytes_per_step")
+    _host_resident_ratios(r)
     for name in ("no_active_offload", "all_recompute", "all_swap"):
         r[f"ablation_{name}"] = _ratio(_get(r, "terastack", name, "step_s"), r["terastack_step_s"])
     sb = r.get("small_budget") or {}
@@ -213,3 +229,23 @@ def _ratios(r: dict) -> None:
     errors = {k: v["error"] for k, v in r.items() if isinstance(v, dict) and "error" in v}
     if errors:
         r["errors"] = errors
+
+
+def _host_resident_ratios(r: dict) -> None:
+    """The host-resident pair, and how much of the quarter budget's slowdown the SSD's traffic explains."""
+    hr_ts, hr_im = _get(r, "host_resident", "terastack", "step_s"), _get(r, "host_resident", "in_memory", "step_s")
+    r["host_resident_step_s"], r["host_resident_in_memory_step_s"] = hr_ts, hr_im
+    r["slowdown_vs_in_memory_host_resident"] = _ratio(hr_ts, hr_im)
+    ssd = [_get(r, "host_resident", "terastack", f"ssd_{d}_bytes_per_step") for d in ("read", "write")]
+    r["host_resident_ssd_bytes_per_step"] = sum(ssd) if None not in ssd else None
+    store = [_get(r, "host_resident", "terastack", f"store_{d}_bytes_per_step") for d in ("read", "write")]
+    r["host_resident_store_bytes_per_step"] = sum(store) if None not in store else None
+    # quarter budget: compute slowed by k per GB/s of SSD traffic (the planner's model, terastack.plan.llm_planner)
+    k = _get(r, "probe", "cpu_io_slowdown_per_gbps")
+    ts_step, im_step = r.get("terastack_step_s"), r.get("in_memory_step_s")
+    moved = [r.get(f"terastack_ssd_{d}_bytes_per_step") for d in ("read", "write")]
+    gbps = sum(moved) / ts_step / 1e9 if ts_step and None not in moved else None
+    r["terastack_ssd_gb_per_s"] = gbps
+    r["io_contention_s"] = k * gbps * im_step if None not in (k, gbps, im_step) else None
+    gap = ts_step - im_step if None not in (ts_step, im_step) else None
+    r["io_contention_share"] = _ratio(r["io_contention_s"], gap) if gap and gap > 0 else None

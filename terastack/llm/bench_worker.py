@@ -3,7 +3,8 @@
     python -m terastack.llm.bench_worker --system terastack --model llama-150m --out result.json ...
 
 Systems: ``in_memory`` (the unmodified model and torch.optim.AdamW in RAM), ``terastack`` (the offloading
-trainer under the given budgets), ``zero_infinity`` (DeepSpeed ZeRO-3 with parameters and optimizer state
+trainer under the given budgets), ``host_resident`` (the trainer with a host budget holding the whole state,
+its steps alternating with in-memory AdamW's in the same process), ``zero_infinity`` (DeepSpeed ZeRO-3 with parameters and optimizer state
 offloaded to NVMe, on CPU). Every system trains the same model (same random init seed) on the same token
 batches; the worker reports per-step times, peak RSS above the RSS after imports, and bytes the process read
 from and wrote to storage per step (/proc/self/io).
@@ -56,7 +57,35 @@ def _measure(step_fn, batches, warmup: int, rss) -> dict:
             "ssd_read_bytes_per_step": statistics.mean(reads), "ssd_write_bytes_per_step": statistics.mean(writes)}
 
 
-def run_in_memory(args, hf_config, rss) -> dict:
+def _measure_alternating(step_fns: dict, batches, warmup: int, rss) -> dict:
+    """Like :func:`_measure` for several systems in one process, their steps interleaved (each batch runs on
+    every system before the next batch; the order rotates each batch), so a machine that drifts between
+    minutes slows them alike."""
+    names = list(step_fns)
+    runs = {name: {"times": [], "losses": [], "reads": [], "writes": []} for name in names}
+    for i, ids in enumerate(batches):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            r0, w0 = _io()
+            t0 = time.perf_counter()
+            loss = step_fns[name](ids)
+            dt = time.perf_counter() - t0
+            r1, w1 = _io()
+            run = runs[name]
+            run["losses"].append(loss)
+            if i >= warmup:
+                run["times"].append(dt)
+                run["reads"].append(r1 - r0)
+                run["writes"].append(w1 - w0)
+            print(f"  step {i} {name} {'(warm-up) ' if i < warmup else ''}{dt:.3f} s loss {loss:.4f}",
+                  file=sys.stderr, flush=True)
+            rss.sample()
+    return {name: {"step_s": statistics.median(run["times"]), "step_times_s": run["times"], "losses": run["losses"],
+                   "ssd_read_bytes_per_step": statistics.mean(run["reads"]),
+                   "ssd_write_bytes_per_step": statistics.mean(run["writes"])} for name, run in runs.items()}
+
+
+def _in_memory_step(args, hf_config):
+    """A step of the unmodified model with torch.optim.AdamW, all in RAM."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -71,9 +100,38 @@ def run_in_memory(args, hf_config, rss) -> dict:
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(out.loss)
-    return _measure(step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps),
+        return float(out.loss.detach())
+    return step
+
+
+def run_in_memory(args, hf_config, rss) -> dict:
+    return _measure(_in_memory_step(args, hf_config),
+                    _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps),
                     args.warmup, rss)
+
+
+def run_host_resident(args, hf_config, rss) -> dict:
+    """terastack with a host budget that holds the whole training state (no SSD traffic), its steps alternating
+    with those of in-memory AdamW in this one process: the cost of terastack's own machinery, measured so that
+    a busy machine's drift between processes does not pass for it."""
+    from terastack.llm import Trainer, TrainerConfig
+
+    fields = dict(store_dir=args.dir, device_budget=args.device_budget, host_budget=args.host_budget, lr=args.lr,
+                  batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+                  activation_policy=args.activation_policy, state_placement=args.state_placement,
+                  optimizer_impl=args.optimizer_impl, calibrate=True, hardware=args.hardware)
+    in_memory = _in_memory_step(args, hf_config)
+    with Trainer.from_config(hf_config, TrainerConfig(**fields), name=args.model) as trainer:
+        print(trainer.describe_plan(), file=sys.stderr, flush=True)
+        out = _measure_alternating({"in_memory": in_memory, "terastack": trainer.step},
+                                   _batches(hf_config.vocab_size, args.batch_size, args.seq_len,
+                                            args.warmup + args.steps), args.warmup, rss)
+        trainer.synchronize()
+        hist = trainer.history[args.warmup:]
+        out["terastack"].update({"predicted_step_s": trainer.plan.prediction.step_s, "plan": trainer.plan.summary(),
+                                 "store_read_bytes_per_step": statistics.mean(h.ssd_read_bytes for h in hist),
+                                 "store_write_bytes_per_step": statistics.mean(h.ssd_write_bytes for h in hist)})
+    return out
 
 
 #: terastack variants: TrainerConfig overrides (the ablations of `terastack bench llm`)
@@ -201,7 +259,8 @@ def run_zero_infinity(args, hf_config, rss) -> dict:
     return out
 
 
-SYSTEMS = {"in_memory": run_in_memory, "terastack": run_terastack, "zero_infinity": run_zero_infinity}
+SYSTEMS = {"in_memory": run_in_memory, "terastack": run_terastack, "host_resident": run_host_resident,
+           "zero_infinity": run_zero_infinity}
 
 
 def main(argv=None) -> int:

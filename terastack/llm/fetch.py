@@ -79,6 +79,8 @@ class WeightFetcher:
         unit = self.units[unit_index]
         for cname in set(unit.tensors.values()):
             record = self.rt.compute_record(cname)
+            if self.rt.read_in_place(record):
+                continue  # resident where compute reads it, always
             gate = self.rt.update_gate(cname)
             if gate is not None and not gate.done():
                 gate.add_done_callback(lambda _f, r=record, c=cname: self._try_prefetch(r, c))
@@ -131,6 +133,8 @@ class WeightFetcher:
                     self._refs[record] = left
                     continue
                 self._refs.pop(record, None)
+            if self.rt.read_in_place(record):
+                continue  # the working copy is the resting copy: nothing to drop or hand over
             if cname in handoff:
                 try:
                     self.store.prefetch(record, Tier.HOST).result()
@@ -147,6 +151,8 @@ class WeightFetcher:
                 if cname in self.rt.retained:
                     continue
                 record = self.rt.compute_record(cname)
+                if self.rt.read_in_place(record):
+                    continue
                 rec = self.store.record(record)
                 if (record not in self._refs and rec.state is State.RESIDENT and rec.tier is Tier.DEVICE
                         and rec.home is not Tier.DEVICE):

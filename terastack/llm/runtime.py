@@ -43,6 +43,7 @@ class StepRuntime:
         self._lock = threading.Lock()
         self._stashes: dict[int, object] = {}
         self._act_writes: collections.deque[list] = collections.deque()
+        self._compute_tiers: dict[str, Tier] = {}
         self.fetcher = WeightFetcher(self, units, depth=plan.prefetch_depth, order=order)
         self.runner = UnitRunner(self)
         self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
@@ -103,10 +104,18 @@ class StepRuntime:
         return records.compute(name)
 
     def compute_tier(self, record: str) -> Tier:
-        """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU."""
-        if self.device.type != "cuda" and self.store.record(record).home is Tier.HOST:
-            return Tier.HOST
-        return Tier.DEVICE
+        """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU.
+        Remembered per record: its home is the plan's for the runtime's life (and this is asked a few hundred
+        times a step)."""
+        tier = self._compute_tiers.get(record)
+        if tier is None:
+            in_place = self.device.type != "cuda" and self.store.record(record).home is Tier.HOST
+            tier = self._compute_tiers[record] = Tier.HOST if in_place else Tier.DEVICE
+        return tier
+
+    def read_in_place(self, record: str) -> bool:
+        """Compute reads ``record`` where it rests (host memory on a CPU): nothing to prefetch or release."""
+        return self.compute_tier(record) is Tier.HOST
 
     def update_gate(self, name: str) -> Future | None:
         return self.optimizer.update_gate(name)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from terastack import trace
+from terastack.plan.hardware import save_probe
 from terastack.llm.config import MEMORY_BUDGET_ENV
 from terastack.memory import mem_total
 from terastack.units import format_bytes, parse_bytes
@@ -80,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=2, help="measured steps per system (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds per system and rung before it is stopped")
+    p.add_argument("--hardware", default=None,
+                   help="a probe JSON (terastack probe --json) for terastack's predictions (default: the cached "
+                        "probe, else a quick probe of --dir)")
     p.add_argument("--quick", action="store_true",
                    help=f"only the smallest rung ({QUICK_SIZES}), one measured step: a few minutes")
 
@@ -247,6 +251,19 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
     return row
 
 
+def _hardware(args, base: Path):
+    """The machine terastack's planner predicts for: ``--hardware``, the cached probe, or a quick probe."""
+    from terastack.plan.hardware import load_probe
+    from terastack.probe import load_or_measure
+
+    if args.hardware:
+        hw = load_probe(args.hardware)
+        if hw is None:
+            raise FileNotFoundError(f"--hardware: {args.hardware} does not exist")
+        return hw
+    return load_or_measure(str(base), quick=True)
+
+
 def _deepspeed_missing() -> str | None:
     import importlib.util
 
@@ -270,10 +287,7 @@ def measure(args: argparse.Namespace) -> dict:
         raise ValueError(f"--steps/--warmup: need >= 1 measured step and >= 0 warm-up, got {args.steps}/{args.warmup}")
     base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
-    from terastack.plan.hardware import save_probe
-    from terastack.probe import load_or_measure
-
-    hw = load_or_measure(str(base), quick=True)  # terastack's predictions are made from a probe of this machine
+    hw = _hardware(args, base) if "terastack" in systems else None
     result: dict = {"sizes": [label for label, _ in rungs], "systems": systems, "memory_budget_bytes": budget,
                     "rss_limit_bytes": rss_limit, "seq_len": args.seq_len, "batch_size": args.batch_size,
                     "steps": args.steps, "warmup": args.warmup, "dir": str(base), "rows": []}
@@ -289,7 +303,7 @@ def measure(args: argparse.Namespace) -> dict:
                 continue
             workdir = Path(tempfile.mkdtemp(prefix=f"terastack-scale-{label}-", dir=base))
             try:
-                probe = save_probe(hw, workdir / "probe.json")
+                probe = save_probe(hw, workdir / "probe.json") if hw is not None else None
                 print(f"bench llm-scale: {label} ({params / 1e9:.2f}B) {system} ...", file=sys.stderr, flush=True)
                 with trace.span(f"{label} {system}", track="bench"):
                     row = _run_system(system, model, params, args, workdir, probe, budget, rss_limit)

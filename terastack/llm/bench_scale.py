@@ -17,8 +17,8 @@ dies by SIGKILL it was not sent (the OOM killer), or that fails with an out-of-m
 either. A system that does not fit at one size is not tried at larger ones. Peak RSS is the whole process's,
 children included: the larger of the watchdog's samples and the kernel's high-water mark the child reports.
 
-Before a rung, its state (16 bytes a parameter: weights, gradients, two AdamW moments, fp32 master -- with a
-margin) must fit on the free disk of ``--dir``; otherwise the rung is refused, naming both numbers. Every
+Before each run, the state the system keeps on the disk (:data:`STATE_BYTES_PER_PARAM`, with a margin) must
+fit on the free disk of ``--dir``; otherwise it is refused, naming both numbers. Every
 file a rung writes is deleted after it.
 """
 from __future__ import annotations
@@ -48,8 +48,11 @@ DEFAULT_SIZES = "0.15b,0.55b,1.1b,3b"
 #: --quick: the smallest rung of the default ladder, fewer steps
 QUICK_SIZES = "0.15b"
 SYSTEMS = ("terastack", "zero_infinity", "in_memory")
-#: bytes of training state per parameter on the disk (fp32 weights, gradients, master and two moments)
-STATE_BYTES_PER_PARAM = 16
+#: bytes of training state per parameter each system keeps on the disk: terastack's fp32 weights (they are
+#: the masters in fp32 training) and two AdamW moments -- gradients live one unit at a time in memory;
+#: ZeRO-Infinity's swapped parameters, fp32 master, two moments and gradients (16 bytes, the usual figure);
+#: in-memory training none
+STATE_BYTES_PER_PARAM = {"terastack": 12, "zero_infinity": 16, "in_memory": 0}
 #: the disk pre-flight's margin over that: 10% plus 1 GiB (run files, allocation slack, DeepSpeed's buffers)
 DISK_MARGIN = 0.10
 DISK_SLACK = 1 << 30
@@ -190,13 +193,14 @@ def parameter_count(model: str) -> int:
     return sum(p.numel() for p in build_skeleton(hf_config(model)).parameters())  # meta: no memory
 
 
-def disk_needed(params: int) -> int:
-    return int(params * STATE_BYTES_PER_PARAM * (1 + DISK_MARGIN)) + DISK_SLACK
+def disk_needed(params: int, system: str) -> int:
+    per_param = STATE_BYTES_PER_PARAM[system]
+    return int(params * per_param * (1 + DISK_MARGIN)) + DISK_SLACK if per_param else 0
 
 
-def disk_refusal(params: int, free: int, directory: str) -> str | None:
-    """Why a rung of ``params`` parameters cannot run on ``free`` bytes of disk, or None."""
-    need = disk_needed(params)
+def disk_refusal(params: int, system: str, free: int, directory: str) -> str | None:
+    """Why ``system`` cannot train ``params`` parameters on ``free`` bytes of disk, or None."""
+    need = disk_needed(params, system)
     if need <= free:
         return None
     return (f"refused: its state needs {need} bytes ({format_bytes(need)}) on {directory}, which has {free} bytes "
@@ -296,8 +300,8 @@ def measure(args: argparse.Namespace) -> dict:
         stopped["zero_infinity"] = why
     for label, model in rungs:
         params = parameter_count(model)
-        refusal = disk_refusal(params, shutil.disk_usage(base).free, str(base))
         for system in systems:
+            refusal = disk_refusal(params, system, shutil.disk_usage(base).free, str(base))
             if refusal or system in stopped:
                 result["rows"].append(_row(label, model, system, params, reason=refusal or stopped[system]))
                 continue

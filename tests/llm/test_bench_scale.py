@@ -63,13 +63,14 @@ def test_a_rung_that_would_not_fit_on_the_disk_is_refused(tmp_path, capsys, monk
     real = bench_scale.shutil.disk_usage
     monkeypatch.setattr(bench_scale.shutil, "disk_usage", lambda p: real(p)._replace(free=free))
     r = run_bench(capsys, "--sizes", "3b", "--systems", "terastack,in_memory", "--dir", str(tmp_path),
-                  "--hardware", hardware_file)
+                  "--hardware", hardware_file, "--rss-limit", "64MiB")  # in_memory is stopped at once
     params = bench_scale.parameter_count("openllama-3b")
-    need = bench_scale.disk_needed(params)
-    assert need > 16 * params
-    for row in r["rows"]:
-        assert row["fits"] is None and row["reason"].startswith("refused")
-        assert str(need) in row["reason"] and str(free) in row["reason"]
+    need = bench_scale.disk_needed(params, "terastack")
+    assert need > 12 * params > free
+    ts, im = r["rows"]
+    assert ts["fits"] is None and ts["reason"].startswith("refused")
+    assert str(need) in ts["reason"] and str(free) in ts["reason"]
+    assert im["system"] == "in_memory" and not im["reason"].startswith("refused")  # it needs no disk
 
 
 @pytest.mark.parametrize("code, fits, says", [

@@ -244,7 +244,7 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
                ssd_read_bytes_per_step=measured["ssd_read_bytes_per_step"],
                ssd_write_bytes_per_step=measured["ssd_write_bytes_per_step"],
                peak_rss_bytes=max(outcome.peak_rss_bytes, result.get("process_peak_rss_bytes") or 0),
-               losses=measured.get("losses"))
+               losses=measured.get("losses"), setup_s=measured.get("setup_s"))
     if system == "terastack":
         pred = measured.get("predicted_step_s")
         row.update(predicted_step_s=pred, prediction_error=(pred / measured["step_s"] - 1 if pred else None),

@@ -21,6 +21,7 @@ BENCHMARKS = [
     ("gemm", "terastack.kernels.gemm_bench", "out-of-core GEMM, pipelined vs synchronous tiles"),
     ("sort", "terastack.kernels.sort_bench", "external merge sort of 64-bit keys, I/O overlapped"),
     ("llm", "terastack.llm.bench", "offloaded fine-tuning vs ZeRO-Infinity and in-memory PyTorch"),
+    ("llm-scale", "terastack.llm.bench_scale", "the largest model each system fine-tunes in a fixed memory budget"),
     ("gnn", "terastack.gnn.bench", "out-of-core GNN training vs in-memory, mmap and synchronous gathering"),
     ("dist", "terastack.dist.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3"),
 ]

@@ -1,7 +1,7 @@
 """``terastack probe``: measure this machine and cache it for the planners.
 
 Measures cores, memory, fp32 matmul FLOP/s, memory copy bandwidth, CPU AdamW
-rate, and on a chosen directory the SSD's sequential read/write bandwidth,
+rate, and on a chosen directory (or on each of several, one per SSD) the SSD's sequential read/write bandwidth,
 4 KiB random-read IOPS (through the storage engine, O_DIRECT, on a file that
 is really written, with its page cache dropped before reading) and how much
 SSD traffic slows the CPU's compute. With CUDA it
@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from terastack.plan.hardware import Hardware, load_probe, probe_cache_path, save_probe
+from terastack.plan.hardware import Hardware, aggregate_ssd, load_probe, probe_cache_path, save_probe
 from terastack.units import format_bytes
 
 
@@ -104,6 +104,26 @@ def measure_ssd(directory: str, file_bytes: int, rand_seconds: float = 2.0) -> d
                 "direct": True, "backend": engine.backend}
     finally:
         os.unlink(path)
+
+
+def split_dirs(directory: str) -> list[str]:
+    """The absolute directories of a ``--dir`` value: one, or several (one per SSD) separated by commas."""
+    dirs = [d.strip() for d in directory.split(",")]
+    if not all(dirs):
+        raise ValueError(f"--dir: {directory!r} names an empty directory")
+    return [os.path.abspath(d) for d in dirs]
+
+
+def measure_ssd_dirs(dirs: list[str], file_bytes: int, rand_seconds: float = 2.0) -> list[dict]:
+    """:func:`measure_ssd` of each directory in turn (one at a time, so each has its device to itself): one
+    entry per directory with its file system's device number (directories sharing one count once in
+    :func:`terastack.plan.hardware.aggregate_ssd`)."""
+    out = []
+    for d in dirs:
+        r = measure_ssd(d, file_bytes, rand_seconds=rand_seconds)
+        out.append({"dir": d, "device": os.stat(d).st_dev,
+                    **{k: v for k, v in r.items() if k.startswith("ssd_")}})
+    return out
 
 
 def measure_io_slowdown(directory: str, seconds: float = 1.0, file_bytes: int = 256 << 20) -> float:
@@ -191,13 +211,14 @@ def measure(directory: str, *, quick: bool = False) -> Hardware:
         "host_memory_bytes": mem_total(),
         "cpu_flops": measure_cpu_flops(scale), "memcpy_bytes_per_s": measure_memcpy(0.5 * scale),
         "cpu_adam_params_per_s": measure_cpu_adam(scale),
-        "probe_dir": os.path.abspath(directory),
         "probed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": environment()["versions"],
     }
-    ssd = measure_ssd(directory, (256 << 20) if quick else (1 << 30), rand_seconds=2.0 * scale)
-    fields.update({k: v for k, v in ssd.items() if k.startswith("ssd_")})
-    fields["cpu_io_slowdown_per_gbps"] = measure_io_slowdown(directory, scale)
+    dirs = split_dirs(directory)
+    fields["probe_dir"] = ",".join(dirs)
+    fields["ssd_dirs"] = measure_ssd_dirs(dirs, (256 << 20) if quick else (1 << 30), rand_seconds=2.0 * scale)
+    fields.update(aggregate_ssd(fields["ssd_dirs"]))
+    fields["cpu_io_slowdown_per_gbps"] = measure_io_slowdown(dirs[0], scale)
     fields.update(measure_gpu())
     return Hardware(**fields)
 
@@ -212,7 +233,9 @@ def load_or_measure(directory: str | None = None, *, quick: bool = True) -> Hard
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", default=None, help="directory on the SSD to measure (default: the system temp dir)")
+    p.add_argument("--dir", default=None,
+                   help="directory on the SSD to measure, or several (one per SSD) separated by commas: each is "
+                        "measured and the planner uses their sum (default: the system temp dir)")
     p.add_argument("--quick", action="store_true", help="smaller files and shorter timings")
     p.add_argument("--refresh", action="store_true", help="measure again even if a cached probe exists")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -221,7 +244,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     hw = None if args.refresh else load_probe(args.cache)
-    if hw is not None and args.dir and os.path.abspath(args.dir) != hw.probe_dir:
+    if hw is not None and args.dir and ",".join(split_dirs(args.dir)) != hw.probe_dir:
         hw = None
     if hw is None:
         print("probing this machine ...", file=sys.stderr)
@@ -236,9 +259,16 @@ def run(args: argparse.Namespace) -> int:
         ("fp32 matmul", f"{hw.cpu_flops / 1e9:.1f} GFLOP/s"),
         ("memory copy", f"{hw.memcpy_bytes_per_s / 1e9:.2f} GB/s"),
         ("CPU AdamW", f"{hw.cpu_adam_params_per_s / 1e6:.0f} M params/s"),
-        (f"SSD seq read ({hw.probe_dir})", f"{hw.ssd_read_bytes_per_s / 1e9:.2f} GB/s"),
+        (f"SSD seq read ({hw.probe_dir})" + (" per SSD" if hw.ssds > 1 else ""),
+         f"{hw.ssd_read_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD seq write", f"{hw.ssd_write_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD 4 KiB random read", f"{hw.ssd_rand4k_iops / 1e3:.0f} k IOPS"),
+    ]
+    if len(hw.ssd_dirs) > 1:
+        rows += [(f"  {e['dir']}", f"{e['ssd_read_bytes_per_s'] / 1e9:.2f} GB/s read, "
+                                   f"{e['ssd_write_bytes_per_s'] / 1e9:.2f} GB/s write") for e in hw.ssd_dirs]
+        rows += [("SSDs (distinct devices)", f"{hw.ssds}: {hw.ssd_read_total / 1e9:.2f} GB/s read together")]
+    rows += [
         ("CPU compute lost to SSD traffic", f"{hw.cpu_io_slowdown_per_gbps:.1%} per GB/s"),
     ]
     if hw.has_gpu:

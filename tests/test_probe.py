@@ -48,3 +48,25 @@ def test_probe_command_caches(tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["name"] == "probed"
     assert main(["probe", "--dir", str(tmp_path), "--cache", str(cache)]) == 0  # served from the cache
     assert len(calls) == 1 and "A100" in capsys.readouterr().out
+
+
+def test_probe_over_two_directories_measures_each(tmp_path, capsys, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    real = probe.measure_ssd
+    # quick mode with a tiny file: the same measurement on 16 MiB
+    monkeypatch.setattr(probe, "measure_ssd", lambda d, file_bytes, rand_seconds=2.0: real(d, 16 << 20,
+                                                                                            rand_seconds=0.1))
+    cache = tmp_path / "probe.json"
+    assert main(["probe", "--dir", f"{a},{b}", "--quick", "--json", "--cache", str(cache)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e["dir"] for e in out["ssd_dirs"]] == [str(a), str(b)]
+    assert out["probe_dir"] == f"{a},{b}"
+    for e in out["ssd_dirs"]:
+        assert e["ssd_read_bytes_per_s"] > 1e6 and e["ssd_write_bytes_per_s"] > 1e6 and e["ssd_rand4k_iops"] > 100
+    # both directories are on one file system here: one device, the mean of their two measurements
+    assert out["ssds"] == 1
+    mean = sum(e["ssd_read_bytes_per_s"] for e in out["ssd_dirs"]) / 2
+    assert out["ssd_read_bytes_per_s"] == pytest.approx(mean)
+    assert list(a.iterdir()) == [] and list(b.iterdir()) == []  # probe files removed
+    assert main(["probe", "--dir", f"{a},{b}", "--cache", str(cache)]) == 0  # served from the cache
+    assert str(a) in capsys.readouterr().out

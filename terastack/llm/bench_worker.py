@@ -172,8 +172,21 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
     from terastack import trace
     from terastack.llm import Trainer, TrainerConfig
 
-    budgets = ({"memory_budget": args.memory_budget} if args.memory_budget else
-               {"device_budget": args.device_budget, "host_budget": args.host_budget})
+    if args.process_memory_budget:
+        # the whole process's resident memory is bounded: the trainer gets what the interpreter and the
+        # libraries loaded so far leave of it
+        from terastack.memory import current_rss
+        from terastack.units import format_bytes, parse_bytes
+
+        whole = parse_bytes(args.process_memory_budget, field="--process-memory-budget")
+        budgets = {"memory_budget": whole - current_rss()}
+        if budgets["memory_budget"] <= 0:
+            raise ValueError(f"--process-memory-budget: {format_bytes(whole)} is less than this process already "
+                             f"holds ({format_bytes(current_rss())})")
+    elif args.memory_budget:
+        budgets = {"memory_budget": args.memory_budget}
+    else:
+        budgets = {"device_budget": args.device_budget, "host_budget": args.host_budget}
     fields = dict(store_dir=args.dir, **budgets, lr=args.lr,
                   batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
                   activation_policy=args.activation_policy, state_placement=args.state_placement,
@@ -277,6 +290,9 @@ def main(argv=None) -> int:
     p.add_argument("--device-budget", default="1GiB")
     p.add_argument("--host-budget", default="1GiB")
     p.add_argument("--memory-budget", default=None, help="one budget for device and host tiers (CPU)")
+    p.add_argument("--process-memory-budget", default=None,
+                   help="one budget for the whole process's resident memory (CPU): the trainer's memory budget is "
+                        "what remains of it after the interpreter and libraries")
     p.add_argument("--activation-policy", default="auto")
     p.add_argument("--variants", default="planned", help=f"terastack variants, comma-separated: {', '.join(VARIANTS)}")
     p.add_argument("--state-placement", default="auto")
@@ -295,7 +311,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from terastack.llm.builtin import resolve_model
-    from terastack.memory import PeakRSS
+    from terastack.memory import PeakRSS, peak_rss
 
     hf_config, _ = resolve_model(args.model)
     # No padding row: ZeRO-3's partitioned init cannot zero it, and every system must train the same model.
@@ -311,6 +327,8 @@ def main(argv=None) -> int:
     if args.system != "terastack":
         result["peak_rss_bytes"] = rss.peak_bytes
     result["rss_baseline_bytes"] = rss.baseline
+    # the whole process's high-water mark since the baseline was taken (imports before it are smaller)
+    result["process_peak_rss_bytes"] = peak_rss()
     result["system"] = args.system
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)

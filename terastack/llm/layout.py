@@ -88,10 +88,13 @@ def ssd_bytes_needed(profile, plan) -> int:
     """SSD bytes the plan may keep: every record gets an SSD extent at the latest when it is first written back
     or committed, plus activations swapped to the SSD."""
     cb = profile.compute_bytes
+    # a gradient goes to the SSD only where the step waits for all of them (deferred, after-backward); eager
+    # updates hold backward until the gradient pool has room (the schedule's backpressure)
+    spilled_grad = 0 if plan.mode == "eager" else 4
     need = 0
     for name, n in profile.tensor_numel.items():
         if profile.tensor_trainable[name]:
-            need += n * 12 + (n * cb if profile.mixed_precision else 0) + n * 4  # + a spilled gradient
+            need += n * 12 + (n * cb if profile.mixed_precision else 0) + n * spilled_grad
             if plan.grad_accum > 1 and plan.grad_home.get(name) != "host":
                 need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])
         else:

@@ -112,6 +112,8 @@ class Trainer:
         self.run_dirs = layout.make_run_dirs(config.store_dir, layout.ssd_bytes_needed(self.profile, self.plan))
         self.store = TieredStore(TieredStore.Config(
             root=layout.store_root(self.run_dirs), device_budget=self.plan.device_capacity,
+            # each SSD receives its share of the bytes by its probed bandwidth (equal shares if not probed)
+            bandwidths=self.hardware.dir_bandwidths(layout.split_store_dirs(config.store_dir)),
             host_budget=self.plan.host_capacity - self.plan.grad_pool_bytes,
             device="cuda" if self.device.type == "cuda" else "cpu", copy_on_write=False))
         try:

@@ -42,7 +42,11 @@ class Hardware:
     #: host<->device copy bandwidth, each direction
     pcie_bytes_per_s: float = 0.0
     nic_bytes_per_s: float = 0.0
+    #: the directory the probe measured; several (one per SSD) comma-separated
     probe_dir: str | None = None
+    #: per measured directory: {"dir", "device", "ssd_read_bytes_per_s", "ssd_write_bytes_per_s",
+    #: "ssd_rand4k_iops"}; the ssd_* figures above are their aggregate (:func:`aggregate_ssd`)
+    ssd_dirs: list = dataclasses.field(default_factory=list)
     probed_at: str | None = None
     versions: dict = dataclasses.field(default_factory=dict)
 
@@ -73,6 +77,13 @@ class Hardware:
     def ssd_write_total(self) -> float:
         return self.ssd_write_bytes_per_s * self.ssds
 
+    def dir_bandwidths(self, dirs) -> tuple[float, ...]:
+        """The measured read bandwidth of each of ``dirs`` (the store's placement weights), or () when the
+        probe did not measure every one of them."""
+        measured = {os.path.realpath(e["dir"]): float(e["ssd_read_bytes_per_s"]) for e in self.ssd_dirs}
+        weights = tuple(measured.get(os.path.realpath(d), 0.0) for d in dirs)
+        return weights if weights and all(w > 0 for w in weights) else ()
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -93,6 +104,23 @@ class Hardware:
         data = self.to_dict() | changes
         data["measured"] = False
         return Hardware.from_dict(data)
+
+
+def aggregate_ssd(entries: list[dict]) -> dict:
+    """The machine's SSD figures from per-directory measurements: ``ssds`` is the number of distinct devices
+    and the per-SSD rates their mean, so ``ssd_read_total`` (and write, and IOPS times ``ssds``) is the *sum*
+    over the devices; one directory gives exactly its own figures. Directories on one file system (same
+    ``device``) share one SSD: they count once, with the mean of their measurements."""
+    if not entries:
+        raise ValueError("aggregate_ssd: no directory measured")
+    by_device: dict = {}
+    for e in entries:
+        by_device.setdefault(e.get("device", e["dir"]), []).append(e)
+    keys = ("ssd_read_bytes_per_s", "ssd_write_bytes_per_s", "ssd_rand4k_iops")
+    devices = [{k: sum(e[k] for e in group) / len(group) for k in keys} for group in by_device.values()]
+    out = {k: sum(d[k] for d in devices) / len(devices) for k in keys}
+    out["ssds"] = len(devices)
+    return out
 
 
 #: Hypothetical machines for paper-scale questions. Figures are vendor/spec-sheet class numbers.

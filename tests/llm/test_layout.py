@@ -31,3 +31,25 @@ def test_free_space_counts_each_file_system_once(tmp_path, monkeypatch):
 def test_empty_directory_in_the_list_is_refused(bad):
     with pytest.raises(ValueError, match="store_dir"):
         TrainerConfig(store_dir=bad)
+
+
+def test_ssd_space_of_a_plan_covers_what_training_uses(trainer_config):
+    """Eager updates never spill a gradient (backward waits for room in the gradient pool), so the space a
+    plan asks of the disk is 12 bytes a trainable parameter plus swapped activations -- and the store never
+    uses more than that while training with its state on the SSD."""
+    from terastack.llm import Trainer, layout
+
+    from .llm_helpers import batches, tiny_config
+
+    with Trainer.from_config(tiny_config("llama", layers=2),
+                             trainer_config(state_placement="ssd", activation_policy="ssd")) as trainer:
+        assert trainer.plan.mode == "eager"
+        need = layout.ssd_bytes_needed(trainer.profile, trainer.plan)
+        trainable = sum(t.numel for t in trainer.tensors.values() if t.trainable)
+        acts = sum(u.act_bytes for u, p in zip(trainer.profile.units, trainer.plan.policies) if p == "ssd")
+        assert need == 12 * trainable + acts
+        for ids in batches(3):
+            trainer.step(ids)
+        trainer.synchronize()
+        assert not [n for n in trainer.store.names() if n.startswith("g:")]  # no gradient went to the SSD
+        assert trainer.store.usage()["ssd"]["live"] <= need

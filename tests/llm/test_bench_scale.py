@@ -1,0 +1,93 @@
+"""`terastack bench llm-scale` at tiny sizes: real child processes under the real RSS watchdog."""
+import json
+import math
+import sys
+
+import pytest
+
+from terastack.cli import main
+from terastack.llm import bench_scale
+
+
+def leftovers(directory):
+    return [p.name for p in directory.iterdir() if p.name.startswith("terastack-scale")]
+
+
+def run_bench(capsys, *args):
+    assert main(["bench", "llm-scale", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_system_over_the_rss_limit_does_not_fit_and_is_not_tried_larger(tmp_path, capsys):
+    # 64 MiB: less than an interpreter with torch imported, so the watchdog kills the child at the first rung
+    r = run_bench(capsys, "--sizes", "tiny,0.15b", "--systems", "in_memory", "--rss-limit", "64MiB",
+                  "--dir", str(tmp_path))
+    tiny, larger = r["rows"]
+    assert (tiny["size"], tiny["system"], tiny["fits"]) == ("tiny", "in_memory", False)
+    assert "does not fit" in tiny["reason"] and "64.00 MiB" in tiny["reason"]
+    assert tiny["peak_rss_bytes"] > 64 << 20 and tiny["step_s"] is None
+    assert larger["size"] == "0.15b" and larger["fits"] is None and larger["reason"].startswith("not tried")
+    assert r["max_params_in_memory"] is None and r["rss_limit_bytes"] == 64 << 20
+    assert leftovers(tmp_path) == []  # every rung's files are deleted
+
+
+def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, capsys, hardware_file):
+    from transformers import AutoModelForCausalLM
+
+    from terastack.llm.builtin import hf_config
+
+    r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
+                  "--seq-len", "16", "--dir", str(tmp_path), "--hardware", hardware_file)
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_config("tiny-llama")).parameters())
+    rows = {row["system"]: row for row in r["rows"]}
+    assert set(rows) == {"terastack", "in_memory"}
+    for row in rows.values():
+        assert row["fits"] is True and row["reason"] is None and row["params"] == params
+        assert row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(16 / row["step_s"])
+        assert 0 < row["peak_rss_bytes"] < r["rss_limit_bytes"]
+        assert row["ssd_read_bytes_per_step"] >= 0 and row["ssd_write_bytes_per_step"] >= 0
+        assert len(row["losses"]) == 2
+    ts = rows["terastack"]
+    assert ts["predicted_step_s"] > 0
+    assert ts["prediction_error"] == pytest.approx(ts["predicted_step_s"] / ts["step_s"] - 1)
+    # a randomly initialized model starts near the loss of a uniform guess over the vocabulary
+    for row in rows.values():
+        assert row["losses"][0] == pytest.approx(math.log(hf_config("tiny-llama").vocab_size), abs=0.5)
+    assert r["max_params_terastack"] == r["max_params_in_memory"] == params and r["max_params_zero_infinity"] is None
+    assert r["tiny_terastack_step_vs_in_memory"] == pytest.approx(ts["step_s"] / rows["in_memory"]["step_s"])
+    assert leftovers(tmp_path) == []
+
+
+def test_a_rung_that_would_not_fit_on_the_disk_is_refused(tmp_path, capsys, monkeypatch, hardware_file):
+    free = 10 << 30
+    real = bench_scale.shutil.disk_usage
+    monkeypatch.setattr(bench_scale.shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+    r = run_bench(capsys, "--sizes", "3b", "--systems", "terastack,in_memory", "--dir", str(tmp_path),
+                  "--hardware", hardware_file, "--rss-limit", "64MiB")  # in_memory is stopped at once
+    params = bench_scale.parameter_count("openllama-3b")
+    need = bench_scale.disk_needed(params, "terastack")
+    assert need > 12 * params > free
+    ts, im = r["rows"]
+    assert ts["fits"] is None and ts["reason"].startswith("refused")
+    assert str(need) in ts["reason"] and str(free) in ts["reason"]
+    assert im["system"] == "in_memory" and not im["reason"].startswith("refused")  # it needs no disk
+
+
+@pytest.mark.parametrize("code, fits, says", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", False, "OOM killer"),
+    ("raise MemoryError('no room')", False, "out of memory"),
+    ("import torch; torch.empty(1 << 62, dtype=torch.uint8)", False, "out of memory"),
+    ("raise ValueError('a bug')", None, "a bug"),
+    ("pass", True, None),
+])
+def test_children_that_die_of_memory_do_not_fit(code, fits, says, tmp_path):
+    outcome = bench_scale.run_watched([sys.executable, "-c", code], rss_limit=8 << 30, timeout=60,
+                                      log=tmp_path / "log")
+    got, reason = bench_scale.classify(outcome, 8 << 30)
+    assert got is fits
+    assert (reason is None) if says is None else (says in reason)
+
+
+def test_unknown_rung_is_refused(capsys):
+    with pytest.raises(ValueError, match="--sizes: unknown rung '7q'"):
+        bench_scale.resolve_sizes("0.15b,7q")

@@ -32,12 +32,13 @@ import mmap
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from terastack.constants import BLOCK
+from terastack.counters import Counters
 from terastack.gnn.rows import RowReader, covering_blocks
 from terastack.io.errors import BudgetError
 from terastack.memory import mem_available
@@ -46,7 +47,7 @@ from terastack.units import format_bytes, parse_bytes
 
 
 @dataclass(slots=True)
-class GatherStats:
+class GatherStats(Counters):
     """Cumulative traffic of a feature source."""
 
     rows: int = 0
@@ -60,13 +61,6 @@ class GatherStats:
     batches: int = 0
     gather_seconds: float = 0.0
     io_wait_seconds: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **deltas) -> None:
-        with self._lock:
-            for k, v in deltas.items():
-                setattr(self, k, getattr(self, k) + v)
-
     def snapshot(self) -> dict:
         with self._lock:
             rows = max(self.rows, 1)

@@ -64,11 +64,12 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from terastack.constants import BLOCK
+from terastack.counters import Counters
 from terastack.gnn.rows import RowReader
 
 #: bytes a cached list costs beyond its entries: its node id, global start, and offset in the packed lists
@@ -88,7 +89,7 @@ class HopLookup:
 
 
 @dataclass(slots=True)
-class TopologyStats:
+class TopologyStats(Counters):
     """Cumulative topology traffic: lists looked up, served from memory, and read from the SSD."""
 
     lookups: int = 0
@@ -98,13 +99,6 @@ class TopologyStats:
     indices_calls: int = 0
     ssd_bytes: int = 0
     ssd_blocks: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **deltas) -> None:
-        with self._lock:
-            for k, v in deltas.items():
-                setattr(self, k, getattr(self, k) + v)
-
     def snapshot(self) -> dict:
         with self._lock:
             n = max(self.lookups, 1)

@@ -103,7 +103,7 @@ def _worker(system: str, args, workdir: Path, extra: list[str], label: str, env:
     return result
 
 
-def _deepspeed_available() -> str | None:
+def deepspeed_missing() -> str | None:
     """None if ZeRO-Infinity can run here, else why not."""
     import importlib.util
 
@@ -159,7 +159,7 @@ def measure(args: argparse.Namespace) -> dict:
             r["memory_budget_bytes"] = budget
             result["small_budget"] = r
         if "zero_infinity" in systems:
-            why = _deepspeed_available()
+            why = deepspeed_missing()
             result["zero_infinity"] = ({"error": why} if why else
                                        _worker("zero_infinity", args, workdir, [], "zero_infinity"))
     finally:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from terastack import trace
 from terastack.plan.hardware import save_probe
+from terastack.llm.bench import deepspeed_missing
 from terastack.llm.config import MEMORY_BUDGET_ENV
 from terastack.memory import mem_total
 from terastack.units import format_bytes, parse_bytes
@@ -268,14 +269,6 @@ def _hardware(args, base: Path):
     return load_or_measure(str(base), quick=True)
 
 
-def _deepspeed_missing() -> str | None:
-    import importlib.util
-
-    if importlib.util.find_spec("deepspeed") is None:
-        return "not run: deepspeed is not installed (pip install deepspeed; apt-get install -y libaio-dev)"
-    return None
-
-
 def measure(args: argparse.Namespace) -> dict:
     systems = [s for s in args.systems.split(",") if s]
     unknown = sorted(set(systems) - set(SYSTEMS))
@@ -296,8 +289,8 @@ def measure(args: argparse.Namespace) -> dict:
                     "rss_limit_bytes": rss_limit, "seq_len": args.seq_len, "batch_size": args.batch_size,
                     "steps": args.steps, "warmup": args.warmup, "dir": str(base), "rows": []}
     stopped: dict[str, str] = {}
-    if "zero_infinity" in systems and (why := _deepspeed_missing()):
-        stopped["zero_infinity"] = why
+    if "zero_infinity" in systems and (why := deepspeed_missing()):
+        stopped["zero_infinity"] = f"not run: {why}"
     for label, model in rungs:
         params = parameter_count(model)
         for system in systems:

@@ -41,9 +41,8 @@ from terastack.constants import DIRECT_ALIGN, round_up
 from terastack.llm.hardware import resolve_device, resolve_dtype
 from terastack.llm.keys import export_layout
 from terastack.llm.layout import records_for
-from terastack.llm.pretrained_dir import (DEFAULT_MAX_SHARD_SIZE, copy_tokenizer_files, staged_dir,
-                                            write_safetensors_files)
-from terastack.units import parse_bytes
+from terastack.llm.pretrained_dir import (DEFAULT_MAX_SHARD_SIZE, copy_tokenizer_files, shard_limit, staged_dir,
+                                          write_safetensors_files)
 
 FORMAT = "terastack.llm.checkpoint"
 VERSION = 1
@@ -307,9 +306,7 @@ def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = N
     target = _EXPORT_DTYPES.get(dtype)
     if target is None:
         raise ValueError(f"dtype: must be float32, bfloat16 or float16; got {dtype!r}")
-    limit = parse_bytes(max_shard_size, field="max_shard_size")
-    if limit < 1:
-        raise ValueError(f"max_shard_size: must be at least 1 byte, got {max_shard_size!r}")
+    limit = shard_limit(max_shard_size)
     trainer.synchronize()
     with staged_dir(path) as tmp:
         if trainer.lora is not None:

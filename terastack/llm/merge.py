@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from terastack.llm.model import CheckpointReader, build_skeleton, load_hf_config
-from terastack.llm.pretrained_dir import (DEFAULT_MAX_SHARD_SIZE, TORCH_DTYPES, copy_tokenizer_files, staged_dir,
-                                          write_safetensors_files)
-from terastack.units import format_bytes, parse_bytes
+from terastack.llm.pretrained_dir import (DEFAULT_MAX_SHARD_SIZE, TORCH_DTYPES, copy_tokenizer_files, shard_limit,
+                                          staged_dir, write_safetensors_files)
+from terastack.units import format_bytes
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -214,9 +214,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, 
         target = _DTYPES.get(dtype)
         if target is None:
             raise ValueError(f"dtype: must be one of {', '.join(_DTYPES)}; got {dtype!r}")
-    limit = parse_bytes(max_shard_size, field="max_shard_size")
-    if limit < 1:
-        raise ValueError(f"max_shard_size: must be at least 1 byte, got {max_shard_size!r}")
+    limit = shard_limit(max_shard_size)
     for what, path in (("base", base), ("adapter", adapter)):
         if path.exists() and (output.resolve() == path.resolve() or output.resolve() in path.resolve().parents):
             raise ValueError(f"output {output} would replace the {what} directory {path}; choose another directory")

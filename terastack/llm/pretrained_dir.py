@@ -25,6 +25,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from terastack.units import parse_bytes
+
 from terastack.atomic import fsync_dir, replace_dir
 
 SAFE_WEIGHTS = "model.safetensors"
@@ -32,6 +34,14 @@ SAFE_WEIGHTS_INDEX = "model.safetensors.index.json"
 #: the default of ``Trainer.save_pretrained`` and ``terastack merge`` (transformers' own default is 50GB; 5GB
 #: shards are what the Hugging Face Hub serves well)
 DEFAULT_MAX_SHARD_SIZE = "5GB"
+
+
+def shard_limit(max_shard_size: int | str) -> int:
+    """``max_shard_size`` (bytes, or a size such as "5GB") as bytes, at least 1."""
+    limit = parse_bytes(max_shard_size, field="max_shard_size")
+    if limit < 1:
+        raise ValueError(f"max_shard_size: must be at least 1 byte, got {max_shard_size!r}")
+    return limit
 
 #: the safetensors names of torch dtypes (the file format's own table)
 ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",

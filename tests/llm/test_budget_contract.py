@@ -139,16 +139,17 @@ SEEDS = list(range(40))
 def test_budget_contract(seed, tmp_path, trainer_config):
     rng = random.Random(seed)
     hf = random_config(rng)
-    device_budget = log_uniform(rng, 256 * KIB, 6 << 20)
-    host_budget = log_uniform(rng, 256 * KIB, 4 << 20)
-    clip = rng.choice((None, 1.0))
-    inline = rng.choice((True, False))
-    chunk = rng.choice((1024, 1 << 20))  # small chunks: tensors in several optimizer records
-    placement = rng.choice(("auto", "ssd"))
     save_model(hf, tmp_path / "model")
-    cfg = trainer_config(device_budget=device_budget, host_budget=host_budget, batch_size=1, seq_len=SEQ,
-                         max_grad_norm=clip, inline_updates=inline, optimizer_chunk=chunk, state_placement=placement)
-    check_contract(tmp_path / "model", cfg, hf.vocab_size)
+    check_contract(tmp_path / "model", trainer_config(**random_budgets(rng)), hf.vocab_size)
+
+
+def random_budgets(rng: random.Random) -> dict:
+    """A random budget pair and the trainer settings that change how state moves within it."""
+    return dict(device_budget=log_uniform(rng, 256 * KIB, 6 << 20), host_budget=log_uniform(rng, 256 * KIB, 4 << 20),
+                batch_size=1, seq_len=SEQ, max_grad_norm=rng.choice((None, 1.0)),
+                inline_updates=rng.choice((True, False)),
+                optimizer_chunk=rng.choice((1024, 1 << 20)),  # small chunks: tensors in several optimizer records
+                state_placement=rng.choice(("auto", "ssd")))
 
 
 ACCUM_SEEDS = list(range(100, 116))
@@ -161,16 +162,8 @@ def test_budget_contract_with_gradient_accumulation(seed, tmp_path, trainer_conf
     block-diagonal mask's activations counted)."""
     rng = random.Random(seed)
     hf = random_config(rng)
-    device_budget = log_uniform(rng, 256 * KIB, 6 << 20)
-    host_budget = log_uniform(rng, 256 * KIB, 4 << 20)
-    clip = rng.choice((None, 1.0))
-    inline = rng.choice((True, False))
-    chunk = rng.choice((1024, 1 << 20))
-    placement = rng.choice(("auto", "ssd"))
+    settings = random_budgets(rng)
     accum = rng.choice((2, 3))
     packed = hf.model_type in PACKING_FAMILIES and rng.random() < 0.5
     save_model(hf, tmp_path / "model")
-    cfg = trainer_config(device_budget=device_budget, host_budget=host_budget, batch_size=1, seq_len=SEQ,
-                         max_grad_norm=clip, inline_updates=inline, optimizer_chunk=chunk, state_placement=placement,
-                         grad_accum=accum, packed=packed)
-    check_contract(tmp_path / "model", cfg, hf.vocab_size)
+    check_contract(tmp_path / "model", trainer_config(**settings, grad_accum=accum, packed=packed), hf.vocab_size)

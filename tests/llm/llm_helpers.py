@@ -1,4 +1,6 @@
 """Shared helpers: tiny Hugging Face models saved to a temp dir, and the plain PyTorch reference training."""
+import weakref
+
 import torch
 
 VOCAB = 96
@@ -64,3 +66,21 @@ def offloaded_train(trainer, data, *, seed=5):
 
 def max_weight_diff(trainer, model) -> float:
     return max((trainer.parameter(n) - p.detach()).abs().max().item() for n, p in model.named_parameters())
+
+
+class AliveTensors:
+    """Counts tensors handed out (``track(t)``) and the most of them alive at once: a streaming writer holds one
+    group at a time, a writer that gathers the model holds them all."""
+
+    def __init__(self):
+        self._alive: set = set()
+        self.calls = 0
+        self.peak = 0
+
+    def track(self, t):
+        token = object()
+        self._alive.add(token)
+        weakref.finalize(t, self._alive.discard, token)
+        self.calls += 1
+        self.peak = max(self.peak, len(self._alive))
+        return t

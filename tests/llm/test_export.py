@@ -3,7 +3,6 @@
 tensor by tensor, atomically; transformers loads every form back."""
 import json
 import os
-import weakref
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from safetensors import safe_open
 from terastack.llm import Trainer
 from terastack.llm.pretrained_dir import plan_shards
 
-from .llm_helpers import batches, make_model, offloaded_train
+from .llm_helpers import AliveTensors, batches, make_model, offloaded_train
 from .test_families import save_family
 
 INDEX = "model.safetensors.index.json"
@@ -30,22 +29,11 @@ def _file_tensors(directory) -> dict[str, tuple[str, int]]:
     return out
 
 
-def _count_alive(trainer):
+def _count_alive(trainer) -> AliveTensors:
     """Wrap ``trainer.parameter`` so that the tensors it handed out and that are still alive are counted."""
-    alive, stats = set(), {"peak": 0, "calls": 0}
-    fetch = trainer.parameter
-
-    def counting(name):
-        t = fetch(name)
-        token = object()
-        alive.add(token)
-        weakref.finalize(t, alive.discard, token)
-        stats["calls"] += 1
-        stats["peak"] = max(stats["peak"], len(alive))
-        return t
-
-    trainer.parameter = counting
-    return stats
+    counter, fetch = AliveTensors(), trainer.parameter
+    trainer.parameter = lambda name: counter.track(fetch(name))
+    return counter
 
 
 def _check_sharded(out, limit: int) -> dict:
@@ -77,7 +65,7 @@ def test_sharded_export_loads_in_transformers_and_matches_its_own_sharding(famil
         offloaded_train(t, batches(2))
         stats = _count_alive(t)
         t.save_pretrained(tmp_path / "out", max_shard_size=limit)
-        calls, peak = stats["calls"], stats["peak"]
+        calls, peak = stats.calls, stats.peak
         trained = {n: t.parameter(n) for n in t.tensors}
     # tensor by tensor: every parameter read once, and never more than one alive at a time
     assert calls == len(trained) and peak == 1

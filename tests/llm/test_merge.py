@@ -2,7 +2,6 @@
 tensor by tensor from a sharded or single-file base, written as transformers loads it; bad adapters and
 mismatched bases fail with one line naming the file."""
 import json
-import weakref
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from terastack.cli import main
 from terastack.llm.merge import merge_adapter
 from terastack.llm.model import CheckpointReader
 
-from .llm_helpers import VOCAB, make_model
+from .llm_helpers import VOCAB, AliveTensors, make_model
 from .test_families import save_family
 
 INDEX = "model.safetensors.index.json"
@@ -97,22 +96,15 @@ def test_merge_to_bfloat16_streams_the_base_one_tensor_at_a_time(tmp_path, monke
 
     make_model("qwen2", tmp_path / "base", layers=2)
     _adapter(tmp_path / "base", tmp_path / "adapter", r=4, lora_alpha=8)
-    alive, stats = set(), {"peak": 0, "reads": 0}
-    get = CheckpointReader.get
+    base_reads, get = AliveTensors(), CheckpointReader.get
 
     def counting(self, key):
         t = get(self, key)
-        if self.path == tmp_path / "base":
-            token = object()
-            alive.add(token)
-            weakref.finalize(t, alive.discard, token)
-            stats["reads"] += 1
-            stats["peak"] = max(stats["peak"], len(alive))
-        return t
+        return base_reads.track(t) if self.path == tmp_path / "base" else t
 
     monkeypatch.setattr(CheckpointReader, "get", counting)
     result = merge_adapter(tmp_path / "base", tmp_path / "adapter", tmp_path / "out", dtype="bfloat16")
-    assert stats["reads"] == len(_keys(tmp_path / "base")) and stats["peak"] == 1
+    assert base_reads.calls == len(_keys(tmp_path / "base")) and base_reads.peak == 1
     assert result.files == ["model.safetensors"] and result.updated_keys
     assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
     ref = dict(_reference(tmp_path / "base", tmp_path / "adapter").named_parameters())

@@ -78,6 +78,7 @@ class ActivationStash:
         self._weight_ptrs = {w.untyped_storage().data_ptr(): name for name, w in weights.items()}
         self._entries: dict[int, _Entry] = {}
         self.saved_bytes = 0
+        self._kept_what = f"activations kept by {unit.path}"
 
     # ------------------------------------------------------------- hooks
     def hooks(self):
@@ -94,6 +95,10 @@ class ActivationStash:
         entry = self._entries.get(ptr)
         if entry is None:
             entry = self._entries[ptr] = self._save(t, storage.nbytes())
+        if self.policy == "keep":
+            # kept where it is: the graph holds the tensor itself (as without hooks); the entry only carries the
+            # storage's charge, and a view rebuilt at unpack would cost Python time on every saved tensor
+            return t
         return _SavedView(ptr, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
 
     def unpack(self, h):
@@ -108,14 +113,15 @@ class ActivationStash:
     def _save(self, t: torch.Tensor, nbytes: int) -> _Entry:
         entry = _Entry(nbytes)
         self.saved_bytes += nbytes
-        raw = storage_bytes(t)
         if self.policy == "keep":
-            self.runtime.charge(entry, Tier.DEVICE, nbytes, what=f"activations kept by {self.unit.path}")
-        elif self.policy not in ("host", "ssd"):
+            # the graph keeps the tensor, so its storage (and address) stays taken until backward
+            self.runtime.charge(entry, Tier.DEVICE, nbytes, what=self._kept_what)
+            return entry
+        if self.policy not in ("host", "ssd"):
             raise ValueError(f"activation policy {self.policy!r} of {self.unit.path}")
         # Swapped storages stay referenced until seal(): their memory cannot be reused for another saved tensor
         # during this forward (storages are told apart by address), and their content is final when copied.
-        entry.tensor = raw
+        entry.tensor = storage_bytes(t)
         return entry
 
     def seal(self) -> None:

@@ -104,14 +104,18 @@ class WeightFetcher:
             record = self.rt.compute_record(cname)
             if record not in fetched:
                 gate = self.rt.update_gate(cname)
-                if gate is not None:
+                if gate is not None and not gate.done():
                     self.rt.wait(gate, f"the update of {cname!r} before {phase} of {unit.path}")
-                fut = self._fetch_blocking(record, self.rt.compute_tier(record), unit, phase)
-                if fut.done():
-                    fetched[record] = fut.result()
-                else:
-                    with trace.span(f"wait {record}", track="stall", cat="weights"):
-                        fetched[record] = self.rt.wait(fut, f"weights {record!r} for {phase} of {unit.path}")
+                tier = self.rt.compute_tier(record)
+                weight = self.store.resident(record, tier)
+                if weight is None:
+                    fut = self._fetch_blocking(record, tier, unit, phase)
+                    if fut.done():
+                        weight = fut.result()
+                    else:
+                        with trace.span(f"wait {record}", track="stall", cat="weights"):
+                            weight = self.rt.wait(fut, f"weights {record!r} for {phase} of {unit.path}")
+                fetched[record] = weight
                 with self._lock:
                     self._refs[record] = self._refs.get(record, 0) + 1
             out[local] = fetched[record]

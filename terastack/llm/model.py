@@ -84,13 +84,13 @@ class TensorInfo:
     shape: tuple[int, ...]
     trainable: bool
     users: list[int] = field(default_factory=list)
+    numel: int = field(init=False)  # elements (asked for thousands of times a step: computed once)
 
-    @property
-    def numel(self) -> int:
+    def __post_init__(self) -> None:
         n = 1
         for s in self.shape:
             n *= s
-        return n
+        self.numel = n
 
 
 @contextmanager

@@ -176,6 +176,7 @@ class OffloadedAdamW:
         self._writebacks: collections.deque = collections.deque()  # (future, bytes) of state being written
         self._adam = adamw_kwargs(config.impl, torch.device("cpu"))
         self._gates: dict[str, Future] = {}
+        self._padded_sizes: dict = {}  # record (or tensor, chunk) -> bytes in a tier, fixed for the run
         self._contrib: dict[str, int] = {}
         self._grads: dict[str, _Grad] = {}
         #: 2-norm of each complete gradient of this step (clipping only); the total is the norm of these norms,
@@ -277,7 +278,7 @@ class OffloadedAdamW:
         wanted: list[str] = []
         for name, k, _, _ in self._unit_jobs(list(names)):
             job = self._job_records(name, k)
-            allowance -= sum(self.store.record(r).padded for r in job)
+            allowance -= sum(self._padded(r) for r in job)
             if allowance < 0:
                 break
             wanted += job
@@ -487,8 +488,32 @@ class OffloadedAdamW:
             if gate is not None and not gate.done():
                 gate.set_exception(exc)
 
-    def _fetch(self, record: str, what: str) -> torch.Tensor:
+    def _state_bytes(self, name: str, k: int) -> int:
+        """Bytes of the optimizer state chunk ``k`` of ``name`` reads (moments; the master chunk in mixed
+        precision), fixed for the run."""
+        key = (name, k)
+        size = self._padded_sizes.get(key)
+        if size is None:
+            rt = self.rt
+            recs = [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
+            if not rt.master_is_compute:
+                recs.append(rt.master_records(name)[k])
+            size = self._padded_sizes[key] = sum(self._padded(r) for r in recs)
+        return size
+
+    def _padded(self, record: str) -> int:
+        size = self._padded_sizes.get(record)
+        if size is None:
+            size = self._padded_sizes[record] = self.store.padded(record)
+        return size
+
+    def _fetch(self, record: str, part: str, name: str, k: int | None = None) -> torch.Tensor:
+        """The state record ``record`` (``part`` of tensor ``name``, chunk ``k``) resident in host memory."""
+        resident = self.store.resident(record, Tier.HOST)
+        if resident is not None:
+            return resident
         rt = self.rt
+        what = f"{part} {name!r} for its update" if k is None else f"{part} chunk {k} of {name!r}"
         return rt.wait(rt.with_room(lambda: self.store.prefetch(record, Tier.HOST), what), what)
 
     def _update(self, task: UpdateTask, nxt: UpdateTask | None) -> None:
@@ -512,8 +537,7 @@ class OffloadedAdamW:
                         self.prefetch_chunk(nxt.names[0], 0)
                     with self._cv:
                         self._ahead.discard((name, k))
-                nbytes = sum(self.store.record(r).padded for r in self._job_records(name, k)
-                             if records.kind(r) != records.SPILLED_GRAD)
+                nbytes = self._state_bytes(name, k)
                 # a master that must wait for room may be waiting for those the group holds: update them first
                 if group and (group_bytes + nbytes > group_limit or not self._master_fits(name, whole)):
                     self._apply(task, group, whole)
@@ -530,14 +554,14 @@ class OffloadedAdamW:
         if rt.master_is_compute:
             if name not in whole:
                 self._admit_master(name)
-                whole[name] = self._fetch(records.master(name), f"master {name!r} for its update").view(-1)
+                whole[name] = self._fetch(rt.master_records(name)[0], "master", name).view(-1)
             p = whole[name][lo:hi]
         else:
-            p = self._fetch(rt.master_records(name)[k], f"master chunk {k} of {name!r}")
-        m = self._fetch(rt.moment_records(name, 1)[k], f"exp_avg chunk {k} of {name!r}")
-        v = self._fetch(rt.moment_records(name, 2)[k], f"exp_avg_sq chunk {k} of {name!r}")
+            p = self._fetch(rt.master_records(name)[k], "master", name, k)
+        m = self._fetch(rt.moment_records(name, 1)[k], "exp_avg", name, k)
+        v = self._fetch(rt.moment_records(name, 2)[k], "exp_avg_sq", name, k)
         if held.records:
-            g = self._fetch(held.records[k], f"gradient chunk {k} of {name!r} from the SSD")
+            g = self._fetch(held.records[k], "gradient (from the SSD)", name, k)
         else:
             g = held.tensor.view(-1)[lo:hi]
         if task.coef is not None:
@@ -575,12 +599,10 @@ class OffloadedAdamW:
 
     def _write_back(self, records: list[str]) -> None:
         """Send updated records home (SSD: written in one request vector, then their host buffers freed)."""
-        for record in records:
-            self.store.mark_dirty(record)
-        for record, fut in zip(records, self.store.evict_many(records)):
-            self.rt.track_write(fut)
+        for record, fut in zip(records, self.store.evict_many(records, dirty=True)):
             if not fut.done():
-                self._writebacks.append((fut, self.store.record(record).padded))
+                self.rt.track_write(fut)
+                self._writebacks.append((fut, self._padded(record)))
 
     def _throttle_writebacks(self, incoming: int) -> None:
         """Make room for ``incoming`` bytes of write-backs within the plan's allowance (waiting for older ones)."""

@@ -44,6 +44,8 @@ class StepRuntime:
         self._stashes: dict[int, object] = {}
         self._act_writes: collections.deque[list] = collections.deque()
         self._compute_tiers: dict[str, Tier] = {}
+        # record names per tensor, built once: a step asks for them a few thousand times
+        self._names: dict[tuple, list] = {}
         self.fetcher = WeightFetcher(self, units, depth=plan.prefetch_depth, order=order)
         self.runner = UnitRunner(self)
         self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
@@ -86,22 +88,39 @@ class StepRuntime:
         return self.compute_dtype == torch.float32
 
     def chunk_ranges(self, name: str) -> list[tuple[int, int]]:
-        n = self.tensors[name].numel
-        return [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
+        key = ("ranges", name)
+        out = self._names.get(key)
+        if out is None:
+            n = self.tensors[name].numel
+            out = self._names[key] = [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
+        return out
 
     def master_records(self, name: str) -> list[str]:
-        if self.master_is_compute:
-            return [records.master(name)]
-        return [records.master(name, k) for k in range(len(self.chunk_ranges(name)))]
+        key = ("master", name)
+        out = self._names.get(key)
+        if out is None:
+            if self.master_is_compute:
+                out = [records.master(name)]
+            else:
+                out = [records.master(name, k) for k in range(len(self.chunk_ranges(name)))]
+            self._names[key] = out
+        return out
 
     def moment_records(self, name: str, which: int) -> list[str]:
-        return [records.moment(name, which, k) for k in range(len(self.chunk_ranges(name)))]
+        key = ("moment", which, name)
+        out = self._names.get(key)
+        if out is None:
+            out = self._names[key] = [records.moment(name, which, k) for k in range(len(self.chunk_ranges(name)))]
+        return out
 
     def compute_record(self, name: str) -> str:
-        info = self.tensors[name]
-        if info.trainable and self.master_is_compute:
-            return records.master(name)
-        return records.compute(name)
+        key = ("compute", name)
+        out = self._names.get(key)
+        if out is None:
+            info = self.tensors[name]
+            out = records.master(name) if info.trainable and self.master_is_compute else records.compute(name)
+            self._names[key] = out
+        return out
 
     def compute_tier(self, record: str) -> Tier:
         """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU.
@@ -199,7 +218,10 @@ class StepRuntime:
     # ----------------------------------------------------- ledger charges
     def charge(self, entry, tier: Tier, nbytes: int, *, what: str):
         ledger = self.store.budgets[tier]
-        self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
+        try:
+            ledger.reserve(nbytes, what=what)
+        except BudgetError:
+            self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
         charge = (ledger, nbytes)
         with self._lock:
             entry.charged.append(charge)

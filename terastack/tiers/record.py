@@ -84,14 +84,28 @@ class TensorRecord:
     on_disk: bool = False               # `extent` holds its current bytes
     dirty: bool = False                 # the working copy is newer than the SSD copy
     future: Future | None = None        # the transfer in flight, if any
+    # the typed view of `buffer` last made, and the buffer it views: a step asks for the same resident tensors
+    # over and over, and three tensor views per request were a measurable part of a step's Python cost
+    _typed: torch.Tensor | None = None
+    _typed_of: torch.Tensor | None = None
 
     @property
     def padded(self) -> int:
         return padded_size(self.nbytes)
 
     def view(self, raw: torch.Tensor | None = None) -> torch.Tensor:
-        raw = self.buffer if raw is None else raw
+        if raw is None or raw is self.buffer:
+            raw = self.buffer
+            if self._typed_of is not raw:
+                self._typed, self._typed_of = raw[: self.nbytes].view(self.dtype).view(self.shape), raw
+            return self._typed
         return raw[: self.nbytes].view(self.dtype).view(self.shape)
+
+    def switch_buffer(self, raw: torch.Tensor | None, tier: Tier) -> None:
+        """The working copy is now ``raw`` in ``tier`` (the old buffer is the caller's to free: no view of it is
+        kept here)."""
+        self.buffer, self.tier = raw, tier
+        self._typed = self._typed_of = None
 
     def info(self) -> RecordInfo:
         """The frozen snapshot of this record (call under the store's lock)."""
@@ -102,15 +116,18 @@ class TensorRecord:
     # --------------------------------------------------- transitions
     def hold(self, raw: torch.Tensor, tier: Tier) -> None:
         """RESIDENT in ``tier`` with a new working copy ``raw`` that no SSD copy matches yet."""
-        self.buffer, self.state, self.tier, self.dirty = raw, State.RESIDENT, tier, True
+        self.switch_buffer(raw, tier)
+        self.state, self.dirty = State.RESIDENT, True
 
     def start_read(self, raw: torch.Tensor, tier: Tier) -> None:
         """INFLIGHT_IN: ``raw`` in ``tier`` is being filled from the SSD copy."""
-        self.state, self.tier, self.buffer, self.dirty = State.INFLIGHT_IN, tier, raw, False
+        self.switch_buffer(raw, tier)
+        self.state, self.dirty = State.INFLIGHT_IN, False
 
     def rest_on_ssd(self) -> None:
         """ON_SSD: the working copy is gone (its buffer already returned by the caller)."""
-        self.buffer, self.state, self.tier = None, State.ON_SSD, Tier.SSD
+        self.switch_buffer(None, Tier.SSD)
+        self.state = State.ON_SSD
 
 
 def tensor_nbytes(shape, dtype: torch.dtype) -> int:

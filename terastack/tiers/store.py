@@ -240,6 +240,22 @@ class TieredStore:
             fut = self._layout.file(rec.extent).pread(raw, rec.extent.offset, rec.padded)
             return self._track(fut, self._arrived(rec, tier, raw, staged), rec, result=lambda: rec.view(raw))
 
+    def resident(self, name: str, tier: Tier | str = Tier.DEVICE) -> torch.Tensor | None:
+        """The working copy of ``name`` if it is resident in ``tier`` with no transfer in flight, else None:
+        what :meth:`prefetch` would return finished, without the future (for callers asking for many tensors
+        that are usually resident)."""
+        tier = _working_tier(tier)
+        with self._lock:
+            rec = self._record(name)
+            if rec.future is None and rec.state is State.RESIDENT and rec.tier is tier:
+                return rec.view()
+        return None
+
+    def padded(self, name: str) -> int:
+        """The bytes ``name`` takes in a tier (its size padded for direct I/O)."""
+        with self._lock:
+            return self._record(name).padded
+
     def fetch(self, name: str, tier: Tier | str = Tier.DEVICE, *, behind_transfer: bool = True) -> Fetch:
         """:meth:`prefetch` that also says whether it set bytes moving, decided under the store's lock.
 
@@ -365,7 +381,8 @@ class TieredStore:
                 if rec.dirty:
                     rec.home_buffer.copy_(rec.buffer)
                 self.pool.free(rec.tier, rec.buffer)
-                rec.buffer, rec.tier, rec.dirty = rec.home_buffer, Tier.HOST, False
+                rec.switch_buffer(rec.home_buffer, Tier.HOST)
+                rec.dirty = False
                 return completed(None)
             # SSD home
             if rec.dirty or not rec.on_disk:
@@ -374,14 +391,18 @@ class TieredStore:
             self._drop_working_copy(name)
             return completed(None)
 
-    def evict_many(self, names) -> list[Future]:
+    def evict_many(self, names, *, dirty: bool = False) -> list[Future]:
         """:meth:`evict` of several tensors, the writes of those resting on the SSD submitted as one request
-        vector per directory."""
+        vector per directory. ``dirty``: their working copies were modified (:meth:`mark_dirty` for each)."""
         out: dict[str, Future] = {}
         batch: list[tuple[TensorRecord, torch.Tensor]] = []
         with self._lock:
             for name in names:
                 rec = self._record(name)
+                if dirty:
+                    if rec.buffer is None:
+                        raise RuntimeError(f"tensor {name!r} has no working copy to mark dirty")
+                    rec.dirty = True
                 if (rec.future is not None or rec.home is not Tier.SSD or rec.state is not State.RESIDENT
                         or not (rec.dirty or not rec.on_disk) or rec.buffer.device.type != "cpu"):
                     out[name] = self.evict(name)
@@ -460,7 +481,8 @@ class TieredStore:
                     self.pool.free(rec.tier, rec.buffer)
                 if rec.home_buffer is not None and rec.home_buffer is not rec.buffer:
                     self.pool.free(Tier.HOST, rec.home_buffer)
-                rec.buffer = rec.home_buffer = None
+                rec.switch_buffer(None, rec.tier)
+                rec.home_buffer = None
             self._layout.close()
 
     def __enter__(self) -> "TieredStore":
@@ -580,7 +602,7 @@ class TieredStore:
         raw.copy_(rec.buffer, non_blocking=False)
         if rec.buffer is not rec.home_buffer:
             self.pool.free(rec.tier, rec.buffer)
-        rec.buffer, rec.tier = raw, tier
+        rec.switch_buffer(raw, tier)
         return rec.view()
 
     def _after(self, rec: TensorRecord, then) -> Future:
@@ -615,7 +637,8 @@ class TieredStore:
 
 def _working_tier(tier: Tier | str) -> Tier:
     """``tier`` as a Tier a working copy may live in (device or host)."""
-    tier = Tier(tier)
+    if tier.__class__ is not Tier:
+        tier = Tier(tier)
     if tier is Tier.SSD:
         raise ValueError("prefetch: tier must be device or host (use evict to send a tensor to SSD)")
     return tier

@@ -176,3 +176,32 @@ def test_one_buffer_per_extent(engine, random_file):
     back = open(path, "rb").read()
     assert back[0:4096] == bytes([1]) * 4096 and back[5000:5100] == bytes([2]) * 100
     assert back[20480:24576] == bytes([3]) * 4096 and back[4096:5000] == data[4096:5000]
+
+
+def test_a_finished_future_reads_like_a_concurrent_future():
+    """``completed`` (what a request already satisfied returns) behaves as a finished
+    ``concurrent.futures.Future`` for everything the engine's callers use."""
+    import asyncio
+    import concurrent.futures
+
+    from terastack.io import completed, gather
+
+    ref = concurrent.futures.Future()
+    ref.set_result(7)
+    done = completed(7)
+    for fut in (ref, done):
+        assert fut.done() and not fut.running() and not fut.cancelled() and not fut.cancel()
+        assert fut.result() == 7 and fut.result(timeout=0) == 7 and fut.exception() is None
+        seen = []
+        fut.add_done_callback(lambda f: seen.append(f.result()))
+        assert seen == [7]  # at once, on this thread
+    assert done.then(lambda v: v + 1).result() == 8
+    failed = done.then(lambda v: 1 / 0)
+    assert isinstance(failed.exception(), ZeroDivisionError)
+    with pytest.raises(ZeroDivisionError):
+        failed.result()
+    assert gather([done, completed("x")]).result(timeout=1) == [7, "x"]
+
+    async def read():
+        return await completed(5)
+    assert asyncio.run(read()) == 5

@@ -121,7 +121,7 @@ def test_a_failed_update_is_reported_and_stops_the_trainer(tmp_path, trainer_con
     make_model("llama", tmp_path / "model")
     ids = batches(1)[0]
     with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as t:
-        def disk_full(records):
+        def disk_full(records, **_):
             raise OSError(28, f"No space left on device (writing back {records[0]})")
         monkeypatch.setattr(t.store, "evict_many", disk_full)  # the optimizer's write-back of updated state
         with pytest.raises(RuntimeError, match="optimizer update failed: OSError.*No space left on device"):

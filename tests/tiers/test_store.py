@@ -434,3 +434,59 @@ def test_root_forms(tmp_path):
     store = open_store([a, b])
     assert store.root == tmp_path / "a" and store.dirs == (tmp_path / "a", tmp_path / "b")
     store.close()
+
+
+def test_resident_answers_only_for_a_working_copy_in_that_tier(tmp_path, make):
+    """``resident`` is prefetch's finished answer without a future: the tensor when it is resident in the asked
+    tier with nothing in flight, None otherwise (on the SSD, in another tier, on its way)."""
+    store = make(tmp_path, host_budget="64MiB")
+    a = torch.randn(100, 3)
+    store.put("a", a).result()
+    assert store.resident("a", Tier.HOST) is None  # on the SSD only
+    with store._lock:  # the read cannot complete while the lock is held
+        store.prefetch("a", Tier.HOST)
+        assert store.resident("a", Tier.HOST) is None  # on its way
+    store.get("a", Tier.HOST)
+    t = store.resident("a", Tier.HOST)
+    assert torch.equal(t, a) and store.resident("a", Tier.DEVICE) is None
+    assert t.data_ptr() == store.get("a", Tier.HOST).data_ptr()  # the working copy itself, not a copy
+    assert store.padded("a") == store.record("a").padded == 4 * KiB
+    with pytest.raises(KeyError):
+        store.resident("missing", Tier.HOST)
+
+
+def test_a_records_view_follows_its_buffer_and_does_not_pin_a_freed_one(tmp_path, make):
+    """The typed view a record keeps for repeated requests is dropped when its buffer goes, so an evicted
+    tensor's memory is not held by it, and a new working copy is never answered with the old one."""
+    import weakref
+
+    store = make(tmp_path, host_budget="64MiB")
+    store.put("a", torch.arange(4096, dtype=torch.float32)).result()
+    first = store.get("a", Tier.HOST)
+    assert store.get("a", Tier.HOST) is first  # repeated requests share one view
+    raw = store._records["a"].buffer
+    gone = weakref.ref(raw)
+    first.add_(1)
+    store.evict_many(["a"], dirty=True)[0].result()
+    assert store._records["a"].buffer is None and store._records["a"]._typed is None
+    del first, raw
+    store.trim()
+    assert gone() is None  # nothing in the record keeps the freed buffer alive
+    again = store.get("a", Tier.HOST)
+    assert torch.equal(again, torch.arange(4096, dtype=torch.float32) + 1)  # dirty=True wrote it back
+
+
+def test_evict_many_dirty_equals_mark_dirty_then_evict(tmp_path, make):
+    store = make(tmp_path, host_budget="64MiB")
+    for name in ("x", "y"):
+        store.put(name, torch.zeros(2048)).result()
+    for name in ("x", "y"):
+        store.get(name, Tier.HOST).fill_(3.0)
+    store.mark_dirty("x")
+    store.evict("x").result()
+    store.evict_many(["y"], dirty=True)[0].result()
+    assert torch.equal(store.get("x", Tier.HOST), store.get("y", Tier.HOST))
+    assert float(store.get("y", Tier.HOST)[0]) == 3.0
+    store.put("z", torch.zeros(8)).result()  # on the SSD, no working copy: nothing to mark
+    with pytest.raises(RuntimeError, match="no working copy"):
+        store.evict_many(["z"], dirty=True)

@@ -14,7 +14,8 @@ DEDICATED = {"dist": "tests/dist/test_bench.py"}
 AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if available(module) and name not in DEDICATED]
 # Ratios a benchmark must report as positive numbers, beyond its headline fields being present and finite.
 POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial"),
-            "llm": ("slowdown_vs_in_memory_host_resident",)}
+            "llm": ("slowdown_vs_in_memory_host_resident", "host_resident_paired_ratio_median",
+                    "host_resident_cpu_ratio")}
 # Fields that must be exactly zero: with the host budget holding the whole state, terastack's store moves nothing.
 ZERO = {"llm": ("host_resident_store_bytes_per_step",)}
 

@@ -16,7 +16,10 @@ machine. Each system runs in its own process (so peak RSS is its own), one after
 * ``zero_infinity``: DeepSpeed ZeRO-3 with parameters and optimizer state offloaded to NVMe (on CPU here).
 
 Ratios compare step times (median of the measured steps after warm-up); SSD bytes per step are what each
-process read from and wrote to storage (/proc/self/io).
+process read from and wrote to storage (/proc/self/io). Beside the host-resident headline, two figures less
+exposed to a shared machine: ``host_resident_paired_ratio_median`` (the median of the ratios of steps run back
+to back on the same batch) and ``host_resident_cpu_ratio`` (process CPU seconds per step, which do not count
+time other tenants take).
 
 Of the quarter budget's slowdown, ``io_contention_share`` is the part the planner attributes to SSD traffic
 slowing the CPU's compute beside it: the probe's ``cpu_io_slowdown_per_gbps`` times the step's measured SSD
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -236,6 +240,13 @@ def _host_resident_ratios(r: dict) -> None:
     hr_ts, hr_im = _get(r, "host_resident", "terastack", "step_s"), _get(r, "host_resident", "in_memory", "step_s")
     r["host_resident_step_s"], r["host_resident_in_memory_step_s"] = hr_ts, hr_im
     r["slowdown_vs_in_memory_host_resident"] = _ratio(hr_ts, hr_im)
+    # the steps alternate on the same batches: the median of the pairs' ratios is robust to a machine whose speed
+    # drifts over the run, and the CPU-time ratio to time other tenants take (see _measure_alternating)
+    pairs = [_ratio(t, i) for t, i in zip(_get(r, "host_resident", "terastack", "step_times_s") or [],
+                                          _get(r, "host_resident", "in_memory", "step_times_s") or [])]
+    r["host_resident_paired_ratio_median"] = statistics.median(pairs) if pairs and None not in pairs else None
+    r["host_resident_cpu_ratio"] = _ratio(_get(r, "host_resident", "terastack", "cpu_s"),
+                                          _get(r, "host_resident", "in_memory", "cpu_s"))
     ssd = [_get(r, "host_resident", "terastack", f"ssd_{d}_bytes_per_step") for d in ("read", "write")]
     r["host_resident_ssd_bytes_per_step"] = sum(ssd) if None not in ssd else None
     store = [_get(r, "host_resident", "terastack", f"store_{d}_bytes_per_step") for d in ("read", "write")]

@@ -62,24 +62,28 @@ def _measure_alternating(step_fns: dict, batches, warmup: int, rss) -> dict:
     every system before the next batch; the order rotates each batch), so a machine that drifts between
     minutes slows them alike."""
     names = list(step_fns)
-    runs = {name: {"times": [], "losses": [], "reads": [], "writes": []} for name in names}
+    runs = {name: {"times": [], "cpu": [], "losses": [], "reads": [], "writes": []} for name in names}
     for i, ids in enumerate(batches):
         for name in names[i % len(names):] + names[:i % len(names)]:
             r0, w0 = _io()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             loss = step_fns[name](ids)
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             r1, w1 = _io()
             run = runs[name]
             run["losses"].append(loss)
             if i >= warmup:
                 run["times"].append(dt)
+                run["cpu"].append(cpu)
                 run["reads"].append(r1 - r0)
                 run["writes"].append(w1 - w0)
             print(f"  step {i} {name} {'(warm-up) ' if i < warmup else ''}{dt:.3f} s loss {loss:.4f}",
                   file=sys.stderr, flush=True)
             rss.sample()
+    # CPU seconds of the whole process (every thread) per step: on a shared machine, time other tenants take
+    # from this one lengthens the wall-clock step but is not counted here
     return {name: {"step_s": statistics.median(run["times"]), "step_times_s": run["times"], "losses": run["losses"],
+                   "cpu_s": statistics.median(run["cpu"]), "step_cpu_s": run["cpu"],
                    "ssd_read_bytes_per_step": statistics.mean(run["reads"]),
                    "ssd_write_bytes_per_step": statistics.mean(run["writes"])} for name, run in runs.items()}
 

@@ -48,14 +48,12 @@ import argparse
 import dataclasses
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from terastack import trace
 from terastack.gnn.advise import calibrate_compute, probe_feature_file, workload
 from terastack.gnn.cache import MmapFeatures, UnifiedCache
 from terastack.gnn.dataset import DatasetError, open_dataset
@@ -365,7 +363,6 @@ def measure(args: argparse.Namespace) -> dict:
     paired = lambda other: float(np.mean([e["seconds"] for e in other]) / np.mean(ts_t[: len(other)]))
     mem_losses = [l for e in mem_epochs for l in e["losses"]]
     ts_losses = [l for e in ts_epochs for l in e["losses"]]
-    first = mem_epochs[0]["losses"]
     identical = (ts_losses == mem_losses and all(e["losses"] == mem_epochs[e["epoch"]]["losses"]
                                                  for e in pipe_epochs + sync_epochs + mm_epochs))
     max_diff = max(abs(a - b) for a, b in zip(ts_losses, mem_losses)) if mem_losses else 0.0

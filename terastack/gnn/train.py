@@ -16,7 +16,7 @@ import torch
 
 from terastack import trace
 from terastack.constants import BLOCK
-from terastack.gnn.cache import FeatureSource, UnifiedCache
+from terastack.gnn.cache import UnifiedCache
 from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step

@@ -520,7 +520,6 @@ class OffloadedAdamW:
         """AdamW over the task's tensors. On the optimizer thread: chunk by chunk, reading chunk j+1 while
         updating chunk j. Inline: in groups of up to the read-ahead and write-back allowances (a whole unit when
         the plan has room), one fused call per group."""
-        rt = self.rt
         jobs = self._unit_jobs(task.names)
         # a group is written back in one request vector, and the next unit's state is read ahead while it is on
         # its way: so a group fits the write-back allowance too (with a lean plan, one chunk)

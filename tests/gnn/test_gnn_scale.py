@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
 from terastack.cli import main
 from terastack.gnn.scale import dataset_bytes
 from terastack.memory import mem_total

@@ -1,0 +1,50 @@
+"""The 3B runs' scripts in benchmarks/ at tiny size: the same code path end to end, in seconds."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "262144"}
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
+                          text=True, env=ENV, timeout=600)
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_checkpoint_resume_script_continues_exactly(tmp_path):
+    """Run A's last step and the step run B takes after resuming from A's checkpoint give the same loss and the
+    same parameters; the store and the checkpoint are gone afterwards."""
+    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--model", "tiny-llama", "--layers", "2",
+                "--steps", "3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = _last_json(proc.stdout)
+    assert r["layers"] == 2 and len(r["a_losses"]) == 3 and r["a_losses"][2] < r["a_losses"][0]
+    assert r["b_loss"] == r["a_losses"][2] and r["resumed_loss_equal"] and r["resumed_parameters_equal"]
+    assert r["checkpoint_bytes"] >= 12 * r["parameters"]  # fp32 masters and both moments
+    assert r["peak_rss_within_4gib"]
+    assert not any((tmp_path / "run").iterdir())
+
+
+def test_checkpoint_resume_script_refuses_a_disk_too_small(tmp_path):
+    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--layers", "4000")
+    assert proc.returncode == 2
+    assert "needs" in proc.stderr and "free in" in proc.stderr and "--layers" in proc.stderr
+
+
+def test_export_check_script_checks_its_export(tmp_path):
+    proc = _run("llm-3b-export-check.py", str(tmp_path / "run"), "2", "tiny-llama")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = _last_json(proc.stdout)
+    assert len(r["losses"]) == 2 and r["losses"][1] < r["losses"][0]
+    assert r["checked_tensors"] and "config.json" in r["export_files"]
+    assert r["peak_rss_within_4gib"]

@@ -6,15 +6,16 @@ process, and check that the resumed run continues exactly where the first one wa
 
 Run A trains K steps from the built-in model's random initialisation, writing a checkpoint after step K-1;
 its store is then deleted. Run B resumes from that checkpoint in a new store and trains step K on the same
-batch. The figures: step K's loss in A and in B (equal bit for bit when the resume is exact), a digest of three
-parameters after step K in each run, the checkpoint's bytes and write/read times, and the process's peak RSS
-(VmHWM).
+batch. Each run is a process of its own (as a user's resume is), under the same 4 GiB for the whole
+process. The figures: step K's loss in A and in B (equal bit for bit when the resume is exact), a digest of
+three parameters after step K in each run, the checkpoint's bytes, write and resume times, and each
+process's peak RSS (VmHWM).
 
-The store and the checkpoint each hold the whole training state (16 bytes a parameter), so DIR needs twice the
-state free: 82 GB for the 26-layer OpenLLaMA-3B shape (3.43B parameters). ``--layers`` keeps the shape of every
-layer and takes fewer of them (23 layers: 3.06B parameters, 73 GB), for a disk that cannot hold two copies of
-the 3.43B state. The run refuses to start, naming both numbers, when DIR lacks the space. Prints one JSON line;
-DIR's store and checkpoint are removed at the end.
+The store and the checkpoint each hold the whole training state (fp32 master and AdamW moments, 12 bytes a
+parameter), so DIR needs twice that free: 82 GB for the 26-layer OpenLLaMA-3B shape (3.43B parameters).
+``--layers`` keeps the shape of every layer and takes fewer of them (23 layers: 3.06B parameters, 73 GB),
+for a disk that cannot hold two copies of the 3.43B state. The run refuses to start, naming both numbers,
+when DIR lacks the space. Prints one JSON line; DIR's stores and checkpoint are removed at the end.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import argparse
 import hashlib
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,38 +57,76 @@ def main() -> int:
     p.add_argument("--model", default="openllama-3b", help="a built-in Llama (default openllama-3b)")
     p.add_argument("--layers", type=int, default=None, help="keep this many of the model's layers")
     p.add_argument("--steps", type=int, default=3, help="steps of run A; the checkpoint follows step K-1")
+    p.add_argument("--phase", choices=["a", "b"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.steps < 2:
         p.error("--steps: at least 2 (a checkpoint after step K-1, then step K)")
     root = Path(args.dir)
-    root.mkdir(parents=True, exist_ok=True)
     fields = dict(MODELS[args.model])
     if args.layers is not None:
         fields["num_hidden_layers"] = args.layers
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    if args.phase:
+        result = run_a(root, config, args) if args.phase == "a" else run_b(root, args)
+        result["peak_rss_bytes"] = peak_rss()
+        print(json.dumps(result))
+        return 0
+    root.mkdir(parents=True, exist_ok=True)
     params = _parameters(config)
-    need = 2 * 16 * params + (2 << 30)  # store + checkpoint, and room for activations and the manifest
+    # the store and the checkpoint each hold an fp32 master and two fp32 moments per parameter; and room for
+    # activations swapped to the SSD and the manifests
+    need = 2 * 12 * params + (2 << 30)
     free = shutil.disk_usage(root).free
     if need > free:
         print(f"llm-3b-checkpoint-resume: needs {format_bytes(need)} free in {root} (store and checkpoint of "
               f"{params:,} parameters), has {format_bytes(free)}; use --layers to take fewer layers",
               file=sys.stderr)
         return 2
-    store_a, store_b, ckpt = root / "store-a", root / "store-b", root / "ckpt"
-    gen = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, 256, (1, 256), generator=gen)  # one batch repeated: its loss must fall
-    name = f"{args.model}-{config.num_hidden_layers}l"
     result: dict = {"model": args.model, "layers": config.num_hidden_layers, "parameters": params,
                     "disk_free_bytes": free, "disk_needed_bytes": need}
-
-    def trainer_config(store: Path) -> TrainerConfig:
-        return TrainerConfig(store_dir=str(store), memory_budget=PROCESS_BUDGET - current_rss(), seq_len=256,
-                             batch_size=1, lr=1e-4)
+    # each run is a process of its own, as a user's resume is: the budget is the whole process's either way
+    forward = [args.dir, "--model", args.model, "--steps", str(args.steps)]
+    forward += ["--layers", str(args.layers)] if args.layers is not None else []
     try:
-        t0 = time.perf_counter()
-        with Trainer.from_config(config, trainer_config(store_a), name=name) as a:
+        for phase in ("a", "b"):
+            proc = subprocess.run([sys.executable, __file__, *forward, "--phase", phase], stdout=subprocess.PIPE,
+                                  text=True)
+            if proc.returncode != 0:
+                print(f"llm-3b-checkpoint-resume: run {phase.upper()} failed (exit {proc.returncode})",
+                      file=sys.stderr)
+                return 1
+            out = json.loads(proc.stdout.strip().splitlines()[-1])
+            out[f"{phase}_peak_rss_bytes"] = out.pop("peak_rss_bytes")
+            result.update(out)
+    finally:
+        for d in ("store-a", "store-b", "ckpt"):
+            shutil.rmtree(root / d, ignore_errors=True)
+    result["peak_rss_bytes"] = max(result["a_peak_rss_bytes"], result["b_peak_rss_bytes"])
+    result["resumed_loss_equal"] = result["b_loss"] == result["a_losses"][-1]
+    result["resumed_parameters_equal"] = result["b_digest"] == result["a_digest"]
+    result["peak_rss_within_4gib"] = result["peak_rss_bytes"] <= PROCESS_BUDGET
+    print(json.dumps(result))
+    return 0 if result["resumed_loss_equal"] and result["resumed_parameters_equal"] else 1
+
+
+def _batch() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, 256, (1, 256), generator=gen)  # one batch repeated: its loss must fall
+
+
+def _trainer_config(store: Path) -> TrainerConfig:
+    return TrainerConfig(store_dir=str(store), memory_budget=PROCESS_BUDGET - current_rss(), seq_len=256,
+                         batch_size=1, lr=1e-4)
+
+
+def run_a(root: Path, config, args) -> dict:
+    """K steps from the random initialisation, the checkpoint after step K-1; the store is removed after."""
+    store, ckpt, batch = root / "store-a", root / "ckpt", _batch()
+    result: dict = {"a_losses": []}
+    t0 = time.perf_counter()
+    try:
+        with Trainer.from_config(config, _trainer_config(store), name=f"{args.model}-{config.num_hidden_layers}l") as a:
             result["a_setup_s"] = time.perf_counter() - t0
-            result["a_losses"] = []
             for k in range(args.steps):
                 if k == args.steps - 1:
                     t1 = time.perf_counter()
@@ -97,24 +137,21 @@ def main() -> int:
                 print(f"run A step {k + 1}: loss {result['a_losses'][-1]:.6f}", file=sys.stderr, flush=True)
             result["a_step_s"] = [h.seconds for h in a.history]
             result["a_digest"] = digest(a)
-        shutil.rmtree(store_a, ignore_errors=True)
-        result["peak_rss_after_a_bytes"] = peak_rss()
-        t0 = time.perf_counter()
-        with Trainer.load_checkpoint(ckpt, trainer_config(store_b)) as b:
-            result["resume_s"] = time.perf_counter() - t0
-            result["b_loss"] = b.step(batch)
-            print(f"run B step {args.steps}: loss {result['b_loss']:.6f}", file=sys.stderr, flush=True)
-            result["b_step_s"] = b.history[-1].seconds
-            result["b_digest"] = digest(b)
     finally:
-        result["peak_rss_bytes"] = peak_rss()
-        for d in (store_a, store_b, ckpt):
-            shutil.rmtree(d, ignore_errors=True)
-    result["resumed_loss_equal"] = result.get("b_loss") == result["a_losses"][-1]
-    result["resumed_parameters_equal"] = result.get("b_digest") == result.get("a_digest")
-    result["peak_rss_within_4gib"] = result["peak_rss_bytes"] <= PROCESS_BUDGET
-    print(json.dumps(result))
-    return 0 if result["resumed_loss_equal"] and result["resumed_parameters_equal"] else 1
+        shutil.rmtree(store, ignore_errors=True)
+    return result
+
+
+def run_b(root: Path, args) -> dict:
+    """Resume from run A's checkpoint in a new store and take step K on the same batch."""
+    store, ckpt = root / "store-b", root / "ckpt"
+    t0 = time.perf_counter()
+    with Trainer.load_checkpoint(ckpt, _trainer_config(store)) as b:
+        result = {"resume_s": time.perf_counter() - t0, "b_loss": b.step(_batch())}
+        print(f"run B step {args.steps}: loss {result['b_loss']:.6f}", file=sys.stderr, flush=True)
+        result["b_step_s"] = b.history[-1].seconds
+        result["b_digest"] = digest(b)
+    return result
 
 
 def _parameters(config) -> int:

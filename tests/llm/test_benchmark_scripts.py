@@ -48,3 +48,13 @@ def test_export_check_script_checks_its_export(tmp_path):
     assert len(r["losses"]) == 2 and r["losses"][1] < r["losses"][0]
     assert r["checked_tensors"] and "config.json" in r["export_files"]
     assert r["peak_rss_within_4gib"]
+
+
+def test_overhead_phases_script_reports_both_systems(tmp_path):
+    proc = _run("llm-overhead-phases.py", "--model", "tiny", "--steps", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = _last_json(proc.stdout)
+    assert set(r["median_ms"]["in_memory"]) == {"forward", "backward", "adamw", "step"}
+    assert {"forward", "backward", "adamw", "step"} <= set(r["median_ms"]["terastack"])
+    assert r["median_ms"]["terastack"]["adamw"] > 0  # the inline updates ran inside backward
+    assert r["step_ratio"] > 0

@@ -1,7 +1,8 @@
 """Futures returned by the storage engine.
 
 They are ``concurrent.futures.Future`` objects (``result(timeout)``, ``done()``,
-``add_done_callback``) that can also be awaited from asyncio.
+``add_done_callback``) that can also be awaited from asyncio; a request satisfied at once
+returns a :class:`Done`, which reads the same way.
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ class SortStats:
 class ExternalSort:
     @dataclass(kw_only=True, slots=True)
     class Config:
-        #: bytes of key buffers the sort may hold at once
+        #: bytes of memory the sort may hold at once (its key buffers get all but a sixteenth: see buffer_bytes)
         host_budget: int
         #: sorting threads during run formation (each sorts its own part of a chunk)
         threads: int = 0
@@ -159,9 +159,15 @@ class ExternalSort:
         self._pool.shutdown()
 
     # ---------------------------------------------------------- run formation
+    def buffer_bytes(self) -> int:
+        """The part of the budget for key buffers. The rest, a sixteenth, is for what the sort holds beside them
+        (a merge round's temporaries, the interpreter's objects): with buffers sized to the whole budget, peak
+        resident memory measured 0.1-0.3% over it on a 16 MiB budget."""
+        return self.config.host_budget - self.config.host_budget // 16
+
     def chunk_keys(self) -> int:
-        """Keys per chunk: three chunk buffers fit the budget."""
-        return max(ALIGN_KEYS, self.config.host_budget // 3 // KEY.itemsize // ALIGN_KEYS * ALIGN_KEYS)
+        """Keys per chunk: three chunk buffers fit the buffer budget."""
+        return max(ALIGN_KEYS, self.buffer_bytes() // 3 // KEY.itemsize // ALIGN_KEYS * ALIGN_KEYS)
 
     def _form_runs(self, source, sink, stats: SortStats) -> list[tuple[int, int]]:
         chunk = self.chunk_keys()
@@ -223,11 +229,11 @@ class ExternalSort:
 
     def max_fan_in(self) -> int:
         """Runs one merge pass can take within the budget (5 blocks per run, see block_keys)."""
-        return max(2, self.config.host_budget // (5 * self.MIN_BLOCK_BYTES))
+        return max(2, self.buffer_bytes() // (5 * self.MIN_BLOCK_BYTES))
 
     def block_keys(self, runs: int) -> int:
         """Keys per merge block: 2 blocks per run in flight, the round's candidates, 2 output buffers."""
-        per_block = self.config.host_budget // KEY.itemsize // (5 * max(1, runs))
+        per_block = self.buffer_bytes() // KEY.itemsize // (5 * max(1, runs))
         return max(ALIGN_KEYS, per_block // ALIGN_KEYS * ALIGN_KEYS)
 
     def _merge(self, source, runs: list[tuple[int, int]], sink, stats: SortStats) -> None:

@@ -29,11 +29,10 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
 from terastack.llm import Trainer, TrainerConfig
-from terastack.llm.builtin import MODELS
-from terastack.memory import current_rss, peak_rss
+from terastack.llm.builtin import hf_config
+from terastack.memory import memory_left, peak_rss
 from terastack.units import format_bytes
 
 PROCESS_BUDGET = 4 << 30
@@ -45,9 +44,7 @@ def digest(trainer: Trainer) -> dict[str, str]:
     """sha256 of each probe parameter's fp32 bytes (one tensor in memory at a time)."""
     out = {}
     for name in PROBES:
-        t = trainer.parameter(name).contiguous()
-        out[name] = hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-        del t
+        out[name] = hashlib.sha256(trainer.parameter(name).numpy()).hexdigest()[:16]  # hashed in place
     return out
 
 
@@ -62,10 +59,9 @@ def main() -> int:
     if args.steps < 2:
         p.error("--steps: at least 2 (a checkpoint after step K-1, then step K)")
     root = Path(args.dir)
-    fields = dict(MODELS[args.model])
+    config = hf_config(args.model)
     if args.layers is not None:
-        fields["num_hidden_layers"] = args.layers
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+        config.num_hidden_layers = args.layers
     if args.phase:
         result = run_a(root, config, args) if args.phase == "a" else run_b(root, args)
         result["peak_rss_bytes"] = peak_rss()
@@ -115,7 +111,7 @@ def _batch() -> torch.Tensor:
 
 
 def _trainer_config(store: Path) -> TrainerConfig:
-    return TrainerConfig(store_dir=str(store), memory_budget=PROCESS_BUDGET - current_rss(), seq_len=256,
+    return TrainerConfig(store_dir=str(store), memory_budget=memory_left(PROCESS_BUDGET, "4 GiB"), seq_len=256,
                          batch_size=1, lr=1e-4)
 
 

@@ -21,7 +21,7 @@ import torch
 from terastack.llm import Trainer, TrainerConfig
 from terastack.llm.builtin import resolve_model
 from terastack.llm.export_check import check_export
-from terastack.memory import current_rss, peak_rss
+from terastack.memory import memory_left, peak_rss
 
 PROCESS_BUDGET = 4 << 30
 
@@ -33,7 +33,7 @@ def main() -> int:
     store.mkdir(parents=True, exist_ok=True)
     model = sys.argv[3] if len(sys.argv) > 3 else "openllama-3b"
     hf_config, _ = resolve_model(model)
-    config = TrainerConfig(store_dir=str(store), memory_budget=PROCESS_BUDGET - current_rss(), seq_len=256,
+    config = TrainerConfig(store_dir=str(store), memory_budget=memory_left(PROCESS_BUDGET, "4 GiB"), seq_len=256,
                            batch_size=1, lr=1e-4)
     result: dict = {"model": model}
     gen = torch.Generator().manual_seed(0)

@@ -43,6 +43,18 @@ def current_rss() -> int:
     return _status_field("VmRSS")
 
 
+def memory_left(whole: int, what: str) -> int:
+    """What a budget of ``whole`` bytes for the whole process leaves after what it already holds (a trainer's
+    ``memory_budget`` under a process-wide limit); refused naming ``what`` when nothing is left."""
+    left = whole - current_rss()
+    if left <= 0:
+        from terastack.units import format_bytes
+
+        raise ValueError(f"{what}: {format_bytes(whole)} is less than this process already holds "
+                         f"({format_bytes(current_rss())})")
+    return left
+
+
 def peak_rss() -> int:
     return _status_field("VmHWM")
 

@@ -113,7 +113,7 @@ def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, 
             if len(examples) < keep_examples:
                 examples.append(batch)
         epoch_counts = np.bincount(np.concatenate(touched), minlength=n) if touched else np.zeros(n, np.int64)
-        counts += epoch_counts.astype(np.int32)
+        counts += epoch_counts  # in place: no int32 copy of a per-node array
         if epoch == epochs - 1 and epochs > 1:
             last = epoch_counts.astype(np.int32)
         del epoch_counts, touched

@@ -91,6 +91,10 @@ class RowReader:
             self._buffer = io.aligned_empty(int(nbytes * 1.25) // BLOCK * BLOCK + BLOCK)
         return self._buffer
 
+    def release_staging(self) -> None:
+        """Drop the staging buffer (after a one-off large read, so it is not kept for the rest of the run)."""
+        self._buffer = np.zeros(0, np.uint8)
+
     @property
     def staging_bytes(self) -> int:
         return self._buffer.nbytes

@@ -170,7 +170,7 @@ class DiskArray:
         buf = io.aligned_empty(end - first)
         self.reader.file.read(buf, first, end - first, timeout=600)
         head = (lo * s - first) // s
-        return buf.view(self.dtype)[head: head + count].copy()
+        return buf.view(self.dtype)[head: head + count]  # the buffer is this call's own
 
     def take(self, positions: np.ndarray) -> tuple[np.ndarray, int, int]:
         """Elements at ``positions`` (any order, repeats allowed) in ONE engine submission.
@@ -190,6 +190,11 @@ class DiskArray:
         """Yield ``(first, values)`` over the whole array in sequential reads of ``chunk`` elements."""
         for lo in range(0, self.length, chunk):
             yield lo, self.read_range(lo, min(self.length, lo + chunk))
+
+    def release_staging(self) -> None:
+        """Free the read buffer a large :meth:`take` grew (the sampler's per-hop reads are far smaller)."""
+        with self._lock:
+            self.reader.release_staging()
 
     def drop_cache(self) -> None:
         self.reader.drop_cache()
@@ -382,6 +387,10 @@ class SsdTopology:
             read += nbytes
             k = stop
         self.hot = HotLists(nodes, starts, ptr, lists)
+        # the degree lookups and list reads above are the largest this topology makes; per hop it reads far less
+        self.indices.release_staging()
+        if not self.indptr_in_memory:
+            self.indptr.release_staging()
         return read
 
     def _ranges(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -179,14 +179,11 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
     if args.process_memory_budget:
         # the whole process's resident memory is bounded: the trainer gets what the interpreter and the
         # libraries loaded so far leave of it
-        from terastack.memory import current_rss
-        from terastack.units import format_bytes, parse_bytes
+        from terastack.memory import memory_left
+        from terastack.units import parse_bytes
 
         whole = parse_bytes(args.process_memory_budget, field="--process-memory-budget")
-        budgets = {"memory_budget": whole - current_rss()}
-        if budgets["memory_budget"] <= 0:
-            raise ValueError(f"--process-memory-budget: {format_bytes(whole)} is less than this process already "
-                             f"holds ({format_bytes(current_rss())})")
+        budgets = {"memory_budget": memory_left(whole, "--process-memory-budget")}
     elif args.memory_budget:
         budgets = {"memory_budget": args.memory_budget}
     else:

@@ -176,7 +176,7 @@ class OffloadedAdamW:
         self._writebacks: collections.deque = collections.deque()  # (future, bytes) of state being written
         self._adam = adamw_kwargs(config.impl, torch.device("cpu"))
         self._gates: dict[str, Future] = {}
-        self._padded_sizes: dict = {}  # record (or tensor, chunk) -> bytes in a tier, fixed for the run
+        self._chunk_bytes: dict[tuple[str, int], int] = {}  # (tensor, chunk) -> bytes of its state, fixed
         self._contrib: dict[str, int] = {}
         self._grads: dict[str, _Grad] = {}
         #: 2-norm of each complete gradient of this step (clipping only); the total is the norm of these norms,
@@ -278,7 +278,7 @@ class OffloadedAdamW:
         wanted: list[str] = []
         for name, k, _, _ in self._unit_jobs(list(names)):
             job = self._job_records(name, k)
-            allowance -= sum(self._padded(r) for r in job)
+            allowance -= sum(self.store.padded(r) for r in job)
             if allowance < 0:
                 break
             wanted += job
@@ -453,13 +453,18 @@ class OffloadedAdamW:
                         raise TimeoutError(f"gradient of {name!r} waited {deadline:.0f} s for room in the host "
                                            f"gradient pool ({self.grad_pool})") from None
 
-    def _job_records(self, name: str, k: int) -> list[str]:
-        """Store records one optimizer chunk reads: moments, the master chunk (mixed precision), a spilled
-        gradient chunk."""
+    def _state_records(self, name: str, k: int) -> list[str]:
+        """The state records of optimizer chunk ``k`` of ``name``: moments, and the master chunk in mixed
+        precision (with fp32 compute the whole master is handled apart: it is the compute weight)."""
         rt = self.rt
         recs = [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
         if not rt.master_is_compute:
             recs.append(rt.master_records(name)[k])
+        return recs
+
+    def _job_records(self, name: str, k: int) -> list[str]:
+        """Store records one optimizer chunk reads: its state records and a spilled gradient chunk."""
+        recs = self._state_records(name, k)
         held = self._grads.get(name)
         if held is not None and held.records:
             recs.append(held.records[k])
@@ -491,20 +496,9 @@ class OffloadedAdamW:
     def _state_bytes(self, name: str, k: int) -> int:
         """Bytes of the optimizer state chunk ``k`` of ``name`` reads (moments; the master chunk in mixed
         precision), fixed for the run."""
-        key = (name, k)
-        size = self._padded_sizes.get(key)
+        size = self._chunk_bytes.get((name, k))
         if size is None:
-            rt = self.rt
-            recs = [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
-            if not rt.master_is_compute:
-                recs.append(rt.master_records(name)[k])
-            size = self._padded_sizes[key] = sum(self._padded(r) for r in recs)
-        return size
-
-    def _padded(self, record: str) -> int:
-        size = self._padded_sizes.get(record)
-        if size is None:
-            size = self._padded_sizes[record] = self.store.padded(record)
+            size = self._chunk_bytes[(name, k)] = sum(self.store.padded(r) for r in self._state_records(name, k))
         return size
 
     def _fetch(self, record: str, part: str, name: str, k: int | None = None) -> torch.Tensor:
@@ -582,12 +576,11 @@ class OffloadedAdamW:
                  weight_decay=cfg.weight_decay, eps=cfg.eps, maximize=False, **self._adam)
         done = []
         for name, k, lo, hi, p, _, _, _ in group:
-            done += [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
+            done += self._state_records(name, k)
             if not rt.master_is_compute:
                 if name not in self._low:
                     self._low[name] = torch.empty(self.tensors[name].numel, dtype=rt.compute_dtype)
                 self._low[name][lo:hi].copy_(p)
-                done.append(rt.master_records(name)[k])
         self._write_back(done)
         for name, k, lo, hi, _, _, _, _ in group:
             held = self._grads[name]
@@ -599,9 +592,8 @@ class OffloadedAdamW:
     def _write_back(self, records: list[str]) -> None:
         """Send updated records home (SSD: written in one request vector, then their host buffers freed)."""
         for record, fut in zip(records, self.store.evict_many(records, dirty=True)):
-            if not fut.done():
-                self.rt.track_write(fut)
-                self._writebacks.append((fut, self._padded(record)))
+            if not self.rt.track_write(fut).done():
+                self._writebacks.append((fut, self.store.padded(record)))
 
     def _throttle_writebacks(self, incoming: int) -> None:
         """Make room for ``incoming`` bytes of write-backs within the plan's allowance (waiting for older ones)."""

@@ -44,8 +44,7 @@ class StepRuntime:
         self._stashes: dict[int, object] = {}
         self._act_writes: collections.deque[list] = collections.deque()
         self._compute_tiers: dict[str, Tier] = {}
-        # record names per tensor, built once: a step asks for them a few thousand times
-        self._names: dict[tuple, list] = {}
+        self._build_names()
         self.fetcher = WeightFetcher(self, units, depth=plan.prefetch_depth, order=order)
         self.runner = UnitRunner(self)
         self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
@@ -88,39 +87,31 @@ class StepRuntime:
         return self.compute_dtype == torch.float32
 
     def chunk_ranges(self, name: str) -> list[tuple[int, int]]:
-        key = ("ranges", name)
-        out = self._names.get(key)
-        if out is None:
-            n = self.tensors[name].numel
-            out = self._names[key] = [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
-        return out
+        return self._ranges[name]
 
     def master_records(self, name: str) -> list[str]:
-        key = ("master", name)
-        out = self._names.get(key)
-        if out is None:
-            if self.master_is_compute:
-                out = [records.master(name)]
-            else:
-                out = [records.master(name, k) for k in range(len(self.chunk_ranges(name)))]
-            self._names[key] = out
-        return out
+        return self._master_recs[name]
 
     def moment_records(self, name: str, which: int) -> list[str]:
-        key = ("moment", which, name)
-        out = self._names.get(key)
-        if out is None:
-            out = self._names[key] = [records.moment(name, which, k) for k in range(len(self.chunk_ranges(name)))]
-        return out
+        return self._moment_recs[which][name]
 
     def compute_record(self, name: str) -> str:
-        key = ("compute", name)
-        out = self._names.get(key)
-        if out is None:
-            info = self.tensors[name]
-            out = records.master(name) if info.trainable and self.master_is_compute else records.compute(name)
-            self._names[key] = out
-        return out
+        return self._compute_rec[name]
+
+    def _build_names(self) -> None:
+        """Chunk ranges and record names of every tensor, fixed for the runtime's life (a step asks for them a
+        few thousand times)."""
+        self._ranges, self._master_recs, self._compute_rec = {}, {}, {}
+        self._moment_recs = {1: {}, 2: {}}
+        for name, info in self.tensors.items():
+            n = info.numel
+            ranges = self._ranges[name] = [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
+            self._master_recs[name] = ([records.master(name)] if self.master_is_compute
+                                       else [records.master(name, k) for k in range(len(ranges))])
+            for which in (1, 2):
+                self._moment_recs[which][name] = [records.moment(name, which, k) for k in range(len(ranges))]
+            self._compute_rec[name] = (records.master(name) if info.trainable and self.master_is_compute
+                                       else records.compute(name))
 
     def compute_tier(self, record: str) -> Tier:
         """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU.
@@ -170,6 +161,8 @@ class StepRuntime:
             raise TimeoutError(f"waited {self.timeout:.0f} s for {what}") from None
 
     def track_write(self, fut: Future) -> Future:
+        if fut.done():
+            return fut  # nothing to wait for (most write-backs of host-resident state)
         with self._lock:
             while self._writes and self._writes[0].done():
                 self._writes.popleft()
@@ -179,6 +172,10 @@ class StepRuntime:
     def with_room(self, attempt, what: str):
         """``attempt()``; while it is refused for lack of room, wait for writes in flight (they free buffers)
         and for the optimizer, then try again. Refused with nothing left to wait for: the BudgetError stands."""
+        try:
+            return attempt()  # the common case, without the deadline's bookkeeping
+        except BudgetError:
+            pass
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -218,10 +215,7 @@ class StepRuntime:
     # ----------------------------------------------------- ledger charges
     def charge(self, entry, tier: Tier, nbytes: int, *, what: str):
         ledger = self.store.budgets[tier]
-        try:
-            ledger.reserve(nbytes, what=what)
-        except BudgetError:
-            self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
+        self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
         charge = (ledger, nbytes)
         with self._lock:
             entry.charged.append(charge)

@@ -34,6 +34,7 @@ from terastack.llm.pretrained_dir import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.profile import profile_model
 from terastack.llm.runtime import StepRuntime
 from terastack.llm.step import accumulated_step, eval_loss, train_step
+from terastack.llm.supervised import IGNORE
 from terastack.llm.units import install_units
 from terastack.memory import return_freed_memory
 from terastack.plan.budget_search import search_budget_split
@@ -42,7 +43,6 @@ from terastack.tiers import TieredStore
 
 #: the keys a batch (``step``'s arguments, a micro-batch of ``step_accumulated``) may have
 BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
-IGNORE_INDEX = -100  # the label transformers' loss ignores
 
 
 @dataclasses.dataclass(slots=True)
@@ -263,7 +263,7 @@ class Trainer:
                                  f"{', '.join(BATCH_KEYS)})")
             batches.append(self._inputs(mb["input_ids"], mb.get("labels"), mb.get("attention_mask"),
                                         mb.get("position_ids"), where=where))
-        targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+        targets = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
         if targets == 0:
             raise ValueError("micro_batches: no target token in any micro-batch (every label after the shift is "
                              "-100); the token-weighted loss is undefined")
@@ -362,7 +362,7 @@ class Trainer:
         vocab = getattr(self.hf_config, "vocab_size", None)
         if what in ("input_ids", "labels") and vocab is not None and t.numel():
             lo, hi = int(t.min()), int(t.max())
-            if hi >= vocab or (lo < 0 and not (what == "labels" and lo == -100)):
+            if hi >= vocab or (lo < 0 and not (what == "labels" and lo == IGNORE)):
                 raise ValueError(f"{prefix}{what}: token ids must be in [0, {vocab}) for this model, got [{lo}, {hi}]")
         return t.to(self.device, torch.long)
 

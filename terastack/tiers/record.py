@@ -20,7 +20,7 @@ leaves the store; :class:`RecordInfo` is the frozen snapshot it hands out.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -86,8 +86,8 @@ class TensorRecord:
     future: Future | None = None        # the transfer in flight, if any
     # the typed view of `buffer` last made, and the buffer it views: a step asks for the same resident tensors
     # over and over, and three tensor views per request were a measurable part of a step's Python cost
-    _typed: torch.Tensor | None = None
-    _typed_of: torch.Tensor | None = None
+    _typed: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _typed_of: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def padded(self) -> int:

@@ -344,10 +344,7 @@ class TieredStore:
 
     def mark_dirty(self, name: str) -> None:
         with self._lock:
-            rec = self._record(name)
-            if rec.buffer is None:
-                raise RuntimeError(f"tensor {name!r} has no working copy to mark dirty")
-            rec.dirty = True
+            _mark_dirty(self._record(name))
 
     def writeback(self, name: str) -> Future:
         """Save the working copy to the tensor's home (SSD or host); it stays resident."""
@@ -400,9 +397,7 @@ class TieredStore:
             for name in names:
                 rec = self._record(name)
                 if dirty:
-                    if rec.buffer is None:
-                        raise RuntimeError(f"tensor {name!r} has no working copy to mark dirty")
-                    rec.dirty = True
+                    _mark_dirty(rec)
                 if (rec.future is not None or rec.home is not Tier.SSD or rec.state is not State.RESIDENT
                         or not (rec.dirty or not rec.on_disk) or rec.buffer.device.type != "cpu"):
                     out[name] = self.evict(name)
@@ -633,6 +628,13 @@ class TieredStore:
                 out.set_result(result() if result else None)
         fut.add_done_callback(finish)
         return out
+
+
+def _mark_dirty(rec: TensorRecord) -> None:
+    """The working copy of ``rec`` is newer than its resting copy (call under the store's lock)."""
+    if rec.buffer is None:
+        raise RuntimeError(f"tensor {rec.name!r} has no working copy to mark dirty")
+    rec.dirty = True
 
 
 def _working_tier(tier: Tier | str) -> Tier:

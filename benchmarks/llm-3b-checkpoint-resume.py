@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from terastack.llm import Trainer, TrainerConfig
-from terastack.llm.builtin import hf_config
+from terastack.training.model_registry import hf_config
 from terastack.memory import memory_left, peak_rss
 from terastack.units import format_bytes
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from terastack.llm import Trainer, TrainerConfig
-from terastack.llm.builtin import resolve_model
-from terastack.llm.export_check import check_export
+from terastack.training.model_registry import resolve_model
+from terastack.training.hf.export_check import check_export
 from terastack.memory import memory_left, peak_rss
 
 PROCESS_BUDGET = 4 << 30

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from terastack import trace
 from terastack.llm import Trainer, TrainerConfig
-from terastack.llm.builtin import hf_config
+from terastack.training.model_registry import hf_config
 
 
 def model_config(name: str):

@@ -20,10 +20,10 @@ BENCHMARKS = [
     ("io", "terastack.io.bench", "1 MiB sequential read/write, 4 KiB random read and batch submission vs fio"),
     ("gemm", "terastack.kernels.gemm_bench", "out-of-core GEMM, pipelined vs synchronous tiles"),
     ("sort", "terastack.kernels.sort_bench", "external merge sort of 64-bit keys, I/O overlapped"),
-    ("llm", "terastack.llm.bench", "offloaded fine-tuning vs ZeRO-Infinity and in-memory PyTorch"),
-    ("llm-scale", "terastack.llm.bench_scale", "the largest model each system fine-tunes in a fixed memory budget"),
+    ("llm", "terastack.llm.bench.bench_llm", "offloaded fine-tuning vs ZeRO-Infinity and in-memory PyTorch"),
+    ("llm-scale", "terastack.llm.bench.bench_scale", "the largest model each system fine-tunes in a fixed memory budget"),
     ("gnn", "terastack.gnn.bench", "out-of-core GNN training vs in-memory, mmap and synchronous gathering"),
-    ("dist", "terastack.dist.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3"),
+    ("dist", "terastack.disdp.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3"),
 ]
 
 

@@ -14,11 +14,11 @@ from terastack.commands import add_subcommands
 
 #: (subcommand, module, one-line help)
 COMMANDS = [
-    ("finetune", "terastack.llm.cli_finetune", "fine-tune a causal LM larger than memory (default: built-in tiny Llama)"),
-    ("merge", "terastack.llm.merge", "merge a LoRA adapter into its base model: a full model transformers loads"),
+    ("finetune", "terastack.llm.finetune_cmd", "fine-tune a causal LM larger than memory (default: built-in tiny Llama)"),
+    ("merge", "terastack.training.hf.merge", "merge a LoRA adapter into its base model: a full model transformers loads"),
     ("plan", "terastack.plan.cli", "predict placement and step time for a model on given hardware"),
     ("gnn", "terastack.gnn.cli", "out-of-core GNN training: gen, import, train, advise"),
-    ("dist", "terastack.dist.cli", "disaggregated sharded data parallel: train, simulate"),
+    ("dist", "terastack.disdp.cli", "disaggregated sharded data parallel: train, simulate"),
     ("repro", "terastack.repro.cli", "run the reproduction suites and write REPORT.md"),
     ("bench", "terastack.bench", "run a benchmark against its baseline in the same run"),
     ("probe", "terastack.probe", "measure this machine (compute, memory, SSD) and cache the result"),

@@ -97,7 +97,7 @@ def return_freed_memory() -> None:
     (returned to the OS when freed) and arenas are capped, at the price of
     page faults on fresh activations. Set here with mallopt, the settings miss
     the arenas threads made before; in the environment at process start
-    (``terastack.llm.config.MEMORY_BUDGET_ENV``) they cover everything:
+    (``terastack.llm.trainer_config.MEMORY_BUDGET_ENV``) they cover everything:
     measured on the bench model, peak RSS 0.84 GB with mallopt only, 0.56 GB
     from the start, for a 0.62 GB budget. The setting is process-wide; the LLM
     trainer makes it only when a memory budget is given.

@@ -10,7 +10,7 @@ from terastack.cli import main
 from terastack.commands import available
 
 # Benchmarks whose own smoke test checks every field (and costs tens of seconds) are not run twice here.
-DEDICATED = {"dist": "tests/dist/test_bench.py"}
+DEDICATED = {"dist": "tests/disdp/test_bench.py"}
 AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if available(module) and name not in DEDICATED]
 # Ratios a benchmark must report as positive numbers, beyond its headline fields being present and finite.
 POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial"),

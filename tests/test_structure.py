@@ -9,9 +9,13 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "terastack"
-ENGINES = ("llm", "gnn", "dist", "kernels")
-# what each lower layer may not import: io is the bottom, tiers sits on io, plan serves every engine
-BELOW_ENGINES = ("io", "tiers", "plan")
+ENGINES = ("llm", "gnn", "disdp", "kernels")
+# what each lower layer may not import: io is the bottom, tiers sits on io, plan serves every engine, training
+# is what both language-model engines share
+BELOW_ENGINES = ("io", "tiers", "plan", "training")
+#: basenames that mean the same in every package that has one: its command line, its benchmark
+SAME_MEANING = {"__init__.py", "__main__.py", "cli.py", "bench.py"}
+MAX_LINES = 700
 
 
 def module_name(path: Path) -> str:
@@ -117,3 +121,22 @@ def test_layers_below_the_engines_import_none(layer):
     upward = sorted(f"{m} -> {t}" for m, ts in edges.items() if part(m) == layer
                     for t in ts if part(t) in ENGINES + ("repro", "cli"))
     assert upward == []
+
+
+def test_no_module_is_too_long_to_read():
+    long = sorted(f"{p.relative_to(PACKAGE.parent)}: {n} lines" for p in PACKAGE.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    assert long == []
+
+
+def test_no_basename_means_two_things():
+    seen: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        if p.name not in SAME_MEANING:
+            seen.setdefault(p.name, []).append(str(p.relative_to(PACKAGE.parent)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_no_folder_is_named_like_build_output():
+    # packaging tools and many linters skip folders named dist/ or build/ as generated
+    assert sorted(str(p) for p in PACKAGE.rglob("*") if p.is_dir() and p.name in ("dist", "build")) == []

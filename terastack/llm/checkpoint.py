@@ -38,10 +38,10 @@ import torch
 
 from terastack.atomic import atomic_write_json, fsync_dir, replace_dir, safe_relative
 from terastack.constants import DIRECT_ALIGN, round_up
-from terastack.llm.hardware import resolve_device, resolve_dtype
-from terastack.llm.keys import export_layout
-from terastack.llm.layout import records_for
-from terastack.llm.pretrained_dir import (DEFAULT_MAX_SHARD_SIZE, copy_tokenizer_files, shard_limit, staged_dir,
+from terastack.llm.machine import resolve_device, resolve_dtype
+from terastack.training.hf.keys import export_layout
+from terastack.llm.engine.store_layout import records_for
+from terastack.training.hf.sharded_writer import (DEFAULT_MAX_SHARD_SIZE, copy_tokenizer_files, shard_limit, staged_dir,
                                           write_safetensors_files)
 
 FORMAT = "terastack.llm.checkpoint"
@@ -195,7 +195,7 @@ def open_for_resume(path, config, *, expect_model=None) -> Resume:
     ``TrainerConfig``; ``expect_model``: a config the checkpoint must match)."""
     from transformers import AutoConfig
 
-    from terastack.llm.model import build_skeleton
+    from terastack.training.hf.model_files import build_skeleton
 
     snap, manifest = read_manifest(path)
     model = manifest["model"]

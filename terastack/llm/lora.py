@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from terastack.llm.config import LoraSpec
+from terastack.llm.trainer_config import LoraSpec
 
 
 class LoraHandle:
@@ -75,7 +75,7 @@ class LoraHandle:
         yield from self._peft_init(units, names, seed)
 
     def _from_file(self, tensors, names):
-        from terastack.llm.model import CheckpointReader
+        from terastack.training.hf.model_files import CheckpointReader
 
         path = Path(self.spec.init_from)
         file = path / "adapter_model.safetensors"

@@ -93,9 +93,9 @@ def plan_model(args, hw):
     """(profile, plan or None, PlanError or None)."""
     import torch
 
-    from terastack.llm.builtin import resolve_model
-    from terastack.llm.config import LoraSpec
-    from terastack.llm.profile import profile_config
+    from terastack.training.model_registry import resolve_model
+    from terastack.llm.trainer_config import LoraSpec
+    from terastack.llm.engine.profile import profile_config
     from terastack.plan.llm_planner import LLMPlanner, PlanError
 
     hf_config, _ = resolve_model(args.model)

@@ -8,9 +8,9 @@
         trainer.save_pretrained("/models/llama-7b-tuned")
 
 Several micro-batches per AdamW step: ``TrainerConfig(grad_accum=4)`` and ``trainer.step_accumulated([{"input_ids":
-..., "labels": ...}, ...])`` ([Note: gradient accumulation] in terastack.llm.accumulate).
+..., "labels": ...}, ...])`` ([Note: gradient accumulation] in terastack.llm.engine.accumulate).
 
-The step itself reads top to bottom in :func:`terastack.llm.step.train_step` ([Note: the step schedule]).
+The step itself reads top to bottom in :func:`terastack.llm.engine.step.train_step` ([Note: the step schedule]).
 """
 from __future__ import annotations
 
@@ -24,18 +24,19 @@ from pathlib import Path
 
 import torch
 
-from terastack.llm import checkpoint, layout, records
-from terastack.llm.config import MEMORY_BUDGET_ENV, TrainerConfig
-from terastack.llm.hardware import budgets, discover_hardware, resolve_device, resolve_dtype
-from terastack.llm.keys import CheckpointKeys
-from terastack.llm.model import (CheckpointReader, TESTED_FAMILIES, build_skeleton, check_packing, find_units,
-                                 load_hf_config, random_init)
-from terastack.llm.pretrained_dir import DEFAULT_MAX_SHARD_SIZE
-from terastack.llm.profile import profile_model
-from terastack.llm.runtime import StepRuntime
-from terastack.llm.step import accumulated_step, eval_loss, train_step
-from terastack.llm.supervised import IGNORE
-from terastack.llm.units import install_units
+from terastack.llm import checkpoint
+from terastack.llm.engine import records, store_layout as layout
+from terastack.llm.trainer_config import MEMORY_BUDGET_ENV, TrainerConfig
+from terastack.llm.machine import budgets, discover_hardware, resolve_device, resolve_dtype
+from terastack.training.hf.keys import CheckpointKeys
+from terastack.llm.model import TESTED_FAMILIES, find_units, random_init
+from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
+from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
+from terastack.llm.engine.profile import profile_model
+from terastack.llm.engine.runtime import StepRuntime
+from terastack.llm.engine.step import accumulated_step, eval_loss, train_step
+from terastack.training.data.examples import IGNORE
+from terastack.llm.engine.streamed_units import install_units
 from terastack.memory import return_freed_memory
 from terastack.plan.budget_search import search_budget_split
 from terastack.plan.llm_planner import LLMPlanner
@@ -244,7 +245,7 @@ class Trainer:
         optionally ``labels``, ``attention_mask``, ``position_ids`` (as :meth:`step` takes them). Returns that
         token-weighted loss. Eager updates run during the last micro-batch's backward; the earlier ones only add
         their gradients to sums kept within the plan's budgets (``TrainerConfig.grad_accum`` > 1 plans them).
-        See [Note: gradient accumulation] in terastack.llm.accumulate."""
+        See [Note: gradient accumulation] in terastack.llm.engine.accumulate."""
         self._check_open()
         if isinstance(micro_batches, Mapping) or not isinstance(micro_batches, Sequence) or not micro_batches:
             raise ValueError("micro_batches: expected a non-empty sequence of mappings with input_ids")

@@ -2,7 +2,7 @@
 
 Inputs are a :class:`ModelProfile` (per streamed unit: parameters, FLOPs,
 saved-activation bytes, optionally measured compute times; built by
-``terastack.llm.profile``), a :class:`~terastack.plan.hardware.Hardware` and
+``terastack.llm.engine.profile``), a :class:`~terastack.plan.hardware.Hardware` and
 the device and host budgets. The output is an :class:`LLMPlan`: an activation
 policy per unit, a home (host or SSD) per training-state tensor, the ledger
 capacities the engine runs under, and a :class:`StepPrediction`.

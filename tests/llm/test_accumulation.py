@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from terastack.llm import Trainer
-from terastack.llm.model import PACKING_FAMILIES, check_packing
-from terastack.llm.supervised import IGNORE, Example, ExampleBatches, SupervisedData, pack_rows, packed_batch
+from terastack.training.hf.model_files import PACKING_FAMILIES, check_packing
+from terastack.training.data.examples import IGNORE, Example, ExampleBatches, SupervisedData, pack_rows, packed_batch
 
 from .llm_helpers import BATCH, SEQ, VOCAB, max_weight_diff, tiny_config
 
@@ -259,7 +259,7 @@ def test_packed_loss_equals_examples_run_separately(family, tmp_path, trainer_co
 def test_step_on_packed_data_equals_plain_training(tmp_path, trainer_config):
     """SupervisedData with pack=True -> ExampleBatches.step_inputs -> Trainer.step, against transformers on the
     same packed inputs (and the same for an accumulated step over two packed micro-batches)."""
-    from terastack.llm.data import BYTE_VOCAB
+    from terastack.training.data.stdlib_corpus import BYTE_VOCAB
 
     hf = tiny_config("llama", 2)  # with the byte tokenizer's vocabulary
     hf.vocab_size = BYTE_VOCAB

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from terastack.cli import main
-from terastack.llm import bench_scale
+from terastack.llm.bench import bench_scale
 
 
 def leftovers(directory):
@@ -34,7 +34,7 @@ def test_a_system_over_the_rss_limit_does_not_fit_and_is_not_tried_larger(tmp_pa
 def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, capsys, hardware_file):
     from transformers import AutoModelForCausalLM
 
-    from terastack.llm.builtin import hf_config
+    from terastack.training.model_registry import hf_config
 
     r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
                   "--seq-len", "16", "--dir", str(tmp_path), "--hardware", hardware_file)

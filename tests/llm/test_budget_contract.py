@@ -14,7 +14,7 @@ import torch
 
 from terastack.io.errors import BudgetError
 from terastack.llm import Trainer
-from terastack.llm.model import PACKING_FAMILIES
+from terastack.training.hf.model_files import PACKING_FAMILIES
 from terastack.plan.llm_planner import PlanError
 
 KIB = 1 << 10

@@ -1,4 +1,4 @@
-"""Checkpoint keys go through transformers' own conversions (terastack.llm.keys), and families or shapes that
+"""Checkpoint keys go through transformers' own conversions (terastack.training.hf.keys), and families or shapes that
 cannot train are refused before anything runs.
 
 - GPT-NeoX (Pythia) stores its head as ``embed_out.weight``; transformers renames it to ``lm_head.weight`` on load
@@ -11,7 +11,8 @@ import torch
 from safetensors import safe_open
 
 from terastack.llm import Trainer
-from terastack.llm.model import build_skeleton, find_units
+from terastack.llm.model import find_units
+from terastack.training.hf.model_files import build_skeleton
 
 from .llm_helpers import batches, max_weight_diff, offloaded_train, reference_train
 from .test_families import family_config, save_family
@@ -59,7 +60,7 @@ def test_seq_len_beyond_positions_is_refused(family, tmp_path, trainer_config):
 def test_mixture_of_experts_profiles_on_meta(tmp_path):
     """The planner's profile runs every unit on meta tensors; torch's meta kernel of grouped_mm takes bf16 only,
     and the experts' FLOPs are counted (2 of 4 experts per token, three matrices of hidden x intermediate)."""
-    from terastack.llm.profile import profile_config
+    from terastack.llm.engine.profile import profile_config
 
     cfg = family_config("mixtral")
     prof = profile_config(cfg, batch=2, seq_len=16, dtype=torch.float32, name="tiny mixtral")

@@ -60,7 +60,7 @@ def test_plan_llm_text_names_bottleneck(capsys):
 
 
 def test_stdlib_corpus_and_batches_are_deterministic():
-    from terastack.llm.data import ByteTokenizer, TokenBatches, load_tokens
+    from terastack.training.data.stdlib_corpus import ByteTokenizer, TokenBatches, load_tokens
 
     a, info = load_tokens(None, None)
     b, _ = load_tokens(None, None)

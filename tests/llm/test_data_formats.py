@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from terastack.llm.data import BOS, EOS, PAD
-from terastack.llm.data_files import DatasetError, read_records
-from terastack.llm.supervised import (IGNORE, ExampleTokenizer, SupervisedData, docstring_pairs, pad_batch,
+from terastack.training.data.stdlib_corpus import BOS, EOS, PAD
+from terastack.training.data.record_files import DatasetError, read_records
+from terastack.training.data.examples import (IGNORE, ExampleTokenizer, SupervisedData, docstring_pairs, pad_batch,
                                       validation_loss)
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"},

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from terastack.llm import Trainer
-from terastack.llm.pretrained_dir import plan_shards
+from terastack.training.hf.sharded_writer import plan_shards
 
 from .llm_helpers import AliveTensors, batches, make_model, offloaded_train
 from .test_families import save_family

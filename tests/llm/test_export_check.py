@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from terastack.llm import Trainer
-from terastack.llm.export_check import check_export
+from terastack.training.hf.export_check import check_export
 
 from .llm_helpers import batches, tiny_config
 

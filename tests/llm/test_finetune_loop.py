@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from terastack.llm.epochs import TokenWindows, total_steps, windows_of
-from terastack.llm.job_config import JobConfig, parse_overrides, read_job_file, resolve_job
-from terastack.llm.lr_schedule import LRSchedule, warmup_from_ratio
+from terastack.training.data.epochs import TokenWindows, total_steps, windows_of
+from terastack.training.job import JobConfig, parse_overrides, read_job_file, resolve_job
+from terastack.training.lr_schedule import LRSchedule, warmup_from_ratio
 
 SEQ = 16
 #: the bytes of the test texts: all below the tiny models' vocabulary
@@ -107,7 +107,7 @@ def test_yaml_job_sections_flags_and_overrides(tmp_path):
     assert job.trainer == {"calibrate": False, "host_budget": "64MiB", "seq_len": 64, "seed": 3}
     assert resolve_job(file=path, flags={}, overrides=["lr=2e-4", "epochs=1"]).epochs == 1.0
     # the resolved job round-trips through finetune.yaml
-    from terastack.llm.job_config import write_job_file
+    from terastack.training.job import write_job_file
 
     write_job_file(job, tmp_path / "finetune.yaml")
     assert resolve_job(file=tmp_path / "finetune.yaml", flags={}, overrides=[]) == job
@@ -163,9 +163,9 @@ def test_loop_metrics_follow_the_trainer_and_validation_runs_every_n(tmp_path, t
     """Every metrics line is the trainer's own StepStats at the schedule's lr; evaluations at 0, 2, 4 and the
     end, each equal to a validation loss computed on the trainer at that point."""
     from terastack.llm import Trainer
-    from terastack.llm.finetune_loop import FinetuneLoop, LoopConfig
-    from terastack.llm.metrics import MetricsLog, model_flops_per_token
-    from terastack.llm.supervised import validation_loss
+    from terastack.training.loop import FinetuneLoop, LoopConfig
+    from terastack.training.metrics import MetricsLog, model_flops_per_token
+    from terastack.training.data.examples import validation_loss
 
     from .llm_helpers import tiny_config
 

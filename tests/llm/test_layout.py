@@ -3,7 +3,8 @@ import shutil
 
 import pytest
 
-from terastack.llm import TrainerConfig, layout
+from terastack.llm import TrainerConfig
+from terastack.llm.engine import store_layout as layout
 
 
 def test_several_store_directories(tmp_path):
@@ -37,7 +38,8 @@ def test_ssd_space_of_a_plan_covers_what_training_uses(trainer_config):
     """Eager updates never spill a gradient (backward waits for room in the gradient pool), so the space a
     plan asks of the disk is 12 bytes a trainable parameter plus swapped activations -- and the store never
     uses more than that while training with its state on the SSD."""
-    from terastack.llm import Trainer, layout
+    from terastack.llm import Trainer
+    from terastack.llm.engine import store_layout as layout
 
     from .llm_helpers import batches, tiny_config
 

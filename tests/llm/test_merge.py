@@ -8,8 +8,8 @@ import torch
 from safetensors import safe_open
 
 from terastack.cli import main
-from terastack.llm.merge import merge_adapter
-from terastack.llm.model import CheckpointReader
+from terastack.training.hf.merge import merge_adapter
+from terastack.training.hf.model_files import CheckpointReader
 
 from .llm_helpers import VOCAB, AliveTensors, make_model
 from .test_families import save_family

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from terastack.llm import Trainer
-from terastack.llm.schedules import AfterBackward, Deferred, Eager, EagerInline
+from terastack.llm.engine.schedules import AfterBackward, Deferred, Eager, EagerInline
 
 from .llm_helpers import batches, make_model, offloaded_train
 

@@ -1,7 +1,7 @@
-"""Record names: every kind built by terastack.llm.records parses back to what built it."""
+"""Record names: every kind built by terastack.llm.engine.records parses back to what built it."""
 import pytest
 
-from terastack.llm import records
+from terastack.llm.engine import records
 
 
 def test_every_kind_round_trips():

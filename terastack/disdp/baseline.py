@@ -1,0 +1,40 @@
+"""What the workers-only baselines (:mod:`terastack.disdp.fsdp2`, :mod:`terastack.disdp.zero3`) share: joining
+the process group, writing their statistics and handing back their final parameters as a checkpoint."""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from terastack.disdp import shard_checkpoint as ckpt
+from terastack.disdp.train_config import TrainConfig
+from terastack.disdp.buckets import Layout
+from terastack.disdp.job_stats import optimizer_state_bytes, write_stats
+
+
+def init_baseline(config: TrainConfig, system: str) -> tuple[int, int]:
+    """Start-up of a workers-only baseline rank: (rank, world size), gloo process group joined."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.workers:
+        raise ValueError(f"the {system} baseline runs one rank per worker: {config.workers} workers, {world} ranks")
+    torch.set_num_threads(config.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=config.timeout_s))
+    return rank, world
+
+
+def finish_baseline(config: TrainConfig, rank: int, stats: dict) -> int:
+    write_stats(config, rank, {"rank": rank, "role": "worker", "index": rank,
+                               "optimizer_state_bytes": optimizer_state_bytes()} | stats)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def save_final(config: TrainConfig, layout: Layout, flats: list[torch.Tensor], step: int) -> None:
+    """Write full parameters as a one-shard checkpoint (how the baselines hand back their result)."""
+    one = Layout(layout.buckets, 1)
+    ckpt.write_shard(config.checkpoint_dir, step, 0, {f"b{b}.param": f for b, f in enumerate(flats)}, {})
+    ckpt.commit_index(config.checkpoint_dir, step, one, {"model": config.model_spec().to_dict()})

@@ -1,0 +1,141 @@
+"""Running a job on this machine: :func:`launch_local` starts every rank under torchrun's elastic agent,
+:func:`rank_main` is how each rank reads the job back, and :func:`describe_failures` turns torchrun's
+per-rank failure records into one message.
+
+[Note: failures]
+Every wait has a timeout and every lost peer raises :class:`~terastack.disdp.comm.PeerError` naming
+its rank and role. Under torchrun a rank that dies (or raises) ends the job:
+torchrun stops the other ranks, and :func:`launch_local` turns torchrun's
+per-rank failure records into one message naming the first rank to fail, its
+role and the last checkpoint to resume from. Checkpoints are the servers'
+state, so ``--resume`` loses nothing that was checkpointed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+from terastack.atomic import atomic_write_json
+from terastack.disdp import shard_checkpoint as ckpt
+from terastack.disdp.train_config import TrainConfig
+from terastack.disdp.roles import RoleMap
+from terastack.disdp.job_stats import collect_stats, stats_dir
+
+#: the program every rank of the disaggregated job runs (``python -m MODULE JOB.json``)
+JOB_MODULE = "terastack.disdp.run"
+#: set by the launcher for its ranks: "1" turns their progress lines off
+QUIET_ENV = "TERASTACK_DIST_QUIET"
+
+
+class JobFailed(RuntimeError):
+    """A rank of the job died or failed; the message names the first one, its role and how to resume."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def classify_failure(failure) -> tuple[str, str]:
+    """How one rank ended, from torchrun's failure record (``exitcode``, ``message``: text or its error file's
+    dict): ("error", the last line of its message) for a rank that raised; ("killed", signal) for one ended by
+    a signal it did not raise over; ("stopped", "SIGTERM") for one torchrun stopped after the first failure."""
+    message = getattr(failure, "message", "")
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    message = str(message or "").strip()
+    noted = re.match(r"Signal \d+ \((SIG\w+)\) received", message)   # torchrun's note of a signal death
+    if message and not noted:
+        return "error", message.splitlines()[-1]
+    sig = noted.group(1) if noted else None
+    if failure.exitcode is not None and failure.exitcode < 0:
+        try:
+            sig = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            sig = f"signal {-failure.exitcode}"
+    if sig is None:
+        return "error", f"exit code {failure.exitcode}"
+    return ("stopped" if sig == "SIGTERM" else "killed"), sig
+
+
+def describe_failures(roles: RoleMap, failures: dict, checkpoint_dir: str) -> str:
+    """One message from torchrun's per-rank failure records, naming the first rank to fail and its role.
+
+    A rank killed by a signal (other than SIGTERM) is the likeliest root cause;
+    then ranks that raised, earliest first; ranks that torchrun itself stopped
+    with SIGTERM after the first failure are only counted.
+    """
+    rank_of_kind = {"killed": 0, "error": 1, "stopped": 2}
+    classified = sorted(((rank_of_kind[kind], getattr(f, "timestamp", 0) or 0, rank, kind, text)
+                         for rank, f in failures.items() for kind, text in [classify_failure(f)]))
+    parts, stopped = [], 0
+    for _, _, rank, kind, text in classified:
+        who = roles.describe(rank) if 0 <= rank < roles.world_size else f"rank {rank}"
+        if kind == "stopped":
+            stopped += 1
+        else:
+            parts.append(f"{who} died ({text})" if kind == "killed" else f"{who} failed: {text}")
+    if not parts:
+        parts.append(f"{stopped} rank(s) were stopped with SIGTERM")
+    elif stopped:
+        parts.append(f"{stopped} other rank(s) were stopped")
+    index = ckpt.read_index(checkpoint_dir) if os.path.isdir(checkpoint_dir) else None
+    resume = (f"; the last checkpoint is step {index['step']} in {checkpoint_dir}: rerun with --resume to continue"
+              if index else "; no checkpoint was completed")
+    return "; then ".join(parts[:3]) + resume
+
+
+def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_MODULE,
+                 world_size: int | None = None) -> dict:
+    """Run the job on this machine under torchrun's elastic agent (c10d rendezvous on loopback).
+
+    ``module`` is the program every rank runs (``python -m MODULE JOB.json``):
+    the disaggregated job by default, or a baseline that needs only workers.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    roles = config.roles()
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(stats_dir(config), ignore_errors=True)
+    if not config.resume:
+        shutil.rmtree(config.checkpoint_dir, ignore_errors=True)
+    job_file = atomic_write_json(run_dir / "job.json", config.to_dict())
+    launch = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=world_size or roles.world_size,
+        run_id=f"terastack-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
+        rdzv_configs={"timeout": int(config.timeout_s)}, max_restarts=0, monitor_interval=0.1,
+        start_method="spawn", shutdown_timeout=2)
+    env_before = os.environ.get(QUIET_ENV)
+    os.environ[QUIET_ENV] = "1" if quiet else "0"
+    try:
+        elastic_launch(launch, sys.executable)("-m", module, str(job_file))
+    except ChildFailedError as exc:
+        raise JobFailed(describe_failures(roles, exc.failures, config.checkpoint_dir)) from None
+    finally:
+        if env_before is None:
+            os.environ.pop(QUIET_ENV, None)
+        else:
+            os.environ[QUIET_ENV] = env_before
+    return collect_stats(config, world_size or roles.world_size)
+
+
+def rank_main(entry, argv: list[str] | None = None) -> int:
+    """``python -m MODULE JOB.json``: read the job's config and run ``entry(config)`` under torchrun's error record."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    argv = sys.argv[1:] if argv is None else argv
+    config = TrainConfig.from_dict(json.loads(Path(argv[0]).read_text()), source=argv[0])
+    if os.environ.get(QUIET_ENV) == "1":
+        config.progress = False
+    return record(entry)(config)

@@ -1,0 +1,116 @@
+"""Baseline: a serial ZeRO-3-style schedule — sharded parameters and optimizer on the workers, collectives
+in the compute thread.
+
+Each of the W workers owns slice ``w`` of every bucket (fp32 master weights
+and AdamW moments, a ``torch.optim.AdamW`` per bucket). Per bucket the compute
+thread all-gathers the parameters before use (blocking), and after the
+bucket's backward reduce-scatters the gradients (blocking) and steps the
+optimizer on its slice: every collective sits on the compute path, which is
+what the disaggregated design removes. Same hooks, same buckets, same data as
+the disaggregated job; ``python -m terastack.disdp.zero3 JOB.json`` under torchrun.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from terastack.disdp.baseline import finish_baseline, init_baseline, save_final
+from terastack.disdp.train_config import TrainConfig
+from terastack.disdp.launch import rank_main
+from terastack.disdp.buckets import Layout, Schedule
+from terastack.disdp.workload import build_model, loss_of, worker_batch
+from terastack.disdp.worker import ShardedModel
+
+
+class SerialZero3Link:
+    """The worker's link in the ZeRO-3 baseline: blocking collectives and the optimizer in the compute thread."""
+
+    def __init__(self, sharded: ShardedModel, layout: Layout, initial: list[torch.Tensor], config: TrainConfig,
+                 rank: int, world: int):
+        self.sharded, self.layout, self.rank, self.world = sharded, layout, rank, world
+        self.schedule = sharded.schedule
+        self.comm_s = 0.0
+        self.shards: list[torch.nn.Parameter] = []
+        self.optimizers: list[torch.optim.AdamW] = []
+        for b, bucket in enumerate(sharded.buckets):
+            chunk = bucket.numel // world
+            padded = torch.zeros(bucket.numel)
+            padded[:initial[b].numel()] = initial[b]
+            shard = torch.nn.Parameter(padded[rank * chunk:(rank + 1) * chunk].clone())
+            self.shards.append(shard)
+            self.optimizers.append(torch.optim.AdamW([shard], lr=config.lr, betas=(config.beta1, config.beta2),
+                                                     eps=config.eps, weight_decay=config.weight_decay))
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def wait_params(self, slot: int) -> None:
+        b = self.schedule.fetch_order[slot].bucket
+        # `.data`: an alias with its own version counter, so the gather does not look like an in-place
+        # change to the parameters autograd saved ([Note: storage resized in place] in worker.py).
+        dist.all_gather_single(self.sharded.buckets[b].materialize().data, self.shards[b].detach())
+
+    def released(self, bucket: int) -> None:
+        pass
+
+    def push_grad(self, bucket: int, grad: torch.Tensor) -> None:
+        shard = self.shards[bucket]
+        out = torch.empty_like(shard.detach())
+        t0 = time.perf_counter()
+        dist.reduce_scatter_single(out, grad)
+        self.comm_s += time.perf_counter() - t0
+        shard.grad = out.div_(self.world)
+        self.optimizers[bucket].step()
+        shard.grad = None
+
+    def end_step(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def run(config: TrainConfig) -> int:
+    rank, world = init_baseline(config, "ZeRO-3")
+    spec = config.model_spec()
+    meta = build_model(spec, seed=config.seed, meta=True)
+    layout = Layout.of(meta, 1)
+    initial = layout.flatten(dict(build_model(spec, seed=config.seed).named_parameters()))
+    sharded = ShardedModel(meta, layout, Schedule(layout, reshard=config.reshard), pad_multiple=world)
+    link = sharded.link = SerialZero3Link(sharded, layout, initial, config, rank, world)
+    del initial
+    step_s, wait_s, losses = [], [], []
+    for step in range(config.steps):
+        batch = worker_batch(spec, step=step, seed=config.seed, micro_batch=config.micro_batch, worker=rank,
+                             workers=world)
+        t0, w0, c0 = time.perf_counter(), sharded.wait_s, link.comm_s
+        sharded.begin_step(step)
+        loss = loss_of(sharded.model, batch)
+        loss.backward()
+        sharded.finish_step()
+        step_s.append(time.perf_counter() - t0)
+        # Exposed communication: all-gathers (waited in the hooks) plus reduce-scatters, all in this thread.
+        wait_s.append(sharded.wait_s - w0 + link.comm_s - c0)
+        losses.append(float(loss.detach()))
+    # Gather the full parameters for the correctness check.
+    flats = []
+    for b, bucket in enumerate(sharded.buckets):
+        full = torch.empty(bucket.numel)
+        dist.all_gather_single(full, link.shards[b].detach())
+        flats.append(full[:layout.buckets[b].numel])
+    if rank == 0:
+        save_final(config, layout, flats, config.steps)
+    return finish_baseline(config, rank, {"step_s": step_s, "wait_s": wait_s, "loss": losses,
+                                          "peak_param_bytes": sharded.peak_param_bytes,
+                                          "model_param_bytes": layout.numel * 4,
+                                          "param_bytes_after_run": sharded.resident_param_bytes()})
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main(run))

@@ -1,0 +1,342 @@
+"""``terastack bench llm-scale``: the largest model each system fully fine-tunes in a fixed amount of memory.
+
+A ladder of Llama models (default 0.15B, 0.55B, 1.1B and 3.4B parameters: ``llama-150m``, ``llama-550m``,
+``llama-1.1b`` with TinyLlama's shape, ``openllama-3b`` with OpenLLaMA-3B's) is trained at seq 256, batch 1 by
+
+* ``terastack``: the offloading trainer under one memory budget (default 4 GiB, ``--budget``), its state on
+  the SSD; the planner's predicted step time is reported beside the measured one;
+* ``zero_infinity``: DeepSpeed ZeRO-3 with parameters and optimizer state offloaded to NVMe;
+* ``in_memory``: the unmodified model and ``torch.optim.AdamW`` in RAM.
+
+[Note: the RSS watchdog]
+Each system runs in its own child process (``terastack.llm.bench.bench_worker``) in its own session. The parent
+reads the resident memory of the child and all its descendants from ``/proc`` every 50 ms; when it passes
+``--rss-limit`` (default min(0.8 x RAM, 20 GiB), below what the machine has, so the kernel's OOM killer never
+decides a result) the whole process group is killed and the system "does not fit" at that size. A child that
+dies by SIGKILL it was not sent (the OOM killer), or that fails with an out-of-memory error, does not fit
+either. A system that does not fit at one size is not tried at larger ones. Peak RSS is the whole process's,
+children included: the larger of the watchdog's samples and the kernel's high-water mark the child reports.
+
+Before each run, the state the system keeps on the disk (:data:`STATE_BYTES_PER_PARAM`, with a margin) must
+fit on the free disk of ``--dir``; otherwise it is refused, naming both numbers. Every
+file a rung writes is deleted after it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from terastack import trace
+from terastack.plan.hardware import save_probe
+from terastack.llm.bench.bench_llm import deepspeed_missing
+from terastack.llm.trainer_config import MEMORY_BUDGET_ENV
+from terastack.memory import mem_total
+from terastack.units import format_bytes, parse_bytes
+
+#: rung names -> built-in models (terastack.training.model_registry); any built-in model name is a rung too
+SIZES = {"tiny": "tiny-llama", "0.15b": "llama-150m", "0.55b": "llama-550m", "1.1b": "llama-1.1b",
+         "3b": "openllama-3b"}
+DEFAULT_SIZES = "0.15b,0.55b,1.1b,3b"
+#: --quick: the smallest rung of the default ladder, fewer steps
+QUICK_SIZES = "0.15b"
+SYSTEMS = ("terastack", "zero_infinity", "in_memory")
+#: bytes of training state per parameter each system keeps on the disk: terastack's fp32 weights (they are
+#: the masters in fp32 training) and two AdamW moments -- gradients live one unit at a time in memory;
+#: ZeRO-Infinity's swapped parameters, fp32 master, two moments and gradients (16 bytes, the usual figure);
+#: in-memory training none
+STATE_BYTES_PER_PARAM = {"terastack": 12, "zero_infinity": 16, "in_memory": 0}
+#: the disk pre-flight's margin over that: 10% plus 1 GiB (run files, allocation slack, DeepSpeed's buffers)
+DISK_MARGIN = 0.10
+DISK_SLACK = 1 << 30
+#: what a child's stderr says when an allocation failed (torch's CPU allocator, CUDA, Python)
+OOM_MARKERS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory",
+               "Cannot allocate memory")
+
+HEADLINE = ["max_params_terastack", "max_params_zero_infinity", "max_params_in_memory"]
+
+PRESETS = {
+    "smoke": ["--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
+              "--seq-len", "32"],
+    "quick": ["--quick"],
+    "full": [],
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default=None,
+                   help=f"comma-separated rungs, smallest first: {', '.join(SIZES)} or any built-in model name "
+                        f"(default {DEFAULT_SIZES})")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    p.add_argument("--budget", default="4GiB", help="terastack's memory budget (default 4GiB)")
+    p.add_argument("--rss-limit", default=None,
+                   help="kill a system whose resident memory passes this (default min(0.8 x RAM, 20GiB))")
+    p.add_argument("--dir", default=None, help="directory on the SSD for stores and ZeRO-Infinity's swap files")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2, help="measured steps per system (after --warmup)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=7200.0, help="seconds per system and rung before it is stopped")
+    p.add_argument("--hardware", default=None,
+                   help="a probe JSON (terastack probe --json) for terastack's predictions (default: the cached "
+                        "probe, else a quick probe of --dir)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"only the smallest rung ({QUICK_SIZES}), one measured step: a few minutes")
+
+
+# ------------------------------------------------------------------ the watchdog
+@dataclass(slots=True)
+class ChildOutcome:
+    returncode: int | None
+    peak_rss_bytes: int
+    killed_for_rss: bool
+    timed_out: bool
+    stderr_tail: str
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and every descendant (0 for a process that is gone)."""
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def run_watched(cmd: list[str], *, rss_limit: int, timeout: float, env: dict | None = None,
+                log: Path | None = None, poll_s: float = 0.05) -> ChildOutcome:
+    """Run ``cmd`` in its own session; kill its process group when its tree's RSS passes ``rss_limit`` or after
+    ``timeout`` seconds. See [Note: the RSS watchdog]."""
+    log = log or Path(tempfile.mkstemp(prefix="terastack-scale-", suffix=".log")[1])
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})},
+                                start_new_session=True)
+        peak, killed, timed_out = 0, False, False
+        deadline = time.monotonic() + timeout
+        try:
+            while proc.poll() is None:
+                rss = _tree_rss(proc.pid)
+                peak = max(peak, rss)
+                if rss > rss_limit:
+                    killed = True
+                elif time.monotonic() > deadline:
+                    timed_out = True
+                if killed or timed_out:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+                time.sleep(poll_s)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
+    return ChildOutcome(returncode=proc.returncode, peak_rss_bytes=peak, killed_for_rss=killed,
+                        timed_out=timed_out, stderr_tail=tail)
+
+
+def classify(outcome: ChildOutcome, rss_limit: int) -> tuple[bool | None, str | None]:
+    """(fits, reason): True/None for a run that finished; False when it ran out of memory; None (with the
+    error) when it failed for another reason."""
+    if outcome.killed_for_rss:
+        return False, f"does not fit: resident memory passed the limit of {format_bytes(rss_limit)}"
+    if outcome.timed_out:
+        return None, "did not finish within --timeout"
+    if outcome.returncode == -signal.SIGKILL:
+        return False, "does not fit: killed by SIGKILL (the kernel's OOM killer)"
+    if outcome.returncode != 0:
+        if any(m.lower() in outcome.stderr_tail.lower() for m in OOM_MARKERS):
+            return False, "does not fit: out of memory (" + outcome.stderr_tail.splitlines()[-1][:200] + ")"
+        return None, f"failed (exit {outcome.returncode}): {outcome.stderr_tail[-400:]}"
+    return True, None
+
+
+# ------------------------------------------------------------------ the ladder
+def resolve_sizes(spec: str) -> list[tuple[str, str]]:
+    """[(rung label, built-in model name)] of a ``--sizes`` value."""
+    from terastack.training.model_registry import MODELS
+
+    out = []
+    for label in (s.strip() for s in spec.split(",")):
+        if not label:
+            continue
+        model = SIZES.get(label.lower(), label)
+        if model not in MODELS:
+            raise ValueError(f"--sizes: unknown rung {label!r} (known: {', '.join(SIZES)}, or a built-in model)")
+        out.append((label, model))
+    if not out:
+        raise ValueError("--sizes: no rung given")
+    return out
+
+
+def parameter_count(model: str) -> int:
+    from terastack.training.model_registry import hf_config
+    from terastack.training.hf.model_files import build_skeleton
+
+    return sum(p.numel() for p in build_skeleton(hf_config(model)).parameters())  # meta: no memory
+
+
+def disk_needed(params: int, system: str) -> int:
+    per_param = STATE_BYTES_PER_PARAM[system]
+    return int(params * per_param * (1 + DISK_MARGIN)) + DISK_SLACK if per_param else 0
+
+
+def disk_refusal(params: int, system: str, free: int, directory: str) -> str | None:
+    """Why ``system`` cannot train ``params`` parameters on ``free`` bytes of disk, or None."""
+    need = disk_needed(params, system)
+    if need <= free:
+        return None
+    return (f"refused: its state needs {need} bytes ({format_bytes(need)}) on {directory}, which has {free} bytes "
+            f"({format_bytes(free)}) free")
+
+
+def default_rss_limit() -> int:
+    total = mem_total() or (16 << 30)
+    return min(int(0.8 * total), 20 << 30)
+
+
+def _row(label: str, model: str, system: str, params: int, **fields) -> dict:
+    row = {"size": label, "model": model, "system": system, "params": params, "fits": None, "step_s": None,
+           "tokens_per_s": None, "peak_rss_bytes": None, "ssd_read_bytes_per_step": None,
+           "ssd_write_bytes_per_step": None, "predicted_step_s": None, "prediction_error": None, "reason": None}
+    row.update(fields)
+    return row
+
+
+def _run_system(system: str, model: str, params: int, args, workdir: Path, probe: Path, budget: int,
+                rss_limit: int) -> dict:
+    out = workdir / f"{system}.json"
+    cmd = [sys.executable, "-m", "terastack.llm.bench.bench_worker", "--system", system, "--model", model,
+           "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--dir", str(workdir), "--out", str(out)]
+    env = None
+    if system == "terastack":
+        cmd += ["--process-memory-budget", str(budget), "--hardware", str(probe)]
+        env = dict(MEMORY_BUDGET_ENV)  # [Note: a memory budget bounds resident memory] (terastack.memory)
+    outcome = run_watched(cmd, rss_limit=rss_limit, timeout=args.timeout, env=env, log=workdir / f"{system}.log")
+    fits, reason = classify(outcome, rss_limit)
+    result = json.loads(out.read_text()) if fits and out.exists() else {}
+    if fits and not result:
+        fits, reason = None, "the worker wrote no result"
+    row = _row("", model, system, params, fits=fits, reason=reason, peak_rss_bytes=outcome.peak_rss_bytes)
+    if not result:
+        return row
+    measured = result["planned"] if system == "terastack" else result
+    tokens = args.batch_size * args.seq_len
+    row.update(step_s=measured["step_s"], tokens_per_s=tokens / measured["step_s"],
+               ssd_read_bytes_per_step=measured["ssd_read_bytes_per_step"],
+               ssd_write_bytes_per_step=measured["ssd_write_bytes_per_step"],
+               peak_rss_bytes=max(outcome.peak_rss_bytes, result.get("process_peak_rss_bytes") or 0),
+               losses=measured.get("losses"), setup_s=measured.get("setup_s"))
+    if system == "terastack":
+        pred = measured.get("predicted_step_s")
+        row.update(predicted_step_s=pred, prediction_error=(pred / measured["step_s"] - 1 if pred else None),
+                   memory_budget_bytes=budget, store_read_bytes_per_step=measured.get("store_read_bytes_per_step"),
+                   store_write_bytes_per_step=measured.get("store_write_bytes_per_step"))
+    elif system == "zero_infinity":
+        row["deepspeed"] = result.get("deepspeed")
+    return row
+
+
+def _hardware(args, base: Path):
+    """The machine terastack's planner predicts for: ``--hardware``, the cached probe, or a quick probe."""
+    from terastack.plan.hardware import load_probe
+    from terastack.probe import load_or_measure
+
+    if args.hardware:
+        hw = load_probe(args.hardware)
+        if hw is None:
+            raise FileNotFoundError(f"--hardware: {args.hardware} does not exist")
+        return hw
+    return load_or_measure(str(base), quick=True)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise ValueError(f"--systems: unknown {', '.join(unknown)} (known: {', '.join(SYSTEMS)})")
+    if args.quick:
+        args.sizes = args.sizes or QUICK_SIZES
+        args.steps = min(args.steps, 1)
+    rungs = resolve_sizes(args.sizes or DEFAULT_SIZES)
+    budget = parse_bytes(args.budget, field="--budget")
+    rss_limit = parse_bytes(args.rss_limit, field="--rss-limit") if args.rss_limit else default_rss_limit()
+    if args.steps < 1 or args.warmup < 0:
+        raise ValueError(f"--steps/--warmup: need >= 1 measured step and >= 0 warm-up, got {args.steps}/{args.warmup}")
+    base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    hw = _hardware(args, base) if "terastack" in systems else None
+    result: dict = {"sizes": [label for label, _ in rungs], "systems": systems, "memory_budget_bytes": budget,
+                    "rss_limit_bytes": rss_limit, "seq_len": args.seq_len, "batch_size": args.batch_size,
+                    "steps": args.steps, "warmup": args.warmup, "dir": str(base), "rows": []}
+    stopped: dict[str, str] = {}
+    if "zero_infinity" in systems and (why := deepspeed_missing()):
+        stopped["zero_infinity"] = f"not run: {why}"
+    for label, model in rungs:
+        params = parameter_count(model)
+        for system in systems:
+            refusal = disk_refusal(params, system, shutil.disk_usage(base).free, str(base))
+            if refusal or system in stopped:
+                result["rows"].append(_row(label, model, system, params, reason=refusal or stopped[system]))
+                continue
+            workdir = Path(tempfile.mkdtemp(prefix=f"terastack-scale-{label}-", dir=base))
+            try:
+                probe = save_probe(hw, workdir / "probe.json") if hw is not None else None
+                print(f"bench llm-scale: {label} ({params / 1e9:.2f}B) {system} ...", file=sys.stderr, flush=True)
+                with trace.span(f"{label} {system}", track="bench"):
+                    row = _run_system(system, model, params, args, workdir, probe, budget, rss_limit)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            row["size"] = label
+            result["rows"].append(row)
+            print(f"  {_describe(row)}", file=sys.stderr, flush=True)
+            if row["fits"] is not True:
+                stopped[system] = f"not tried: {system} did not run at {label} ({row['reason']})"
+    _summarize(result)
+    return result
+
+
+def _describe(row: dict) -> str:
+    if row["fits"]:
+        return (f"{row['step_s']:.2f} s/step, peak RSS {format_bytes(row['peak_rss_bytes'])}, SSD "
+                f"{format_bytes(int(row['ssd_read_bytes_per_step']))} read / "
+                f"{format_bytes(int(row['ssd_write_bytes_per_step']))} written per step")
+    return row["reason"]
+
+
+def _summarize(result: dict) -> None:
+    rows = result["rows"]
+    for system in SYSTEMS:
+        fit = [r["params"] for r in rows if r["system"] == system and r["fits"]]
+        result[f"max_params_{system}"] = max(fit) if fit else None
+    ratios = {}
+    for label in result["sizes"]:
+        by = {r["system"]: r for r in rows if r["size"] == label and r["fits"]}
+        ref = by.get("in_memory")
+        if ref is None:
+            continue
+        for system in ("terastack", "zero_infinity"):
+            if system in by:
+                ratios[f"{label}_{system}_step_vs_in_memory"] = by[system]["step_s"] / ref["step_s"]
+                ratios[f"{label}_{system}_rss_vs_in_memory"] = by[system]["peak_rss_bytes"] / ref["peak_rss_bytes"]
+    result["ratios_vs_in_memory"] = ratios
+    result.update(ratios)  # printed as scalar lines

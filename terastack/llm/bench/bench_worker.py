@@ -1,0 +1,340 @@
+"""One system of ``terastack bench llm``, run in its own process so its peak memory is its own.
+
+    python -m terastack.llm.bench.bench_worker --system terastack --model llama-150m --out result.json ...
+
+Systems: ``in_memory`` (the unmodified model and torch.optim.AdamW in RAM), ``terastack`` (the offloading
+trainer under the given budgets), ``host_resident`` (the trainer with a host budget holding the whole state,
+its steps alternating with in-memory AdamW's in the same process), ``zero_infinity`` (DeepSpeed ZeRO-3 with parameters and optimizer state
+offloaded to NVMe, on CPU). Every system trains the same model (same random init seed) on the same token
+batches; the worker reports per-step times, peak RSS above the RSS after imports, and bytes the process read
+from and wrote to storage per step (/proc/self/io).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _io() -> tuple[int, int]:
+    """Bytes this process read from and wrote to storage (O_DIRECT and page-cache writeback included)."""
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k] = int(v)
+    return out["read_bytes"], out["write_bytes"]
+
+
+def _batches(vocab: int, batch: int, seq: int, n: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randint(0, vocab, (batch, seq), generator=g) for _ in range(n)]
+
+
+def _measure(step_fn, batches, warmup: int, rss) -> dict:
+    times, losses, reads, writes = [], [], [], []
+    for i, ids in enumerate(batches):
+        r0, w0 = _io()
+        t0 = time.perf_counter()
+        loss = step_fn(ids)
+        dt = time.perf_counter() - t0
+        r1, w1 = _io()
+        losses.append(loss)
+        if i >= warmup:
+            times.append(dt)
+            reads.append(r1 - r0)
+            writes.append(w1 - w0)
+        print(f"  step {i} {'(warm-up) ' if i < warmup else ''}{dt:.3f} s loss {loss:.4f}", file=sys.stderr,
+              flush=True)
+        rss.sample()
+    return {"step_s": statistics.median(times), "step_times_s": times, "losses": losses,
+            "ssd_read_bytes_per_step": statistics.mean(reads), "ssd_write_bytes_per_step": statistics.mean(writes)}
+
+
+def _measure_alternating(step_fns: dict, batches, warmup: int, rss) -> dict:
+    """Like :func:`_measure` for several systems in one process, their steps interleaved (each batch runs on
+    every system before the next batch; the order rotates each batch), so a machine that drifts between
+    minutes slows them alike."""
+    names = list(step_fns)
+    runs = {name: {"times": [], "cpu": [], "losses": [], "reads": [], "writes": []} for name in names}
+    for i, ids in enumerate(batches):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            r0, w0 = _io()
+            c0, t0 = time.process_time(), time.perf_counter()
+            loss = step_fns[name](ids)
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            r1, w1 = _io()
+            run = runs[name]
+            run["losses"].append(loss)
+            if i >= warmup:
+                run["times"].append(dt)
+                run["cpu"].append(cpu)
+                run["reads"].append(r1 - r0)
+                run["writes"].append(w1 - w0)
+            print(f"  step {i} {name} {'(warm-up) ' if i < warmup else ''}{dt:.3f} s loss {loss:.4f}",
+                  file=sys.stderr, flush=True)
+            rss.sample()
+    # CPU seconds of the whole process (every thread) per step: on a shared machine, time other tenants take
+    # from this one lengthens the wall-clock step but is not counted here
+    return {name: {"step_s": statistics.median(run["times"]), "step_times_s": run["times"], "losses": run["losses"],
+                   "cpu_s": statistics.median(run["cpu"]), "step_cpu_s": run["cpu"],
+                   "ssd_read_bytes_per_step": statistics.mean(run["reads"]),
+                   "ssd_write_bytes_per_step": statistics.mean(run["writes"])} for name, run in runs.items()}
+
+
+def _in_memory_step(args, hf_config):
+    """A step of the unmodified model with torch.optim.AdamW, all in RAM."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_config(hf_config)
+    model.train()
+    fused = args.optimizer_impl in ("auto", "fused")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused or None)
+
+    def step(ids):
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(out.loss.detach())
+    return step
+
+
+def run_in_memory(args, hf_config, rss) -> dict:
+    return _measure(_in_memory_step(args, hf_config),
+                    _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps),
+                    args.warmup, rss)
+
+
+def run_host_resident(args, hf_config, rss) -> dict:
+    """terastack with a host budget that holds the whole training state (no SSD traffic), its steps alternating
+    with those of in-memory AdamW in this one process: the cost of terastack's own machinery, measured so that
+    a busy machine's drift between processes does not pass for it."""
+    from terastack.llm import Trainer, TrainerConfig
+
+    fields = dict(store_dir=args.dir, device_budget=args.device_budget, host_budget=args.host_budget, lr=args.lr,
+                  batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+                  activation_policy=args.activation_policy, state_placement=args.state_placement,
+                  optimizer_impl=args.optimizer_impl, calibrate=True, hardware=args.hardware)
+    in_memory = _in_memory_step(args, hf_config)
+    with Trainer.from_config(hf_config, TrainerConfig(**fields), name=args.model) as trainer:
+        print(trainer.describe_plan(), file=sys.stderr, flush=True)
+        out = _measure_alternating({"in_memory": in_memory, "terastack": trainer.step},
+                                   _batches(hf_config.vocab_size, args.batch_size, args.seq_len,
+                                            args.warmup + args.steps), args.warmup, rss)
+        trainer.synchronize()
+        hist = trainer.history[args.warmup:]
+        out["terastack"].update({"predicted_step_s": trainer.plan.prediction.step_s, "plan": trainer.plan.summary(),
+                                 "store_read_bytes_per_step": statistics.mean(h.ssd_read_bytes for h in hist),
+                                 "store_write_bytes_per_step": statistics.mean(h.ssd_write_bytes for h in hist)})
+    return out
+
+
+#: terastack variants: TrainerConfig overrides (the ablations of `terastack bench llm`)
+VARIANTS = {
+    "planned": {},
+    "no_active_offload": {"active_offload": False},
+    "all_recompute": {"activation_policy": "recompute"},
+    "all_swap": {"activation_policy": "ssd"},
+}
+
+
+def run_terastack(args, hf_config, rss) -> dict:
+    """Each variant in turn (its own Trainer and scratch store); peak RSS is reset between variants."""
+    from terastack.memory import PeakRSS
+
+    import gc
+
+    out = {}
+    planned_policies = None
+    for i, name in enumerate(args.variants.split(",")):
+        if name not in VARIANTS:
+            raise ValueError(f"--variants: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
+        overrides = dict(VARIANTS[name])
+        if "activation_policy" not in overrides and planned_policies is not None:
+            overrides["activation_policy"] = planned_policies  # an ablation changes one thing only
+        gc.collect()
+        # the first variant starts from the process's baseline; later ones from what earlier ones left mapped
+        with PeakRSS() as vrss:
+            out[name] = _run_variant(args, hf_config, vrss, overrides, trace_file=args.trace if i == 0 else None)
+        if planned_policies is None:
+            planned_policies = out[name]["policies"]
+        out[name]["peak_rss_bytes"] = vrss.peak_bytes
+        rss.sample()
+    return out
+
+
+def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
+    from terastack import trace
+    from terastack.llm import Trainer, TrainerConfig
+
+    if args.process_memory_budget:
+        # the whole process's resident memory is bounded: the trainer gets what the interpreter and the
+        # libraries loaded so far leave of it
+        from terastack.memory import memory_left
+        from terastack.units import parse_bytes
+
+        whole = parse_bytes(args.process_memory_budget, field="--process-memory-budget")
+        budgets = {"memory_budget": memory_left(whole, "--process-memory-budget")}
+    elif args.memory_budget:
+        budgets = {"memory_budget": args.memory_budget}
+    else:
+        budgets = {"device_budget": args.device_budget, "host_budget": args.host_budget}
+    fields = dict(store_dir=args.dir, **budgets, lr=args.lr,
+                  batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+                  activation_policy=args.activation_policy, state_placement=args.state_placement,
+                  optimizer_impl=args.optimizer_impl, calibrate=True, hardware=args.hardware)
+    fields.update(overrides)
+    t0 = time.perf_counter()
+    with Trainer.from_config(hf_config, TrainerConfig(**fields), name=args.model) as trainer:
+        setup = time.perf_counter() - t0
+        print(trainer.describe_plan(), file=sys.stderr, flush=True)
+        if trace_file:
+            trace.tracer.start()
+        out = _measure(trainer.step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len,
+                                              args.warmup + args.steps), args.warmup, rss)
+        trainer.synchronize()
+        if trace_file:
+            trace.tracer.stop()
+            trace.tracer.save(trace_file)
+        hist = trainer.history[args.warmup:]
+        out.update({"setup_s": setup, "predicted_step_s": trainer.plan.prediction.step_s,
+                    "policies": list(trainer.plan.policies),
+                    "plan": trainer.plan.summary(), "usage": trainer.usage(),
+                    "store_read_bytes_per_step": statistics.mean(h.ssd_read_bytes for h in hist),
+                    "store_write_bytes_per_step": statistics.mean(h.ssd_write_bytes for h in hist)})
+    return out
+
+
+def _ds_config(args, largest: int) -> dict:
+    nvme = os.path.join(args.dir, "zero-infinity")
+    os.makedirs(nvme, exist_ok=True)
+    # Buffers sized to the model (the largest parameter), not DeepSpeed's 1e8-element default, so its memory
+    # reflects what the model needs.
+    buffer = max(1 << 20, largest)
+    return {
+        "train_micro_batch_size_per_gpu": args.batch_size, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                    "weight_decay": 0.0}},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": False, "buffer_count": 5,
+                              "buffer_size": buffer},
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": False, "buffer_count": 4},
+            "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": buffer,
+            "stage3_prefetch_bucket_size": buffer // 2, "sub_group_size": buffer,
+        },
+        "aio": {"block_size": 1048576, "queue_depth": 16, "thread_count": 2, "single_submit": False,
+                "overlap_events": True},
+        "steps_per_print": 1 << 30, "wall_clock_breakdown": False,
+    }
+
+
+def run_zero_infinity(args, hf_config, rss) -> dict:
+    import torch
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # one local process: loopback only
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    from terastack.training.hf.model_files import build_skeleton
+
+    largest = max(p.numel() for p in build_skeleton(hf_config).parameters())
+    ds_config = _ds_config(args, largest)
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device="nvme"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    model.train()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    setup = time.perf_counter() - t0
+
+    def step(ids):
+        out = engine(input_ids=ids, labels=ids, use_cache=False)
+        engine.backward(out.loss)
+        engine.step()
+        return float(out.loss)
+    out = _measure(step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps),
+                   args.warmup, rss)
+    out["setup_s"] = setup
+    out["deepspeed"] = deepspeed.__version__
+    return out
+
+
+SYSTEMS = {"in_memory": run_in_memory, "terastack": run_terastack, "host_resident": run_host_resident,
+           "zero_infinity": run_zero_infinity}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m terastack.llm.bench.bench_worker")
+    p.add_argument("--system", required=True, choices=sorted(SYSTEMS))
+    p.add_argument("--model", default="llama-150m")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument("--device-budget", default="1GiB")
+    p.add_argument("--host-budget", default="1GiB")
+    p.add_argument("--memory-budget", default=None, help="one budget for device and host tiers (CPU)")
+    p.add_argument("--process-memory-budget", default=None,
+                   help="one budget for the whole process's resident memory (CPU): the trainer's memory budget is "
+                        "what remains of it after the interpreter and libraries")
+    p.add_argument("--activation-policy", default="auto")
+    p.add_argument("--variants", default="planned", help=f"terastack variants, comma-separated: {', '.join(VARIANTS)}")
+    p.add_argument("--state-placement", default="auto")
+    p.add_argument("--optimizer-impl", default="auto")
+    p.add_argument("--trace", default=None)
+    p.add_argument("--hardware", default=None, help="probe JSON the planner predicts from")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+
+    # Everything imported before the baseline, so peak RSS counts the system's own memory
+    # (masking_utils pulls in torch._dynamo, which must also come before DeepSpeed patches tensor creation).
+    import importlib
+
+    for module in ("torch", "transformers.masking_utils"):
+        importlib.import_module(module)
+    from transformers import AutoModelForCausalLM
+
+    from terastack.training.model_registry import resolve_model
+    from terastack.memory import PeakRSS, peak_rss
+
+    hf_config, _ = resolve_model(args.model)
+    # No padding row: ZeRO-3's partitioned init cannot zero it, and every system must train the same model.
+    hf_config.pad_token_id = None
+    AutoModelForCausalLM._model_mapping[type(hf_config)]  # imports the model's modules
+    if args.system == "zero_infinity":
+        importlib.import_module("deepspeed")
+    import gc
+
+    gc.collect()
+    with PeakRSS() as rss:
+        result = SYSTEMS[args.system](args, hf_config, rss)
+    if args.system != "terastack":
+        result["peak_rss_bytes"] = rss.peak_bytes
+    result["rss_baseline_bytes"] = rss.baseline
+    # the whole process's high-water mark since the baseline was taken (imports before it are smaller)
+    result["process_peak_rss_bytes"] = peak_rss()
+    result["system"] = args.system
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

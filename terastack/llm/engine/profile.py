@@ -1,0 +1,328 @@
+"""Profile a model for the planner without materializing it, and calibrate unit times on this machine.
+
+[Note: profiling on the meta device]
+The model's own forward runs once with real (tiny) glue tensors -- input ids,
+masks, rotary tables -- while every unit runs on the meta device: its
+parameters are the skeleton's meta parameters and its inputs are meta copies.
+Under ``FlopCounterMode`` and a saved-tensor hook this gives, per unit and
+exactly for this batch shape, the forward and backward FLOPs and the bytes its
+autograd graph saves, for any size of model (OPT-175B profiles in seconds on a
+laptop). A unit returns real zeros of its output's shape, so the glue between
+units (residual adds, reshapes) runs as in training; the order units run in is
+recorded too. Calibration then times one real instance of each distinct unit
+(random weights, this shape) forward and backward, so a plan made on this
+machine predicts from measured times rather than peak FLOP rates.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from terastack.training.hf.model_files import check_seq_len
+from terastack.llm.engine.streamed_units import UnitCall, install_units
+from terastack.plan.llm_planner import ModelProfile, UnitProfile, held_bytes
+
+#: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
+_MATERIALIZE_LIMIT = 64 << 20
+
+
+class _MetaGroupedMM(torch.overrides.TorchFunctionMode):
+    """[Note: mixture-of-experts on the meta device]
+    transformers 5 runs a mixture of experts' stacked expert weights through ``torch.nn.functional.grouped_mm``
+    (``config._experts_implementation == "grouped_mm"``, its default; the CPU kernel takes fp32 and plain
+    training uses it). torch's *meta* kernel of ``_grouped_mm`` only accepts bf16 ("Expected inputs of BF16
+    type"), so the profile pass, where every unit runs on meta tensors, would stop there. For meta fp32 inputs
+    this mode calls transformers' own fallback op instead (``transformers::grouped_mm_fallback``: the same
+    result shape, the same tensors saved for backward, a registered fake kernel); its FLOPs are counted by the
+    formulas below (``FlopCounterMode`` knows neither op). Training and calibration run the real kernel."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _GROUPED_MM and len(args) >= 2 and _meta_fp32(args[0], args[1]) \
+                and kwargs.get("bias") is None and kwargs.get("out_dtype") is None and hasattr(torch.ops, "transformers"):
+            offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+            return torch.ops.transformers.grouped_mm_fallback(args[0], args[1], offs=offs)
+        return func(*args, **kwargs)
+
+
+def _meta_fp32(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device.type == "meta"
+            and torch.bfloat16 not in (a.dtype, b.dtype))
+
+
+_GROUPED_MM = tuple(f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
+                    if f is not None)
+_FLOPS_REGISTERED = False
+
+
+def _register_grouped_mm_flops() -> None:
+    """FLOP formulas of transformers' grouped-mm fallback ops: (S, K) x (E, K, N) is 2*S*K*N forward, twice that
+    backward (grad of input and of weight)."""
+    global _FLOPS_REGISTERED
+    if _FLOPS_REGISTERED:
+        return
+    _FLOPS_REGISTERED = True
+    try:
+        import transformers.integrations.moe  # noqa: F401 - registers the ops
+        fwd_op = torch.ops.transformers.grouped_mm_fallback
+        bwd_op = torch.ops.transformers.grouped_mm_fallback_backward
+    except (ImportError, AttributeError):
+        return
+    from torch.utils.flop_counter import register_flop_formula
+
+    @register_flop_formula(fwd_op)
+    def _fwd(a_shape, b_shape, *_, **__) -> int:
+        return 2 * math.prod(a_shape) * b_shape[-1]
+
+    @register_flop_formula(bwd_op)
+    def _bwd(a_shape, b_shape, *_, **__) -> int:
+        return 4 * math.prod(a_shape) * b_shape[-1]
+
+
+class _Recorder:
+    """Stands in for the runtime during the profile pass."""
+
+    def __init__(self):
+        self.records: dict[int, dict] = {}
+        self.order: list[int] = []
+        self.calls: dict[int, tuple] = {}
+
+    def run(self, unit, args, kwargs):
+        call = UnitCall(args, kwargs)
+        floating_in = [i for i, a in enumerate(call.flat) if isinstance(a, torch.Tensor) and a.requires_grad]
+        meta_flat = []
+        for a in call.flat:
+            if isinstance(a, torch.Tensor):
+                m = a.detach().to("meta")
+                meta_flat.append(m.requires_grad_(a.requires_grad))
+            else:
+                meta_flat.append(a)
+        leaves = {n: p.detach().requires_grad_(unit.trainable[n]) for n, p in unit.module.named_parameters(
+            remove_duplicate=False)}
+        leaf_ids = {id(v) for v in leaves.values()}
+        saved: dict[int, int] = {}
+
+        def pack(t):
+            base = t._base if t._base is not None else t
+            if id(t) in leaf_ids or id(base) in leaf_ids:
+                return t
+            saved.setdefault(id(base), base.numel() * base.element_size())
+            return t
+
+        buffers = {n: b.to("meta") for n, b in unit.buffers.items()}
+        from torch.utils import _pytree as pytree
+
+        m_args, m_kwargs = pytree.tree_unflatten(meta_flat, call.spec)
+        keep = []  # saved tensors stay alive until the backward count is done (ids must not be reused)
+        _register_grouped_mm_flops()
+        with FlopCounterMode(display=False) as fc, _MetaGroupedMM():
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: (keep.append(t), pack(t))[1],
+                                                                              lambda t: t):
+                out = torch.func.functional_call(unit.module, {**leaves, **buffers}, m_args, m_kwargs,
+                                                 tie_weights=False, strict=False)
+            fwd = fc.get_total_flops()
+            outs = call.split_output(out)
+            inputs = [meta_flat[i] for i in floating_in] + [v for n, v in leaves.items() if unit.trainable[n]]
+            diff = [o for o in outs if o.requires_grad]
+            if diff and inputs:
+                # backward() rather than autograd.grad(): FlopCounterMode's module tracker refuses the latter
+                torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
+            bwd = fc.get_total_flops() - fwd
+        if unit.index not in self.records:
+            self.order.append(unit.index)
+        self.records[unit.index] = {
+            "fwd_flops": float(fwd), "bwd_flops": float(bwd), "act_bytes": int(sum(saved.values())),
+            "boundary_bytes": int(sum(meta_flat[i].numel() * meta_flat[i].element_size() for i in floating_in)),
+            "out_bytes": int(sum(o.numel() * o.element_size() for o in outs)), "act_tensors": len(saved)}
+        # real arguments, kept for calibration (grad inputs are replaced by random data there)
+        self.calls[unit.index] = (call.flat, call.spec, floating_in)
+        real = []
+        for o in outs:
+            nbytes = o.numel() * o.element_size()
+            if nbytes > _MATERIALIZE_LIMIT:
+                z = torch.zeros((), dtype=o.dtype).expand(o.shape)
+            else:
+                z = torch.zeros(o.shape, dtype=o.dtype)
+            real.append(z.requires_grad_(True) if z._base is None else z)
+        return call.rebuild(real)
+
+
+def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
+                  calibrate: bool = False, device: torch.device | None = None, packed: bool = False) -> ModelProfile:
+    """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
+    places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own. ``packed``: rows
+    of several examples (position ids restarting), whose explicit block-diagonal attention mask each layer's
+    attention also saves."""
+    check_seq_len(model.config, seq_len)
+    rec = _Recorder()
+    install_units(model, units, rec)
+    ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    extra = {}
+    if packed and seq_len > 1:
+        half = seq_len // 2
+        extra["position_ids"] = torch.cat([torch.arange(half), torch.arange(seq_len - half)]).expand(batch, -1)
+    with torch.enable_grad():
+        model(input_ids=ids, use_cache=False, **extra)
+    order = rec.order + [u.index for u in units if u.index not in rec.records]
+    missing = [units[i].path for i in order if i not in rec.records]
+    if missing:
+        raise RuntimeError(f"profile: units {missing[:3]} never ran in the model's forward")
+    times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes) if calibrate else {}
+    owner: dict[str, int] = {}
+    for i in order:
+        for cname in units[i].tensors.values():
+            owner.setdefault(cname, i)
+    out_units = []
+    for i in order:
+        u = units[i]
+        r = rec.records[i]
+        names = tuple(dict.fromkeys(u.tensors.values()))
+        params = sum(tensors[c].numel for c in names)
+        trainable = sum(tensors[c].numel for c in names if tensors[c].trainable and owner[c] == i)
+        weight_bytes = sum(held_bytes(tensors[c].numel * compute_bytes) for c in names)  # records are padded
+        fwd_s, bwd_s = times.get(i, (None, None))
+        out_units.append(UnitProfile(name=u.path, kind=u.kind, tensors=names, params=params, trainable=trainable,
+                                     weight_bytes=weight_bytes, fwd_flops=r["fwd_flops"], bwd_flops=r["bwd_flops"],
+                                     act_bytes=r["act_bytes"], boundary_bytes=r["boundary_bytes"],
+                                     out_bytes=r["out_bytes"], act_tensors=r["act_tensors"], fwd_s=fwd_s,
+                                     bwd_s=bwd_s))
+    last = rec.records[order[-1]]
+    logits_bytes = last["out_bytes"] * (4 // compute_bytes if compute_bytes < 4 else 1)
+    return ModelProfile(model=name, batch=batch, seq_len=seq_len, compute_bytes=compute_bytes, units=out_units,
+                        tensor_numel={c: t.numel for c, t in tensors.items()},
+                        tensor_trainable={c: t.trainable for c, t in tensors.items()}, logits_bytes=int(logits_bytes))
+
+
+def _signature(unit) -> tuple:
+    return (type(unit.module).__name__, tuple((n, tuple(p.shape)) for n, p in unit.module.named_parameters(
+        remove_duplicate=False)))
+
+
+_CALIBRATED: dict[tuple, tuple[float, float]] = {}
+#: a unit whose weights take this much is timed on one copy (see [Note: calibrating with weights from memory])
+_CACHE_COLD_BYTES = 64 << 20
+
+
+def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5) -> dict:
+    """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}."""
+    from torch.utils import _pytree as pytree
+
+    dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
+    done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
+    out = {}
+    gen = torch.Generator().manual_seed(0)
+    for i, (flat, spec, floating_in) in rec.calls.items():
+        unit = units[i]
+        sig = _signature(unit) + (tuple(tuple(a.shape) for a in flat if isinstance(a, torch.Tensor)), str(device),
+                                  str(dtype))
+        if sig not in done:
+            shapes = [(n, p.shape) for n, p in unit.module.named_parameters(remove_duplicate=False)]
+            # [Note: calibrating with weights from memory] In a step every unit's weights come from memory, not
+            # from a cache the previous run of the same unit warmed; on a CPU the unit is timed over copies of
+            # its weights in turn (measured on llama-150m's layer: 70 ms on one copy, 81 ms over six, the
+            # latter within 5% of the layer's time inside the step). Units too big for any cache need one.
+            unit_bytes = sum(math.prod(shape) for _, shape in shapes) * compute_bytes
+            copies = 3 if device.type == "cpu" and unit_bytes < _CACHE_COLD_BYTES else 1
+            weight_sets = [{n: (torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02).to(device, dtype)
+                            .requires_grad_(unit.trainable[n]) for n, shape in shapes} for _ in range(copies)]
+            buffers = {n: b.to(device) for n, b in unit.buffers.items()}
+            real = [a.to(device) if isinstance(a, torch.Tensor) else a for a in flat]
+            for j in floating_in:
+                real[j] = torch.randn(real[j].shape, generator=gen, dtype=torch.float32).to(device, dtype)
+                real[j].requires_grad_(True)
+            args, kwargs = pytree.tree_unflatten(real, spec)
+            fwds, fbs = [], []
+            spent = 0.0
+            while len(fwds) < reps + 2 and (len(fwds) < 3 or spent < 1.0):  # two warm-up runs first
+                weights = weight_sets[len(fwds) % copies]
+                grad_in = [real[j] for j in floating_in] + [w for n, w in weights.items() if unit.trainable[n]]
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
+                                               tie_weights=False, strict=False)
+                _sync(device)
+                t1 = time.perf_counter()
+                o = torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
+                                               tie_weights=False, strict=False)
+                diff = [x for x in pytree.tree_leaves(o) if isinstance(x, torch.Tensor) and x.requires_grad]
+                if diff and grad_in:
+                    torch.autograd.grad(diff, grad_in, [torch.ones_like(x) for x in diff], allow_unused=True)
+                _sync(device)
+                t2 = time.perf_counter()
+                fwds.append(t1 - t0)
+                fbs.append(t2 - t1)
+                spent += t2 - t0
+            # the fastest run: on a shared machine the others measure the neighbours, not the unit
+            fwd = min(fwds[2:])
+            fb = min(fbs[2:])
+            done[sig] = (fwd, max(fb - fwd, 0.0))
+        out[i] = done[sig]
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, name: str, lora=None,
+                   calibrate: bool = False, device: torch.device | None = None) -> ModelProfile:
+    """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
+    layers and the second one repeated: decoder layers of one model are identical."""
+    import copy
+
+    from terastack.llm.model import find_units
+    from terastack.training.hf.model_files import build_skeleton
+
+    layers = int(getattr(hf_config, "num_hidden_layers", 0) or 0)
+    small = hf_config
+    if layers > 4:
+        small = copy.deepcopy(hf_config)
+        small.num_hidden_layers = 2
+        if isinstance(getattr(small, "layer_types", None), list):
+            small.layer_types = small.layer_types[:2]
+    model = build_skeleton(small, dtype=dtype)
+    if lora is not None:
+        from terastack.llm.lora import apply_lora
+
+        model, _ = apply_lora(model, lora)
+    units, tensors = find_units(model)
+    profile = profile_model(model, units, tensors, batch=batch, seq_len=seq_len,
+                            compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
+                            calibrate=calibrate, device=device)
+    return profile if small is hf_config else repeat_layers(profile, layers)
+
+
+def repeat_layers(profile: ModelProfile, layers: int) -> ModelProfile:
+    """``profile`` (two decoder layers) with its second layer repeated to ``layers`` layers."""
+    import dataclasses
+
+    stack = [u for u in profile.units if u.kind == "layer"]
+    if len(stack) != 2:
+        raise ValueError(f"repeat_layers: expected a two-layer profile, got {len(stack)} layers")
+    template = stack[1]
+    base = template.name.rsplit(".", 1)[0]
+    old_prefixes = (f"{stack[0].name}.", f"{template.name}.")
+
+    def rename(name: str, i: int) -> str:
+        return name.replace(f"{template.name}.", f"{base}.{i}.", 1)
+
+    numel = {n: c for n, c in profile.tensor_numel.items() if not n.startswith(old_prefixes)}
+    trainable = {n: t for n, t in profile.tensor_trainable.items() if not n.startswith(old_prefixes)}
+    new_layers = []
+    for i in range(layers):
+        names = tuple(rename(t, i) for t in template.tensors)
+        for t_old, t_new in zip(template.tensors, names):
+            numel[t_new] = profile.tensor_numel[t_old]
+            trainable[t_new] = profile.tensor_trainable[t_old]
+        new_layers.append(dataclasses.replace(template, name=f"{base}.{i}", tensors=names))
+    units = []
+    for u in profile.units:
+        if u.kind != "layer":
+            units.append(u)
+        elif u is stack[0]:
+            units.extend(new_layers)
+    return dataclasses.replace(profile, units=units, tensor_numel=numel, tensor_trainable=trainable)

@@ -1,0 +1,252 @@
+"""The services every stage of a step shares: the store, the plan, ledgers with waiting, which records a
+tensor has (their names: :mod:`terastack.llm.engine.records`)."""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import torch
+
+from terastack.io.errors import BudgetError
+from terastack.io.futures import Future
+from terastack.llm.engine import records
+from terastack.llm.engine.fetcher import WeightFetcher
+from terastack.llm.engine.optimizer import OffloadedAdamW
+from terastack.llm.engine.streamed_units import UnitRunner
+from terastack.tiers import State, Tier
+
+
+class StepRuntime:
+    """Everything a step's stages share, complete when built: the store, the plan, the weight fetcher, the unit
+    runner and the optimizer (the runtime builds the last three over itself)."""
+
+    def __init__(self, *, store, units, tensors, plan, policies: dict[str, str], order: list[int],
+                 compute_dtype: torch.dtype, timeout: float, optimizer_config, inline_updates: bool):
+        """``policies``: unit path -> activation policy; ``order``: unit indices in the order forward runs them
+        (the profile's); ``optimizer_config``: an ``OffloadedAdamW.Config``."""
+        self.store = store
+        self.units = units
+        self.tensors = tensors
+        self.plan = plan
+        self.policies = policies
+        self.compute_dtype = compute_dtype
+        self.device = store.device
+        self.timeout = timeout
+        self.chunk = plan.optimizer_chunk
+        #: canonical names whose updated masters stay in the device tier for the next forward (the planner's
+        #: [Note: weights kept for the next forward])
+        kept_units = set(plan.retained_units)
+        self.retained: set[str] = {c for u in units if u.path in kept_units for c in u.tensors.values()
+                                   if tensors[c].trainable and plan.state_home.get(c) == "ssd"}
+        self._writes: collections.deque[Future] = collections.deque()
+        self._lock = threading.Lock()
+        self._stashes: dict[int, object] = {}
+        self._act_writes: collections.deque[list] = collections.deque()
+        self._compute_tiers: dict[str, Tier] = {}
+        self._build_names()
+        self.fetcher = WeightFetcher(self, units, depth=plan.prefetch_depth, order=order)
+        self.runner = UnitRunner(self)
+        self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
+                                        masters_bytes=plan.masters_bytes, writeback_bytes=plan.writeback_bytes,
+                                        read_ahead_bytes=plan.read_ahead_bytes, inline=inline_updates,
+                                        grad_homes=plan.grad_home)
+
+    # ----------------------------------------------------------- dispatch
+    def run(self, unit, args, kwargs):
+        """A stand-in was called (see :func:`terastack.llm.engine.streamed_units.install_units`)."""
+        return self.runner.run(unit, args, kwargs)
+
+    def unit_forward(self, ctx, unit, call, xs):
+        outs = self.runner.forward(ctx, unit, call, xs)
+        stash = getattr(ctx, "stash", None)
+        if stash is not None:
+            self._stashes[unit.index] = stash
+        return outs
+
+    def unit_backward(self, ctx, grad_outs):
+        self._stashes.pop(ctx.unit.index, None)
+        return self.runner.backward(ctx, grad_outs)
+
+    def prefetch_activations(self, unit_index: int) -> None:
+        stash = self._stashes.get(unit_index)
+        if stash is not None:
+            stash.prefetch()
+
+    def policy(self, unit) -> str:
+        return self.policies.get(unit.path, "keep")
+
+    # ------------------------------------------------------------ records
+    # [Note: optimizer chunks] State only the optimizer reads (moments; masters in mixed precision) is stored in
+    # chunks of at most `chunk` elements, so the optimizer's working set is a few chunks, not a whole embedding.
+    chunk: int = 1 << 20
+
+    @property
+    def master_is_compute(self) -> bool:
+        """fp32 compute: a trainable tensor's master is its compute weight (one whole record)."""
+        return self.compute_dtype == torch.float32
+
+    def chunk_ranges(self, name: str) -> list[tuple[int, int]]:
+        return self._ranges[name]
+
+    def master_records(self, name: str) -> list[str]:
+        return self._master_recs[name]
+
+    def moment_records(self, name: str, which: int) -> list[str]:
+        return self._moment_recs[which][name]
+
+    def compute_record(self, name: str) -> str:
+        return self._compute_rec[name]
+
+    def _build_names(self) -> None:
+        """Chunk ranges and record names of every tensor, fixed for the runtime's life (a step asks for them a
+        few thousand times)."""
+        self._ranges, self._master_recs, self._compute_rec = {}, {}, {}
+        self._moment_recs = {1: {}, 2: {}}
+        for name, info in self.tensors.items():
+            n = info.numel
+            ranges = self._ranges[name] = [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
+            self._master_recs[name] = ([records.master(name)] if self.master_is_compute
+                                       else [records.master(name, k) for k in range(len(ranges))])
+            for which in (1, 2):
+                self._moment_recs[which][name] = [records.moment(name, which, k) for k in range(len(ranges))]
+            self._compute_rec[name] = (records.master(name) if info.trainable and self.master_is_compute
+                                       else records.compute(name))
+
+    def compute_tier(self, record: str) -> Tier:
+        """Where compute reads a record: the device tier, or in place when it rests in host memory on a CPU.
+        Remembered per record: its home is the plan's for the runtime's life (and this is asked a few hundred
+        times a step)."""
+        tier = self._compute_tiers.get(record)
+        if tier is None:
+            in_place = self.device.type != "cuda" and self.store.record(record).home is Tier.HOST
+            tier = self._compute_tiers[record] = Tier.HOST if in_place else Tier.DEVICE
+        return tier
+
+    def read_in_place(self, record: str) -> bool:
+        """Compute reads ``record`` where it rests (host memory on a CPU): nothing to prefetch or release."""
+        return self.compute_tier(record) is Tier.HOST
+
+    def update_gate(self, name: str) -> Future | None:
+        return self.optimizer.update_gate(name)
+
+    def read_record(self, record: str) -> torch.Tensor:
+        """A CPU copy of a record; a resident working copy is read where it is and stays there."""
+        if self.store.record(record).state is State.RESIDENT:
+            return self.store.tensor(record).to("cpu", copy=True)
+        t = self.wait(self.with_room(lambda: self.store.prefetch(record, Tier.HOST), f"reading {record!r}"),
+                      f"{record!r} from the SSD").clone()
+        self.track_write(self.store.evict(record))
+        return t
+
+    def write_compute_copy(self, name: str, master: torch.Tensor) -> None:
+        """After an update in mixed precision: refresh the low-precision compute copy from the master."""
+        record = records.compute(name)
+        rec = self.store.record(record)
+        if rec.home is Tier.HOST:
+            self.wait(self.store.prefetch(record, Tier.HOST), f"compute copy {record!r}").copy_(master)
+            self.store.mark_dirty(record)
+            return
+        self.store.delete(record)
+        self.track_write(self.store.put(record, master.to(self.compute_dtype), home=Tier.SSD))
+
+    # ----------------------------------------------------------- waiting
+    def wait(self, fut, what: str):
+        """``fut.result()`` with the runtime's timeout; a timeout names what was waited for."""
+        try:
+            return fut.result(timeout=self.timeout)
+        except TimeoutError:
+            if fut.done():
+                raise
+            raise TimeoutError(f"waited {self.timeout:.0f} s for {what}") from None
+
+    def track_write(self, fut: Future) -> Future:
+        if fut.done():
+            return fut  # nothing to wait for (most write-backs of host-resident state)
+        with self._lock:
+            while self._writes and self._writes[0].done():
+                self._writes.popleft()
+            self._writes.append(fut)
+        return fut
+
+    def with_room(self, attempt, what: str):
+        """``attempt()``; while it is refused for lack of room, wait for writes in flight (they free buffers)
+        and for the optimizer, then try again. Refused with nothing left to wait for: the BudgetError stands."""
+        try:
+            return attempt()  # the common case, without the deadline's bookkeeping
+        except BudgetError:
+            pass
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return attempt()
+            except BudgetError:
+                if not self._wait_for_progress(deadline, what):
+                    raise
+
+    def _wait_for_progress(self, deadline: float, what: str) -> bool:
+        with self._lock:
+            pending = [f for f in self._writes if not f.done()]
+        if pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"waited {self.timeout:.0f} s for room for {what}")
+            try:
+                pending[0].exception(timeout=left)
+            except TimeoutError:
+                raise TimeoutError(f"waited {self.timeout:.0f} s for room for {what}") from None
+            return True
+        opt = self.optimizer
+        if not opt.on_update_thread() and opt.busy():
+            opt.wait_progress(min(1.0, max(0.0, deadline - time.monotonic())))
+            return time.monotonic() < deadline
+        return False
+
+    def throttle_activation_writes(self) -> None:
+        """Before a unit swaps its activations out: wait for every earlier unit's writes but the last one's, so
+        at most two units' activations are on their way to the SSD (the planner's allowance)."""
+        while len(self._act_writes) > 1:
+            for fut in self._act_writes.popleft():
+                self.wait(fut, "activations written to the SSD")
+
+    def activation_writes_issued(self, writes: list) -> None:
+        self._act_writes.append(writes)
+
+    # ----------------------------------------------------- ledger charges
+    def charge(self, entry, tier: Tier, nbytes: int, *, what: str):
+        ledger = self.store.budgets[tier]
+        self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
+        charge = (ledger, nbytes)
+        with self._lock:
+            entry.charged.append(charge)
+        return charge
+
+    def uncharge(self, entry, charge=None) -> None:
+        with self._lock:
+            if charge is None:
+                charges, entry.charged = entry.charged, []
+            elif charge in entry.charged:
+                entry.charged.remove(charge)
+                charges = [charge]
+            else:
+                charges = []
+        for ledger, nbytes in charges:
+            ledger.release(nbytes)
+
+    def charge_device(self, nbytes: int, what: str):
+        ledger = self.store.budgets[Tier.DEVICE]
+        self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
+        return ledger, nbytes
+
+    @staticmethod
+    def uncharge_device(charge) -> None:
+        ledger, nbytes = charge
+        ledger.release(nbytes)
+
+    def host_copy(self, raw: torch.Tensor) -> torch.Tensor:
+        """A host copy of ``raw`` (pinned on an accelerator, so the copy back is asynchronous)."""
+        if raw.device.type == "cpu":
+            return raw.clone()
+        out = torch.empty(raw.shape, dtype=raw.dtype, pin_memory=True)
+        out.copy_(raw, non_blocking=True)
+        return out

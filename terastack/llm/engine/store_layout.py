@@ -1,0 +1,160 @@
+"""Where a run's training state lives: its scratch directories, and the store records of each tensor.
+
+A run gets a fresh ``run-PID-XXXXXXXX`` subdirectory in every directory of
+``TrainerConfig.store_dir`` (one directory, or several -- one per SSD -- given
+as a list or comma-separated); the store's root is those subdirectories as one
+comma-separated string, the first holding the store's manifest. Record names
+are :mod:`terastack.llm.engine.records`'; which records a tensor has depends on the
+compute dtype and the optimizer chunk (the runtime's [Note: optimizer
+chunks]) and where they rest on the plan.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from terastack.llm.engine import records
+from terastack.tiers import Tier
+from terastack.units import format_bytes
+
+#: initial weights in flight to the SSD at once while the store is filled
+FILL_IN_FLIGHT = 256 << 20
+
+
+# ----------------------------------------------------------- directories
+def split_store_dirs(store_dir: str | Sequence[str]) -> list[str]:
+    """The directories of a ``store_dir`` value: a list, or one string with commas between directories."""
+    parts = store_dir.split(",") if isinstance(store_dir, str) else [str(d) for d in store_dir]
+    parts = [p.strip() for p in parts]
+    if not parts or not all(parts):
+        raise ValueError(f"store_dir: {store_dir!r} names an empty directory")
+    return parts
+
+
+def make_run_dirs(store_dir: str | Sequence[str], ssd_bytes: int) -> list[Path]:
+    """A fresh run subdirectory in each store directory, after checking that they are writable and that their
+    file systems have room for ``ssd_bytes`` together."""
+    name = f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    made: list[Path] = []
+    try:
+        for root in map(Path, split_store_dirs(store_dir)):
+            made.append(_make_run_dir(root, name))
+        free, seen = 0, set()
+        for run_dir in made:
+            dev = os.stat(run_dir).st_dev
+            if dev not in seen:  # two directories on one file system share its free space
+                seen.add(dev)
+                free += shutil.disk_usage(run_dir).free
+        if free < ssd_bytes:
+            roots = ", ".join(str(d.parent) for d in made)
+            raise OSError(28, f"store_dir {roots} has {format_bytes(free)} free; the plan keeps up to "
+                              f"{format_bytes(ssd_bytes)} of training state there")
+    except BaseException:
+        remove_run_dirs(made)
+        raise
+    return made
+
+
+def _make_run_dir(root: Path, name: str) -> Path:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        run_dir = root / name
+        run_dir.mkdir()
+    except OSError as exc:
+        raise PermissionError(f"store_dir {root} is not usable: {exc.strerror or exc}") from None
+    if not os.access(run_dir, os.W_OK):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise PermissionError(f"store_dir {root} is not writable")
+    return run_dir
+
+
+def store_root(run_dirs: Sequence[Path]) -> str:
+    """The store's root for ``run_dirs``: one string, comma-separated (the first directory holds the manifest)."""
+    return ",".join(str(d) for d in run_dirs)
+
+
+def remove_run_dirs(run_dirs: Sequence[Path]) -> None:
+    for run_dir in run_dirs:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def ssd_bytes_needed(profile, plan) -> int:
+    """SSD bytes the plan may keep: every record gets an SSD extent at the latest when it is first written back
+    or committed, plus activations swapped to the SSD."""
+    cb = profile.compute_bytes
+    # a gradient goes to the SSD only where the step waits for all of them (deferred, after-backward); eager
+    # updates hold backward until the gradient pool has room (the schedule's backpressure)
+    spilled_grad = 0 if plan.mode == "eager" else 4
+    need = 0
+    for name, n in profile.tensor_numel.items():
+        if profile.tensor_trainable[name]:
+            need += n * 12 + (n * cb if profile.mixed_precision else 0) + n * spilled_grad
+            if plan.grad_accum > 1 and plan.grad_home.get(name) != "host":
+                need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])
+        else:
+            need += n * cb
+    need += sum(u.act_bytes for u, p in zip(profile.units, plan.policies) if p == "ssd")
+    return need
+
+
+# --------------------------------------------------------------- records
+class RecordSpec(NamedTuple):
+    """One store record of a tensor: its dtype, home tier, shape, and the flat range of the tensor it holds
+    (None: the whole tensor)."""
+
+    record: str
+    dtype: torch.dtype
+    home: Tier
+    shape: tuple
+    span: tuple[int, int] | None
+
+
+def records_for(rt, name: str) -> list[RecordSpec]:
+    """Every record of parameter ``name`` under runtime ``rt``'s plan, masters first, then moments."""
+    info = rt.tensors[name]
+    plan = rt.plan
+    if not info.trainable:
+        return [_compute_spec(rt, name)]
+    home = Tier(plan.state_home[name])
+    ranges = rt.chunk_ranges(name)
+    if rt.master_is_compute:
+        out = [RecordSpec(records.master(name), torch.float32, home, info.shape, None)]
+    else:
+        out = [RecordSpec(r, torch.float32, home, (hi - lo,), (lo, hi))
+               for r, (lo, hi) in zip(rt.master_records(name), ranges)]
+        out.append(_compute_spec(rt, name))
+    for which in (1, 2):
+        out += [RecordSpec(r, torch.float32, home, (hi - lo,), (lo, hi))
+                for r, (lo, hi) in zip(rt.moment_records(name, which), ranges)]
+    return out
+
+
+def _compute_spec(rt, name: str) -> RecordSpec:
+    return RecordSpec(rt.compute_record(name), rt.compute_dtype, Tier(rt.plan.compute_home[name]),
+                      rt.tensors[name].shape, None)
+
+
+def put_initial(rt, name: str, tensor: torch.Tensor, in_flight: list) -> None:
+    """Write parameter ``name``'s initial weights into every record of it (zero moments), keeping at most
+    :data:`FILL_IN_FLIGHT` bytes in flight (``in_flight``: (future, bytes) the caller waits for at the end)."""
+    info = rt.tensors[name]
+    if tuple(tensor.shape) != info.shape:
+        raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)} in the checkpoint; the model "
+                         f"expects {info.shape}")
+    flat = tensor.reshape(-1)
+    for spec in records_for(rt, name):
+        if records.kind(spec.record) in (records.EXP_AVG, records.EXP_AVG_SQ):
+            rt.store.create(spec.record, spec.shape, spec.dtype, home=spec.home)
+            continue
+        data = (tensor if spec.span is None else flat[spec.span[0]:spec.span[1]]).to(spec.dtype).contiguous()
+        fut = rt.store.put(spec.record, data, home=spec.home)
+        in_flight.append((fut, data.numel() * data.element_size()))
+    while sum(n for _, n in in_flight) > FILL_IN_FLIGHT:
+        fut, _ = in_flight.pop(0)
+        rt.wait(fut, f"initial weights of {name!r} reaching the SSD")

@@ -1,0 +1,62 @@
+"""The data of a ``terastack finetune`` job: training rows in their epoch order, held-out rows, a description.
+
+Text becomes token windows (:class:`terastack.training.data.epochs.TokenWindows`); a record file or ``builtin:`` set
+becomes examples with a loss mask (:class:`terastack.training.data.examples.SupervisedData`). Either way micro-batch
+``i`` is ``train.step_inputs(i)`` ([Note: the data order of a job] in :mod:`terastack.training.data.epochs`).
+"""
+from __future__ import annotations
+
+
+from terastack.training.data.stdlib_corpus import load_tokens
+from terastack.training.data.record_files import is_record_file
+from terastack.training.data.epochs import TokenWindows, windows_of
+from terastack.training.data.examples import SupervisedData, pad_batch
+
+#: at most this many held-out rows (windows or examples) are evaluated per validation
+VAL_MAX_ROWS = 64
+
+
+def is_records(path: str | None) -> bool:
+    return path is not None and (path.startswith("builtin:") or is_record_file(path))
+
+
+class JobData:
+    """``train``: micro-batches (``step_inputs(i)``, ``seed``) over ``rows`` training rows; ``val``: held-out
+    ``(input_ids, labels)`` batches; ``info``: where the data came from (checkpoints refuse other data)."""
+
+    def __init__(self, job, tokenizer, model_dir, *, seed: int):
+        self.records = is_records(job.data)
+        self.summary = None
+        if self.records:
+            options = {"pack": True} if job.pack else {}
+            val_fraction = 0.0 if job.val_data else (0.05 if job.val_fraction is None else job.val_fraction)
+            data = SupervisedData.load(job.data, tokenizer, SupervisedData.Config(
+                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=val_fraction,
+                val_max_examples=VAL_MAX_ROWS, **options))
+            self.info, self.max_token, self.summary = data.info(), data.max_token_id, data.summary()
+            self.train = data.batches(job.batch_size, seed=seed)
+            self.rows = len(self.train.examples)
+            self.val = data.val_batches(job.batch_size)
+        else:
+            if job.train_on_prompt or job.pack:
+                raise ValueError(f"--{'train-on-prompt' if job.train_on_prompt else 'pack'}: only for record files "
+                                 "and builtin: data sets (plain text has no prompts or examples)")
+            tokens, self.info = load_tokens(job.data, model_dir)
+            cut = tokens.size - int(tokens.size * (job.val_fraction or 0))
+            self.train = TokenWindows(tokens[:cut], seq_len=job.seq_len, batch_size=job.batch_size, seed=seed)
+            self.rows = self.train.rows
+            self.val = windows_of(tokens[cut:], job.seq_len, VAL_MAX_ROWS) if cut < tokens.size else []
+            self.max_token = int(tokens.max())
+        if job.val_data:
+            self.val = self._val_data(job, tokenizer, model_dir)
+        self.val_rows = sum(ids.shape[0] for ids, _ in self.val)
+
+    @staticmethod
+    def _val_data(job, tokenizer, model_dir):
+        if is_records(job.val_data):
+            val = SupervisedData.load(job.val_data, tokenizer, SupervisedData.Config(
+                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=0.0))
+            rows = val.train[:VAL_MAX_ROWS]
+            return [pad_batch(rows[i:i + job.batch_size], val.pad_id) for i in range(0, len(rows), job.batch_size)]
+        tokens, _ = load_tokens(job.val_data, model_dir)
+        return windows_of(tokens, job.seq_len, VAL_MAX_ROWS)

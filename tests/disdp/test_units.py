@@ -1,0 +1,221 @@
+"""Roles, layout, schedule, configs and checkpoints: single-process checks against plain PyTorch."""
+from __future__ import annotations
+
+import ctypes
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from terastack.disdp import shard_checkpoint as ckpt
+from terastack.disdp.train_config import TrainConfig
+from terastack.disdp.launch import JobFailed, describe_failures
+from terastack.disdp.buckets import Layout, Schedule
+from terastack.disdp.workload import ModelSpec, build_model, global_batch, loss_of, worker_batch
+from terastack.disdp.roles import Role, RoleMap
+from terastack.disdp.worker import ShardedModel
+
+pytestmark = pytest.mark.timeout(60)
+TOY = ModelSpec(name="toy", dim=16, layers=3, vocab=32, seq_len=8)
+
+
+def test_roles_from_ranks_thread_agents():
+    roles = RoleMap(workers=3, servers=2, aggregator=True, agents="thread")
+    assert roles.world_size == 6
+    assert [roles.role_of(r) for r in range(6)] == [
+        (Role.WORKER, 0), (Role.WORKER, 1), (Role.WORKER, 2), (Role.SERVER, 0), (Role.SERVER, 1),
+        (Role.AGGREGATOR, 0)]
+    assert roles.agent_ranks() == [0, 1, 2]          # the agent thread lives in its worker's rank
+    assert roles.aggregator_rank == 5
+    assert roles.describe(4) == "server 1 (rank 4)"
+    assert "agent thread" in roles.table()
+
+
+def test_roles_from_ranks_process_agents_without_aggregator():
+    roles = RoleMap(workers=2, servers=1, aggregator=False, agents="process")
+    assert roles.world_size == 5
+    assert roles.role_of(3) == (Role.AGENT, 0) and roles.role_of(4) == (Role.AGENT, 1)
+    assert roles.agent_rank(1) == 4 and roles.aggregator_rank is None
+    assert roles.describe(3) == "agent 0 (rank 3)"
+    with pytest.raises(ValueError, match="world size 4 does not match"):
+        roles.check_world(4)
+    with pytest.raises(ValueError, match="agents"):
+        RoleMap(workers=1, servers=1, agents="nic")
+    with pytest.raises(ValueError, match="rank 9"):
+        roles.role_of(9)
+
+
+def test_layout_covers_every_parameter_once_and_shards_partition():
+    model = build_model(TOY, seed=0)
+    layout = Layout.of(model, servers=3)
+    names = [p.name for b in layout.buckets for p in b.params]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+    assert [b.name for b in layout.buckets] == ["root", "blocks.0", "blocks.1", "blocks.2"]
+    for b in range(len(layout.buckets)):
+        cuts = [layout.shard(b, s) for s in range(3)]
+        assert cuts[0][0] == 0 and cuts[-1][1] == layout.buckets[b].numel
+        assert all(cuts[i][1] == cuts[i + 1][0] for i in range(2))
+    assert layout.fingerprint() == Layout.of(build_model(TOY, seed=1, meta=True), servers=3).fingerprint()
+    assert layout.fingerprint() != Layout.of(model, servers=2).fingerprint()
+
+
+def test_schedule_orders():
+    layout = Layout.of(build_model(TOY, seed=0), servers=1)
+    s = Schedule(layout, reshard=True)
+    assert [(f.bucket, f.phase) for f in s.fetch_order] == [(0, 0), (1, 0), (2, 0), (3, 0), (2, 1), (1, 1)]
+    assert s.grad_order == [3, 2, 1, 0]
+    assert [(f.bucket, f.phase) for f in Schedule(layout, reshard=False).fetch_order] == [(0, 0), (1, 0), (2, 0),
+                                                                                          (3, 0)]
+
+
+class _LocalLink:
+    """Serves buckets from in-memory flat vectors, in the schedule's order, as an agent would."""
+
+    def __init__(self, sharded: ShardedModel, flats):
+        self.sharded, self.flats, self.grads, self.delivered = sharded, flats, {}, []
+
+    def begin_step(self, step):
+        pass
+
+    def wait_params(self, slot):
+        f = self.sharded.schedule.fetch_order[slot]
+        bucket = self.sharded.buckets[f.bucket]
+        assert not bucket.resident, f"bucket {f.bucket} delivered while still in use"
+        # Raw-memory write, as a network receive does (no autograd version bump).
+        src, dst = self.flats[f.bucket].detach().contiguous(), bucket.materialize()
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * 4)
+        self.delivered.append((f.bucket, f.phase))
+
+    def released(self, bucket):
+        pass
+
+    def push_grad(self, bucket, grad):
+        self.grads[bucket] = grad
+
+    def end_step(self):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("spec", [TOY, ModelSpec(name="tiny-llama", dim=16, layers=2, vocab=32, heads=2,
+                                                 seq_len=8)], ids=["toy", "tiny-llama"])
+def test_sharded_model_hooks_give_plain_pytorch_gradients(spec):
+    if spec.name == "tiny-llama":
+        pytest.importorskip("transformers", reason="the example causal LM needs the [dist] extra")
+    reference = build_model(spec, seed=3)
+    batch = global_batch(spec, step=0, seed=3, rows=2)
+    loss_of(reference, batch).backward()
+    meta = build_model(spec, seed=3, meta=True)
+    layout = Layout.of(meta, servers=1)
+    schedule = Schedule(layout, reshard=True)
+    sharded = ShardedModel(meta, layout, schedule)
+    ref_params = dict(reference.named_parameters())
+    flats = [torch.cat([ref_params[p.name].detach().reshape(-1) for p in b.params]) for b in layout.buckets]
+    sharded.link = link = _LocalLink(sharded, flats)
+    sharded.begin_step(0)
+    loss = loss_of(sharded.model, batch)
+    loss.backward()
+    sharded.finish_step()
+    assert link.delivered == [(f.bucket, f.phase) for f in schedule.fetch_order]
+    assert sharded.resident_param_bytes() == 0        # nothing stays on the worker after the step
+    assert sharded.peak_param_bytes < layout.numel * 4 or layout.layers < 3
+    for b in layout.buckets:
+        for p in b.params:
+            got = link.grads[b.index][p.offset:p.offset + p.numel].view(p.shape)
+            torch.testing.assert_close(got, ref_params[p.name].grad, rtol=1e-5, atol=1e-6)
+
+
+def test_worker_batches_split_the_global_batch():
+    full = global_batch(TOY, step=4, seed=1, rows=6)
+    parts = [worker_batch(TOY, step=4, seed=1, micro_batch=2, worker=w, workers=3) for w in range(3)]
+    assert torch.equal(torch.cat(parts), full)
+
+
+def test_train_config_validation_and_shipped_toml():
+    with pytest.raises(ValueError, match="workers"):
+        TrainConfig(workers=0)
+    with pytest.raises(ValueError, match="state"):
+        TrainConfig(state="tape")
+    with pytest.raises(ValueError, match="kill_at"):
+        TrainConfig(kill_at="server:x")
+    with pytest.raises(ValueError, match="kill_at"):
+        TrainConfig(kill_at="server:0:1:explode")
+    with pytest.raises(ValueError, match="model"):
+        TrainConfig(model="/nonexistent/model")
+    shipped = sorted((Path(__file__).parents[2] / "terastack" / "dist" / "configs").glob("*.toml"))
+    assert shipped
+    for path in shipped:
+        cfg = TrainConfig.from_toml(path)
+        assert cfg.roles().world_size >= 3
+
+
+def test_bad_toml_field_is_named(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[train]\nworkers = 2\nwokers = 3\n")
+    with pytest.raises(ValueError, match="wokers"):
+        TrainConfig.from_toml(path)
+
+
+def _write_checkpoint(root, layout, step, per_server):
+    for s in range(layout.servers):
+        ckpt.write_shard(root, step, s, per_server[s], {"adam_step": float(step)})
+    ckpt.commit_index(root, step, layout, {})
+
+
+def test_checkpoint_round_trip_and_damage_detection(tmp_path):
+    model = build_model(TOY, seed=0)
+    layout = Layout.of(model, servers=2)
+    params = dict(model.named_parameters())
+    flats = [torch.cat([params[p.name].detach().reshape(-1) for p in b.params]) for b in layout.buckets]
+    per_server = []
+    for s in range(2):
+        tensors = {}
+        for b in range(len(layout.buckets)):
+            lo, hi = layout.shard(b, s)
+            tensors[f"b{b}.param"] = flats[b][lo:hi]
+            tensors[f"b{b}.exp_avg"] = torch.full((hi - lo,), 0.5)
+            tensors[f"b{b}.exp_avg_sq"] = torch.full((hi - lo,), 0.25)
+        per_server.append(tensors)
+    _write_checkpoint(tmp_path, layout, 3, per_server)
+    loaded, step = ckpt.load_parameters(tmp_path)
+    assert step == 3
+    for name, p in params.items():
+        assert torch.equal(loaded[name], p.detach())
+    # A damaged byte is caught by the checksum, naming the file.
+    data = tmp_path / "step-00000003" / "server-1.bin"
+    raw = bytearray(data.read_bytes())
+    raw[10] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="server-1.bin.*checksum"):
+        ckpt.load_parameters(tmp_path)
+    # An index may not point outside its directory.
+    index = json.loads((tmp_path / ckpt.INDEX).read_text())
+    index["dir"] = "../elsewhere"
+    (tmp_path / ckpt.INDEX).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="escapes"):
+        ckpt.load_parameters(tmp_path)
+
+
+def test_failure_message_names_first_dead_rank_and_role(tmp_path):
+    class F:
+        def __init__(self, exitcode, message="", timestamp=0):
+            self.exitcode, self.message, self.timestamp = exitcode, message, timestamp
+
+    roles = RoleMap(workers=2, servers=2)
+    text = describe_failures(roles, {
+        0: F(1, {"message": "PeerError: worker 0 (rank 0): lost server 1 (rank 3) while receiving ..."}, 5),
+        3: F(-9, "", 9), 4: F(-15)}, str(tmp_path))
+    assert text.startswith("server 1 (rank 3) died (SIGKILL); then worker 0 (rank 0) failed: PeerError")
+    assert "1 other rank(s) were stopped" in text and "no checkpoint" in text
+    # torchrun's own note of a signal death counts as the signal; an error recorded before an abort at
+    # teardown counts as the error; a SIGTERM note is a stop.
+    text = describe_failures(roles, {
+        1: F(1, "Signal 9 (SIGKILL) received by PID 77", 9),
+        2: F(-6, {"message": "TimeoutError: worker 0 (rank 0): waited 8 s"}, 3),
+        0: F(1, "Signal 15 (SIGTERM) received by PID 78", 10)}, str(tmp_path))
+    assert text.startswith("worker 1 (rank 1) died (SIGKILL); then server 0 (rank 2) failed: TimeoutError")
+    assert "1 other rank(s) were stopped" in text
+    assert issubclass(JobFailed, RuntimeError)

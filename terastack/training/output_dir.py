@@ -17,15 +17,24 @@ from terastack.atomic import fsync_dir, replace_dir
 EXPORT_MARKERS = ("config.json", "adapter_config.json", "finetune.yaml")
 
 
+def check_replaceable(path: str | os.PathLike, *, flag: str = "--output") -> None:
+    """Refuse to replace ``path`` unless it is absent, empty or an earlier model export (one of
+    :data:`EXPORT_MARKERS` in it): every command that writes an output directory replaces it whole, and a user's
+    directory of other files must never be the casualty of a mistyped flag. ``flag`` names the setting."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ValueError(f"{flag} {path}: exists and is not a directory")
+    if any(path.iterdir()) and not any((path / m).exists() for m in EXPORT_MARKERS):
+        raise ValueError(f"{flag} {path}: a non-empty directory that is not a model export; "
+                         "refusing to replace it (give a new or empty directory)")
+
+
 class OutputDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if self.path.exists():
-            if not self.path.is_dir():
-                raise ValueError(f"--output {self.path}: exists and is not a directory")
-            if any(self.path.iterdir()) and not any((self.path / m).exists() for m in EXPORT_MARKERS):
-                raise ValueError(f"--output {self.path}: a non-empty directory that is not a model export; "
-                                 "refusing to replace it (give a new or empty directory)")
+        check_replaceable(self.path)
         self.partial = self.path.with_name(self.path.name + ".partial")
 
     @property

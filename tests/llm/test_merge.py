@@ -162,3 +162,22 @@ def test_bad_adapters_and_mismatched_bases_fail_in_one_line(tmp_path, capsys):
                  "--output", str(tmp_path / "base"))
     assert "base" in err
     assert not out.exists() and not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_merge_never_replaces_a_directory_of_other_files(tmp_path, capsys):
+    """A mistyped --output naming a directory of the user's own files is refused, and the files stay; an earlier
+    export in the same place is replaced (a second merge into the first one's output)."""
+    make_model("llama", tmp_path / "base", layers=2)
+    _adapter(tmp_path / "base", tmp_path / "adapter", r=2, lora_alpha=4)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "notes.txt").write_text("important")
+    args = ("--base", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter"))
+    err = _fails(capsys, *args, "--output", str(scratch))
+    assert str(scratch) in err and "not a model export" in err
+    assert sorted(p.name for p in scratch.iterdir()) == ["notes.txt"]
+    assert (scratch / "notes.txt").read_text() == "important"
+    merged = tmp_path / "merged"
+    assert main(["merge", *args, "--output", str(merged)]) == 0
+    assert main(["merge", *args, "--output", str(merged)]) == 0   # an export may be replaced by a new one
+    assert (merged / "config.json").exists()

@@ -28,6 +28,7 @@ import torch
 from terastack.units import parse_bytes
 
 from terastack.atomic import fsync_dir, replace_dir
+from terastack.training.output_dir import check_replaceable
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -193,8 +194,10 @@ def write_safetensors_files(directory: Path, groups: list[Group], *, max_shard_s
 @contextmanager
 def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
     """A temporary directory beside ``out`` that replaces ``out`` when the block ends without an exception (and is
-    removed when it raises): readers of ``out`` see the old directory or the complete new one, never a mix."""
+    removed when it raises): readers of ``out`` see the old directory or the complete new one, never a mix.
+    ``out`` must be absent, empty or an earlier export (:func:`~terastack.training.output_dir.check_replaceable`)."""
     out = Path(out)
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -228,3 +228,25 @@ def test_finetune_on_chat_jsonl_through_the_cli(tmp_path, capsys, hardware_file,
     err = capsys.readouterr().err
     assert f"{bad}:4: field 'messages[0].content'" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out2").exists()
+
+
+def test_a_chatml_conversation_ends_with_one_end_marker(tmp_path):
+    """ChatML (each turn ends ``<|im_end|>`` then a newline, ``NL`` here) with ``<|im_end|>`` as EOS: the template closes every
+    assistant turn itself, so nothing is appended after the trailing newline -- one end marker, in the loss."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    words = ["<|im_start|>", "<|im_end|>", "<pad>", "<unk>", "user", "assistant", "hi", "there", "fine", "NL"]
+    t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>")
+    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} NL {{ m['content'] }} <|im_end|> NL "
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant NL {% endif %}")
+    tok.save_pretrained(str(tmp_path / "tok"))
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    ex = ExampleTokenizer(hf).chat([{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "fine"}])
+    w = {word: i for i, word in enumerate(words)}
+    seq = "<|im_start|> user NL hi there <|im_end|> NL <|im_start|> assistant NL fine <|im_end|> NL".split()
+    assert ex.ids.tolist() == [w[s] for s in seq]
+    assert ex.ids.tolist().count(w["<|im_end|>"]) == 2            # one per turn, none appended
+    assert [i for i in ex.labels.tolist() if i != IGNORE] == [w["fine"], w["<|im_end|>"], w["NL"]]

@@ -148,8 +148,10 @@ class ExampleTokenizer:
             return ([BOS] if first else []) + list(text.encode("utf-8"))
         return list(self.hf(text, add_special_tokens=first)["input_ids"])
 
-    def _finish(self, ids: list[int], trained: list[bool]) -> Example:
-        if not ids or ids[-1] != self.eos_id:
+    def _finish(self, ids: list[int], trained: list[bool], *, end_marked: bool = False) -> Example:
+        """``end_marked``: the text already ends its last trained turn with EOS (a chat template's own end
+        marker), so none is appended after it (the model would learn to emit a second one after every answer)."""
+        if not end_marked and (not ids or ids[-1] != self.eos_id):
             ids, trained = ids + [self.eos_id], trained + [True]
         ids_a = np.asarray(ids, dtype=np.int64)
         keep = np.asarray(trained, dtype=bool) | self.train_on_prompt
@@ -213,7 +215,17 @@ class ExampleTokenizer:
             ids = list(tok(full, add_special_tokens=False)["input_ids"])
             bounds = [(count(full[:a]), count(full[:b])) for a, b in spans]
             trained = [any(a <= i < b for a, b in bounds) for i in range(len(ids))]
-        return self._finish(ids, trained)
+        return self._finish(ids, trained, end_marked=self._last_turn_ends_with_eos(ids, trained))
+
+    def _last_turn_ends_with_eos(self, ids: list[int], trained: list[bool]) -> bool:
+        """Whether the template closed the last assistant turn with EOS itself (ChatML's ``<|im_end|>`` when it is
+        the EOS token): an EOS among that turn's trained tokens. Conversations are left to their template, as the
+        common fine-tuners do; EOS is appended only where the template emits none."""
+        end = max((i for i, t in enumerate(trained) if t), default=-1)
+        start = end
+        while start > 0 and trained[start - 1]:
+            start -= 1
+        return end >= 0 and self.eos_id in ids[start:end + 1]
 
     def record(self, where: str, record: dict, fmt: str) -> Example:
         if fmt in ("openai messages", "sharegpt"):

@@ -250,3 +250,19 @@ def test_a_chatml_conversation_ends_with_one_end_marker(tmp_path):
     assert ex.ids.tolist() == [w[s] for s in seq]
     assert ex.ids.tolist().count(w["<|im_end|>"]) == 2            # one per turn, none appended
     assert [i for i in ex.labels.tolist() if i != IGNORE] == [w["fine"], w["<|im_end|>"], w["NL"]]
+
+
+def test_held_out_counts_add_up_and_a_small_file_keeps_its_validation(tmp_path):
+    """Every record is accounted for (training + held out + dropped); a file too small for ``val_fraction`` to
+    pick an example by hash still holds one out; a cap on the held-out set returns the rest to training."""
+    records = [{"prompt": f"p{i}", "completion": f"answer {i}"} for i in range(30)]
+    records.append({"prompt": "x" * 300, "completion": "late"})   # dropped: no token in the loss within seq_len
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    data = SupervisedData.load(path, None, SupervisedData.Config(seq_len=256))
+    assert len(data.val) >= 1
+    assert len(data.train) + len(data.val) + data.dropped == data.records == 31 and data.dropped == 1
+    many = write_jsonl(tmp_path / "m.jsonl", [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(400)])
+    capped = SupervisedData.load(many, None, SupervisedData.Config(seq_len=256, val_fraction=0.5, val_max_examples=7))
+    assert len(capped.val) == 7 and len(capped.train) == 393
+    off = SupervisedData.load(many, None, SupervisedData.Config(seq_len=256, val_fraction=0))
+    assert not off.val and len(off.train) == 400

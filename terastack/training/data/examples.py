@@ -309,15 +309,27 @@ class SupervisedData:
         if not kept:
             raise ValueError(f"{source}: no example has a token in the loss within seq_len {config.seq_len} "
                              f"({self.dropped} of {len(examples)} dropped)")
-        held = [zlib.crc32(ex.ids.tobytes()) / 2**32 < config.val_fraction for ex in kept]
-        self.train = [ex for ex, h in zip(kept, held) if not h] or kept
-        self.val = [ex for ex, h in zip(kept, held) if h][:config.val_max_examples] if len(self.train) < len(kept) \
-            else []
+        held = self._held_out(kept, config)
+        self.train = [ex for i, ex in enumerate(kept) if i not in held]
+        self.val = [kept[i] for i in sorted(held)]
         digest = hashlib.sha256()
         for ex in kept:
             digest.update(ex.ids.tobytes())
             digest.update(ex.labels.tobytes())
         self.sha256 = digest.hexdigest()[:16]
+
+    @staticmethod
+    def _held_out(kept: list[Example], config: Config) -> set[int]:
+        """Indices of the examples held out for validation: those whose hash falls under ``val_fraction`` (a split
+        that does not depend on the order or the other examples), at most ``val_max_examples`` of them (the lowest
+        hashes; the rest train, so every kept example is used), and at least one when ``val_fraction`` > 0 and
+        there are two or more examples -- a small file must not lose its validation without a word."""
+        if config.val_fraction <= 0 or len(kept) < 2:
+            return set()
+        hashes = sorted((zlib.crc32(ex.ids.tobytes()) / 2**32, i) for i, ex in enumerate(kept))
+        n = sum(h < config.val_fraction for h, _ in hashes)
+        n = min(max(n, 1), config.val_max_examples, len(kept) - 1)
+        return {i for _, i in hashes[:n]}
 
     @classmethod
     def load(cls, source: str, tokenizer, config: Config) -> "SupervisedData":

@@ -76,7 +76,8 @@ def hf_config(name: str):
 
 
 def resolve_model(spec: str):
-    """(hf_config, model_dir or None) for a model directory, a config.json path, or a built-in name."""
+    """(hf_config, model_dir or None) for a model directory, a config.json path, a built-in name, or a Hugging Face
+    Hub id ``ORG/NAME[@revision]`` (downloaded, or read from the local cache offline)."""
     import os
 
     from terastack.training.hf.model_files import load_hf_config
@@ -96,6 +97,10 @@ def resolve_model(spec: str):
             raise ValueError(f"{spec} is not a usable model config ({exc})") from None
     if spec in MODELS:
         return hf_config(spec), None
+    from terastack.training.hf import hub
+
+    if hub.is_hub_id(spec, sep="@"):  # ORG/NAME[@revision]: the Hub, or its local cache ([Note: Hub ids])
+        return resolve_model(str(hub.model_dir(spec)))
     if os.sep in spec or spec.startswith("."):
         raise FileNotFoundError(f"model directory {spec} does not exist")
     return hf_config(spec), None

@@ -16,6 +16,26 @@ from terastack.training.data.examples import SupervisedData, pad_batch
 VAL_MAX_ROWS = 64
 
 
+def _with_local_data(job):
+    """``job`` with ``data`` / ``val_data`` Hub ids (``ORG/NAME[:split]``) replaced by their local record files
+    (the validation data's split defaults to ``validation``)."""
+    import copy
+
+    from terastack.training.hf import hub
+
+    local = {}
+    for key, default_split in (("data", "train"), ("val_data", "validation")):
+        spec = getattr(job, key)
+        if hub.is_hub_id(spec, sep=":") and not spec.startswith("builtin:"):
+            local[key] = hub.data_file(spec if ":" in spec else f"{spec}:{default_split}")
+    if not local:
+        return job
+    job = copy.copy(job)
+    for key, path in local.items():
+        setattr(job, key, path)
+    return job
+
+
 def is_records(path: str | None) -> bool:
     return path is not None and (path.startswith("builtin:") or is_record_file(path))
 
@@ -25,6 +45,8 @@ class JobData:
     ``(input_ids, labels)`` batches; ``info``: where the data came from (checkpoints refuse other data)."""
 
     def __init__(self, job, tokenizer, model_dir, *, seed: int):
+        # a Hub data set id becomes its local record file once, here ([Note: Hub ids] in terastack.training.hf.hub)
+        job = _with_local_data(job)
         self.records = is_records(job.data)
         self.summary = None
         if self.records:

@@ -78,18 +78,55 @@ def build_skeleton(hf_config, *, dtype: torch.dtype = torch.float32) -> nn.Modul
     return model
 
 
-def check_seq_len(hf_config, seq_len: int) -> None:
-    """Refuse a sequence longer than the model's positions up front. Learned position tables (GPT-2, OPT) and
-    precomputed rotary tables (GPT-J) would fail deep inside the profile pass with a raw ``IndexError``; models
-    that compute rotary angles on the fly would run, but on positions the model never saw -- refused alike, so
-    the rule is the config's own limit for every family (raise ``max_position_embeddings`` in the config, as
-    context extension with rope scaling does, to train longer)."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    limit = getattr(text, "max_position_embeddings", None)
-    if isinstance(limit, int) and limit > 0 and seq_len > limit:
-        raise ValueError(f"seq_len {seq_len} > max_position_embeddings {limit} of "
-                         f"{getattr(hf_config, 'model_type', type(hf_config).__name__)}: the model has no positions "
-                         "beyond that; lower seq_len")
+#: RoPE scalings a job may ask for (``--rope-scaling KIND FACTOR``): transformers' own rope types
+ROPE_SCALINGS = ("linear", "dynamic", "yarn")
+
+
+def _text_config(hf_config):
+    return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+
+
+def computes_positions(hf_config) -> bool:
+    """Whether the model computes its rotary angles on the fly (a ``rope_parameters`` config: Llama, Qwen,
+    Mistral, ...), so positions past ``max_position_embeddings`` run; learned position tables (GPT-2, OPT) and
+    precomputed rotary tables (GPT-J) have no row there."""
+    return bool(getattr(_text_config(hf_config), "rope_parameters", None))
+
+
+def check_seq_len(hf_config, seq_len: int) -> str | None:
+    """Check a sequence length against the model's positions up front. A learned or precomputed table would fail
+    deep inside the profile pass with a raw ``IndexError``: refused here. A model that computes rotary angles on
+    the fly runs past its limit, on positions it never saw: the returned warning says so and how to extend the
+    context (RoPE scaling, :func:`apply_rope_scaling`), as the common fine-tuners do. None: within the limit."""
+    limit = getattr(_text_config(hf_config), "max_position_embeddings", None)
+    if not (isinstance(limit, int) and limit > 0 and seq_len > limit):
+        return None
+    family = getattr(hf_config, "model_type", type(hf_config).__name__)
+    if not computes_positions(hf_config):
+        raise ValueError(f"seq_len {seq_len} > max_position_embeddings {limit} of {family}: the model has no "
+                         "positions beyond that; lower seq_len")
+    factor = -(-seq_len // limit)
+    return (f"warning: seq_len {seq_len} > max_position_embeddings {limit} of {family}: positions past {limit} "
+            f"were never trained; extend the context with --rope-scaling linear|dynamic|yarn {factor}")
+
+
+def apply_rope_scaling(hf_config, kind: str, factor: float) -> None:
+    """Scale the rotary positions of ``hf_config`` by ``factor`` (``kind`` one of :data:`ROPE_SCALINGS`) and
+    raise ``max_position_embeddings`` with it, before the model is built: the exported config carries the
+    scaling, so the model loads as it was trained."""
+    if kind not in ROPE_SCALINGS:
+        raise ValueError(f"rope_scaling: must be one of {', '.join(ROPE_SCALINGS)}; got {kind!r}")
+    if not factor > 1:
+        raise ValueError(f"rope_scaling: the factor must be > 1; got {factor}")
+    text = _text_config(hf_config)
+    if not computes_positions(hf_config):
+        raise ValueError(f"rope_scaling: {getattr(hf_config, 'model_type', '?')} has no rotary positions to scale")
+    limit = text.max_position_embeddings
+    params = {**text.rope_parameters, "rope_type": kind, "factor": float(factor)}
+    if kind == "yarn":
+        params["original_max_position_embeddings"] = limit
+    text.rope_parameters = params
+    text.max_position_embeddings = int(limit * factor)
 
 
 class CheckpointReader:

@@ -13,19 +13,22 @@ import sys
 from pathlib import Path
 
 from terastack import trace
-from terastack.commands import add_subcommands
+from terastack.commands import Command, add_subcommands
 from terastack.reporting import dumps, environment, print_result
 
 BENCHMARKS = [
-    ("io", "terastack.io.bench", "1 MiB sequential read/write, 4 KiB random read and batch submission vs fio"),
-    ("gemm", "terastack.kernels.gemm_bench", "out-of-core GEMM, pipelined vs synchronous tiles"),
-    ("sort", "terastack.kernels.sort_bench", "external merge sort of 64-bit keys, I/O overlapped"),
-    ("llm", "terastack.llm.bench.bench_llm", "offloaded fine-tuning vs ZeRO-Infinity and in-memory PyTorch"),
-    ("llm-scale", "terastack.llm.bench.bench_scale", "the largest model each system fine-tunes in a fixed memory budget"),
-    ("gnn", "terastack.gnn.bench", "out-of-core GNN training vs in-memory, mmap and synchronous gathering"),
-    ("dist", "terastack.disdp.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3"),
+    Command("io", "terastack.io.bench", "1 MiB sequential read/write, 4 KiB random read and batch submission vs fio"),
+    Command("gemm", "terastack.kernels.gemm_bench", "out-of-core GEMM, pipelined vs synchronous tiles"),
+    Command("sort", "terastack.kernels.sort_bench", "external merge sort of 64-bit keys, I/O overlapped"),
+    Command("llm", "terastack.llm.bench.bench_llm", "offloaded fine-tuning vs ZeRO-Infinity and in-memory PyTorch",
+            needs=("transformers",)),
+    Command("llm-scale", "terastack.llm.bench.bench_scale",
+            "the largest model each system fine-tunes in a fixed memory budget", needs=("transformers",)),
+    Command("gnn", "terastack.gnn.bench", "out-of-core GNN training vs in-memory, mmap and synchronous gathering",
+            needs=("torch_geometric",)),
+    Command("dist", "terastack.disdp.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3",
+            needs=("transformers",), extra="dist"),
 ]
-
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,8 +38,9 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    add_subcommands(sub, BENCHMARKS, module_key="_bench_module", extra=add_common_arguments)
+    add_subcommands(parser, BENCHMARKS, dest="benchmark", metavar="BENCHMARK", required=True,
+                    module_key="_bench_module", common=add_common_arguments)
+
 
 def run(args: argparse.Namespace) -> int:
     module = importlib.import_module(args._bench_module)

@@ -1,8 +1,8 @@
 """The ``terastack`` command: one subcommand per engine.
 
-Subcommands live in their own modules (imported only when used, so ``--help``
-stays fast); a module provides ``add_arguments(parser)`` and ``run(args) -> int``.
-Engines that are not installed are simply absent from ``--help``.
+Subcommands live in their own modules, imported only when chosen (``terastack --help`` imports no engine and no
+torch; see :mod:`terastack.commands`); a module provides ``add_arguments(parser)`` and ``run(args) -> int``.
+Every subcommand is listed; one whose engine's extra is missing says which ``pip install`` brings it.
 """
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import argparse
 import importlib
 import sys
 
-from terastack.commands import add_subcommands
+from terastack.commands import Command, add_subcommands, missing_extra
 
-#: (subcommand, module, one-line help)
 COMMANDS = [
-    ("finetune", "terastack.llm.finetune_cmd", "fine-tune a causal LM larger than memory (default: built-in tiny Llama)"),
-    ("merge", "terastack.training.hf.merge", "merge a LoRA adapter into its base model: a full model transformers loads"),
-    ("plan", "terastack.plan.cli", "predict placement and step time for a model on given hardware"),
-    ("gnn", "terastack.gnn.cli", "out-of-core GNN training: gen, import, train, advise"),
-    ("dist", "terastack.disdp.cli", "disaggregated sharded data parallel: train, simulate"),
-    ("repro", "terastack.repro.cli", "run the reproduction suites and write REPORT.md"),
-    ("bench", "terastack.bench", "run a benchmark against its baseline in the same run"),
-    ("probe", "terastack.probe", "measure this machine (compute, memory, SSD) and cache the result"),
+    Command("finetune", "terastack.llm.finetune_cmd",
+            "fine-tune a causal LM larger than memory (default: built-in tiny Llama)", needs=("transformers",)),
+    Command("merge", "terastack.training.hf.merge",
+            "merge a LoRA adapter into its base model: a full model transformers loads", needs=("transformers",)),
+    Command("plan", "terastack.plan.cli", "predict placement and step time for a model on given hardware"),
+    # gen, import and verify run without torch_geometric; train and infer say which install brings it
+    Command("gnn", "terastack.gnn.cli", "out-of-core GNN training: gen, import, train, advise"),
+    # simulate runs without transformers; train says which install brings it
+    Command("dist", "terastack.disdp.cli", "disaggregated sharded data parallel: train, simulate", extra="dist"),
+    Command("repro", "terastack.repro.cli", "run the reproduction suites and write REPORT.md"),
+    Command("bench", "terastack.bench", "run a benchmark against its baseline in the same run"),
+    Command("probe", "terastack.probe", "measure this machine (compute, memory, SSD) and cache the result"),
 ]
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"terastack {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_subcommands(sub, COMMANDS, module_key="_module")
+    add_subcommands(parser, COMMANDS, dest="command", metavar="COMMAND", module_key="_module")
     return parser
 
 
@@ -50,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        # An optional package the command reached for at run time: say which install brings it.
+        line = missing_extra(exc, getattr(args, "_command", None))
+        if line is None or getattr(args, "debug", False):
+            raise
+        print(f"terastack {args.command}: error: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

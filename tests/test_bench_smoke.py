@@ -11,7 +11,7 @@ from terastack.commands import available
 
 # Benchmarks whose own smoke test checks every field (and costs tens of seconds) are not run twice here.
 DEDICATED = {"dist": "tests/disdp/test_bench.py"}
-AVAILABLE = [name for name, module, _ in bench.BENCHMARKS if available(module) and name not in DEDICATED]
+AVAILABLE = [c.name for c in bench.BENCHMARKS if all(map(available, c.needs)) and c.name not in DEDICATED]
 # Ratios a benchmark must report as positive numbers, beyond its headline fields being present and finite.
 POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial"),
             "llm": ("slowdown_vs_in_memory_host_resident", "host_resident_paired_ratio_median",
@@ -22,7 +22,7 @@ ZERO = {"llm": ("host_resident_store_bytes_per_step",)}
 
 @pytest.mark.parametrize("name", AVAILABLE)
 def test_benchmark_smoke(name, tmp_path, capsys):
-    module = importlib.import_module(dict((n, m) for n, m, _ in bench.BENCHMARKS)[name])
+    module = importlib.import_module({c.name: c.module for c in bench.BENCHMARKS}[name])
     args = ["bench", name, "--json", "--trace", str(tmp_path / "trace.json")] + module.PRESETS["smoke"]
     assert main(args + (["--dir", str(tmp_path)] if _takes_dir(module) else [])) == 0
     result = json.loads(capsys.readouterr().out)

@@ -123,6 +123,27 @@ def test_layers_below_the_engines_import_none(layer):
     assert upward == []
 
 
+#: the cost models answer "what fits and how fast" from numbers alone: no storage engine, store, job layer or engine
+PLAN_MAY_NOT_IMPORT = ("io", "tiers", "training") + ENGINES + ("repro", "cli")
+#: modules every layer may import (sizes, units, shared errors, dtype names, tier names); they import only each other
+BOTTOM = ("constants", "units", "errors", "dtypes", "tier")
+
+
+def test_plan_imports_no_storage_store_or_engine():
+    edges, _ = graph()
+    taken = sorted(f"{m} -> {t}" for m, ts in edges.items() if part(m) == "plan"
+                   for t in ts if part(t) in PLAN_MAY_NOT_IMPORT)
+    assert taken == []
+
+
+def test_bottom_modules_import_only_each_other():
+    edges, _ = graph()
+    assert all(f"terastack.{b}" in edges for b in BOTTOM)
+    upward = sorted(f"{m} -> {t}" for m, ts in edges.items() if m in {f"terastack.{b}" for b in BOTTOM}
+                    for t in ts if part(t) not in BOTTOM)
+    assert upward == []
+
+
 def test_no_module_is_too_long_to_read():
     long = sorted(f"{p.relative_to(PACKAGE.parent)}: {n} lines" for p in PACKAGE.rglob("*.py")
                   if (n := len(p.read_text().splitlines())) > MAX_LINES)

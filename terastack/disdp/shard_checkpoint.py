@@ -26,6 +26,7 @@ import torch
 from terastack import io
 from terastack.atomic import atomic_write_json, safe_relative
 from terastack.constants import DIRECT_ALIGN, round_up
+from terastack.dtypes import DTYPES, dtype_name
 from terastack.disdp.buckets import Layout
 
 INDEX = "checkpoint.json"
@@ -53,7 +54,7 @@ def write_shard(root: str | Path, step: int, server: int, tensors: dict[str, tor
             t = t.detach().contiguous()
             nbytes = t.numel() * t.element_size()
             entries[name] = {"offset": offset, "nbytes": nbytes, "shape": list(t.shape),
-                             "dtype": str(t.dtype).removeprefix("torch."), "crc32": _crc(t)}
+                             "dtype": dtype_name(t.dtype), "crc32": _crc(t)}
             if nbytes:
                 pending.append((f.pwrite(t.view(torch.uint8).reshape(-1), offset, nbytes), t))
             offset += round_up(nbytes, DIRECT_ALIGN)
@@ -112,8 +113,8 @@ def read_shard(root: str | Path, index: dict, server: int) -> tuple[dict[str, to
     out = {}
     with io.open(data_path, "r", direct=False) as f:
         for name, e in entries.items():
-            dtype = getattr(torch, str(e["dtype"]), None)
-            if not isinstance(dtype, torch.dtype):
+            dtype = DTYPES.get(str(e["dtype"]))
+            if dtype is None:
                 raise ValueError(f"checkpoint {mpath}: tensor {name!r} has unknown dtype {e['dtype']!r}")
             t = torch.empty([int(s) for s in e["shape"]], dtype=dtype)
             nbytes = t.numel() * t.element_size()

@@ -40,7 +40,9 @@ Make a dataset with ``terastack gnn gen`` or ``terastack gnn import --from DIR``
 arrays; see docs/gnn.md), or from a PyG graph in memory with ``from_pyg(data, out_dir)``; train
 from the shell with ``terastack gnn train`` (``--save-model``), predict every node with full
 neighbourhoods, layer by layer out of core, with ``terastack gnn infer``; ask which hardware gives the most
-epochs per dollar with ``terastack gnn advise``. PyG's own ``NodeLoader`` runs
+epochs per dollar with ``terastack gnn advise``. Heterogeneous graphs (ogbn-mag, MAG240M, IGBH, a PyG
+``HeteroData``) import into a heterogeneous dataset (``open_hetero_dataset``) and train with
+``HeteroTrainer`` (R-GCN or ``to_hetero(GraphSAGE)``; per-relation fanouts) through the same commands. PyG's own ``NodeLoader`` runs
 over the same storage through :mod:`terastack.gnn.pyg`.
 """
 from __future__ import annotations
@@ -65,6 +67,10 @@ _EXPORTS = {
     "PygNeighborSampler": "terastack.gnn.pyg",
     "from_pyg": "terastack.gnn.formats.pyg_data", "import_directory": "terastack.gnn.formats.detect",
     "detect_layout": "terastack.gnn.formats.detect",
+    "HeteroDataset": "terastack.gnn.hetero_dataset", "open_hetero_dataset": "terastack.gnn.hetero_dataset",
+    "HeteroNeighborSampler": "terastack.gnn.hetero_sampler", "hetero_presample": "terastack.gnn.hetero_sampler",
+    "HeteroGNN": "terastack.gnn.hetero_models", "HeteroPipeline": "terastack.gnn.hetero_train",
+    "HeteroTrainer": "terastack.gnn.hetero_train", "HeteroInference": "terastack.gnn.hetero_infer",
 }
 
 __all__ = sorted(_EXPORTS)

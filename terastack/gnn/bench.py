@@ -303,7 +303,8 @@ def measure(args: argparse.Namespace) -> dict:
     topology_info = {**ts_sampler.topology.describe(), "split": split}
     if ds_ssd is not None:
         ds_ssd.close()
-    del sources, models
+    sources.clear()  # the models and sources go; run() above still names the dicts
+    models.clear()
     mem_epochs, pipe_epochs, ts_epochs, sync_epochs, mm_epochs = (
         results[k] for k in ("in_memory", "in_memory_pipelined", "terastack", "sync", "mmap"))
 

@@ -140,13 +140,16 @@ class CSCBuilder:
     """Builds ``indptr.bin``/``indices.bin`` from edge chunks. See [Note: CSC in bounded memory]."""
 
     def __init__(self, state: BuildState, *, num_nodes: int, expected_edges: int, memory_budget: int,
-                 drop_self_loops: bool = True, progress: bool = True):
+                 drop_self_loops: bool = True, progress: bool = True, num_src: int | None = None):
+        """``num_nodes`` destination nodes (indptr has ``num_nodes + 1`` entries); sources are ids below
+        ``num_src`` (default ``num_nodes``; another count for a relation between two node types)."""
         self.state = state
         self.num_nodes = num_nodes
+        self.num_src = num_nodes if num_src is None else num_src
         self.memory_budget = memory_budget
         self.drop_self_loops = drop_self_loops
         self.show_progress = progress
-        self.index_dtype = np.dtype(np.int32 if num_nodes < 2**31 else np.int64)
+        self.index_dtype = np.dtype(np.int32 if max(num_nodes, self.num_src) < 2**31 else np.int64)
         self.pair_dtype = self.index_dtype
         saved = state.progress("edges")
         if "buckets" in saved:
@@ -154,7 +157,7 @@ class CSCBuilder:
         else:
             per_bucket = max(1, memory_budget // _SORT_BYTES_PER_EDGE)
             self.buckets = int(max(1, min(num_nodes, -(-expected_edges // per_bucket))))
-        self.nodes_per_bucket = -(-num_nodes // self.buckets)
+        self.nodes_per_bucket = max(1, -(-num_nodes // self.buckets))  # a node type may have no nodes
         self.sizes = saved.get("sizes", [0] * self.buckets)
         self.chunks_done = saved.get("chunks", 0)
         self.extra = saved.get("extra", {})
@@ -213,14 +216,14 @@ class CSCBuilder:
             hi = min(self.num_nodes, lo + self.nodes_per_bucket)
             for sub_lo, sub_hi in self._subranges(b, lo, hi):
                 pairs = self._load_range(b, sub_lo, sub_hi)
-                # one int64 key per edge, (dst - sub_lo) * N + src: sorting it sorts by (dst, src)
-                key = (pairs[:, 0].astype(np.int64) - sub_lo) * self.num_nodes + pairs[:, 1]
+                # one int64 key per edge, (dst - sub_lo) * S + src: sorting it sorts by (dst, src)
+                key = (pairs[:, 0].astype(np.int64) - sub_lo) * self.num_src + pairs[:, 1]
                 del pairs
                 key.sort()
                 keep = np.ones(len(key), bool)
                 keep[1:] = key[1:] != key[:-1]
                 key = key[keep]
-                dst, src = key // self.num_nodes + sub_lo, key % self.num_nodes
+                dst, src = key // self.num_src + sub_lo, key % self.num_src
                 del key
                 if self.drop_self_loops:
                     keep = src != dst

@@ -40,7 +40,7 @@ import torch
 from terastack.constants import BLOCK
 from terastack.counters import Counters
 from terastack.gnn.rows import RowReader, covering_blocks
-from terastack.io.errors import BudgetError
+from terastack.errors import BudgetError
 from terastack.memory import mem_available
 from terastack.tiers.budget import BudgetLedger
 from terastack.units import format_bytes, parse_bytes
@@ -70,13 +70,6 @@ class GatherStats(Counters):
                     "miss_rate": self.misses / rows, "ssd_bytes": self.ssd_bytes, "ssd_blocks": self.ssd_blocks,
                     "ssd_extents": self.ssd_extents, "ssd_calls": self.ssd_calls,
                     "gather_seconds": self.gather_seconds, "io_wait_seconds": self.io_wait_seconds}
-
-    def reset(self) -> None:
-        with self._lock:
-            for name in ("rows", "device_hits", "host_hits", "misses", "ssd_bytes", "ssd_blocks", "ssd_extents",
-                         "ssd_calls", "batches"):
-                setattr(self, name, 0)
-            self.gather_seconds = self.io_wait_seconds = 0.0
 
 
 def resolve_device(name: str) -> torch.device:

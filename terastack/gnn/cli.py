@@ -28,10 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing dataset or interrupted build")
     _common(p)
 
-    p = sub.add_parser("import", help="import an OGB / IGB dataset directory or .npy arrays into a dataset (resumable)")
+    p = sub.add_parser("import", help="import an OGB / IGB / MAG240M dataset directory or .npy arrays into a dataset "
+                                      "(resumable)")
     p.add_argument("--out", required=True)
     p.add_argument("--from", dest="source", metavar="DIR", help="dataset directory, layout detected: OGB "
-                   "(raw/edge.csv.gz or raw/data.npz + split/), IGB (<root>/<size>/processed), or .npy arrays")
+                   "(raw/edge.csv.gz or raw/data.npz + split/; ogbn-mag's raw/num-node-dict.csv.gz), MAG240M "
+                   "(mag240m_kddcup2021), IGB and IGBH (<root>/<size>/processed), or .npy arrays")
     p.add_argument("--split", help="OGB: split directory under split/ (default: the only one, or the dataset's)")
     p.add_argument("--label-set", choices=["19", "2K"], help="IGB: label file (default: the first present)")
     p.add_argument("--split-seed", type=int, default=0, help="IGB: seed of the random 60/20/20 split (0: IGB's)")
@@ -72,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --topology ssd: indptr (8 bytes per node) in memory, on the SSD, or auto (in memory "
                         "when it costs at most a quarter of --host-cache)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks on this machine (DDP; gloo on the CPU): "
+                   "each trains on its share of every batch's seeds; under an outer torchrun, one rank per process")
+    p.add_argument("--check-sync", action="store_true", help="with several ranks: gather every rank's parameters "
+                   "after every step and report the largest difference (ranks.max_param_diff)")
     _threads_arg(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
     _common(p)
@@ -130,9 +136,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="dataset directory")
-    p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat", "rgcn"],
+                   help="sage, gcn, gat (homogeneous); sage (to_hetero(GraphSAGE)) or rgcn (heterogeneous)")
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--fanouts", default="15,10", help="neighbours sampled per hop, e.g. 15,10")
+    p.add_argument("--fanouts", default="15,10", help="neighbours sampled per hop, e.g. 15,10; heterogeneous: one "
+                   "list for every relation, or per relation, e.g. 'cites=15,10;writes=10,5;*=5,5' (0: skip, -1: all)")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--device-cache", default="0", help="device-tier cache budget (e.g. 4GiB)")
     p.add_argument("--host-cache", default="256MiB", help="host-tier cache budget (e.g. 32GiB)")
@@ -186,7 +194,16 @@ def _import(args) -> int:
 
 def _verify(args) -> int:
     from terastack.gnn.dataset import open_dataset
+    from terastack.gnn.hetero_dataset import is_hetero_dataset, open_hetero_dataset
 
+    if is_hetero_dataset(args.data):
+        hd = open_hetero_dataset(args.data, verify="full")
+        result = {"data": str(hd.root), "target": hd.target, "nodes": hd.num_nodes, "feat_dim": hd.feat_dim,
+                  "edges": {"___".join(et): n for et, n in hd.num_edges.items()}, "classes": hd.num_classes,
+                  "splits": {k: len(v) for k, v in hd.splits.items()}, "verified": hd.verified}
+        hd.close()
+        _emit(result, args.json, [f"ok: {hd!r}", f"  splits {result['splits']}, {hd.verified}"])
+        return 0
     ds = open_dataset(args.data, verify="full")
     result = {"data": str(ds.root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
               "feat_dtype": ds.feat_dtype.name, "classes": ds.num_classes, "feature_bytes": ds.feature_bytes,
@@ -198,25 +215,31 @@ def _verify(args) -> int:
 
 def _train(args) -> int:
     from terastack import trace
+    from terastack.gnn.hetero_dataset import is_hetero_dataset
+    from terastack.gnn.multi_process import run_training
     from terastack.gnn.train import GnnTrainer
 
+    if is_hetero_dataset(args.data):
+        return _train_hetero(args)
     cfg = GnnTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                             device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
                             replace=args.replace, overlap=not args.sync, depth=args.depth,
                             eval_nodes=args.eval_nodes, save_model=args.save_model, verify=args.verify,
                             topology=args.topology, indptr=args.indptr, device=args.device,
-                            progress=not args.quiet)
+                            progress=not args.quiet, check_sync=args.check_sync)
     _set_threads(args.threads)
     if args.trace:
         trace.tracer.start()
     try:
-        result = GnnTrainer(cfg).run()
+        result = run_training("homogeneous", cfg, nproc=args.nproc)
     finally:
         if args.trace:
             trace.tracer.stop()
             path = trace.tracer.save(args.trace)
             print(f"trace written to {path}", file=sys.stderr)
+    if result is None:  # a rank other than 0 of an outer torchrun: rank 0 reports
+        return 0
     c = result["cache"]
     lines = [f"dataset {result['dataset']['root']}: {result['dataset']['nodes']} nodes, "
              f"features {format_bytes(result['dataset']['feature_bytes'])} ({result['dataset']['verified']})",
@@ -233,6 +256,56 @@ def _train(args) -> int:
                      f"topology hits {e['topology_hit_rate']:.1%}{_accuracies(e)}")
     if not result["epochs"] and (result["val_acc"] is not None or result["test_acc"] is not None):
         lines.append(f"untrained model:{_accuracies(result)}")
+    lines += _rank_lines(result)
+    if result["checkpoint"]:
+        lines.append(f"model saved to {result['checkpoint']}")
+    _emit(result, args.json, lines)
+    return 0
+
+
+def _rank_lines(result: dict) -> list[str]:
+    r = result.get("ranks", {})
+    if r.get("world_size", 1) < 2:
+        return []
+    synced = f"; parameters compared after {r['steps_checked']} steps, largest difference {r['max_param_diff']:g}" \
+        if "steps_checked" in r else ""
+    return [f"{r['world_size']} ranks (DistributedDataParallel), each on its share of every batch{synced}"]
+
+
+def _train_hetero(args) -> int:
+    from terastack import trace
+    from terastack.gnn.hetero_train import HeteroTrainer
+    from terastack.gnn.multi_process import run_training
+
+    cfg = HeteroTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
+                               batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
+                               device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
+                               replace=args.replace, overlap=not args.sync, depth=args.depth,
+                               eval_nodes=args.eval_nodes, save_model=args.save_model, verify=args.verify,
+                               topology=args.topology, indptr=args.indptr, device=args.device, progress=not args.quiet,
+                               check_sync=args.check_sync)
+    _set_threads(args.threads)
+    if args.trace:
+        trace.tracer.start()
+    try:
+        result = run_training("heterogeneous", cfg, nproc=args.nproc)
+    finally:
+        if args.trace:
+            trace.tracer.stop()
+            print(f"trace written to {trace.tracer.save(args.trace)}", file=sys.stderr)
+    if result is None:  # a rank other than 0 of an outer torchrun: rank 0 reports
+        return 0
+    d, split = result["dataset"], result["topology"]["split"]
+    lines = [f"dataset {d['root']}: target {d['target']}, nodes {d['nodes']}, {len(d['edges'])} relations "
+             f"({d['verified']})",
+             "cache: rows " + ", ".join(f"{t} {format_bytes(b)}" for t, b in split["feature_bytes"].items())
+             + "; lists " + format_bytes(sum(split["list_bytes"].values())) + f" (topology {result['topology']['topology']})"]
+    for e in result["epochs"]:
+        lines.append(f"epoch {e['epoch']}: {e['seconds']:.2f} s, loss {e['loss_mean']:.4f}, feature misses "
+                     f"{e['miss_rate']:.1%}, topology hits {e['topology_hit_rate']:.1%}"
+                     + "".join(f", {k} acc {e[k + '_acc']:.4f}" for k in ("train", "val", "test")
+                               if e[k + "_acc"] is not None))
+    lines += _rank_lines(result)
     if result["checkpoint"]:
         lines.append(f"model saved to {result['checkpoint']}")
     _emit(result, args.json, lines)
@@ -245,8 +318,25 @@ def _accuracies(r: dict) -> str:
 
 
 def _infer(args) -> int:
+    from terastack.gnn.hetero_dataset import is_hetero_dataset
     from terastack.gnn.infer import GnnInference
 
+    if is_hetero_dataset(args.data):
+        from terastack.gnn.hetero_infer import HeteroInference
+
+        cfg = HeteroInference.Config(data=args.data, checkpoint=args.checkpoint, out=args.out,
+                                     embeddings=args.embeddings, chunk_nodes=args.chunk_nodes,
+                                     device_cache=args.device_cache, host_cache=args.host_cache,
+                                     topology=args.topology, verify=args.verify, progress=not args.quiet)
+        _set_threads(args.threads)
+        result = HeteroInference(cfg).run()
+        lines = [f"{result['dataset']['nodes'][result['dataset']['target']]} {result['dataset']['target']} nodes "
+                 f"in {result['seconds']:.2f} s; input rows from the cache {1 - result['input_reads']['miss_rate']:.1%}"]
+        lines += [f"{name} written to {result[name]}" for name in ("out", "embeddings") if result[name]]
+        if result["out"]:
+            lines.append(f"full-neighbourhood accuracy:{_accuracies(result)[1:]}")
+        _emit(result, args.json, lines)
+        return 0
     cfg = GnnInference.Config(data=args.data, checkpoint=args.checkpoint, out=args.out, embeddings=args.embeddings,
                               chunk_nodes=args.chunk_nodes, device_cache=args.device_cache,
                               host_cache=args.host_cache, work_dir=args.work_dir, topology=args.topology,

@@ -126,14 +126,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, data, where: str) -> "Manifest":
         def need(obj, key, kind, ctx):
-            if not isinstance(obj, dict) or key not in obj:
-                raise DatasetError(f"{where}: field {ctx}{key} is missing")
-            value = obj[key]
-            if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise DatasetError(f"{where}: field {ctx}{key} must be a non-negative integer, got {value!r}")
-            if kind is not int and not isinstance(value, kind):
-                raise DatasetError(f"{where}: field {ctx}{key} must be a {kind.__name__}, got {value!r}")
-            return value
+            return need_field(obj, key, kind, ctx, where)
 
         if need(data, "format", str, "") != FORMAT:
             raise DatasetError(f"{where}: field format is {data['format']!r}, expected {FORMAT!r}")
@@ -145,26 +138,90 @@ class Manifest:
         files_raw = need(data, "files", dict, "")
         files: dict[str, FileEntry] = {}
         for key in FILES:
-            entry = need(files_raw, key, dict, "files.")
-            ctx = f"files.{key}."
-            checksum = need(entry, "checksum", dict, ctx)
-            if need(checksum, "algo", str, ctx + "checksum.") != "sha256":
-                raise DatasetError(f"{where}: field {ctx}checksum.algo must be 'sha256'")
-            chunks = need(checksum, "chunks", list, ctx + "checksum.")
-            if not all(isinstance(c, str) for c in chunks):
-                raise DatasetError(f"{where}: field {ctx}checksum.chunks must be a list of hex strings")
-            shape = need(entry, "shape", list, ctx)
-            if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
-                raise DatasetError(f"{where}: field {ctx}shape must be a list of non-negative integers")
-            files[key] = FileEntry(key=key, path=need(entry, "path", str, ctx), dtype=need(entry, "dtype", str, ctx),
-                                   shape=tuple(shape), nbytes=need(entry, "bytes", int, ctx),
-                                   chunk_bytes=need(checksum, "chunk_bytes", int, ctx + "checksum."),
-                                   checksums=chunks)
+            files[key] = parse_file_entry(need(files_raw, key, dict, "files."), key, where)
         origin = data.get("origin", {})
         return cls(num_nodes=need(data, "num_nodes", int, ""), num_edges=need(data, "num_edges", int, ""),
                    feat_dim=need(data, "feat_dim", int, ""), feat_dtype=feat_dtype,
                    num_classes=need(data, "num_classes", int, ""), files=files,
                    origin=origin if isinstance(origin, dict) else {})
+
+
+def need_field(obj, key, kind, ctx: str, where: str):
+    """``obj[key]`` of type ``kind`` (int: non-negative), else a DatasetError naming ``where`` and the field."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise DatasetError(f"{where}: field {ctx}{key} is missing")
+    value = obj[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise DatasetError(f"{where}: field {ctx}{key} must be a non-negative integer, got {value!r}")
+    if kind is not int and not isinstance(value, kind):
+        raise DatasetError(f"{where}: field {ctx}{key} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def parse_file_entry(entry: dict, key: str, where: str) -> FileEntry:
+    """One ``files.<key>`` entry of a manifest, checked field by field (errors name ``where`` and the field)."""
+    ctx = f"files.{key}."
+    checksum = need_field(entry, "checksum", dict, ctx, where)
+    if need_field(checksum, "algo", str, ctx + "checksum.", where) != "sha256":
+        raise DatasetError(f"{where}: field {ctx}checksum.algo must be 'sha256'")
+    chunks = need_field(checksum, "chunks", list, ctx + "checksum.", where)
+    if not all(isinstance(c, str) for c in chunks):
+        raise DatasetError(f"{where}: field {ctx}checksum.chunks must be a list of hex strings")
+    shape = need_field(entry, "shape", list, ctx, where)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape):
+        raise DatasetError(f"{where}: field {ctx}shape must be a list of non-negative integers")
+    return FileEntry(key=key, path=need_field(entry, "path", str, ctx, where),
+                     dtype=need_field(entry, "dtype", str, ctx, where),
+                     shape=tuple(shape), nbytes=need_field(entry, "bytes", int, ctx, where),
+                     chunk_bytes=need_field(checksum, "chunk_bytes", int, ctx + "checksum.", where), checksums=chunks)
+
+
+def file_entry(root: Path, key: str, relpath: str, dtype: str, shape: tuple[int, ...], *, engine=None) -> FileEntry:
+    """The manifest entry of a finished file: its size must be exactly ``shape`` x ``dtype``; hashed in chunks."""
+    path = root / relpath
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    actual = path.stat().st_size
+    if actual != nbytes:
+        raise DatasetError(f"{path}: {actual} bytes written, {nbytes} expected for {dtype} {shape}")
+    return FileEntry(key=key, path=relpath, dtype=dtype, shape=tuple(shape), nbytes=nbytes,
+                     chunk_bytes=CHECKSUM_CHUNK, checksums=file_checksums(path, engine=engine))
+
+
+def verify_checksums(root: Path, files: dict[str, FileEntry], paths: dict[str, Path], mode: str, *,
+                     engine=None) -> str:
+    """Check every file's chunk checksums per ``mode`` (see [Note: verification]); returns what was checked."""
+    if mode == "size":
+        return "sizes only (checksums not checked)"
+    if mode == "stamp" and _stamp_matches(root, files):
+        return "checksums (stamp of an earlier full check; files unchanged since)"
+    for key, entry in files.items():
+        actual = file_checksums(paths[key], entry.chunk_bytes, engine=engine)
+        bad = [i for i, (a, b) in enumerate(zip(actual, entry.checksums)) if a != b]
+        if bad:
+            i = bad[0]
+            lo, hi = i * entry.chunk_bytes, min((i + 1) * entry.chunk_bytes, entry.nbytes)
+            raise DatasetError(f"{paths[key]}: checksum mismatch in bytes {lo}..{hi} "
+                               f"({len(bad)} of {len(entry.checksums)} chunks differ; field files.{key}): "
+                               "the file is corrupt or was changed after the manifest was written")
+    write_stamp(root, files)
+    return "checksums (full)"
+
+
+def read_manifest_json(root: Path) -> dict:
+    """The parsed ``manifest.json`` of ``root`` (errors name the file; an interrupted build is named as such)."""
+    path = root / MANIFEST
+    if not root.is_dir():
+        raise DatasetError(f"{root}: dataset directory does not exist")
+    if not path.is_file():
+        partial = " (a build was interrupted here: rerun the same gen/import command to resume)" \
+            if any(root.glob(".build-state*.json")) else ""
+        raise DatasetError(f"{path}: manifest is missing, so {root} is not a finished dataset{partial}")
+    if path.stat().st_size > _MANIFEST_MAX_BYTES:
+        raise DatasetError(f"{path}: {path.stat().st_size} bytes is too large for a manifest")
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path}: not valid JSON ({exc})") from None
 
 
 def expected_layout(num_nodes: int, num_edges: int, feat_dim: int, feat_dtype: str, index_dtype: str,
@@ -181,20 +238,13 @@ def write_manifest(root: str | os.PathLike, *, num_nodes: int, num_edges: int, f
     """Hash every file of a finished build and commit the manifest atomically (the dataset's commit point)."""
     root = Path(root)
     sizes = {k: os.path.getsize(root / FILES[k]) // 8 for k in ("train_idx", "val_idx", "test_idx")}
-    files = {}
-    for key, (dtype, shape) in expected_layout(num_nodes, num_edges, feat_dim, feat_dtype, index_dtype,
-                                               sizes).items():
-        path = root / FILES[key]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        actual = path.stat().st_size
-        if actual != nbytes:
-            raise DatasetError(f"{path}: {actual} bytes written, {nbytes} expected for {dtype} {shape}")
-        files[key] = FileEntry(key=key, path=FILES[key], dtype=dtype, shape=shape, nbytes=nbytes,
-                               chunk_bytes=CHECKSUM_CHUNK, checksums=file_checksums(path, engine=engine))
+    files = {key: file_entry(root, key, FILES[key], dtype, shape, engine=engine)
+             for key, (dtype, shape) in expected_layout(num_nodes, num_edges, feat_dim, feat_dtype, index_dtype,
+                                                        sizes).items()}
     manifest = Manifest(num_nodes=num_nodes, num_edges=num_edges, feat_dim=feat_dim, feat_dtype=feat_dtype,
                         num_classes=num_classes, files=files, origin=origin)
     atomic_write_json(root / MANIFEST, manifest.to_dict())
-    _write_stamp(root, files)
+    write_stamp(root, files)
     return manifest
 
 
@@ -202,7 +252,8 @@ def _manifest_hash(root: Path) -> str:
     return hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()
 
 
-def _write_stamp(root: Path, files: dict[str, FileEntry]) -> None:
+def write_stamp(root: Path, files: dict[str, FileEntry]) -> None:
+    """Record that ``files`` were fully checked as they are now (see [Note: verification])."""
     stamp = {"manifest_sha256": _manifest_hash(root),
              "files": {e.path: _file_identity(root / e.path) for e in files.values()}}
     try:
@@ -316,20 +367,7 @@ class GraphDataset:
 
     # --------------------------------------------------------------- checks
     def _read_manifest(self) -> Manifest:
-        path = self.root / MANIFEST
-        if not self.root.is_dir():
-            raise DatasetError(f"{self.root}: dataset directory does not exist")
-        if not path.is_file():
-            partial = " (a build was interrupted here: rerun the same gen/import command to resume)" \
-                if any(self.root.glob(".build-state*.json")) else ""
-            raise DatasetError(f"{path}: manifest is missing, so {self.root} is not a finished dataset{partial}")
-        if path.stat().st_size > _MANIFEST_MAX_BYTES:
-            raise DatasetError(f"{path}: {path.stat().st_size} bytes is too large for a manifest")
-        try:
-            data = json.loads(path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DatasetError(f"{path}: not valid JSON ({exc})") from None
-        return Manifest.from_dict(data, str(path))
+        return Manifest.from_dict(read_manifest_json(self.root), str(self.root / MANIFEST))
 
     def _check_layout(self) -> None:
         m = self.manifest
@@ -360,22 +398,7 @@ class GraphDataset:
                 raise DatasetError(f"{path}: {actual} bytes, manifest says {nbytes} ({what}; field files.{key})")
 
     def _verify_contents(self) -> str:
-        files = self.manifest.files
-        if self.config.verify == "size":
-            return "sizes only (checksums not checked)"
-        if self.config.verify == "stamp" and _stamp_matches(self.root, files):
-            return "checksums (stamp of an earlier full check; files unchanged since)"
-        for key, entry in files.items():
-            actual = file_checksums(self.paths[key], entry.chunk_bytes, engine=self.engine)
-            bad = [i for i, (a, b) in enumerate(zip(actual, entry.checksums)) if a != b]
-            if bad:
-                i = bad[0]
-                lo, hi = i * entry.chunk_bytes, min((i + 1) * entry.chunk_bytes, entry.nbytes)
-                raise DatasetError(f"{self.paths[key]}: checksum mismatch in bytes {lo}..{hi} "
-                                   f"({len(bad)} of {len(entry.checksums)} chunks differ; field files.{key}): "
-                                   "the file is corrupt or was changed after the manifest was written")
-        _write_stamp(self.root, files)
-        return "checksums (full)"
+        return verify_checksums(self.root, self.manifest.files, self.paths, self.config.verify, engine=self.engine)
 
     def _load(self, key: str) -> np.ndarray:
         from terastack import io

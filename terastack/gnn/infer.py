@@ -122,7 +122,7 @@ def layer_forward(kind: str, conv, x: torch.Tensor, g: ChunkGraph, count: int,
         return conv(x, torch.from_numpy(np.stack([rows, cols])), weight)[:count]
 
 
-def _commit(tmp: Path, dest: Path) -> None:
+def commit_file(tmp: Path, dest: Path) -> None:
     """Make a finished .npy file durable under its final name (fsync, rename, fsync the directory)."""
     from terastack.atomic import fsync_dir
 
@@ -243,7 +243,7 @@ class GnnInference:
                                "rows_read": rows, "bytes_written": n * width * 4})
             del prev
             for name, dest in finals.items():
-                _commit(temps[name], dest)
+                commit_file(temps[name], dest)
             cache_info = cache.describe()
             ssd = cache.stats.snapshot()
         finally:

@@ -116,6 +116,24 @@ def save_model(model: GNN, path: str | os.PathLike, **extra) -> Path:
 
 def load_model(path: str | os.PathLike) -> tuple[GNN, dict]:
     """The model saved by :func:`save_model` at ``path`` (on the CPU, in eval mode) and its description."""
+    state, meta = read_checkpoint(path)
+    meta_path = checkpoint_meta_path(path)
+    cfg = meta.get("model")
+    keys = ("kind", "in_dim", "hidden", "out_dim", "num_layers", "heads", "dropout")
+    if not isinstance(cfg, dict) or set(cfg) != set(keys):
+        raise ValueError(f"{meta_path}: 'model' must have exactly the fields {', '.join(keys)}")
+    model = GNN(cfg["kind"], cfg["in_dim"], cfg["hidden"], cfg["out_dim"], cfg["num_layers"], heads=cfg["heads"],
+                dropout=cfg["dropout"])
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"{path}: weights do not fit the model in {meta_path.name}: {exc}") from None
+    return model.eval(), meta
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
+    """(state_dict, description) of a checkpoint written by :func:`save_model`, size and SHA-256 checked,
+    the weights read with ``torch.load(weights_only=True)``; see [Note: model checkpoints]."""
     from terastack.atomic import safe_relative
 
     path = Path(path)
@@ -138,15 +156,4 @@ def load_model(path: str | os.PathLike) -> tuple[GNN, dict]:
     data = path.read_bytes()
     if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise ValueError(f"{path}: size or SHA-256 differs from {meta_path.name} (a damaged or replaced file)")
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    cfg = meta.get("model")
-    keys = ("kind", "in_dim", "hidden", "out_dim", "num_layers", "heads", "dropout")
-    if not isinstance(cfg, dict) or set(cfg) != set(keys):
-        raise ValueError(f"{meta_path}: 'model' must have exactly the fields {', '.join(keys)}")
-    model = GNN(cfg["kind"], cfg["in_dim"], cfg["hidden"], cfg["out_dim"], cfg["num_layers"], heads=cfg["heads"],
-                dropout=cfg["dropout"])
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ValueError(f"{path}: weights do not fit the model in {meta_path.name}: {exc}") from None
-    return model.eval(), meta
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), meta

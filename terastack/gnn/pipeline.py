@@ -71,6 +71,8 @@ class EpochStats:
     #: time the caller waited for a ready batch (the pipeline did not keep up with training)
     stall_seconds: float = 0.0
     max_rows: int = 0
+    #: seed nodes trained on (this rank's share, with several ranks)
+    seeds: int = 0
     slot_bytes: list = field(default_factory=list)
 
 
@@ -87,8 +89,14 @@ class Pipeline:
         wait_timeout_s: float = 300.0
         #: where batches go ("auto": CUDA if available, else CPU)
         device: str = "auto"
+        #: data parallelism: this rank trains on seeds rank, rank + world_size, ... of every global batch
+        #: (terastack.gnn.data_parallel [Note: data-parallel GNN training])
+        rank: int = 0
+        world_size: int = 1
 
         def __post_init__(self) -> None:
+            if not 0 <= self.rank < self.world_size:
+                raise ValueError(f"rank: must be in 0..world_size-1 = {self.world_size - 1}, got {self.rank}")
             if not isinstance(self.depth, int) or self.depth < 1:
                 raise ValueError(f"depth: must be an integer >= 1, got {self.depth!r}")
             if not self.wait_timeout_s > 0:
@@ -105,9 +113,15 @@ class Pipeline:
         self.last_stats = EpochStats()
 
     # ------------------------------------------------------------------ api
-    def epoch(self, ids: np.ndarray, batch_size: int, *, epoch: int = 0, shuffle: bool = True):
-        """Iterate over the batches of one epoch of seed nodes ``ids``: PyG ``Data`` objects."""
+    def epoch(self, ids: np.ndarray, batch_size: int, *, epoch: int = 0, shuffle: bool = True, shard: bool = True):
+        """Iterate over the batches of one epoch of seed nodes ``ids``: PyG ``Data`` objects.
+
+        With several ranks and ``shard``, this rank's share of every global batch (global batches smaller
+        than the number of ranks are dropped: every rank makes the same number of steps)."""
         batches = epoch_batches(ids, batch_size, seed=self.sampler.config.seed, epoch=epoch, shuffle=shuffle)
+        world = self.config.world_size
+        if shard and world > 1:
+            batches = [b[self.config.rank::world] for b in batches if len(b) >= world]
         self.source.new_epoch()
         self.sampler.topology.new_epoch()
         if self.config.overlap:
@@ -115,6 +129,19 @@ class Pipeline:
         return self._synchronous(batches, epoch)
 
     # ------------------------------------------------------------- helpers
+    # A feature slot is one tensor here; terastack.gnn.hetero_train's pipeline keeps one per node type by
+    # overriding _empty_slot, _fill, _slot_bytes and _data.
+    def _empty_slot(self):
+        return torch.empty(0, self.source.row_len, dtype=self.source.torch_dtype, device=self.device)
+
+    @staticmethod
+    def _slot_bytes(slot) -> int:
+        return slot.numel() * slot.element_size()
+
+    def _fill(self, batch: SampledBatch, k: int):
+        """Gather ``batch``'s feature rows into slot ``k``; returns what ``_data`` takes as ``x``."""
+        return self.source.gather(batch.n_id, self._slot(k, batch.num_nodes))
+
     def _slot(self, k: int, rows: int) -> torch.Tensor:
         slot = self._slots[k]
         if slot.shape[0] < rows:  # grow-only: bounded by the largest batch this slot has held
@@ -128,12 +155,13 @@ class Pipeline:
         with trace.span(f"sample {k}", track="sample", cat="gnn"):
             batch = self.sampler.sample(batch_seeds, self.sampler.batch_rng(epoch, k), index=k, epoch=epoch)
         stats.sample_seconds += time.perf_counter() - started
+        stats.seeds += batch.batch_size
         return batch
 
     def _gather(self, batch: SampledBatch, slot: int, stats: EpochStats) -> torch.Tensor:
         started = time.perf_counter()
         with trace.span(f"gather {batch.index}", track="gather", cat="gnn", rows=batch.num_nodes):
-            x = self.source.gather(batch.n_id, self._slot(slot, batch.num_nodes))
+            x = self._fill(batch, slot)
         stats.gather_seconds += time.perf_counter() - started
         stats.max_rows = max(stats.max_rows, batch.num_nodes)
         return x
@@ -146,14 +174,14 @@ class Pipeline:
         return data
 
     def _finish_stats(self, stats: EpochStats) -> None:
-        stats.slot_bytes = [s.numel() * s.element_size() for s in self._slots]
+        stats.slot_bytes = [self._slot_bytes(s) for s in self._slots]
         self.last_stats = stats
 
     # --------------------------------------------------------- synchronous
     def _synchronous(self, batches, epoch: int):
         stats = EpochStats()
         if not self._slots:
-            self._slots = [torch.empty(0, self.source.row_len, dtype=self.source.torch_dtype, device=self.device)]
+            self._slots = [self._empty_slot()]
         try:
             for k, seeds in enumerate(batches):
                 batch = self._sample(seeds, k, epoch, stats)
@@ -169,7 +197,7 @@ class Pipeline:
         stats = EpochStats()
         nslots = cfg.depth + 2
         while len(self._slots) < nslots:
-            self._slots.append(torch.empty(0, self.source.row_len, dtype=self.source.torch_dtype, device=self.device))
+            self._slots.append(self._empty_slot())
         sampled: queue.Queue = queue.Queue(cfg.depth)
         ready: queue.Queue = queue.Queue(cfg.depth)
         free: queue.Queue = queue.Queue()

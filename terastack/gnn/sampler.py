@@ -119,14 +119,6 @@ class NeighborSampler:
     def batch_rng(self, epoch: int, index: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed, epoch, index])
 
-    def max_nodes(self, batch_size: int) -> int:
-        """An upper bound on ``num_nodes`` of a batch with ``batch_size`` seeds."""
-        total, frontier = batch_size, batch_size
-        for f in self.fanouts:
-            frontier *= f
-            total += frontier
-        return min(total, self.num_nodes)
-
     def _map(self) -> np.ndarray:
         local = getattr(self._local, "map", None)
         if local is None:
@@ -172,38 +164,45 @@ class NeighborSampler:
                             num_sampled_nodes=num_nodes, num_sampled_edges=num_edges, index=index, epoch=epoch)
 
     def _sample_hop(self, frontier: np.ndarray, fanout: int, rng: np.random.Generator):
-        """(target, neighbour) global id pairs sampled for ``frontier``.
+        return sample_hop(self.topology, frontier, fanout, rng, replace=self.config.replace)
 
-        The draws depend only on the list lengths; the topology is asked for the
-        values at the drawn positions once per hop (one SSD submission when it is
-        on the SSD; see terastack.gnn.topology [Note: topology on the SSD]).
-        """
-        hop = self.topology.lookup(frontier)
-        start, deg = hop.start, hop.deg
-        if self.config.replace:
-            has = np.flatnonzero(deg > 0)
-            rep = np.repeat(has, fanout)
-            pos = start[rep] + (rng.random(len(rep)) * deg[rep]).astype(np.int64)
-            return frontier[rep], self.topology.neighbours(hop, rep, pos)
-        # nodes with deg <= fanout keep every neighbour
-        small = np.flatnonzero((deg > 0) & (deg <= fanout))
-        counts = deg[small]
-        rep_small = np.repeat(small, counts)
-        offs = np.arange(len(rep_small)) - np.repeat(np.cumsum(counts) - counts, counts)
-        pos_small = start[rep_small] + offs
-        # the rest get exactly `fanout` distinct neighbours (vectorized Floyd)
-        big = np.flatnonzero(deg > fanout)
-        d = deg[big]
-        chosen = np.empty((len(big), fanout), np.int64)
-        for i in range(fanout):
-            j = d - fanout + i  # Floyd step: draw t in [0, j]; take j instead if t is already chosen
-            t = (rng.random(len(big)) * (j + 1)).astype(np.int64)
-            seen = (chosen[:, :i] == t[:, None]).any(axis=1) if i else np.zeros(len(big), bool)
-            chosen[:, i] = np.where(seen, j, t)
-        pos_big = (start[big][:, None] + chosen).ravel()
-        owner = np.concatenate([rep_small, np.repeat(big, fanout)])  # the frontier node each position belongs to
-        pos = np.concatenate([pos_small, pos_big])
-        return frontier[owner], self.topology.neighbours(hop, owner, pos)
+
+def sample_hop(topology, frontier: np.ndarray, fanout: int, rng: np.random.Generator, *, replace: bool = False):
+    """(target, neighbour) global id pairs sampled for ``frontier`` over ``topology``; see [Note: sampling semantics].
+
+    The draws depend only on the list lengths; the topology is asked for the
+    values at the drawn positions once per hop (one SSD submission when it is
+    on the SSD; see terastack.gnn.topology [Note: topology on the SSD]). A
+    negative ``fanout`` takes every neighbour (no draws).
+    """
+    hop = topology.lookup(frontier)
+    start, deg = hop.start, hop.deg
+    if fanout < 0:  # every neighbour, once: the "keep all" branch below for every node
+        fanout, replace = int(deg.max(initial=0)), False
+    if replace:
+        has = np.flatnonzero(deg > 0)
+        rep = np.repeat(has, fanout)
+        pos = start[rep] + (rng.random(len(rep)) * deg[rep]).astype(np.int64)
+        return frontier[rep], topology.neighbours(hop, rep, pos)
+    # nodes with deg <= fanout keep every neighbour
+    small = np.flatnonzero((deg > 0) & (deg <= fanout))
+    counts = deg[small]
+    rep_small = np.repeat(small, counts)
+    offs = np.arange(len(rep_small)) - np.repeat(np.cumsum(counts) - counts, counts)
+    pos_small = start[rep_small] + offs
+    # the rest get exactly `fanout` distinct neighbours (vectorized Floyd)
+    big = np.flatnonzero(deg > fanout)
+    d = deg[big]
+    chosen = np.empty((len(big), fanout), np.int64)
+    for i in range(fanout):
+        j = d - fanout + i  # Floyd step: draw t in [0, j]; take j instead if t is already chosen
+        t = (rng.random(len(big)) * (j + 1)).astype(np.int64)
+        seen = (chosen[:, :i] == t[:, None]).any(axis=1) if i else np.zeros(len(big), bool)
+        chosen[:, i] = np.where(seen, j, t)
+    pos_big = (start[big][:, None] + chosen).ravel()
+    owner = np.concatenate([rep_small, np.repeat(big, fanout)])  # the frontier node each position belongs to
+    pos = np.concatenate([pos_small, pos_big])
+    return frontier[owner], topology.neighbours(hop, owner, pos)
 
 
 def parse_fanouts(text: str) -> tuple[int, ...]:

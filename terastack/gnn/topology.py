@@ -448,35 +448,99 @@ def list_read_bytes(deg: np.ndarray, itemsize: int, max_fanout: int) -> np.ndarr
     return np.where(deg > 0, BLOCK * np.minimum(spanned, np.minimum(deg, max_fanout)), 0.0)
 
 
+@dataclass(slots=True)
+class ListPart:
+    """One relation's candidate lists for :func:`split_budget_parts` (see the Note for the terms)."""
+
+    expansions: np.ndarray
+    degrees_of: object
+    index_itemsize: int
+    max_fanout: int
+    indptr_on_ssd: bool
+
+
+@dataclass(slots=True)
+class FeaturePart:
+    """One node type's candidate feature rows for :func:`split_budget_parts`."""
+
+    counts: np.ndarray
+    row_bytes: int
+    read_bytes: int
+
+
+@dataclass(slots=True)
+class PartsSplit:
+    """Per list part: the nodes whose lists are cached and their bytes; per feature part: the bytes its rows
+    won; and the predicted SSD bytes each part saves per pre-sampled pass."""
+
+    lists: dict
+    list_bytes: dict
+    feature_bytes: dict
+    list_saved: dict
+    feature_saved: dict
+
+
+def split_budget_parts(budget: int, *, lists: dict, features: dict) -> PartsSplit:
+    """Divide ``budget`` bytes among the lists of several relations and the feature rows of several node types
+    by SSD bytes saved per byte, one greedy over all of them together
+    (see [Note: splitting one budget between topology and features])."""
+    dens, costs, index, saved_all = [], [], [], []
+    for name, part in lists.items():
+        expanded = np.flatnonzero(part.expansions > 0)
+        deg = np.asarray(part.degrees_of(expanded), np.int64) if len(expanded) else np.zeros(0, np.int64)
+        # an empty list saves nothing unless indptr is on the SSD: then caching it (24 bytes) saves its indptr read
+        keep = (deg > 0) | part.indptr_on_ssd
+        expanded, deg = expanded[keep], deg[keep]
+        saved = part.expansions[expanded] * (list_read_bytes(deg, part.index_itemsize, part.max_fanout)
+                                             + (BLOCK if part.indptr_on_ssd else 0))
+        cost = deg * part.index_itemsize + _LIST_OVERHEAD
+        dens.append(saved / cost)
+        costs.append(cost)
+        index.append(("list", name, expanded))
+        saved_all.append(saved)
+    for name, part in features.items():
+        rows = np.flatnonzero(part.counts > 0)
+        saved = part.counts[rows] * float(part.read_bytes)
+        dens.append(saved / part.row_bytes)
+        costs.append(np.full(len(rows), part.row_bytes, np.int64))
+        index.append(("features", name, rows))
+        saved_all.append(saved)
+    empty = np.zeros(0)
+    density = np.concatenate(dens) if dens else empty
+    cost = np.concatenate(costs) if costs else empty.astype(np.int64)
+    saved = np.concatenate(saved_all) if saved_all else empty
+    order = np.argsort(-density, kind="stable")
+    taken = np.zeros(len(cost), bool)
+    taken[order[np.cumsum(cost[order]) <= budget]] = True
+    out = PartsSplit(lists={}, list_bytes={}, feature_bytes={}, list_saved={}, feature_saved={})
+    offset = 0
+    for kind, name, ids in index:
+        sel = taken[offset: offset + len(ids)]
+        part_cost, part_saved = cost[offset: offset + len(ids)], saved[offset: offset + len(ids)]
+        if kind == "list":
+            out.lists[name] = np.sort(ids[sel])
+            out.list_bytes[name] = int(part_cost[sel].sum())
+            out.list_saved[name] = float(part_saved[sel].sum())
+        else:
+            out.feature_bytes[name] = int(part_cost[sel].sum())
+            out.feature_saved[name] = float(part_saved[sel].sum())
+        offset += len(ids)
+    return out
+
+
 def split_budget(budget: int, *, feature_counts: np.ndarray, expansions: np.ndarray, degrees_of, row_bytes: int,
                  feature_read_bytes: int, index_itemsize: int, max_fanout: int, indptr_on_ssd: bool) -> CacheSplit:
     """Divide ``budget`` bytes between cached lists and feature rows by SSD bytes saved per byte.
 
     ``feature_counts``/``expansions``: per-node gathers and expansions from pre-sampling;
     ``degrees_of(nodes)``: in-degrees of those nodes; ``feature_read_bytes``: bytes one row miss reads.
-    See [Note: splitting one budget between topology and features].
+    See [Note: splitting one budget between topology and features]. Whatever the lists leave goes to the
+    feature rows (the cache places them in hotness order).
     """
-    feat = np.flatnonzero(feature_counts > 0)
-    f_density = feature_counts[feat] * float(feature_read_bytes) / row_bytes
-    f_cost = np.full(len(feat), row_bytes, np.int64)
-    expanded = np.flatnonzero(expansions > 0)
-    deg = np.asarray(degrees_of(expanded), np.int64) if len(expanded) else np.zeros(0, np.int64)
-    # an empty list saves nothing unless indptr is on the SSD: then caching it (24 bytes) saves its indptr read
-    keep = (deg > 0) | indptr_on_ssd
-    expanded, deg = expanded[keep], deg[keep]
-    saved = expansions[expanded] * (list_read_bytes(deg, index_itemsize, max_fanout)
-                                    + (BLOCK if indptr_on_ssd else 0))
-    t_cost = deg * index_itemsize + _LIST_OVERHEAD
-    t_density = saved / t_cost
-    density = np.concatenate([t_density, f_density])
-    cost = np.concatenate([t_cost, f_cost])
-    is_topo = np.concatenate([np.ones(len(t_cost), bool), np.zeros(len(f_cost), bool)])
-    order = np.argsort(-density, kind="stable")
-    taken = order[np.cumsum(cost[order]) <= budget]
-    topo_taken = taken[is_topo[taken]]
-    feat_taken = taken[~is_topo[taken]] - len(t_cost)
-    topo_bytes = int(cost[topo_taken].sum())
-    return CacheSplit(topology_nodes=np.sort(expanded[topo_taken]), topology_bytes=topo_bytes,
-                      feature_bytes=max(0, budget - topo_bytes),
-                      topology_saved_bytes=float(saved[topo_taken].sum()),
-                      feature_saved_bytes=float((feature_counts[feat[feat_taken]] * float(feature_read_bytes)).sum()))
+    parts = split_budget_parts(budget, lists={"": ListPart(expansions, degrees_of, index_itemsize, max_fanout,
+                                                            indptr_on_ssd)},
+                               features={"": FeaturePart(feature_counts, row_bytes, feature_read_bytes)})
+    topo_bytes = parts.list_bytes[""]
+    return CacheSplit(topology_nodes=parts.lists[""], topology_bytes=topo_bytes,
+                      feature_bytes=max(0, budget - topo_bytes), topology_saved_bytes=parts.list_saved[""],
+                      feature_saved_bytes=parts.feature_saved[""])

@@ -17,6 +17,7 @@ import torch
 from terastack import trace
 from terastack.constants import BLOCK
 from terastack.gnn.cache import UnifiedCache
+from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, wrap
 from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step
@@ -44,8 +45,11 @@ def training_threads() -> int:
 
 
 def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray,
-                *, batch_size: int, epoch: int, progress: bool = True, label: str = "train") -> dict:
-    """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic."""
+                *, batch_size: int, epoch: int, progress: bool = True, label: str = "train", step=train_step) -> dict:
+    """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic.
+
+    ``step(model, optimizer, batch) -> loss`` trains one batch (heterogeneous batches take
+    terastack.gnn.hetero_models.hetero_train_step)."""
     source = pipeline.source
     topology = pipeline.sampler.topology
     before = source.stats.snapshot()
@@ -56,7 +60,7 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
     started = time.perf_counter()
     for k, data in enumerate(pipeline.epoch(train_ids, batch_size, epoch=epoch)):
         with trace.span(f"train {k}", track="train", cat="gnn", nodes=int(data.num_nodes)):
-            losses.append(train_step(model, optimizer, data))
+            losses.append(step(model, optimizer, data))
         if progress:
             now = source.stats.snapshot()
             rows = max(now["rows"] - before["rows"], 1)
@@ -84,7 +88,7 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
         "ssd_GBps": delta["ssd_bytes"] / seconds / 1e9 if seconds else 0.0,
         "rows_gathered": delta["rows"], "sample_seconds": st.sample_seconds, "gather_seconds": st.gather_seconds,
         "io_wait_seconds": delta["io_wait_seconds"], "stall_seconds": st.stall_seconds,
-        "max_batch_rows": st.max_rows,
+        "max_batch_rows": st.max_rows, "seeds": st.seeds,
         # the sampler's topology: lists served from memory, and what was read from the SSD for the rest
         "topology_hit_rate": topo["hits"] / max(topo["lookups"], 1), "topology_ssd_bytes": topo["ssd_bytes"],
         "topology_calls_per_batch": (topo["indptr_calls"] + topo["indices_calls"]) / max(len(losses), 1),
@@ -125,11 +129,13 @@ def fit(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optim
                         label=label) for e in range(first_epoch, first_epoch + epochs)]
 
 
-def evaluate(pipeline: Pipeline, model: torch.nn.Module, ids: np.ndarray, *, batch_size: int) -> float:
-    """Accuracy on the seed nodes ``ids`` (sampled inference, fixed random stream)."""
+def evaluate(pipeline: Pipeline, model: torch.nn.Module, ids: np.ndarray, *, batch_size: int,
+             step=eval_step) -> float:
+    """Accuracy on the seed nodes ``ids`` (sampled inference, fixed random stream); ``step(model, batch)``
+    returns (correct, total)."""
     correct = total = 0
-    for data in pipeline.epoch(ids, batch_size, epoch=EVAL_EPOCH, shuffle=False):
-        c, t = eval_step(model, data)
+    for data in pipeline.epoch(ids, batch_size, epoch=EVAL_EPOCH, shuffle=False, shard=False):
+        c, t = step(model, data)
         correct, total = correct + c, total + t
     return correct / max(total, 1)
 
@@ -166,6 +172,8 @@ class GnnTrainer:
         indptr: str = "auto"
         device: str = "auto"
         progress: bool = True
+        #: with several ranks: gather every rank's parameters after every step and report the largest difference
+        check_sync: bool = False
 
         def __post_init__(self) -> None:
             if not self.data:
@@ -209,10 +217,15 @@ class GnnTrainer:
         split, feature_host = share_budget(ds, hot, cfg.host_cache, cfg.fanouts)
         cache = UnifiedCache(ds, hot.order(), device_budget=cfg.device_cache, host_budget=feature_host,
                              device=cfg.device, engine=self.engine)
+        ranks = current_ranks()
         try:
-            pipeline = Pipeline(sampler, cache, ds.labels, overlap=cfg.overlap, depth=cfg.depth, device=cfg.device)
+            pipeline = Pipeline(sampler, cache, ds.labels, overlap=cfg.overlap, depth=cfg.depth, device=cfg.device,
+                                rank=ranks.rank, world_size=ranks.world_size)
             torch.manual_seed(cfg.seed)
             model = GNN(cfg.model, ds.feat_dim, cfg.hidden, ds.num_classes, len(cfg.fanouts)).to(pipeline.device)
+            net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.data_parallel
+            sync = SyncCheck(model) if cfg.check_sync and ranks.active else None
+            step = checked_step(train_step, sync)
             optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
             # Evaluation nodes: the first eval_nodes of each split, the same ones after every epoch.
             held_out = {name: ds.splits[name] if cfg.eval_nodes < 0 else ds.splits[name][: cfg.eval_nodes]
@@ -224,8 +237,8 @@ class GnnTrainer:
 
             epochs = []
             for epoch in range(cfg.epochs):  # train an epoch, then score it on the validation and test nodes
-                result = train_epoch(pipeline, model, optimizer, train_ids, batch_size=cfg.batch_size, epoch=epoch,
-                                     progress=cfg.progress)
+                result = train_epoch(pipeline, net, optimizer, train_ids, batch_size=cfg.batch_size, epoch=epoch,
+                                     progress=cfg.progress and ranks.leader, step=step)
                 epochs.append({**result, "val_acc": None, "test_acc": None, **scores()})
             final = {k: epochs[-1][k] for k in ("val_acc", "test_acc")} if epochs else \
                 {"val_acc": None, "test_acc": None, **scores()}
@@ -235,7 +248,7 @@ class GnnTrainer:
             cache.close()
             ds.close()
         checkpoint = None
-        if cfg.save_model:
+        if cfg.save_model and ranks.leader:
             checkpoint = str(save_model(model, cfg.save_model, dataset={
                 "root": str(ds.root), "nodes": ds.num_nodes, "feat_dim": ds.feat_dim, "classes": ds.num_classes},
                 training={"fanouts": list(cfg.fanouts), "epochs": cfg.epochs, "lr": cfg.lr, "seed": cfg.seed},
@@ -259,4 +272,5 @@ class GnnTrainer:
             "val_acc_per_epoch": [e["val_acc"] for e in epochs], "test_acc_per_epoch": [e["test_acc"] for e in epochs],
             "epoch_seconds": [e["seconds"] for e in epochs],
             "checkpoint": checkpoint,
+            "ranks": {"world_size": ranks.world_size, **(sync.to_dict() if sync else {})},
         }

@@ -14,8 +14,8 @@ Backends implement :class:`Backend` and are registered by name with
 from terastack.io.backend import Backend, backend_names, register_backend
 from terastack.io.buffers import AlignedArena, ArenaBuffer, aligned_empty, view_buffer
 from terastack.io.engine import IOEngine, IOStats, get_engine, set_engine
-from terastack.io.errors import (BatchError, BudgetError, ClosedFileError, EndOfFileError,
-                                 InvalidRequestError, StorageError)
+from terastack.errors import BudgetError  # shared by every layer; also offered here, beside the I/O errors
+from terastack.io.storage_errors import BatchError, ClosedFileError, EndOfFileError, InvalidRequestError, StorageError
 from terastack.io.file import File, open
 from terastack.io.futures import Future, completed, gather, wait_all
 

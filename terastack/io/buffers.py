@@ -8,7 +8,6 @@ single aligned array.
 """
 from __future__ import annotations
 
-import bisect
 import mmap
 import sys
 import threading
@@ -19,7 +18,8 @@ import numpy as np
 # DIRECT_ALIGN: O_DIRECT alignment; HUGE_PAGE: from this size up, buffers ask for transparent huge pages
 # (see [Note: huge pages for I/O buffers]). Both live in the one constants module; re-exported here.
 from terastack.constants import DIRECT_ALIGN, HUGE_PAGE, round_up  # noqa: F401
-from terastack.io.errors import BudgetError
+from terastack.errors import BudgetError
+from terastack.io.free_list import FreeList
 
 PAGE = mmap.PAGESIZE
 
@@ -164,7 +164,7 @@ class ArenaBuffer:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self.arena._free(self.offset, self.capacity)
+            self.arena.give_back(self.offset, self.capacity)
 
     def __enter__(self) -> "ArenaBuffer":
         return self
@@ -193,8 +193,7 @@ class AlignedArena:
         self._map = anonymous_map(self.capacity)
         self.address = np.frombuffer(self._map, dtype=np.uint8, count=1).ctypes.data
         self._lock = threading.Lock()
-        self._free_starts: list[int] = [0]  # sorted, coalesced free extents
-        self._free_sizes: dict[int, int] = {0: self.capacity}
+        self._free = FreeList(0, self.capacity)
         self.used = 0
         self.peak = 0
         self.pinned = False
@@ -206,42 +205,20 @@ class AlignedArena:
             raise ValueError(f"nbytes: must be >= 0, got {nbytes}")
         size = max(PAGE, round_up(nbytes, PAGE))
         with self._lock:
-            for start in self._free_starts:
-                extent = self._free_sizes[start]
-                if extent >= size:
-                    self._take(start, extent, size)
-                    self.used += size
-                    self.peak = max(self.peak, self.used)
-                    return ArenaBuffer(self, start, nbytes, size)
-            largest = max(self._free_sizes.values(), default=0)
+            start = self._free.take(size)
+            if start is not None:
+                self.used += size
+                self.peak = max(self.peak, self.used)
+                return ArenaBuffer(self, start, nbytes, size)
+            largest = self._free.largest()
         raise BudgetError(self.name, needed=size, available=largest, limit=self.capacity,
                           what=what or f"a {nbytes}-byte aligned buffer")
 
-    def _take(self, start: int, extent: int, size: int) -> None:
-        i = bisect.bisect_left(self._free_starts, start)
-        del self._free_starts[i]
-        del self._free_sizes[start]
-        if extent > size:
-            rest = start + size
-            bisect.insort(self._free_starts, rest)
-            self._free_sizes[rest] = extent - size
-
-    def _free(self, start: int, size: int) -> None:
+    def give_back(self, offset: int, capacity: int) -> None:
+        """Return a buffer's extent (what :meth:`ArenaBuffer.release` calls)."""
         with self._lock:
-            self.used -= size
-            i = bisect.bisect_left(self._free_starts, start)
-            # coalesce with the following extent
-            if i < len(self._free_starts) and self._free_starts[i] == start + size:
-                size += self._free_sizes.pop(self._free_starts[i])
-                del self._free_starts[i]
-            # coalesce with the preceding extent
-            if i > 0:
-                prev = self._free_starts[i - 1]
-                if prev + self._free_sizes[prev] == start:
-                    self._free_sizes[prev] += size
-                    return
-            self._free_starts.insert(i, start)
-            self._free_sizes[start] = size
+            self._free.give(offset, capacity)
+            self.used -= capacity
 
     def close(self) -> None:
         if self.pinned:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from terastack.io.errors import InvalidRequestError
+from terastack.io.storage_errors import InvalidRequestError
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, op_name
 

@@ -28,7 +28,7 @@ import numpy as np
 from terastack import trace
 from terastack.constants import DIRECT_ALIGN
 from terastack.io.backend import Backend, backend_names, start_backend
-from terastack.io.errors import BatchError, EndOfFileError, StorageError
+from terastack.io.storage_errors import BatchError, EndOfFileError, StorageError
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, OP_WRITE, op_name, per_request_results, plan_requests
 

@@ -24,7 +24,7 @@ import numpy as np
 from terastack.constants import DIRECT_ALIGN, round_up
 from terastack.io.buffers import view_buffer
 from terastack.io.engine import IOEngine, get_engine
-from terastack.io.errors import ClosedFileError, InvalidRequestError, StorageError
+from terastack.io.storage_errors import ClosedFileError, InvalidRequestError, StorageError
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, OP_WRITE, op_name
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from terastack.dtypes import COMPUTE_DTYPES, to_dtype
 from terastack.memory import mem_total
 
 
@@ -23,7 +24,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``TrainerConfig.dtype`` as a torch dtype ("auto": bfloat16 on a GPU, float32 on a CPU)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    return to_dtype(dtype, allowed=COMPUTE_DTYPES)
 
 
 def budgets(config, device: torch.device) -> tuple[int, int]:

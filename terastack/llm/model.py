@@ -19,11 +19,8 @@ gradients are summed before its update.
 """
 from __future__ import annotations
 
-import json
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn

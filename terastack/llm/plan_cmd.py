@@ -91,8 +91,7 @@ def resolve_hardware(args):
 
 def plan_model(args, hw):
     """(profile, plan or None, PlanError or None)."""
-    import torch
-
+    from terastack.dtypes import COMPUTE_DTYPES, to_dtype
     from terastack.training.model_registry import resolve_model
     from terastack.llm.trainer_config import LoraSpec
     from terastack.llm.engine.profile import profile_config
@@ -101,7 +100,7 @@ def plan_model(args, hw):
     hf_config, _ = resolve_model(args.model)
     dtype = args.dtype or ("bfloat16" if hw.has_gpu else "float32")
     profile = profile_config(hf_config, batch=args.batch_size, seq_len=args.seq_len,
-                             dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype], name=args.model,
+                             dtype=to_dtype(dtype, allowed=COMPUTE_DTYPES), name=args.model,
                              lora=LoraSpec(r=args.lora, alpha=2 * args.lora) if args.lora else None,
                              calibrate=args.calibrate)
     mem = hw.host_memory_bytes or (64 << 30)

@@ -14,7 +14,6 @@ The step itself reads top to bottom in :func:`terastack.llm.engine.step.train_st
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
 import time
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from terastack.llm import checkpoint
+from terastack.llm import engine_state
+from terastack.llm.export import export_pretrained
 from terastack.llm.engine import records, store_layout as layout
 from terastack.llm.trainer_config import MEMORY_BUDGET_ENV, TrainerConfig
 from terastack.llm.machine import budgets, discover_hardware, resolve_device, resolve_dtype
@@ -41,6 +41,7 @@ from terastack.memory import return_freed_memory
 from terastack.plan.budget_search import search_budget_split
 from terastack.plan.llm_planner import LLMPlanner
 from terastack.tiers import TieredStore
+from terastack.training.checkpoint import JSONState, RNGState, Snapshot, Stateful, save_checkpoint
 
 #: the keys a batch (``step``'s arguments, a micro-batch of ``step_accumulated``) may have
 BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
@@ -60,16 +61,33 @@ class StepStats:
     grad_norm: float | None
 
 
+class StepCount:
+    """Optimizer steps a trainer has taken: its progress, as a checkpoint component."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["step"])
+
+
+#: names of a trainer checkpoint's components that a caller's components may not take (``extra`` they may)
+TRAINER_COMPONENTS = ("model", "optimizer", "progress", "rng", "trainer_config")
+
+
 class Trainer:
     """Offloaded fine-tuning of one causal LM. Build it with :meth:`from_pretrained`, :meth:`from_config` or
     :meth:`load_checkpoint`."""
 
     def __init__(self, model, hf_config, config: TrainerConfig, *, name: str, source: "CheckpointReader | None",
-                 source_keys: CheckpointKeys | None = None, resume_state: dict | None = None, lora=None,
-                 source_dir: str | None = None):
+                 source_keys: CheckpointKeys | None = None, lora=None, source_dir: str | None = None,
+                 empty: bool = False):
+        # empty: the store is left without weights, for load_checkpoint to load a checkpoint's into
         self.config = config
         self.source_dir = source_dir          # tokenizer files are copied from here on export
-        self.resumed_extra: dict = {}         # what the writer of a resumed checkpoint stored with it
         self.hf_config = hf_config
         self.name = name
         self.model = model
@@ -91,7 +109,7 @@ class Trainer:
         if self.family not in TESTED_FAMILIES:
             warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
                           f"({', '.join(TESTED_FAMILIES)}); units were found generically", stacklevel=3)
-        self.step_count = 0
+        self.progress = StepCount()
         self.history: list[StepStats] = []
         self._closed = False
         self._failed: BaseException | None = None
@@ -126,14 +144,21 @@ class Trainer:
                 compute_dtype=self.compute_dtype, timeout=config.timeout,
                 optimizer_config=config.optimizer_config(), inline_updates=self.inline_updates)
             self.optimizer = self.runtime.optimizer
-            install_units(model, self.units, self.runtime)
-            if resume_state is None:
+            install_units(model, self.units, self.runtime.runner)
+            if not empty:
                 self._fill(source)
-            else:
-                checkpoint.fill_from_checkpoint(self, resume_state)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken (a resumed trainer counts its checkpoint's)."""
+        return self.progress.steps
+
+    @step_count.setter
+    def step_count(self, value: int) -> None:
+        self.progress.steps = value
 
     @property
     def run_dir(self) -> Path:
@@ -146,12 +171,8 @@ class Trainer:
         config = self.config
 
         def planner_for(device_budget: int, host_budget: int) -> LLMPlanner:
-            return LLMPlanner(LLMPlanner.Config(
-                device_budget=device_budget, host_budget=host_budget, policy=config.activation_policy,
-                mode=config.optimizer_mode, prefetch_depth=config.prefetch_depth,
-                state_placement=config.state_placement, optimizer_chunk=config.optimizer_chunk,
-                retain_weights=config.retain_weights, inline_updates=self.inline_updates,
-                grad_accum=config.grad_accum))
+            return LLMPlanner(config.planner_config(device_budget=device_budget, host_budget=host_budget,
+                                                    inline_updates=self.inline_updates))
 
         def plan_for(device_budget: int, host_budget: int):
             planner = planner_for(device_budget, host_budget)
@@ -199,16 +220,21 @@ class Trainer:
         return cls(model, hf_config, config, name=name or f"{hf_config.model_type} (random init)", source=None)
 
     @classmethod
-    def load_checkpoint(cls, path: str | os.PathLike, config: TrainerConfig | None = None, *,
-                        expect_model=None) -> "Trainer":
-        """Resume from :meth:`save_checkpoint`'s directory. ``expect_model``: a config the checkpoint must match."""
+    def load_checkpoint(cls, path: "str | os.PathLike | Snapshot", config: TrainerConfig | None = None, *,
+                        expect_model=None, components: Mapping[str, Stateful] | None = None) -> "Trainer":
+        """Resume from :meth:`save_checkpoint`'s directory (or a snapshot of it,
+        :func:`terastack.llm.engine_state.open_checkpoint`): the trainer of the model that wrote it is built, then
+        its components (:meth:`checkpoint_components`) load their state, then ``components`` (more ``Stateful``
+        parts saved with it: ``{"extra": JSONState()}`` receives ``save_checkpoint``'s ``extra``).
+        ``expect_model``: a config the checkpoint must match."""
         config = config or TrainerConfig()
-        resume = checkpoint.open_for_resume(path, config, expect_model=expect_model)
-        trainer = cls(resume.model, resume.hf_config, config, name=resume.name, source=None, resume_state=resume.state,
-                      lora=resume.lora)
+        snapshot = path if isinstance(path, Snapshot) else engine_state.open_checkpoint(path)
+        rebuilt = engine_state.rebuild_model(snapshot, config, expect_model=expect_model)
+        trainer = cls(rebuilt.model, rebuilt.hf_config, config, name=rebuilt.name, source=None, lora=rebuilt.lora,
+                      empty=True)
         try:
-            checkpoint.check_fingerprint(trainer.tensors, resume)
-        except ValueError:
+            snapshot.load({**trainer.checkpoint_components(), **trainer._more_components(components)})
+        except BaseException:
             trainer.close()
             raise
         return trainer
@@ -403,11 +429,35 @@ class Trainer:
         m, v = (torch.cat([rt.read_record(r) for r in rt.moment_records(name, w)]).view(shape) for w in (1, 2))
         return m, v, self.optimizer.steps[name]
 
-    def save_checkpoint(self, path: str | os.PathLike, *, extra: dict | None = None) -> Path:
+    def checkpoint_components(self) -> dict[str, Stateful]:
+        """What a checkpoint of this trainer holds, each part saving itself: the model and its tensors in the
+        store (masters, moments, frozen weights), the optimizer's learning rate and step counts, the steps taken
+        and the RNG state (dropout draws)."""
+        return {"model": engine_state.EngineState(self.runtime, name=self.name, hf_config=self.hf_config,
+                                                  lora=self.lora),
+                "optimizer": self.optimizer, "progress": self.progress, "rng": RNGState()}
+
+    def _more_components(self, components: Mapping[str, Stateful] | None) -> dict[str, Stateful]:
+        taken = sorted(set(components or {}) & set(TRAINER_COMPONENTS))
+        if taken:
+            raise ValueError(f"components: {', '.join(taken)} is the trainer's own")
+        return dict(components or {})
+
+    def save_checkpoint(self, path: str | os.PathLike, *, extra: dict | None = None,
+                        components: Mapping[str, Stateful] | None = None) -> Path:
         """A consistent snapshot of weights, optimizer state and step, written atomically into ``path``
-        (see [Note: checkpoint layout and atomicity]). ``extra`` (JSON) comes back as ``resumed_extra``."""
+        (see [Note: checkpoint layout and atomicity] in terastack.training.checkpoint). ``components``: more
+        ``Stateful`` parts saved beside the trainer's (a job's loop state); ``extra`` (JSON): saved as the
+        ``extra`` component (``load_checkpoint(..., components={"extra": JSONState()})`` reads it back)."""
         self._check_open()
-        return checkpoint.save_checkpoint(self, path, extra=extra)
+        more = self._more_components(components)
+        if extra is not None and "extra" in more:
+            raise ValueError("extra: given twice (as extra and as components['extra'])")
+        self.synchronize()
+        return save_checkpoint(path, {**self.checkpoint_components(),
+                                      # what it was trained with, for whoever reads the checkpoint
+                                      "trainer_config": JSONState(self.config.to_dict()),
+                                      "extra": JSONState(extra), **more}, step=self.step_count)
 
     def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None,
                         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
@@ -415,16 +465,7 @@ class Trainer:
         ``max_shard_size`` shards named and indexed as transformers' ``save_pretrained`` names them ([Note: sharded
         export]); ``dtype``: float32 (default), bfloat16 or float16."""
         self._check_open()
-        return checkpoint.export_pretrained(self, path, dtype=dtype, max_shard_size=max_shard_size)
-
-    def progress_state(self) -> dict:
-        """The trainer's own part of a checkpoint: steps taken and the CPU RNG state (dropout draws)."""
-        return {"step": self.step_count, "rng_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
-
-    def load_progress_state(self, state: dict) -> None:
-        self.step_count = int(state["step"])
-        rng = base64.b64decode(state["rng_cpu"])
-        torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+        return export_pretrained(self, path, dtype=dtype, max_shard_size=max_shard_size)
 
     # --------------------------------------------------------------- usage
     def usage(self) -> dict:

@@ -1,4 +1,14 @@
-"""TrainerConfig: every knob of the offloading trainer, validated, loadable from TOML."""
+"""TrainerConfig: every knob of the offloading trainer, loadable from TOML, and built from a job.
+
+[Note: the trainer's settings are the job's]
+Each TrainerConfig field is a setting of the job (:mod:`terastack.training.job`): the one whose flat name is
+the field's name, or the one :func:`~terastack.training.job.legacy.old_trainer_key` names (``store_dir`` is
+``store.dirs``, ``packed`` is ``data.pack``); ``lora`` is the lora section. So the values are checked in one
+place, the job's sections: a TrainerConfig checks its fields by building them (an error names the TrainerConfig
+field), and :meth:`TrainerConfig.from_job` copies a job's settings by that same correspondence. The optimizer's
+and the planner's settings are built from a TrainerConfig (:meth:`TrainerConfig.optimizer_config`,
+:meth:`TrainerConfig.planner_config`).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -7,9 +17,11 @@ import tempfile
 from dataclasses import dataclass
 
 from terastack.configfile import config_from_dict, read_toml_table
-from terastack.units import parse_bytes
+from terastack.training.job import (SECTIONS, JobConfig, LoraSection, SettingError, build_job,
+                                    resolve_job)
+from terastack.training.job.legacy import old_trainer_key
 
-ACTIVATION_POLICIES = ("auto", "keep", "host", "ssd", "recompute")
+__all__ = ["MEMORY_BUDGET_ENV", "LoraSpec", "TrainerConfig"]
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
 #: starts its process with them); see [Note: a memory budget bounds resident memory] (terastack.memory)
 MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(256 << 10)}
@@ -28,14 +40,24 @@ class LoraSpec:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
-        if self.r < 1:
-            raise ValueError(f"lora.r: must be >= 1, got {self.r}")
-        if self.alpha <= 0:
-            raise ValueError(f"lora.alpha: must be > 0, got {self.alpha}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
-        if isinstance(self.target_modules, list):
-            self.target_modules = tuple(self.target_modules)
+        try:  # the job's lora section checks the values ([Note: the trainer's settings are the job's])
+            section = LoraSection(rank=self.r, alpha=self.alpha, dropout=self.dropout,
+                                  target_modules=self.target_modules, init_from=self.init_from)
+        except SettingError as exc:
+            raise ValueError(f"{'lora.r' if exc.path == 'lora.rank' else exc.path}: {exc.reason}") from None
+        self.target_modules = section.target_modules
+
+    @classmethod
+    def from_section(cls, section: LoraSection) -> "LoraSpec | None":
+        """The adapter of a job's lora section (None without a rank); alpha defaults to twice the rank."""
+        if section.rank is None:
+            return None
+        return cls(r=section.rank, alpha=section.alpha or 2 * section.rank, dropout=section.dropout,
+                   target_modules=section.target_modules, init_from=section.init_from)
+
+    def section_values(self) -> dict:
+        return {"lora.rank": self.r, "lora.alpha": self.alpha, "lora.dropout": self.dropout,
+                "lora.target_modules": self.target_modules, "lora.init_from": self.init_from}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +93,9 @@ class TrainerConfig:
     #: "auto" (the planner chooses per layer), one policy for every decoder layer ("keep", "host", "ssd",
     #: "recompute"), a comma-separated cycle of them over the decoder layers, or one policy per unit (a list)
     activation_policy: str | tuple = "auto"
+    #: when the per-layer updates run: a schedule's name (terastack.plan.schedule_specs), or "auto" (eager, or
+    #: deferred with max_grad_norm; after_backward without active_offload)
+    optimizer_schedule: str = "auto"
     #: False runs the optimizer after the whole backward (the ablation of active gradient offloading)
     active_offload: bool = True
     #: eager updates on the training thread, right after each unit's backward (None: when computing on the CPU);
@@ -95,64 +120,53 @@ class TrainerConfig:
     timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.store_dir, (list, tuple)):
-            self.store_dir = ",".join(str(d) for d in self.store_dir)
-        if not self.store_dir:
-            raise ValueError("store_dir: a directory for the training state is required")
-        if not all(d.strip() for d in self.store_dir.split(",")):
-            raise ValueError(f"store_dir: {self.store_dir!r} names an empty directory")
-        for name in ("device_budget", "host_budget"):
-            value = getattr(self, name)
-            if value != "auto":
-                setattr(self, name, parse_bytes(value, field=name))
-        if self.memory_budget is not None:
-            self.memory_budget = parse_bytes(self.memory_budget, field="memory_budget")
-            if self.device_budget != "auto" or self.host_budget != "auto":
-                raise ValueError("memory_budget: give either memory_budget or device_budget/host_budget, not both")
-        self.betas = tuple(float(b) for b in self.betas)
-        self.optimizer_config()  # lr, betas, eps, weight_decay, max_grad_norm, optimizer_impl are its fields
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype: must be auto, float32 or bfloat16; got {self.dtype!r}")
-        if self.batch_size < 1 or self.seq_len < 1:
-            raise ValueError(f"batch_size/seq_len: must be >= 1, got {self.batch_size}/{self.seq_len}")
-        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
-            raise ValueError(f"grad_accum: must be an integer >= 1, got {self.grad_accum!r}")
-        if isinstance(self.activation_policy, (list, tuple)):
-            self.activation_policy = tuple(self.activation_policy)
-            names = self.activation_policy
-        else:
-            names = [] if self.activation_policy == "auto" else self.activation_policy.split(",")
-        bad = [p for p in names if p not in ACTIVATION_POLICIES or p == "auto"]
-        if bad:
-            raise ValueError(f"activation_policy: {bad[0]!r} is not one of {', '.join(ACTIVATION_POLICIES[1:])} "
-                             f"(or auto)")
-        if self.prefetch_depth < 0:
-            raise ValueError(f"prefetch_depth: must be >= 0, got {self.prefetch_depth}")
-        if self.state_placement not in ("auto", "ssd"):
-            raise ValueError(f"state_placement: must be auto or ssd; got {self.state_placement!r}")
-        if self.optimizer_chunk < 1024:
-            raise ValueError(f"optimizer_chunk: must be >= 1024 elements, got {self.optimizer_chunk}")
-        if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
-            raise ValueError(f"device: must be auto, cpu or cuda[:N]; got {self.device!r}")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout: must be > 0 seconds, got {self.timeout}")
         if isinstance(self.lora, dict):
             self.lora = LoraSpec(**self.lora)
+        try:  # [Note: the trainer's settings are the job's]
+            job = build_job(self._job_settings())
+        except SettingError as exc:
+            raise ValueError(f"{_FIELD_OF.get(exc.path, exc.path)}: {exc.reason}") from None
+        for name, path in _SETTING_OF.items():  # the values as the sections read them (sizes in bytes...)
+            setattr(self, name, job.get(path))
+
+    def _job_settings(self) -> dict:
+        out = {path: getattr(self, name) for name, path in _SETTING_OF.items()}
+        if self.lora is not None:
+            out.update(self.lora.section_values())
+        return out
+
+    @classmethod
+    def from_job(cls, job: JobConfig, **given) -> "TrainerConfig":
+        """The trainer's settings of ``job``: every field the job gives ([Note: the trainer's settings are the
+        job's]); a setting the job leaves unset (None) keeps the field's default; ``given`` (what the command
+        decides: the learning rate for a pretrained model, a scratch store) wins."""
+        fields = {name: job.get(path) for name, path in _SETTING_OF.items() if job.get(path) is not None}
+        fields["lora"] = LoraSpec.from_section(job.lora)
+        fields.update(given)
+        return cls(**fields)
 
     def optimizer_config(self):
-        """The optimizer's part of this config (validated by the optimizer's own Config)."""
+        """The optimizer's settings."""
         from terastack.llm.engine.optimizer import OffloadedAdamW
 
-        try:
-            return OffloadedAdamW.Config(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                                         max_grad_norm=self.max_grad_norm, mode=self.optimizer_mode,
-                                         impl=self.optimizer_impl, timeout=self.timeout)
-        except ValueError as exc:
-            msg = str(exc)
-            raise ValueError("optimizer_" + msg if msg.startswith("impl:") else msg) from None
+        return OffloadedAdamW.Config(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+                                     max_grad_norm=self.max_grad_norm, mode=self.optimizer_mode,
+                                     impl=self.optimizer_impl, timeout=self.timeout)
+
+    def planner_config(self, *, device_budget: int, host_budget: int, inline_updates: bool):
+        """The planner's settings for these budgets (bytes) and this machine's choice of inline updates."""
+        from terastack.plan.llm_planner import LLMPlanner
+
+        return LLMPlanner.Config(device_budget=device_budget, host_budget=host_budget,
+                                 policy=self.activation_policy, mode=self.optimizer_mode,
+                                 prefetch_depth=self.prefetch_depth, state_placement=self.state_placement,
+                                 optimizer_chunk=self.optimizer_chunk, retain_weights=self.retain_weights,
+                                 inline_updates=inline_updates, grad_accum=self.grad_accum)
 
     @property
     def optimizer_mode(self) -> str:
+        if self.optimizer_schedule != "auto":
+            return self.optimizer_schedule
         if not self.active_offload:
             return "after_backward"
         return "deferred" if self.max_grad_norm is not None else "eager"
@@ -170,8 +184,19 @@ class TrainerConfig:
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike) -> "TrainerConfig":
+        """A TOML file of TrainerConfig fields (a ``[trainer]`` table, or bare), or a job file in sections (the
+        shipped configs): the trainer's settings of that job."""
         data = read_toml_table(path, "trainer")
+        if set(data) & set(SECTIONS):
+            return cls.from_job(resolve_job(file=path, flags={}, overrides=[]))
         try:
             return cls.from_dict(data)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}: {exc}") from None
+
+
+#: TrainerConfig field -> the job setting it is (every field but lora: the lora section)
+_SETTING_OF = {f.name: old_trainer_key(f.name) for f in dataclasses.fields(TrainerConfig) if f.name != "lora"}
+if not all(_SETTING_OF.values()):  # a new field is a new job setting first
+    raise TypeError(f"TrainerConfig fields without a job setting: {[n for n, p in _SETTING_OF.items() if not p]}")
+_FIELD_OF = {path: name for name, path in _SETTING_OF.items()}

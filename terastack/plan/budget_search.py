@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from terastack.plan.llm_planner import PlanError
+from terastack.plan.llm_plan import PlanError
 
 P = TypeVar("P")
 

@@ -30,7 +30,9 @@ the gigabytes moved per step, the step s satisfies s = O + C (1 + k B / s),
 so s = ((C + O) + sqrt((C + O)^2 + 4 k C B)) / 2.
 Added to that is the part no schedule hides: the first unit of the next
 forward needs the update of the last unit of this backward (eager updates) or
-the whole optimizer runs after backward (active offloading off).
+the whole optimizer runs after backward (active offloading off): each
+schedule's spec says how much (``ScheduleSpec.exposed_s`` in
+terastack.plan.schedule_specs), as it says what its updates hold and move.
 
 [Note: planning gradient accumulation]
 With ``grad_accum`` N > 1 one step is N forwards and backwards and one AdamW
@@ -55,253 +57,25 @@ budgets and the fastest feasible one wins (ties: less device memory). Layers
 that run first in forward swap first (their activations have the longest
 time to travel and return); the last layers keep theirs (backward needs them
 first). Units outside the decoder stack (embeddings, final norm, head) save
-little and keep.
+little and keep. Which policies the search counts, in which order, and what
+each holds and moves: their specs (terastack.plan.activation_specs).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from terastack.constants import BLOCK, padded_size
-from terastack.io.errors import BudgetError
+from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, searched
 from terastack.plan.hardware import Hardware
+from terastack.plan.llm_plan import LLMPlan, PlanError, StepPrediction
+from terastack.plan.llm_profile import (STATE_BYTES, ModelProfile, UnitProfile, chunked_bytes, gradients_in_flight,
+                                        held_bytes)
+from terastack.plan.schedule_specs import EAGER, ExecutorKind, Exposure, ScheduleSpec, schedule_spec
+from terastack.tier import Tier
 from terastack.units import format_bytes, parse_bytes
 
-#: what a unit does with the activations its autograd graph saves: keep them on the device, swap them to host
-#: memory or to the SSD, or keep only its inputs and recompute the rest in backward
-POLICIES = ("keep", "host", "ssd", "recompute")
-#: when the CPU optimizer updates a tensor: "eager" (as soon as backward has its whole gradient, overlapped
-#: with the backward of earlier units), "deferred" (for clipping: once backward has the global gradient norm,
-#: in forward order, overlapped with the next forward), "after_backward" (every update after backward, which
-#: waits for them all: active offloading off). The one definition: terastack.llm's optimizer checks its mode
-#: against it (see that module's [Note: active gradient offloading] and [Note: clipping with eager updates]).
-MODES = ("eager", "deferred", "after_backward")
-#: fp32 master + AdamW exp_avg + exp_avg_sq, bytes per trainable parameter
-STATE_BYTES = 12
 #: elements per optimizer chunk at most when the host budget is too small for the configured chunks
 LEAN_CHUNK = 256 << 10
-
-#: Bytes a record of ``nbytes`` takes in a tier of the store: the store's own padding rule (whole O_DIRECT
-#: blocks, at least one, so small tensors cost a block each), so that plan and store cannot disagree.
-held_bytes = padded_size
-
-
-def chunked_bytes(numel: int, elem: int, chunk: int) -> int:
-    """Bytes the optimizer chunks of a ``numel``-element tensor take (each chunk its own record)."""
-    full, rest = divmod(max(numel, 1), chunk)
-    return full * held_bytes(chunk * elem) + (held_bytes(rest * elem) if rest else 0)
-
-
-def gradients_in_flight(profile: ModelProfile, *, slack: bool = True) -> int:
-    """Host bytes of gradients the pool must hold at once. [Note: gradients in flight]
-
-    Backward hands each unit's weight gradients to the optimizer as one batch, and a tensor's gradient stays
-    in the pool from its first contribution until its update is done. Most tensors have one user, so that is
-    one unit's gradients; a tensor several units share (tied input and output embeddings) is held from the
-    backward of its last user in forward order (the head, first in backward) to that of its first (the
-    embedding, last in backward): every unit's backward in between adds its own gradients to it. Updates
-    keep up at best (inline on the training thread; the optimizer thread when backward waits for it), so the
-    pool needs, at some unit's backward, the gradients of that unit plus those still partial: ``live`` below.
-    ``slack``: room for one more unit's completed gradients, so that backward runs on while the optimizer
-    thread still works through them (the second-largest unit, as when every tensor has one user).
-    """
-    units = profile.units
-    start: dict[str, int] = {}
-    end: dict[str, int] = {}
-    for i, u in enumerate(reversed(units)):  # backward order
-        for t in dict.fromkeys(u.tensors):
-            if profile.tensor_trainable[t]:
-                start.setdefault(t, i)
-                end[t] = i
-    held = [0] * len(units)      # gradients in the pool during the backward of each unit (backward order)
-    completed = [0] * len(units)  # gradients each unit's backward completes
-    for t, first in start.items():
-        nbytes = profile.tensor_numel[t] * 4
-        for i in range(first, end[t] + 1):
-            held[i] += nbytes
-        completed[end[t]] += nbytes
-    live = max(held, default=0)
-    return live + (sorted(completed, reverse=True) + [0, 0])[1] if slack else live
-
-
-@dataclass(kw_only=True, slots=True)
-class UnitProfile:
-    """One streamed unit (an embedding, a decoder layer, the final norm, the head) at one batch shape."""
-
-    name: str
-    kind: str                      # "pre", "layer" or "post" (before, in, after the decoder stack)
-    tensors: tuple[str, ...]       # canonical names of the parameters it uses
-    params: int                    # parameters it uses (shared ones counted in each user)
-    trainable: int                 # trainable parameters it owns (counted in one unit only)
-    weight_bytes: int              # its compute weights in the compute dtype
-    fwd_flops: float
-    bwd_flops: float
-    act_bytes: int                 # activations its autograd graph saves (weights excluded)
-    boundary_bytes: int            # its inputs that need a gradient (what recompute keeps)
-    out_bytes: int = 0
-    act_tensors: int = 0           # saved storages (each a padded store record when swapped to the SSD)
-    #: measured on this machine (seconds); None: from FLOPs and the hardware's rate
-    fwd_s: float | None = None
-    bwd_s: float | None = None
-
-
-@dataclass(kw_only=True, slots=True)
-class ModelProfile:
-    model: str
-    batch: int
-    seq_len: int
-    compute_bytes: int             # bytes per element of the compute weights (4 fp32, 2 bf16/fp16)
-    units: list[UnitProfile]
-    tensor_numel: dict[str, int]
-    tensor_trainable: dict[str, bool]
-    logits_bytes: int = 0
-
-    @property
-    def total_params(self) -> int:
-        return sum(self.tensor_numel.values())
-
-    @property
-    def trainable_params(self) -> int:
-        return sum(n for name, n in self.tensor_numel.items() if self.tensor_trainable[name])
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq_len
-
-    @property
-    def mixed_precision(self) -> bool:
-        return self.compute_bytes != 4
-
-    def state_bytes(self) -> int:
-        """Training state on the store: masters + moments (+ compute copies when they differ)."""
-        total = 0
-        for name, n in self.tensor_numel.items():
-            if self.tensor_trainable[name]:
-                total += n * (STATE_BYTES + (self.compute_bytes if self.mixed_precision else 0))
-            else:
-                total += n * self.compute_bytes
-        return total
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ModelProfile":
-        data = dict(data)
-        data["units"] = [UnitProfile(**{**u, "tensors": tuple(u["tensors"])}) for u in data["units"]]
-        return cls(**data)
-
-
-@dataclass(kw_only=True, slots=True)
-class StepPrediction:
-    step_s: float
-    tokens_per_s: float
-    bottleneck: str
-    compute_s: float
-    device_link_s: float
-    ssd_s: float
-    optimizer_s: float
-    host_copy_s: float
-    exposed_s: float
-    ssd_read_bytes: int
-    ssd_write_bytes: int
-    device_link_bytes: int
-    device_peak_bytes: int
-    host_peak_bytes: int
-    transient_bytes: int
-    prediction: bool = True        # from a hypothetical machine (not measured)
-    io_slowdown_s: float = 0.0     # CPU compute lost to SSD traffic beside it (no accelerator)
-
-
-@dataclass(frozen=True, slots=True)
-class LLMPlan:
-    """A placement: activation policy per unit, home per state tensor, capacities, predicted step."""
-
-    policies: tuple[str, ...]
-    #: canonical tensor name -> "host" or "ssd": where its fp32 master and moments rest
-    state_home: dict = field(compare=False)
-    #: canonical tensor name -> "host" or "ssd": where its compute copy rests (mixed precision / frozen)
-    compute_home: dict = field(compare=False)
-    mode: str
-    prefetch_depth: int
-    device_capacity: int           # the store's device ledger: weights in flight + activations
-    host_capacity: int             # the store's host ledger: host-resting state + working sets
-    grad_pool_bytes: int           # part of the host ledger held for gradients in flight
-    masters_bytes: int             # whole fp32 masters the optimizer may hold (handed over, read, being written)
-    writeback_bytes: int           # updated optimizer chunks the optimizer may have in flight to the SSD
-    optimizer_chunk: int           # elements per optimizer chunk (smaller when the host budget is tight)
-    read_ahead_bytes: int          # optimizer state being updated or read ahead (inline updates group by this)
-    retained_units: tuple          # units whose updated fp32 masters stay in the device tier for the next forward
-    prediction: StepPrediction
-    device_budget: int
-    host_budget: int
-    inline_updates: bool = False   # eager updates on the training thread (no accelerator)
-    #: micro-batches per optimizer step (gradient accumulation; see [Note: planning gradient accumulation])
-    grad_accum: int = 1
-    #: canonical tensor name -> "host" or "ssd": where its gradient summed over the micro-batches rests
-    grad_home: dict = field(default_factory=dict, compare=False)
-
-    def summary(self) -> dict:
-        counts = {p: self.policies.count(p) for p in POLICIES}
-        host_state = sum(1 for v in self.state_home.values() if v == "host")
-        return {"policies": counts, "state_tensors_on_host": host_state,
-                "state_tensors_on_ssd": len(self.state_home) - host_state, "mode": self.mode,
-                "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
-                "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
-                "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
-                "optimizer_chunk": self.optimizer_chunk,
-                "read_ahead_bytes": self.read_ahead_bytes, "retained_units": len(self.retained_units),
-                "grad_accum": self.grad_accum,
-                "grad_sums_on_host": sum(1 for v in self.grad_home.values() if v == "host"),
-                **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
-
-    def describe(self, profile: ModelProfile) -> str:
-        """Human-readable placement, policy ranges and prediction."""
-        lines = []
-        ranges: list[tuple[str, int, int]] = []
-        layer_names = [u.name for u in profile.units]
-        for i, pol in enumerate(self.policies):
-            if ranges and ranges[-1][0] == pol and ranges[-1][2] == i - 1:
-                ranges[-1] = (pol, ranges[-1][1], i)
-            else:
-                ranges.append((pol, i, i))
-        lines.append("activations (per unit, forward order):")
-        for pol, a, b in ranges:
-            span = layer_names[a] if a == b else f"{layer_names[a]} .. {layer_names[b]}"
-            lines.append(f"  {pol:9s} {span}")
-        st_host = sum(profile.tensor_numel[n] for n, h in self.state_home.items() if h == "host")
-        st_all = sum(profile.tensor_numel[n] for n in self.state_home)
-        lines.append(f"fp32 masters + AdamW moments: {format_bytes(st_host * STATE_BYTES)} in host memory, "
-                     f"{format_bytes((st_all - st_host) * STATE_BYTES)} on SSD")
-        if self.compute_home:
-            cb = profile.compute_bytes
-            c_host = sum(profile.tensor_numel[n] for n, h in self.compute_home.items() if h == "host")
-            c_all = sum(profile.tensor_numel[n] for n in self.compute_home)
-            lines.append(f"compute weights ({cb} B/param): {format_bytes(c_host * cb)} in host memory, "
-                         f"{format_bytes((c_all - c_host) * cb)} on SSD")
-        p = self.prediction
-        label = "predicted" if p.prediction else "predicted (calibrated on this machine)"
-        where = ", inline after each unit's backward" if self.inline_updates else ""
-        lines.append(f"optimizer: {self.mode}{where}; prefetch depth {self.prefetch_depth}")
-        if self.grad_accum > 1:
-            g_host = sum(profile.tensor_numel[n] for n, h in self.grad_home.items() if h == "host")
-            g_all = sum(profile.tensor_numel[n] for n in self.grad_home)
-            lines.append(f"gradient accumulation: {self.grad_accum} micro-batches per step; gradient sums "
-                         f"{format_bytes(g_host * 4)} in host memory, {format_bytes((g_all - g_host) * 4)} on SSD")
-        lines.append(f"{label} step {p.step_s:.3f} s, {p.tokens_per_s:.1f} tokens/s, bottleneck: {p.bottleneck}")
-        lines.append(f"  compute {p.compute_s:.3f} s | device link {p.device_link_s:.3f} s | SSD {p.ssd_s:.3f} s "
-                     f"({format_bytes(p.ssd_read_bytes)} read, {format_bytes(p.ssd_write_bytes)} written) | "
-                     f"CPU AdamW {p.optimizer_s:.3f} s | host copies {p.host_copy_s:.3f} s | "
-                     f"compute slowed by SSD traffic {p.io_slowdown_s:.3f} s | not overlapped {p.exposed_s:.3f} s")
-        lines.append(f"  device peak {format_bytes(p.device_peak_bytes + p.transient_bytes)} of "
-                     f"{format_bytes(self.device_budget)}; host peak {format_bytes(p.host_peak_bytes)} of "
-                     f"{format_bytes(self.host_budget)}")
-        return "\n".join(lines)
-
-
-class PlanError(BudgetError):
-    """No placement fits the budgets; the message names the budget and the shortfall."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -327,8 +101,7 @@ class _Shortfall:
 class _Split:
     """What a set of activation policies adds up to (the planner's search works on these sums)."""
 
-    kept: int            # activations kept on the device
-    boundary: int        # inputs kept by recomputed units
+    on_device: int       # activations kept on the device (of recomputed units: their inputs)
     host_acts: int       # activations swapped to host memory
     ssd_acts: int        # activations swapped to the SSD
     max_swapped: int     # the largest swapped unit (in flight out and back at once)
@@ -365,12 +138,13 @@ class _OptimizerSizes:
 class _Homes:
     """Where the training state rests and what that costs per step (see _homes)."""
 
-    state_home: dict     # tensor -> "host" or "ssd": its fp32 master and moments
-    compute_home: dict   # tensor -> "host" or "ssd": its compute copy (mixed precision, or a frozen tensor)
-    grad_home: dict      # tensor -> "host" or "ssd": its gradient summed over micro-batches (accumulation only)
+    state_home: dict     # tensor -> Tier: where its fp32 master and moments rest
+    compute_home: dict   # tensor -> Tier: its compute copy (mixed precision, or a frozen tensor)
+    grad_home: dict      # tensor -> Tier: its gradient summed over micro-batches (accumulation only)
     host_bytes: int      # host memory taken by the state that rests there
     ssd_read_bytes: int  # read per step for the state that rests on the SSD
     ssd_write_bytes: int  # written per step for the state that rests on the SSD
+    ssd_state_params: int  # trainable parameters whose fp32 master and moments rest on the SSD
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -392,6 +166,18 @@ class _Scored:
     retained_units: tuple  # _Retention.units
 
 
+def _counts(kinds: int, left: int, counts: list[int]):
+    """Every tuple of ``kinds`` layer counts from ``counts`` that add up to at most ``left`` (the first kind's
+    count varying slowest)."""
+    if not kinds:
+        yield ()
+        return
+    for c in counts:
+        if c <= left:
+            for rest in _counts(kinds - 1, left - c, counts):
+                yield (c, *rest)
+
+
 class LLMPlanner:
     """Chooses activation policies and state homes that minimize the predicted step time."""
 
@@ -399,10 +185,11 @@ class LLMPlanner:
     class Config:
         device_budget: int | str
         host_budget: int | str
-        #: "auto" (search), one of POLICIES for every decoder layer, a comma-separated cycle of them over the
-        #: decoder layers ("keep,ssd"), or a tuple with one policy per unit
-        policy: str | tuple = "auto"
-        mode: str = "eager"
+        #: AUTO (search), one registered policy name for every decoder layer, a comma-separated cycle of them over
+        #: the decoder layers ("keep,ssd"), or a tuple with one policy per unit (terastack.plan.activation_specs)
+        policy: str | tuple = AUTO
+        #: the optimizer schedule's name (terastack.plan.schedule_specs)
+        mode: str = EAGER.name
         prefetch_depth: int = 1
         #: fraction of the peak matmul rate reached by training (used when units have no measured times)
         compute_efficiency: float = 0.5
@@ -424,17 +211,16 @@ class LLMPlanner:
             self.device_budget = parse_bytes(self.device_budget, field="device_budget")
             self.host_budget = parse_bytes(self.host_budget, field="host_budget")
             if isinstance(self.policy, str):
-                bad = [p for p in self.policy.split(",") if p not in POLICIES]
-                if self.policy != "auto" and bad:
-                    raise ValueError(f"policy: must be auto, one of {', '.join(POLICIES)}, or a comma-separated "
+                bad = [p for p in self.policy.split(",") if p not in ACTIVATIONS]
+                if self.policy != AUTO and bad:
+                    raise ValueError(f"policy: must be {AUTO}, one of {', '.join(ACTIVATIONS)}, or a comma-separated "
                                      f"cycle of them over the decoder layers; got {self.policy!r}")
             else:
                 self.policy = tuple(self.policy)
-                bad = [p for p in self.policy if p not in POLICIES]
+                bad = [p for p in self.policy if p not in ACTIVATIONS]
                 if bad:
-                    raise ValueError(f"policy: unknown per-unit policies {bad}; choose from {', '.join(POLICIES)}")
-            if self.mode not in MODES:
-                raise ValueError(f"mode: must be one of {', '.join(MODES)}; got {self.mode!r}")
+                    raise ValueError(f"policy: unknown per-unit policies {bad}; choose from {', '.join(ACTIVATIONS)}")
+            schedule_spec(self.mode)  # the one check of a schedule's name
             if self.prefetch_depth < 0:
                 raise ValueError(f"prefetch_depth: must be >= 0, got {self.prefetch_depth}")
             if not 0 < self.compute_efficiency <= 1:
@@ -446,6 +232,10 @@ class LLMPlanner:
 
     def __init__(self, config: "LLMPlanner.Config"):
         self.config = config
+        #: the optimizer schedule's spec: what its updates hold, move and leave exposed
+        self.schedule: ScheduleSpec = schedule_spec(config.mode)
+        #: where updates run: inline on the training thread only when asked and the schedule can
+        self.inline_updates = self.schedule.executor(config.inline_updates) is ExecutorKind.INLINE
         # _homes results of the last profile planned, by (host room, chunk): every candidate of a search asks again
         self._homes_profile: ModelProfile | None = None
         self._homes_cache: dict[tuple[int, int], _Homes] = {}
@@ -485,7 +275,7 @@ class LLMPlanner:
                                retained_units=scored.retained_units,
                                prediction=scored.prediction,
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget,
-                               inline_updates=cfg.inline_updates and cfg.mode == "eager",
+                               inline_updates=self.inline_updates,
                                grad_accum=cfg.grad_accum, grad_home=homes.grad_home)
         raise shortfall.error()
 
@@ -508,9 +298,9 @@ class LLMPlanner:
             yield cfg.policy
             return
         layers = [i for i, u in enumerate(units) if u.kind == "layer"]
-        if cfg.policy != "auto":
+        if cfg.policy != AUTO:
             cycle = cfg.policy.split(",")
-            out = ["keep"] * len(units)
+            out = [DEFAULT.name] * len(units)
             for j, i in enumerate(layers):
                 out[i] = cycle[j % len(cycle)]
             yield tuple(out)
@@ -520,32 +310,27 @@ class LLMPlanner:
         # (the last step lands on n, so all-keep and all-of-one-kind stay candidates).
         stride = max(1, n // 24)
         counts = sorted(set(range(0, n + 1, stride)) | {n})
-        for n_ssd in counts:
-            for n_host in (c for c in counts if c <= n - n_ssd):
-                for n_rec in (c for c in counts if c <= n - n_ssd - n_host):
-                    order = (["ssd"] * n_ssd + ["host"] * n_host + ["recompute"] * n_rec
-                             + ["keep"] * (n - n_ssd - n_host - n_rec))
-                    out = ["keep"] * len(units)
-                    for i, pol in zip(layers, order):
-                        out[i] = pol
-                    yield tuple(out)
+        kinds = [spec.name for spec in searched()]  # in the order they take the forward's first layers
+        for split in _counts(len(kinds), n, counts):
+            order = [name for name, c in zip(kinds, split) for _ in range(c)]
+            order += [DEFAULT.name] * (n - len(order))
+            out = [DEFAULT.name] * len(units)
+            for i, pol in zip(layers, order):
+                out[i] = pol
+            yield tuple(out)
 
     def _split(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...]) -> _Split:
-        kept = boundary = host_acts = ssd_acts = max_swapped = 0
+        """What each unit's activation spec holds, moves and recomputes, added up."""
+        on_device = host_acts = ssd_acts = max_swapped = 0
         recompute_s = 0.0
         for u, pol in zip(profile.units, policies):
-            if pol == "keep":
-                kept += u.act_bytes
-            elif pol == "recompute":
-                boundary += u.boundary_bytes
-                recompute_s += self._unit_times(u, hw).fwd_s
-            else:
-                max_swapped = max(max_swapped, u.act_bytes + (u.act_tensors * BLOCK if pol == "ssd" else 0))
-                if pol == "host":
-                    host_acts += u.act_bytes
-                else:
-                    ssd_acts += u.act_bytes
-        return _Split(kept=kept, boundary=boundary, host_acts=host_acts, ssd_acts=ssd_acts, max_swapped=max_swapped,
+            spec = activation_spec(pol)
+            on_device += spec.device_bytes(u)
+            host_acts += spec.host_bytes(u)
+            ssd_acts += spec.ssd_bytes(u)
+            max_swapped = max(max_swapped, spec.in_flight_bytes(u))
+            recompute_s += spec.recompute_s(self._unit_times(u, hw).fwd_s)
+        return _Split(on_device=on_device, host_acts=host_acts, ssd_acts=ssd_acts, max_swapped=max_swapped,
                       recompute_s=recompute_s, policies=tuple(policies))
 
     # -------------------------------------------------------------- scoring
@@ -559,7 +344,7 @@ class LLMPlanner:
         wbytes = [u.weight_bytes for u in units]
         weights_ws = max(sum(wbytes[i:i + window]) for i in range(len(units)))
         swap_flight = 2 * split.max_swapped
-        device_ledger = weights_ws + split.kept + split.boundary + swap_flight
+        device_ledger = weights_ws + split.on_device + swap_flight
         # working memory of the unit computing (outside the ledger): its activations while its forward runs or is
         # recomputed, its weight gradients before they leave, and the loss over the logits
         transient = int(max(u.act_bytes + u.trainable * cb for u in units) + 3 * profile.logits_bytes)
@@ -567,7 +352,7 @@ class LLMPlanner:
             return _Shortfall(
                 budget="device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
                 what=f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
-                     f"activations ({format_bytes(split.kept + split.boundary)} kept, {format_bytes(swap_flight)} "
+                     f"activations ({format_bytes(split.on_device)} kept, {format_bytes(swap_flight)} "
                      f"in flight) and one unit's working memory ({format_bytes(transient)})")
         # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state
         for lean in (False, True):
@@ -585,7 +370,7 @@ class LLMPlanner:
         homes = self._homes(profile, room, sizes.chunk)
         retention = self._retention(profile, split, homes.state_home, capacity=cfg.device_budget - transient,
                                     base=weights_ws + swap_flight)
-        pred = self._predict(profile, hw, split, homes.state_home, homes.ssd_read_bytes - retention.ssd_read_saved,
+        pred = self._predict(profile, hw, split, homes, homes.ssd_read_bytes - retention.ssd_read_saved,
                              homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
                              host_peak=host_fixed + homes.host_bytes, transient=transient)
         return _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
@@ -600,13 +385,13 @@ class LLMPlanner:
         forward keeps, so units are retained from the front of the forward order while, at every point of that
         forward, the masters still waiting plus the activations already kept fit the device ledger.
         """
-        if profile.mixed_precision or self.config.mode == "after_backward" or not self.config.retain_weights:
+        if profile.mixed_precision or not self.schedule.retains_masters or not self.config.retain_weights:
             return _Retention(units=(), ssd_read_saved=0, device_peak=0)
         units = profile.units
         held = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in dict.fromkeys(u.tensors)
-                    if profile.tensor_trainable[t] and state_home.get(t) == "ssd") for u in units]
-        stays = [u.act_bytes if p == "keep" else (u.boundary_bytes if p == "recompute" else 0)
-                 for u, p in zip(units, split.policies or ("keep",) * len(units))]
+                    if profile.tensor_trainable[t] and state_home.get(t) is Tier.SSD) for u in units]
+        policies = split.policies or (DEFAULT.name,) * len(units)
+        stays = [activation_spec(p).device_bytes(u) for u, p in zip(units, policies)]
         # Retaining the first k units, at unit j < k of the forward the device holds the masters of units j..k-1
         # and the activations of units before j: H(k) - H(j) + S(j) (H, S: prefix sums); after unit k, only
         # activations, at most S(n). So peak(k) = H(k) + max over j < k of (S(j) - H(j)), or S(n).
@@ -639,13 +424,13 @@ class LLMPlanner:
         largest = max(profile.tensor_numel.values())
         chunk = min(cfg.optimizer_chunk, LEAN_CHUNK) if lean else cfg.optimizer_chunk
         chunk_held = min(chunk, largest)
-        per_chunk = 2 + (1 if mixed else 0) + (1 if cfg.mode != "eager" else 0)  # records per chunk
+        per_chunk = self.schedule.records_per_chunk(mixed)
         job = per_chunk * held_bytes(chunk_held * 4)
         jobs = 2 * job  # the chunk being updated and the one read ahead
         writeback = job if lean else jobs
-        if cfg.inline_updates and cfg.mode == "eager" and not lean:
+        if self.inline_updates and not lean:
             # one unit's state read ahead (then updated in one call) while the previous unit's is written back
-            per_unit = max(sum((2 + (1 if mixed else 0)) * chunked_bytes(profile.tensor_numel[t], 4, chunk)
+            per_unit = max(sum(per_chunk * chunked_bytes(profile.tensor_numel[t], 4, chunk)
                                for t in u.tensors if profile.tensor_trainable[t]) for u in units)
             jobs = writeback = max(jobs, per_unit)
         masters = 0
@@ -656,12 +441,9 @@ class LLMPlanner:
             # updated at a time, plus, when not lean, those backward hands over before the optimizer gets to them
             masters = held_bytes(4 * largest)
             if not lean:
-                if cfg.mode == "eager":
-                    held = sorted((sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors
-                                       if profile.tensor_trainable[t]) for u in units), reverse=True) + [0]
-                    masters += held[0] + held[1]
-                else:
-                    masters *= 2
+                masters = self.schedule.masters_held(masters, [
+                    sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors if profile.tensor_trainable[t])
+                    for u in units])
         # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
         accumulate = 2 * held_bytes(chunk_held * 4) if cfg.grad_accum > 1 else 0
         return _OptimizerSizes(grad_pool=grad_pool, read_ahead=jobs, writeback=writeback, masters=masters,
@@ -705,15 +487,16 @@ class LLMPlanner:
         for _, kind, name, held, r, w in items:
             if host + held <= room:
                 host += held
-                home = "host"
+                home = Tier.HOST
             else:
-                home = "ssd"
+                home = Tier.SSD
                 read += r
                 write += w
             {"state": state_home, "compute": compute_home, "grad": grad_home}[kind][name] = home
+        ssd_state = sum(profile.tensor_numel[n] for n, h in state_home.items() if h is Tier.SSD)
         self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home,
                                                 grad_home=grad_home, host_bytes=host, ssd_read_bytes=read,
-                                                ssd_write_bytes=write)
+                                                ssd_write_bytes=write, ssd_state_params=ssd_state)
         return homes
 
     def _unit_times(self, u: UnitProfile, hw: Hardware) -> _UnitTimes:
@@ -724,7 +507,7 @@ class LLMPlanner:
             raise ValueError("hardware: no compute rate (cpu_flops or gpu_flops) to predict a step time from")
         return _UnitTimes(fwd_s=u.fwd_flops / rate, bwd_s=u.bwd_flops / rate)
 
-    def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, state_home: dict, read: int,
+    def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, homes: _Homes, read: int,
                  write: int, depth: int, *, device_peak: int, host_peak: int, transient: int) -> StepPrediction:
         """See [Note: the step-time model]."""
         cfg = self.config
@@ -739,11 +522,10 @@ class LLMPlanner:
         micro = cfg.grad_accum  # every micro-batch computes and moves activations and weights; AdamW runs once
         compute = (fwd + bwd + split.recompute_s) * micro
         grad_unit = max(u.trainable * 4 for u in profile.units)
-        if cfg.mode != "eager":
-            # gradients wait for the norm; those beyond the pool travel through the SSD and back
-            spill = max(0, profile.trainable_params * 4 - 2 * grad_unit)
-            read += spill
-            write += spill
+        # without back-pressure, gradients beyond the pool travel through the SSD and back
+        spill = self.schedule.spill_traffic(profile.trainable_params * 4, grad_unit)
+        read += spill
+        write += spill
         read += split.ssd_acts * micro
         write += split.ssd_acts * micro
         read_bw = hw.ssd_read_total or 1e9
@@ -765,14 +547,12 @@ class LLMPlanner:
         first = profile.units[0]
         first_state = first.trainable * (STATE_BYTES + (cb if mixed else 0))
         first_io = (first_state / read_bw + first_state / write_bw
-                    if any(state_home.get(t) == "ssd" for t in first.tensors) else 0.0)
-        if cfg.mode == "after_backward":
-            state_ssd = sum(profile.tensor_numel[n] for n, h in state_home.items() if h == "ssd") * STATE_BYTES
-            exposed = max(optimizer if gpu else 0.0, state_ssd / read_bw + state_ssd / write_bw)
-        elif cfg.mode == "deferred":
-            exposed = max(0.0, (optimizer if gpu else 0.0) - fwd) + first_io
-        else:
-            exposed = first_io + (first.trainable / adam_rate if gpu else 0.0)
+                    if any(homes.state_home.get(t) is Tier.SSD for t in first.tensors) else 0.0)
+        state_ssd = homes.ssd_state_params * STATE_BYTES
+        exposed = self.schedule.exposed_s(Exposure(
+            optimizer_apart_s=optimizer if gpu else 0.0,
+            first_update_apart_s=first.trainable / adam_rate if gpu else 0.0, first_state_io_s=first_io,
+            forward_s=fwd, state_io_s=state_ssd / read_bw + state_ssd / write_bw))
         if depth == 0:
             # no prefetch: every unit's weights arrive while compute waits
             exposed += sum(u.weight_bytes for u in profile.units) * 2 * micro / read_bw

@@ -1,6 +1,9 @@
 """Runs one benchmark module at a preset in its own process and writes a status-tagged JSON.
 
-``python -m terastack.repro.bench_child MODULE PRESET OUT.json``
+``python -m terastack.repro.bench_child MODULE PRESET OUT.json [ARGS_JSON]``
+
+ARGS_JSON, when given, is a JSON list of the benchmark's arguments, used instead of
+``MODULE.PRESETS[PRESET]`` (the harness's own presets, see suites.HARNESS_ARGS).
 
 The harness starts one of these per benchmark so that a crash, a leak or a
 hang in one engine cannot take the others with it. The outcome is always
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import importlib.util
 import sys
 import time
@@ -34,14 +38,16 @@ def module_present(name: str) -> bool:
 EXIT_CODES = {"ok": 0, "error": 1, "missing": 3, "dependency-missing": 4, "no-preset": 5}
 
 
-def run_module(module_name: str, preset: str) -> dict:
+def run_module(module_name: str, preset: str, argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
-    if not module_present(module_name):
-        return {"status": "missing", "reason": f"module {module_name} is not part of this installation"}
     try:
+        # inside the try: finding a submodule imports its parents, and a parent that fails to import is an error
+        # to report with its traceback, not a missing module
+        if not module_present(module_name):
+            return {"status": "missing", "reason": f"module {module_name} is not part of this installation"}
         module = importlib.import_module(module_name)
         presets = getattr(module, "PRESETS", None)
-        if not isinstance(presets, dict) or preset not in presets:
+        if argv is None and (not isinstance(presets, dict) or preset not in presets):
             have = sorted(presets) if isinstance(presets, dict) else "none"
             return {"status": "no-preset", "reason": f"{module_name}.PRESETS has no {preset!r} (has: {have})"}
         from terastack.bench import add_common_arguments
@@ -49,11 +55,12 @@ def run_module(module_name: str, preset: str) -> dict:
         parser = argparse.ArgumentParser(prog=f"terastack bench ({module_name})")
         add_common_arguments(parser)
         module.add_arguments(parser)
-        argv = [str(a) for a in presets[preset]]
+        where = f"{module_name}.PRESETS[{preset!r}]" if argv is None else f"the harness's arguments for {preset!r}"
+        argv = [str(a) for a in (presets[preset] if argv is None else argv)]
         try:
             args = parser.parse_args(argv)
         except SystemExit:
-            return {"status": "error", "reason": f"{module_name}.PRESETS[{preset!r}] = {argv} does not parse"}
+            return {"status": "error", "reason": f"{where} = {argv} does not parse"}
         result = module.measure(args)
         if not isinstance(result, dict):
             return {"status": "error", "reason": f"{module_name}.measure returned {type(result).__name__}, not a dict"}
@@ -73,11 +80,12 @@ def run_module(module_name: str, preset: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 3:
-        print("usage: python -m terastack.repro.bench_child MODULE PRESET OUT.json", file=sys.stderr)
+    if len(argv) not in (3, 4):
+        print("usage: python -m terastack.repro.bench_child MODULE PRESET OUT.json [ARGS_JSON]", file=sys.stderr)
         return 2
-    module_name, preset, out = argv
-    outcome = run_module(module_name, preset)
+    module_name, preset, out = argv[:3]
+    args = json.loads(argv[3]) if len(argv) == 4 else None
+    outcome = run_module(module_name, preset, args)
     outcome.update(module=module_name, preset=preset)
     atomic_write_json(out, outcome)
     return EXIT_CODES.get(outcome["status"], 1)

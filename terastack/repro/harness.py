@@ -7,6 +7,8 @@ Output directory layout::
     DIR/raw/<bench>.json     each benchmark's own result, as measured
     DIR/plots/*.png          figures referenced by REPORT.md
     DIR/logs/                each benchmark's output; the DaCe runner's and mpirun's
+    DIR/scratch/<bench>/     the scale benchmarks' stores and datasets while they run (--scratch moves it;
+                             removed after each benchmark)
 """
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ class Harness:
         #: bound on one benchmark process (default: by preset, see suites.BENCH_TIMEOUT_S)
         bench_timeout_s: float | None = None
         pythonpath: tuple[str, ...] = ()
+        #: where benchmarks that write stores or datasets put them (default OUT_DIR/scratch); needs the free
+        #: disk the preset's scale runs refuse to start without (tens of GB at full)
+        scratch_dir: str | None = None
         #: DaCe suite settings (see terastack.repro.dace.suite.DaceSuite.Config)
         dace: dict = field(default_factory=dict)
 
@@ -75,7 +80,12 @@ class Harness:
                 dace_env = outcomes[0].result.get("env")
             suites.append({"name": name, "wall_s": time.perf_counter() - t0,
                            "benchmarks": [o.as_dict() for o in outcomes]})
-        verdicts = self._judge(suites)
+        if cfg.scratch_dir is None:
+            try:
+                (self.out / "scratch").rmdir()      # each benchmark removed its own; the folder if it is empty
+            except OSError:
+                pass
+        verdicts = self._judge(suites, cfg.preset)
         raw_files = self._write_raw(suites)
         data = {"preset": cfg.preset, "suites_requested": list(cfg.suites), "environment": environment(),
                 "load_average": {"start": load_start, "end": _loadavg()}, "dace_env": dace_env,
@@ -94,7 +104,7 @@ class Harness:
             for b in suite["benchmarks"]:
                 raw_path = safe_relative(self.out, f"raw/{b['name']}.json")
                 b["result"] = json.loads(raw_path.read_text()).get("result") if raw_path.exists() else None
-        data["verdicts"] = self._judge(data["suites"])
+        data["verdicts"] = self._judge(data["suites"], data["preset"])
         return self._finish(data)
 
     def _finish(self, data: dict) -> dict:
@@ -112,7 +122,7 @@ class Harness:
     def _run_bench_suite(self, name: str) -> list[BenchOutcome]:
         cfg = self.config
         common = dict(preset=cfg.preset, out_dir=str(self.out / "logs"), timeout_s=cfg.bench_timeout_s,
-                      pythonpath=cfg.pythonpath)
+                      pythonpath=cfg.pythonpath, scratch_dir=cfg.scratch_dir or str(self.out / "scratch"))
         if cfg.bench_suites is not None:
             suite = BenchSuite(BenchSuite.Config(name=name, benchmarks=cfg.bench_suites[name], **common))
         else:
@@ -139,7 +149,7 @@ class Harness:
 
     # ----------------------------------------------------------------- verdicts, files, plots
 
-    def _judge(self, suites: list[dict]) -> list[dict]:
+    def _judge(self, suites: list[dict], preset: str) -> list[dict]:
         out = []
         for suite in suites:
             by_bench = {b["name"]: b for b in suite["benchmarks"]}
@@ -150,7 +160,7 @@ class Harness:
                 status = b["status"] if b else "missing"
                 reason = (b.get("reason") or "").splitlines()[0] if b and b.get("reason") else \
                     ("" if b else f"no benchmark {claim.benchmark!r} in suite {suite['name']}")
-                v = evaluate(claim, status, reason, b.get("result") if b else None)
+                v = evaluate(claim, status, reason, b.get("result") if b else None, preset)
                 out.append({**v.as_dict(), "suite": claim.suite, "benchmark": claim.benchmark})
         return out
 

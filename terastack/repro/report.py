@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from terastack.repro.claims import CLAIMS, VERDICTS, Claim
+from terastack.repro.claims import CLAIMS, PAPERS, VERDICTS, Claim
 from terastack.repro.verdicts import fmt
 
 MARK = {"reproduced": "yes", "not reproduced": "**no**", "reported": "reported", "not measured": "not measured",
@@ -74,13 +74,14 @@ def claims_section(suite: dict, verdicts: list[dict], claims: dict[str, Claim]) 
     if not rows:
         return []
     lines = [f"### {suite['name']}", "",
-             "| claim | paper / target source | paper's hardware | measured here | baseline | target | verdict |",
+             "| claim | source: the paper's figure, or terastack's target and why | paper's hardware | measured here | "
+             "baseline | target | verdict |",
              "|---|---|---|---|---|---|---|"]
     reasons, seen = [], set()
     for v in rows:
         c = claims[v["claim"]]
         target = f"{c.comparison} {fmt(c.target, c.unit)}" if c.target is not None else "—"
-        lines.append(f"| {_cell(c.title)} (`{c.id}`) | {_cell(c.paper_figure)} | {_cell(c.paper_hardware or '—')} | "
+        lines.append(f"| {_cell(c.title)} (`{c.id}`) | {_cell(c.source_text())} | {_cell(c.paper_hardware or '—')} | "
                      f"{fmt(v['measured'], c.unit)} | {_cell(c.baseline or '—')} | {target} | {MARK[v['status']]} |")
         if v["status"] not in ("reproduced", "reported") and (v["status"], v["reason"]) not in seen:
             # claims of a benchmark that did not run share one reason: say it once
@@ -91,6 +92,17 @@ def claims_section(suite: dict, verdicts: list[dict], claims: dict[str, Claim]) 
     if reasons:
         lines += ["Why the verdicts differ:", "", *reasons, ""]
     return lines
+
+
+def sources_section(verdicts: list[dict], claims: dict[str, Claim]) -> list[str]:
+    """The papers the judged claims quote, in full, so that a reader can look each figure up."""
+    cited = sorted({claims[v["claim"]].paper for v in verdicts if claims[v["claim"]].source == "paper"})
+    if not cited:
+        return []
+    lines = ["## Sources", "", "Rows marked \"terastack's target\" are targets terastack set itself, each with its "
+             "reason in the row; the others quote these papers:", ""]
+    lines += [f"- **{PAPERS[key].short}**: {PAPERS[key].reference}" for key in cited]
+    return lines + [""]
 
 
 def not_run_section(suites: list[dict]) -> list[str]:
@@ -258,6 +270,7 @@ def write_report(path: Path, data: dict, claims: tuple[Claim, ...] = CLAIMS) -> 
         lines += [f"![Claims]({data['plots']['claims_chart']})", ""]
     for suite in data["suites"]:
         lines += claims_section(suite, verdicts, by_id)
+    lines += sources_section(verdicts, by_id)
     lines += not_run_section(data["suites"])
     dace = next((b["result"] for s in data["suites"] if s["name"] == "dace" for b in s["benchmarks"]
                  if b.get("result")), None)

@@ -3,11 +3,14 @@
 A suite turns a preset into one result per benchmark it runs, each tagged
 with a status ("ok", "missing", "dependency-missing", "no-preset", "error",
 "timeout") and a reason, so that the report says why anything did not run.
+A benchmark runs at its module's ``PRESETS[preset]``, or, for the scale suite,
+at the harness's own arguments (:data:`HARNESS_ARGS`, [Note: the scale presets]).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,14 +19,50 @@ from pathlib import Path
 
 from terastack.repro.logs import last_lines
 
-#: suite -> the benchmark names (keys of terastack.bench.BENCHMARKS) it runs, in order
-BENCH_SUITES = {"io": ("io",), "kernels": ("gemm", "sort"), "llm": ("llm",), "gnn": ("gnn",), "dist": ("dist",)}
+#: suite -> the benchmarks it runs, in order: names in terastack.bench.BENCHMARKS, or in HARNESS_ARGS
+BENCH_SUITES = {"io": ("io",), "kernels": ("gemm", "sort"), "llm": ("llm",), "gnn": ("gnn",), "dist": ("dist",),
+                "scale": ("llm-scale", "gnn-scale")}
 SUITE_NAMES = (*BENCH_SUITES, "dace")
 #: what installs each suite's optional dependencies (for "dependency-missing" reports)
 EXTRAS_HINT = {"llm": "pip install 'terastack[llm]' (and apt-get install libaio-dev for DeepSpeed)",
-               "gnn": "pip install 'terastack[gnn]'", "dist": "pip install 'terastack[dist]'"}
+               "gnn": "pip install 'terastack[gnn]'", "dist": "pip install 'terastack[dist]'",
+               "scale": "pip install 'terastack[llm,gnn]'"}
 #: preset -> bound on one benchmark process
 BENCH_TIMEOUT_S = {"smoke": 600, "small": 1800, "full": 3600}
+#: benchmark -> preset -> a bound of its own, where the preset's is too short
+BENCH_TIMEOUT_OVERRIDES = {"llm-scale": {"small": 3600, "full": 4 * 3600}, "gnn-scale": {"full": 3 * 3600}}
+
+SCRATCH = "{scratch}"
+#: benchmarks the harness runs at its own arguments rather than the module's PRESETS:
+#: name -> (benchmark in terastack.bench.BENCHMARKS, {preset: arguments}). ``{scratch}`` stands for a directory
+#: of this run for the benchmark's stores and datasets (SCRATCH_DIR/NAME, see Harness.Config.scratch_dir),
+#: removed after it.
+#: [Note: the scale presets]
+#: smoke is seconds: the llm ladder's tiny rung and a 20,000-node graph, to show both run end to end (the
+#: scale claims are not judged there). small is tens of minutes: the ladder to 1.1B under an 8 GiB RSS limit,
+#: where in-memory AdamW (9.5 GiB at 0.55B) and ZeRO-Infinity already stop and terastack goes on in 4 GiB, and
+#: a 4M-node graph (2.3 GB). full is the committed figures: the ladder to 3.4B (41 GB of state on the disk,
+#: about 30 minutes on 2 cores) and a 48M-node graph of 28 GB, larger than 23.5 GiB of RAM (30 minutes to
+#: generate). Each needs at most about 50 GB free at once, both runs delete what they wrote, and each refuses up
+#: front, naming the bytes, a run that would not fit the free disk.
+HARNESS_ARGS: dict[str, tuple[str, dict[str, list[str]]]] = {
+    "llm-scale": ("llm-scale", {
+        "smoke": ["--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
+                  "--seq-len", "32", "--timeout", "300", "--dir", SCRATCH],
+        "small": ["--sizes", "0.15b,0.55b,1.1b", "--rss-limit", "8GiB", "--steps", "1", "--warmup", "1",
+                  "--timeout", "1800", "--dir", SCRATCH],
+        "full": ["--dir", SCRATCH],
+    }),
+    "gnn-scale": ("gnn", {
+        "smoke": ["--scale", "--nodes", "20000", "--avg-degree", "5", "--feat-dim", "16", "--classes", "4",
+                  "--train-nodes", "512", "--batch-size", "128", "--fanouts", "5,5", "--hidden", "16",
+                  "--budget", "512KiB", "--gen-memory", "256MiB", "--rss-limit", "4GiB",
+                  "--dir", SCRATCH, "--cleanup", "--quiet"],
+        "small": ["--scale", "--nodes", "4000000", "--budget", "256MiB", "--dir", SCRATCH,
+                  "--cleanup", "--quiet"],
+        "full": ["--scale", "--dir", SCRATCH, "--cleanup", "--quiet"],
+    }),
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,7 +85,13 @@ def registry() -> dict[str, str]:
     """Benchmark name -> module, from the project's registry."""
     from terastack.bench import BENCHMARKS
 
-    return {name: module for name, module, _help in BENCHMARKS}
+    # entries are Command records (name, module, help, ...); older tables were plain tuples
+    pairs = [(c.name, c.module) if hasattr(c, "module") else (c[0], c[1]) for c in BENCHMARKS]
+    reg = dict(pairs)
+    for name, (bench, _args) in HARNESS_ARGS.items():
+        if bench in reg:
+            reg[name] = reg[bench]
+    return reg
 
 
 class BenchSuite:
@@ -55,13 +100,16 @@ class BenchSuite:
     @dataclass(kw_only=True, slots=True)
     class Config:
         name: str
-        #: (benchmark name, module) pairs
-        benchmarks: tuple[tuple[str, str], ...]
+        #: (benchmark name, module) pairs, or (name, module, {preset: arguments}) to run a benchmark at the
+        #: harness's arguments instead of its module's PRESETS
+        benchmarks: tuple[tuple, ...]
         preset: str = "smoke"
         out_dir: str = "."
         timeout_s: float | None = None
         #: extra entries for the child's PYTHONPATH (tests add a directory with fake modules)
         pythonpath: tuple[str, ...] = ()
+        #: what ``{scratch}`` in a benchmark's arguments stands for (default: OUT_DIR/scratch)
+        scratch_dir: str | None = None
 
         def __post_init__(self) -> None:
             if self.preset not in BENCH_TIMEOUT_S:
@@ -70,6 +118,9 @@ class BenchSuite:
                 raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
             if not self.benchmarks:
                 raise ValueError(f"benchmarks: suite {self.name} has none")
+            for entry in self.benchmarks:
+                if len(entry) == 3 and self.preset not in entry[2]:
+                    raise ValueError(f"benchmarks: {entry[0]} has no arguments for preset {self.preset!r}")
 
     def __init__(self, config: Config):
         self.config = config
@@ -77,11 +128,13 @@ class BenchSuite:
     @classmethod
     def from_registry(cls, name: str, **kwargs) -> "BenchSuite":
         reg = registry()
-        benches = tuple((b, reg.get(b, f"terastack.{b}.bench")) for b in BENCH_SUITES[name])
+        benches = tuple((b, reg.get(b, f"terastack.{b}.bench"), *((HARNESS_ARGS[b][1],) if b in HARNESS_ARGS else ()))
+                        for b in BENCH_SUITES[name])
         return cls(cls.Config(name=name, benchmarks=benches, **kwargs))
 
     def run(self, log=lambda msg: None) -> list[BenchOutcome]:
-        return [self._run_one(bench, module, log) for bench, module in self.config.benchmarks]
+        return [self._run_one(entry[0], entry[1], entry[2][self.config.preset] if len(entry) == 3 else None, log)
+                for entry in self.config.benchmarks]
 
     def _child_env(self) -> dict:
         import terastack
@@ -93,27 +146,33 @@ class BenchSuite:
         env["PYTHONPATH"] = os.pathsep.join(paths)
         return env
 
-    def _run_one(self, bench: str, module: str, log) -> BenchOutcome:
+    def _run_one(self, bench: str, module: str, args: list[str] | None, log) -> BenchOutcome:
         cfg = self.config
         out_dir = Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         out_json, log_path = out_dir / f"{bench}.child.json", out_dir / f"{bench}.log"
-        timeout = cfg.timeout_s or BENCH_TIMEOUT_S[cfg.preset]
+        timeout = cfg.timeout_s or BENCH_TIMEOUT_OVERRIDES.get(bench, {}).get(cfg.preset) or BENCH_TIMEOUT_S[cfg.preset]
         log(f"{cfg.name}/{bench}: {module} at preset {cfg.preset} (bound {timeout:.0f} s)")
         started = time.perf_counter()
         out_json.unlink(missing_ok=True)
-        with open(log_path, "wb") as logf:
-            proc = subprocess.Popen([sys.executable, "-m", "terastack.repro.bench_child", module, cfg.preset,
-                                     str(out_json)], stdout=logf, stderr=subprocess.STDOUT, env=self._child_env(),
-                                    start_new_session=True)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)      # the benchmark and anything it launched (torchrun, fio)
-                proc.wait(timeout=30)
-                return BenchOutcome(name=bench, module=module, status="timeout", log=str(log_path),
-                                    reason=f"ran past its {timeout:.0f} s bound at preset {cfg.preset}; "
-                                           f"log: {log_path}", wall_s=time.perf_counter() - started)
+        cmd = [sys.executable, "-m", "terastack.repro.bench_child", module, cfg.preset, str(out_json)]
+        scratch = None
+        if args is not None:
+            if any(SCRATCH in a for a in args):
+                scratch = Path(cfg.scratch_dir or out_dir.parent / "scratch") / bench
+                # a directory that was there before this run is someone's data: never delete it afterwards
+                scratch_is_ours = not scratch.exists()
+                scratch.mkdir(parents=True, exist_ok=True)
+                args = [a.replace(SCRATCH, str(scratch)) for a in args]
+            cmd.append(json.dumps(args))
+        try:
+            outcome = self._wait(cmd, bench, module, timeout, log_path, started)
+        finally:
+            if scratch is not None and scratch_is_ours:
+                shutil.rmtree(scratch, ignore_errors=True)
+        if isinstance(outcome, BenchOutcome):
+            return outcome
+        proc = outcome
         wall = time.perf_counter() - started
         try:
             outcome = json.loads(out_json.read_text())
@@ -134,3 +193,18 @@ class BenchSuite:
         log(f"{cfg.name}/{bench}: {status} in {wall:.1f} s" + (f" ({reason.splitlines()[0]})" if reason else ""))
         return BenchOutcome(name=bench, module=module, status=status, reason=reason, result=outcome.get("result"),
                             wall_s=wall, log=str(log_path), headline=outcome.get("headline", []))
+
+    def _wait(self, cmd: list[str], bench: str, module: str, timeout: float, log_path: Path, started: float):
+        """The finished child process, or a "timeout" outcome when it ran past ``timeout``."""
+        with open(log_path, "wb") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self._child_env(),
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)      # the benchmark and anything it launched (torchrun, fio)
+                proc.wait(timeout=30)
+                return BenchOutcome(name=bench, module=module, status="timeout", log=str(log_path),
+                                    reason=f"ran past its {timeout:.0f} s bound at preset {self.config.preset}; "
+                                           f"log: {log_path}", wall_s=time.perf_counter() - started)
+        return proc

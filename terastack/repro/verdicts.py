@@ -72,28 +72,51 @@ def fmt(value: float | None, unit: str = "") -> str:
     return f"{value:.3g}" + (f" {unit}" if unit and unit not in ("ratio",) else "")
 
 
-def evaluate(claim: Claim, suite_status: str, suite_reason: str, result: dict | None) -> Verdict:
-    """The verdict for ``claim`` given its benchmark's result (None when it did not run)."""
-    if claim.field is None:
-        extra = f" A model answers it as a prediction: `{claim.prediction_command}`." if claim.prediction_command else ""
-        return Verdict(claim, OUT_OF_SCOPE, None, claim.differs_because + "." + extra)
-    if suite_status != "ok" or result is None:
-        return Verdict(claim, NOT_MEASURED, None, f"{claim.benchmark}: {suite_status}: {suite_reason}")
+def _measure(claim: Claim, result: dict) -> tuple[float | None, str]:
+    """(value, "") from ``result`` for ``claim``, or (None, why not)."""
     raw = lookup(result, claim.field)
     if raw is _MISSING:
         keys = ", ".join(sorted(k for k in result if not isinstance(result[k], (dict, list)))[:25])
-        return Verdict(claim, NOT_MEASURED, None,
-                       f"field `{claim.field}` is not in the {claim.benchmark} result (its scalar fields: {keys})")
+        return None, f"field `{claim.field}` is not in the {claim.benchmark} result (its scalar fields: {keys})"
     value = _number(raw, claim.aggregate)
     if value is None:
-        return Verdict(claim, NOT_MEASURED, None, f"field `{claim.field}` is {raw!r}, not a number")
+        return None, f"field `{claim.field}` is {raw!r}, not a number"
+    value *= claim.factor
     if claim.ratio_to:
-        denom = _number(lookup(result, claim.ratio_to), claim.aggregate)
+        raw_denom = lookup(result, claim.ratio_to)
+        denom = None if raw_denom is _MISSING else _number(raw_denom, claim.aggregate)
         if not denom:
-            return Verdict(claim, NOT_MEASURED, None, f"field `{claim.ratio_to}` is missing or zero")
+            shown = "not in the result" if raw_denom is _MISSING else f"{raw_denom!r}, not a non-zero number"
+            return None, (f"field `{claim.ratio_to}` is {shown} (the {claim.benchmark} benchmark's raw JSON and "
+                          f"log say why)")
         value = value / denom
     if isinstance(value, float) and math.isnan(value):
-        return Verdict(claim, NOT_MEASURED, None, f"field `{claim.field}` is NaN (nothing counted)")
+        return None, f"field `{claim.field}` is NaN (nothing counted)"
+    return value, ""
+
+
+def evaluate(claim: Claim, suite_status: str, suite_reason: str, result: dict | None,
+             preset: str | None = None) -> Verdict:
+    """The verdict for ``claim`` given its benchmark's result (None when it did not run) at ``preset``."""
+    if claim.field is None:
+        extra = f" A model answers it as a prediction: `{claim.prediction_command}`." if claim.prediction_command else ""
+        return Verdict(claim, OUT_OF_SCOPE, None, claim.differs_because + "." + extra)
+    if preset is not None and preset not in claim.measured_at:
+        # the benchmark ran (or says why not); the claim needs a larger preset to mean anything
+        ran = f"{claim.benchmark}: {suite_status}" + (f": {suite_reason}" if suite_status != "ok" and suite_reason
+                                                       else "")
+        if suite_status == "ok" and result is not None:
+            value, _ = _measure(claim, result)
+            if value is not None:
+                ran += f", this run's figure {fmt(value, claim.unit)}"
+        return Verdict(claim, NOT_MEASURED, None,
+                       f"judged at preset {' and '.join(claim.measured_at)} only: {claim.not_measured_because} "
+                       f"({ran})")
+    if suite_status != "ok" or result is None:
+        return Verdict(claim, NOT_MEASURED, None, f"{claim.benchmark}: {suite_status}: {suite_reason}")
+    value, why = _measure(claim, result)
+    if value is None:
+        return Verdict(claim, NOT_MEASURED, None, why)
     if claim.target is None:
         return Verdict(claim, REPORTED, value, "no target: reported for comparison")
     target_txt = f"{claim.comparison} {fmt(claim.target, claim.unit)}"

@@ -1,11 +1,11 @@
 """Byte budgets per tier. A budget is a contract: reserving past it raises
-:class:`~terastack.io.BudgetError` naming the tier and the shortfall, and the
+:class:`~terastack.errors.BudgetError` naming the tier and the shortfall, and the
 peak is recorded so tests can assert it against a formula."""
 from __future__ import annotations
 
 import threading
 
-from terastack.io.errors import BudgetError
+from terastack.errors import BudgetError
 
 
 class BudgetLedger:

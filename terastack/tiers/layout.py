@@ -35,10 +35,11 @@ from pathlib import Path
 
 from terastack.atomic import atomic_write_json
 from terastack.constants import DIRECT_ALIGN
+from terastack.dtypes import dtype_name, to_dtype
 from terastack.io import File, IOEngine
 from terastack.tiers.extents import Extent, ExtentAllocator
 from terastack.tiers.placement import PlacementPolicy
-from terastack.tiers.record import State, TensorRecord, Tier, dtype_from_name, dtype_name, tensor_nbytes
+from terastack.tiers.record import State, TensorRecord, Tier, tensor_nbytes
 
 MANIFEST = "manifest.json"
 DATA_FILE = "data.bin"
@@ -251,7 +252,7 @@ class StoreLayout:
         """The record of one manifest entry, its sizes checked."""
         try:
             shape = tuple(int(s) for s in entry["shape"])
-            dtype = dtype_from_name(entry["dtype"])
+            dtype = to_dtype(entry["dtype"])
             d = int(entry.get("dir", 0))
             if not 0 <= d < len(self.dirs):
                 raise ValueError(f"directory {d} of {len(self.dirs)}")

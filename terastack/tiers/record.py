@@ -28,13 +28,8 @@ import torch
 
 from terastack.constants import padded_size
 from terastack.io.futures import Future
+from terastack.tier import Tier
 from terastack.tiers.extents import Extent
-
-
-class Tier(str, enum.Enum):
-    DEVICE = "device"
-    HOST = "host"
-    SSD = "ssd"
 
 
 class State(str, enum.Enum):
@@ -135,14 +130,3 @@ def tensor_nbytes(shape, dtype: torch.dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """The name a manifest stores for ``dtype`` ("float32")."""
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """The dtype a manifest names; only torch dtypes, never an arbitrary attribute."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r} in manifest")
-    return dtype

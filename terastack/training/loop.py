@@ -1,26 +1,32 @@
-"""The training loop of ``terastack finetune``: schedule, accumulation, validation, metrics, checkpoints.
+"""The loop that drives a language-model job on any engine: schedule, accumulation, validation, metrics,
+checkpoints. It reaches the engine only through :class:`~terastack.training.engine_protocol.TrainingEngine`
+([Note: the engine protocol]).
 
 [Note: the finetune loop]
 One loop, read top to bottom in :meth:`FinetuneLoop.run`:
 
-    prologue      the loop state (step, micro-batches consumed) from the resumed checkpoint or zero;
-                  a validation loss before training
+    prologue      the loop state (step, micro-batches consumed) from the resumed checkpoint (``resume``)
+                  or zero; a validation loss before training
     step s        lr = schedule(s) (set on the trainer); the next ``grad_accum`` micro-batches of the data
                   order ([Note: the data order of a job]); one optimizer step over them; a metrics line;
                   a validation loss every ``eval_every`` steps; a checkpoint every ``checkpoint_every`` steps
     epilogue      a validation loss at the end (unless the last step just had one); the final checkpoint
 
-A checkpoint stores the loop state in its ``extra`` (``"loop"``): the step, the micro-batches consumed, the
-micro-batch size, the data seed and the schedule. With the schedule a pure function of the step and the data
-order a pure function of (seed, micro-batch), a resumed job takes exactly the steps the uninterrupted one would.
+A checkpoint stores, beside the trainer's components, the loop's (:meth:`FinetuneLoop.checkpoint_components`):
+``loop`` (the step), ``data_order`` (seed, micro-batch size, micro-batches consumed), ``lr_schedule`` (its
+settings) and ``data`` (the training data's description). With the schedule a pure function of the step and
+the data order a pure function of (seed, micro-batch), a resumed job takes exactly the steps the uninterrupted
+one would.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from terastack.training.lr_schedule import LRSchedule
+from terastack.training.data.epochs import DataOrder
+from terastack.training.engine_protocol import TrainingEngine
+from terastack.training.lr_schedule import LRSchedule, warmup_from_ratio
 from terastack.training.metrics import MetricsLog, eval_record, model_flops_per_token, step_record
 from terastack.training.data.examples import validation_loss
 from terastack.progress import Progress
@@ -48,13 +54,68 @@ class LoopConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
+    @classmethod
+    def from_job(cls, job, *, total_steps: int, rows_per_epoch: int) -> "LoopConfig":
+        """The loop of ``job`` (a :class:`~terastack.training.job.JobConfig`) once its data is known."""
+        return cls(total_steps=total_steps, batch_size=job.training.batch_size, grad_accum=job.training.grad_accum,
+                   rows_per_epoch=rows_per_epoch, eval_every=job.validation.every,
+                   checkpoint_dir=job.checkpoint.dir, checkpoint_every=job.checkpoint.every)
+
+
+def job_schedule(job, *, lr: float, total_steps: int) -> LRSchedule:
+    """The learning-rate schedule of ``job`` at peak ``lr`` (the engine's, when the job leaves it unset)."""
+    t = job.training
+    warmup = t.warmup_steps if t.warmup_steps is not None else warmup_from_ratio(t.warmup_ratio or 0.0, total_steps)
+    return LRSchedule(LRSchedule.Config(kind=t.lr_schedule, lr=lr, total_steps=total_steps, warmup_steps=warmup,
+                                        min_lr=t.min_lr))
+
 
 @dataclass(slots=True)
 class LoopState:
-    """Where the job stands: optimizer steps taken and micro-batches of the data order consumed."""
+    """Where the job stands: optimizer steps taken (the micro-batches consumed: :class:`DataOrder`)."""
 
     step: int = 0
-    micro_batches: int = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+class DataSource:
+    """The training data's description (``info``: its source and sha256): a resumed job trains on the same."""
+
+    def __init__(self, info: dict | None):
+        self.info = dict(info or {})
+
+    def state_dict(self) -> dict:
+        return dict(self.info)
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("sha256") not in (None, self.info.get("sha256")):
+            raise ValueError(f"--resume: the checkpoint was trained on other data ({state.get('source')}); give "
+                             "the same --data")
+
+
+#: the loop's components in a checkpoint (any may be absent: a checkpoint of the trainer alone has none)
+LOOP_COMPONENTS = ("loop", "data_order", "lr_schedule", "data")
+
+
+def loop_components_from_extra(extra: dict) -> dict[str, dict]:
+    """The loop's component states of a checkpoint written before they saved themselves, when its loop state was
+    the ``"loop"`` entry of its ``extra`` and the data's description the ``"data"`` entry (both taken out)."""
+    out = {}
+    saved = extra.pop("loop", None)
+    if saved is not None:
+        out["loop"] = {"step": saved["step"]}
+        out["data_order"] = {"seed": saved.get("seed"), "batch_size": saved.get("batch_size"),
+                             "micro_batches": saved["micro_batches"]}
+        if "schedule" in saved:
+            out["lr_schedule"] = saved["schedule"]
+    if "data" in extra:
+        out["data"] = extra.pop("data")
+    return out
 
 
 @dataclass(slots=True)
@@ -67,53 +128,51 @@ class LoopResult:
 
 
 class FinetuneLoop:
-    """Runs a job's optimizer steps on ``trainer`` (see [Note: the finetune loop]).
+    """Runs a job's optimizer steps on ``trainer``, any :class:`TrainingEngine` (see [Note: the finetune loop]).
 
     ``data``: micro-batch ``i`` is ``data.step_inputs(i)`` (a mapping of ``Trainer.step`` arguments) and
-    ``data.seed`` its order's seed; ``val_batches``: ``(input_ids, labels)`` pairs; ``checkpoint_extra``: what
-    every checkpoint stores besides the loop state (the data's description)."""
+    ``data.seed`` its order's seed; ``val_batches``: ``(input_ids, labels)`` pairs; ``data_info``: the data's
+    description, stored with every checkpoint and checked on resume. A trainer already past step 0 continues at
+    one micro-batch per step unless :meth:`resume` loads the loop's state of its checkpoint."""
 
-    def __init__(self, trainer, data, schedule: LRSchedule, config: LoopConfig, *, val_batches=(),
-                 metrics: MetricsLog | None = None, log=None, checkpoint_extra: dict | None = None):
+    def __init__(self, trainer: TrainingEngine, data, schedule: LRSchedule, config: LoopConfig, *, val_batches=(),
+                 metrics: MetricsLog | None = None, log=None, data_info: dict | None = None):
         self.trainer, self.data, self.schedule, self.config = trainer, data, schedule, config
         self.val_batches = list(val_batches)
         self.metrics = metrics or MetricsLog(None)
         self.log = log
-        self.checkpoint_extra = dict(checkpoint_extra or {})
+        self.data_source = DataSource(data_info)
         self.flops_per_token = model_flops_per_token(trainer.profile.total_params, trainer.profile.trainable_params)
-        self.state = self._restored_state()
+        step = trainer.step_count
+        self.state = LoopState(step=step)
+        self.order = DataOrder(seed=data.seed, batch_size=config.batch_size, rows_per_epoch=config.rows_per_epoch,
+                               micro_batches=step)
 
     # ---------------------------------------------------------------- state
-    def _restored_state(self) -> LoopState:
-        """The loop state of a resumed trainer's checkpoint (zero for a fresh one); refuses a data order that
-        would not continue the checkpoint's."""
+    def checkpoint_components(self) -> dict:
+        """The loop's ``Stateful`` parts of a checkpoint (see [Note: the finetune loop])."""
+        return {"loop": self.state, "data_order": self.order, "lr_schedule": self.schedule,
+                "data": self.data_source}
+
+    def resume(self, snapshot) -> None:
+        """Continue the job of ``snapshot`` (a ``terastack.training.checkpoint.Snapshot``: the checkpoint the
+        trainer was resumed from). Refuses a data order that would not continue the checkpoint's."""
         step = self.trainer.step_count
-        saved = self.trainer.resumed_extra.get("loop")
-        if step == 0:
-            return LoopState()
-        if saved is None:  # a checkpoint written before loop states: one micro-batch per step
-            return LoopState(step=step, micro_batches=step)
-        for key, mine in (("batch_size", self.config.batch_size), ("seed", self.data.seed)):
-            if saved.get(key) != mine:
-                raise ValueError(f"--resume: the checkpoint's data order has {key} {saved.get(key)}, this job "
-                                 f"{mine}; give the same value to continue it")
-        if saved.get("step") != step:
-            raise ValueError(f"--resume: the checkpoint's loop state is at step {saved.get('step')} but its trainer "
+        loaded = snapshot.load(self.checkpoint_components(), optional=LOOP_COMPONENTS)
+        if "loop" not in loaded:  # a checkpoint of the trainer alone: one micro-batch per step
+            self.state.step, self.order.micro_batches = step, step
+        elif self.state.step != step:
+            raise ValueError(f"--resume: the checkpoint's loop state is at step {self.state.step} but its trainer "
                              f"at step {step}")
-        if saved.get("schedule") != self.schedule.to_dict() and self.log is not None:
-            changed = [k for k, v in self.schedule.to_dict().items() if saved.get("schedule", {}).get(k) != v]
+        changed = self.schedule.changed_since_saved()
+        if changed and self.log is not None:
             print(f"--resume: the learning-rate schedule differs from the checkpoint's ({', '.join(changed)}); "
                   "it continues with this job's", file=self.log)
-        return LoopState(step=step, micro_batches=int(saved["micro_batches"]))
-
-    def loop_extra(self) -> dict:
-        return {**asdict(self.state), "batch_size": self.config.batch_size, "grad_accum": self.config.grad_accum,
-                "seed": self.data.seed, "schedule": self.schedule.to_dict()}
 
     @property
     def epoch(self) -> float:
         """Epochs done (fractional): rows consumed over rows per epoch."""
-        return self.state.micro_batches * self.config.batch_size / self.config.rows_per_epoch
+        return self.order.epoch
 
     # ----------------------------------------------------------------- pieces
     def evaluate(self, result: LoopResult, when: str | None = None) -> float | None:
@@ -129,17 +188,16 @@ class FinetuneLoop:
         return loss
 
     def checkpoint(self) -> None:
-        self.trainer.save_checkpoint(self.config.checkpoint_dir,
-                                     extra={**self.checkpoint_extra, "loop": self.loop_extra()})
+        self.trainer.save_checkpoint(self.config.checkpoint_dir, components=self.checkpoint_components())
 
     def optimizer_step(self) -> float:
         """One optimizer step over the next ``grad_accum`` micro-batches at the schedule's learning rate."""
         c, s = self.config, self.state
         self.trainer.lr = self.schedule.lr_at(s.step)
-        micro = [self.data.step_inputs(s.micro_batches + k) for k in range(c.grad_accum)]
+        micro = [self.data.step_inputs(self.order.micro_batches + k) for k in range(c.grad_accum)]
         loss = self.trainer.step(**micro[0]) if c.grad_accum == 1 else self.trainer.step_accumulated(micro)
         s.step += 1
-        s.micro_batches += c.grad_accum
+        self.order.micro_batches += c.grad_accum
         return loss
 
     # ------------------------------------------------------------------- loop

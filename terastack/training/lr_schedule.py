@@ -60,6 +60,8 @@ class LRSchedule:
 
     def __init__(self, config: Config):
         self.config = config
+        #: the settings of the checkpoint this job resumed (see load_state_dict)
+        self.saved: dict | None = None
 
     def factor(self, step: int) -> float:
         c = self.config
@@ -80,3 +82,17 @@ class LRSchedule:
 
     def to_dict(self) -> dict:
         return asdict(self.config)
+
+    # A checkpoint's part: the schedule is a pure function of the step, so its state is its settings. A resumed
+    # job keeps its own (it may have been given more steps); what the checkpoint's were stays beside them.
+    def state_dict(self) -> dict:
+        return self.to_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.saved = dict(state)
+
+    def changed_since_saved(self) -> list[str]:
+        """The settings that differ from the loaded checkpoint's (none when nothing was loaded)."""
+        if self.saved is None:
+            return []
+        return [k for k, v in self.to_dict().items() if self.saved.get(k) != v]

@@ -145,7 +145,7 @@ def test_train_config_validation_and_shipped_toml():
         TrainConfig(kill_at="server:0:1:explode")
     with pytest.raises(ValueError, match="model"):
         TrainConfig(model="/nonexistent/model")
-    shipped = sorted((Path(__file__).parents[2] / "terastack" / "dist" / "configs").glob("*.toml"))
+    shipped = sorted((Path(__file__).parents[2] / "terastack" / "disdp" / "configs").glob("*.toml"))
     assert shipped
     for path in shipped:
         cfg = TrainConfig.from_toml(path)

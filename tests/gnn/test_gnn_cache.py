@@ -14,7 +14,7 @@ from terastack.gnn.hotness import presample, rank_nodes
 from terastack.gnn.rows import RowReader
 from terastack.gnn.sampler import NeighborSampler
 from terastack.io import File
-from terastack.io.errors import BudgetError
+from terastack.errors import BudgetError
 
 
 def _ranking(ds, seed=0):

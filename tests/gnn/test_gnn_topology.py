@@ -16,6 +16,7 @@ from terastack.gnn.sampler import NeighborSampler, epoch_batches
 from terastack.gnn.topology import DiskArray, list_read_bytes, split_budget
 from terastack.gnn.train import GnnTrainer
 from terastack.io import IOEngine
+from terastack.io.backend import backend_unavailable_reason
 
 
 def _batches(sampler, ids, batch_size=64, epochs=2):
@@ -61,6 +62,8 @@ def test_ssd_sampler_batches_equal_in_memory(tiny, indptr, replace, cached):
         ssd.close()
 
 
+@pytest.mark.skipif(backend_unavailable_reason("threads") is not None,
+                    reason=f"needs the native I/O core: {backend_unavailable_reason('threads')}")
 @pytest.mark.parametrize("indptr,per_hop", [("memory", 1), ("ssd", 2)])
 def test_engine_submissions_per_batch(tiny, indptr, per_hop):
     """Counted by the storage engine itself: one submission per hop for the lists (plus one for indptr entries

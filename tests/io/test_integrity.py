@@ -1,5 +1,6 @@
 """Bytes read and written through every backend equal an os.urandom reference."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -134,17 +135,14 @@ def test_kernel_short_reads_are_retried(engine):
     """/proc/PID/smaps returns short reads (about a page per call); the engine must fill the request."""
     import subprocess
 
-    sleeper = subprocess.Popen(["sleep", "30"])
+    # a child that stops itself: once waitpid reports it stopped, its mappings cannot change (no polling)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"])
     try:
+        _, status = os.waitpid(sleeper.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
         path = f"/proc/{sleeper.pid}/smaps"
-        import time
-
-        previous, reference = b"", b"?"
-        for _ in range(50):  # until exec has finished and the mappings are stable
-            time.sleep(0.05)
-            previous, reference = reference, open(path, "rb").read()
-            if reference == previous and len(reference) > 3 * 4096:
-                break
+        with open(path, "rb") as fh:
+            reference = fh.read()
         want = min(len(reference), 12000)
         assert want > 4096 * 2, "smaps too small to produce short reads"
         fd = os.open(path, os.O_RDONLY)

@@ -1,4 +1,7 @@
-"""Budgets are contracts: the ledgers' peaks stay within the plan's formulas, which stay within the budgets."""
+"""Budgets are contracts: the ledgers' peaks stay within the plan's formulas, which stay within the budgets.
+
+Every case here must train (building the trainer raises if the plan is refused) and each counts the steps it
+ran, so no case passes on a refusal."""
 import pytest
 import torch
 
@@ -17,6 +20,7 @@ def test_ledger_peaks_within_plan(policy, placement, tmp_path, trainer_config):
         for ids in batches(3):
             t.step(ids)
         t.synchronize()
+        assert len(t.history) == 3  # every step ran under the plan
         plan, pred, use = t.plan, t.plan.prediction, t.usage()
         # device: weights of (depth + 1) units in flight + activations kept/in flight (the planner's formula)
         window = max(sum(u.weight_bytes for u in t.profile.units[i:i + plan.prefetch_depth + 1])
@@ -44,6 +48,7 @@ def test_weights_stream_one_unit_ahead(tmp_path, trainer_config):
     with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
         for ids in batches(2):
             t.step(ids)
+        assert len(t.history) == 2
         units = t.profile.units
         two = max(units[i].weight_bytes + units[i + 1].weight_bytes for i in range(len(units) - 1))
         boundary = sum(u.boundary_bytes for u in units if u.kind == "layer")
@@ -67,6 +72,7 @@ def test_weights_kept_for_the_next_forward_save_reads(tmp_path, trainer_config):
             for ids in data:
                 t.step(ids)
             t.synchronize()
+            assert len(t.history) == len(data)
             reads[retain] = t.history[-1].ssd_read_bytes
             weights[retain] = t.state_dict()
             assert bool(t.plan.retained_units) == retain

@@ -11,6 +11,7 @@ import torch
 
 from .llm_helpers import batches, make_model, max_weight_diff, offloaded_train, reference_train
 from terastack.llm import Trainer
+from terastack.training.checkpoint import JSONState
 
 
 def test_resume_reaches_the_uninterrupted_weights(tmp_path, trainer_config, store_dirs):
@@ -28,8 +29,10 @@ def test_resume_reaches_the_uninterrupted_weights(tmp_path, trainer_config, stor
             full.step(ids)
         expected = full.state_dict()
     assert snap.name == "step-00000002" and json.loads((tmp_path / "ckpt" / "LATEST").read_text())["step"] == 2
-    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(max_grad_norm=1.0, store_dir=store_dirs)) as resumed:
-        assert resumed.step_count == 2 and resumed.resumed_extra == {"note": "two steps"}
+    extra = JSONState()
+    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(max_grad_norm=1.0, store_dir=store_dirs),
+                                 components={"extra": extra}) as resumed:
+        assert resumed.step_count == 2 and extra.value == {"note": "two steps"}
         for ids in data[2:]:
             resumed.step(ids)
         got = resumed.state_dict()
@@ -57,7 +60,7 @@ def test_corrupt_or_truncated_checkpoint_is_refused(tmp_path, trainer_config):
         snap = t.save_checkpoint(tmp_path / "ckpt")
     data = snap / "state.bin"
     manifest = json.loads((snap / "checkpoint.json").read_text())
-    entry = manifest["tensors"]["master:model.layers.1.mlp.up_proj.weight"]
+    entry = manifest["tensors"]["model/master:model.layers.1.mlp.up_proj.weight"]
     original = data.read_bytes()
     with open(data, "r+b") as f:  # flip one byte inside one tensor
         f.seek(entry["offset"] + 10)

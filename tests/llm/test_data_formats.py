@@ -201,8 +201,8 @@ def test_finetune_on_chat_jsonl_through_the_cli(tmp_path, capsys, hardware_file,
     make_model("llama", model_dir, layers=2)
     hf_tokenizer.save_pretrained(str(model_dir))
     capsys.readouterr()  # what importing transformers' integrations printed (deepspeed, where installed)
-    (tmp_path / "t.toml").write_text(f"[trainer]\ncalibrate = false\nhardware = {json.dumps(hardware_file)}\n"
-                                     "device_budget = \"64MiB\"\nhost_budget = \"64MiB\"\n")
+    (tmp_path / "t.toml").write_text(f"[offload]\ncalibrate = false\nhardware = {json.dumps(hardware_file)}\n"
+                                     "[store]\ndevice_budget = \"64MiB\"\nhost_budget = \"64MiB\"\n")
     words = ["hi", "there", "how", "are", "you", "fine"]
     chats = [{"messages": [{"role": "user", "content": f"{a} {b}"}, {"role": "assistant", "content": f"{b} {c}"}]}
              for a in words for b in words[:2] for c in words[:2]]

@@ -1,5 +1,6 @@
-"""The loop of `terastack finetune`: LR schedules against transformers, epochs, YAML job files, metrics,
-validation, the staged output directory and exact resume."""
+"""The loop of `terastack finetune`: LR schedules against transformers, epochs, the trainer's settings from a
+job, a job file of the format before sections, metrics, validation, the staged output directory and exact
+resume. (The job's own reading: tests/training/test_job.py.)"""
 import json
 import math
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from terastack.training.data.epochs import TokenWindows, total_steps, windows_of
-from terastack.training.job import JobConfig, parse_overrides, read_job_file, resolve_job
+from terastack.training.job import build_job, resolve_job
 from terastack.training.lr_schedule import LRSchedule, warmup_from_ratio
 
 SEQ = 16
@@ -87,65 +88,67 @@ def test_token_windows_visit_every_window_once_per_epoch():
 
 
 # ------------------------------------------------------------------ job files
-def test_yaml_job_sections_flags_and_overrides(tmp_path):
-    path = tmp_path / "job.yaml"
-    path.write_text("model: /models/m\n"
-                    "data: {path: train.txt, val: val.txt}\n"
-                    "training:\n  lr: 1e-5\n  epochs: 3\n  grad_accum: 2\n  lr_schedule: cosine\n"
-                    "output: out\n"
-                    "calibrate: false\n"
-                    "trainer:\n  host_budget: 64MiB\n  seq_len: 64\n")
-    flat = read_job_file(path)
-    assert flat == {"model": "/models/m", "data": "train.txt", "val_data": "val.txt", "lr": "1e-5", "epochs": 3,
-                    "grad_accum": 2, "lr_schedule": "cosine", "output": "out",
-                    "trainer": {"calibrate": False, "host_budget": "64MiB", "seq_len": 64}}
-    job = resolve_job(file=path, flags={"output": "flagged", "batch_size": None}, overrides=["steps=7",
-                                                                                             "trainer.seed=3"])
-    assert job.lr == 1e-5 and job.output == "flagged"   # YAML's 1e-5 (a string in YAML 1.1) is a number
-    assert job.steps == 7 and job.epochs is None         # an override of the length drops the file's epochs
-    assert job.seq_len == 64 and job.batch_size == 4     # the trainer table's seq_len; the default batch size
-    assert job.trainer == {"calibrate": False, "host_budget": "64MiB", "seq_len": 64, "seed": 3}
-    assert resolve_job(file=path, flags={}, overrides=["lr=2e-4", "epochs=1"]).epochs == 1.0
-    # the resolved job round-trips through finetune.yaml
-    from terastack.training.job import write_job_file
+def test_trainer_config_is_built_from_the_job():
+    """Every TrainerConfig field comes from the job setting of its name; unset settings keep the trainer's
+    defaults; the optimizer's and the planner's settings follow from the TrainerConfig."""
+    from terastack.llm import LoraSpec, TrainerConfig
 
-    write_job_file(job, tmp_path / "finetune.yaml")
-    assert resolve_job(file=tmp_path / "finetune.yaml", flags={}, overrides=[]) == job
-    # a TOML [trainer] file is a job file too
-    toml = tmp_path / "t.toml"
-    toml.write_text("epochs = 2\n[trainer]\ncalibrate = false\nlr = 0.001\n")
-    assert resolve_job(file=toml, flags={}, overrides=[]).trainer == {"calibrate": False, "lr": 0.001}
+    job = build_job({"training.lr": 2e-5, "training.betas": [0.8, 0.9], "training.max_grad_norm": 1.0,
+                     "training.seq_len": 64, "training.batch_size": 2, "training.grad_accum": 3,
+                     "store.dirs": ["/a", "/b"], "store.host_budget": "64MiB", "data.pack": True,
+                     "schedule.activation_policy": "keep,ssd", "offload.calibrate": False,
+                     "offload.prefetch_depth": 2, "offload.optimizer_chunk": 4096, "lora.rank": 4})
+    cfg = TrainerConfig.from_job(job, device_budget="8MiB")
+    assert (cfg.lr, cfg.betas, cfg.max_grad_norm, cfg.seq_len, cfg.batch_size, cfg.grad_accum) == \
+        (2e-5, (0.8, 0.9), 1.0, 64, 2, 3)
+    assert (cfg.store_dir, cfg.host_budget, cfg.device_budget, cfg.packed) == ("/a,/b", 64 << 20, 8 << 20, True)
+    assert (cfg.activation_policy, cfg.calibrate, cfg.prefetch_depth) == ("keep,ssd", False, 2)
+    assert cfg.lora == LoraSpec(r=4, alpha=8)  # alpha: twice the rank unless given
+    assert cfg.eps == TrainerConfig().eps and cfg.timeout == TrainerConfig().timeout and cfg.dtype == "auto"
+    opt = cfg.optimizer_config()
+    assert (opt.lr, opt.betas, opt.max_grad_norm, opt.mode) == (2e-5, (0.8, 0.9), 1.0, "deferred")
+    plan = cfg.planner_config(device_budget=1 << 20, host_budget=2 << 20, inline_updates=True)
+    assert (plan.policy, plan.prefetch_depth, plan.optimizer_chunk, plan.grad_accum) == ("keep,ssd", 2, 4096, 3)
+    # a TrainerConfig is checked by the job's sections, in its own field names
+    with pytest.raises(ValueError, match="^store_dir: '/a,' names an empty directory"):
+        TrainerConfig(store_dir="/a,")
+    with pytest.raises(ValueError, match="^optimizer_impl: must be one of"):
+        TrainerConfig(optimizer_impl="fast")
+    with pytest.raises(ValueError, match="^memory_budget: give either"):
+        TrainerConfig(memory_budget="1GiB", host_budget="1GiB")
+    with pytest.raises(ValueError, match="^optimizer_schedule: eager updates cannot apply a global-norm clip"):
+        TrainerConfig(optimizer_schedule="eager", max_grad_norm=1.0)
+    # the optimizer mode: a schedule named in the job, else eager / deferred with clipping / after backward
+    for settings, mode in (({}, "eager"), ({"training.max_grad_norm": 1.0}, "deferred"),
+                           ({"schedule.active_offload": False}, "after_backward"),
+                           ({"schedule.optimizer": "after_backward"}, "after_backward"),
+                           ({"schedule.optimizer": "deferred"}, "deferred")):
+        assert TrainerConfig.from_job(build_job(settings)).optimizer_config().mode == mode, settings
 
 
-def test_unknown_or_bad_keys_name_the_key_and_the_file(tmp_path, capsys):
-    path = tmp_path / "job.yaml"
-    path.write_text("lr: 1e-4\nlearning_rate: 3\n")
-    with pytest.raises(ValueError, match=r"job.yaml: unknown key 'learning_rate'"):
-        read_job_file(path)
-    path.write_text("training: {epochz: 2}\n")
-    with pytest.raises(ValueError, match=r"job.yaml: unknown key 'training.epochz'"):
-        read_job_file(path)
-    path.write_text("trainer: {calibrat: false}\n")
-    with pytest.raises(ValueError, match=r"job.yaml: unknown key 'trainer.calibrat'"):
-        read_job_file(path)
-    with pytest.raises(ValueError, match=r"override 'lrr=3': unknown key 'lrr'"):
-        parse_overrides(["lrr=3"])
-    path.write_text("steps: 3\nepochs: 1\n")
-    with pytest.raises(ValueError, match="job.yaml: steps/epochs: give one of them"):
-        resolve_job(file=path, flags={}, overrides=[])
-    path.write_text("steps: three\n")
-    with pytest.raises(ValueError, match="job.yaml: steps: must be an integer"):
-        resolve_job(file=path, flags={}, overrides=[])
-    with pytest.raises(ValueError, match="^grad_accum: must be >= 1"):  # a flag's mistake is not the file's
-        resolve_job(file=None, flags={"grad_accum": 0}, overrides=[])
-    path.write_text("lr: 1e-4\n")
-    with pytest.raises(ValueError, match="^lr_schedule: must be one of"):
-        resolve_job(file=path, flags={}, overrides=["lr_schedule=step"])
-    with pytest.raises(ValueError, match="epochs: must be > 0"):
-        JobConfig(epochs=0)
-    # through the command: one line, before any model is built
+def test_shipped_configs_are_job_files():
+    """The shipped configs are sectioned job files (no old spelling to note); TrainerConfig reads them too."""
+    import io
+    from pathlib import Path
+
+    import terastack.llm
+    from terastack.llm import TrainerConfig
+
+    configs = sorted((Path(terastack.llm.__file__).parent / "configs").glob("*.toml"))
+    assert len(configs) >= 2
+    for path in configs:
+        log = io.StringIO()
+        job = resolve_job(file=path, flags={}, overrides=[], log=log)
+        assert log.getvalue() == ""
+        cfg = TrainerConfig.from_toml(path)
+        assert (cfg.lr, cfg.seq_len, cfg.host_budget, cfg.dtype) == \
+            (job.training.lr, job.training.seq_len, job.store.host_budget, job.store.dtype)
+
+
+def test_bad_job_file_is_one_line_before_any_model_is_built(tmp_path, capsys):
     from terastack.cli import main
 
+    path = tmp_path / "job.yaml"
     path.write_text("lr: 1e-4\nlearnig_rate: 3\n")
     assert main(["finetune", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -174,6 +177,9 @@ def test_loop_metrics_follow_the_trainer_and_validation_runs_every_n(tmp_path, t
     val = windows_of(tokens[16 * SEQ:], SEQ, limit=4)
     schedule = LRSchedule(LRSchedule.Config(kind="linear", lr=1e-3, total_steps=5, warmup_steps=2))
     with Trainer.from_config(tiny_config("llama", 2), trainer_config(max_grad_norm=1.0)) as trainer:
+        from terastack.training.engine_protocol import TrainingEngine
+
+        assert isinstance(trainer, TrainingEngine)  # the offloaded engine is one the loop can drive
         seen = []
         original = trainer.step
 
@@ -223,6 +229,13 @@ def _byte_model(path):
     return str(path)
 
 
+#: the job of the fixture below in the format before sections: flat keys and a trainer: table
+OLD_FORMAT = ("model: {model}\ndata: {data}\nseq_len: {seq}\nbatch_size: 2\nepochs: 2\nlr: 5e-3\n"
+              "lr_schedule: cosine\nwarmup_steps: 2\nmax_grad_norm: 1.0\n"
+              "trainer:\n  calibrate: false\n  hardware: {hardware}\n  device_budget: 64MiB\n"
+              "  host_budget: 64MiB\n  optimizer_impl: single\n")
+
+
 @pytest.fixture
 def job(tmp_path, hardware_file, capsys):
     """A model, 6 windows of training text plus held-out text, and a YAML job file for them."""
@@ -231,12 +244,34 @@ def job(tmp_path, hardware_file, capsys):
     text.write_bytes(_text_tokens(6 * SEQ + 5).astype(np.uint8).tobytes())
     (tmp_path / "val.txt").write_bytes(_text_tokens(2 * SEQ, seed=9).astype(np.uint8).tobytes())
     path = tmp_path / "job.yaml"
-    path.write_text(f"model: {model}\ndata: {text}\nseq_len: {SEQ}\nbatch_size: 2\nepochs: 2\nlr: 5e-3\n"
-                    "lr_schedule: cosine\nwarmup_steps: 2\nmax_grad_norm: 1.0\n"
-                    f"trainer:\n  calibrate: false\n  hardware: {hardware_file}\n  device_budget: 64MiB\n"
-                    "  host_budget: 64MiB\n  optimizer_impl: single\n")
+    path.write_text(f"model: {model}\ndata: {text}\n"
+                    f"training: {{seq_len: {SEQ}, batch_size: 2, epochs: 2, lr: 5e-3, lr_schedule: cosine, "
+                    "warmup_steps: 2, max_grad_norm: 1.0}\n"
+                    "store: {device_budget: 64MiB, host_budget: 64MiB}\n"
+                    f"offload: {{calibrate: false, hardware: {hardware_file}, optimizer_impl: single}}\n")
+    (tmp_path / "old.yaml").write_text(OLD_FORMAT.format(model=model, data=text, seq=SEQ, hardware=hardware_file))
     capsys.readouterr()  # whatever importing transformers printed
     return path
+
+
+def test_a_job_file_of_the_old_format_runs_unchanged(tmp_path, job, capsys):
+    """The fixture's job written as before sections (flat keys, a trainer: table) reads as the same job, runs,
+    and trains exactly as the sectioned file does; the moved keys are named in one note line."""
+    from terastack.cli import main
+
+    old = tmp_path / "old.yaml"
+    assert resolve_job(file=old, flags={}, overrides=[], log=None) == resolve_job(file=job, flags={}, overrides=[])
+    losses, notes = [], []
+    for i, path in enumerate((old, job)):
+        assert main(["finetune", "--config", str(path), "--steps", "3", "--store", str(tmp_path / f"s{i}"),
+                     "--json"]) == 0
+        captured = capsys.readouterr()
+        losses.append(json.loads(captured.out[captured.out.index("{\n"):])["losses"])
+        notes.append([line for line in captured.err.splitlines() if line.startswith("note:")])
+    assert len(notes[0]) == 1 and notes[1] == []
+    assert "trainer.calibrate is now offload.calibrate" in notes[0][0]
+    assert "trainer.host_budget is now store.host_budget" in notes[0][0]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
 
 
 def _weights(export) -> dict:
@@ -267,7 +302,8 @@ def test_resumed_job_equals_the_uninterrupted_one(tmp_path, job, capsys, monkeyp
 
     assert AutoModelForCausalLM.from_pretrained(str(full)).config.vocab_size == 259
     again = resolve_job(file=full / "finetune.yaml", flags={}, overrides=[])
-    assert again.epochs == 2 and again.lr == 5e-3 and again.lr_schedule == "cosine" and again.output == str(full)
+    t = again.training
+    assert t.epochs == 2 and t.lr == 5e-3 and t.lr_schedule == "cosine" and again.output.dir == str(full)
 
     original = Trainer.step
 

@@ -29,13 +29,23 @@ def test_fastest_split_wins_and_ties_keep_the_first():
 
 
 def test_splits_that_do_not_fit_are_skipped():
+    planned, refused = [], []
+
     def plan_for(device, host):
         if device < 3 * GiB:
+            refused.append(device)
             raise PlanError("device", needed=3 * GiB, available=device, limit=device, what="x")
+        planned.append(device)
         return device, _plan(device / GiB)
 
     device, _ = search_budget_split(10 * GiB, plan_for, what="model")
-    assert device >= 3 * GiB and device - tier_memory(10 * GiB) * 5 // 100 < 3 * GiB
+    total = tier_memory(10 * GiB)
+    # both sides ran: the splits below 3 GiB were refused, every other split was planned
+    assert refused == [total * s // 100 for s in SHARES if total * s // 100 < 3 * GiB] != []
+    assert planned == [total * s // 100 for s in SHARES if total * s // 100 >= 3 * GiB]
+    assert len(planned) > 1
+    # the fastest of the planned (here: the smallest device share that fits) wins
+    assert device == min(planned) and device - total * 5 // 100 < 3 * GiB
 
 
 def test_nothing_fits_names_the_memory_budget_and_the_smallest_shortfall():

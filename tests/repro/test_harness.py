@@ -57,27 +57,27 @@ SUITES = {
 }
 
 CLAIMS = (
-    Claim(id="a.speedup", suite="alpha", benchmark="ok", title="speedup", source="paper", paper_figure="P: 1.8x",
-          paper_value=1.8, paper_hardware="a big GPU", field="speedup_vs_sync", baseline="sync", target=1.5),
-    Claim(id="a.hidden", suite="alpha", benchmark="ok", title="hidden", source="project", paper_figure="issue: 0.8",
+    Claim(id="a.speedup", suite="alpha", benchmark="ok", title="speedup", source="paper", paper="CAM", where="abstract",
+          paper_figure="P: 1.8x", paper_value=1.8, paper_hardware="a big GPU", field="speedup_vs_sync", baseline="sync", target=1.5),
+    Claim(id="a.hidden", suite="alpha", benchmark="ok", title="hidden", source="project", paper_figure=">= 0.8", rationale="hide most of it",
           field="hidden_fraction", baseline="alone", target=0.8, unit="fraction",
           differs_because="the cores are shared"),
-    Claim(id="a.errors", suite="alpha", benchmark="ok", title="worst error", source="project", paper_figure="<= 0.2",
+    Claim(id="a.errors", suite="alpha", benchmark="ok", title="worst error", source="project", rationale="why", paper_figure="<= 0.2",
           field="errors", aggregate="max", comparison="<=", target=0.2, differs_because="noise"),
-    Claim(id="a.ratio", suite="alpha", benchmark="ok", title="ratio", source="project", paper_figure="<= 0.5",
+    Claim(id="a.ratio", suite="alpha", benchmark="ok", title="ratio", source="project", rationale="why", paper_figure="<= 0.5",
           field="nested.ours", ratio_to="nested.theirs", comparison="<=", target=0.5, differs_because="-"),
-    Claim(id="a.reported", suite="alpha", benchmark="ok", title="reported", source="project", paper_figure="-",
+    Claim(id="a.reported", suite="alpha", benchmark="ok", title="reported", source="project", rationale="why", paper_figure="-",
           field="nested.ours", differs_because="-"),
-    Claim(id="a.typo", suite="alpha", benchmark="ok", title="renamed field", source="project", paper_figure="-",
+    Claim(id="a.typo", suite="alpha", benchmark="ok", title="renamed field", source="project", rationale="why", paper_figure="-",
           field="speedup_vs_synch", target=1.0, differs_because="-"),
-    Claim(id="a.dep", suite="alpha", benchmark="dep", title="needs a dep", source="project", paper_figure="-",
+    Claim(id="a.dep", suite="alpha", benchmark="dep", title="needs a dep", source="project", rationale="why", paper_figure="-",
           field="x", target=1.0, differs_because="-"),
-    Claim(id="a.cluster", suite="alpha", benchmark="ok", title="175B on 8 GPUs", source="paper",
-          paper_figure="P: 3.98x", paper_value=3.98, differs_because="needs 8 GPUs",
+    Claim(id="a.cluster", suite="alpha", benchmark="ok", title="175B on 8 GPUs", source="paper", paper="DisDP",
+          where="abstract", paper_figure="P: 3.98x", paper_value=3.98, differs_because="needs 8 GPUs",
           prediction_command="terastack dist simulate"),
-    Claim(id="b.absent", suite="beta", benchmark="absent", title="absent", source="project", paper_figure="-",
+    Claim(id="b.absent", suite="beta", benchmark="absent", title="absent", source="project", rationale="why", paper_figure="-",
           field="x", target=1.0, differs_because="-"),
-    Claim(id="b.err", suite="beta", benchmark="err", title="errs", source="project", paper_figure="-",
+    Claim(id="b.err", suite="beta", benchmark="err", title="errs", source="project", rationale="why", paper_figure="-",
           field="x", target=1.0, differs_because="-"),
 )
 
@@ -208,18 +208,19 @@ def test_config_errors_name_the_field(tmp_path):
 
 def test_lookup_and_evaluate_edge_cases():
     assert lookup({"a": {"b": [1, 2]}}, "a.b.1") == 2
-    c = Claim(id="x", suite="s", benchmark="b", title="t", source="project", paper_figure="-", field="v",
+    c = Claim(id="x", suite="s", benchmark="b", title="t", source="project", rationale="why", paper_figure="-", field="v",
               comparison="==", target=0, differs_because="-")
     assert evaluate(c, "ok", "", {"v": 0}).status == "reproduced"
     assert evaluate(c, "ok", "", {"v": 3}).status == "not reproduced"
     assert evaluate(c, "ok", "", {"v": "fast"}).status == "not measured"
-    yes = Claim(id="b", suite="s", benchmark="b", title="t", source="project", paper_figure="-", field="flat",
+    yes = Claim(id="b", suite="s", benchmark="b", title="t", source="project", rationale="why", paper_figure="-", field="flat",
                 comparison="==", target=1, unit="bool", differs_because="-")
     assert evaluate(yes, "ok", "", {"flat": True}).status == "reproduced"
     assert evaluate(yes, "ok", "", {"flat": False}).status == "not reproduced"
     assert evaluate(c, "timeout", "ran past 600 s", None).reason.endswith("ran past 600 s")
     with pytest.raises(ValueError, match="differs_because"):
-        Claim(id="y", suite="s", benchmark="b", title="t", source="paper", paper_figure="-")
+        Claim(id="y", suite="s", benchmark="b", title="t", source="paper", paper="DaCe", where="abstract",
+              paper_figure="-")
 
 
 def test_shipped_claims_are_consistent():
@@ -289,3 +290,17 @@ def test_render_rejudges_an_earlier_run_without_measuring(report, tmp_path):
     assert "| >= 2.00x | **no** |" in (copy / "REPORT.md").read_text()
     with pytest.raises(ValueError, match="report.json"):
         Harness(Harness.Config(out_dir=str(tmp_path / "nothing-here"))).render()
+
+
+def test_a_benchmark_whose_package_fails_to_import_is_an_error_not_missing(tmp_path, monkeypatch):
+    """Finding ``pkg.bench`` imports ``pkg``; a broken ``pkg`` is reported with its error, not as an absent module."""
+    from terastack.repro.bench_child import run_module
+
+    pkg = tmp_path / "fakebrokenpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from os import no_such_name\n")
+    (pkg / "bench.py").write_text("PRESETS = {'smoke': []}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = run_module("fakebrokenpkg.bench", "smoke")
+    assert out["status"] == "error" and "no_such_name" in out["reason"] and "traceback" in out
+    assert run_module("fakebrokenpkg_absent.bench", "smoke")["status"] == "missing"

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from terastack.io import BudgetError
+from terastack.errors import BudgetError
 from terastack.tiers import State, StripeBySize, Tier, TieredStore
 from terastack.tiers.layout import data_file_name
 
@@ -41,14 +41,28 @@ def test_put_prefetch_evict_cycle(tmp_path, make):
     assert torch.equal(store.get("a", "host"), a + 1)
 
 
-def test_inflight_state_is_visible(tmp_path, make):
-    import time
+def test_inflight_state_is_visible(tmp_path, make, monkeypatch):
+    import threading
 
     store = make(tmp_path, host_budget="64MiB")
     store.put("big", torch.randn(1 << 20)).result()
+    # the read's completion signals before it takes the store's lock to publish RESIDENT: the test waits for
+    # the read to have finished (no sleep, no race), then sees that the record still says in flight
+    read_done = threading.Event()
+    arrived = store._arrived
+
+    def signalling_arrived(*args):
+        publish = arrived(*args)
+
+        def on_done(done):
+            read_done.set()
+            publish(done)
+        return on_done
+
+    monkeypatch.setattr(store, "_arrived", signalling_arrived)
     with store._lock:  # the completion cannot publish RESIDENT while the store's lock is held
         fut = store.prefetch("big", "host")
-        time.sleep(0.2)
+        assert read_done.wait(30), "the read never completed"
         rec = store.record("big")
         assert rec.state is State.INFLIGHT_IN and rec.tier is Tier.HOST and rec.future is fut and not fut.done()
     assert fut.result(timeout=30).shape == (1 << 20,)

@@ -9,9 +9,15 @@ layout     recognized by                                           reader
 ========== ======================================================= =====================================
 ogb-npz    ``raw/data.npz`` (ogbn-papers100M)                      :func:`.ogb.ogb_npz_source`
 ogb-csv    ``raw/edge.csv.gz`` (ogbn-arxiv, ogbn-products)          :func:`.ogb.ogb_csv_source`
+ogb-mag    ``raw/num-node-dict.csv.gz`` (ogbn-mag, heterogeneous)   :func:`.hetero_layouts.ogb_mag_source`
+mag240m    ``processed/paper/node_feat.npy`` + ``processed/*___*___*`` :func:`.hetero_layouts.mag240m_source`
+igbh       ``processed/paper__cites__paper`` + ``processed/author``  :func:`.hetero_layouts.igbh_source`
 igb        ``processed/paper__cites__paper/edge_index.npy``        :func:`.igb.igb_source`
 npy        ``edge_index.npy`` (terastack's ``--ogb-dir`` arrays)    :class:`terastack.gnn.importer.GraphImporter`
 ========== ======================================================= =====================================
+
+The heterogeneous layouts (ogb-mag, mag240m, igbh) become heterogeneous datasets
+(terastack.gnn.hetero_dataset); the others homogeneous ones.
 """
 from __future__ import annotations
 
@@ -20,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from terastack.gnn.dataset import DatasetError
-from terastack.gnn.formats import igb, ogb
+from terastack.gnn.formats import hetero_layouts, igb, ogb
+from terastack.gnn.formats.hetero_source import HeteroImporter
 from terastack.gnn.formats.source import BuildOptions, SourceImporter
 
-LAYOUTS = (("ogb-npz", ogb.is_ogb_npz), ("ogb-csv", ogb.is_ogb_csv), ("igb", igb.is_igb),
+LAYOUTS = (("ogb-npz", ogb.is_ogb_npz), ("ogb-csv", ogb.is_ogb_csv), ("ogb-mag", hetero_layouts.is_ogb_mag),
+           ("mag240m", hetero_layouts.is_mag240m), ("igbh", hetero_layouts.is_igbh), ("igb", igb.is_igb),
            ("npy", lambda root: (root / "edge_index.npy").is_file()))
 
 
@@ -46,6 +54,7 @@ def detect_layout(path: str | os.PathLike) -> tuple[str, Path]:
         raise DatasetError(f"{root}: holds several datasets ({', '.join(p.name for _, p in found)}); "
                            "pass one of them")
     raise DatasetError(f"{root}: no known dataset layout (looked for raw/data.npz, raw/edge.csv.gz, "
+                       "raw/num-node-dict.csv.gz, processed/paper/node_feat.npy with processed/<src>___<rel>___<dst>, "
                        "processed/paper__cites__paper/edge_index.npy, edge_index.npy, here and one level down)")
 
 
@@ -88,6 +97,14 @@ class DirectoryImporter:
             result = GraphImporter(GraphImporter.Config(ogb_dir=str(root), undirected=bool(cfg.undirected), **common),
                                    engine=self.engine).run()
             return {"layout": layout, **result}
+        hetero = {"ogb-mag": lambda: hetero_layouts.ogb_mag_source(root, split=cfg.split,
+                                                                   memory_budget=cfg.memory_budget),
+                  "mag240m": lambda: hetero_layouts.mag240m_source(root),
+                  "igbh": lambda: hetero_layouts.igbh_source(root, label_set=cfg.label_set, split_seed=cfg.split_seed)}
+        if layout in hetero:
+            result = HeteroImporter(hetero[layout](), HeteroImporter.Config(undirected=cfg.undirected, **common),
+                                    engine=self.engine).run()
+            return {"layout": layout, "source": str(root), **result}
         if layout == "igb":
             source = igb.igb_source(root, label_set=cfg.label_set, split_seed=cfg.split_seed)
         elif layout == "ogb-npz":

@@ -50,7 +50,7 @@ def is_igb(root: Path) -> bool:
     return (root / "processed" / "paper__cites__paper" / "edge_index.npy").is_file()
 
 
-def _array(path: Path, what: str, row_shape: tuple[int, ...]) -> np.ndarray:
+def read_array(path: Path, what: str, row_shape: tuple[int, ...]) -> np.ndarray:
     """An ``.npy`` (memory-mapped) or, without the magic, IGB's header-less float32 file."""
     need_file(path, what)
     with open(path, "rb") as f:
@@ -101,12 +101,12 @@ def igb_source(root: str | Path, *, label_set: str | None = None, split_seed: in
     feat_path = processed / "paper" / "node_feat.npy"
     label_path = processed / "paper" / label_name
     edge_path = processed / "paper__cites__paper" / "edge_index.npy"
-    feats = _array(feat_path, "node features", (FEAT_DIM,))
+    feats = read_array(feat_path, "node features", (FEAT_DIM,))
     if feats.ndim != 2 or feats.dtype.kind not in "fiu":
         raise DatasetError(f"{feat_path}: node features must be a numeric N x F matrix, "
                            f"are {feats.dtype} {feats.shape}")
     n = feats.shape[0]
-    raw_labels = _array(label_path, "node labels", ())
+    raw_labels = read_array(label_path, "node labels", ())
     edges = load_npy(edge_path, "edges")
     if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
         raise DatasetError(f"{edge_path}: edge_index must be an E x 2 integer array (one src, dst row per edge), "

@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from terastack.gnn.dataset import DatasetError
+from terastack.gnn.formats.hetero_source import HeteroImporter, HeteroSource, NodeTypeSource, RelationSource
 from terastack.gnn.formats.source import GraphSource, SourceImporter, labels_from_values
 
 MASKS = {"train_idx": ("train_mask", "train_idx"), "val_idx": ("val_mask", "val_idx", "valid_idx"),
@@ -91,13 +92,64 @@ def pyg_source(data) -> GraphSource:
                        splits=lambda _labels: splits, files={"sha256": files})
 
 
-def from_pyg(data, out: str | os.PathLike, *, engine=None, **kwargs) -> dict:
-    """Write a PyG ``Data`` (or a dataset's first graph) as a terastack dataset in ``out``.
+def pyg_hetero_source(data, target: str | None = None) -> HeteroSource:
+    """A PyG ``HeteroData`` as a :class:`HeteroSource`: ``data[t].x`` (optional), ``data[t].num_nodes``,
+    ``data[et].edge_index``; the labels ``y`` and split (masks or index tensors, as for ``Data``) of ``target``
+    (default: the only node type with ``y``)."""
+    labelled = [t for t in data.node_types if getattr(data[t], "y", None) is not None]
+    target = target or (labelled[0] if len(labelled) == 1 else None)
+    if target is None or target not in labelled:
+        raise DatasetError(f"HeteroData: name the node type to train on (target=...); labelled types: {labelled}")
+    node_types, arrays = {}, {}
+    for t in data.node_types:
+        store = data[t]
+        n = store.num_nodes
+        if n is None:
+            raise DatasetError(f"HeteroData[{t!r}]: the number of nodes is unknown (set num_nodes or x)")
+        src = NodeTypeSource(num_nodes=int(n))
+        if getattr(store, "x", None) is not None:
+            x = _numpy(store.x, f"[{t!r}].x")
+            if x.ndim != 2 or x.shape[0] != n or x.dtype.kind not in "fiub":
+                raise DatasetError(f"HeteroData[{t!r}].x: features must be a numeric {n} x F matrix, are {x.dtype} "
+                                   f"{x.shape}")
+            arrays[f"{t}.x"] = x
+            src.feat_dim, src.feat_dtype = x.shape[1], x.dtype
+            src.feature_blocks = lambda first, rows, x=x: (x[s:s + rows] for s in range(first, len(x), rows))
+            src.features_where = f"HeteroData[{t!r}].x"
+        if getattr(store, "y", None) is not None:
+            y = _numpy(store.y, f"[{t!r}].y")
+            arrays[f"{t}.y"] = y
+            src.labels = lambda y=y, t=t: labels_from_values(y, f"HeteroData[{t!r}].y")
+            src.labels_where = f"HeteroData[{t!r}].y"
+        node_types[t] = src
+    relations = {}
+    for et in data.edge_types:
+        ei = _numpy(data[et].edge_index, f"[{et}].edge_index")
+        if ei.ndim != 2 or ei.shape[0] != 2 or not np.issubdtype(ei.dtype, np.integer):
+            raise DatasetError(f"HeteroData[{et}].edge_index: must be a 2 x E integer tensor, is {ei.dtype} {ei.shape}")
+        arrays["___".join(et)] = ei
+        relations[tuple(et)] = RelationSource(
+            edge_blocks=lambda first, step, ei=ei: ((ei[0, s:s + step], ei[1, s:s + step])
+                                                    for s in range(first, ei.shape[1], step)),
+            count_edges=lambda ei=ei: ei.shape[1], where=f"HeteroData[{et}].edge_index")
+    splits = _split_of(data[target], None, node_types[target].num_nodes)
+    arrays.update({f"{target}.{k}": v for k, (v, _) in splits.items()})
+    return HeteroSource(layout="pyg-hetero", target=target, node_types=node_types, relations=relations,
+                        splits=lambda _labels: splits, files={"sha256": _digest(arrays)})
+
+
+def from_pyg(data, out: str | os.PathLike, *, engine=None, target: str | None = None, **kwargs) -> dict:
+    """Write a PyG ``Data`` (or a dataset's first graph) or ``HeteroData`` as a terastack dataset in ``out``.
 
     Keyword arguments are :class:`~terastack.gnn.formats.source.SourceImporter.Config` fields
-    (``undirected``, ``dtype``, ``classes``, ``memory_budget``, ``force``, ``progress``). Returns the
-    import summary (nodes, edges, classes, unlabelled nodes, split sizes).
+    (``undirected``, ``dtype``, ``classes``, ``memory_budget``, ``force``, ``progress``). A ``HeteroData``
+    becomes a heterogeneous dataset (terastack.gnn.hetero_dataset) trained on node type ``target`` (default:
+    the only one with labels); ``undirected=True`` adds reverse edges as PyG's ``ToUndirected`` does. Returns
+    the import summary (nodes, edges, classes, unlabelled nodes, split sizes).
     """
     kwargs.setdefault("progress", False)
+    if hasattr(data, "node_types") and hasattr(data, "edge_types"):
+        return HeteroImporter(pyg_hetero_source(data, target), HeteroImporter.Config(out=os.fspath(out), **kwargs),
+                              engine=engine).run()
     cfg = SourceImporter.Config(out=os.fspath(out), **kwargs)
     return SourceImporter(pyg_source(data), cfg, engine=engine).run()

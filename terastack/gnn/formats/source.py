@@ -15,7 +15,6 @@ node while importing) and the splits are held whole, like the CSC builder's O(N)
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -95,6 +94,29 @@ def check_ids(ids: np.ndarray, n: int, where, item: str, offset: int = 0) -> Non
                            f"(the graph has {n} nodes)")
 
 
+def checked_splits(given: dict, labels: np.ndarray, labels_where: str) -> dict[str, np.ndarray]:
+    """The splits a source gives (``key -> (ids, where)``), checked: integer ids in range, every one labelled
+    (``labels`` >= 0), a non-empty training split; returned sorted, as int64."""
+    n = len(labels)
+    out = {}
+    for key in SPLITS:
+        ids, where = given.get(key, (np.zeros(0, np.int64), ""))
+        ids = np.asarray(ids).reshape(-1)
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise DatasetError(f"{where}: {key} must hold integer node ids, holds {ids.dtype}")
+        ids = ids.astype(np.int64)
+        check_ids(ids, n, where, "entry")
+        unlabelled = labels[ids] < 0
+        if unlabelled.any():
+            v = int(ids[np.argmax(unlabelled)])
+            raise DatasetError(f"{where}: node {v} is in the {key.split('_')[0]} split but has no label in "
+                               f"{labels_where}")
+        out[key] = np.sort(ids)
+    if len(out["train_idx"]) == 0:
+        raise DatasetError(f"{given.get('train_idx', (None, labels_where))[1]}: the training split is empty")
+    return out
+
+
 @dataclass(kw_only=True, slots=True)
 class BuildOptions:
     """Options every import shares (a base of the importers' Configs)."""
@@ -170,26 +192,7 @@ class SourceImporter:
                 "splits": {k: len(v) for k, v in splits.items()}, "seconds": time.perf_counter() - started}
 
     def _splits(self, labels: np.ndarray) -> dict[str, np.ndarray]:
-        n = self.source.num_nodes
-        out = {}
-        given = self.source.splits(labels)
-        for key in SPLITS:
-            ids, where = given.get(key, (np.zeros(0, np.int64), ""))
-            ids = np.asarray(ids).reshape(-1)
-            if ids.size and not np.issubdtype(ids.dtype, np.integer):
-                raise DatasetError(f"{where}: {key} must hold integer node ids, holds {ids.dtype}")
-            ids = ids.astype(np.int64)
-            check_ids(ids, n, where, "entry")
-            unlabelled = labels[ids] < 0
-            if unlabelled.any():
-                v = int(ids[np.argmax(unlabelled)])
-                raise DatasetError(f"{where}: node {v} is in the {key.split('_')[0]} split but has no label in "
-                                   f"{self.source.labels_where}")
-            out[key] = np.sort(ids)
-        if len(out["train_idx"]) == 0:
-            raise DatasetError(f"{given.get('train_idx', (None, self.source.labels_where))[1]}: the training split "
-                               "is empty")
-        return out
+        return checked_splits(self.source.splits(labels), labels, self.source.labels_where)
 
     def _feature_rows(self):
         from terastack.gnn.formats.streams import RowCursor
@@ -225,8 +228,3 @@ class SourceImporter:
             bar.close()
             builder.close_edges()
         return builder.build()
-
-
-def import_source(source: GraphSource, out: str | os.PathLike, **kwargs) -> dict:
-    """Import ``source`` into ``out``; keyword arguments are :class:`SourceImporter.Config` fields."""
-    return SourceImporter(source, SourceImporter.Config(out=os.fspath(out), **kwargs)).run()

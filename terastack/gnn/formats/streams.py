@@ -282,11 +282,6 @@ class _Closing(io.RawIOBase):
         super().close()
 
 
-def npy_file(path: Path, what: str) -> NpyStream:
-    need_file(path, what)
-    return NpyStream(lambda: open(path, "rb"), str(path), what)
-
-
 class RowCursor:
     """``rows(start, stop)`` over a stream of row blocks, for FeatureWriter's sequential, resumable calls.
 

@@ -11,7 +11,7 @@ the gradient of the whole.
 
 The sums are training state like the moments: one store record per optimizer
 chunk (``s:NAME#k``), resting in host memory or on the SSD as the plan says
-(:attr:`LLMPlan.grad_home`; the planner gives host room to the records that
+(:attr:`LLMPlan.grad_home`, a Tier per tensor; the planner gives host room to the records that
 move the most bytes per byte held, and with N micro-batches a sum on the SSD
 is written N-1 times and read N-1 times per step). The host bytes of the sums
 that rest there are charged to the host ledger like any host-resting record;
@@ -43,7 +43,7 @@ class GradientSums:
     last micro-batch's."""
 
     def __init__(self, runtime, homes: dict[str, str]):
-        """``homes``: tensor -> "host" or "ssd" where its sum rests (the plan's ``grad_home``; SSD if absent)."""
+        """``homes``: tensor -> the Tier where its sum rests (the plan's ``grad_home``; SSD if absent)."""
         self.rt = runtime
         self.store = runtime.store
         self.homes = homes
@@ -57,7 +57,7 @@ class GradientSums:
         return bool(self._names)
 
     def _home(self, name: str) -> Tier:
-        return Tier.HOST if self.homes.get(name) == "host" else Tier.SSD
+        return self.homes.get(name, Tier.SSD)
 
     def add(self, name: str, grad: torch.Tensor) -> None:
         """Add ``grad`` (flat fp32, host) to the sum of ``name``; the first micro-batch's becomes the sum."""

@@ -8,8 +8,11 @@ Every tensor autograd saves passes through :meth:`ActivationStash.pack`:
   fetched again for backward, so the graph never pins it;
 * anything else is an activation. It is saved by *storage* (all views of one
   buffer, such as q, k and v split from one projection, share one entry) and,
-  by policy, kept, copied to host memory, or written to the SSD through the
-  store; backward gets it back as a view with the original size and strides.
+  by the unit's :class:`Swap` (the runtime side of where its activation spec
+  says they rest: :class:`KeepOnDevice`, :class:`SwapToHost`,
+  :class:`SwapToSsd`), kept, copied to host memory, or written to the SSD
+  through the store; backward gets it back as a view with the original size
+  and strides.
 
 Byte accounting: kept activations and activations on their way to or from the
 SSD are charged to the device ledger, host copies to the host ledger, so the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -44,7 +48,7 @@ class _SavedView:
     offset: int
 
 
-class _Entry:
+class Entry:
     """One saved storage: its bytes in some tier, and what they are charged to."""
 
     __slots__ = ("nbytes", "tensor", "on_device", "record", "write", "charged")
@@ -67,18 +71,18 @@ _names = itertools.count()
 
 
 class ActivationStash:
-    """Saved tensors of one unit forward under one policy ("keep", "host" or "ssd")."""
+    """Saved tensors of one unit forward, kept or swapped by ``swap``."""
 
-    def __init__(self, runtime, unit, policy: str, weights: dict[str, torch.Tensor]):
+    def __init__(self, runtime, unit, swap: "Swap", weights: dict[str, torch.Tensor]):
         self.runtime = runtime                      # gives store, ledgers, device and blocking reservations
         self.unit = unit
-        self.policy = policy
+        self.swap = swap
         #: local weight name -> the leaf that backward rebinds to the fetched working copy
         self.weights = weights
         self._weight_ptrs = {w.untyped_storage().data_ptr(): name for name, w in weights.items()}
-        self._entries: dict[int, _Entry] = {}
+        #: storage address -> its entry
+        self.entries: dict[int, Entry] = {}
         self.saved_bytes = 0
-        self._kept_what = f"activations kept by {unit.path}"
 
     # ------------------------------------------------------------- hooks
     def hooks(self):
@@ -92,10 +96,12 @@ class ActivationStash:
             return _WeightRef(local, tuple(t.size()), tuple(t.stride()), t.storage_offset())
         if ptr == 0:  # an empty tensor has no storage to swap
             return t
-        entry = self._entries.get(ptr)
+        entry = self.entries.get(ptr)
         if entry is None:
-            entry = self._entries[ptr] = self._save(t, storage.nbytes())
-        if self.policy == "keep":
+            entry = self.entries[ptr] = Entry(storage.nbytes())
+            self.saved_bytes += entry.nbytes
+            self.swap.save(self, entry, t)
+        if self.swap.in_graph:
             # kept where it is: the graph holds the tensor itself (as without hooks); the entry only carries the
             # storage's charge, and a view rebuilt at unpack would cost Python time on every saved tensor
             return t
@@ -106,42 +112,88 @@ class ActivationStash:
             return h
         if isinstance(h, _WeightRef):
             return self.weights[h.local].detach().as_strided(h.size, h.stride, h.offset)
-        raw = self._load(self._entries[h.key])
-        return raw.view(h.dtype).as_strided(h.size, h.stride, h.offset)
+        entry = self.entries[h.key]
+        if entry.on_device is None:
+            entry.on_device = self.swap.load(self, entry)
+        return entry.on_device.view(h.dtype).as_strided(h.size, h.stride, h.offset)
 
-    # ----------------------------------------------------------- policies
-    def _save(self, t: torch.Tensor, nbytes: int) -> _Entry:
-        entry = _Entry(nbytes)
-        self.saved_bytes += nbytes
-        if self.policy == "keep":
-            # the graph keeps the tensor, so its storage (and address) stays taken until backward
-            self.runtime.charge(entry, Tier.DEVICE, nbytes, what=self._kept_what)
-            return entry
-        if self.policy not in ("host", "ssd"):
-            raise ValueError(f"activation policy {self.policy!r} of {self.unit.path}")
-        # Swapped storages stay referenced until seal(): their memory cannot be reused for another saved tensor
-        # during this forward (storages are told apart by address), and their content is final when copied.
-        entry.tensor = storage_bytes(t)
-        return entry
-
+    # ------------------------------------------------------------ movement
     def seal(self) -> None:
         """The unit's forward is done: swap its saved storages out (host copy, or an SSD write)."""
-        if self.policy == "keep":
-            return
+        self.swap.seal(self)
+
+    def prefetch(self) -> None:
+        """Start bringing swapped activations back (called one unit ahead in backward)."""
+        self.swap.prefetch(self)
+
+    def free(self) -> None:
+        """After the unit's backward: drop every entry and release what it was charged."""
         rt = self.runtime
-        if self.policy == "ssd":
-            rt.throttle_activation_writes()
-        writes = []
-        for entry in self._entries.values():
+        for entry in self.entries.values():
+            entry.tensor = entry.on_device = None
+            if entry.record is not None:
+                rt.store.delete(entry.record)
+                entry.record = None
+            rt.uncharge(entry)
+        self.entries.clear()
+        self.weights = {}
+
+
+class Swap:
+    """Where a unit's saved storages rest between its forward and its backward, and how they travel there and
+    back: the runtime side of an activation spec's ``rests_in`` (terastack.plan.activation_specs). This base
+    holds a swapped storage until :meth:`seal` (its memory cannot be reused for another saved tensor during this
+    forward -- storages are told apart by address -- and its content is final when copied)."""
+
+    #: the graph holds the saved tensor itself (nothing is swapped)
+    in_graph: ClassVar[bool] = False
+
+    def save(self, stash: ActivationStash, entry: Entry, t: torch.Tensor) -> None:
+        entry.tensor = storage_bytes(t)
+
+    def seal(self, stash: ActivationStash) -> None:
+        pass
+
+    def prefetch(self, stash: ActivationStash) -> None:
+        pass
+
+    def load(self, stash: ActivationStash, entry: Entry) -> torch.Tensor:
+        """The entry's bytes where backward reads them."""
+        return entry.tensor
+
+
+class KeepOnDevice(Swap):
+    in_graph = True
+
+    def save(self, stash: ActivationStash, entry: Entry, t: torch.Tensor) -> None:
+        # the graph keeps the tensor, so its storage (and address) stays taken until backward
+        stash.runtime.charge(entry, Tier.DEVICE, entry.nbytes, what=f"activations kept by {stash.unit.path}")
+
+
+class SwapToHost(Swap):
+    def seal(self, stash: ActivationStash) -> None:
+        rt = stash.runtime
+        for entry in stash.entries.values():
             raw, entry.tensor = entry.tensor, None
-            if self.policy == "host":
-                rt.charge(entry, Tier.HOST, entry.nbytes, what=f"activations of {self.unit.path} swapped to host")
-                entry.tensor = rt.host_copy(raw)
-                continue
+            rt.charge(entry, Tier.HOST, entry.nbytes, what=f"activations of {stash.unit.path} swapped to host")
+            entry.tensor = rt.host_copy(raw)
+
+    def load(self, stash: ActivationStash, entry: Entry) -> torch.Tensor:
+        device = stash.runtime.device
+        return entry.tensor if device.type == "cpu" else entry.tensor.to(device, non_blocking=True)
+
+
+class SwapToSsd(Swap):
+    def seal(self, stash: ActivationStash) -> None:
+        rt = stash.runtime
+        rt.throttle_activation_writes()
+        writes = []
+        for entry in stash.entries.values():
+            raw, entry.tensor = entry.tensor, None
             # charged to the device until written: the bytes stay in memory until then
             charge = rt.charge(entry, Tier.DEVICE, entry.nbytes,
-                               what=f"activations of {self.unit.path} on their way to the SSD")
-            entry.record = records.activation(self.unit.index, next(_names))
+                               what=f"activations of {stash.unit.path} on their way to the SSD")
+            entry.record = records.activation(stash.unit.index, next(_names))
             entry.write = rt.store.put(entry.record, raw.cpu() if raw.device.type != "cpu" else raw, home=Tier.SSD)
             rt.track_write(entry.write)
             entry.write.add_done_callback(lambda _f, e=entry, c=charge: rt.uncharge(e, c))
@@ -149,39 +201,15 @@ class ActivationStash:
         if writes:
             rt.activation_writes_issued(writes)
 
-    def prefetch(self) -> None:
-        """Start bringing SSD-swapped activations back to the device (called one unit ahead in backward)."""
-        if self.policy != "ssd":
-            return
-        rt = self.runtime
-        for entry in self._entries.values():
+    def prefetch(self, stash: ActivationStash) -> None:
+        rt = stash.runtime
+        for entry in stash.entries.values():
             if entry.tensor is None and entry.record is not None:
                 try:
                     rt.store.prefetch(entry.record, Tier.DEVICE)
                 except MemoryError:
-                    return  # no room yet: _load fetches it when backward gets here
+                    return  # no room yet: load fetches it when backward gets here
 
-    def _load(self, entry: _Entry) -> torch.Tensor:
-        if entry.on_device is not None:
-            return entry.on_device
-        rt = self.runtime
-        if entry.record is not None:
-            entry.on_device = rt.wait(rt.store.prefetch(entry.record, Tier.DEVICE),
-                                      f"activations of {self.unit.path} coming back from the SSD")
-        elif self.policy == "host" and rt.device.type != "cpu":
-            entry.on_device = entry.tensor.to(rt.device, non_blocking=True)
-        else:
-            entry.on_device = entry.tensor
-        return entry.on_device
-
-    def free(self) -> None:
-        """After the unit's backward: drop every entry and release what it was charged."""
-        rt = self.runtime
-        for entry in self._entries.values():
-            entry.tensor = entry.on_device = None
-            if entry.record is not None:
-                rt.store.delete(entry.record)
-                entry.record = None
-            rt.uncharge(entry)
-        self._entries.clear()
-        self.weights = {}
+    def load(self, stash: ActivationStash, entry: Entry) -> torch.Tensor:
+        return stash.runtime.wait(stash.runtime.store.prefetch(entry.record, Tier.DEVICE),
+                                  f"activations of {stash.unit.path} coming back from the SSD")

@@ -30,9 +30,11 @@ from terastack.tiers import State, Tier
 
 
 class WeightFetcher:
-    def __init__(self, runtime, units, *, depth: int, order: list[int] | None = None):
-        """``order``: unit indices in the order forward will run them (None: the module order)."""
+    def __init__(self, runtime, units, *, depth: int, order: list[int] | None = None, gates=None):
+        """``order``: unit indices in the order forward will run them (None: the module order); ``gates``:
+        anything with ``update_gate(name) -> Future | None`` (the optimizer; None: no updates to wait for)."""
         self.rt = runtime
+        self.gates = gates
         self.store = runtime.store
         self.units = units
         self.depth = depth
@@ -41,6 +43,9 @@ class WeightFetcher:
         self._refs: dict[str, int] = {}
         self._lock = threading.Lock()
         self.bytes_in = 0          # compute weights brought into the device tier (from host or SSD)
+
+    def _gate(self, name: str):
+        return None if self.gates is None else self.gates.update_gate(name)
 
     # ---------------------------------------------------------------- order
     def begin_forward(self) -> None:
@@ -81,7 +86,7 @@ class WeightFetcher:
             record = self.rt.compute_record(cname)
             if self.rt.read_in_place(record):
                 continue  # resident where compute reads it, always
-            gate = self.rt.update_gate(cname)
+            gate = self._gate(cname)
             if gate is not None and not gate.done():
                 gate.add_done_callback(lambda _f, r=record, c=cname: self._try_prefetch(r, c))
             else:
@@ -103,7 +108,7 @@ class WeightFetcher:
         for local, cname in unit.tensors.items():
             record = self.rt.compute_record(cname)
             if record not in fetched:
-                gate = self.rt.update_gate(cname)
+                gate = self._gate(cname)
                 if gate is not None and not gate.done():
                     self.rt.wait(gate, f"the update of {cname!r} before {phase} of {unit.path}")
                 tier = self.rt.compute_tier(record)

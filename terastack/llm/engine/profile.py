@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from terastack.training.hf.model_files import check_seq_len
 from terastack.llm.engine.streamed_units import UnitCall, install_units
-from terastack.plan.llm_planner import ModelProfile, UnitProfile, held_bytes
+from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
 _MATERIALIZE_LIMIT = 64 << 20

@@ -1,5 +1,13 @@
 """The services every stage of a step shares: the store, the plan, ledgers with waiting, which records a
-tensor has (their names: :mod:`terastack.llm.engine.records`)."""
+tensor has (their names: :mod:`terastack.llm.engine.records`).
+
+The runtime builds the step's parts over these services -- the optimizer, the
+weight fetcher (waiting on the optimizer's update gates) and the unit runner
+(given the fetcher, the optimizer and each unit's activation policy) -- and
+forwards nothing to them: the units' stand-ins call the runner, which calls
+the services; the services call none of the parts back, except to wait for
+the optimizer's progress when a ledger has no room.
+"""
 from __future__ import annotations
 
 import collections
@@ -8,28 +16,30 @@ import time
 
 import torch
 
-from terastack.io.errors import BudgetError
+from terastack.errors import BudgetError
 from terastack.io.futures import Future
 from terastack.llm.engine import records
 from terastack.llm.engine.fetcher import WeightFetcher
 from terastack.llm.engine.optimizer import OffloadedAdamW
 from terastack.llm.engine.streamed_units import UnitRunner
+from terastack.llm.engine.unit_policies import unit_policy
+from terastack.plan.activation_specs import DEFAULT
 from terastack.tiers import State, Tier
 
 
 class StepRuntime:
-    """Everything a step's stages share, complete when built: the store, the plan, the weight fetcher, the unit
-    runner and the optimizer (the runtime builds the last three over itself)."""
+    """Everything a step's stages share, complete when built: the store, the plan, the optimizer, the weight
+    fetcher and the unit runner (the runtime builds the last three over itself; the units' stand-ins call
+    ``runner``)."""
 
     def __init__(self, *, store, units, tensors, plan, policies: dict[str, str], order: list[int],
                  compute_dtype: torch.dtype, timeout: float, optimizer_config, inline_updates: bool):
-        """``policies``: unit path -> activation policy; ``order``: unit indices in the order forward runs them
-        (the profile's); ``optimizer_config``: an ``OffloadedAdamW.Config``."""
+        """``policies``: unit path -> activation policy name; ``order``: unit indices in the order forward runs
+        them (the profile's); ``optimizer_config``: an ``OffloadedAdamW.Config``."""
         self.store = store
         self.units = units
         self.tensors = tensors
         self.plan = plan
-        self.policies = policies
         self.compute_dtype = compute_dtype
         self.device = store.device
         self.timeout = timeout
@@ -38,43 +48,24 @@ class StepRuntime:
         #: [Note: weights kept for the next forward])
         kept_units = set(plan.retained_units)
         self.retained: set[str] = {c for u in units if u.path in kept_units for c in u.tensors.values()
-                                   if tensors[c].trainable and plan.state_home.get(c) == "ssd"}
+                                   if tensors[c].trainable and plan.state_home.get(c) is Tier.SSD}
         self._writes: collections.deque[Future] = collections.deque()
         self._lock = threading.Lock()
-        self._stashes: dict[int, object] = {}
         self._act_writes: collections.deque[list] = collections.deque()
         self._compute_tiers: dict[str, Tier] = {}
         self._build_names()
-        self.fetcher = WeightFetcher(self, units, depth=plan.prefetch_depth, order=order)
-        self.runner = UnitRunner(self)
         self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
                                         masters_bytes=plan.masters_bytes, writeback_bytes=plan.writeback_bytes,
                                         read_ahead_bytes=plan.read_ahead_bytes, inline=inline_updates,
                                         grad_homes=plan.grad_home)
-
-    # ----------------------------------------------------------- dispatch
-    def run(self, unit, args, kwargs):
-        """A stand-in was called (see :func:`terastack.llm.engine.streamed_units.install_units`)."""
-        return self.runner.run(unit, args, kwargs)
-
-    def unit_forward(self, ctx, unit, call, xs):
-        outs = self.runner.forward(ctx, unit, call, xs)
-        stash = getattr(ctx, "stash", None)
-        if stash is not None:
-            self._stashes[unit.index] = stash
-        return outs
-
-    def unit_backward(self, ctx, grad_outs):
-        self._stashes.pop(ctx.unit.index, None)
-        return self.runner.backward(ctx, grad_outs)
-
-    def prefetch_activations(self, unit_index: int) -> None:
-        stash = self._stashes.get(unit_index)
-        if stash is not None:
-            stash.prefetch()
-
-    def policy(self, unit) -> str:
-        return self.policies.get(unit.path, "keep")
+        try:
+            self.fetcher = WeightFetcher(self, units, depth=plan.prefetch_depth, order=order, gates=self.optimizer)
+            self.runner = UnitRunner(self, fetcher=self.fetcher, optimizer=self.optimizer,
+                                     policies={path: unit_policy(name) for path, name in policies.items()},
+                                     default=unit_policy(DEFAULT.name))
+        except BaseException:
+            self.optimizer.close()  # its thread is running already
+            raise
 
     # ------------------------------------------------------------ records
     # [Note: optimizer chunks] State only the optimizer reads (moments; masters in mixed precision) is stored in
@@ -126,9 +117,6 @@ class StepRuntime:
     def read_in_place(self, record: str) -> bool:
         """Compute reads ``record`` where it rests (host memory on a CPU): nothing to prefetch or release."""
         return self.compute_tier(record) is Tier.HOST
-
-    def update_gate(self, name: str) -> Future | None:
-        return self.optimizer.update_gate(name)
 
     def read_record(self, record: str) -> torch.Tensor:
         """A CPU copy of a record; a resident working copy is read where it is and stays there."""

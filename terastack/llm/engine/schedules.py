@@ -1,9 +1,8 @@
-"""When the optimizer's updates run: one small schedule object per mode, one executor (inline or a thread).
+"""When the optimizer's updates run: one small schedule object per spec, one executor (inline or a thread).
 
-:class:`~terastack.llm.engine.optimizer.OffloadedAdamW` keeps the state (masters,
-moments, step counts, gradients in flight) and the update math. A
-:class:`Schedule` decides *when* an update runs, answering the step's
-hand-offs (see :func:`terastack.llm.engine.step.train_step`):
+:class:`~terastack.llm.engine.optimizer.OffloadedAdamW` composes the state I/O, the
+gradient intake and the update math. A :class:`Schedule` decides *when* an update
+runs, answering the step's hand-offs (see :func:`terastack.llm.engine.step.train_step`):
 
 ===========================  =================================================================
 hand-off                     called
@@ -15,7 +14,13 @@ hand-off                     called
 
 and an :class:`Executor` decides *where*: on the training thread right away
 (:class:`InlineExecutor`) or queued for the optimizer thread
-(:class:`ThreadExecutor`).
+(:class:`ThreadExecutor`), as the schedule's spec says
+(:meth:`~terastack.plan.schedule_specs.ScheduleSpec.executor`).
+
+Each schedule is the runtime half of a spec in :mod:`terastack.plan.schedule_specs`
+(the half the planner reads too: back-pressure, memory, traffic, executor); a
+subclass naming its ``spec`` (and ``executor_kind``, for an inline variant)
+is registered by being defined, and :func:`make_schedule` finds it by the spec.
 
 ============================  ==========  =====================================================
 schedule                      executor    when a tensor's update runs
@@ -31,21 +36,39 @@ The reasons are the optimizer's notes: [Note: active gradient offloading],
 [Note: clipping with eager updates], [Note: inline updates without an
 accelerator].
 
-Adding a schedule: subclass :class:`Schedule`, answer the three hand-offs with
-the optimizer's public operations, set ``backpressure`` / ``hands_off_masters``,
-add its mode to :data:`terastack.plan.llm_planner.MODES` (the planner must
-model it too) and to :func:`make_schedule`.
+Adding a schedule: a :class:`~terastack.plan.schedule_specs.ScheduleSpec`
+subclass registered there (what the planner models), and here a
+:class:`Schedule` subclass with that ``spec`` answering the three hand-offs
+with the optimizer's public operations.
 """
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Protocol
+from typing import Callable, ClassVar, Protocol
 
-# the optimizer's modes are named once, in the planner (plan/ may not import llm/, so llm imports them)
-from terastack.plan.llm_planner import MODES
+from terastack.plan.schedule_specs import AFTER_BACKWARD, DEFERRED, EAGER, ExecutorKind, ScheduleSpec
 
-# (annotations name terastack.llm.engine.optimizer's OffloadedAdamW and UpdateTask; that module imports this one)
+# ``opt`` below is terastack.llm.engine.optimizer's OffloadedAdamW, ``task`` its UpdateTask (that module imports
+# this one)
+
+
+class UpdateFailure:
+    """The first failure of an update (or of its state's write-back), re-raised on the training thread."""
+
+    __slots__ = ("error",)
+
+    def __init__(self):
+        self.error: BaseException | None = None
+
+    def record(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"an optimizer update failed: {type(self.error).__name__}: {self.error}") \
+                from self.error
 
 
 # --------------------------------------------------------------- executors
@@ -53,7 +76,7 @@ class Executor(Protocol):
     #: True: ``submit`` runs the update before it returns, on the caller's thread
     inline: bool
 
-    def submit(self, task: "UpdateTask") -> None:
+    def submit(self, task) -> None:
         """Run ``task`` (now, or queued); a failure goes to the ``on_error`` callback, never raised here."""
 
     def wait_idle(self, timeout: float, stop: Callable[[], bool]) -> bool:
@@ -161,16 +184,24 @@ class ThreadExecutor:
 
 
 # --------------------------------------------------------------- schedules
+#: (spec name, executor kind) -> the Schedule class that runs it; filled by defining a subclass
+_SCHEDULES: dict[tuple[str, ExecutorKind], type] = {}
+
+
 class Schedule:
-    """Base schedule: nothing happens at the hand-offs."""
+    """Base schedule: nothing happens at the hand-offs. ``spec`` says what backward does with gradients and
+    masters (``backpressure``, ``hands_off_masters``) and what the planner budgeted for it."""
 
-    mode: str = ""
-    #: backward waits for room in the gradient pool (True), or a gradient without room is spilled to the SSD
-    backpressure: bool = False
-    #: backward hands an fp32 master's working copy to the optimizer instead of dropping it (fp32 compute)
-    hands_off_masters: bool = False
+    spec: ClassVar[ScheduleSpec]
+    #: the executor this class runs under (a subclass for the inline variant sets INLINE)
+    executor_kind: ClassVar[ExecutorKind] = ExecutorKind.THREAD
 
-    def __init__(self, opt: "OffloadedAdamW", executor: Executor):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "spec" in cls.__dict__ or "executor_kind" in cls.__dict__:
+            _SCHEDULES[(cls.spec.name, cls.executor_kind)] = cls
+
+    def __init__(self, opt, executor: Executor):
         self.opt = opt
         self.executor = executor
 
@@ -188,9 +219,7 @@ class Eager(Schedule):
     """[Note: active gradient offloading]: a tensor's update is queued for the optimizer thread as soon as its
     last gradient exists; the first chunk of each tensor a unit completes is read when its backward begins."""
 
-    mode = "eager"
-    backpressure = True
-    hands_off_masters = True
+    spec = EAGER
 
     def on_unit_backward(self, unit) -> None:
         for name in self.opt.completed_by(unit.index):
@@ -205,6 +234,8 @@ class EagerInline(Eager):
     """[Note: inline updates without an accelerator]: the unit's updates run right after its backward, on the
     training thread; the state of the unit backward reaches next is read meanwhile."""
 
+    executor_kind = ExecutorKind.INLINE
+
     def on_unit_backward(self, unit) -> None:
         self.opt.read_ahead(unit.index)
 
@@ -218,7 +249,7 @@ class Deferred(Schedule):
     """[Note: clipping with eager updates]: gradients are gathered (the pool, else spilled to the SSD); when
     backward ends the updates are queued in forward order with the clip coefficient."""
 
-    mode = "deferred"
+    spec = DEFERRED
 
     def on_grads_ready(self, unit, names: list[str]) -> None:
         for name in names:
@@ -235,20 +266,26 @@ class Deferred(Schedule):
 class AfterBackward(Deferred):
     """The ablation "active offloading off": as :class:`Deferred`, and the step waits for every update."""
 
-    mode = "after_backward"
+    spec = AFTER_BACKWARD
 
     def on_backward_end(self, coef) -> None:
         super().on_backward_end(coef)
         self.opt.synchronize()
 
 
-def make_schedule(opt: "OffloadedAdamW", mode: str, *, inline: bool, run: Callable, on_error: Callable,
+def make_schedule(opt, spec: ScheduleSpec, *, inline: bool, run: Callable, on_error: Callable,
                   cv: threading.Condition) -> Schedule:
-    """The schedule of ``mode`` with its executor. Only eager updates run inline: the other schedules gather
-    gradients first and their updates overlap the next forward, which needs the thread."""
-    if mode not in MODES:
-        raise ValueError(f"mode: must be one of {', '.join(MODES)}; got {mode!r}")
-    if mode == "eager" and inline:
-        return EagerInline(opt, InlineExecutor(run, on_error))
-    cls = {"eager": Eager, "deferred": Deferred, "after_backward": AfterBackward}[mode]
-    return cls(opt, ThreadExecutor(run, on_error, cv))
+    """The schedule of ``spec`` with its executor: inline when asked for and the spec can (the others gather
+    gradients first and their updates overlap the next forward, which needs the thread)."""
+    kind = spec.executor(inline)
+    cls = schedule_class(spec, kind)
+    executor = InlineExecutor(run, on_error) if kind is ExecutorKind.INLINE else ThreadExecutor(run, on_error, cv)
+    return cls(opt, executor)
+
+
+def schedule_class(spec: ScheduleSpec, kind: ExecutorKind) -> type[Schedule]:
+    """The :class:`Schedule` subclass that runs ``spec`` under an executor of ``kind``."""
+    cls = _SCHEDULES.get((spec.name, kind))
+    if cls is None:
+        raise ValueError(f"mode: the engine has no {kind.value} schedule for {spec.name!r}")
+    return cls

@@ -88,18 +88,17 @@ def ssd_bytes_needed(profile, plan) -> int:
     """SSD bytes the plan may keep: every record gets an SSD extent at the latest when it is first written back
     or committed, plus activations swapped to the SSD."""
     cb = profile.compute_bytes
-    # a gradient goes to the SSD only where the step waits for all of them (deferred, after-backward); eager
-    # updates hold backward until the gradient pool has room (the schedule's backpressure)
-    spilled_grad = 0 if plan.mode == "eager" else 4
+    # a gradient goes to the SSD only where the schedule has no back-pressure (the step waits for all of them)
+    schedule = plan.schedule
     need = 0
     for name, n in profile.tensor_numel.items():
         if profile.tensor_trainable[name]:
-            need += n * 12 + (n * cb if profile.mixed_precision else 0) + n * spilled_grad
-            if plan.grad_accum > 1 and plan.grad_home.get(name) != "host":
+            need += n * 12 + (n * cb if profile.mixed_precision else 0) + schedule.spill_room(n * 4)
+            if plan.grad_accum > 1 and plan.grad_home.get(name) is not Tier.HOST:
                 need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])
         else:
             need += n * cb
-    need += sum(u.act_bytes for u, p in zip(profile.units, plan.policies) if p == "ssd")
+    need += sum(spec.ssd_bytes(u) for u, spec in zip(profile.units, plan.activation_specs()))
     return need
 
 
@@ -121,7 +120,7 @@ def records_for(rt, name: str) -> list[RecordSpec]:
     plan = rt.plan
     if not info.trainable:
         return [_compute_spec(rt, name)]
-    home = Tier(plan.state_home[name])
+    home = plan.state_home[name]
     ranges = rt.chunk_ranges(name)
     if rt.master_is_compute:
         out = [RecordSpec(records.master(name), torch.float32, home, info.shape, None)]
@@ -136,7 +135,7 @@ def records_for(rt, name: str) -> list[RecordSpec]:
 
 
 def _compute_spec(rt, name: str) -> RecordSpec:
-    return RecordSpec(rt.compute_record(name), rt.compute_dtype, Tier(rt.plan.compute_home[name]),
+    return RecordSpec(rt.compute_record(name), rt.compute_dtype, rt.plan.compute_home[name],
                       rt.tensors[name].shape, None)
 
 

@@ -25,7 +25,6 @@ from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from terastack import trace
-from terastack.llm.engine.activations import ActivationStash, storage_bytes
 
 
 class UnitCall:
@@ -64,18 +63,18 @@ class UnitCall:
 
 class _UnitFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, runtime, unit, call, dummy, *xs):
-        return tuple(runtime.unit_forward(ctx, unit, call, xs))
+    def forward(ctx, runner, unit, call, dummy, *xs):
+        return tuple(runner.forward(ctx, unit, call, xs))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grad_outs):
-        return (None, None, None, None, *ctx.runtime.unit_backward(ctx, grad_outs))
+        return (None, None, None, None, *ctx.runner.backward(ctx, grad_outs))
 
 
 class StreamedUnit(nn.Module):
     """Stands in for one submodule; weights come from the store each time it runs. A call goes to ``target``
-    (anything with ``run(unit, args, kwargs)``): the step runtime, or the profiler's recorder."""
+    (anything with ``run(unit, args, kwargs)``): the step's :class:`UnitRunner`, or the profiler's recorder."""
 
     def __init__(self, unit, target):
         super().__init__()
@@ -109,21 +108,21 @@ def call_unit(unit, weights: dict[str, torch.Tensor], args: tuple, kwargs: dict)
                            strict=False)
 
 
-def _rng_state(device: torch.device):
+def rng_state(device: torch.device):
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-class _ReplayRng:
+class ReplayRng:
     """Restore the RNG state of a first forward for its recomputation; leave the caller's stream as it was."""
 
     def __init__(self, state: dict, device: torch.device):
         self.state, self.device = state, device
 
     def __enter__(self):
-        self.saved = _rng_state(self.device)
+        self.saved = rng_state(self.device)
         torch.set_rng_state(self.state["cpu"])
         if "cuda" in self.state:
             torch.cuda.set_rng_state(self.state["cuda"], self.device)
@@ -134,26 +133,25 @@ class _ReplayRng:
             torch.cuda.set_rng_state(self.saved["cuda"], self.device)
 
 
-_EMPTY = {}
-
-
-def _empty_like(t: torch.Tensor) -> torch.Tensor:
-    key = (t.dtype, t.device)
-    if key not in _EMPTY:
-        _EMPTY[key] = torch.empty(0, dtype=t.dtype, device=t.device)
-    return _EMPTY[key]
-
-
 class UnitRunner:
-    """Forward and backward of one unit under its activation policy (the per-unit steady state)."""
+    """Forward and backward of one unit under its activation policy (the per-unit steady state). Everything it
+    needs is handed in: the step's services ``rt`` (store, ledgers, waiting), the weight ``fetcher``, the
+    ``optimizer`` and ``policies`` (unit path -> the runtime side of its activation spec,
+    terastack.llm.engine.unit_policies; ``default`` for units not named)."""
 
-    def __init__(self, runtime):
-        self.rt = runtime
+    def __init__(self, rt, *, fetcher, optimizer, policies: dict, default):
+        self.rt = rt
+        self.fetcher = fetcher
+        self.optimizer = optimizer
+        self.policies = policies
+        self.default = default
         self._dummy = torch.empty(0, requires_grad=True)
+        #: unit index -> the stash of its forward, until its backward (to bring swapped activations back early)
+        self._stashes: dict[int, object] = {}
 
     def run(self, unit, args: tuple, kwargs: dict):
-        rt = self.rt
-        rt.fetcher.observe(unit)
+        """A stand-in was called (see :func:`install_units`)."""
+        self.fetcher.observe(unit)
         call = UnitCall(args, kwargs)
         if not torch.is_grad_enabled() or not (call.grad_idx or unit.has_trainable):
             # evaluation, or nothing to differentiate: plain streamed forward
@@ -162,79 +160,49 @@ class UnitRunner:
                 with torch.no_grad():
                     out = call_unit(unit, weights, *call.arguments(call.grad_inputs()))
             finally:
-                rt.fetcher.release(unit)
+                self.fetcher.release(unit)
             return out
         # A unit whose inputs need no gradient (an embedding) still has trainable weights: the dummy input makes
         # autograd call its backward.
         dummy = self._dummy if unit.has_trainable else None
-        outs = _UnitFunction.apply(rt, unit, call, dummy, *call.grad_inputs())
+        outs = _UnitFunction.apply(self, unit, call, dummy, *call.grad_inputs())
         return call.rebuild(outs)
 
     def _acquire_forward(self, unit):
-        rt = self.rt
-        for nxt in rt.fetcher.neighbours(unit, "forward"):
-            rt.fetcher.prefetch(nxt)
-        return rt.fetcher.acquire(unit, "forward")
+        for nxt in self.fetcher.neighbours(unit, "forward"):
+            self.fetcher.prefetch(nxt)
+        return self.fetcher.acquire(unit, "forward")
 
     # ---------------------------------------------------------------- forward
     def forward(self, ctx, unit, call: UnitCall, xs) -> list[torch.Tensor]:
-        rt = self.rt
-        policy = rt.policy(unit)
-        ctx.runtime, ctx.unit, ctx.call, ctx.policy = rt, unit, call, policy
+        policy = self.policies.get(unit.path, self.default)
+        ctx.runner, ctx.unit, ctx.call, ctx.policy = self, unit, call, policy
         ctx.x_grad = [x.requires_grad for x in xs]
-        with trace.span(f"forward {unit.path}", track="compute", cat="forward", policy=policy):
+        with trace.span(f"forward {unit.path}", track="compute", cat="forward", policy=policy.spec.name):
             weights = self._acquire_forward(unit)
             try:
-                if policy == "recompute":
-                    ctx.rng = _rng_state(rt.device) if unit.module.training else None
-                    with torch.no_grad():
-                        outs = call.split_output(call_unit(unit, weights, *call.arguments(xs)))
-                    ctx.boundary = [x.detach() for x in xs]
-                    ctx.charges = []
-                    for x in ctx.boundary:
-                        ctx.charges.append(rt.charge_device(storage_bytes(x).numel(),
-                                                            f"inputs kept by {unit.path} to recompute it"))
-                    return [o.detach() for o in outs]
-                leaves = {n: w.detach().requires_grad_(unit.trainable[n]) for n, w in weights.items()}
-                xs_in = [x.detach().requires_grad_(x.requires_grad) for x in xs]
-                stash = ActivationStash(rt, unit, policy, leaves)
-                with torch.enable_grad(), stash.hooks():
-                    outs = call.split_output(call_unit(unit, leaves, *call.arguments(xs_in)))
-                stash.seal()
-                for leaf in leaves.values():
-                    leaf.data = _empty_like(leaf)  # the graph must not pin the working copy
-                ctx.leaves, ctx.xs_in, ctx.inner_outs, ctx.stash = leaves, xs_in, outs, stash
-                return [o.detach() for o in outs]
+                outs = policy.forward(self.rt, ctx, unit, call, xs, weights)
             finally:
-                rt.fetcher.release(unit)
+                self.fetcher.release(unit)
+        if ctx.stash is not None:
+            self._stashes[unit.index] = ctx.stash
+        return outs
 
     # --------------------------------------------------------------- backward
     def backward(self, ctx, grad_outs) -> tuple:
-        rt, unit = ctx.runtime, ctx.unit
-        with trace.span(f"backward {unit.path}", track="compute", cat="backward", policy=ctx.policy):
-            for prev in rt.fetcher.neighbours(unit, "backward"):
-                rt.fetcher.prefetch(prev)
-                rt.prefetch_activations(prev)
-            rt.optimizer.prepare(unit)
-            weights = rt.fetcher.acquire(unit, "backward")
+        unit, fetcher = ctx.unit, self.fetcher
+        self._stashes.pop(unit.index, None)
+        with trace.span(f"backward {unit.path}", track="compute", cat="backward", policy=ctx.policy.spec.name):
+            for prev in fetcher.neighbours(unit, "backward"):
+                fetcher.prefetch(prev)
+                stash = self._stashes.get(prev)
+                if stash is not None:
+                    stash.prefetch()
+            self.optimizer.prepare(unit)
+            weights = fetcher.acquire(unit, "backward")
             handoff: set[str] = set()
             try:
-                if ctx.policy == "recompute":
-                    leaves = {n: w.detach().requires_grad_(unit.trainable[n]) for n, w in weights.items()}
-                    xs_in = [b.detach().requires_grad_(g) for b, g in zip(ctx.boundary, ctx.x_grad)]
-                    with trace.span(f"recompute {unit.path}", track="compute", cat="recompute"):
-                        replay = _ReplayRng(ctx.rng, rt.device) if ctx.rng is not None else None
-                        with torch.enable_grad():
-                            if replay is not None:
-                                with replay:
-                                    outs = ctx.call.split_output(call_unit(unit, leaves,
-                                                                           *ctx.call.arguments(xs_in)))
-                            else:
-                                outs = ctx.call.split_output(call_unit(unit, leaves, *ctx.call.arguments(xs_in)))
-                else:
-                    leaves, xs_in, outs = ctx.leaves, ctx.xs_in, ctx.inner_outs
-                    for n, leaf in leaves.items():
-                        leaf.data = weights[n]
+                leaves, xs_in, outs = ctx.policy.graph(self.rt, ctx, unit, weights)
                 pairs = [(o, g) for o, g in zip(outs, grad_outs) if g is not None and o.requires_grad]
                 trainable = [n for n in leaves if unit.trainable[n]]
                 inputs = [x for x in xs_in if x.requires_grad] + [leaves[n] for n in trainable]
@@ -251,22 +219,10 @@ class UnitRunner:
                     cname = unit.tensors[n]
                     prev = param_grads.get(cname)
                     param_grads[cname] = g if prev is None else (prev if g is None else prev + g)
-                handoff = rt.optimizer.handoff(unit)
+                handoff = self.optimizer.handoff(unit)
             finally:
-                self._free_ctx(ctx)
-                rt.fetcher.release(unit, handoff=handoff)
-            rt.optimizer.accept(unit, param_grads)
+                ctx.policy.free(self.rt, ctx)
+                ctx.call = None
+                fetcher.release(unit, handoff=handoff)
+            self.optimizer.accept(unit, param_grads)
             return result
-
-    def _free_ctx(self, ctx) -> None:
-        rt = self.rt
-        if ctx.policy == "recompute":
-            for charge in ctx.charges:
-                rt.uncharge_device(charge)
-            ctx.boundary = ctx.charges = None
-        else:
-            for leaf in ctx.leaves.values():
-                leaf.data = _empty_like(leaf)
-            ctx.stash.free()
-            ctx.leaves = ctx.xs_in = ctx.inner_outs = ctx.stash = None
-        ctx.call = None

@@ -47,6 +47,32 @@ class TokenWindows:
         return {"input_ids": self.batch(index)}
 
 
+class DataOrder:
+    """Where a job stands in its data order (see [Note: the data order of a job]): ``micro_batches`` of
+    ``batch_size`` rows consumed from the stream of ``seed``. Its state is a checkpoint's part of the data: a
+    resumed job continues the stream only with the same seed and micro-batch size."""
+
+    def __init__(self, *, seed: int, batch_size: int, rows_per_epoch: int, micro_batches: int = 0):
+        self.seed, self.batch_size, self.rows_per_epoch = seed, batch_size, rows_per_epoch
+        self.micro_batches = micro_batches
+
+    @property
+    def epoch(self) -> float:
+        """Epochs done (fractional): rows consumed over rows per epoch."""
+        return self.micro_batches * self.batch_size / self.rows_per_epoch
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "batch_size": self.batch_size, "micro_batches": self.micro_batches,
+                "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, mine in (("batch_size", self.batch_size), ("seed", self.seed)):
+            if state.get(key) != mine:
+                raise ValueError(f"--resume: the checkpoint's data order has {key} {state.get(key)}, this job "
+                                 f"{mine}; give the same value to continue it")
+        self.micro_batches = int(state["micro_batches"])
+
+
 def windows_of(tokens: np.ndarray, seq_len: int, limit: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Held-out text as ``(input_ids, labels)`` batches of one window each, at most ``limit`` of them (the
     validation loss of :func:`terastack.training.data.examples.validation_loss`)."""

@@ -17,22 +17,23 @@ VAL_MAX_ROWS = 64
 
 
 def _with_local_data(job):
-    """``job`` with ``data`` / ``val_data`` Hub ids (``ORG/NAME[:split]``) replaced by their local record files
-    (the validation data's split defaults to ``validation``)."""
+    """``job`` with ``data.path`` / ``validation.data`` Hub ids (``ORG/NAME[:split]``) replaced by their local
+    record files (the validation data's split defaults to ``validation``)."""
     import copy
 
     from terastack.training.hf import hub
 
     local = {}
-    for key, default_split in (("data", "train"), ("val_data", "validation")):
-        spec = getattr(job, key)
+    for section, key, default_split in (("data", "path", "train"), ("validation", "data", "validation")):
+        spec = getattr(getattr(job, section), key)
         if hub.is_hub_id(spec, sep=":") and not spec.startswith("builtin:"):
-            local[key] = hub.data_file(spec if ":" in spec else f"{spec}:{default_split}")
+            local[section, key] = hub.data_file(spec if ":" in spec else f"{spec}:{default_split}")
     if not local:
         return job
     job = copy.copy(job)
-    for key, path in local.items():
-        setattr(job, key, path)
+    for (section, key), path in local.items():
+        setattr(job, section, copy.copy(getattr(job, section)))
+        setattr(getattr(job, section), key, path)
     return job
 
 
@@ -45,40 +46,45 @@ class JobData:
     ``(input_ids, labels)`` batches; ``info``: where the data came from (checkpoints refuse other data)."""
 
     def __init__(self, job, tokenizer, model_dir, *, seed: int):
+        """``job``: a :class:`~terastack.training.job.JobConfig` (its data, validation and training sections)."""
         # a Hub data set id becomes its local record file once, here ([Note: Hub ids] in terastack.training.hf.hub)
         job = _with_local_data(job)
-        self.records = is_records(job.data)
+        self.records = is_records(job.data.path)
         self.summary = None
         if self.records:
-            options = {"pack": True} if job.pack else {}
-            val_fraction = 0.0 if job.val_data else (0.05 if job.val_fraction is None else job.val_fraction)
-            data = SupervisedData.load(job.data, tokenizer, SupervisedData.Config(
-                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=val_fraction,
+            options = {"pack": True} if job.data.pack else {}
+            val = job.validation
+            val_fraction = 0.0 if val.data else (0.05 if val.fraction is None else val.fraction)
+            data = SupervisedData.load(job.data.path, tokenizer, SupervisedData.Config(
+                seq_len=job.training.seq_len, train_on_prompt=job.data.train_on_prompt, val_fraction=val_fraction,
                 val_max_examples=VAL_MAX_ROWS, **options))
             self.info, self.max_token, self.summary = data.info(), data.max_token_id, data.summary()
-            self.train = data.batches(job.batch_size, seed=seed)
+            self.train = data.batches(job.training.batch_size, seed=seed)
             self.rows = len(self.train.examples)
-            self.val = data.val_batches(job.batch_size)
+            self.val = data.val_batches(job.training.batch_size)
         else:
-            if job.train_on_prompt or job.pack:
-                raise ValueError(f"--{'train-on-prompt' if job.train_on_prompt else 'pack'}: only for record files "
-                                 "and builtin: data sets (plain text has no prompts or examples)")
-            tokens, self.info = load_tokens(job.data, model_dir)
-            cut = tokens.size - int(tokens.size * (job.val_fraction or 0))
-            self.train = TokenWindows(tokens[:cut], seq_len=job.seq_len, batch_size=job.batch_size, seed=seed)
+            if job.data.train_on_prompt or job.data.pack:
+                flag = "train-on-prompt" if job.data.train_on_prompt else "pack"
+                raise ValueError(f"--{flag}: only for record files and builtin: data sets (plain text has no prompts "
+                                 "or examples)")
+            tokens, self.info = load_tokens(job.data.path, model_dir)
+            cut = tokens.size - int(tokens.size * (job.validation.fraction or 0))
+            self.train = TokenWindows(tokens[:cut], seq_len=job.training.seq_len, batch_size=job.training.batch_size,
+                                      seed=seed)
             self.rows = self.train.rows
-            self.val = windows_of(tokens[cut:], job.seq_len, VAL_MAX_ROWS) if cut < tokens.size else []
+            self.val = windows_of(tokens[cut:], job.training.seq_len, VAL_MAX_ROWS) if cut < tokens.size else []
             self.max_token = int(tokens.max())
-        if job.val_data:
+        if job.validation.data:
             self.val = self._val_data(job, tokenizer, model_dir)
         self.val_rows = sum(ids.shape[0] for ids, _ in self.val)
 
     @staticmethod
     def _val_data(job, tokenizer, model_dir):
-        if is_records(job.val_data):
-            val = SupervisedData.load(job.val_data, tokenizer, SupervisedData.Config(
-                seq_len=job.seq_len, train_on_prompt=job.train_on_prompt, val_fraction=0.0))
+        path, seq_len, batch = job.validation.data, job.training.seq_len, job.training.batch_size
+        if is_records(path):
+            val = SupervisedData.load(path, tokenizer, SupervisedData.Config(
+                seq_len=seq_len, train_on_prompt=job.data.train_on_prompt, val_fraction=0.0))
             rows = val.train[:VAL_MAX_ROWS]
-            return [pad_batch(rows[i:i + job.batch_size], val.pad_id) for i in range(0, len(rows), job.batch_size)]
-        tokens, _ = load_tokens(job.val_data, model_dir)
-        return windows_of(tokens, job.seq_len, VAL_MAX_ROWS)
+            return [pad_batch(rows[i:i + batch], val.pad_id) for i in range(0, len(rows), batch)]
+        tokens, _ = load_tokens(path, model_dir)
+        return windows_of(tokens, seq_len, VAL_MAX_ROWS)

@@ -31,16 +31,16 @@ from pathlib import Path
 
 import torch
 
+from terastack.dtypes import SAFETENSORS_DTYPES, WEIGHT_DTYPES, to_dtype
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, load_hf_config
 from terastack.training.output_dir import check_replaceable
-from terastack.training.hf.sharded_writer import (DEFAULT_MAX_SHARD_SIZE, TORCH_DTYPES, copy_tokenizer_files, shard_limit,
+from terastack.training.hf.sharded_writer import (DEFAULT_MAX_SHARD_SIZE, copy_tokenizer_files, shard_limit,
                                           staged_dir, write_safetensors_files)
 from terastack.units import format_bytes
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PREFIX = "base_model.model."
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: adapter_config.json fields whose use this merge refuses: the merged weight would need more than W + s * B @ A
 _UNSUPPORTED = {
@@ -212,9 +212,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, 
     base, adapter, output = Path(base), Path(adapter), Path(output)
     target = None
     if dtype is not None:
-        target = _DTYPES.get(dtype)
-        if target is None:
-            raise ValueError(f"dtype: must be one of {', '.join(_DTYPES)}; got {dtype!r}")
+        target = to_dtype(dtype, allowed=WEIGHT_DTYPES)
     limit = shard_limit(max_shard_size)
     for what, path in (("base", base), ("adapter", adapter)):
         if path.exists() and (output.resolve() == path.resolve() or output.resolve() in path.resolve().parents):
@@ -254,7 +252,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, 
     groups = []
     for key in reader.keys():
         shape, st_dtype = reader.info(key)
-        stored = TORCH_DTYPES.get(st_dtype)
+        stored = SAFETENSORS_DTYPES.get(st_dtype)
         if stored is None:
             raise ValueError(f"checkpoint file {reader.files[key]}: tensor {key!r} has dtype {st_dtype}, which "
                              "terastack merge does not write")
@@ -299,7 +297,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(adapter_config.json, adapter_model.safetensors)")
     p.add_argument("--output", required=True, metavar="DIR", help="where the merged model is written (replaced "
                    "atomically if it exists)")
-    p.add_argument("--dtype", default=None, choices=sorted(_DTYPES),
+    p.add_argument("--dtype", default=None, choices=sorted(WEIGHT_DTYPES),
                    help="cast floating tensors to this dtype (default: each base tensor's own)")
     p.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
                    help=f"largest safetensors file before the output is sharded (default {DEFAULT_MAX_SHARD_SIZE})")

@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from terastack.dtypes import SAFETENSORS_NAMES
 from terastack.units import parse_bytes
 
 from terastack.atomic import fsync_dir, replace_dir
@@ -44,11 +45,6 @@ def shard_limit(max_shard_size: int | str) -> int:
         raise ValueError(f"max_shard_size: must be at least 1 byte, got {max_shard_size!r}")
     return limit
 
-#: the safetensors names of torch dtypes (the file format's own table)
-ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-             torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-             torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
-TORCH_DTYPES = {v: k for k, v in ST_DTYPES.items()}
 
 #: files that travel with the weights so the directory loads on its own (tokenizer, chat template, generation)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -99,7 +95,7 @@ def _header(keys: list[str], specs: dict) -> bytes:
     for key in keys:
         shape, dtype = specs[key]
         n = nbytes(shape, dtype)
-        header[key] = {"dtype": ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        header[key] = {"dtype": SAFETENSORS_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
     header["__metadata__"] = {"format": "pt"}
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -169,7 +165,7 @@ def write_safetensors_files(directory: Path, groups: list[Group], *, max_shard_s
         for key, (shape, dtype) in shapes.items():
             if key in specs:
                 raise ValueError(f"export: tensor {key!r} would be written twice")
-            if dtype not in ST_DTYPES:
+            if dtype not in SAFETENSORS_NAMES:
                 raise ValueError(f"export: tensor {key!r} has dtype {dtype}, which safetensors cannot hold")
             specs[key] = (tuple(shape), dtype)
     sizes = [(key, nbytes(*spec)) for key, spec in specs.items()]

@@ -6,7 +6,6 @@ run the very same function: DaCe with its argument types declared
 SciPy, as NumPy does). See [Note: one algorithm, three frameworks].
 """
 # No `from __future__ import annotations`: DaCe evaluates the type annotations of its programs.
-import numpy as np
 
 from terastack.repro.dace.kernel import Kernel, annotated, njit, rng
 

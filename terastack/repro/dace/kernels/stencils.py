@@ -7,7 +7,6 @@ idiomatic Numba stencil.
 """
 # No `from __future__ import annotations`: DaCe evaluates the type annotations of its programs.
 
-import numpy as np
 
 from terastack.repro.dace.kernel import Kernel, annotated, rng
 

@@ -82,20 +82,3 @@ class BatchError(StorageError):
         self.errors = errors
         self.results = results
 
-
-class BudgetError(MemoryError):
-    """A placement or allocation does not fit its budget. Names the budget and the shortfall."""
-
-    def __init__(self, budget: str, *, needed: int, available: int, limit: int, what: str = ""):
-        from terastack.units import format_bytes
-
-        self.budget = budget
-        self.needed = needed
-        self.available = available
-        self.limit = limit
-        self.shortfall = needed - available
-        subject = f" for {what}" if what else ""
-        super().__init__(
-            f"{budget} budget exceeded{subject}: needs {format_bytes(needed)}, "
-            f"{format_bytes(available)} free of {format_bytes(limit)} "
-            f"(short by {format_bytes(self.shortfall)})")

@@ -1,0 +1,194 @@
+"""The offloaded optimizer's gradient intake: what backward hands over, until an update takes it.
+
+A unit's weight gradients leave the device as soon as its backward has them. A
+tensor's gradient is held in the host gradient pool (the plan's
+``grad_pool_bytes``) from its first contribution of the step to its update;
+a tensor several units share adds up their contributions. When the pool has
+no room, the schedule's back-pressure decides: backward waits for the
+optimizer to free some, or the complete gradient is spilled to the SSD in
+optimizer chunks (the schedule specs' [Note: schedule specs]). With clipping
+the norm of each complete gradient is kept; with gradient accumulation a
+complete gradient joins its sum instead ([Note: gradient accumulation] in
+terastack.llm.engine.accumulate).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from terastack import trace
+from terastack.errors import BudgetError
+from terastack.llm.engine import records
+from terastack.llm.engine.accumulate import GradientSums
+from terastack.llm.engine.optimizer_state import read_to_host
+from terastack.tiers import BudgetLedger, Tier
+
+
+@dataclass(slots=True)
+class HeldGradient:
+    tensor: torch.Tensor | None        # on the host (None once spilled to the SSD or taken)
+    charged: int                        # bytes held in the gradient pool
+    records: list = field(default_factory=list)  # spilled to the SSD: one store record per optimizer chunk
+
+
+class Intake(NamedTuple):
+    """What one unit's gradients completed."""
+
+    ready: list[str]     # tensors whose gradient of the step is complete: their updates may be scheduled
+    unused: list[str]    # tensors no unit produced a gradient for this step (not updated, as torch's AdamW)
+
+
+class GradientIntake:
+    """Gradients of the trainable ``tensors`` in flight from backward to their updates. ``executor`` and
+    ``failure`` are the optimizer's: backward waiting for room gives up when nothing runs that could free it."""
+
+    def __init__(self, rt, tensors: dict, *, pool_bytes: int, backpressure: bool, clipping: bool, sum_homes: dict,
+                 cv: threading.Condition, executor, failure, timeout: float):
+        self.rt = rt
+        self.store = rt.store
+        self.tensors = tensors
+        self.pool = BudgetLedger("host (gradients in flight)", pool_bytes)
+        self.backpressure = backpressure
+        self.clipping = clipping
+        self.sums = GradientSums(rt, sum_homes)
+        self._cv = cv
+        self._executor = executor
+        self._failure = failure
+        self.timeout = timeout
+        self._grads: dict[str, HeldGradient] = {}
+        self._contrib: dict[str, int] = {}
+        #: 2-norm of each complete gradient of this step (clipping only)
+        self._norms: dict[str, torch.Tensor] = {}
+        self.accumulating = False
+
+    def begin_step(self, *, accumulate: bool) -> None:
+        self.accumulating = accumulate
+        self._contrib = {name: len(set(info.users)) for name, info in self.tensors.items()}
+        self._norms = {}
+
+    # ------------------------------------------------------------- intake
+    def accept(self, unit_path: str, grads: dict[str, torch.Tensor | None]) -> Intake:
+        """Gradients of one unit's backward (canonical names)."""
+        ready, unused = [], []
+        with trace.span(f"offload gradients {unit_path}", track="gradients", cat="offload"):
+            for name, g in grads.items():
+                if name not in self._contrib:
+                    continue
+                if g is not None:
+                    if g.device.type != "cpu" or g.dtype != torch.float32:
+                        g = g.to("cpu", torch.float32)
+                    g = g.detach()
+                    held = self._grads.get(name)
+                    if held is None:
+                        self._grads[name] = self._hold(name, g)
+                    else:
+                        held.tensor.add_(g)
+                self._contrib[name] -= 1
+                if self._contrib[name] == 0 and name not in self._grads:
+                    if self.accumulating or name not in self.sums:
+                        unused.append(name)
+                        continue
+                    # no gradient in the last micro-batch, but in earlier ones: the sum is the gradient
+                    self._grads[name] = self._hold(name, torch.zeros(self.tensors[name].numel))
+                if self._contrib[name] == 0 and self.accumulating:
+                    self._add_to_sum(name)
+                    continue
+                if self._contrib[name] == 0:
+                    if name in self.sums:
+                        self.sums.take_into(name, self._grads[name].tensor.view(-1))
+                    if self.clipping:
+                        # the norm of the whole gradient (a tied tensor's contributions summed)
+                        self._norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
+                    ready.append(name)
+        return Intake(ready=ready, unused=unused)
+
+    def incomplete(self) -> list[str]:
+        """Tensors whose gradient has contributions still to come (none once backward has ended)."""
+        return [n for n, left in self._contrib.items() if left > 0 and n in self._grads]
+
+    def norms(self) -> list[torch.Tensor]:
+        """This step's per-tensor gradient norms, in parameter order (as ``clip_grad_norm_`` stacks them)."""
+        return [self._norms[n] for n in sorted(self._norms, key=lambda n: self.tensors[n].index)]
+
+    def has(self, name: str) -> bool:
+        return name in self._grads
+
+    def _hold(self, name: str, g: torch.Tensor) -> HeldGradient:
+        nbytes = g.numel() * 4
+        if self.backpressure:
+            # backpressure: backward waits for the optimizer to free room in the pool
+            with trace.span(f"wait for room: gradient of {name}", track="stall", cat="gradients"):
+                self._reserve_pool(nbytes, name)
+            return HeldGradient(g if g.is_contiguous() else g.contiguous(), nbytes)
+        try:
+            self.pool.reserve(nbytes, what=f"gradient of {name!r}")
+            return HeldGradient(g.contiguous(), nbytes)
+        except BudgetError:
+            return HeldGradient(g.contiguous(), 0)  # spilled to the SSD once complete (spill_if_unpooled)
+
+    def _reserve_pool(self, nbytes: int, name: str) -> None:
+        deadline = self.timeout
+        with self._cv:
+            while True:
+                try:
+                    self.pool.reserve(nbytes, what=f"gradient of {name!r}")
+                    return
+                except BudgetError:
+                    self._failure.raise_if_failed()
+                    if not self._executor.busy():
+                        raise
+                    if not self._cv.wait(timeout=deadline):
+                        raise TimeoutError(f"gradient of {name!r} waited {deadline:.0f} s for room in the host "
+                                           f"gradient pool ({self.pool})") from None
+
+    def _add_to_sum(self, name: str) -> None:
+        """A micro-batch's complete gradient of ``name`` joins its sum and leaves the gradient pool."""
+        held = self._grads.pop(name)
+        with trace.span(f"accumulate gradient {name}", track="gradients", cat="accumulate"):
+            self.sums.add(name, held.tensor.view(-1))
+        held.tensor = None
+        if held.charged:
+            with self._cv:
+                self.pool.release(held.charged)
+                self._cv.notify_all()
+
+    def spill_if_unpooled(self, name: str) -> None:
+        """A complete gradient that did not fit the pool goes to the SSD, in optimizer chunks."""
+        held = self._grads[name]
+        if held.charged or held.records:
+            return
+        flat = held.tensor.view(-1)
+        for k, (lo, hi) in enumerate(self.rt.chunk_ranges(name)):
+            record = records.spilled_grad(name, k)
+            self.rt.track_write(self.store.put(record, flat[lo:hi], home=Tier.SSD))
+            held.records.append(record)
+        held.tensor = None
+
+    # ---------------------------------------------------------- for updates
+    def spilled(self, name: str, k: int) -> list[str]:
+        """The store record of chunk ``k`` of ``name``'s gradient when it was spilled to the SSD (else none)."""
+        held = self._grads.get(name)
+        return [held.records[k]] if held is not None and held.records else []
+
+    def chunk(self, name: str, k: int, lo: int, hi: int) -> torch.Tensor:
+        """Chunk ``k`` (``[lo, hi)``) of ``name``'s complete gradient in host memory, read back if spilled."""
+        held = self._grads[name]
+        if held.records:
+            return read_to_host(self.rt, held.records[k], f"gradient (from the SSD) chunk {k} of {name!r}")
+        return held.tensor.view(-1)[lo:hi]
+
+    def chunk_done(self, name: str, k: int) -> None:
+        """Chunk ``k`` of ``name`` is updated: its spilled record, if any, is no longer needed."""
+        held = self._grads[name]
+        if held.records:
+            self.store.delete(held.records[k])
+
+    def release(self, name: str) -> None:
+        """``name`` is updated: its gradient leaves the pool."""
+        held = self._grads.pop(name)
+        held.tensor = None
+        if held.charged:
+            self.pool.release(held.charged)

@@ -1,0 +1,222 @@
+"""The offloaded optimizer's state I/O: fp32 masters and AdamW moments read from the store and written back.
+
+What an update holds stays within the plan's allowances: whole fp32 masters --
+handed over by backward, read for an update, or on their way back -- within
+``masters_bytes``, of which the largest master's size is kept free for the
+update's own read; one chunk read ahead (optimizer thread) or a unit's state
+within ``read_ahead_bytes`` (inline); chunks being written back within
+``writeback_bytes``. Without these limits a lagging optimizer would fill the
+host ledger with work it has not reached. Which records a chunk has:
+the runtime's [Note: optimizer chunks].
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import torch
+
+from terastack.llm.engine import records
+from terastack.plan.llm_profile import held_bytes
+from terastack.tiers import Tier
+
+
+def read_to_host(rt, record: str, what: str) -> torch.Tensor:
+    """``record`` resident in host memory (read from the SSD, waiting for room, when it is not)."""
+    resident = rt.store.resident(record, Tier.HOST)
+    if resident is not None:
+        return resident
+    return rt.wait(rt.with_room(lambda: rt.store.prefetch(record, Tier.HOST), what), what)
+
+
+class OptimizerState:
+    """Reads and writes the optimizer state of the trainable ``tensors`` under runtime ``rt``'s plan. ``cv`` is
+    the optimizer's condition (notified when a master leaves); ``failure`` takes a write-back's failure."""
+
+    def __init__(self, rt, tensors: dict, *, cv: threading.Condition, failure, masters_bytes: int,
+                 writeback_bytes: int, read_ahead_bytes: int, timeout: float):
+        self.rt = rt
+        self.store = rt.store
+        self.tensors = tensors
+        self._cv = cv
+        self._failure = failure
+        self.timeout = timeout
+        self.masters_limit = masters_bytes
+        self.writeback_limit = writeback_bytes
+        self.read_ahead_limit = read_ahead_bytes
+        largest = max((i.numel for i in tensors.values()), default=0)
+        self._master_reserve = held_bytes(4 * largest)
+        self._masters: dict[str, int] = {}   # whole fp32 masters held: name -> bytes
+        self._ahead: set[tuple[str, int]] = set()  # the chunk read ahead (optimizer thread)
+        self._writebacks: collections.deque = collections.deque()  # (future, bytes) of state being written
+        self._chunk_bytes: dict[tuple[str, int], int] = {}  # (tensor, chunk) -> bytes of its state, fixed
+        self._low: dict[str, torch.Tensor] = {}  # mixed precision: compute copies being rebuilt from masters
+
+    # ------------------------------------------------------------ records
+    def records(self, name: str, k: int) -> list[str]:
+        """The state records of optimizer chunk ``k`` of ``name``: moments, and the master chunk in mixed
+        precision (with fp32 compute the whole master is handled apart: it is the compute weight)."""
+        rt = self.rt
+        recs = [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
+        if not rt.master_is_compute:
+            recs.append(rt.master_records(name)[k])
+        return recs
+
+    def chunk_bytes(self, name: str, k: int) -> int:
+        """Bytes of the state chunk ``k`` of ``name`` reads (moments; the master chunk in mixed precision),
+        fixed for the run."""
+        size = self._chunk_bytes.get((name, k))
+        if size is None:
+            size = self._chunk_bytes[(name, k)] = sum(self.store.padded(r) for r in self.records(name, k))
+        return size
+
+    def read(self, record: str, part: str, name: str, k: int | None = None) -> torch.Tensor:
+        """The state record ``record`` (``part`` of tensor ``name``, chunk ``k``) resident in host memory."""
+        what = f"{part} {name!r} for its update" if k is None else f"{part} chunk {k} of {name!r}"
+        return read_to_host(self.rt, record, what)
+
+    # ---------------------------------------------------------- reading ahead
+    def read_ahead(self, jobs: list[list[str]]) -> None:
+        """Start reading the records of ``jobs`` (one list per chunk, in update order) within the read-ahead
+        allowance; the rest is read when its update gets to it."""
+        allowance = self.read_ahead_limit
+        wanted: list[str] = []
+        for job in jobs:
+            allowance -= sum(self.store.padded(r) for r in job)
+            if allowance < 0:
+                break
+            wanted += job
+        try:
+            self.store.prefetch_many(wanted, Tier.HOST)
+        except MemoryError:
+            pass  # read when the update gets to it
+
+    def prefetch_chunk(self, key: tuple[str, int], job: list[str]) -> bool:
+        """Start reading one chunk's records (``key``: tensor and chunk; one chunk ahead at most); False when
+        that is not possible now."""
+        with self._cv:
+            if key in self._ahead:
+                return True
+            if self._ahead:
+                return False
+            self._ahead.add(key)
+        for record in job:
+            try:
+                self.store.prefetch(record, Tier.HOST)
+            except MemoryError:
+                return False
+        return True
+
+    def reached(self, key: tuple[str, int]) -> None:
+        """The update got to the chunk ``key``: it is no longer ahead."""
+        with self._cv:
+            self._ahead.discard(key)
+
+    # ----------------------------------------------------------- fp32 masters
+    def hand_over(self, names) -> set[str]:
+        """Of ``names`` (whose last gradient backward is computing), those whose fp32 working copy backward may
+        hand over instead of dropping: as many as fit the masters allowance less the update's reserve."""
+        out = set()
+        with self._cv:
+            held = sum(self._masters.values())
+            for name in names:
+                nbytes = held_bytes(self.tensors[name].numel * 4)
+                if held + nbytes <= self.masters_limit - self._master_reserve:
+                    self._masters[name] = nbytes
+                    held += nbytes
+                    out.add(name)
+        return out
+
+    def master_fits(self, name: str, whole: dict) -> bool:
+        """Whether ``name``'s whole fp32 master can be held now without waiting (see :meth:`admit_master`)."""
+        if not self.rt.master_is_compute or name in whole:
+            return True
+        with self._cv:
+            return name in self._masters or (sum(self._masters.values()) + held_bytes(self.tensors[name].numel * 4)
+                                             <= self.masters_limit)
+
+    def admit_master(self, name: str) -> None:
+        """Before reading a whole master for its update: wait until it fits the masters allowance."""
+        nbytes = held_bytes(self.tensors[name].numel * 4)
+        with self._cv:
+            if name in self._masters:
+                return  # handed over by backward
+            ok = self._cv.wait_for(lambda: sum(self._masters.values()) + nbytes <= self.masters_limit
+                                   or not self._masters, self.timeout)
+            if not ok:
+                raise TimeoutError(f"waited {self.timeout:.0f} s for masters being written back before "
+                                   f"reading {name!r}")
+            self._masters[name] = nbytes
+
+    def read_master(self, name: str) -> torch.Tensor:
+        """The whole fp32 master of ``name`` (flat) for its update, admitted to the allowance first."""
+        self.admit_master(name)
+        return self.read(self.rt.master_records(name)[0], "master", name).view(-1)
+
+    def return_master(self, name: str) -> None:
+        """No update for ``name`` this step: a master backward handed over goes back home."""
+        with self._cv:
+            handed = self._masters.pop(name, None)
+            self._cv.notify_all()
+        if handed is not None:
+            self.rt.track_write(self.store.evict(records.master(name)))
+
+    def finish_master(self, name: str) -> None:
+        """The updated whole master of ``name`` goes home: written back, and kept for the next forward in the
+        device tier where the plan retains it (the planner's [Note: weights kept for the next forward]; without
+        room there it goes home like the others). It leaves the allowance once written."""
+        rt = self.rt
+        record = records.master(name)
+        self.store.mark_dirty(record)
+        if name in rt.retained:
+            fut = rt.track_write(self.store.writeback(record))
+            fut.add_done_callback(lambda _f, r=record, n=name: self._retain(r, n))
+        else:
+            fut = rt.track_write(self.store.evict(record))
+            fut.add_done_callback(lambda _f, n=name: self._master_gone(n))
+
+    def _retain(self, record: str, name: str) -> None:
+        try:
+            self.store.prefetch(record, Tier.DEVICE)  # without an accelerator: the buffer changes ledgers
+        except MemoryError:
+            self.rt.track_write(self.store.evict(record))
+        except BaseException as exc:  # noqa: BLE001 - reported by the next wait on this tensor
+            self._failure.record(exc)
+        self._master_gone(name)
+
+    def _master_gone(self, name: str) -> None:
+        with self._cv:
+            self._masters.pop(name, None)
+            self._cv.notify_all()
+
+    # ------------------------------------------------- mixed-precision copies
+    def keep_low(self, name: str, lo: int, hi: int, master: torch.Tensor) -> None:
+        """Mixed precision: the updated master chunk ``[lo, hi)`` into the compute copy being rebuilt."""
+        low = self._low.get(name)
+        if low is None:
+            low = self._low[name] = torch.empty(self.tensors[name].numel, dtype=self.rt.compute_dtype)
+        low[lo:hi].copy_(master)
+
+    def finish_low(self, name: str) -> None:
+        """Mixed precision: the rebuilt compute copy of ``name`` replaces the old one."""
+        low = self._low.pop(name, None)
+        if low is not None:
+            self.rt.write_compute_copy(name, low.view(self.tensors[name].shape))
+
+    # -------------------------------------------------------------- writing
+    def write_back(self, recs: list[str]) -> None:
+        """Send updated records home (SSD: written in one request vector, then their host buffers freed)."""
+        for record, fut in zip(recs, self.store.evict_many(recs, dirty=True)):
+            if not self.rt.track_write(fut).done():
+                self._writebacks.append((fut, self.store.padded(record)))
+
+    def throttle_writebacks(self, incoming: int) -> None:
+        """Make room for ``incoming`` bytes of write-backs within the plan's allowance (waiting for older ones)."""
+        while self._writebacks:
+            if self._writebacks[0][0].done():
+                self._writebacks.popleft()
+                continue
+            if sum(n for _, n in self._writebacks) + incoming <= self.writeback_limit:
+                return
+            fut, _ = self._writebacks.popleft()
+            self.rt.wait(fut, "optimizer state written back to the SSD")

@@ -1,0 +1,176 @@
+"""The offloaded engine's part of a checkpoint: the model it trains and its tensors in the store.
+
+:class:`EngineState` is the ``"model"`` component of a trainer's checkpoint (the manager and the other
+components: terastack.training.checkpoint, [Note: checkpoint layout and atomicity]). Its state names the model
+(type, config, LoRA spec) with a fingerprint of its parameters' names and shapes, and holds, per parameter, the
+fp32 master and both AdamW moments (or the weight of a frozen tensor), streamed from the store one optimizer
+chunk at a time; the chunking of the run that wrote it does not matter to the run that reads it.
+:func:`rebuild_model` builds the skeleton a checkpoint's trainer is built on before the components load.
+
+Checkpoints written before the components saved themselves (format ``terastack.llm.checkpoint``, version 1)
+are read through :func:`upgrade_v1`: the same tensors, their state spread over the same components.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from terastack.llm.engine.store_layout import records_for
+from terastack.llm.machine import resolve_device, resolve_dtype
+from terastack.training import checkpoint as manager
+from terastack.training.loop import loop_components_from_extra
+
+#: the format of checkpoints written before the checkpoint manager (one manifest written by this module)
+V1_FORMAT = "terastack.llm.checkpoint"
+
+
+def model_fingerprint(tensors: dict) -> str:
+    """Names and shapes of every parameter: two checkpoints of one architecture share it."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(f"{name}:{list(tensors[name].shape)};".encode())
+    return h.hexdigest()[:32]
+
+
+class EngineState:
+    """The model and its training tensors in the store of ``runtime`` (a ``StepRuntime``), as a ``Stateful``.
+    ``name``, ``hf_config`` and ``lora`` describe the model so that a checkpoint can rebuild it."""
+
+    def __init__(self, runtime, *, name: str, hf_config, lora=None):
+        self.rt, self.name, self.hf_config, self.lora = runtime, name, hf_config, lora
+        self.tensors = runtime.tensors
+
+    def _ordered(self) -> list[str]:
+        return sorted(self.tensors, key=lambda n: self.tensors[n].index)
+
+    def _parts(self, name: str) -> dict[str, list[str]]:
+        """The store records holding each part (master/exp_avg/exp_avg_sq/weight) of parameter ``name``."""
+        rt = self.rt
+        if self.tensors[name].trainable:
+            return {"master": rt.master_records(name), "exp_avg": rt.moment_records(name, 1),
+                    "exp_avg_sq": rt.moment_records(name, 2)}
+        return {"weight": [rt.compute_record(name)]}
+
+    def state_dict(self) -> dict:
+        lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path}
+        out = {"name": self.name, "model_type": getattr(self.hf_config, "model_type", "?"),
+               "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora}
+        for pname in self._ordered():
+            for part, recs in self._parts(pname).items():
+                out[f"{part}:{pname}"] = manager.StreamedTensor(
+                    tuple(self.tensors[pname].shape), lambda recs=recs: (self.rt.read_record(r) for r in recs))
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put every tensor of ``state`` into the store (each checked against its size and CRC-32 as read)."""
+        if state.get("fingerprint") != model_fingerprint(self.tensors):
+            raise ValueError("checkpoint: its model fingerprint differs from the rebuilt model's (another "
+                             "architecture)")
+        for pname in self._ordered():
+            info = self.tensors[pname]
+            for part, recs in self._parts(pname).items():
+                key = f"{part}:{pname}"
+                stored = state.get(key)
+                if not isinstance(stored, manager.StoredTensor):
+                    raise ValueError(f"checkpoint has no {part} for parameter {pname!r}: it was written for another "
+                                     "model (or with other trainable parameters)")
+                if list(stored.shape) != list(info.shape) or not stored.dtype.is_floating_point:
+                    raise ValueError(f"checkpoint: {key} has shape {list(stored.shape)} "
+                                     f"({str(stored.dtype).removeprefix('torch.')}); the model expects "
+                                     f"{list(info.shape)}")
+                self._put(pname, part, recs, stored.read().reshape(-1))
+        self.rt.store.wait(timeout=self.rt.timeout)
+
+    def _put(self, name: str, part: str, recs: list[str], flat: torch.Tensor) -> None:
+        rt = self.rt
+        info = self.tensors[name]
+        homes = {spec.record: spec for spec in records_for(rt, name)}
+        if part == "master" and not rt.master_is_compute:
+            low = rt.compute_record(name)
+            rt.wait(rt.store.put(low, flat.view(info.shape).to(rt.compute_dtype), home=homes[low].home),
+                    f"{low!r} reaching the store")
+        for record in recs:
+            spec = homes[record]
+            data = flat.view(info.shape) if spec.span is None else flat[spec.span[0]:spec.span[1]]
+            data = data.to(spec.dtype)
+            rt.wait(rt.store.put(record, data.contiguous(), home=spec.home), f"{record!r} reaching the store")
+
+
+# ------------------------------------------------------------------ resuming
+@dataclass(slots=True)
+class Rebuilt:
+    """The skeleton of a checkpoint's model (with LoRA adapters if it had them), its config and its name."""
+
+    model: object
+    hf_config: object
+    lora: object
+    name: str
+
+
+def open_checkpoint(path: str | os.PathLike) -> manager.Snapshot:
+    """The snapshot of checkpoint ``path``, also one written before components saved themselves."""
+    return manager.open_checkpoint(path, upgrades={V1_FORMAT: upgrade_v1})
+
+
+def rebuild_model(snapshot: manager.Snapshot, config, *, expect_model=None) -> Rebuilt:
+    """Build the skeleton of the model that wrote ``snapshot`` (``config``: the resuming ``TrainerConfig``;
+    ``expect_model``: a config the checkpoint must match)."""
+    from transformers import AutoConfig
+
+    from terastack.training.hf.model_files import build_skeleton
+
+    model = snapshot.state("model")
+    try:
+        hf_config = AutoConfig.for_model(model["model_type"], **{k: v for k, v in model["config"].items()
+                                                                 if k != "model_type"})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{snapshot.path}: model config is unusable ({exc})") from None
+    if expect_model is not None:
+        _check_same_model(expect_model, hf_config, snapshot.path)
+    skeleton = build_skeleton(hf_config, dtype=resolve_dtype(config.dtype, resolve_device(config.device)))
+    lora = None
+    if model.get("lora"):
+        from terastack.llm.lora import LoraSpec, apply_lora
+
+        spec = LoraSpec(**model["lora"]["spec"])
+        skeleton, lora = apply_lora(skeleton, spec, base_path=model["lora"].get("base"))
+    return Rebuilt(model=skeleton, hf_config=hf_config, lora=lora, name=model.get("name", str(snapshot.path)))
+
+
+def _check_same_model(expected, hf_config, snap) -> None:
+    """A resume must continue the same model: compare the architecture fields that shape its tensors."""
+    keys = ("model_type", "vocab_size", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "intermediate_size",
+            "ffn_dim", "num_attention_heads", "n_head", "num_key_value_heads", "tie_word_embeddings")
+    exp = expected.to_dict() if hasattr(expected, "to_dict") else dict(expected)
+    got = hf_config.to_dict()
+    diffs = [f"{k}: checkpoint {got.get(k)!r}, model {exp.get(k)!r}" for k in keys
+             if k in exp or k in got if exp.get(k) != got.get(k)]
+    if diffs:
+        raise ValueError(f"checkpoint {snap} belongs to another model ({'; '.join(diffs)})")
+
+
+def upgrade_v1(manifest: dict, snap) -> dict:
+    """A version-1 manifest (one ``trainer`` entry with step, RNG and optimizer state; the loop state in
+    ``extra``) as the checkpoint manager's: the same data file and tensors, under the components that hold them
+    now (``model``, ``optimizer``, ``progress``, ``rng``, ``extra``, and the loop's)."""
+    if manifest.get("version") != 1:
+        raise ValueError(f"{snap}: checkpoint format {V1_FORMAT} version {manifest.get('version')} (this "
+                         "terastack reads version 1 of it)")
+    try:
+        trainer = manifest["trainer"]
+        extra = dict(manifest.get("extra") or {})
+        components = {"model": manifest["model"],
+                      "optimizer": {"lr": trainer["lr"], "adam_steps": trainer["adam_steps"]},
+                      "progress": {"step": trainer["step"]},
+                      "rng": {"cpu": trainer["rng_cpu"]},
+                      "trainer_config": trainer.get("config", {})}
+        components.update(loop_components_from_extra(extra))  # takes the loop's keys out of extra
+        components["extra"] = extra
+        return {"format": manager.FORMAT, "version": manager.VERSION, "step": int(trainer["step"]),
+                "data_file": manifest["data_file"], "data_bytes": manifest["data_bytes"], "components": components,
+                "tensors": {f"model/{key}": entry for key, entry in manifest["tensors"].items()}}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{snap}: version-1 checkpoint manifest is incomplete ({exc!r})") from None

@@ -1,0 +1,125 @@
+"""What the LLM planner plans from: a profile of the model's streamed units at one batch shape.
+
+Built by ``terastack.llm.engine.profile`` (parameters, FLOPs and saved-activation bytes per unit, optionally
+measured compute times); read by :class:`terastack.plan.llm_planner.LLMPlanner`. The byte rules here
+(:func:`held_bytes`, :func:`chunked_bytes`) are the store's own, so that plan and store cannot disagree.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from terastack.constants import padded_size
+
+#: fp32 master + AdamW exp_avg + exp_avg_sq, bytes per trainable parameter
+STATE_BYTES = 12
+
+#: Bytes a record of ``nbytes`` takes in a tier of the store: the store's own padding rule (whole O_DIRECT
+#: blocks, at least one, so small tensors cost a block each), so that plan and store cannot disagree.
+held_bytes = padded_size
+
+
+def chunked_bytes(numel: int, elem: int, chunk: int) -> int:
+    """Bytes the optimizer chunks of a ``numel``-element tensor take (each chunk its own record)."""
+    full, rest = divmod(max(numel, 1), chunk)
+    return full * held_bytes(chunk * elem) + (held_bytes(rest * elem) if rest else 0)
+
+
+def gradients_in_flight(profile: ModelProfile, *, slack: bool = True) -> int:
+    """Host bytes of gradients the pool must hold at once. [Note: gradients in flight]
+
+    Backward hands each unit's weight gradients to the optimizer as one batch, and a tensor's gradient stays
+    in the pool from its first contribution until its update is done. Most tensors have one user, so that is
+    one unit's gradients; a tensor several units share (tied input and output embeddings) is held from the
+    backward of its last user in forward order (the head, first in backward) to that of its first (the
+    embedding, last in backward): every unit's backward in between adds its own gradients to it. Updates
+    keep up at best (inline on the training thread; the optimizer thread when backward waits for it), so the
+    pool needs, at some unit's backward, the gradients of that unit plus those still partial: ``live`` below.
+    ``slack``: room for one more unit's completed gradients, so that backward runs on while the optimizer
+    thread still works through them (the second-largest unit, as when every tensor has one user).
+    """
+    units = profile.units
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    for i, u in enumerate(reversed(units)):  # backward order
+        for t in dict.fromkeys(u.tensors):
+            if profile.tensor_trainable[t]:
+                start.setdefault(t, i)
+                end[t] = i
+    held = [0] * len(units)      # gradients in the pool during the backward of each unit (backward order)
+    completed = [0] * len(units)  # gradients each unit's backward completes
+    for t, first in start.items():
+        nbytes = profile.tensor_numel[t] * 4
+        for i in range(first, end[t] + 1):
+            held[i] += nbytes
+        completed[end[t]] += nbytes
+    live = max(held, default=0)
+    return live + (sorted(completed, reverse=True) + [0, 0])[1] if slack else live
+
+
+@dataclass(kw_only=True, slots=True)
+class UnitProfile:
+    """One streamed unit (an embedding, a decoder layer, the final norm, the head) at one batch shape."""
+
+    name: str
+    kind: str                      # "pre", "layer" or "post" (before, in, after the decoder stack)
+    tensors: tuple[str, ...]       # canonical names of the parameters it uses
+    params: int                    # parameters it uses (shared ones counted in each user)
+    trainable: int                 # trainable parameters it owns (counted in one unit only)
+    weight_bytes: int              # its compute weights in the compute dtype
+    fwd_flops: float
+    bwd_flops: float
+    act_bytes: int                 # activations its autograd graph saves (weights excluded)
+    boundary_bytes: int            # its inputs that need a gradient (what recompute keeps)
+    out_bytes: int = 0
+    act_tensors: int = 0           # saved storages (each a padded store record when swapped to the SSD)
+    #: measured on this machine (seconds); None: from FLOPs and the hardware's rate
+    fwd_s: float | None = None
+    bwd_s: float | None = None
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelProfile:
+    model: str
+    batch: int
+    seq_len: int
+    compute_bytes: int             # bytes per element of the compute weights (4 fp32, 2 bf16/fp16)
+    units: list[UnitProfile]
+    tensor_numel: dict[str, int]
+    tensor_trainable: dict[str, bool]
+    logits_bytes: int = 0
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.tensor_numel.values())
+
+    @property
+    def trainable_params(self) -> int:
+        return sum(n for name, n in self.tensor_numel.items() if self.tensor_trainable[name])
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.compute_bytes != 4
+
+    def state_bytes(self) -> int:
+        """Training state on the store: masters + moments (+ compute copies when they differ)."""
+        total = 0
+        for name, n in self.tensor_numel.items():
+            if self.tensor_trainable[name]:
+                total += n * (STATE_BYTES + (self.compute_bytes if self.mixed_precision else 0))
+            else:
+                total += n * self.compute_bytes
+        return total
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelProfile":
+        data = dict(data)
+        data["units"] = [UnitProfile(**{**u, "tensors": tuple(u["tensors"])}) for u in data["units"]]
+        return cls(**data)

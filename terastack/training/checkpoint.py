@@ -1,0 +1,341 @@
+"""The checkpoint manager: snapshots of named ``Stateful`` components, written atomically, read back verified.
+
+    save_checkpoint("ckpt", {"model": engine_state, "optimizer": optimizer, "rng": RNGState()}, step=10)
+    snapshot = open_checkpoint("ckpt")          # its LATEST snapshot, sizes checked
+    snapshot.load({"model": engine_state, "optimizer": optimizer, "rng": RNGState()})
+
+A component is anything with ``state_dict()`` / ``load_state_dict(state)`` (:class:`Stateful`). The manager
+composes a mapping of them and reaches into none: what a component saves is what its ``state_dict()`` returns.
+
+[Note: checkpoint layout and atomicity]
+A checkpoint directory holds one complete snapshot per ``step-NNNNNNNN`` subdirectory and a ``LATEST``
+pointer::
+
+    ckpt/LATEST                         {"checkpoint": "step-00000010", "step": 10}
+    ckpt/step-00000010/state.bin        raw tensors, each 4 KiB-aligned
+    ckpt/step-00000010/checkpoint.json  manifest: every component's JSON state; per tensor: dtype, shape,
+                                        offset, bytes, CRC-32
+
+A snapshot is written into a temporary directory, fsynced, renamed into place, and only then is ``LATEST``
+replaced (write to a temp name, fdatasync, rename, fsync the directory). A crash at any point leaves ``LATEST``
+naming the previous complete snapshot; older snapshots are removed after the pointer moves (one writer per
+checkpoint directory).
+
+[Note: what a component's state holds]
+A state dict maps names to JSON values (numbers, strings, lists, dicts) or to tensors. A tensor is a
+``torch.Tensor`` or a :class:`StreamedTensor` -- a shape and a function producing its pieces in order, called
+only while the manager writes it, so a component whose tensors rest on an SSD streams them one piece at a time
+and saving never needs more memory than training does. Tensors sit at the top level of the state dict. On load
+each tensor comes back as a :class:`StoredTensor` handle: its shape and dtype, and ``read()``, which reads it
+and checks its size and checksum (a mismatch is an error naming the file and the tensor). A component reads
+its tensors one at a time, so loading needs no more memory than saving.
+
+Nothing is unpickled: the manifest is JSON and tensors are raw bytes whose sizes and checksums are checked
+before use; paths in a manifest are relative and may not leave the checkpoint directory. A format another
+version of terastack wrote is read through an upgrade function its engine supplies (``upgrades``), which turns
+its manifest into this one.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from terastack.atomic import atomic_write_json, fsync_dir, replace_dir, safe_relative
+from terastack.constants import DIRECT_ALIGN, round_up
+from terastack.dtypes import DTYPES, dtype_name
+
+FORMAT = "terastack.checkpoint"
+VERSION = 2
+LATEST = "LATEST"
+MANIFEST = "checkpoint.json"
+DATA = "state.bin"
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A component that saves itself: what it returns from ``state_dict()`` (see [Note: what a component's
+    state holds]) comes back to ``load_state_dict()`` when a checkpoint is resumed."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedTensor:
+    """A tensor written piece by piece: ``pieces()`` yields its parts in order (any shapes, one dtype), their
+    elements together ``shape``'s."""
+
+    shape: tuple[int, ...]
+    pieces: Callable[[], Iterable[torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTensor:
+    """A tensor of a snapshot, read on demand (``read()``: checked against its size and CRC-32)."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int
+    nbytes: int
+    crc32: int
+    snapshot: "Snapshot"
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def read(self) -> torch.Tensor:
+        n = self.numel
+        flat = torch.empty(n, dtype=self.dtype)
+        if n:
+            self.snapshot.read_into(flat.view(torch.uint8), self.offset)
+        crc = zlib.crc32(tensor_bytes(flat))
+        if crc != self.crc32:
+            raise ValueError(f"checkpoint data file {self.snapshot.data_path}: {self.key} fails its checksum "
+                             f"(CRC-32 {crc:#010x}, manifest {self.crc32:#010x}); the file is corrupt")
+        return flat.view(self.shape)
+
+
+class JSONState:
+    """A JSON mapping saved and loaded as it is (``value``): what a caller keeps beside the components."""
+
+    def __init__(self, value: Mapping | None = None):
+        self.value = dict(value or {})
+
+    def state_dict(self) -> dict:
+        return dict(self.value)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = dict(state)
+
+
+class RNGState:
+    """The process's torch random number generators (CPU, and CUDA's once initialized): dropout draws."""
+
+    def state_dict(self) -> dict:
+        out = {"cpu": _b64(torch.get_rng_state())}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(_unb64(state["cpu"]))
+        if state.get("cuda") and torch.cuda.is_available():
+            # a machine with fewer accelerators than the writer's restores those it has
+            for index, saved in enumerate(state["cuda"][:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(_unb64(saved), index)
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    """The raw bytes of ``t`` (contiguous, on the host) as a uint8 array."""
+    t = t.detach().contiguous().cpu()
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+# ------------------------------------------------------------------- save
+def save_checkpoint(path: str | os.PathLike, components: Mapping[str, Stateful], *, step: int) -> Path:
+    """Write a snapshot of ``components`` as ``step-{step:08d}`` into checkpoint directory ``path`` (see [Note:
+    checkpoint layout and atomicity]); returns the snapshot's directory."""
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:08d}"
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        states, entries = {}, {}
+        offset = 0
+        with open(tmp / DATA, "wb") as f:
+            for cname, component in components.items():
+                if "/" in cname:
+                    raise ValueError(f"component name {cname!r}: may not contain '/'")
+                states[cname] = {}
+                for key, value in component.state_dict().items():
+                    if isinstance(value, (torch.Tensor, StreamedTensor)):
+                        offset = round_up(offset, DIRECT_ALIGN)
+                        entries[f"{cname}/{key}"] = _write_tensor(f, offset, value, f"{cname}/{key}")
+                        offset += entries[f"{cname}/{key}"]["nbytes"]
+                    else:
+                        states[cname][key] = _checked_json(value, f"{cname}.{key}")
+            f.flush()
+            os.fdatasync(f.fileno())
+        manifest = {"format": FORMAT, "version": VERSION, "step": step, "data_file": DATA, "data_bytes": offset,
+                    "components": states, "tensors": entries}
+        atomic_write_json(tmp / MANIFEST, manifest)
+        fsync_dir(tmp)
+        replace_dir(tmp, root / name)
+        atomic_write_json(root / LATEST, {"checkpoint": name, "step": step})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # Older snapshots, and debris of writers killed mid-save (one writer per checkpoint directory).
+    for old in [*root.glob("step-*"), *root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
+        if old.name != name and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    return root / name
+
+
+def _write_tensor(f, offset: int, value, key: str) -> dict:
+    pieces = [value] if isinstance(value, torch.Tensor) else value.pieces()
+    shape = list(value.shape)
+    f.seek(offset)
+    crc, nbytes, dtype = 0, 0, None
+    for piece in pieces:
+        if dtype is not None and piece.dtype != dtype:
+            raise ValueError(f"{key}: pieces of dtypes {dtype_name(dtype)} and {dtype_name(piece.dtype)}")
+        dtype = piece.dtype
+        data = tensor_bytes(piece)
+        f.write(data)
+        crc = zlib.crc32(data, crc)
+        nbytes += data.nbytes
+    if dtype is None:  # an empty stream: a tensor of no elements
+        dtype = torch.float32
+    if nbytes != int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size():
+        raise ValueError(f"{key}: its pieces hold {nbytes} bytes, not a {shape} {dtype_name(dtype)} tensor's")
+    return {"shape": shape, "dtype": dtype_name(dtype), "offset": offset, "nbytes": nbytes, "crc32": crc}
+
+
+def _checked_json(value, where: str):
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"state {where}: not JSON and not a top-level tensor ({exc})") from None
+    return value
+
+
+# ------------------------------------------------------------------- load
+Upgrade = Callable[[dict, Path], dict]
+
+
+def open_checkpoint(path: str | os.PathLike, *, upgrades: Mapping[str, Upgrade] | None = None) -> "Snapshot":
+    """The snapshot of checkpoint ``path`` (its LATEST snapshot, or a snapshot directory itself), its manifest
+    and data file checked. ``upgrades``: format name -> a function turning a manifest of that (older) format,
+    and the snapshot's directory, into this format's manifest."""
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"checkpoint {root} does not exist")
+    if (root / MANIFEST).exists():
+        snap = root
+    else:
+        latest = root / LATEST
+        if not latest.exists():
+            raise FileNotFoundError(f"{root} is not a terastack checkpoint (no {LATEST} or {MANIFEST})")
+        try:
+            rel = json.loads(latest.read_text())["checkpoint"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"checkpoint pointer {latest} is unreadable ({exc})") from None
+        snap = safe_relative(root, rel)
+    try:
+        manifest = json.loads((snap / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint {snap} has no {MANIFEST}") from None
+    except ValueError as exc:
+        raise ValueError(f"checkpoint manifest {snap / MANIFEST} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{snap / MANIFEST} is not a terastack checkpoint")
+    fmt = manifest.get("format")
+    if fmt != FORMAT and fmt in (upgrades or {}):
+        manifest = upgrades[fmt](manifest, snap)
+    elif fmt != FORMAT:
+        raise ValueError(f"{snap / MANIFEST} is not a terastack checkpoint (format {fmt!r})")
+    if manifest.get("version") != VERSION:
+        raise ValueError(f"{snap / MANIFEST}: checkpoint version {manifest.get('version')} (this terastack reads "
+                         f"{VERSION})")
+    return Snapshot(snap, manifest)
+
+
+class Snapshot:
+    """One snapshot of a checkpoint: ``state(name)`` is a component's state as saved (tensors as
+    :class:`StoredTensor` handles); ``load(components)`` hands each its state."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path, self.manifest = path, manifest
+        self.data_path = safe_relative(path, manifest.get("data_file", DATA))
+        if not self.data_path.exists():
+            raise FileNotFoundError(f"checkpoint data file {self.data_path} is missing")
+        size = self.data_path.stat().st_size
+        if size < int(manifest.get("data_bytes", 0)):
+            raise ValueError(f"checkpoint data file {self.data_path} is truncated: {size} bytes, manifest "
+                             f"says {manifest['data_bytes']}")
+        self._tensors: dict[str, dict[str, StoredTensor]] = {}
+        for key, e in manifest.get("tensors", {}).items():
+            cname, _, tkey = key.partition("/")
+            dtype = DTYPES.get(e.get("dtype"))
+            if dtype is None:
+                raise ValueError(f"{path / MANIFEST}: {key} has dtype {e.get('dtype')!r}, which terastack does "
+                                 "not read")
+            t = StoredTensor(key=key, shape=tuple(int(d) for d in e["shape"]), dtype=dtype, offset=int(e["offset"]),
+                             nbytes=int(e["nbytes"]), crc32=int(e["crc32"]), snapshot=self)
+            if t.nbytes != t.numel * torch.empty((), dtype=dtype).element_size():
+                raise ValueError(f"checkpoint {path}: {key} holds {t.nbytes} bytes, expected "
+                                 f"{t.numel * torch.empty((), dtype=dtype).element_size()}")
+            if t.offset < 0 or t.offset + t.nbytes > size:
+                raise ValueError(f"checkpoint data file {self.data_path} is truncated: {key} ends at byte "
+                                 f"{t.offset + t.nbytes}, the file has {size}")
+            self._tensors.setdefault(cname, {})[tkey] = t
+        self._file = None
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.manifest["components"])
+
+    def state(self, name: str) -> dict:
+        if name not in self.manifest["components"]:
+            raise ValueError(f"checkpoint {self.path} has no {name!r} (it holds {', '.join(self.names)})")
+        return {**self.manifest["components"][name], **self._tensors.get(name, {})}
+
+    def load(self, components: Mapping[str, Stateful], *, optional: Iterable[str] = ()) -> list[str]:
+        """``load_state_dict`` of every component with its saved state, in the mapping's order; a component the
+        snapshot lacks is an error unless named in ``optional``. Returns the names loaded."""
+        optional = set(optional)
+        missing = [n for n in components if n not in self.manifest["components"] and n not in optional]
+        if missing:
+            raise ValueError(f"checkpoint {self.path} has no {', '.join(map(repr, missing))} (it holds "
+                             f"{', '.join(self.names)})")
+        from terastack.io import File
+
+        loaded = []
+        with File(self.data_path, "r", direct=False) as f:
+            self._file = f
+            try:
+                for name, component in components.items():
+                    if name in self.manifest["components"]:
+                        component.load_state_dict(self.state(name))
+                        loaded.append(name)
+            finally:
+                self._file = None
+        return loaded
+
+    def read_into(self, buf: torch.Tensor, offset: int) -> None:
+        """Fill byte tensor ``buf`` from the data file at ``offset``."""
+        if self._file is not None:
+            self._file.read(buf, offset, buf.numel())
+            return
+        from terastack.io import File
+
+        with File(self.data_path, "r", direct=False) as f:
+            f.read(buf, offset, buf.numel())

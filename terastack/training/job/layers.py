@@ -1,0 +1,206 @@
+"""A job's settings from its three layers: the ``--config`` file, the flags, trailing ``key=value`` words.
+
+[Note: job config resolution]
+A job's settings come from three layers, later ones winning: the ``--config`` file (YAML or TOML), the flags
+given on the command line, and trailing ``key=value`` overrides (``terastack finetune --config job.yaml
+training.lr=1e-5 epochs=2``, values parsed as YAML). Each layer is read into one mapping of ``section.field``
+to value; the merged mapping builds :class:`~terastack.training.job.sections.JobConfig`, whose sections check
+every value once. ``steps``/``epochs`` and ``warmup_steps``/``warmup_ratio`` are alternatives: a layer giving
+one drops the other from the layers below.
+
+A file is a mapping of sections (``training: {lr: 1e-5, epochs: 3}``) and flat names at its top level
+(``lr: 1e-5``: a setting's flat name, the name of its flag). Files written for ``terastack finetune`` before the
+job had sections still read (:mod:`terastack.training.job.legacy`): their ``trainer:`` table, their section
+aliases; each old spelling is read as the setting it names now, and one note line on stderr lists them. Within
+one file a new spelling wins over an old one (today's ``lr:`` over an old ``trainer: {lr: ...}``). Any other
+key is refused, naming the key and the file.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import TextIO
+
+from terastack.training.job.legacy import OLD_LORA_KEYS, old_section_key, old_trainer_key
+from terastack.training.job.sections import ALTERNATIVES, FLAT, SECTIONS, JobConfig, build_section
+from terastack.training.job.setting import SettingError
+
+#: a layer: ``section.field`` -> value
+Layer = dict
+
+
+class _Reader:
+    """Places the keys of one layer, new spellings over old ones, and collects the notes on old ones."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.new: Layer = {}
+        self.old: Layer = {}
+        self.notes: list[str] = []
+
+    def unknown(self, key: str, known: str) -> ValueError:
+        return ValueError(f"{self.where}: unknown key {key!r} ({known})")
+
+    def moved(self, old: str, path: str, value) -> None:
+        self.notes.append(f"{old} is now {path}")
+        self.old[path] = value
+
+    def top(self, key: str, value) -> None:
+        """One top-level key: a section table, the old trainer table, or a flat name."""
+        if key in SECTIONS and isinstance(value, dict):
+            for inner, v in value.items():
+                self.in_section(key, inner, v)
+        elif key == "trainer":
+            if not isinstance(value, dict):
+                raise ValueError(f"{self.where}: 'trainer' must be a table of settings")
+            for inner, v in value.items():
+                self.trainer_key(inner, v)
+        elif key in FLAT:
+            self.new[FLAT[key]] = value
+        elif old_trainer_key(key):  # an old trainer field at the top level
+            self.moved(key, old_trainer_key(key), value)
+        else:
+            raise self.unknown(key, f"sections: {', '.join(SECTIONS)}; or a setting's flat name: "
+                                    f"{', '.join(FLAT)}")
+
+    def in_section(self, section: str, key: str, value) -> None:
+        fields = SECTIONS[section].__dataclass_fields__
+        if key in fields:
+            self.new[f"{section}.{key}"] = value
+        elif old_section_key(section, key):
+            self.moved(f"{section}.{key}", old_section_key(section, key), value)
+        else:
+            raise self.unknown(f"{section}.{key}", f"the {section} settings: {', '.join(fields)}")
+
+    def trainer_key(self, key: str, value) -> None:
+        if key == "lora" and isinstance(value, dict):
+            for inner, v in value.items():
+                if inner not in OLD_LORA_KEYS:
+                    raise self.unknown(f"trainer.lora.{inner}", f"LoRA settings: {', '.join(OLD_LORA_KEYS)}")
+                self.moved(f"trainer.lora.{inner}", OLD_LORA_KEYS[inner], v)
+        elif key == "lora" and value is None:
+            self.moved("trainer.lora", "lora.rank", None)
+        elif old_trainer_key(key):
+            self.moved(f"trainer.{key}", old_trainer_key(key), value)
+        else:
+            raise self.unknown(f"trainer.{key}", "not a setting of the offloaded trainer")
+
+    def layer(self, log: TextIO | None) -> Layer:
+        if self.notes and log is not None:
+            print(f"note: {self.where}: {'; '.join(self.notes)}", file=log)
+        return {**self.old, **self.new}
+
+
+def _read_mapping(path: Path) -> dict:
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    elif suffix == ".toml":
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML ({exc})") from None
+    else:
+        raise ValueError(f"{path}: a config file is .yaml, .yml or .toml")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def read_job_file(path: str | os.PathLike, *, log: TextIO | None = None) -> Layer:
+    """The settings of a YAML or TOML job file as ``{section.field: value}`` (old spellings noted on ``log``)."""
+    reader = _Reader(str(path))
+    for key, value in _read_mapping(Path(path)).items():
+        reader.top(key, value)
+    return reader.layer(log)
+
+
+def parse_overrides(items: list[str], *, log: TextIO | None = None) -> Layer:
+    """``key=value`` words: ``section.field=VALUE`` or ``flat_name=VALUE`` (values parsed as YAML)."""
+    import yaml
+
+    out: Layer = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"override {item!r}: expected key=value (e.g. lr=1e-5)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        reader = _Reader(f"override {item!r}")
+        head, dot, rest = key.partition(".")
+        if dot and head == "trainer":
+            reader.trainer_key(rest, value)
+        elif dot and head in SECTIONS:
+            reader.in_section(head, rest, value)
+        else:
+            reader.top(key, value)
+        out.update(reader.layer(log))
+    return out
+
+
+def merge_layers(*layers: Layer) -> Layer:
+    """Later layers win setting by setting; a layer giving one of an alternative pair drops the other from the
+    layers below."""
+    out: Layer = {}
+    for layer in layers:
+        for a, b in ALTERNATIVES:
+            for mine, other in ((a, b), (b, a)):
+                if layer.get(mine) is not None and layer.get(other) is None:
+                    out.pop(other, None)
+        out.update(layer)
+    return out
+
+
+def build_job(layer: Layer) -> JobConfig:
+    """The job of a layer of ``section.field`` settings (every value checked by its section)."""
+    sections: dict[str, dict] = {}
+    for path, value in layer.items():
+        section, name = path.split(".", 1)
+        sections.setdefault(section, {})[name] = value
+    return JobConfig(**{name: build_section(SECTIONS[name], values) for name, values in sections.items()})
+
+
+def resolve_job(*, file: str | os.PathLike | None, flags: Layer, overrides: list[str],
+                log: TextIO | None | str = "stderr") -> JobConfig:
+    """The job of [Note: job config resolution]: file < flags < ``key=value``. ``flags``: the settings the
+    command line gave, as ``{section.field: value}`` (None values are ignored); ``log``: where notes on old
+    spellings go (the process's stderr at the time of the call by default; None: nowhere)."""
+    if log == "stderr":
+        log = sys.stderr
+    from_file = read_job_file(file, log=log) if file else {}
+    if file:
+        try:  # the file's own mistakes are named with the file
+            build_job(from_file)
+        except ValueError as exc:
+            raise ValueError(f"{file}: {exc}") from None
+    given = {k: v for k, v in flags.items() if v is not None}
+    return build_job(merge_layers(from_file, given, parse_overrides(overrides, log=log)))
+
+
+def write_job_file(job: JobConfig, path: str | os.PathLike, *, command: str = "terastack finetune") -> None:
+    """``finetune.yaml``: the resolved job's settings that differ from the defaults, in sections, so that
+    ``terastack finetune --config finetune.yaml`` repeats it."""
+    import yaml
+
+    text = (f"# {command} job (repeat it: {command} --config {Path(path).name})\n"
+            + yaml.safe_dump(job.to_dict(), sort_keys=False))
+    Path(path).write_text(text)
+
+
+__all__ = ["Layer", "SettingError", "build_job", "merge_layers", "parse_overrides", "read_job_file", "resolve_job",
+           "write_job_file"]

@@ -1,0 +1,426 @@
+"""The sections of a job and :class:`JobConfig`, the job they make: every setting of a language-model job, each
+one field (see [Note: a job setting is one field] in :mod:`terastack.training.job.setting`).
+
+Engine-independent sections come first (model, data, validation, training, schedule, store, checkpoint, output,
+lora); then one section per engine for the knobs only it has: ``offload`` (the offloaded engine,
+:mod:`terastack.llm`) and ``disdp`` (the disaggregated engine, :mod:`terastack.disdp`). A None default means
+"not given": the engine chooses (the learning rate depends on whether the model is pretrained; budgets are
+measured on the machine).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from terastack.plan.activation_specs import ACTIVATIONS, AUTO
+from terastack.plan import schedule_specs
+from terastack.training.job.setting import SettingError, at_least, flat_name, one_of, read_fields, setting
+from terastack.training.lr_schedule import SCHEDULES
+from terastack.units import parse_bytes
+
+DTYPES = ("auto", "float32", "bfloat16")
+#: a job's length when it gives neither steps nor epochs
+DEFAULT_STEPS = 20
+#: the disaggregated engine's agent modes and server state homes (terastack.disdp.roles / .server)
+DISDP_AGENTS = ("thread", "process")
+DISDP_STATES = ("memory", "ssd")
+
+
+def _check_size(section, name: str, *, keep: bool = False) -> None:
+    """A byte size ("64MiB", 4096; "auto" and None pass) read as bytes, or kept as given with ``keep``."""
+    value = getattr(section, name)
+    if value is None or value == "auto":
+        return
+    path = f"{section.SECTION}.{name}"
+    try:
+        size = parse_bytes(value, field=path)
+    except ValueError as exc:
+        raise SettingError(path, str(exc).split(": ", 1)[1]) from None
+    if not keep:
+        setattr(section, name, size)
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSection:
+    """the model"""
+    SECTION = "model"
+
+    path: str | None = setting(None, flat="model", help="a Hugging Face model directory (safetensors), a "
+                               "config.json, or a built-in name (default: tiny-llama, random init)")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class DataSection:
+    """the training data"""
+    SECTION = "data"
+
+    path: str | None = setting(None, flat="data", help="a text file; a .jsonl/.json/.parquet file of text, "
+                               "prompt/completion, OpenAI messages, ShareGPT conversations or Alpaca records; or "
+                               "builtin:docstrings (signature -> docstring pairs from this Python's standard "
+                               "library). Default: this Python's standard-library sources")
+    train_on_prompt: bool = setting(False, help="with records: put prompts and user turns in the loss too "
+                                    "(default: completions and assistant turns only)")
+    pack: bool = setting(False, help="with records: pack several short examples into one row")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class ValidationSection:
+    """held-out data and how often it is evaluated"""
+    SECTION = "validation"
+
+    data: str | None = setting(None, flat="val_data", metavar="FILE", help="validation data, in the formats of "
+                               "--data (at most 64 rows are evaluated)")
+    fraction: float | None = setting(None, flat="val_fraction", help="the share of --data held out for "
+                                     "validation (records: by a hash of the example, default 0.05; text: the end "
+                                     "of the text, default 0)")
+    every: int = setting(0, flat="eval_every", metavar="N", help="validation loss and perplexity every N steps "
+                         "(default: before training and at the end)")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        at_least(self, "every", 0)
+        if self.fraction is not None and not 0 <= self.fraction < 1:
+            raise SettingError("validation.fraction", f"must be in [0, 1), got {self.fraction}")
+        if self.data is not None and self.fraction:
+            raise SettingError("validation.data/validation.fraction",
+                               "give validation data or a share to hold out, not both")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingSection:
+    """the optimizer, the learning-rate schedule and the job's length"""
+    SECTION = "training"
+
+    steps: int | None = setting(None, help="optimizer steps (default 20)")
+    epochs: float | None = setting(None, help="passes over the training rows instead of --steps (each epoch in "
+                                   "its own seeded order)")
+    seq_len: int = setting(128, help="tokens per row")
+    batch_size: int = setting(4, help="rows per micro-batch")
+    grad_accum: int = setting(1, metavar="N", help="micro-batches per optimizer step; the loss is the mean over "
+                              "their target tokens")
+    lr: float | None = setting(None, help="peak learning rate (default 3e-4; 1e-5 for a pretrained model)")
+    betas: tuple[float, float] = setting((0.9, 0.999), metavar=("BETA1", "BETA2"), help="AdamW's beta1 and beta2")
+    eps: float = setting(1e-8, help="AdamW's epsilon")
+    weight_decay: float = setting(0.0, help="AdamW's decoupled weight decay")
+    max_grad_norm: float | None = setting(None, help="global-norm gradient clipping (the metrics then carry "
+                                          "grad_norm)")
+    lr_schedule: str = setting("constant", choices=SCHEDULES, help="after the warmup: constant, or a linear or "
+                               "cosine decay to --min-lr (the formulas of transformers' get_*_schedule_with_warmup)")
+    warmup_steps: int | None = setting(None, metavar="N", help="steps of linear warmup from 0 (default 0)")
+    warmup_ratio: float | None = setting(None, metavar="F", help="warmup over this share of the steps "
+                                         "(rounded up)")
+    min_lr: float = setting(0.0, help="the floor of the linear/cosine decay")
+    seed: int = setting(0, help="initialization and data order")
+
+    #: pairs of settings of which a job gives at most one; a later layer giving one drops the other
+    ALTERNATIVES = (("steps", "epochs"), ("warmup_steps", "warmup_ratio"))
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        for a, b in self.ALTERNATIVES:
+            if getattr(self, a) is not None and getattr(self, b) is not None:
+                raise SettingError(f"training.{a}/training.{b}", "give one of them, not both")
+        for name in ("steps", "seq_len", "batch_size", "grad_accum"):
+            at_least(self, name, 1)
+        for name in ("warmup_steps", "lr", "weight_decay", "min_lr"):
+            at_least(self, name, 0)
+        if self.epochs is not None and not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise SettingError("training.epochs", f"must be > 0, got {self.epochs}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise SettingError("training.betas", f"must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            raise SettingError("training.eps", f"must be > 0, got {self.eps}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise SettingError("training.max_grad_norm", f"must be > 0 or null, got {self.max_grad_norm}")
+        one_of(self, "lr_schedule", SCHEDULES)
+        if self.warmup_ratio is not None and not 0 <= self.warmup_ratio <= 1:
+            raise SettingError("training.warmup_ratio", f"must be in [0, 1], got {self.warmup_ratio}")
+
+    @property
+    def step_count(self) -> int | None:
+        """``steps``, the default when neither length is given, or None when the length is in epochs."""
+        return None if self.epochs is not None else (self.steps or DEFAULT_STEPS)
+
+
+
+@dataclass(kw_only=True, slots=True)
+class ScheduleSection:
+    """when the optimizer runs and what happens to activations"""
+    SECTION = "schedule"
+
+    optimizer: str = setting(
+        AUTO, flat="optimizer_schedule", choices=(AUTO, *schedule_specs.SCHEDULES),
+        help="when each layer's AdamW update runs, a schedule by name (terastack.plan.schedule_specs); auto: while "
+             "backward continues (eager; deferred until the clip coefficient is known with --max-grad-norm)")
+    active_offload: bool = setting(True, help="--no-active-offload runs the optimizer after the whole backward "
+                                   "(the ablation of active gradient offloading; the after_backward schedule)")
+    activation_policy: str | tuple[str, ...] = setting(
+        AUTO, help="auto (the planner chooses per layer), one of keep, host, ssd, recompute for every decoder "
+        "layer, or a comma-separated cycle of them over the decoder layers")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        one_of(self, "optimizer", (AUTO, *schedule_specs.SCHEDULES))
+        after = schedule_specs.AFTER_BACKWARD.name
+        if not self.active_offload and self.optimizer not in (AUTO, after):
+            raise SettingError("schedule.optimizer", f"{self.optimizer} contradicts active_offload=false (the "
+                               f"{after} schedule)")
+        # the names are those of the planner's registry of activation policies (terastack.plan.activation_specs)
+        names = (self.activation_policy if isinstance(self.activation_policy, tuple)
+                 else [] if self.activation_policy == AUTO else self.activation_policy.split(","))
+        bad = [p for p in names if p not in ACTIVATIONS]
+        if bad:
+            raise SettingError("schedule.activation_policy", f"{bad[0]!r} is not one of {', '.join(ACTIVATIONS)} "
+                               f"(or {AUTO})")
+
+
+@dataclass(kw_only=True, slots=True)
+class StoreSection:
+    """memory budgets and where the training state lives"""
+    SECTION = "store"
+
+    dirs: str | tuple[str, ...] | None = setting(
+        None, flat="store", metavar="DIR", help="directory on the SSD for the training state; several (one per "
+        "SSD) with commas between them (default: a temporary directory)")
+    device_budget: str | int | None = setting(None, help="accelerator memory to use, e.g. 20GiB (default: auto)")
+    host_budget: str | int | None = setting(None, help="host memory for training state and working sets, e.g. "
+                                            "64GiB (default: auto; the built-in model gets a quarter of its "
+                                            "training state)")
+    memory_budget: str | int | None = setting(None, help="without a GPU: one budget for both tiers, split by the "
+                                              "planner (instead of the two above)")
+    dtype: str | None = setting(None, choices=DTYPES, help="compute dtype (default auto: bfloat16 on a GPU, "
+                                "float32 on a CPU)")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        if isinstance(self.dirs, tuple):
+            self.dirs = ",".join(self.dirs)
+        if self.dirs is not None and not all(d.strip() for d in self.dirs.split(",")):
+            raise SettingError("store.dirs", f"{self.dirs!r} names an empty directory")
+        for name in ("device_budget", "host_budget", "memory_budget"):
+            _check_size(self, name)
+        if self.memory_budget is not None and (self.device_budget not in (None, "auto")
+                                               or self.host_budget not in (None, "auto")):
+            raise SettingError("store.memory_budget", "give either memory_budget or device_budget/host_budget, "
+                               "not both")
+        if self.dtype is not None:
+            one_of(self, "dtype", DTYPES)
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointSection:
+    """checkpoints and resuming"""
+    SECTION = "checkpoint"
+
+    dir: str | None = setting(None, flat="checkpoint", metavar="DIR", help="write checkpoints to DIR")
+    every: int = setting(0, flat="checkpoint_every", metavar="N", help="checkpoint every N steps (default: only "
+                         "at the end when --checkpoint is given)")
+    resume: str | None = setting(None, metavar="DIR", help="continue from the checkpoint in DIR: the schedule and "
+                                 "the data order go on exactly")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        at_least(self, "every", 0)
+
+
+@dataclass(kw_only=True, slots=True)
+class OutputSection:
+    """the result"""
+    SECTION = "output"
+
+    dir: str | None = setting(None, flat="output", aliases=("save",), metavar="DIR", help="the result: the "
+                              "trained model (save_pretrained format, a peft adapter with --lora) and its "
+                              "tokenizer, metrics.jsonl and finetune.yaml (the resolved job: repeat it with "
+                              "--config). Written under DIR.partial while training and renamed to DIR when complete")
+    metrics: str | None = setting(None, metavar="FILE", help="per-step metrics as JSON lines (default: "
+                                  "DIR/metrics.jsonl with --output); also TensorBoard events beside it when the "
+                                  "tensorboard package is installed")
+    max_shard_size: str | int = setting("5GB", metavar="SIZE", help="split the exported weights into safetensors "
+                                        "shards of at most SIZE with an index file, as transformers does")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        _check_size(self, "max_shard_size", keep=True)
+
+
+@dataclass(kw_only=True, slots=True)
+class LoraSection:
+    """a LoRA adapter (peft) instead of full fine-tuning"""
+    SECTION = "lora"
+
+    rank: int | None = setting(None, flat="lora", metavar="R", help="train a LoRA adapter of rank R (peft)")
+    alpha: int | None = setting(None, flat="lora_alpha", help="the adapter's scale numerator (default: 2 x R)")
+    dropout: float = setting(0.0, flat="lora_dropout", help="dropout on the adapter's input")
+    target_modules: str | tuple[str, ...] = setting(
+        "auto", flat="lora_target_modules", metavar="NAMES", help="module names to adapt, with commas between "
+        "them (default auto: peft's choice for the model family)")
+    init_from: str | None = setting(None, flat="lora_init_from", metavar="DIR", help="a peft adapter directory "
+                                    "to start from (default: peft's initialization)")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        at_least(self, "rank", 1)
+        if self.alpha is not None and not self.alpha > 0:
+            raise SettingError("lora.alpha", f"must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise SettingError("lora.dropout", f"must be in [0, 1), got {self.dropout}")
+        if isinstance(self.target_modules, str) and self.target_modules != "auto":
+            self.target_modules = tuple(m.strip() for m in self.target_modules.split(",") if m.strip())
+
+
+@dataclass(kw_only=True, slots=True)
+class OffloadSection:
+    """the offloaded engine (terastack finetune): knobs only it has"""
+    SECTION = "offload"
+
+    calibrate: bool = setting(True, help="time each distinct layer once on this machine so the plan predicts "
+                              "from measured times")
+    hardware: str | None = setting(None, metavar="FILE", help="a probe JSON (terastack probe --json) to plan "
+                                   "with (default: the cached probe, else quick measurements)")
+    device: str = setting("auto", help="auto, cpu or cuda[:N]")
+    prefetch_depth: int = setting(1, metavar="N", help="decoder layers whose weights are fetched ahead")
+    inline_updates: bool | None = setting(None, help="eager updates on the training thread, right after each "
+                                          "layer's backward (default: when computing on the CPU)")
+    state_placement: str = setting("auto", choices=("auto", "ssd"), help="auto: optimizer state rests in host "
+                                   "memory while the budget allows; ssd: all of it on the SSD")
+    optimizer_impl: str = setting("auto", choices=("auto", "fused", "foreach", "single"),
+                                  help="the AdamW kernel (auto: fused where torch supports it)")
+    optimizer_chunk: int = setting(1 << 20, metavar="N", help="elements per optimizer chunk: the optimizer reads "
+                                   "and writes its state in pieces of this size")
+    retain_weights: bool = setting(True, help="keep the updated weights of the first layers in the device tier "
+                                   "for the next forward, where they fit")
+    timeout: float = setting(600.0, metavar="SECONDS", help="every wait (a transfer, an update) gives up after "
+                             "this long, naming what it waited for")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        at_least(self, "prefetch_depth", 0)
+        at_least(self, "optimizer_chunk", 1024)
+        one_of(self, "state_placement", ("auto", "ssd"))
+        one_of(self, "optimizer_impl", ("auto", "fused", "foreach", "single"))
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise SettingError("offload.device", f"must be auto, cpu or cuda[:N]; got {self.device!r}")
+        if not self.timeout > 0:
+            raise SettingError("offload.timeout", f"must be > 0 seconds, got {self.timeout}")
+
+
+@dataclass(kw_only=True, slots=True)
+class DisdpSection:
+    """the disaggregated engine (terastack dist train): its roles and their processes"""
+    SECTION = "disdp"
+
+    workers: int = setting(2, flag=False, help="worker ranks (model-sharded data parallel)")
+    servers: int = setting(1, flag=False, help="parameter-server shards")
+    aggregator: bool = setting(True, flag=False, help="aggregate gradients before the servers")
+    agents: str = setting("thread", flag=False, choices=DISDP_AGENTS, help="communication agents per worker: "
+                          "threads or processes")
+    state: str = setting("memory", flag=False, choices=DISDP_STATES, help="where the servers keep optimizer "
+                         "state: memory, or ssd (through terastack.tiers)")
+    run_dir: str = setting("runs/dist", flag=False, help="the job's directory (statistics, checkpoints)")
+    prefetch: int = setting(2, flag=False, help="bucket deliveries an agent may run ahead of its worker's compute")
+    reshard: bool = setting(True, flag=False, help="release each layer after its forward and fetch it again for "
+                            "its backward")
+    timeout_s: float = setting(120.0, flag=False, help="bound on every wait (seconds); a silent peer is reported "
+                               "by rank and role")
+    threads: int = setting(1, flag=False, help="torch intra-op threads per process")
+    helper_nice: int = setting(10, flag=False, help="niceness added to servers, the aggregator and agents")
+    kill_at: str = setting("", flag=False, help="fault injection for resilience tests: ROLE:INDEX:STEP[:FAULT]")
+    progress: bool = setting(True, flag=False, help="progress lines")
+    trace_dir: str = setting("", flag=False, help="write a Chrome trace per rank into this directory")
+
+    def __post_init__(self) -> None:
+        read_fields(self)
+        for name in ("workers", "servers", "prefetch", "threads"):
+            at_least(self, name, 1)
+        one_of(self, "agents", DISDP_AGENTS)
+        one_of(self, "state", DISDP_STATES)
+        if not 0 <= self.helper_nice <= 19:
+            raise SettingError("disdp.helper_nice", f"must be in [0, 19], got {self.helper_nice}")
+        if not self.timeout_s > 0:
+            raise SettingError("disdp.timeout_s", f"must be > 0, got {self.timeout_s}")
+
+
+@dataclass(kw_only=True, slots=True)
+class JobConfig:
+    """A language-model job: one section per concern, each validated when built. ``JobConfig()`` is the default
+    job (the built-in model on the built-in corpus); sections may be given as mappings of their fields."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    store: StoreSection = field(default_factory=StoreSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    offload: OffloadSection = field(default_factory=OffloadSection)
+    disdp: DisdpSection = field(default_factory=DisdpSection)
+
+    def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, build_section(cls, value))
+            elif not isinstance(value, cls):
+                raise SettingError(name, f"must be a table of {name} settings, got {value!r}")
+        if self.schedule.optimizer != AUTO:  # the schedule's own word on clipping (terastack.plan.schedule_specs)
+            try:
+                schedule_specs.SCHEDULES[self.schedule.optimizer].check_clipping(self.training.max_grad_norm)
+            except ValueError as exc:
+                raise SettingError("schedule.optimizer", str(exc).split(": ", 1)[1]) from None
+
+    def get(self, path: str):
+        """The value of ``section.field``."""
+        section, name = path.split(".", 1)
+        return getattr(getattr(self, section), name)
+
+    def to_dict(self, *, everything: bool = False) -> dict:
+        """``{section: {field: value}}`` of the settings that differ from their defaults (all of them with
+        ``everything``): what ``finetune.yaml`` holds. Tuples become lists (YAML and TOML have no tuples)."""
+        out: dict = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            for f in dataclasses.fields(section):
+                value = getattr(section, f.name)
+                if everything or value != f.default:
+                    out.setdefault(name, {})[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+#: section name -> its class, in the job's order
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}
+
+
+def build_section(cls, values: dict):
+    """``cls(**values)``, an unknown field named with the section's known ones."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in values if k not in known]
+    if unknown:
+        raise SettingError(f"{cls.SECTION}.{unknown[0]}", f"unknown setting (the {cls.SECTION} settings: "
+                           f"{', '.join(known)})")
+    return cls(**values)
+
+
+def _flat_index() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            flat = flat_name(f)
+            if flat in out:  # a flat key or a flag must name one setting
+                raise TypeError(f"job settings {out[flat]} and {name}.{f.name} share the flat name {flat!r}")
+            out[flat] = f"{name}.{f.name}"
+    return out
+
+
+#: flat name (a top-level file key, an override's key, a flag's name) -> ``section.field``
+FLAT: dict[str, str] = _flat_index()
+#: ``section.field`` pairs of which a job gives at most one
+ALTERNATIVES = tuple((f"training.{a}", f"training.{b}") for a, b in TrainingSection.ALTERNATIVES)

@@ -19,9 +19,9 @@ COMMANDS = [
             "merge a LoRA adapter into its base model: a full model transformers loads", needs=("transformers",)),
     Command("plan", "terastack.plan.cli", "predict placement and step time for a model on given hardware"),
     # gen, import and verify run without torch_geometric; train and infer say which install brings it
-    Command("gnn", "terastack.gnn.cli", "out-of-core GNN training: gen, import, train, advise"),
+    Command("gnn", "terastack.gnn.cli", "out-of-core GNN training: gen, import, verify, train, infer, advise"),
     # simulate runs without transformers; train says which install brings it
-    Command("dist", "terastack.disdp.cli", "disaggregated sharded data parallel: train, simulate", extra="dist"),
+    Command("dist", "terastack.disdp.cli", "disaggregated sharded data parallel: train (a finetune job file), demo, simulate", extra="dist"),
     Command("repro", "terastack.repro.cli", "run the reproduction suites and write REPORT.md"),
     Command("bench", "terastack.bench", "run a benchmark against its baseline in the same run"),
     Command("probe", "terastack.probe", "measure this machine (compute, memory, SSD) and cache the result"),
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(args._module)
+    args._argv = list(argv)  # the words as given: a command that stops early can say how to go on
     try:
         return int(module.run(args) or 0)
     except ModuleNotFoundError as exc:
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"terastack {args.command}: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        # a command that knows where it stood says so itself and returns 130 (terastack finetune)
+        print(f"terastack {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError, MemoryError, RuntimeError) as exc:
         # Bad input and resource errors are reported as one clear line, not a traceback.

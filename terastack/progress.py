@@ -18,15 +18,18 @@ def _fmt_seconds(s: float) -> str:
 
 class Progress:
     def __init__(self, total: float | None, *, label: str, unit: str = "it", enabled: bool = True,
-                 stream=None, log_every: float = 10.0):
+                 stream=None, log_every: float = 10.0, initial: float = 0.0):
+        # ``initial``: work done before this run (a resumed job at step 50 of 120 shows 51/120); the rate and
+        # the ETA count only what this run does
         self.total = total
+        self.initial = initial
         self.label = label
         self.unit = unit
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.interval = 0.25 if self.tty else log_every
-        self.done = 0.0
+        self.done = float(initial)
         self.start = time.perf_counter()
         self._last = 0.0
 
@@ -39,7 +42,7 @@ class Progress:
 
     def _write(self, now: float, fields: dict) -> None:
         elapsed = max(now - self.start, 1e-9)
-        rate = self.done / elapsed
+        rate = (self.done - self.initial) / elapsed
         parts = [f"{self.label}: {self.done:g}" + (f"/{self.total:g}" if self.total else "") + f" {self.unit}",
                  f"{rate:.3g} {self.unit}/s"]
         if self.total:

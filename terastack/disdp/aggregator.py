@@ -17,8 +17,12 @@ from terastack.disdp.roles import RoleMap
 
 class Aggregator:
 
-    def __init__(self, *, roles: RoleMap, comm: Comm, layout: Layout, schedule: Schedule, recv_ahead: int = 2):
+    def __init__(self, *, roles: RoleMap, comm: Comm, layout: Layout, schedule: Schedule, recv_ahead: int = 2,
+                 mean: bool = True):
+        """``mean``: divide the sum by the number of workers (each worker's loss is its own mean); False: send the
+        sum (each worker's loss is already divided by the whole batch's target tokens, as in a job)."""
         self.roles = roles
+        self.mean = mean
         self.comm = comm
         self.layout = layout
         self.schedule = schedule
@@ -50,7 +54,8 @@ class Aggregator:
                 comm.wait_all(pendings)
             with trace.span(f"reduce b{b}", track="aggregator"):
                 reduced = bufs.sum(0) if roles.workers > 1 else bufs[0].clone()
-                reduced.div_(roles.workers)
+                if self.mean:
+                    reduced.div_(roles.workers)
             for s in range(roles.servers):
                 lo, hi = self.layout.shard(b, s)
                 sends.append(comm.isend(reduced[lo:hi], roles.server_rank(s), tag(Kind.AGG_GRAD, b),

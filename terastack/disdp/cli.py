@@ -1,9 +1,12 @@
-"""``terastack dist``: ``train`` (a local job, or one rank of a torchrun job) and ``simulate`` (the step-time model).
+"""``terastack dist``: ``train`` (the job file of ``terastack finetune``, on workers, agents, an aggregator and
+parameter servers), ``demo`` (random tokens, the engine's mechanism and its benchmark) and ``simulate`` (the
+step-time model).
 
-    terastack dist train --workers 2 --servers 1 --steps 20              # launches torchrun locally (loopback)
+    terastack dist train --config job.yaml disdp.workers=2 servers=1    # launches torchrun locally (loopback)
+    terastack dist train --config job.yaml --batch-size 8 --output out
     torchrun --nnodes 2 --nproc-per-node 3 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
-        -m terastack dist train --workers 4 --servers 1 --no-aggregator   # one rank of a cluster job
-    terastack dist train --resume ...                                    # continue from the last checkpoint
+        -m terastack dist train --config job.yaml workers=4 servers=1 aggregator=false      # a cluster job
+    terastack dist demo --workers 2 --servers 1 --steps 20            # random tokens
     terastack dist simulate --model 175b --gpus 8 --gpu-tflops 312 --nic-gbps 25 --servers 2
 """
 from __future__ import annotations
@@ -16,7 +19,19 @@ import sys
 from terastack.reporting import dumps
 
 
-def _train_arguments(p: argparse.ArgumentParser) -> None:
+def _job_arguments(p: argparse.ArgumentParser) -> None:
+    from terastack.training.job import add_job_arguments
+
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a YAML or TOML job file, as terastack finetune reads it (its disdp: section sets the "
+                        "roles); flags given on the command line win over the file")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="settings that win over the file and the flags, e.g. lr=1e-5 disdp.workers=3")
+    add_job_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
     from terastack.disdp.train_config import TrainConfig
 
     d = TrainConfig()
@@ -60,9 +75,13 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="dist_command", metavar="{train,simulate}", required=True)
-    _train_arguments(sub.add_parser("train", help="train with workers, agents, an aggregator and parameter servers",
-                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    sub = parser.add_subparsers(dest="dist_command", metavar="{train,demo,simulate}", required=True)
+    _job_arguments(sub.add_parser("train", help="run a job file (as terastack finetune) with workers, agents, an "
+                                  "aggregator and parameter servers", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter))
+    _demo_arguments(sub.add_parser("demo", help="train on random tokens with workers, agents, an aggregator and "
+                                   "parameter servers (the mechanism, and what bench dist measures)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     _simulate_arguments(sub.add_parser("simulate", help="step-time model: standard MSDP vs the disaggregated "
                                                         "design (a labelled prediction)"))
 
@@ -88,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         from terastack.plan import cluster
 
         return cluster.run(args)
+    if args.dist_command == "train":
+        return run_job(args)
     from terastack.disdp.launch import launch_local
     from terastack.disdp.run import run_role
 
@@ -108,3 +129,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """``dist train``: the job of the file, flags and overrides; launched here, or one rank under torchrun."""
+    from terastack.disdp.job_run import check_job, launch_job, run_rank
+    from terastack.training.job import job_flags, resolve_job
+
+    job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
+    check_job(job)
+    if _under_torchrun():
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(run_rank)(job)
+    result = launch_job(job)
+    if args.json:
+        print(dumps(result))
+    elif result["losses"]:
+        print(f"loss {result['loss_first']:.4f} -> {result['loss_last']:.4f} over {len(result['losses'])} steps, "
+              f"{result['step_s_mean']:.3f} s/step"
+              + (f"; validation loss {result['val_loss_last']:.4f}" if result["val_loss_last"] is not None else "")
+              + (f"; exported to {result['exported']}" if result["exported"] else ""))
+    return 0

@@ -11,6 +11,18 @@ collectives issued from several threads of one process could be ordered
 differently on different ranks, p2p messages with distinct tags cannot.
 (Start-up's layout check and broadcast and shutdown's monitored barrier run
 on the main thread while no agent thread exists.)
+
+[Note: process-group backend]
+The backend follows the device the tensors on the wire live on: gloo for CPU
+tensors, NCCL for CUDA tensors (:func:`backend_for`). The roles of ``terastack
+dist`` keep their buckets in host memory today, so they join on gloo. NCCL
+matches point-to-point messages between a pair of ranks only by their order (it
+has no tags), and the pattern above relies on tags to keep messages of
+different kinds and buckets apart when several threads post to the same peer;
+so a :class:`Comm` on NCCL is refused with that reason rather than left to
+mismatch buffers. Carrying the pattern to NCCL means one ordered channel per
+pair of ranks (one poster thread per peer, messages posted in schedule order)
+or control messages on a gloo side group.
 """
 from __future__ import annotations
 
@@ -34,6 +46,24 @@ class Kind(enum.IntEnum):
     RELAY_GRAD = 5   # worker -> its agent process: a whole bucket of gradients
     CKPT = 6         # server -> server 0: "my shard of step k is durable"
     STATS = 7        # worker -> its agent process: the loss of a step
+
+
+def backend_for(device) -> str:
+    """The torch.distributed backend for tensors on ``device`` (a torch.device or its name): "gloo" for the
+    CPU, "nccl" for CUDA ([Note: process-group backend])."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return "gloo"
+    if kind == "cuda":
+        return "nccl"
+    raise ValueError(f"device: terastack dist runs its messages on cpu (gloo) or cuda (nccl); got {device!r}")
+
+
+def check_tagged_p2p(backend: str) -> None:
+    """Refuse a backend that cannot match tagged point-to-point messages ([Note: process-group backend])."""
+    if str(backend).lower() == "nccl":
+        raise ValueError("backend: nccl matches point-to-point messages by order only (it has no tags), and "
+                         "terastack dist tells its messages apart by tag; its roles run on the CPU over gloo")
 
 
 def tag(kind: Kind, bucket: int = 0, phase: int = 0) -> int:
@@ -63,7 +93,9 @@ class Pending:
 class Comm:
     """The p2p endpoint of one rank: posts sends/receives, waits with a timeout, counts bytes."""
 
-    def __init__(self, roles: RoleMap, rank: int, *, timeout_s: float):
+    def __init__(self, roles: RoleMap, rank: int, *, timeout_s: float, backend: str = "gloo"):
+        check_tagged_p2p(backend)
+        self.backend = backend
         self.roles = roles
         self.rank = rank
         self.me = roles.describe(rank)

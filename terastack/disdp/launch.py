@@ -66,7 +66,7 @@ def classify_failure(failure) -> tuple[str, str]:
     return ("stopped" if sig == "SIGTERM" else "killed"), sig
 
 
-def describe_failures(roles: RoleMap, failures: dict, checkpoint_dir: str) -> str:
+def describe_failures(roles: RoleMap, failures: dict, resume_hint: str) -> str:
     """One message from torchrun's per-rank failure records, naming the first rank to fail and its role.
 
     A rank killed by a signal (other than SIGTERM) is the likeliest root cause;
@@ -87,10 +87,7 @@ def describe_failures(roles: RoleMap, failures: dict, checkpoint_dir: str) -> st
         parts.append(f"{stopped} rank(s) were stopped with SIGTERM")
     elif stopped:
         parts.append(f"{stopped} other rank(s) were stopped")
-    index = ckpt.read_index(checkpoint_dir) if os.path.isdir(checkpoint_dir) else None
-    resume = (f"; the last checkpoint is step {index['step']} in {checkpoint_dir}: rerun with --resume to continue"
-              if index else "; no checkpoint was completed")
-    return "; then ".join(parts[:3]) + resume
+    return "; then ".join(parts[:3]) + resume_hint
 
 
 def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_MODULE,
@@ -100,9 +97,6 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_
     ``module`` is the program every rank runs (``python -m MODULE JOB.json``):
     the disaggregated job by default, or a baseline that needs only workers.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     roles = config.roles()
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -110,24 +104,42 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_
     if not config.resume:
         shutil.rmtree(config.checkpoint_dir, ignore_errors=True)
     job_file = atomic_write_json(run_dir / "job.json", config.to_dict())
+
+    def resume_hint() -> str:
+        index = ckpt.read_index(config.checkpoint_dir) if os.path.isdir(config.checkpoint_dir) else None
+        return (f"; the last checkpoint is step {index['step']} in {config.checkpoint_dir}: rerun with --resume to "
+                "continue" if index else "; no checkpoint was completed")
+
+    launch_ranks(roles, module, [str(job_file)], world_size=world_size or roles.world_size,
+                 timeout_s=config.timeout_s, quiet=quiet, resume_hint=resume_hint)
+    return collect_stats(config, world_size or roles.world_size)
+
+
+def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: int, timeout_s: float,
+                 quiet: bool = False, resume_hint=lambda: "") -> None:
+    """Start ``world_size`` ranks of ``python -m MODULE ARGS...`` under torchrun's elastic agent (c10d rendezvous
+    on loopback) and wait for them; a failed rank raises :class:`JobFailed` ([Note: failures]), its message ended
+    by ``resume_hint()``."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     launch = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=world_size or roles.world_size,
+        min_nodes=1, max_nodes=1, nproc_per_node=world_size,
         run_id=f"terastack-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
-        rdzv_configs={"timeout": int(config.timeout_s)}, max_restarts=0, monitor_interval=0.1,
+        rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
         start_method="spawn", shutdown_timeout=2)
     env_before = os.environ.get(QUIET_ENV)
     os.environ[QUIET_ENV] = "1" if quiet else "0"
     try:
-        elastic_launch(launch, sys.executable)("-m", module, str(job_file))
+        elastic_launch(launch, sys.executable)("-m", module, *args)
     except ChildFailedError as exc:
-        raise JobFailed(describe_failures(roles, exc.failures, config.checkpoint_dir)) from None
+        raise JobFailed(describe_failures(roles, exc.failures, resume_hint())) from None
     finally:
         if env_before is None:
             os.environ.pop(QUIET_ENV, None)
         else:
             os.environ[QUIET_ENV] = env_before
-    return collect_stats(config, world_size or roles.world_size)
 
 
 def rank_main(entry, argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from terastack import trace
 from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.agent import AgentCore, AgentProcess, RelayLink, ThreadAgent
 from terastack.disdp.aggregator import Aggregator
-from terastack.disdp.comm import Comm
+from terastack.disdp.comm import Comm, backend_for
 from terastack.disdp.train_config import TrainConfig, parse_kill_at
 from terastack.disdp.launch import rank_main
 from terastack.disdp.buckets import Layout, Schedule
@@ -108,14 +108,16 @@ def join(config: TrainConfig) -> Rank | None:
         os.nice(config.helper_nice)
     if config.trace_dir:
         trace.tracer.start()
-    dist.init_process_group("gloo", rank=rank, world_size=world,
+    # the roles' buckets are host tensors: gloo ([Note: process-group backend] in terastack.disdp.comm)
+    backend = backend_for("cpu")
+    dist.init_process_group(backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=config.timeout_s))
-    comm = Comm(roles, rank, timeout_s=config.timeout_s)
+    comm = Comm(roles, rank, timeout_s=config.timeout_s, backend=backend)
     spec = config.model_spec()
     meta_model = build_model(spec, seed=config.seed, meta=True)
     layout = Layout.of(meta_model, config.servers)
     schedule = Schedule(layout, reshard=config.reshard)
-    _check_same_layout(layout, roles, rank)
+    check_same_layout(layout, roles, rank)
 
     # Start step: the servers' checkpoint decides, server 0 tells everyone.
     start = torch.zeros(1, dtype=torch.int64)
@@ -127,7 +129,7 @@ def join(config: TrainConfig) -> Rank | None:
     dist.broadcast(start, src=roles.server_rank(0))
     first = int(start[0])
     if rank == 0:
-        print(f"terastack dist: {world} ranks on gloo; roles:\n{roles.table()}\n"
+        print(f"terastack dist: {world} ranks on {backend}; roles:\n{roles.table()}\n"
               f"  model {spec.name}: {layout.numel:,} parameters in {len(layout.buckets)} buckets "
               f"(root + {layout.layers} layers), servers hold state in {config.state}, "
               + (f"resuming at step {first}" if first else "starting at step 0")
@@ -142,7 +144,7 @@ def join(config: TrainConfig) -> Rank | None:
                 meta_model=meta_model, layout=layout, schedule=schedule, first=first, resume_index=resume_index)
 
 
-def _check_same_layout(layout: Layout, roles: RoleMap, rank: int) -> None:
+def check_same_layout(layout: Layout, roles: RoleMap, rank: int) -> None:
     mine = torch.tensor([int(layout.fingerprint()[:15], 16)], dtype=torch.int64)
     every = [torch.zeros_like(mine) for _ in range(roles.world_size)]
     dist.all_gather(every, mine)

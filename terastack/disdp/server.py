@@ -21,6 +21,7 @@ are sent to every agent twice per step.
 """
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.optim.adamw import adamw
 
 from terastack import trace
@@ -132,6 +134,81 @@ class _TieredMoments:
         self.store.close()
 
 
+class _HostParams:
+    """fp32 parameter slices in host memory (``state="memory"``)."""
+
+    tiered = False
+
+    def __init__(self, params: dict[int, torch.Tensor]):
+        self.t = params
+
+    def get(self, b: int, timeout: float = 0) -> torch.Tensor:
+        return self.t[b]
+
+    def prefetch(self, b: int) -> None:
+        pass
+
+    def release(self, b: int, *, dirty: bool = False) -> None:
+        pass
+
+    def numel(self, b: int) -> int:
+        return self.t[b].numel()
+
+    def host_bytes(self) -> int:
+        return sum(t.numel() * 4 for t in self.t.values())
+
+    def close(self) -> None:
+        pass
+
+
+class _TieredParams:
+    """fp32 parameter slices resting on SSD through the tiered store (``state="ssd"``): a bucket's slice is
+    resident only while it is being sent or updated ([Note: where the optimizer state lives]); holders count,
+    and the last release writes it back (when modified) and evicts it."""
+
+    tiered = True
+
+    def __init__(self, params: dict[int, torch.Tensor], root: Path, *, window: int):
+        biggest = max(p.numel() for p in params.values())
+        # the send window, the bucket being updated, one prefetched, and one being written back
+        budget = (window + 3) * padded_size(biggest * 4)
+        if root.exists():
+            shutil.rmtree(root)   # scratch space: the durable state is in the checkpoints
+        self.store = TieredStore(TieredStore.Config(root=str(root), host_budget=budget, device_budget=0))
+        self.sizes = {b: p.numel() for b, p in params.items()}
+        for b, p in params.items():
+            self.store.put(f"p{b}", p, home=Tier.SSD).result(600)
+        self._holds: dict[int, int] = {}
+
+    def get(self, b: int, timeout: float = 600) -> torch.Tensor:
+        self._holds[b] = self._holds.get(b, 0) + 1
+        return self.store.prefetch(f"p{b}", Tier.HOST).result(timeout)
+
+    def prefetch(self, b: int) -> None:
+        if self._holds.get(b, 0) == 0:
+            self.store.prefetch(f"p{b}", Tier.HOST)
+
+    def release(self, b: int, *, dirty: bool = False) -> None:
+        if dirty:
+            self.store.mark_dirty(f"p{b}")
+        self._holds[b] -= 1
+        if self._holds[b] == 0:
+            del self._holds[b]
+            done = self.store.evict(f"p{b}")
+            if dirty:   # one write-back at a time: the budget counts one
+                done.result(600)
+
+    def numel(self, b: int) -> int:
+        return self.sizes[b]
+
+    def host_bytes(self) -> int:
+        return self.store.budgets[Tier.HOST].peak
+
+    def close(self) -> None:
+        self.store.wait(600)
+        self.store.close()
+
+
 class ParameterServer:
     """One shard of the parameter server."""
 
@@ -142,6 +219,13 @@ class ParameterServer:
         store_root: str = ""
         #: gradient buckets whose receives are posted ahead of the one being applied
         recv_ahead: int = 2
+        #: with state="ssd": the fp32 parameters rest on the SSD too (else in host memory)
+        tier_params: bool = False
+        #: with tiered parameters: buckets whose parameter sends may be in flight at once
+        send_window: int = 2
+        #: without the aggregator: average the workers' gradients (True) or add them (a job's workers divide
+        #: their losses by the whole batch's target tokens already)
+        mean: bool = True
 
         def __post_init__(self) -> None:
             if self.state not in STATES:
@@ -152,8 +236,10 @@ class ParameterServer:
                 raise ValueError(f"recv_ahead: must be >= 1, got {self.recv_ahead}")
 
     def __init__(self, config: "ParameterServer.Config", *, index: int, roles: RoleMap, comm: Comm,
-                 layout: Layout, schedule: Schedule, adamw_config: AdamWConfig, initial: list[torch.Tensor]):
-        """``initial``: the full flat fp32 vector of every bucket (only this server's slices are kept)."""
+                 layout: Layout, schedule: Schedule, adamw_config: AdamWConfig,
+                 initial: list[torch.Tensor] | None = None, shard: dict[int, torch.Tensor] | None = None):
+        """``initial``: the full flat fp32 vector of every bucket (only this server's slices are kept); or
+        ``shard``: this server's slice of every bucket."""
         self.config = config
         self.index = index
         self.roles = roles
@@ -161,30 +247,40 @@ class ParameterServer:
         self.layout = layout
         self.schedule = schedule
         self.opt = adamw_config
-        self.params: dict[int, torch.Tensor] = {}
-        for b in range(len(layout.buckets)):
-            lo, hi = layout.shard(b, index)
-            self.params[b] = initial[b][lo:hi].clone()
-        shapes = {b: p.numel() for b, p in self.params.items()}
-        self.moments = (_MemoryMoments(shapes) if config.state == "memory"
-                        else _TieredMoments(shapes, Path(config.store_root)))
-        self.adam_steps = {b: torch.tensor(0.0) for b in self.params}
+        params: dict[int, torch.Tensor] = dict(shard or {})
+        if shard is None:
+            for b in range(len(layout.buckets)):
+                lo, hi = layout.shard(b, index)
+                params[b] = initial[b][lo:hi].clone()
+        shapes = {b: p.numel() for b, p in params.items()}
+        self.buckets = list(params)
+        if config.state == "memory":
+            self.params, self.moments = _HostParams(params), _MemoryMoments(shapes)
+        else:
+            self.moments = _TieredMoments(shapes, Path(config.store_root))
+            self.params = (_TieredParams(params, Path(config.store_root + "-params"), window=config.send_window)
+                           if config.tier_params else _HostParams(params))
+        del params
+        self.adam_steps = {b: torch.tensor(0.0) for b in self.buckets}
         self.ingress_bytes: list[int] = []
         self.update_s = 0.0
         #: next step's forward sends, posted as soon as each bucket is updated (bucket -> pendings)
         self._early: dict[int, list[Pending]] = {}
+        #: gradient sums of the micro-batches of the step so far (gradient accumulation)
+        self._grad_sums: dict[int, torch.Tensor] = {}
 
     # ---------------------------------------------------------------- state
     @property
     def optimizer_bytes(self) -> int:
-        return sum(p.numel() for p in self.params.values()) * 8
+        return sum(self.params.numel(b) for b in self.buckets) * 8
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {}
         # Early sends of the next step may be in flight: they only read the parameters, as this does.
-        for b in self.params:
+        for b in self.buckets:
             m, v = self.moments.get(b, self.comm.timeout_s)
-            out[f"b{b}.param"] = self.params[b]
+            out[f"b{b}.param"] = self.params.get(b).clone()
+            self.params.release(b)
             out[f"b{b}.exp_avg"] = m.clone()
             out[f"b{b}.exp_avg_sq"] = v.clone()
             self.moments.release(b)
@@ -192,43 +288,81 @@ class ParameterServer:
         return out
 
     def load_state(self, tensors: dict[str, torch.Tensor], adam_step: float) -> None:
-        for b in self.params:
+        for b in self.buckets:
             name = f"b{b}.param"
-            if name not in tensors or tensors[name].numel() != self.params[b].numel():
+            if name not in tensors or tensors[name].numel() != self.params.numel(b):
                 raise ValueError(f"checkpoint shard of server {self.index} does not match the model: "
                                  f"tensor {name!r} missing or of the wrong size")
-            self.params[b].copy_(tensors[name])
-            self.moments.load(b, tensors[f"b{b}.exp_avg"], tensors[f"b{b}.exp_avg_sq"])
-            self.adam_steps[b].fill_(adam_step)
+            self.load_bucket(b, tensors[name], tensors[f"b{b}.exp_avg"], tensors[f"b{b}.exp_avg_sq"], adam_step)
         self.moments.flush()
+
+    def load_bucket(self, b: int, param: torch.Tensor, m: torch.Tensor, v: torch.Tensor, adam_step: float) -> None:
+        """Bucket ``b``'s slice of a checkpoint (its parameters, moments and AdamW's step)."""
+        self.params.get(b).copy_(param)
+        self.params.release(b, dirty=True)
+        self.moments.load(b, m, v)
+        self.adam_steps[b].fill_(adam_step)
 
     # ----------------------------------------------------------------- step
     def _post_sends(self, b: int, phase: int, step: int) -> list[Pending]:
-        return [self.comm.isend(self.params[b], agent, tag(Kind.PARAM, b, phase),
+        param = self.params.get(b)   # one hold, released once these sends have completed
+        return [self.comm.isend(param, agent, tag(Kind.PARAM, b, phase),
                                 f"parameters of bucket {b} (step {step}) for worker {w}")
                 for w, agent in enumerate(self.roles.agent_ranks())]
 
-    def step(self, step: int, *, more: bool = False) -> None:
-        """One training step: send parameters, receive reduced gradients, update bucket by bucket.
+    def step(self, step: int, *, more: bool = False, keep: bool = True, apply: bool = True,
+             max_grad_norm: float | None = None, norm_group=None) -> float | None:
+        """One pass: send parameters, receive reduced gradients, update bucket by bucket.
 
         ``more``: another step follows, so each bucket's forward sends for it are
         posted as soon as the bucket is updated (the next step's first deliveries
         then wait only for the last bucket's update).
+        ``keep=False``: the gradients are received and dropped (a validation pass); ``apply=False``: they are
+        added to this shard's sums and the update waits for the last micro-batch (gradient accumulation).
+        ``max_grad_norm``: global-norm clipping ([Note: clipping across shards]); ``norm_group`` the process
+        group of the servers. Returns the gradient's global norm when clipping, else None.
         """
         comm, roles = self.comm, self.roles
         in_before, _ = comm.counters()
+        eager = keep and apply and max_grad_norm is None
         # Prologue: post every parameter send of this step in fetch order. Sends complete as agents
         # post their receives; a bucket's slices are not modified until all its sends have completed.
         sends: dict[int, list[Pending]] = {}
-        with trace.span("post param sends", track=f"server{self.index}"):
-            for f in self.schedule.fetch_order:
-                early = self._early.pop(f.bucket, None) if f.phase == 0 else None
-                sends.setdefault(f.bucket, []).extend(early or self._post_sends(f.bucket, f.phase, step))
+        tiered = self.params.tiered
+        fetches = self.schedule.fetch_order
+        if not tiered:
+            with trace.span("post param sends", track=f"server{self.index}"):
+                for f in fetches:
+                    early = self._early.pop(f.bucket, None) if f.phase == 0 else None
+                    sends.setdefault(f.bucket, []).extend(early or self._post_sends(f.bucket, f.phase, step))
+        # Tiered parameters rest on the SSD: a bucket is read in, sent, and released once its sends complete,
+        # at most `send_window` buckets at a time, posted as far as the next gradient needs them.
+        more = more and not tiered
+        window: collections.deque = collections.deque()   # (bucket, pendings), oldest first
+        last_fetch = {f.bucket: i for i, f in enumerate(fetches)}
+        cursor = 0
+
+        def drain_one() -> None:
+            b0, pend = window.popleft()
+            comm.wait_all(pend)
+            self.params.release(b0)
+
+        def pump(upto: int) -> None:
+            nonlocal cursor
+            while cursor < upto:
+                while len(window) >= self.config.send_window:
+                    drain_one()
+                f = fetches[cursor]
+                if cursor + 1 < len(fetches):
+                    self.params.prefetch(fetches[cursor + 1].bucket)
+                window.append((f.bucket, self._post_sends(f.bucket, f.phase, step)))
+                cursor += 1
+
         order = self.schedule.grad_order
         posted: dict[int, tuple[list[Pending], list[torch.Tensor]]] = {}
 
         def post(b: int) -> None:
-            n = self.params[b].numel()
+            n = self.params.numel(b)
             if roles.aggregator:
                 buf = [torch.empty(n)]
                 posted[b] = ([comm.irecv(buf[0], roles.aggregator_rank, tag(Kind.AGG_GRAD, b),
@@ -241,39 +375,77 @@ class ParameterServer:
 
         for b in order[:self.config.recv_ahead]:
             post(b)
-        self.moments.prefetch(order[0])
+        if eager:
+            self.moments.prefetch(order[0])
+        held: list[tuple[int, torch.Tensor]] = []
         # Steady state: gradients arrive last layer first; apply each bucket's update as soon as it lands.
         for i, b in enumerate(order):
             if i + self.config.recv_ahead < len(order):
                 post(order[i + self.config.recv_ahead])
-            if i + 1 < len(order):
+            if eager and i + 1 < len(order):
                 self.moments.prefetch(order[i + 1])
             pendings, bufs = posted.pop(b)
+            if tiered:
+                pump(last_fetch[b] + 1)   # every delivery the workers need before they can send gradient b
             with trace.span(f"wait grad b{b}", track=f"server{self.index}"):
                 comm.wait_all(pendings)
-            if roles.aggregator:
-                grad = bufs[0]
-            else:
+            grad = bufs[0]
+            if not roles.aggregator:
                 # Without the aggregator this shard reduces the workers' gradients itself (ingress grows with W).
-                grad = bufs[0]
                 for other in bufs[1:]:
                     grad.add_(other)
-                grad.div_(roles.workers)
-            comm.wait_all(sends.pop(b))
-            t0 = time.perf_counter()
-            with trace.span(f"adamw b{b}", track=f"server{self.index}"):
-                m, v = self.moments.get(b, comm.timeout_s)
-                adamw([self.params[b]], [grad], [m], [v], [], [self.adam_steps[b]], foreach=False,
-                      amsgrad=False, beta1=self.opt.beta1, beta2=self.opt.beta2, lr=self.opt.lr,
-                      weight_decay=self.opt.weight_decay, eps=self.opt.eps, maximize=False)
-                self.moments.release(b)
-            self.update_s += time.perf_counter() - t0
-            if more:
-                self._early[b] = self._post_sends(b, 0, step + 1)
+                if self.config.mean:
+                    grad.div_(roles.workers)
+            if tiered:
+                while any(b0 == b for b0, _ in window):
+                    drain_one()
+            else:
+                comm.wait_all(sends.pop(b))
+            if not keep:
+                continue
+            if b in self._grad_sums:
+                grad = self._grad_sums.pop(b).add_(grad)
+            if not apply:
+                self._grad_sums[b] = grad
+            elif eager:
+                self._update(b, grad)
+                if more:
+                    self._early[b] = self._post_sends(b, 0, step + 1)
+            else:
+                held.append((b, grad))
+        while window:
+            drain_one()
+        norm = None
+        if held:
+            # [Note: clipping across shards] the clip coefficient needs the norm of the whole gradient: each shard
+            # adds its slices' squares, the servers add theirs up, and every shard scales by the same factor.
+            squares = torch.zeros(1, dtype=torch.float64)
+            for _, g in held:
+                squares += torch.linalg.vector_norm(g).double() ** 2
+            if norm_group is not None and roles.servers > 1:
+                dist.all_reduce(squares, group=norm_group)
+            total = squares.sqrt().float()
+            coef = torch.clamp(max_grad_norm / (total + 1e-6), max=1.0)
+            for b, g in held:
+                self._update(b, g.mul_(coef))
+            norm = float(total)
         # Epilogue: every send of this step has completed (each bucket's were waited before its update);
         # the next step's forward sends may be in flight.
         in_after, _ = comm.counters()
         self.ingress_bytes.append(in_after - in_before)
+        return norm
+
+    def _update(self, b: int, grad: torch.Tensor) -> None:
+        """AdamW on this shard's slice of bucket ``b``."""
+        t0 = time.perf_counter()
+        with trace.span(f"adamw b{b}", track=f"server{self.index}"):
+            m, v = self.moments.get(b, self.comm.timeout_s)
+            adamw([self.params.get(b)], [grad], [m], [v], [], [self.adam_steps[b]], foreach=False,
+                  amsgrad=False, beta1=self.opt.beta1, beta2=self.opt.beta2, lr=self.opt.lr,
+                  weight_decay=self.opt.weight_decay, eps=self.opt.eps, maximize=False)
+            self.params.release(b, dirty=True)
+            self.moments.release(b)
+        self.update_s += time.perf_counter() - t0
 
     # ----------------------------------------------------------- checkpoint
     def checkpoint(self, root: str, step: int, *, extra: dict) -> None:
@@ -301,6 +473,7 @@ class ParameterServer:
         self.load_state(tensors, float(meta.get("adam_step", index["step"])))
 
     def close(self) -> None:
+        self.params.close()
         self.moments.close()
 
 

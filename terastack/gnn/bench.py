@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from terastack.gnn.advise import calibrate_compute, probe_feature_file, workload
-from terastack.gnn.cache import MmapFeatures, UnifiedCache
+from terastack.gnn.cache import MmapFeatures, UnifiedCache, resolve_device
 from terastack.gnn.dataset import DatasetError, open_dataset
 from terastack.gnn.gen import GraphGenerator
 from terastack.gnn.hotness import presample
@@ -151,7 +151,7 @@ def _plain_epoch(sampler, source, labels, model, optimizer, train_ids, *, batch_
         t1 = time.perf_counter()
         x = source.gather(batch.n_id, torch.empty(len(n_id), source.row_len, dtype=source.torch_dtype))
         t2 = time.perf_counter()
-        losses.append(train_step(model, optimizer, batch.to_data(x, y_all[n_id])))
+        losses.append(train_step(model, optimizer, _on_model(model, batch.to_data(x, y_all[n_id]))))
         sampling, gathering = sampling + t1 - t0, gathering + t2 - t1
         bar.update(1, loss=losses[-1])
     bar.close()
@@ -167,15 +167,28 @@ def _plain_eval(sampler, gather, labels, model, ids, batch_size: int) -> float:
         batch = sampler.sample(seeds, sampler.batch_rng(EVAL_EPOCH, k))
         n_id = torch.from_numpy(batch.n_id)
         x = gather.gather(batch.n_id, torch.empty(len(n_id), gather.row_len, dtype=gather.torch_dtype))
-        c, t = eval_step(model, batch.to_data(x, y_all[n_id]))
+        c, t = eval_step(model, _on_model(model, batch.to_data(x, y_all[n_id])))
         correct, total = correct + c, total + t
     return correct / max(total, 1)
 
 
-def _model(args, ds):
-    torch.manual_seed(args.seed)
+def bench_device() -> torch.device:
+    """Where every contender's model and batches live: the device the pipelines and the cache resolve "auto"
+    to (a GPU when there is one), so that no contender mixes a CPU model with CUDA batches."""
+    return resolve_device("auto")
+
+
+def _model(args, ds, device: torch.device | None = None):
+    torch.manual_seed(args.seed)  # same initial weights for every contender, on any device
     model = GNN(args.model, ds.feat_dim, args.hidden, ds.num_classes, len(parse_fanouts(args.fanouts)))
+    model = model.to(bench_device() if device is None else device)
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
+
+
+def _on_model(model: torch.nn.Module, data):
+    """``data`` (a PyG batch) on the device of ``model``'s parameters."""
+    device = next(model.parameters()).device
+    return data if data.x.device == device else data.to(device)
 
 
 #: defaults of the flags whose default differs with --scale (terastack.gnn.scale.SCALE_DEFAULTS)
@@ -235,8 +248,8 @@ def measure(args: argparse.Namespace) -> dict:
     warm = presample(sampler, train_ids[: args.batch_size * 2], args.batch_size, epochs=1, seed=args.seed + 1)
     model, opt = _model(args, ds)
     for b in warm.examples[:2]:
-        train_step(model, opt, b.to_data(torch.randn(b.num_nodes, ds.feat_dim),
-                                         torch.zeros(b.num_nodes, dtype=torch.long)))
+        train_step(model, opt, _on_model(model, b.to_data(torch.randn(b.num_nodes, ds.feat_dim),
+                                                          torch.zeros(b.num_nodes, dtype=torch.long))))
 
     # Contenders, each with its own model (same initial weights) and feature source. The in-memory (serial and
     # pipelined), terastack and sync epochs run round-robin (epoch 0 of each, then epoch 1 of each) so that

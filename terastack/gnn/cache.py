@@ -75,9 +75,10 @@ class GatherStats(Counters):
 def resolve_device(name: str) -> torch.device:
     """The device a ``device`` setting names: "auto" is CUDA when available, else the CPU (the rule
     terastack.tiers applies to its own ``device`` setting)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if device.type == "cuda" and device.index is None:  # by index: the pipeline's threads would pick device 0
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -172,11 +173,11 @@ class UnifiedCache(FeatureSource):
         self._gather_lock = threading.Lock()  # one gather at a time: they share the reader's staging buffer
         from terastack import io
 
-        pin = self.device.type == "cuda"
         self.host_cache = io.aligned_empty((self.host_rows, self.row_len), self.np_dtype)
         self._host_t = torch.from_numpy(self.host_cache)
-        self._pinned = bool(pin and self.host_rows) and int(
-            torch.cuda.cudart().cudaHostRegister(self._host_t.data_ptr(), self.host_cache.nbytes, 0)) == 0
+        # not page-locked: only the CPU reads the host cache (hits are gathered into the pinned staging buffer,
+        # which is what the GPU copies from); locking it would take the whole cache from the OS for nothing
+        self._pinned = False
         if self.device.type == "cuda":
             self._device_t = torch.empty(self.device_rows, self.row_len, dtype=self.torch_dtype, device=self.device)
             self._side_stream = torch.cuda.Stream(self.device)
@@ -296,13 +297,17 @@ class UnifiedCache(FeatureSource):
         io_wait = time.perf_counter() - waited
         positions = torch.from_numpy(np.concatenate([host_pos, miss_pos]))
         stream = self._side_stream
+        current = torch.cuda.current_stream(dev)
         with torch.cuda.stream(stream):
+            # both made on the side stream and read on the current one: without record_stream the allocator
+            # hands their blocks to the next gather's side-stream copies before this index_copy_ ran
             rows = staging.to(dev, non_blocking=True)
             pos = positions.pin_memory().to(dev, non_blocking=True)
             self._staging_event = torch.cuda.Event()
             self._staging_event.record(stream)
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        rows.record_stream(torch.cuda.current_stream(dev))
+        current.wait_stream(stream)
+        rows.record_stream(current)
+        pos.record_stream(current)
         out.index_copy_(0, pos, rows)
         return io_wait
 
@@ -339,7 +344,11 @@ class InMemoryFeatures(FeatureSource):
 
     def gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
-        torch.index_select(self.features, 0, torch.from_numpy(np.asarray(ids, dtype=np.int64)), out=out)
+        idx = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+        if out.device == self.features.device:
+            torch.index_select(self.features, 0, idx, out=out)
+        else:  # a device batch (the pipeline on a GPU): gathered here, then copied up
+            out.copy_(self.features.index_select(0, idx), non_blocking=out.device.type == "cuda")
         self.stats.add(rows=len(ids), host_hits=len(ids), batches=1, gather_seconds=time.perf_counter() - started)
         return out
 

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="validation and test nodes (each) scored after every epoch (-1: all, 0: none)")
     p.add_argument("--save-model", metavar="PATH", default="",
                    help="write the trained model's weights to PATH (e.g. model.pt) and its description to "
-                        "PATH with a .json suffix, for `terastack gnn infer`")
+                        "PATH.json (model.pt.json), for `terastack gnn infer`")
     p.add_argument("--verify", default="stamp", choices=["stamp", "full", "size"])
     p.add_argument("--topology", default="memory", choices=["memory", "mmap", "ssd"],
                    help="read the CSC topology into memory, map it (pages come from SSD on demand), or leave it "
@@ -173,8 +173,15 @@ def _build(builder, args, **fields) -> int:
     cfg = builder.Config(out=args.out, memory_budget=args.memory_budget, force=args.force, progress=not args.quiet,
                          **fields)
     result = builder(cfg).run()
-    _emit(result, args.json, [f"{result['status']}: {args.out} ({result.get('nodes', '?')} nodes, "
-                              f"{result.get('edges', '?')} edges) in {result['seconds']:.1f} s"])
+    lines = [f"{result['status']}: {args.out} ({result.get('nodes', '?')} nodes, "
+             f"{result.get('edges', '?')} edges) in {result['seconds']:.1f} s"]
+    if "splits" in result:
+        sizes = (f"{k.removesuffix('_idx')} {v:,}" for k, v in result["splits"].items())
+        lines.append("  splits " + ", ".join(sizes))
+    if result.get("unlabelled"):
+        # the same count --json gives: nodes without a label rest with a placeholder class, in no split
+        lines.append(f"  {result['unlabelled']:,} unlabelled nodes (in no split)")
+    _emit(result, args.json, lines)
     return 0
 
 

@@ -141,7 +141,7 @@ class GnnInference:
     @dataclass(kw_only=True, slots=True)
     class Config:
         data: str
-        #: weights written by ``terastack gnn train --save-model`` (its .json description beside them)
+        #: weights written by ``terastack gnn train --save-model`` (its description beside them as PATH.json)
         checkpoint: str
         #: predictions (argmax, int64, one per node) as .npy; "" for none
         out: str = ""

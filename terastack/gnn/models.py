@@ -82,19 +82,29 @@ def eval_step(model: torch.nn.Module, data) -> tuple[int, int]:
 # ------------------------------------------------------------------ checkpoints
 # [Note: model checkpoints]
 # A checkpoint is two files: PATH holds the state_dict written by torch.save (read back only with
-# torch.load(weights_only=True), so loading runs no code from the file), and PATH with its suffix
-# replaced by .json holds what rebuilds the model (GNN's constructor arguments), the weights' size and
-# SHA-256, and whatever the caller adds (the training configuration, the dataset it was trained on).
+# torch.load(weights_only=True), so loading runs no code from the file), and PATH.json (checkpoints
+# written earlier named it PATH with its suffix replaced; still read) holds what rebuilds the model (GNN's
+# constructor arguments), the weights' size and SHA-256, and whatever the caller adds (the training
+# configuration, the dataset it was trained on).
 # Both are written atomically, the weights first: a JSON file always names complete weights.
 
 
 def checkpoint_meta_path(path: str | os.PathLike) -> Path:
-    """The JSON file beside a checkpoint's weights (``model.pt`` -> ``model.json``)."""
+    """The JSON file beside a checkpoint's weights: their name with ``.json`` added (``model.pt`` ->
+    ``model.pt.json``), so ``model.pt`` and ``model.bin`` in one folder do not share one description."""
     path = Path(path)
     if path.suffix == ".json":
-        raise ValueError(f"checkpoint: {path} ends in .json, which is the name of its description file; "
+        raise ValueError(f"checkpoint: {path} ends in .json, the suffix of a checkpoint's description file; "
                          "give the weights another suffix (e.g. .pt)")
-    return path.with_suffix(".json")
+    return path.with_name(path.name + ".json")
+
+
+def existing_meta_path(path: str | os.PathLike) -> Path:
+    """The description to read for the weights at ``path``: :func:`checkpoint_meta_path`, or the name checkpoints
+    written before it used (``model.pt`` -> ``model.json``) when only that one exists."""
+    meta = checkpoint_meta_path(path)
+    legacy = Path(path).with_suffix(".json")
+    return legacy if not meta.exists() and legacy.is_file() else meta
 
 
 def save_model(model: GNN, path: str | os.PathLike, **extra) -> Path:
@@ -117,7 +127,7 @@ def save_model(model: GNN, path: str | os.PathLike, **extra) -> Path:
 def load_model(path: str | os.PathLike) -> tuple[GNN, dict]:
     """The model saved by :func:`save_model` at ``path`` (on the CPU, in eval mode) and its description."""
     state, meta = read_checkpoint(path)
-    meta_path = checkpoint_meta_path(path)
+    meta_path = existing_meta_path(path)
     cfg = meta.get("model")
     keys = ("kind", "in_dim", "hidden", "out_dim", "num_layers", "heads", "dropout")
     if not isinstance(cfg, dict) or set(cfg) != set(keys):
@@ -137,7 +147,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     from terastack.atomic import safe_relative
 
     path = Path(path)
-    meta_path = checkpoint_meta_path(path)
+    meta_path = existing_meta_path(path)
     for p in (path, meta_path):
         if not p.is_file():
             raise ValueError(f"checkpoint: {p} does not exist (written by `terastack gnn train --save-model`)")

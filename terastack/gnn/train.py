@@ -161,7 +161,7 @@ class GnnTrainer:
         depth: int = 1
         #: validation and test nodes (each) to evaluate on after every epoch (0: none, -1: the whole splits)
         eval_nodes: int = 4096
-        #: write the trained model here (weights; its description beside it as .json), "" for nowhere
+        #: write the trained model here (weights; its description beside it as PATH.json), "" for nowhere
         save_model: str = ""
         presample_epochs: int = 2
         verify: str = "stamp"

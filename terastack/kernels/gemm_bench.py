@@ -92,15 +92,22 @@ def _compute_only(store: TieredStore, a: TiledMatrix, b_name: str, c: TiledMatri
     """The same matmuls on resident data: one A tile and one C tile reused, nothing moved."""
     a_tile = store.get(a.tile(0), Tier.DEVICE)
     b = store.get(b_name, Tier.DEVICE)
-    out = torch.empty(c.tile_shape(0))
+    out = torch.empty(c.tile_shape(0), device=a_tile.device)  # where the tiles are (the GPU's on a GPU)
+    _sync(a_tile.device)
     start = time.perf_counter()
     for i in range(a.tiles):
         rows = a.tile_shape(i)[0]
         with trace.span(f"compute C/{i}", track="compute"):
             torch.matmul(a_tile[:rows], b, out=out[:rows])
+    _sync(a_tile.device)  # kernels are asynchronous on a GPU: time them done
     elapsed = time.perf_counter() - start
     store.evict(a.tile(0)).result()
     return elapsed
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _io_only(store: TieredStore, a: TiledMatrix, c: TiledMatrix) -> float:

@@ -60,8 +60,11 @@ class EngineState:
                "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora}
         for pname in self._ordered():
             for part, recs in self._parts(pname).items():
+                # the dtype of the records, known before they are read: what the checkpoint's size is counted from
+                dtype = self.rt.compute_dtype if part == "weight" else torch.float32
                 out[f"{part}:{pname}"] = manager.StreamedTensor(
-                    tuple(self.tensors[pname].shape), lambda recs=recs: (self.rt.read_record(r) for r in recs))
+                    tuple(self.tensors[pname].shape), lambda recs=recs: (self.rt.read_record(r) for r in recs),
+                    dtype=dtype)
         return out
 
     def load_state_dict(self, state: dict) -> None:

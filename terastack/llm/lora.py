@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -63,8 +64,11 @@ class LoraHandle:
         self.peft_config.save_pretrained(str(directory))
         cfg_path = Path(directory) / "adapter_config.json"
         cfg = json.loads(cfg_path.read_text())
-        if self.base_path and not cfg.get("base_model_name_or_path"):
-            cfg["base_model_name_or_path"] = self.base_path
+        if self.base_path:
+            # the base as a path that holds from any directory (a relative one would name another model, or
+            # none, once the adapter is loaded elsewhere)
+            base = str(self.base_path)
+            cfg["base_model_name_or_path"] = os.path.abspath(base) if os.path.exists(base) else base
             cfg_path.write_text(json.dumps(cfg, indent=2))
 
     def initial_adapter(self, model, units, tensors, names: list[str], seed: int):

@@ -12,12 +12,33 @@ from terastack.memory import mem_total
 
 
 def resolve_device(device: str) -> torch.device:
-    """``TrainerConfig.device`` as a torch device ("auto": the GPU when there is one)."""
+    """``TrainerConfig.device`` as a torch device ("auto": the GPU when there is one), always with its index: a
+    bare "cuda" means the current device of the thread that builds the trainer, and the trainer's background
+    threads (whose current device is 0) must be told which."""
     if device == "auto":
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} requested but CUDA is not available")
-    return torch.device(device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def store_settings(plan, profile, device: torch.device) -> dict:
+    """The TieredStore.Config fields a trainer's plan decides: the ledgers' sizes, the device (with its index),
+    and the pinned staging cap ([Note: pinned staging] in terastack.io.cuda).
+
+    The staging cap fits two of the largest compute-weight records in flight, within an eighth of the host
+    budget; on an accelerator its chunks are host memory reserved in the host ledger, so the ledger grows by
+    the cap (without one nothing is staged and the ledger is the plan's)."""
+    from terastack.tiers.budget import staging_cap
+
+    largest = max(profile.tensor_numel.values(), default=0) * profile.compute_bytes
+    cap = staging_cap(largest, plan.host_budget)
+    host = plan.host_capacity - plan.grad_pool_bytes + (cap if device.type == "cuda" else 0)
+    return {"device_budget": plan.device_capacity, "host_budget": host, "pinned_budget": cap,
+            "device": str(device)}
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -32,6 +53,9 @@ def budgets(config, device: torch.device) -> tuple[int, int]:
     device_budget, host_budget = config.device_budget, config.host_budget
     if device_budget == "auto":
         if device.type == "cuda":
+            # blocks the allocator caches (calibration's, the skeleton's) count as used in mem_get_info
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(device)
             device_budget = int(free * 0.9)
         else:
@@ -54,9 +78,14 @@ def discover_hardware(config, device: torch.device):
     hw = load_probe()
     if hw is not None:
         return hw
-    from terastack.probe import measure_cpu_adam, measure_cpu_flops, measure_memcpy
+    from terastack.probe import measure_cpu_adam, measure_cpu_flops, measure_memcpy, measure_gpu
 
+    # without the GPU's figures the planner would price every unit's compute at the CPU's speed
+    gpu = measure_gpu() if device.type == "cuda" else {}
+    if gpu:
+        torch.cuda.empty_cache()  # the measurement's blocks are not the trainer's: the device budget may be "auto"
     return Hardware(name="this machine (quick measurements; run `terastack probe` for SSD figures)", measured=True,
+                    **gpu,
                     cores=os.cpu_count() or 1, host_memory_bytes=mem_total(),
                     cpu_flops=0.0 if config.calibrate else measure_cpu_flops(0.1, 512),
                     memcpy_bytes_per_s=measure_memcpy(0.05, 16 << 20),

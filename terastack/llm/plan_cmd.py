@@ -3,7 +3,7 @@
 The model is profiled on the meta device (no weights, any size), the hardware is this machine's probe or a
 described one, and the planner answers with a placement, a predicted step time and tokens/s and the
 bottleneck -- or the budget that is short and by how much. Predictions for hardware that was not measured
-are labelled as such.
+are labelled as such. Exit status: 0 with a plan, 3 when the job does not fit (:data:`NO_FIT`), 2 on an error.
 """
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clip", action="store_true", help="plan for global-norm clipping (deferred updates)")
     p.add_argument("--lora", type=int, default=None, metavar="R", help="plan a LoRA fine-tune of rank R")
     p.add_argument("--calibrate", action="store_true",
-                   help="time each distinct unit on this machine instead of using FLOP rates")
+                   help="time each distinct unit on this machine instead of using FLOP rates (the times are kept "
+                        "beside the machine's probe: the same question gets the same answer)")
+    p.add_argument("--recalibrate", action="store_true", help="like --calibrate, but time the units again")
     p.add_argument("--json", action="store_true")
 
 
@@ -86,7 +88,20 @@ def resolve_hardware(args):
         changes["ssds"] = args.ssds
     if args.cpu_adam is not None:
         changes["cpu_adam_params_per_s"] = args.cpu_adam * 1e6
-    return hw.with_overrides(**changes) if changes else hw
+    if not changes:
+        return hw
+    # the described machine is no longer the one probed (or the preset): its name says what was changed
+    given = [f"--{flag.replace('_', '-')} {value}" for flag, value in vars(args).items()
+             if flag in _HARDWARE_FLAGS and value is not None]
+    base = "this machine's probe" if hw.measured and hw.name == PROBED_NAME else hw.name
+    changes["name"] = f"{base} with {', '.join(given)}"
+    return hw.with_overrides(**changes)
+
+
+#: the flags that change the hardware described (each makes the plan a prediction for a hypothetical machine)
+_HARDWARE_FLAGS = ("gpu_mem", "gpu_tflops", "pcie_bw", "host_mem", "ssd_bw", "ssds", "cpu_adam")
+#: the name ``terastack probe`` gives the machine it measured
+PROBED_NAME = "this machine (probed)"
 
 
 def plan_model(args, hw):
@@ -94,7 +109,7 @@ def plan_model(args, hw):
     from terastack.dtypes import COMPUTE_DTYPES, to_dtype
     from terastack.training.model_registry import resolve_model
     from terastack.llm.trainer_config import LoraSpec
-    from terastack.llm.engine.profile import profile_config
+    from terastack.llm.engine.profile import profile_config, unit_times_path
     from terastack.plan.llm_planner import LLMPlanner, PlanError
 
     hf_config, _ = resolve_model(args.model)
@@ -102,7 +117,8 @@ def plan_model(args, hw):
     profile = profile_config(hf_config, batch=args.batch_size, seq_len=args.seq_len,
                              dtype=to_dtype(dtype, allowed=COMPUTE_DTYPES), name=args.model,
                              lora=LoraSpec(r=args.lora, alpha=2 * args.lora) if args.lora else None,
-                             calibrate=args.calibrate)
+                             calibrate=args.calibrate or args.recalibrate, times_file=unit_times_path(),
+                             recalibrate=args.recalibrate)
     mem = hw.host_memory_bytes or (64 << 30)
     if hw.has_gpu:
         device_budget = args.device_budget or int(0.9 * hw.gpu_memory_bytes)
@@ -118,10 +134,17 @@ def plan_model(args, hw):
         return profile, None, exc
 
 
+#: exit status when the job does not fit: a script tells it from a plan (0) and from an error in what it asked
+#: (2, like every terastack command's one-line errors and argparse's usage errors)
+NO_FIT = 3
+
+
 def run(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args)
     profile, plan, error = plan_model(args, hw)
-    state = profile.state_bytes() + profile.trainable_params * 4
+    # the training state the store holds: fp32 masters and moments, compute copies and frozen weights -- the
+    # same bytes the placement lists (gradients only pass through, so they are not part of it)
+    state = profile.state_bytes()
     head = (f"{profile.model}: {profile.total_params / 1e9:.3g}B parameters ({profile.trainable_params / 1e9:.3g}B "
             f"trainable), training state {format_bytes(state)}, batch {profile.batch} x {profile.seq_len} tokens")
     machine = f"{hw.name}" + ("" if hw.measured else " (hypothetical: every figure is a prediction)")
@@ -132,17 +155,18 @@ def run(args: argparse.Namespace) -> int:
                "prediction": not hw.measured, "fits": plan is not None}
         if plan is not None:
             out["plan"] = plan.summary()
+            out["placement_bytes"] = plan.placement_bytes(profile)
             out["policies"] = list(plan.policies)
         else:
             out["short"] = {"budget": error.budget, "needed": error.needed, "available": error.available,
                             "shortfall": error.shortfall, "message": str(error)}
         print(json.dumps(out, indent=1, default=str))
-        return 0
+        return 0 if plan is not None else NO_FIT
     print(head)
     print(f"on {machine}")
     if plan is None:
         print(f"does not fit: {error}")
-        return 0
+        return NO_FIT
     print(plan.describe(profile))
     p = plan.prediction
     label = "predicted" if not hw.measured else "predicted on this machine"

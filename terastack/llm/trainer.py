@@ -27,13 +27,14 @@ from terastack.llm import engine_state
 from terastack.llm.export import export_pretrained
 from terastack.llm.engine import records, store_layout as layout
 from terastack.llm.trainer_config import MEMORY_BUDGET_ENV, TrainerConfig
-from terastack.llm.machine import budgets, discover_hardware, resolve_device, resolve_dtype
+from terastack.llm.machine import budgets, discover_hardware, resolve_device, resolve_dtype, store_settings
 from terastack.training.hf.keys import CheckpointKeys
 from terastack.llm.model import TESTED_FAMILIES, find_units, random_init
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
 from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.engine.profile import profile_model
 from terastack.llm.engine.runtime import StepRuntime
+from terastack.llm.engine.accumulate import stack_micro_batches
 from terastack.llm.engine.step import accumulated_step, eval_loss, train_step
 from terastack.training.data.examples import IGNORE
 from terastack.llm.engine.streamed_units import install_units
@@ -130,11 +131,11 @@ class Trainer:
         # ---- store
         self.run_dirs = layout.make_run_dirs(config.store_dir, layout.ssd_bytes_needed(self.profile, self.plan))
         self.store = TieredStore(TieredStore.Config(
-            root=layout.store_root(self.run_dirs), device_budget=self.plan.device_capacity,
+            root=layout.store_root(self.run_dirs),
             # each SSD receives its share of the bytes by its probed bandwidth (equal shares if not probed)
             bandwidths=self.hardware.dir_bandwidths(layout.split_store_dirs(config.store_dir)),
-            host_budget=self.plan.host_capacity - self.plan.grad_pool_bytes,
-            device="cuda" if self.device.type == "cuda" else "cpu", copy_on_write=False))
+            # ledgers, pinned staging cap and the device with its index ("cuda" would be device 0 off this thread)
+            **store_settings(self.plan, self.profile, self.device), copy_on_write=False))
         try:
             # ---- the step's services, complete; the units' stand-ins call them from now on
             self.runtime = StepRuntime(
@@ -170,9 +171,13 @@ class Trainer:
         (terastack.plan.budget_search)."""
         config = self.config
 
+        made = []  # the planners of a search share what they remember of the profile (LLMPlanner.for_budgets)
+
         def planner_for(device_budget: int, host_budget: int) -> LLMPlanner:
-            return LLMPlanner(config.planner_config(device_budget=device_budget, host_budget=host_budget,
-                                                    inline_updates=self.inline_updates))
+            made[:] = [made[0].for_budgets(device_budget, host_budget) if made else LLMPlanner(
+                config.planner_config(device_budget=device_budget, host_budget=host_budget,
+                                      inline_updates=self.inline_updates))]
+            return made[0]
 
         def plan_for(device_budget: int, host_budget: int):
             planner = planner_for(device_budget, host_budget)
@@ -191,10 +196,12 @@ class Trainer:
 
     # ------------------------------------------------------------ builders
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, config: TrainerConfig | None = None) -> "Trainer":
-        """Fine-tune the checkpoint in ``path`` (a local Hugging Face directory with safetensors)."""
+    def from_pretrained(cls, path: str | os.PathLike, config: TrainerConfig | None = None, *,
+                        hf_config=None) -> "Trainer":
+        """Fine-tune the checkpoint in ``path`` (a local Hugging Face directory with safetensors). ``hf_config``:
+        its config as loaded and adjusted by the caller (RoPE scaling); default: read from ``path``."""
         config = config or TrainerConfig()
-        hf_config = load_hf_config(path)
+        hf_config = load_hf_config(path) if hf_config is None else hf_config
         reader = CheckpointReader(path)
         dtype = resolve_dtype(config.dtype, resolve_device(config.device))
         model = build_skeleton(hf_config, dtype=dtype)
@@ -269,9 +276,11 @@ class Trainer:
         of them together with the loss averaged over their target tokens (labels other than -100 after the
         shift) -- not a mean of per-micro-batch means. Each micro-batch is a mapping with ``input_ids`` and
         optionally ``labels``, ``attention_mask``, ``position_ids`` (as :meth:`step` takes them). Returns that
-        token-weighted loss. Eager updates run during the last micro-batch's backward; the earlier ones only add
-        their gradients to sums kept within the plan's budgets (``TrainerConfig.grad_accum`` > 1 plans them).
-        See [Note: gradient accumulation] in terastack.llm.engine.accumulate."""
+        token-weighted loss. In the plan's vertical order (``TrainerConfig.accumulation``) the micro-batches run as
+        one batch, each unit for all of them at once; in the horizontal order eager updates run during the last
+        micro-batch's backward and the earlier ones only add their gradients to sums kept within the plan's
+        budgets (``TrainerConfig.grad_accum`` > 1 plans either). See [Note: vertical and horizontal accumulation]
+        in terastack.plan.accumulation_specs and [Note: gradient accumulation] in terastack.llm.engine.accumulate."""
         self._check_open()
         if isinstance(micro_batches, Mapping) or not isinstance(micro_batches, Sequence) or not micro_batches:
             raise ValueError("micro_batches: expected a non-empty sequence of mappings with input_ids")
@@ -296,8 +305,18 @@ class Trainer:
                              "-100); the token-weighted loss is undefined")
         for b in batches:
             b["num_items_in_batch"] = targets
+        tokens = sum(b["input_ids"].numel() for b in batches)
+        if self.plan.accumulation_spec.one_pass and len(batches) > 1:
+            batches = [stack_micro_batches(batches)]  # vertical: one pass over the units for all of them
+            rows, cols = batches[0]["input_ids"].shape
+            planned = self.plan.grad_accum * self.config.batch_size * self.config.seq_len
+            if rows * cols > planned:
+                raise ValueError(f"micro_batches: stacked for the vertical order (padded to the longest) they make "
+                                 f"{rows} x {cols} tokens, more than the planned {self.plan.grad_accum} x "
+                                 f"{self.config.batch_size} x {self.config.seq_len}; give micro-batches of the "
+                                 "planned shape, or set TrainerConfig.accumulation='horizontal'")
         try:
-            return self._step_accumulated(batches)
+            return self._step_accumulated(batches, tokens)
         except BaseException as exc:
             self._failed = exc  # as in step(): a step that failed half-way is not continued
             raise
@@ -323,12 +342,12 @@ class Trainer:
         self._end_stats(start, loss, inputs["input_ids"].numel())
         return loss
 
-    def _step_accumulated(self, batches: list[dict]) -> float:
+    def _step_accumulated(self, batches: list[dict], tokens: int) -> float:
         start = self._begin_stats()
         losses = accumulated_step(self.model, self.runtime, batches, step_index=self.step_count)
         # each micro-batch's loss is its sum over target tokens divided by the step's total: they add up
         loss = float(sum(losses))
-        self._end_stats(start, loss, sum(b["input_ids"].numel() for b in batches))
+        self._end_stats(start, loss, tokens)
         return loss
 
     @torch.no_grad()

@@ -87,6 +87,10 @@ class TrainerConfig:
     #: micro-batches per optimizer step (``Trainer.step_accumulated``); the plan holds their gradient sums within
     #: the budgets (see terastack.llm.engine.accumulate's [Note: gradient accumulation])
     grad_accum: int = 1
+    #: the order of the micro-batches: "vertical" (each unit runs all of them at once: weights read once per
+    #: step), "horizontal" (one after another), or "auto" (vertical when it fits the budgets); see
+    #: terastack.plan.accumulation_specs' [Note: vertical and horizontal accumulation]
+    accumulation: str = "auto"
     #: batches pack several examples per row (``position_ids`` restarting at each example): the plan counts the
     #: block-diagonal attention mask such rows bring, and packed rows are refused without it
     packed: bool = False
@@ -161,7 +165,8 @@ class TrainerConfig:
                                  policy=self.activation_policy, mode=self.optimizer_mode,
                                  prefetch_depth=self.prefetch_depth, state_placement=self.state_placement,
                                  optimizer_chunk=self.optimizer_chunk, retain_weights=self.retain_weights,
-                                 inline_updates=inline_updates, grad_accum=self.grad_accum)
+                                 inline_updates=inline_updates, grad_accum=self.grad_accum,
+                                 accumulation=self.accumulation)
 
     @property
     def optimizer_mode(self) -> str:

@@ -5,6 +5,10 @@ gives one number and this search decides how much of it the "device" tier (worki
 copies, kept activations) gets and how much the host tier (resting state, swapped
 activations). It needs only a way to plan for a pair of budgets, so any planner whose
 plans carry ``prediction.step_s`` and whose refusals are :class:`PlanError` can use it.
+
+Every split is a whole plan (thousands of activation-policy candidates each); what makes that quick is the
+planner's memory of what no candidate changes (per-unit activation bytes and times, the optimizer's sizes,
+state homes per host room): at the 26-layer 3.4B shape the 17 splits take about 1.5 s on a 2-core machine.
 """
 from __future__ import annotations
 

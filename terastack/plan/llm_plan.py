@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from terastack.errors import BudgetError
+from terastack.plan.accumulation_specs import AccumulationSpec, accumulation_spec
 from terastack.plan.activation_specs import ACTIVATIONS, ActivationSpec, activation_spec
 from terastack.plan.llm_profile import STATE_BYTES, ModelProfile
 from terastack.plan.schedule_specs import ScheduleSpec, schedule_spec
@@ -46,7 +47,8 @@ class LLMPlan:
     policies: tuple[str, ...]
     #: canonical tensor name -> Tier.HOST or Tier.SSD: where its fp32 master and moments rest
     state_home: dict[str, Tier] = field(compare=False)
-    #: canonical tensor name -> Tier.HOST or Tier.SSD: where its compute copy rests (mixed precision / frozen)
+    #: canonical tensor name -> Tier.HOST or Tier.SSD: where its compute copy rests (mixed precision / frozen);
+    #: Tier.DEVICE for frozen weights that stay on the accelerator (the planner's [Note: frozen weights on the device])
     compute_home: dict[str, Tier] = field(compare=False)
     mode: str                      # the optimizer schedule's name (its spec: :attr:`schedule`)
     prefetch_depth: int
@@ -66,6 +68,18 @@ class LLMPlan:
     grad_accum: int = 1
     #: canonical tensor name -> Tier.HOST or Tier.SSD: where its gradient summed over the micro-batches rests
     grad_home: dict[str, Tier] = field(default_factory=dict, compare=False)
+    #: the order of the micro-batches (terastack.plan.accumulation_specs): vertical runs them as one pass
+    accumulation: str = "horizontal"
+
+    @property
+    def accumulation_spec(self) -> AccumulationSpec:
+        """The order of the micro-batches' spec."""
+        return accumulation_spec(self.accumulation)
+
+    @property
+    def sums_gradients(self) -> bool:
+        """Gradients are summed across the step's passes in sums kept between them (:attr:`grad_home`)."""
+        return self.accumulation_spec.sums_gradients(self.grad_accum)
 
     @property
     def schedule(self) -> ScheduleSpec:
@@ -86,9 +100,20 @@ class LLMPlan:
                 "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
                 "optimizer_chunk": self.optimizer_chunk,
                 "read_ahead_bytes": self.read_ahead_bytes, "retained_units": len(self.retained_units),
-                "grad_accum": self.grad_accum,
+                "grad_accum": self.grad_accum, "accumulation": self.accumulation,
                 "grad_sums_on_host": sum(1 for v in self.grad_home.values() if v is Tier.HOST),
                 **{f"predicted_{k}": v for k, v in dataclasses.asdict(self.prediction).items()}}
+
+    def placement_bytes(self, profile: ModelProfile) -> dict[str, int]:
+        """Bytes of the training state by kind and home: ``state_host``, ``state_ssd`` (fp32 masters and AdamW
+        moments), ``compute_device``, ``compute_host``, ``compute_ssd`` (compute copies of mixed precision and
+        frozen weights). They add up to ``profile.state_bytes()``, the total a plan reports."""
+        out = {f"{kind}_{tier.value}": 0 for kind in ("state", "compute") for tier in _PLACES[kind]}
+        for name, home in self.state_home.items():
+            out[f"state_{home.value}"] += profile.tensor_numel[name] * STATE_BYTES
+        for name, home in self.compute_home.items():
+            out[f"compute_{home.value}"] += profile.tensor_numel[name] * profile.compute_bytes
+        return out
 
     def describe(self, profile: ModelProfile) -> str:
         """Human-readable placement, policy ranges and prediction."""
@@ -104,21 +129,21 @@ class LLMPlan:
         for pol, a, b in ranges:
             span = layer_names[a] if a == b else f"{layer_names[a]} .. {layer_names[b]}"
             lines.append(f"  {pol:9s} {span}")
-        st_host = sum(profile.tensor_numel[n] for n, h in self.state_home.items() if h is Tier.HOST)
-        st_all = sum(profile.tensor_numel[n] for n in self.state_home)
-        lines.append(f"fp32 masters + AdamW moments: {format_bytes(st_host * STATE_BYTES)} in host memory, "
-                     f"{format_bytes((st_all - st_host) * STATE_BYTES)} on SSD")
+        placed = self.placement_bytes(profile)
+        lines.append(f"training state {format_bytes(sum(placed.values()))}:")
+        lines.append(f"  fp32 masters + AdamW moments: {_where(placed, 'state')}")
         if self.compute_home:
-            cb = profile.compute_bytes
-            c_host = sum(profile.tensor_numel[n] for n, h in self.compute_home.items() if h is Tier.HOST)
-            c_all = sum(profile.tensor_numel[n] for n in self.compute_home)
-            lines.append(f"compute weights ({cb} B/param): {format_bytes(c_host * cb)} in host memory, "
-                         f"{format_bytes((c_all - c_host) * cb)} on SSD")
+            lines.append(f"  compute weights ({profile.compute_bytes} B/param): {_where(placed, 'compute')}")
         p = self.prediction
-        label = "predicted" if p.prediction else "predicted (calibrated on this machine)"
+        calibrated = all(u.fwd_s is not None for u in profile.units)
+        label = ("predicted" if p.prediction else
+                 "predicted (calibrated on this machine)" if calibrated else "predicted on this machine")
         where = ", inline after each unit's backward" if self.inline_updates else ""
         lines.append(f"optimizer: {self.mode}{where}; prefetch depth {self.prefetch_depth}")
-        if self.grad_accum > 1:
+        if self.grad_accum > 1 and not self.sums_gradients:
+            lines.append(f"gradient accumulation: {self.grad_accum} micro-batches per step, {self.accumulation}: "
+                         "each unit runs all of them at once (weights read once forward, once backward)")
+        elif self.grad_accum > 1:
             g_host = sum(profile.tensor_numel[n] for n, h in self.grad_home.items() if h is Tier.HOST)
             g_all = sum(profile.tensor_numel[n] for n in self.grad_home)
             lines.append(f"gradient accumulation: {self.grad_accum} micro-batches per step; gradient sums "
@@ -132,6 +157,17 @@ class LLMPlan:
                      f"{format_bytes(self.device_budget)}; host peak {format_bytes(p.host_peak_bytes)} of "
                      f"{format_bytes(self.host_budget)}")
         return "\n".join(lines)
+
+
+#: the homes each kind of training state can have (compute copies may stay on the device)
+_PLACES = {"state": (Tier.HOST, Tier.SSD), "compute": (Tier.DEVICE, Tier.HOST, Tier.SSD)}
+_PLACE_WORDS = {Tier.DEVICE: "on the device", Tier.HOST: "in host memory", Tier.SSD: "on SSD"}
+
+
+def _where(placed: dict[str, int], kind: str) -> str:
+    """"1 GiB in host memory, 2 GiB on SSD" for one kind of state (the device only when something stays there)."""
+    return ", ".join(f"{format_bytes(placed[f'{kind}_{tier.value}'])} {_PLACE_WORDS[tier]}" for tier in _PLACES[kind]
+                     if tier is not Tier.DEVICE or placed[f"{kind}_{tier.value}"])
 
 
 class PlanError(BudgetError):

@@ -47,6 +47,9 @@ times), and two chunk-sized host buffers are kept for the sums on the SSD
 (one being added to, one on its way back). The gradient pool is that of one
 micro-batch: a micro-batch's gradient leaves the pool as soon as it is in
 its sum. See terastack.llm's [Note: gradient accumulation].
+That is the horizontal order; the vertical one is planned as one pass of a
+profile N times as wide, without sums ([Note: vertical and horizontal
+accumulation] in terastack.plan.accumulation_specs; ``_passes``).
 
 [Note: choosing the activation policy]
 Decoder layers are identical, so a policy is a count per option: ``n_ssd``
@@ -63,8 +66,10 @@ each holds and moves: their specs (terastack.plan.activation_specs).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
+from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, AccumulationSpec, accumulation_spec, candidates
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, searched
 from terastack.plan.hardware import Hardware
 from terastack.plan.llm_plan import LLMPlan, PlanError, StepPrediction
@@ -86,7 +91,7 @@ class _Shortfall:
     needed: int          # bytes the candidate needs in that budget
     available: int
     limit: int
-    what: str            # what the needed bytes are made of (for the error message)
+    what: object         # what the needed bytes are made of (for the error message; or a function making it)
 
     @property
     def shortfall(self) -> int:
@@ -94,7 +99,7 @@ class _Shortfall:
 
     def error(self) -> PlanError:
         return PlanError(self.budget, needed=self.needed, available=self.available, limit=self.limit,
-                         what=self.what)
+                         what=self.what() if callable(self.what) else self.what)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -145,6 +150,7 @@ class _Homes:
     ssd_read_bytes: int  # read per step for the state that rests on the SSD
     ssd_write_bytes: int  # written per step for the state that rests on the SSD
     ssd_state_params: int  # trainable parameters whose fp32 master and moments rest on the SSD
+    frozen_on_device: bool = False  # every frozen weight rests in the device tier (compute_home: Tier.DEVICE)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,6 +210,12 @@ class LLMPlanner:
         inline_updates: bool = False
         #: micro-batches per optimizer step (gradient accumulation); see [Note: planning gradient accumulation]
         grad_accum: int = 1
+        #: with an accelerator, frozen weights stay in the device tier when they all fit beside the step's working
+        #: memory (see [Note: frozen weights on the device]); False: they stream in like the others
+        frozen_on_device: bool = True
+        #: the order of the micro-batches: AUTO (vertical when it fits, else horizontal) or a registered name;
+        #: see [Note: vertical and horizontal accumulation] (terastack.plan.accumulation_specs)
+        accumulation: str = AUTO_ACCUMULATION
 
         def __post_init__(self) -> None:
             if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
@@ -221,6 +233,8 @@ class LLMPlanner:
                 if bad:
                     raise ValueError(f"policy: unknown per-unit policies {bad}; choose from {', '.join(ACTIVATIONS)}")
             schedule_spec(self.mode)  # the one check of a schedule's name
+            if self.accumulation != AUTO_ACCUMULATION:
+                accumulation_spec(self.accumulation)
             if self.prefetch_depth < 0:
                 raise ValueError(f"prefetch_depth: must be >= 0, got {self.prefetch_depth}")
             if not 0 < self.compute_efficiency <= 1:
@@ -239,18 +253,68 @@ class LLMPlanner:
         # _homes results of the last profile planned, by (host room, chunk): every candidate of a search asks again
         self._homes_profile: ModelProfile | None = None
         self._homes_cache: dict[tuple[int, int], _Homes] = {}
+        #: the order of micro-batches being planned, and each order's profile of one pass (per profile planned)
+        self.accumulation: AccumulationSpec = candidates(config.accumulation)[0]
+        self._step_profiles: dict[str, tuple[ModelProfile, ModelProfile]] = {}
+        # what depends only on the profile and the hardware, not on the candidate: the search scores thousands
+        self._memo_profile: ModelProfile | None = None
+        self._memo_hw: Hardware | None = None
+        self._memo_cache: dict = {}
+
+    def for_budgets(self, device_budget: int, host_budget: int) -> "LLMPlanner":
+        """A planner of these settings for other budgets that shares what this one remembers of the profiles it
+        planned (none of it depends on the budgets): a search over budgets plans one profile many times."""
+        other = LLMPlanner(dataclasses.replace(self.config, device_budget=device_budget, host_budget=host_budget))
+        other._memo_profile, other._memo_hw, other._memo_cache = self._memo_profile, self._memo_hw, self._memo_cache
+        other._homes_profile, other._homes_cache = self._homes_profile, self._homes_cache
+        other._step_profiles = self._step_profiles
+        return other
+
+    def _memo(self, profile: ModelProfile, hw: Hardware | None, key, compute):
+        """``compute()`` once per ``key`` while profile and hardware (None: not used) stay the same."""
+        if self._memo_profile is not profile or (hw is not None and self._memo_hw is not hw):
+            self._memo_profile, self._memo_cache = profile, {}
+        if hw is not None:
+            self._memo_hw = hw
+        try:
+            return self._memo_cache[key]
+        except KeyError:
+            value = self._memo_cache[key] = compute()
+            return value
 
     # ------------------------------------------------------------------ plan
     def plan(self, profile: ModelProfile, hw: Hardware) -> LLMPlan:
-        """The fastest placement that fits, or :class:`PlanError` naming the budget that is short."""
-        cfg = self.config
-        units = profile.units
-        if not units:
+        """The fastest placement that fits, or :class:`PlanError` naming the budget that is short. With
+        accumulation AUTO, the first order of micro-batches that fits (its error: the last order's)."""
+        if not profile.units:
             raise ValueError(f"{profile.model}: the profile has no units")
+        orders = candidates(self.config.accumulation)
+        if self.config.grad_accum == 1:
+            orders = orders[:1]  # one micro-batch: every order is the same step
+        for i, spec in enumerate(orders):
+            self.accumulation = spec
+            try:
+                return self._plan(self._step_profile(profile), hw)
+            except PlanError:
+                if i == len(orders) - 1:
+                    raise
+
+    def _step_profile(self, profile: ModelProfile) -> ModelProfile:
+        """The profile of one pass of the order being planned (cached per profile: every candidate asks)."""
+        spec = self.accumulation
+        cached = self._step_profiles.get(spec.name)
+        if cached is None or cached[0] is not profile:
+            cached = self._step_profiles[spec.name] = (profile, spec.step_profile(profile, self.config.grad_accum))
+        return cached[1]
+
+    _passes = property(lambda self: self.accumulation.passes(self.config.grad_accum), doc="passes per step")
+
+    def _plan(self, profile: ModelProfile, hw: Hardware) -> LLMPlan:
+        cfg = self.config
         shortfall = None  # of the candidate closest to fitting: host shortfalls first (no policy helps those)
         for depth in sorted({cfg.prefetch_depth, 0}, reverse=True):
             best = None
-            for policies in self._policy_choices(profile, hw):
+            for policies in self._memo(profile, None, "choices", lambda: list(self._policy_choices(profile, hw))):
                 scored = self._score(profile, hw, self._split(profile, hw, policies), depth)
                 if isinstance(scored, _Shortfall):
                     rank = (scored.budget != "host", scored.shortfall)
@@ -276,12 +340,14 @@ class LLMPlanner:
                                prediction=scored.prediction,
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget,
                                inline_updates=self.inline_updates,
-                               grad_accum=cfg.grad_accum, grad_home=homes.grad_home)
+                               grad_accum=cfg.grad_accum, grad_home=homes.grad_home,
+                               accumulation=self.accumulation.name)
         raise shortfall.error()
 
     def predict(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...],
                 depth: int | None = None) -> StepPrediction:
         """The predicted step of given policies (for ablations); raises PlanError if they do not fit."""
+        profile = self._step_profile(profile)
         scored = self._score(profile, hw, self._split(profile, hw, tuple(policies)),
                              self.config.prefetch_depth if depth is None else depth)
         if isinstance(scored, _Shortfall):
@@ -321,17 +387,30 @@ class LLMPlanner:
 
     def _split(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...]) -> _Split:
         """What each unit's activation spec holds, moves and recomputes, added up."""
+        return self._memo(profile, hw, ("split", tuple(policies)), lambda: self._add_up(profile, hw, policies))
+
+    def _add_up(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...]) -> _Split:
+        table = self._memo(profile, hw, "unit activations", lambda: self._unit_activations(profile, hw))
         on_device = host_acts = ssd_acts = max_swapped = 0
         recompute_s = 0.0
-        for u, pol in zip(profile.units, policies):
-            spec = activation_spec(pol)
-            on_device += spec.device_bytes(u)
-            host_acts += spec.host_bytes(u)
-            ssd_acts += spec.ssd_bytes(u)
-            max_swapped = max(max_swapped, spec.in_flight_bytes(u))
-            recompute_s += spec.recompute_s(self._unit_times(u, hw).fwd_s)
+        for row, pol in zip(table, policies):
+            dev, host, ssd, flight, rec = row[pol]
+            on_device += dev
+            host_acts += host
+            ssd_acts += ssd
+            max_swapped = max(max_swapped, flight)
+            recompute_s += rec
         return _Split(on_device=on_device, host_acts=host_acts, ssd_acts=ssd_acts, max_swapped=max_swapped,
                       recompute_s=recompute_s, policies=tuple(policies))
+
+    def _unit_activations(self, profile: ModelProfile, hw: Hardware) -> list[dict]:
+        """Per unit, per policy: (device, host, SSD, in-flight bytes, recompute seconds)."""
+        table = []
+        for u in profile.units:
+            fwd_s = self._unit_times(u, hw).fwd_s
+            table.append({name: (spec.device_bytes(u), spec.host_bytes(u), spec.ssd_bytes(u), spec.in_flight_bytes(u),
+                                 spec.recompute_s(fwd_s)) for name, spec in ACTIVATIONS.items()})
+        return table
 
     # -------------------------------------------------------------- scoring
     def _score(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int) -> _Scored | _Shortfall:
@@ -342,21 +421,30 @@ class LLMPlanner:
         # ---- device ledger: weights in flight + activations that stay on the device
         window = depth + 1
         wbytes = [u.weight_bytes for u in units]
-        weights_ws = max(sum(wbytes[i:i + window]) for i in range(len(units)))
+        weights_ws = self._memo(profile, None, ("weights in flight", window),
+                                lambda: max(sum(wbytes[i:i + window]) for i in range(len(units))))
         swap_flight = 2 * split.max_swapped
-        device_ledger = weights_ws + split.on_device + swap_flight
         # working memory of the unit computing (outside the ledger): its activations while its forward runs or is
         # recomputed, its weight gradients before they leave, and the loss over the logits
-        transient = int(max(u.act_bytes + u.trainable * cb for u in units) + 3 * profile.logits_bytes)
+        transient = self._memo(profile, None, "transient", lambda: int(
+            max(u.act_bytes + u.trainable * cb for u in units) + 3 * profile.logits_bytes))
+        resident = 0  # frozen weights resting in the device tier
+        if hw.has_gpu and cfg.frozen_on_device:
+            frozen, streamed_ws, _ = self._memo(profile, None, ("frozen on the device", window),
+                                                lambda: self._frozen_on_device(profile, window))
+            if frozen and frozen + streamed_ws + split.on_device + swap_flight + transient <= cfg.device_budget:
+                resident, weights_ws = frozen, streamed_ws
+        device_ledger = resident + weights_ws + split.on_device + swap_flight
         if device_ledger + transient > cfg.device_budget:
             return _Shortfall(
                 budget="device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
-                what=f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
+                what=lambda: f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
                      f"activations ({format_bytes(split.on_device)} kept, {format_bytes(swap_flight)} "
                      f"in flight) and one unit's working memory ({format_bytes(transient)})")
         # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state
         for lean in (False, True):
-            sizes = self._optimizer_sizes(profile, lean)
+            sizes = self._memo(profile, None, ("optimizer sizes", lean, self._passes),
+                               lambda: self._optimizer_sizes(profile, lean))
             host_fixed = sizes.host_bytes + split.host_acts
             if host_fixed <= cfg.host_budget:
                 break
@@ -367,13 +455,29 @@ class LLMPlanner:
                      f"working set ({format_bytes(sizes.host_bytes - sizes.grad_pool)}) and activations swapped "
                      f"to host ({format_bytes(split.host_acts)})")
         room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
-        homes = self._homes(profile, room, sizes.chunk)
+        homes = self._homes(profile, room, sizes.chunk, frozen_on_device=bool(resident))
         retention = self._retention(profile, split, homes.state_home, capacity=cfg.device_budget - transient,
-                                    base=weights_ws + swap_flight)
+                                    base=resident + weights_ws + swap_flight)
         pred = self._predict(profile, hw, split, homes, homes.ssd_read_bytes - retention.ssd_read_saved,
                              homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
                              host_peak=host_fixed + homes.host_bytes, transient=transient)
         return _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
+
+    def _frozen_on_device(self, profile: ModelProfile, window: int) -> tuple[int, int, int]:
+        """[Note: frozen weights on the device]
+
+        A frozen weight (the base model of a LoRA fine-tune) never changes, so with an accelerator it need not
+        travel: resting in the device tier it is read by every forward and backward without crossing the device
+        link or leaving the SSD. When all of them fit beside the step's working memory they rest there (a 7B
+        base in bf16 is 12.6 GiB; streaming it twice a step over PCIe while an 80 GB GPU holds 1.7 GiB is the
+        slow answer); otherwise they stream in with the trainable weights. Returns the bytes of the frozen
+        weights, of the weights then in flight (``window`` units') and of those every pass then brings in."""
+        cb = profile.compute_bytes
+        frozen_of = [sum(held_bytes(profile.tensor_numel[t] * cb) for t in dict.fromkeys(u.tensors)
+                         if not profile.tensor_trainable[t]) for u in profile.units]
+        frozen = sum(held_bytes(n * cb) for t, n in profile.tensor_numel.items() if not profile.tensor_trainable[t])
+        streamed = [max(u.weight_bytes - f, 0) for u, f in zip(profile.units, frozen_of)]
+        return frozen, max(sum(streamed[i:i + window]) for i in range(len(streamed))), sum(streamed)
 
     def _retention(self, profile: ModelProfile, split: _Split, state_home: dict, *, capacity: int,
                    base: int) -> _Retention:
@@ -388,8 +492,10 @@ class LLMPlanner:
         if profile.mixed_precision or not self.schedule.retains_masters or not self.config.retain_weights:
             return _Retention(units=(), ssd_read_saved=0, device_peak=0)
         units = profile.units
-        held = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in dict.fromkeys(u.tensors)
-                    if profile.tensor_trainable[t] and state_home.get(t) is Tier.SSD) for u in units]
+        # per homes (the state_home dict of a cached _Homes: the entry keeps it alive, so its id is not reused)
+        held = self._memo(profile, None, ("held", id(state_home)), lambda: (state_home, [
+            sum(held_bytes(profile.tensor_numel[t] * 4) for t in dict.fromkeys(u.tensors)
+                if profile.tensor_trainable[t] and state_home.get(t) is Tier.SSD) for u in units]))[1]
         policies = split.policies or (DEFAULT.name,) * len(units)
         stays = [activation_spec(p).device_bytes(u) for u, p in zip(units, policies)]
         # Retaining the first k units, at unit j < k of the forward the device holds the masters of units j..k-1
@@ -445,21 +551,22 @@ class LLMPlanner:
                     sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors if profile.tensor_trainable[t])
                     for u in units])
         # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
-        accumulate = 2 * held_bytes(chunk_held * 4) if cfg.grad_accum > 1 else 0
+        accumulate = 2 * held_bytes(chunk_held * 4) if self._passes > 1 else 0
         return _OptimizerSizes(grad_pool=grad_pool, read_ahead=jobs, writeback=writeback, masters=masters,
                                chunk=chunk, accumulate=accumulate)
 
-    def _homes(self, profile: ModelProfile, room: int, chunk: int) -> _Homes:
-        """Fill ``room`` host bytes with the state that moves the most bytes per byte held; the rest rests on SSD."""
+    def _homes(self, profile: ModelProfile, room: int, chunk: int, *, frozen_on_device: bool = False) -> _Homes:
+        """Fill ``room`` host bytes with the state that moves the most bytes per byte held; the rest rests on SSD.
+        ``frozen_on_device``: frozen weights rest in the device tier (see [Note: frozen weights on the device])."""
         if self._homes_profile is not profile:
             self._homes_profile, self._homes_cache = profile, {}
         # keyed by the room asked for, which the fill below leaves as it is (it counts what it spends in ``host``)
-        key = (room, chunk)
+        key = (room, chunk, self._passes, frozen_on_device)
         if key in self._homes_cache:
             return self._homes_cache[key]
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
-        micro = self.config.grad_accum  # compute weights are read in forward and backward of every micro-batch
+        micro = self._passes  # compute weights are read in forward and backward of every pass
         items = []  # (SSD bytes per step per byte held, kind, name, bytes held, read, written)
         for name, n in profile.tensor_numel.items():
             if profile.tensor_trainable[name]:
@@ -479,10 +586,12 @@ class LLMPlanner:
                     sums = chunked_bytes(n, 4, chunk)
                     moved = (micro - 1) * n * 4
                     items.append((2 * moved / sums, "grad", name, sums, moved, moved))
-            else:
+            elif not frozen_on_device:
                 items.append((2.0 * micro, "compute", name, held_bytes(n * cb), 2 * micro * n * cb, 0))
         items.sort(key=lambda it: -it[0])
         state_home, compute_home, grad_home = {}, {}, {}
+        if frozen_on_device:
+            compute_home.update((n, Tier.DEVICE) for n, t in profile.tensor_trainable.items() if not t)
         host = read = write = 0
         for _, kind, name, held, r, w in items:
             if host + held <= room:
@@ -496,7 +605,8 @@ class LLMPlanner:
         ssd_state = sum(profile.tensor_numel[n] for n, h in state_home.items() if h is Tier.SSD)
         self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home,
                                                 grad_home=grad_home, host_bytes=host, ssd_read_bytes=read,
-                                                ssd_write_bytes=write, ssd_state_params=ssd_state)
+                                                ssd_write_bytes=write, ssd_state_params=ssd_state,
+                                                frozen_on_device=frozen_on_device)
         return homes
 
     def _unit_times(self, u: UnitProfile, hw: Hardware) -> _UnitTimes:
@@ -507,19 +617,23 @@ class LLMPlanner:
             raise ValueError("hardware: no compute rate (cpu_flops or gpu_flops) to predict a step time from")
         return _UnitTimes(fwd_s=u.fwd_flops / rate, bwd_s=u.bwd_flops / rate)
 
-    def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, homes: _Homes, read: int,
-                 write: int, depth: int, *, device_peak: int, host_peak: int, transient: int) -> StepPrediction:
-        """See [Note: the step-time model]."""
-        cfg = self.config
-        cb = profile.compute_bytes
-        mixed = profile.mixed_precision
-        gpu = hw.has_gpu
+    def _compute_s(self, profile: ModelProfile, hw: Hardware) -> tuple[float, float]:
+        """Seconds of one pass's forward and backward over every unit."""
         fwd = bwd = 0.0
         for u in profile.units:
             times = self._unit_times(u, hw)
             fwd += times.fwd_s
             bwd += times.bwd_s
-        micro = cfg.grad_accum  # every micro-batch computes and moves activations and weights; AdamW runs once
+        return fwd, bwd
+
+    def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, homes: _Homes, read: int,
+                 write: int, depth: int, *, device_peak: int, host_peak: int, transient: int) -> StepPrediction:
+        """See [Note: the step-time model]."""
+        cb = profile.compute_bytes
+        mixed = profile.mixed_precision
+        gpu = hw.has_gpu
+        fwd, bwd = self._memo(profile, hw, "compute", lambda: self._compute_s(profile, hw))
+        micro = self._passes  # every pass computes and moves activations and weights; AdamW runs once
         compute = (fwd + bwd + split.recompute_s) * micro
         grad_unit = max(u.trainable * 4 for u in profile.units)
         # without back-pressure, gradients beyond the pool travel through the SSD and back
@@ -533,8 +647,10 @@ class LLMPlanner:
         ssd = read / read_bw + write / write_bw
         link_bytes = 0
         link = host_copy = 0.0
+        # weights that come in for every forward and backward (not those resting on the device)
+        weights = self._memo(profile, None, ("frozen on the device", depth + 1), lambda: self._frozen_on_device(
+            profile, depth + 1))[2] if homes.frozen_on_device else sum(u.weight_bytes for u in profile.units)
         if gpu:
-            weights = sum(u.weight_bytes for u in profile.units)
             h2d = (2 * weights + split.host_acts + split.ssd_acts) * micro
             d2h = (profile.trainable_params * cb + split.host_acts + split.ssd_acts) * micro
             link_bytes = h2d + d2h
@@ -555,7 +671,7 @@ class LLMPlanner:
             forward_s=fwd, state_io_s=state_ssd / read_bw + state_ssd / write_bw))
         if depth == 0:
             # no prefetch: every unit's weights arrive while compute waits
-            exposed += sum(u.weight_bytes for u in profile.units) * 2 * micro / read_bw
+            exposed += weights * 2 * micro / read_bw
         io_slowdown = 0.0
         if gpu:
             pipes = {"compute": compute, "device link": link, "SSD": ssd, "CPU optimizer": optimizer}

@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 
 from terastack.io import IOEngine, completed, get_engine
+from terastack.io.cuda import MIN_CHUNK, PinnedStaging, staged_transfer
 from terastack.io.futures import Future
+from terastack.io.requests import OP_READ, OP_WRITE
 from terastack.tiers.budget import BudgetLedger
 from terastack.tiers.extents import Extent
 from terastack.tiers.layout import StoreLayout
@@ -44,6 +46,17 @@ from terastack.tiers.placement import PlacementPolicy, StripeBySize
 from terastack.tiers.pool import BufferPool
 from terastack.tiers.record import Fetch, RecordInfo, State, TensorRecord, Tier, tensor_nbytes
 from terastack.units import parse_bytes
+
+
+def resolve_store_device(device: str) -> torch.device:
+    """``Config.device`` as a torch device with its index: a bare "cuda" is the current device *now*, because
+    the store's I/O threads would resolve it to device 0."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def split_dirs(root) -> tuple[str, ...]:
@@ -77,7 +90,9 @@ class TieredStore:
         root: str | Sequence[str]
         device_budget: int | str = 0
         host_budget: int | str = 0
-        #: pinned staging for accelerator transfers
+        #: pinned staging for accelerator transfers: reusable chunks, their bytes counted in the host tier's
+        #: ledger; records larger than this are staged chunk by chunk ([Note: pinned staging] in
+        #: terastack.io.cuda). Size it from the plan with :func:`terastack.tiers.budget.staging_cap`.
         pinned_budget: int | str = "256MiB"
         #: "auto": cuda when available, else the device tier is host memory with its own budget
         device: str = "auto"
@@ -100,6 +115,9 @@ class TieredStore:
             self.dirs, self.root = dirs, dirs[0]
             for name in ("device_budget", "host_budget", "pinned_budget"):
                 setattr(self, name, parse_bytes(getattr(self, name), field=name))
+            if self.pinned_budget < MIN_CHUNK:
+                raise ValueError(f"pinned_budget: at least {MIN_CHUNK} bytes (one staging chunk); "
+                                 f"got {self.pinned_budget}")
             if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
                 raise ValueError(f"device: must be auto, cpu or cuda[:N]; got {self.device!r}")
             if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -120,13 +138,20 @@ class TieredStore:
         by ``config.bandwidths``."""
         self.config = config
         self.engine = engine or get_engine()
-        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if config.device == "auto" else config.device))
+        self.device = resolve_store_device(config.device)
         self.budgets = {
             Tier.DEVICE: BudgetLedger("device", config.device_budget),
             Tier.HOST: BudgetLedger("host", config.host_budget),
         }
-        self.pinned = BudgetLedger("pinned", config.pinned_budget)
+        # [Note: pinned staging] in terastack.io.cuda: chunks allocated on first use (never without CUDA), their
+        # bytes reserved in the host ledger, since page-locked memory is host memory the budget must bound
+        self.pinned = PinnedStaging(config.pinned_budget, pin=self.device.type == "cuda",
+                                    ledger=self.budgets[Tier.HOST])
+        if self.device.type == "cuda" and config.device_budget > 0:
+            # one chunk taken now: staging can always make progress, however full the host ledger gets later
+            # (and a host budget without room for it is refused here, naming the budget). A store without a
+            # device tier never stages.
+            self.pinned.release(self.pinned.acquire())
         self.pool = BufferPool(self.budgets, self.device)
         self.placement = placement if placement is not None else StripeBySize(weights=tuple(config.bandwidths))
         self._lock = threading.RLock()
@@ -229,16 +254,17 @@ class TieredStore:
             # ON_SSD
             raw = self.pool.alloc(tier, rec.padded, what=f"prefetch of {name!r}")
             rec.start_read(raw, tier)
-            staged = raw.device.type == "cuda"  # File.pread stages device reads through pinned memory
-            if staged:
-                try:
-                    self.pinned.reserve(rec.padded, what=f"staging of {name!r}")
-                except BaseException:
-                    self.pool.free(tier, raw)
-                    rec.rest_on_ssd()
-                    raise
-            fut = self._layout.file(rec.extent).pread(raw, rec.extent.offset, rec.padded)
-            return self._track(fut, self._arrived(rec, tier, raw, staged), rec, result=lambda: rec.view(raw))
+            file = self._layout.file(rec.extent)
+            try:
+                if raw.device.type == "cuda":
+                    fut = staged_transfer(file, OP_READ, raw, rec.extent.offset, rec.padded, staging=self.pinned)
+                else:
+                    fut = file.pread(raw, rec.extent.offset, rec.padded)
+            except BaseException:
+                self.pool.free(tier, raw)
+                rec.rest_on_ssd()
+                raise
+            return self._track(fut, self._arrived(rec, tier, raw), rec, result=lambda: rec.view(raw))
 
     def resident(self, name: str, tier: Tier | str = Tier.DEVICE) -> torch.Tensor | None:
         """The working copy of ``name`` if it is resident in ``tier`` with no transfer in flight, else None:
@@ -307,7 +333,7 @@ class TieredStore:
                     failure = failure or exc
                     continue
                 for rec, raw in group:
-                    out[rec.name] = self._track(fut, self._arrived(rec, tier, raw, False), rec,
+                    out[rec.name] = self._track(fut, self._arrived(rec, tier, raw), rec,
                                                 result=lambda rec=rec, raw=raw: rec.view(raw))
             if failure is not None:
                 raise failure
@@ -315,13 +341,11 @@ class TieredStore:
             raise error
         return [out[name] for name in names]
 
-    def _arrived(self, rec: TensorRecord, tier: Tier, raw: torch.Tensor, staged: bool):
+    def _arrived(self, rec: TensorRecord, tier: Tier, raw: torch.Tensor):
         """The completion of a read into ``raw``: resident, or back on the SSD if the read failed."""
         def arrived(done: Future) -> None:
             with self._lock:
                 rec.future = None
-                if staged:
-                    self.pinned.release(rec.padded)
                 if done.exception() is None:
                     rec.state = State.RESIDENT
                     if rec.home is Tier.HOST and tier is Tier.HOST:
@@ -410,7 +434,7 @@ class TieredStore:
                                                            [r.padded for r, _ in group])
                 for rec, _ in group:
                     rec.state, rec.dirty = State.INFLIGHT_OUT, False
-                    written = self._track(fut, self._written(rec, None), rec)
+                    written = self._track(fut, self._written(rec), rec)
                     out[rec.name] = written.then(lambda _, n=rec.name: self._drop_working_copy(n))
         return [out[name] for name in names]
 
@@ -478,6 +502,7 @@ class TieredStore:
                     self.pool.free(Tier.HOST, rec.home_buffer)
                 rec.switch_buffer(None, rec.tier)
                 rec.home_buffer = None
+            self.pinned.close()
             self._layout.close()
 
     def __enter__(self) -> "TieredStore":
@@ -532,14 +557,14 @@ class TieredStore:
         """Write the working copy to SSD (a fresh extent if the current one is committed)."""
         self._claim_extent(rec)
         source = rec.buffer
-        staged = None
+        file = self._layout.file(rec.extent)
         if source.device.type == "cuda":
-            # Device copies are staged through pinned host memory (File.pwrite does it on a side stream).
-            self.pinned.reserve(rec.padded, what=f"staging of {rec.name!r}")
-            staged = rec.padded
+            # staged through pinned chunks on a side stream ([Note: stream order of staged transfers])
+            fut = staged_transfer(file, OP_WRITE, source, rec.extent.offset, rec.padded, staging=self.pinned)
+        else:
+            fut = file.pwrite(source, rec.extent.offset, rec.padded)
         rec.state, rec.dirty = State.INFLIGHT_OUT, False
-        fut = self._layout.file(rec.extent).pwrite(source, rec.extent.offset, rec.padded)
-        return self._track(fut, self._written(rec, staged), rec)
+        return self._track(fut, self._written(rec), rec)
 
     def _claim_extent(self, rec: TensorRecord) -> None:
         """Give ``rec`` an extent to write to: its own, or a fresh one (placed anew) if the current one is
@@ -549,14 +574,12 @@ class TieredStore:
                 self._to_free.append(rec.extent)
             rec.extent = self._layout.alloc(rec.padded)
 
-    def _written(self, rec: TensorRecord, staged: int | None):
+    def _written(self, rec: TensorRecord):
         """The completion of a write of ``rec``: on disk, or still dirty if the write failed."""
         def written(done: Future) -> None:
             with self._lock:
                 rec.future = None
                 rec.state = State.RESIDENT
-                if staged:
-                    self.pinned.release(staged)
                 if done.exception() is None:
                     rec.on_disk = True
                 else:

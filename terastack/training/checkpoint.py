@@ -30,6 +30,15 @@ each tensor comes back as a :class:`StoredTensor` handle: its shape and dtype, a
 and checks its size and checksum (a mismatch is an error naming the file and the tensor). A component reads
 its tensors one at a time, so loading needs no more memory than saving.
 
+[Note: a checkpoint that does not fit]
+Before anything is written the manager adds up the bytes the snapshot needs (every tensor, 4 KiB-aligned, and
+room for the manifest) and compares them with the free bytes of the checkpoint's file system (``os.statvfs``:
+the bytes an unprivileged writer may use); a snapshot that cannot fit is refused in one line naming the
+directory, the bytes needed and the bytes free. The previous snapshot stays until the new one is complete, so
+the need is the new snapshot's whole size. A write that still fails for lack of space (another writer filled
+the disk meanwhile) says the same, and leaves nothing of the attempt behind: the temporary directory goes, and
+``LATEST`` still names the previous complete snapshot.
+
 Nothing is unpickled: the manifest is JSON and tensors are raw bytes whose sizes and checksums are checked
 before use; paths in a manifest are relative and may not leave the checkpoint directory. A format another
 version of terastack wrote is read through an upgrade function its engine supplies (``upgrades``), which turns
@@ -38,6 +47,7 @@ its manifest into this one.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import shutil
@@ -74,10 +84,12 @@ class Stateful(Protocol):
 @dataclass(frozen=True, slots=True)
 class StreamedTensor:
     """A tensor written piece by piece: ``pieces()`` yields its parts in order (any shapes, one dtype), their
-    elements together ``shape``'s."""
+    elements together ``shape``'s. ``dtype``: theirs, when known before they are produced (the space a snapshot
+    needs is counted from it; None counts 4 bytes an element, the fp32 of training state)."""
 
     shape: tuple[int, ...]
     pieces: Callable[[], Iterable[torch.Tensor]]
+    dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,46 +165,114 @@ def tensor_bytes(t: torch.Tensor) -> np.ndarray:
 
 
 # ------------------------------------------------------------------- save
+#: room counted for a snapshot's manifest and pointer beside its tensors (see [Note: a checkpoint that does not fit])
+MANIFEST_ROOM = 1 << 20
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """The bytes an unprivileged writer may still write on the file system of ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _tensor_nbytes(value) -> int:
+    n = int(np.prod(value.shape, dtype=np.int64))
+    if isinstance(value, torch.Tensor):
+        return n * value.element_size()
+    return n * (torch.empty((), dtype=value.dtype).element_size() if value.dtype is not None else 4)
+
+
+def snapshot_bytes(states: Mapping[str, Mapping[str, Any]]) -> int:
+    """The bytes a snapshot of these component states takes on disk (see [Note: a checkpoint that does not
+    fit])."""
+    need = 0
+    for state in states.values():
+        for value in state.values():
+            if isinstance(value, (torch.Tensor, StreamedTensor)):
+                need = round_up(need, DIRECT_ALIGN) + _tensor_nbytes(value)
+    return round_up(need, DIRECT_ALIGN) + MANIFEST_ROOM
+
+
+class CheckpointSpaceError(OSError):
+    """A snapshot does not fit on its file system: ``path``, ``needed`` and ``free`` (bytes) name the shortfall."""
+
+    def __init__(self, path: Path, needed: int, free: int, *, during_write: bool = False):
+        from terastack.units import format_bytes
+
+        what = "ran out of space while writing" if during_write else "does not fit"
+        super().__init__(errno.ENOSPC, f"checkpoint {path}: the snapshot {what}: it needs {format_bytes(needed)} "
+                                       f"({needed} bytes), the file system has {format_bytes(free)} ({free} bytes) "
+                                       "free; the previous checkpoint is kept")
+        self.path, self.needed, self.free = path, needed, free
+
+
 def save_checkpoint(path: str | os.PathLike, components: Mapping[str, Stateful], *, step: int) -> Path:
     """Write a snapshot of ``components`` as ``step-{step:08d}`` into checkpoint directory ``path`` (see [Note:
-    checkpoint layout and atomicity]); returns the snapshot's directory."""
+    checkpoint layout and atomicity]); returns the snapshot's directory. A snapshot that does not fit is
+    refused before anything is written (:class:`CheckpointSpaceError`; [Note: a checkpoint that does not fit])."""
     root = Path(path)
+    for cname in components:
+        if "/" in cname:
+            raise ValueError(f"component name {cname!r}: may not contain '/'")
+    states = {cname: component.state_dict() for cname, component in components.items()}
+    need = snapshot_bytes(states)
+    made_root = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
+    free = free_bytes(root)
+    if need > free:
+        if made_root:
+            shutil.rmtree(root, ignore_errors=True)
+        raise CheckpointSpaceError(root, need, free)
     name = f"step-{step:08d}"
     tmp = root / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    placed = False
     try:
-        states, entries = {}, {}
+        tmp.mkdir()
+        json_states, entries = {}, {}
         offset = 0
         with open(tmp / DATA, "wb") as f:
-            for cname, component in components.items():
-                if "/" in cname:
-                    raise ValueError(f"component name {cname!r}: may not contain '/'")
-                states[cname] = {}
-                for key, value in component.state_dict().items():
+            for cname, state in states.items():
+                json_states[cname] = {}
+                for key, value in state.items():
                     if isinstance(value, (torch.Tensor, StreamedTensor)):
                         offset = round_up(offset, DIRECT_ALIGN)
                         entries[f"{cname}/{key}"] = _write_tensor(f, offset, value, f"{cname}/{key}")
                         offset += entries[f"{cname}/{key}"]["nbytes"]
                     else:
-                        states[cname][key] = _checked_json(value, f"{cname}.{key}")
+                        json_states[cname][key] = _checked_json(value, f"{cname}.{key}")
             f.flush()
             os.fdatasync(f.fileno())
         manifest = {"format": FORMAT, "version": VERSION, "step": step, "data_file": DATA, "data_bytes": offset,
-                    "components": states, "tensors": entries}
+                    "components": json_states, "tensors": entries}
         atomic_write_json(tmp / MANIFEST, manifest)
         fsync_dir(tmp)
+        placed = not (root / name).exists()  # a snapshot of this step already there is replaced, never removed
         replace_dir(tmp, root / name)
         atomic_write_json(root / LATEST, {"checkpoint": name, "step": step})
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if placed and _latest_name(root) != name:  # in place but not pointed to: not a snapshot anyone reads
+            shutil.rmtree(root / name, ignore_errors=True)
+        for debris in root.glob(f".{LATEST}*"):  # a pointer's temporary file (atomic_write_json)
+            debris.unlink(missing_ok=True)
+        if made_root and not any(root.iterdir()):
+            root.rmdir()
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC and not isinstance(exc, CheckpointSpaceError):
+            raise CheckpointSpaceError(root, need, free_bytes(root), during_write=True) from None
         raise
     # Older snapshots, and debris of writers killed mid-save (one writer per checkpoint directory).
     for old in [*root.glob("step-*"), *root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
         if old.name != name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
     return root / name
+
+
+def _latest_name(root: Path) -> str | None:
+    try:
+        return json.loads((root / LATEST).read_text())["checkpoint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _write_tensor(f, offset: int, value, key: str) -> dict:

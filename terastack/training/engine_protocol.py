@@ -1,6 +1,6 @@
 """What the job loop needs of an engine: :class:`TrainingEngine`, one small protocol that every engine that
-runs a language-model job satisfies (the offloaded :class:`terastack.llm.Trainer` does; the disaggregated
-engine's driver is to).
+runs a language-model job satisfies (the offloaded :class:`terastack.llm.Trainer` does, and so does the
+disaggregated engine's :class:`terastack.disdp.job_engine.DisdpEngine` on its rank 0).
 
 [Note: the engine protocol]
 The loop (:mod:`terastack.training.loop`) owns everything a job does around an optimizer step: the data order,

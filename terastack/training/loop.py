@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from terastack.training.data.epochs import DataOrder
 from terastack.training.engine_protocol import TrainingEngine
 from terastack.training.lr_schedule import LRSchedule, warmup_from_ratio
-from terastack.training.metrics import MetricsLog, eval_record, model_flops_per_token, step_record
+from terastack.training.metrics import MetricsLog, count_tokens, eval_record, model_flops_per_token, step_record
 from terastack.training.data.examples import validation_loss
 from terastack.progress import Progress
 
@@ -125,6 +125,17 @@ class LoopResult:
     #: (step, validation loss) of every evaluation
     evaluations: list[tuple[int, float]] = field(default_factory=list)
     train_seconds: float = 0.0
+    #: tokens of the steps taken: real ones (no padding) and those in the loss
+    tokens: int = 0
+    target_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LastCheckpoint:
+    """The newest checkpoint a job can resume from: its directory and step."""
+
+    path: str
+    step: int
 
 
 class FinetuneLoop:
@@ -145,6 +156,10 @@ class FinetuneLoop:
         self.flops_per_token = model_flops_per_token(trainer.profile.total_params, trainer.profile.trainable_params)
         step = trainer.step_count
         self.state = LoopState(step=step)
+        #: the newest checkpoint of this job (the resumed one until this run writes one); None: none yet
+        self.last_checkpoint: LastCheckpoint | None = None
+        #: (real, target) tokens of the last optimizer step
+        self.last_tokens = (0, 0)
         self.order = DataOrder(seed=data.seed, batch_size=config.batch_size, rows_per_epoch=config.rows_per_epoch,
                                micro_batches=step)
 
@@ -154,11 +169,13 @@ class FinetuneLoop:
         return {"loop": self.state, "data_order": self.order, "lr_schedule": self.schedule,
                 "data": self.data_source}
 
-    def resume(self, snapshot) -> None:
+    def resume(self, snapshot, *, path=None) -> None:
         """Continue the job of ``snapshot`` (a ``terastack.training.checkpoint.Snapshot``: the checkpoint the
-        trainer was resumed from). Refuses a data order that would not continue the checkpoint's."""
+        trainer was resumed from; ``path``: the checkpoint directory as the user named it). Refuses a data order
+        that would not continue the checkpoint's."""
         step = self.trainer.step_count
         loaded = snapshot.load(self.checkpoint_components(), optional=LOOP_COMPONENTS)
+        self.last_checkpoint = LastCheckpoint(str(path or snapshot.path), step)
         if "loop" not in loaded:  # a checkpoint of the trainer alone: one micro-batch per step
             self.state.step, self.order.micro_batches = step, step
         elif self.state.step != step:
@@ -189,12 +206,14 @@ class FinetuneLoop:
 
     def checkpoint(self) -> None:
         self.trainer.save_checkpoint(self.config.checkpoint_dir, components=self.checkpoint_components())
+        self.last_checkpoint = LastCheckpoint(str(self.config.checkpoint_dir), self.state.step)
 
     def optimizer_step(self) -> float:
         """One optimizer step over the next ``grad_accum`` micro-batches at the schedule's learning rate."""
         c, s = self.config, self.state
         self.trainer.lr = self.schedule.lr_at(s.step)
         micro = [self.data.step_inputs(self.order.micro_batches + k) for k in range(c.grad_accum)]
+        self.last_tokens = count_tokens(micro, pad_id=getattr(self.data, "pad_id", None))
         loss = self.trainer.step(**micro[0]) if c.grad_accum == 1 else self.trainer.step_accumulated(micro)
         s.step += 1
         self.order.micro_batches += c.grad_accum
@@ -206,8 +225,9 @@ class FinetuneLoop:
         result = LoopResult(first_step=s.step)
         # prologue
         self.evaluate(result, "before training" if s.step == 0 else f"at step {s.step} (resumed)")
-        progress = Progress(max(0, c.total_steps - s.step), label="finetune", unit="step", stream=self.log,
-                            log_every=5.0, enabled=self.log is not None)
+        # a resumed job shows its true position: 51/120, not 1/70
+        progress = Progress(c.total_steps, initial=min(s.step, c.total_steps), label="finetune", unit="step",
+                            stream=self.log, log_every=5.0, enabled=self.log is not None)
         t0 = time.perf_counter()
         # steady state
         while s.step < c.total_steps:
@@ -215,8 +235,12 @@ class FinetuneLoop:
             loss = self.optimizer_step()
             result.losses.append(loss)
             h = trainer.history[-1]
-            self.metrics.write(step_record(h, epoch=self.epoch, lr=lr, flops_per_token=self.flops_per_token))
-            progress.update(1, loss=loss, lr=lr, **{"tok/s": h.tokens / h.seconds,
+            tokens, targets = self.last_tokens
+            result.tokens += tokens
+            result.target_tokens += targets
+            self.metrics.write(step_record(h, epoch=self.epoch, lr=lr, flops_per_token=self.flops_per_token,
+                                           tokens=tokens, target_tokens=targets))
+            progress.update(1, loss=loss, lr=lr, **{"tok/s": tokens / h.seconds,
                                                     "ssd r MB/s": h.ssd_read_bytes / h.seconds / 1e6,
                                                     "ssd w MB/s": h.ssd_write_bytes / h.seconds / 1e6})
             if c.eval_every and s.step % c.eval_every == 0 and s.step < c.total_steps:

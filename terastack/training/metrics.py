@@ -1,9 +1,11 @@
 """Per-step metrics of a fine-tuning job: JSON lines (``metrics.jsonl``) and, when installed, TensorBoard.
 
-Each optimizer step is one line ``{"step", "epoch", "loss", "lr", "grad_norm", "tokens", "seconds",
-"tokens_per_s", "model_tflops", "ssd_read_bytes", "ssd_write_bytes", "device_in_bytes"}`` taken from the
-trainer's :class:`~terastack.llm.trainer.StepStats`; ``grad_norm`` is null where the step did not measure it
-(it is measured when clipping). Each evaluation is one line ``{"step", "val_loss", "val_ppl"}``.
+Each optimizer step is one line ``{"step", "epoch", "loss", "lr", "grad_norm", "tokens", "target_tokens",
+"seconds", "tokens_per_s", "model_tflops", "ssd_read_bytes", "ssd_write_bytes", "device_in_bytes"}`` taken from
+the trainer's :class:`~terastack.llm.trainer.StepStats`; ``grad_norm`` is null where the step did not measure it
+(it is measured when clipping). ``tokens`` counts the real tokens of the step's batches (padding left out:
+:func:`count_tokens`), ``target_tokens`` those in the loss; ``tokens_per_s`` and ``model_tflops`` are of real
+tokens. Each evaluation is one line ``{"step", "val_loss", "val_ppl"}``.
 """
 from __future__ import annotations
 
@@ -11,7 +13,39 @@ import importlib.util
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from terastack.training.data.examples import IGNORE
+
+
+def count_tokens(micro_batches: Sequence[Mapping], *, pad_id: int | None = None) -> tuple[int, int]:
+    """(real tokens, target tokens) of a step's micro-batches (``Trainer.step`` arguments). A row is padded on
+    the right with ``pad_id`` outside the loss (labels -100): its real tokens end at the last position that is
+    not such a pad (a pad id that is also the end-of-sequence token still counts where it is in the loss). An
+    ``attention_mask`` counts its ones. Target tokens: labels other than -100 after the shift, as the loss
+    counts them."""
+    import torch
+
+    real = targets = 0
+    for mb in micro_batches:
+        ids = torch.as_tensor(mb["input_ids"])
+        ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
+        labels = mb.get("labels")
+        labels = ids if labels is None else torch.as_tensor(labels).reshape(ids.shape)
+        mask = mb.get("attention_mask")
+        if mask is not None:
+            real += int(torch.as_tensor(mask).sum())
+        elif pad_id is None:
+            real += ids.numel()
+        else:
+            keep = (ids != pad_id) | (labels != IGNORE)
+            width = ids.shape[1]
+            # the index after the last kept position of each row (0 for a row of pads only)
+            last = torch.where(keep.any(dim=1), width - keep.flip(1).int().argmax(dim=1), torch.zeros_like(ids[:, 0]))
+            real += int(last.sum())
+        targets += int((labels[:, 1:] != IGNORE).sum())
+    return real, targets
 
 
 def model_flops_per_token(total_params: int, trainable_params: int) -> int:
@@ -22,13 +56,16 @@ def model_flops_per_token(total_params: int, trainable_params: int) -> int:
     return 4 * total_params + 2 * trainable_params
 
 
-def step_record(stats, *, epoch: float, lr: float, flops_per_token: int) -> dict:
-    """The metrics line of one optimizer step (``stats``: its StepStats)."""
+def step_record(stats, *, epoch: float, lr: float, flops_per_token: int, tokens: int | None = None,
+                target_tokens: int | None = None) -> dict:
+    """The metrics line of one optimizer step (``stats``: its StepStats; ``tokens`` and ``target_tokens``: the
+    step's real and target tokens, :func:`count_tokens`; without them, every token of the batches)."""
     seconds = stats.seconds
+    tokens = stats.tokens if tokens is None else tokens
     return {"step": stats.step, "epoch": round(epoch, 6), "loss": stats.loss, "lr": lr,
-            "grad_norm": stats.grad_norm, "tokens": stats.tokens, "seconds": seconds,
-            "tokens_per_s": stats.tokens / seconds if seconds > 0 else None,
-            "model_tflops": flops_per_token * stats.tokens / seconds / 1e12 if seconds > 0 else None,
+            "grad_norm": stats.grad_norm, "tokens": tokens, "target_tokens": target_tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "model_tflops": flops_per_token * tokens / seconds / 1e12 if seconds > 0 else None,
             "ssd_read_bytes": stats.ssd_read_bytes, "ssd_write_bytes": stats.ssd_write_bytes,
             "device_in_bytes": stats.device_in_bytes}
 

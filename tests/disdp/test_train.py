@@ -56,10 +56,10 @@ def test_equals_single_process_adamw(tmp_path, capfd, workers, servers, agents, 
 
 @pytest.mark.timeout(120)
 def test_cli_train_launches_the_local_job(tmp_path, capfd):
-    """``terastack dist train`` (flags mapped to the config) launches torchrun locally and prints the roles."""
+    """``terastack dist demo`` (flags mapped to the config) launches torchrun locally and prints the roles."""
     from terastack.cli import main
 
-    argv = ["dist", "train", "--workers", "2", "--servers", "1", "--model", "toy", "--dim", "16", "--layers", "2",
+    argv = ["dist", "demo", "--workers", "2", "--servers", "1", "--model", "toy", "--dim", "16", "--layers", "2",
             "--vocab", "32", "--seq-len", "8", "--micro-batch", "2", "--timeout", "40", "--run-dir",
             str(tmp_path / "run"), "--json", "--steps", "3"]
     assert main(argv) == 0

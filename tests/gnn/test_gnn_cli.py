@@ -71,6 +71,49 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):
     assert code == 2 and "prices" in err
 
 
+def test_help_lists_every_gnn_action(capsys):
+    import argparse
+
+    from terastack.gnn.cli import add_arguments
+
+    parser = argparse.ArgumentParser(prog="terastack gnn")
+    add_arguments(parser)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = list(sub.choices)  # the reference: the actions `terastack gnn` really takes
+    assert {"gen", "import", "verify", "train", "infer", "advise"} <= set(actions)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    entry = top[top.index("    gnn "):]
+    entry = " ".join(entry[:entry.index("\n    dist ")].split())  # its help line, however argparse wraps it
+    assert all(f" {a}" in entry for a in actions), entry
+    with pytest.raises(SystemExit):
+        main(["gnn", "--help"])
+    listed = capsys.readouterr().out
+    assert all(f"    {a} " in listed for a in actions), listed
+
+
+def test_save_model_writes_its_description_beside_it_as_path_json(tmp_path, capsys):
+    data = tmp_path / "d"
+    run_cli(capsys, "gnn", "gen", "--out", str(data), "--nodes", "300", "--feat-dim", "4", "--classes", "3", "--quiet")
+    ckpt = tmp_path / "m.pt"
+    code, _, err = run_cli(capsys, "gnn", "train", "--data", str(data), "--fanouts", "3", "--batch-size", "64",
+                           "--epochs", "1", "--hidden", "8", "--eval-nodes", "0", "--save-model", str(ckpt), "--quiet")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "m.pt", "m.pt.json"]
+    infer = ["gnn", "infer", "--data", str(data), "--checkpoint", str(ckpt), "--out", str(tmp_path / "p.npy"),
+             "--quiet", "--json"]
+    code, out, err = run_cli(capsys, *infer)
+    assert code == 0, err
+    first = np.load(tmp_path / "p.npy")
+    # a checkpoint written before (its description as m.json) is still read
+    (tmp_path / "m.pt.json").rename(tmp_path / "m.json")
+    (tmp_path / "p.npy").unlink()
+    code, out, err = run_cli(capsys, *infer)
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), first)
+
+
 def _ogb_dir(root, n=700, e=2500, f=6, classes=5, seed=0):
     rng = np.random.default_rng(seed)
     root.mkdir()

@@ -144,6 +144,28 @@ def test_ogb_csv_layout_arxiv(tmp_path, capsys, reference_csc):
     assert code == 0 and json.loads(stdout)["status"] == "already complete"
 
 
+def test_import_says_the_unlabelled_count_without_json(tmp_path, capsys):
+    root = tmp_path / "ogbn_arxiv"
+    ogb_csv(root, unlabelled=3)
+    code, stdout, err = run_cli(capsys, "gnn", "import", "--from", str(root), "--out", str(tmp_path / "out"),
+                                "--quiet")
+    assert code == 0, err
+    assert "3 unlabelled nodes" in stdout and "train 30" in stdout and "val 10" in stdout, stdout
+
+
+def test_ogb_import_without_a_validation_file_says_so(tmp_path, capsys):
+    root = tmp_path / "ogbn_arxiv"
+    ogb_csv(root)
+    missing = root / "split" / "time" / "valid.csv.gz"
+    missing.unlink()
+    code, stdout, err = run_cli(capsys, "gnn", "import", "--from", str(root), "--out", str(tmp_path / "out"),
+                                "--quiet", "--json")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "warning" in line]
+    assert len(warned) == 1 and str(missing) in warned[0] and "validation" in warned[0], err
+    assert len(open_dataset(tmp_path / "out").splits.get("val", ())) == 0  # what the warning is about
+
+
 def test_ogb_csv_layout_products_adds_inverse_edges(tmp_path, capsys, reference_csc):
     root = tmp_path / "ogbn_products"
     src, dst, feats, labels, perm = ogb_csv(root, split="sales_ranking", counts=False)

@@ -40,7 +40,7 @@ def test_infer_equals_full_graph_in_memory(small, tmp_path, kind):
     trained = GnnTrainer(GnnTrainer.Config(data=str(small), model=kind, hidden=16, fanouts=(4, 3), batch_size=64,
                                            epochs=1, host_cache="16KiB", eval_nodes=50, save_model=str(ckpt),
                                            progress=False)).run()
-    assert trained["checkpoint"] == str(ckpt) and (tmp_path / "model.json").is_file()
+    assert trained["checkpoint"] == str(ckpt) and (tmp_path / "model.pt.json").is_file()
     model, meta = load_model(ckpt)
     assert meta["model"]["kind"] == kind and meta["dataset"]["nodes"] == 500
     # chunks of 37 destination nodes: most in-neighbours lie outside the chunk; the cache holds few rows
@@ -57,7 +57,7 @@ def test_infer_equals_full_graph_in_memory(small, tmp_path, kind):
     np.testing.assert_array_equal(preds, ref.argmax(dim=-1).numpy())
     assert result["input_reads"]["miss_rate"] > 0 and len(result["layers"]) == 2
     assert list((tmp_path / "work").iterdir()) == []  # the layers' outputs are removed
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "model.json", "model.pt", "p.npy", "work"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "model.pt", "model.pt.json", "p.npy", "work"]
 
 
 @pytest.mark.parametrize("kind", ["gcn", "sage"])
@@ -119,7 +119,7 @@ def test_checkpoint_errors_name_the_file(small, tmp_path, capsys):
     ckpt.write_bytes(bytes(data))
     code = main(["gnn", "infer", "--data", str(small), "--checkpoint", str(ckpt), "--out", str(tmp_path / "p.npy")])
     err = capsys.readouterr().err
-    assert code == 2 and "m.pt: size or SHA-256 differs from m.json" in err
+    assert code == 2 and "m.pt: size or SHA-256 differs from m.pt.json" in err
     assert not (tmp_path / "p.npy").exists()
     with pytest.raises(ValueError, match="ends in .json"):
         GnnTrainer.Config(data=str(small), save_model=str(tmp_path / "m.json"))

@@ -96,17 +96,21 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("order", ["horizontal", "vertical"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_accumulated_step_equals_one_step_on_all_micro_batches(case, tmp_path, trainer_config):
+def test_accumulated_step_equals_one_step_on_all_micro_batches(case, order, tmp_path, trainer_config):
     family, overrides = CASES[case]
     ref = save_model(no_dropout_config(family), tmp_path / "model")
     clip = overrides.get("max_grad_norm")
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01)
-    cfg = trainer_config(grad_accum=N_MICRO, **overrides)
+    cfg = trainer_config(grad_accum=N_MICRO, accumulation=order, **overrides)
     with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
-        assert trainer.plan.grad_accum == N_MICRO
+        assert trainer.plan.grad_accum == N_MICRO and trainer.plan.accumulation == order
         sums_home = set(trainer.plan.grad_home.values())
-        assert sums_home == ({"ssd"} if overrides.get("state_placement") == "ssd" else {"host"})
+        if order == "vertical":  # the micro-batches' gradients add up inside each unit's backward: no sums
+            assert sums_home == set()
+        else:
+            assert sums_home == ({"ssd"} if overrides.get("state_placement") == "ssd" else {"host"})
         steps = 2
         for step in range(steps):
             mbs = micro_batches(step)
@@ -128,7 +132,7 @@ def test_accumulated_step_equals_one_step_on_all_micro_batches(case, tmp_path, t
 
 def test_eager_updates_run_only_in_the_last_micro_batch(tmp_path, trainer_config):
     save_model(no_dropout_config("llama"), tmp_path / "model")
-    cfg = trainer_config(grad_accum=N_MICRO, state_placement="ssd")
+    cfg = trainer_config(grad_accum=N_MICRO, state_placement="ssd", accumulation="horizontal")
     with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
         opt = trainer.optimizer
         assert opt.inline
@@ -340,7 +344,7 @@ def test_the_plan_holds_the_gradient_sums(tmp_path, trainer_config):
     save_model(tiny_config("llama", 2), tmp_path / "model")
     plans = {}
     for accum in (1, 3):
-        cfg = trainer_config(grad_accum=accum, store_dir=str(tmp_path / f"s{accum}"))
+        cfg = trainer_config(grad_accum=accum, store_dir=str(tmp_path / f"s{accum}"), accumulation="horizontal")
         with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
             plans[accum] = (trainer.plan, trainer.profile)
     (one, profile), (three, _) = plans[1], plans[3]
@@ -350,3 +354,154 @@ def test_the_plan_holds_the_gradient_sums(tmp_path, trainer_config):
     sums = sum(chunked_bytes(n, 4, three.optimizer_chunk) for name, n in profile.tensor_numel.items()
                if profile.tensor_trainable[name])
     assert three.prediction.host_peak_bytes >= one.prediction.host_peak_bytes + sums
+
+
+# ------------------------------------------------------- vertical accumulation
+def separate_reference_step(model, opt, mbs) -> float:
+    """Plain PyTorch, each micro-batch its own forward (as given: its own length, mask and positions), the loss
+    of each summed over its target tokens and divided by the step's total, then ONE AdamW step."""
+    total = sum(int((m["labels"][:, 1:] != IGNORE).sum()) for m in mbs)
+    loss_sum = 0.0
+    for m in mbs:
+        kw = {k: m[k] for k in ("attention_mask", "position_ids") if m.get(k) is not None}
+        logits = model(input_ids=m["input_ids"], use_cache=False, **kw).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), m["labels"][:, 1:].reshape(-1),
+                               ignore_index=IGNORE, reduction="sum") / total
+        loss.backward()
+        loss_sum += loss.item()
+    opt.step()
+    opt.zero_grad()
+    return loss_sum
+
+
+def ragged_micro_batches(step: int, *, masked: bool, packed: bool):
+    """Micro-batches of different lengths and row counts; with ``masked`` one has a left-padding mask, with
+    ``packed`` one packs two examples per row (positions restarting) and another gives plain positions."""
+    g = torch.Generator().manual_seed(300 + step)
+    out = []
+    for i, (rows, length) in enumerate(((BATCH, SEQ), (1, SEQ - 5), (BATCH, SEQ - 9))):
+        ids = torch.randint(3, VOCAB, (rows, length), generator=g)
+        labels = ids.clone()
+        mb = {"input_ids": ids, "labels": labels}
+        if masked and i == 1:
+            mask = torch.ones_like(ids)
+            mask[0, :3] = 0
+            labels[0, :3] = IGNORE
+            mb["attention_mask"] = mask
+        if packed and i == 0:
+            cut = length // 2
+            mb["position_ids"] = torch.cat([torch.arange(cut), torch.arange(length - cut)]).expand(rows, length)
+        if packed and i == 2:
+            mb["position_ids"] = torch.arange(length).expand(rows, length)
+        out.append(mb)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["plain", "masked", "packed"])
+def test_vertical_step_of_ragged_micro_batches_equals_them_run_separately(kind, tmp_path, trainer_config):
+    """Micro-batches of different lengths stack into one batch, padded where the loss does not look (with masks,
+    with packed rows): the step equals plain training on each micro-batch as given."""
+    family = "llama"
+    ref = save_model(no_dropout_config(family), tmp_path / "model")
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01)
+    cfg = trainer_config(grad_accum=N_MICRO, accumulation="vertical", packed=kind == "packed",
+                         state_placement="ssd", max_grad_norm=0.5)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        for step in range(2):
+            mbs = ragged_micro_batches(step, masked=kind == "masked", packed=kind == "packed")
+            ref_loss = reference_step_clipped(ref, opt, mbs, max_grad_norm=0.5)
+            loss = trainer.step_accumulated(mbs)
+            assert loss == pytest.approx(ref_loss, abs=1e-6)
+            # the stats count the micro-batches' own tokens, not the padding
+            assert trainer.history[-1].tokens == sum(m["input_ids"].numel() for m in mbs)
+        assert max_weight_diff(trainer, ref) <= TOL
+        assert_moments_equal(trainer, ref, opt, 2)
+
+
+def reference_step_clipped(model, opt, mbs, *, max_grad_norm):
+    step = opt.step
+    opt.step = lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm), step())
+    try:
+        return separate_reference_step(model, opt, mbs)
+    finally:
+        opt.step = step
+
+
+def no_dropout_model_parameters():
+    from transformers import AutoModelForCausalLM
+
+    return list(AutoModelForCausalLM.from_config(no_dropout_config("llama")).parameters())
+
+
+def test_vertical_reads_each_unit_once_per_step_and_spills_no_gradient(tmp_path, trainer_config):
+    """With N micro-batches the horizontal order brings every unit's weights into the device tier N times per
+    step and writes gradient sums to the SSD; the vertical order brings them once, as a one-batch step does, and
+    writes only the state's update."""
+    save_model(no_dropout_config("llama"), tmp_path / "model")
+    mbs = micro_batches(0)
+    stats = {}
+    trainable = sum(p.numel() for p in no_dropout_model_parameters())
+    for order in ("horizontal", "vertical", "one batch"):
+        accum = 1 if order == "one batch" else N_MICRO
+        cfg = trainer_config(grad_accum=accum, accumulation="vertical" if accum == 1 else order,
+                             state_placement="ssd", retain_weights=False, store_dir=str(tmp_path / order))
+        with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+            if accum == 1:
+                trainer.step(**mbs[0])
+            else:
+                trainer.step_accumulated(mbs)
+            stats[order] = trainer.history[-1]
+    one, vertical, horizontal = stats["one batch"], stats["vertical"], stats["horizontal"]
+    assert vertical.device_in_bytes == one.device_in_bytes > 0
+    assert horizontal.device_in_bytes == N_MICRO * one.device_in_bytes
+    # horizontal: the sums of micro-batches 1..N-1 go to the SSD and come back (4 bytes a parameter each time);
+    # vertical: none, and the state is read as in a one-batch step
+    assert vertical.ssd_read_bytes == one.ssd_read_bytes
+    assert horizontal.ssd_read_bytes - vertical.ssd_read_bytes >= (N_MICRO - 1) * 4 * trainable
+    assert horizontal.ssd_write_bytes - vertical.ssd_write_bytes >= (N_MICRO - 1) * 4 * trainable
+
+
+def test_auto_is_vertical_when_it_fits_and_horizontal_when_not(tmp_path, trainer_config):
+    """accumulation="auto": vertical while N micro-batches' activations fit the device budget; a budget that
+    only one micro-batch's fit gets the horizontal order (and its gradient sums)."""
+    from terastack.plan.llm_plan import PlanError
+
+    save_model(no_dropout_config("llama", 2), tmp_path / "model")
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config(grad_accum=8)) as trainer:
+        assert trainer.plan.accumulation == "vertical" and not trainer.plan.sums_gradients
+    # what each order needs of the device budget (long rows: activations dominate), from its refusal of 1 MiB
+    budgets = {}
+    for order in ("vertical", "horizontal"):
+        cfg = trainer_config(grad_accum=8, accumulation=order, seq_len=64, batch_size=4, device_budget="1MiB",
+                             store_dir=str(tmp_path / order))
+        with pytest.raises(PlanError) as info:
+            Trainer.from_pretrained(tmp_path / "model", cfg)
+        budgets[order] = info.value.needed
+    assert budgets["vertical"] > budgets["horizontal"]
+    between = (budgets["vertical"] + budgets["horizontal"]) // 2
+    for order, expect in (("auto", "horizontal"), ("vertical", None)):
+        cfg = trainer_config(grad_accum=8, accumulation=order, seq_len=64, batch_size=4, device_budget=between,
+                             store_dir=str(tmp_path / f"b{order}"))
+        if expect is None:
+            with pytest.raises(PlanError, match="device"):
+                Trainer.from_pretrained(tmp_path / "model", cfg)
+            continue
+        with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+            assert trainer.plan.accumulation == expect and trainer.plan.sums_gradients
+
+
+def test_vertical_refuses_what_does_not_stack(tmp_path, trainer_config):
+    save_model(no_dropout_config("llama", 1), tmp_path / "model")
+    mbs = ragged_micro_batches(0, masked=True, packed=True)
+    cfg = trainer_config(grad_accum=N_MICRO, accumulation="vertical", packed=True)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        with pytest.raises(ValueError, match=r"micro_batches\[0\].position_ids: packed rows .*'horizontal'"):
+            trainer.step_accumulated(mbs)
+        assert trainer.step_count == 0
+        # more rows of shorter micro-batches fit one by one, but padded to the longest they exceed the plan
+        wide = [{"input_ids": torch.randint(3, VOCAB, (BATCH * 4, SEQ // 4))} for _ in range(N_MICRO - 1)]
+        with pytest.raises(ValueError, match=r"micro_batches: stacked .* 18 x 16 tokens, more than the planned 3 x 2"):
+            trainer.step_accumulated([*wide, {"input_ids": torch.randint(3, VOCAB, (BATCH, SEQ))}])
+        assert trainer.step_count == 0
+        trainer.step_accumulated(ragged_micro_batches(0, masked=False, packed=True))  # still usable
+        assert trainer.step_count == 1

@@ -149,6 +149,30 @@ def test_malformed_records_name_file_line_and_field(tmp_path, lines, where, matc
     assert str(info.value).startswith(f"{path}{where}:") and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("line, at", [
+    ('{"prompt": "a",}', "}"),                   # a trailing comma: the brace where a name was expected
+    ('{"prompt": "unterminated', '"unt'),        # an unterminated string: where it starts, not past the line's end
+    ('{"prompt": "ünï", x}', "x"),               # columns count characters, not bytes
+    ('\t{"prompt" "a"}', '"a"'),                 # a missing colon after leading whitespace
+    ('{"prompt": "a"} {"completion": "b"}', '{"c'),  # two records on one line
+])
+def test_malformed_json_names_the_line_and_column(tmp_path, line, at):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "completion": "b"}\n\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(DatasetError) as info:
+        list(read_records(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}:3:") and f" at column {line.index(at) + 1})" in message, message
+    assert " at at " not in message
+
+
+def test_malformed_json_array_names_the_line_and_column(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('[\n {"text": "a"},\n {"text": "a" "b"}\n]\n')
+    with pytest.raises(DatasetError, match=r"bad.json:3: not valid JSON \(Expecting ',' delimiter at column 15\)"):
+        list(read_records(path))
+
+
 def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     import sys
 

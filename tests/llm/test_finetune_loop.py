@@ -200,8 +200,9 @@ def test_loop_metrics_follow_the_trainer_and_validation_runs_every_n(tmp_path, t
         flops = model_flops_per_token(trainer.profile.total_params, trainer.profile.trainable_params)
         assert flops == 6 * trainer.profile.total_params  # full fine-tuning
         for r, h, s in zip(steps, trainer.history, range(5)):
-            assert set(r) == {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "seconds", "tokens_per_s",
-                              "model_tflops", "ssd_read_bytes", "ssd_write_bytes", "device_in_bytes"}
+            assert set(r) == {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "target_tokens", "seconds",
+                              "tokens_per_s", "model_tflops", "ssd_read_bytes", "ssd_write_bytes", "device_in_bytes"}
+            assert r["target_tokens"] == 2 * (SEQ - 1)  # text: every token after the first of a row is a target
             assert (r["loss"], r["tokens"], r["ssd_read_bytes"], r["ssd_write_bytes"]) == \
                 (h.loss, h.tokens, h.ssd_read_bytes, h.ssd_write_bytes)
             assert r["grad_norm"] == h.grad_norm and r["grad_norm"] > 0  # measured: clipping is on

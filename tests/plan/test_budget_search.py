@@ -4,7 +4,8 @@ from types import SimpleNamespace
 import pytest
 
 from terastack.plan.budget_search import SHARES, search_budget_split, tier_memory
-from terastack.plan.llm_planner import PlanError
+from terastack.plan.hardware import PRESETS, Hardware
+from terastack.plan.llm_planner import LLMPlanner, PlanError
 
 GiB = 1 << 30
 
@@ -57,3 +58,94 @@ def test_nothing_fits_names_the_memory_budget_and_the_smallest_shortfall():
     total = tier_memory(10 * GiB)
     assert info.value.budget == "memory" and info.value.available == total
     assert info.value.shortfall == GiB + (total * SHARES[0] // 100) // 100
+
+
+# ------------------------------------------------ the search at scale: the planner's work per candidate
+def _model_profile(name: str, **shape):
+    """The profile of a built-in model on the meta device (no weights)."""
+    import torch
+
+    from terastack.llm.engine.profile import profile_config
+    from terastack.training.model_registry import resolve_model
+
+    hf_config, _ = resolve_model(name)
+    for key, value in shape.items():
+        setattr(hf_config, key, value)
+    return profile_config(hf_config, batch=1, seq_len=512, dtype=torch.float32, name=name)
+
+
+CPU = Hardware(name="cpu", measured=True, cores=2, host_memory_bytes=24 << 30, cpu_flops=5e10,
+               memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9, ssd_write_bytes_per_s=1e9,
+               cpu_adam_params_per_s=3e8, cpu_io_slowdown_per_gbps=0.07)
+
+
+def _search(profile, memory_budget, *, share=True, **config):
+    """The trainer's search: a planner per split, each made from the last (``share``: LLMPlanner.for_budgets)."""
+    made = []
+
+    def plan_for(device, host):
+        planner = (made[-1].for_budgets(device, host) if made and share else
+                   LLMPlanner(LLMPlanner.Config(device_budget=device, host_budget=host, inline_updates=True,
+                                                **config)))
+        made.append(planner)
+        return planner, planner.plan(profile, CPU)
+
+    return search_budget_split(memory_budget, plan_for, what=profile.model)[1]
+
+
+@pytest.mark.parametrize("config", [{}, {"grad_accum": 4}, {"mode": "deferred", "prefetch_depth": 2}])
+def test_the_planner_remembers_per_profile_what_no_candidate_changes(monkeypatch, config):
+    """What depends only on the profile and the hardware is computed once per plan; the plans are those computed
+    afresh for every candidate (the planner's memo turned off)."""
+    profile = _model_profile("openllama-3b", num_hidden_layers=6)
+    fast = _search(profile, 3 * GiB, **config)
+    alone = _search(profile, 3 * GiB, share=False, **config)
+    monkeypatch.setattr(LLMPlanner, "_memo", lambda self, profile, hw, key, compute: compute())
+    slow = _search(profile, 3 * GiB, share=False, **config)
+    assert alone == slow and alone.prediction == slow.prediction
+    assert fast == slow and fast.prediction == slow.prediction
+    assert (fast.state_home, fast.compute_home, fast.grad_home) == (slow.state_home, slow.compute_home,
+                                                                     slow.grad_home)
+
+
+def test_one_planner_asked_about_other_profiles_and_hardware_answers_as_a_fresh_one():
+    small, large = _model_profile("openllama-3b", num_hidden_layers=3), _model_profile("openllama-3b",
+                                                                                      num_hidden_layers=5)
+    gpu = PRESETS["rtx4090-workstation"]
+    config = LLMPlanner.Config(device_budget=2 * GiB, host_budget=6 * GiB)
+    reused = LLMPlanner(config)
+    for profile, hw in ((small, CPU), (large, CPU), (large, gpu), (small, gpu), (small, CPU)):
+        assert reused.plan(profile, hw) == LLMPlanner(config).plan(profile, hw)
+
+
+def test_the_split_of_a_budget_at_3b_costs_the_planner_little_work(monkeypatch):
+    """The search over every split of one budget at the 26-layer 3.4B shape, thousands of candidates per split,
+    counted in the planner's evaluations: the per-unit step model runs twice per unit in the whole search (it
+    ran ~3 million times before the planner remembered it), the optimizer's sizing twice (~36 thousand), and
+    each candidate's activations are added up once (~62 thousand for ~3.7 thousand candidates)."""
+    profile = _model_profile("openllama-3b")
+    counts = {"unit": 0, "sizes": 0, "plans": 0, "split": 0}
+    unit_times, sizes, plan, add_up = (LLMPlanner._unit_times, LLMPlanner._optimizer_sizes, LLMPlanner.plan,
+                                       LLMPlanner._add_up)
+
+    def count(key, fn):
+        def wrapped(*args, **kwargs):
+            counts[key] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(LLMPlanner, "_unit_times", count("unit", unit_times))
+    monkeypatch.setattr(LLMPlanner, "_optimizer_sizes", count("sizes", sizes))
+    monkeypatch.setattr(LLMPlanner, "plan", count("plans", plan))
+    monkeypatch.setattr(LLMPlanner, "_add_up", count("split", add_up))
+    chosen = _search(profile, 4 * GiB)
+    assert chosen.prediction.step_s > 0
+    assert counts["plans"] == len(SHARES)
+    units = len(profile.units)
+    # the planners of the search share what none of it depends on: one table of activations per unit and one sum
+    # of compute times (each unit once), the optimizer's sizes with and without its lean settings
+    assert counts["unit"] <= 2 * units
+    assert counts["sizes"] <= 2
+    # and every split scores each activation-policy candidate at most once per prefetch depth
+    assert counts["split"] <= len(set(LLMPlanner(LLMPlanner.Config(device_budget=GiB, host_budget=GiB))
+                                      ._policy_choices(profile, CPU)))

@@ -202,3 +202,49 @@ def test_gradient_pool_holds_a_tied_embedding_through_backward():
     plan(prof, host_budget=budget, state_placement="ssd")
     with pytest.raises(PlanError, match="host budget exceeded.*gradients in flight"):
         plan(t, host_budget=budget, state_placement="ssd")
+
+
+def _lora_like(layers=8, frozen=64 << 20):
+    """A bf16 profile whose decoder layers are frozen (a LoRA base): each layer holds ``frozen`` parameters and a
+    small trainable adapter."""
+    import dataclasses
+
+    prof = profile(layers=layers, params=frozen, compute_bytes=2, fwd_s=1e-4)  # not compute-bound
+    units, numel, trainable = [], dict(prof.tensor_numel), dict(prof.tensor_trainable)
+    for u in prof.units:
+        if u.kind == "layer":
+            adapter = f"{u.tensors[0]}.lora"
+            numel[adapter], trainable[adapter], trainable[u.tensors[0]] = 4096, True, False
+            u = dataclasses.replace(u, tensors=(*u.tensors, adapter), params=u.params + 4096, trainable=4096,
+                                    weight_bytes=u.weight_bytes + 4096 * 2)
+        units.append(u)
+    return dataclasses.replace(prof, units=units, tensor_numel=numel, tensor_trainable=trainable)
+
+
+def test_frozen_weights_stay_on_a_device_they_fit():
+    """[Note: frozen weights on the device]: the base of a LoRA fine-tune rests in the device tier when it fits
+    there (nothing of it crosses the device link or leaves the SSD); on a device too small it streams."""
+    from terastack.plan.llm_planner import held_bytes
+    from terastack.tier import Tier
+
+    prof = _lora_like()
+    frozen = [n for n, t in prof.tensor_trainable.items() if not t]
+    frozen_bytes = sum(held_bytes(prof.tensor_numel[n] * 2) for n in frozen)  # 8 x 128 MiB
+    gpu = PRESETS["rtx4090-workstation"]
+    big = plan(prof, gpu, device_budget=4 << 30, host_budget=256 * MiB)  # the base does not fit the host
+    assert {big.compute_home[n] for n in frozen} == {Tier.DEVICE}
+    p = big.prediction
+    assert p.device_peak_bytes >= frozen_bytes and p.device_peak_bytes + p.transient_bytes <= 4 << 30
+    assert p.ssd_read_bytes < 64 * MiB  # only the adapters' state, none of the base
+    assert p.device_link_bytes < 64 * MiB
+    assert big.placement_bytes(prof)["compute_device"] == sum(prof.tensor_numel[n] * 2 for n in frozen)
+    small = plan(prof, gpu, device_budget=800 * MiB, host_budget=256 * MiB)  # 1 GiB of base: it must stream
+    assert Tier.DEVICE not in {small.compute_home[n] for n in frozen}
+    assert small.prediction.device_link_bytes >= 2 * frozen_bytes and small.prediction.ssd_read_bytes > 0
+    assert big.prediction.step_s < small.prediction.step_s
+    # without an accelerator the device tier is host memory: a frozen weight homed in host memory is read in place
+    cpu = plan(prof, CPU, device_budget=4 << 30, host_budget=4 << 30)
+    assert Tier.DEVICE not in set(cpu.compute_home.values())
+    # and the planner can be told to stream them
+    off = plan(prof, gpu, device_budget=4 << 30, host_budget=256 * MiB, frozen_on_device=False)
+    assert Tier.DEVICE not in {off.compute_home[n] for n in frozen}

@@ -85,7 +85,7 @@ def test_what_cannot_be_saved_or_read_is_refused(tmp_path):
 
     with pytest.raises(TypeError, match="bad.nested: not JSON"):
         save_checkpoint(tmp_path / "ck", {"bad": Bad()}, step=1)
-    assert not (tmp_path / "ck" / "LATEST").exists() and not list((tmp_path / "ck").iterdir())  # nothing left
+    assert not (tmp_path / "ck").exists()  # nothing left, not even the directory the failed save made
     short = StreamedTensor((4,), lambda: iter([torch.zeros(3)]))
     with pytest.raises(ValueError, match="s/t: its pieces hold 12 bytes"):
         save_checkpoint(tmp_path / "ck", {"s": _Holder(short)}, step=1)

@@ -11,13 +11,15 @@ from terastack.training.job import (FLAT, SECTIONS, JobConfig, SettingError, add
 
 #: a value other than the default for every setting (a new setting must add one: the test below checks it)
 SAMPLES = {
-    "model.path": "/models/m", "data.path": "train.jsonl", "data.train_on_prompt": True, "data.pack": True,
+    "model.path": "/models/m", "model.rope_scaling": ("yarn", 4.0),
+    "data.path": "train.jsonl", "data.train_on_prompt": True, "data.pack": True,
     "validation.data": "val.txt", "validation.fraction": None, "validation.every": 7,
     "training.steps": 9, "training.epochs": None, "training.seq_len": 64, "training.batch_size": 3,
     "training.grad_accum": 2, "training.lr": 2e-5, "training.betas": (0.8, 0.95), "training.eps": 1e-6,
     "training.weight_decay": 0.1, "training.max_grad_norm": 1.0, "training.lr_schedule": "cosine",
     "training.warmup_steps": None, "training.warmup_ratio": 0.25, "training.min_lr": 1e-6, "training.seed": 5,
     "schedule.optimizer": "deferred", "schedule.active_offload": False, "schedule.activation_policy": "keep,ssd",
+    "schedule.accumulation": "horizontal",
     "store.dirs": "/nvme0/a,/nvme1/b", "store.device_budget": "8MiB", "store.host_budget": 1 << 20,
     "store.memory_budget": None, "store.dtype": "bfloat16",
     "checkpoint.dir": "ck", "checkpoint.every": 4, "checkpoint.resume": "old-ck",
@@ -92,7 +94,7 @@ def _toml(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, tuple):
-        return "[" + ", ".join(map(str, value)) + "]"
+        return "[" + ", ".join(map(_toml, value)) + "]"
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -178,7 +180,7 @@ def test_unknown_or_bad_keys_name_the_key_and_the_file(tmp_path):
         path.write_text(text)
         with pytest.raises(ValueError, match=message):
             resolve_job(file=path, flags={}, overrides=[])
-    with pytest.raises(ValueError, match="^training.grad_accum: must be >= 1"):  # a flag's mistake: not the file's
+    with pytest.raises(ValueError, match="^--grad-accum: must be >= 1"):  # a flag's mistake, named as the flag
         resolve_job(file=None, flags={"training.grad_accum": 0}, overrides=[])
     with pytest.raises(SettingError, match="training.epochs: must be > 0") as info:
         JobConfig(training={"epochs": 0})

@@ -33,6 +33,7 @@ datasets are refused: the dataset format holds one class id per node of one node
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ KNOWN = {"ogbn_proteins": (True, "species", None), "ogbn_products": (True, "sale
          "ogbn_arxiv": (False, "time", 40), "ogbn_mag": (False, "time", 349),
          "ogbn_papers100m": (False, "time", 172)}
 SPLIT_FILES = {"train_idx": "train.csv.gz", "val_idx": "valid.csv.gz", "test_idx": "test.csv.gz"}
+_SPLIT_WORDS = {"train_idx": "training", "val_idx": "validation", "test_idx": "test"}
 
 
 def dataset_name(root: Path) -> str:
@@ -111,6 +113,12 @@ def _common(root: Path, split: str | None, block_bytes: int) -> dict:
         raise DatasetError(f"{root}: ogbn-mag is heterogeneous; only homogeneous graphs can be imported")
     inverse, _, classes = KNOWN.get(name, (False, None, None))
     folder = split_dir(root, split)
+    for key, file in SPLIT_FILES.items():
+        # train.csv.gz is required (its absence is an error when it is read); the others may be left out, but
+        # never without a word: a split that silently holds 0 nodes reads like a bug in the import
+        if key != "train_idx" and not (folder / file).exists():
+            print(f"warning: {folder / file} is missing: the import has no {_SPLIT_WORDS[key]} nodes",
+                  file=sys.stderr)
     files = {f"split/{folder.name}/{n}": file_record(folder / n) for n in SPLIT_FILES.values()
              if (folder / n).exists()}
     return {"undirected": inverse, "num_classes": classes, "splits": _splits(folder, block_bytes),

@@ -1,4 +1,5 @@
-"""Gradients summed over the micro-batches of one accumulated step, kept in the store.
+"""Gradients summed over the micro-batches of one accumulated step, kept in the store (horizontal accumulation),
+and the micro-batches of a step stacked into one batch (vertical accumulation).
 
 [Note: gradient accumulation]
 ``Trainer.step_accumulated`` runs N micro-batches and then ONE AdamW step,
@@ -36,6 +37,7 @@ import torch
 
 from terastack.llm.engine import records
 from terastack.tiers import Tier
+from terastack.training.data.examples import IGNORE
 
 
 class GradientSums:
@@ -92,3 +94,54 @@ class GradientSums:
         rt = self.rt
         what = f"sum of the gradients of {name!r}"
         return rt.wait(rt.with_room(lambda: self.store.prefetch(record, Tier.HOST), what), what)
+
+
+def stack_micro_batches(micro_batches: list[dict]) -> dict:
+    """The micro-batches of one step (the model call's keyword arguments, ``num_items_in_batch`` the step's total
+    of target tokens) as one batch of all their rows: the vertical order's single pass ([Note: vertical and
+    horizontal accumulation] in terastack.plan.accumulation_specs).
+
+    [Note: stacking micro-batches exactly]
+    Rows shorter than the longest are padded on the right: token 0, label -100 (outside the loss), attention 1,
+    positions continuing the row's last. Causal attention keeps every real position from seeing the columns after
+    it, so each real position computes what it computed in its own micro-batch, and the padded ones add nothing
+    to the loss (nor, through it, to a gradient); attention 1 keeps a padded query from having no key at all (a
+    fully masked row would compute NaN, which the backward would carry into the weights' gradients). A mask is
+    given to all rows when some micro-batch gives one (ones for the others), positions when some gives them
+    (0, 1, ... for the others, what the model uses without them). Packed rows (positions restarting inside a
+    row) take no mask, so they do not stack with a micro-batch that gives one.
+    """
+    length = max(mb["input_ids"].shape[1] for mb in micro_batches)
+    masked = any(mb.get("attention_mask") is not None for mb in micro_batches)
+    positioned = any(mb.get("position_ids") is not None for mb in micro_batches)
+    ids, labels, masks, positions = [], [], [], []
+    for i, mb in enumerate(micro_batches):
+        x = mb["input_ids"]
+        rows, cols = x.shape
+        pad = length - cols
+        ids.append(torch.nn.functional.pad(x, (0, pad), value=0))
+        labels.append(torch.nn.functional.pad(mb["labels"], (0, pad), value=IGNORE))
+        if masked:
+            mask = mb.get("attention_mask")
+            mask = torch.ones_like(x) if mask is None else mask
+            masks.append(torch.nn.functional.pad(mask, (0, pad), value=1))
+        if positioned:
+            pos = mb.get("position_ids")
+            if pos is None:
+                pos = torch.arange(cols, device=x.device).expand(rows, cols)
+            elif masked and cols > 1 and bool((pos[:, 1:] - pos[:, :-1] != 1).any()):
+                raise ValueError(f"micro_batches[{i}].position_ids: packed rows (positions restarting inside a row) "
+                                 "and another micro-batch's attention_mask cannot run as one batch (packed rows "
+                                 "take no mask); give every micro-batch of a step the same kind of rows, or set "
+                                 "TrainerConfig.accumulation='horizontal'")
+            if pad:
+                pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, pad + 1, device=pos.device, dtype=pos.dtype)],
+                                dim=1)
+            positions.append(pos)
+    out = {"input_ids": torch.cat(ids), "labels": torch.cat(labels),
+           "attention_mask": torch.cat(masks) if masked else None}
+    if positioned:
+        out["position_ids"] = torch.cat(positions)
+    if "num_items_in_batch" in micro_batches[0]:
+        out["num_items_in_batch"] = micro_batches[0]["num_items_in_batch"]
+    return out

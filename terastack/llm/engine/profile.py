@@ -12,11 +12,24 @@ units (residual adds, reshapes) runs as in training; the order units run in is
 recorded too. Calibration then times one real instance of each distinct unit
 (random weights, this shape) forward and backward, so a plan made on this
 machine predicts from measured times rather than peak FLOP rates.
+
+[Note: stable calibrated times]
+A unit of a small model computes in well under a millisecond, and on a shared
+machine (two cores, other processes beside) one such timing can be many times
+the unit's own time: the threads of a matmul wait for a core. Timed five times,
+the fastest of them still moved a tiny job's predicted step by several times from
+one run of ``terastack plan llm --calibrate`` to the next. So a unit is timed
+until it has run for a while (``_MIN_TIMED_S``, up to ``_MAX_RUNS`` runs), and
+its fastest run is its time; and the times of a planning command are kept in a
+file beside the machine's probe (:func:`unit_times_path`), so the same question
+asked again gets the same answer (``--recalibrate`` times again).
 """
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -151,7 +164,8 @@ class _Recorder:
 
 
 def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
-                  calibrate: bool = False, device: torch.device | None = None, packed: bool = False) -> ModelProfile:
+                  calibrate: bool = False, device: torch.device | None = None, packed: bool = False,
+                  times_file: Path | None = None, recalibrate: bool = False) -> ModelProfile:
     """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
     places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own. ``packed``: rows
     of several examples (position ids restarting), whose explicit block-diagonal attention mask each layer's
@@ -170,7 +184,8 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
     missing = [units[i].path for i in order if i not in rec.records]
     if missing:
         raise RuntimeError(f"profile: units {missing[:3]} never ran in the model's forward")
-    times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes) if calibrate else {}
+    times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes, times_file=times_file,
+                       recalibrate=recalibrate) if calibrate else {}
     owner: dict[str, int] = {}
     for i in order:
         for cname in units[i].tensors.values():
@@ -204,20 +219,59 @@ def _signature(unit) -> tuple:
 _CALIBRATED: dict[tuple, tuple[float, float]] = {}
 #: a unit whose weights take this much is timed on one copy (see [Note: calibrating with weights from memory])
 _CACHE_COLD_BYTES = 64 << 20
+#: a unit is timed for at least this long (after two warm-up runs) ... see [Note: stable calibrated times]
+_MIN_TIMED_S = 0.3
+#: ... in at most this many runs; a unit slower than a second per run is timed three times
+_MAX_RUNS = 200
 
 
-def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5) -> dict:
-    """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}."""
+def unit_times_path() -> Path:
+    """The file keeping this machine's calibrated unit times, beside its probe (``$TERASTACK_CACHE``)."""
+    from terastack.plan.hardware import probe_cache_path
+
+    return probe_cache_path().with_name("unit_times.json")
+
+
+def _times_key(sig: tuple) -> str:
+    """A unit's key in the times file: its signature, and what else decides its time in this process."""
+    return f"{sig!r} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def _read_times(path: Path | None) -> dict:
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # a damaged cache is measured again (and rewritten)
+    return {k: tuple(v) for k, v in data.items() if isinstance(v, list) and len(v) == 2} \
+        if isinstance(data, dict) else {}
+
+
+def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5, *,
+               times_file: Path | None = None, recalibrate: bool = False) -> dict:
+    """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}.
+    ``times_file``: read times kept there (unless ``recalibrate``) and keep new ones there."""
     from torch.utils import _pytree as pytree
 
     dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
     done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
+    kept = _read_times(times_file)
+    fresh: set[str] = set()  # keys timed (or first used) by this call
+    changed = False
     out = {}
     gen = torch.Generator().manual_seed(0)
     for i, (flat, spec, floating_in) in rec.calls.items():
         unit = units[i]
         sig = _signature(unit) + (tuple(tuple(a.shape) for a in flat if isinstance(a, torch.Tensor)), str(device),
                                   str(dtype))
+        key = _times_key(sig)
+        if key not in fresh:
+            fresh.add(key)
+            if recalibrate:
+                done.pop(sig, None)
+            elif key in kept:
+                done[sig] = kept[key]  # the times this machine gave before: the same question, the same answer
         if sig not in done:
             shapes = [(n, p.shape) for n, p in unit.module.named_parameters(remove_duplicate=False)]
             # [Note: calibrating with weights from memory] In a step every unit's weights come from memory, not
@@ -236,7 +290,17 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
             args, kwargs = pytree.tree_unflatten(real, spec)
             fwds, fbs = [], []
             spent = 0.0
-            while len(fwds) < reps + 2 and (len(fwds) < 3 or spent < 1.0):  # two warm-up runs first
+
+            def more() -> bool:
+                """Two warm-up runs first, then at least `reps` timed runs and _MIN_TIMED_S ([Note: stable
+                calibrated times]); a slow unit (a second per run) is timed once. The warm-ups do not count
+                against the time: a first call can take long (lazy kernels, a cold allocator)."""
+                if len(fwds) < 3:
+                    return True
+                timed = spent - sum(fwds[:2]) - sum(fbs[:2])
+                return len(fwds) < _MAX_RUNS + 2 and timed < 1.0 and (len(fwds) < reps + 2 or timed < _MIN_TIMED_S)
+
+            while more():
                 weights = weight_sets[len(fwds) % copies]
                 grad_in = [real[j] for j in floating_in] + [w for n, w in weights.items() if unit.trainable[n]]
                 t0 = time.perf_counter()
@@ -259,7 +323,15 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
             fwd = min(fwds[2:])
             fb = min(fbs[2:])
             done[sig] = (fwd, max(fb - fwd, 0.0))
+        if kept.get(key) != done[sig]:
+            kept[key] = done[sig]
+            changed = True
         out[i] = done[sig]
+    if changed and times_file is not None:
+        from terastack.atomic import atomic_write_json
+
+        times_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(times_file, {k: list(v) for k, v in kept.items()})
     return out
 
 
@@ -269,9 +341,11 @@ def _sync(device: torch.device) -> None:
 
 
 def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, name: str, lora=None,
-                   calibrate: bool = False, device: torch.device | None = None) -> ModelProfile:
+                   calibrate: bool = False, device: torch.device | None = None, times_file: Path | None = None,
+                   recalibrate: bool = False) -> ModelProfile:
     """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
-    layers and the second one repeated: decoder layers of one model are identical."""
+    layers and the second one repeated: decoder layers of one model are identical. ``times_file``,
+    ``recalibrate``: see :func:`_calibrate`."""
     import copy
 
     from terastack.llm.model import find_units
@@ -292,7 +366,7 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
     units, tensors = find_units(model)
     profile = profile_model(model, units, tensors, batch=batch, seq_len=seq_len,
                             compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
-                            calibrate=calibrate, device=device)
+                            calibrate=calibrate, device=device, times_file=times_file, recalibrate=recalibrate)
     return profile if small is hf_config else repeat_layers(profile, layers)
 
 

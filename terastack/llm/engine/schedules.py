@@ -66,6 +66,8 @@ class UpdateFailure:
             self.error = exc
 
     def raise_if_failed(self) -> None:
+        if isinstance(self.error, (KeyboardInterrupt, SystemExit)):
+            raise self.error  # Ctrl-C during an inline update is the user's interrupt, not a failed update
         if self.error is not None:
             raise RuntimeError(f"an optimizer update failed: {type(self.error).__name__}: {self.error}") \
                 from self.error
@@ -105,6 +107,8 @@ class InlineExecutor:
             self._run(task, None)
         except BaseException as exc:  # noqa: BLE001 - reported as the optimizer thread's failures are
             self._on_error(task, exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise  # the user's interrupt stops the step here, as itself
 
     def wait_idle(self, timeout: float, stop: Callable[[], bool]) -> bool:
         return True

@@ -19,10 +19,15 @@ epilogue      global norm and clip coefficient; the schedule's end of backward
               (deferred: updates queued in forward order; after_backward:
               awaited); sweep unused prefetches
 
-An accumulated step (:func:`accumulated_step`) runs this once per
-micro-batch; all but the last only add their gradients to the sums (no
-update, no optimizer state read; [Note: gradient accumulation] in
-terastack.llm.engine.accumulate), so the schedule's updates run in the last one.
+An accumulated step in the vertical order runs this once, on the step's
+micro-batches stacked into one batch (each unit's forward and backward for all
+of them at once, its weights read once each way;
+:func:`terastack.llm.engine.accumulate.stack_micro_batches`). In the horizontal
+order (:func:`accumulated_step`) it runs once per micro-batch; all but the last
+only add their gradients to the sums (no update, no optimizer state read;
+[Note: gradient accumulation] in terastack.llm.engine.accumulate), so the
+schedule's updates run in the last one. [Note: vertical and horizontal
+accumulation] in terastack.plan.accumulation_specs.
 
 Updates that are still running when ``step`` returns overlap with the next
 step's forward; a unit's weights are fetched only after their update is done,

@@ -62,8 +62,14 @@ def make_run_dirs(store_dir: str | Sequence[str], ssd_bytes: int) -> list[Path]:
 
 
 def _make_run_dir(root: Path, name: str) -> Path:
+    # The store directory itself may be new, but not its parent: a mistyped mount point (/mnt/nvme1/run for
+    # /mnt/nvme0/run) would otherwise put the training state on whatever disk holds /mnt, silently.
+    parent = root.absolute().parent
+    if not root.exists() and not parent.exists():
+        raise FileNotFoundError(f"store directory {root}: its parent {parent} does not exist (a mistyped mount "
+                                "point?); create it, or give a directory whose parent exists")
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(exist_ok=True)
         run_dir = root / name
         run_dir.mkdir()
     except OSError as exc:
@@ -94,11 +100,13 @@ def ssd_bytes_needed(profile, plan) -> int:
     for name, n in profile.tensor_numel.items():
         if profile.tensor_trainable[name]:
             need += n * 12 + (n * cb if profile.mixed_precision else 0) + schedule.spill_room(n * 4)
-            if plan.grad_accum > 1 and plan.grad_home.get(name) is not Tier.HOST:
+            if plan.sums_gradients and plan.grad_home.get(name) is not Tier.HOST:
                 need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])
         else:
             need += n * cb
-    need += sum(spec.ssd_bytes(u) for u, spec in zip(profile.units, plan.activation_specs()))
+    # activations of one pass (vertical accumulation: all micro-batches of the step at once)
+    passing = plan.accumulation_spec.step_profile(profile, plan.grad_accum)
+    need += sum(spec.ssd_bytes(u) for u, spec in zip(passing.units, plan.activation_specs()))
     return need
 
 

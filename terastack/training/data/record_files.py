@@ -58,12 +58,21 @@ def _json_lines_records(path: Path) -> Iterator[tuple[str, dict]]:
                 continue
             where = f"{path}:{lineno}"
             try:
-                obj = json.loads(line)
+                # without its line break: an unterminated string is reported where it starts, not as a control
+                # character one column past the end of the line
+                obj = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 layout = "one JSON object per line" + (" or a JSON array of them" if path.suffix == ".json" else "")
-                raise DatasetError(where, None, f"not valid JSON ({exc.msg} at column {exc.colno}); the file "
+                raise DatasetError(where, None, f"not valid JSON ({_json_problem(exc)}); the file "
                                    f"should hold {layout}") from None
             yield _record(where, obj)
+
+
+def _json_problem(exc: json.JSONDecodeError) -> str:
+    """"Expecting ',' delimiter at column 7": the decoder's message (some end in "at", some in "at: line 1
+    column 7"; only the message part is kept) and the column, counted from 1 in characters, as editors count."""
+    msg = exc.msg.split(": line ")[0].removesuffix(":").removesuffix(" at")
+    return f"{msg} at column {exc.colno}"
 
 
 def _json_array_records(path: Path) -> Iterator[tuple[str, dict]]:
@@ -91,7 +100,7 @@ def _json_array_records(path: Path) -> Iterator[tuple[str, dict]]:
         try:
             obj, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path}:{exc.lineno}", None, f"not valid JSON ({exc.msg})") from None
+            raise DatasetError(f"{path}:{exc.lineno}", None, f"not valid JSON ({_json_problem(exc)})") from None
         yield _record(where, obj)
         pos = skip(end)
         if pos < len(text) and text[pos] == ",":

@@ -54,7 +54,8 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] 
                 where.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
                 continue
             if tuple in kinds(hint) and str not in kinds(hint):
-                kw["nargs"] = len(f.default) if isinstance(f.default, tuple) else "+"
+                kw["nargs"] = (len(f.default) if isinstance(f.default, tuple)
+                               else len(meta["metavar"]) if isinstance(meta["metavar"], tuple) else "+")
             where.add_argument(*names, type=_type(hint), choices=meta["choices"],
                                metavar=None if meta["choices"] else meta["metavar"] or flat.upper(), **kw)
 

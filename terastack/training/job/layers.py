@@ -6,7 +6,9 @@ given on the command line, and trailing ``key=value`` overrides (``terastack fin
 training.lr=1e-5 epochs=2``, values parsed as YAML). Each layer is read into one mapping of ``section.field``
 to value; the merged mapping builds :class:`~terastack.training.job.sections.JobConfig`, whose sections check
 every value once. ``steps``/``epochs`` and ``warmup_steps``/``warmup_ratio`` are alternatives: a layer giving
-one drops the other from the layers below.
+one drops the other from the layers below. A refused value is named as the user gave it (a flag as
+``--host-budget``, an override by its key, a file's key with the file), and an unknown key gets a "did you
+mean" for its nearest known spelling (difflib).
 
 A file is a mapping of sections (``training: {lr: 1e-5, epochs: 3}``) and flat names at its top level
 (``lr: 1e-5``: a setting's flat name, the name of its flag). Files written for ``terastack finetune`` before the
@@ -17,6 +19,7 @@ key is refused, naming the key and the file.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import tomllib
@@ -25,7 +28,7 @@ from typing import TextIO
 
 from terastack.training.job.legacy import OLD_LORA_KEYS, old_section_key, old_trainer_key
 from terastack.training.job.sections import ALTERNATIVES, FLAT, SECTIONS, JobConfig, build_section
-from terastack.training.job.setting import SettingError
+from terastack.training.job.setting import SettingError, flat_name
 
 #: a layer: ``section.field`` -> value
 Layer = dict
@@ -40,8 +43,8 @@ class _Reader:
         self.old: Layer = {}
         self.notes: list[str] = []
 
-    def unknown(self, key: str, known: str) -> ValueError:
-        return ValueError(f"{self.where}: unknown key {key!r} ({known})")
+    def unknown(self, key: str, known: str, candidates=()) -> ValueError:
+        return ValueError(f"{self.where}: unknown key {key!r}{did_you_mean(key, candidates)} ({known})")
 
     def moved(self, old: str, path: str, value) -> None:
         self.notes.append(f"{old} is now {path}")
@@ -63,7 +66,7 @@ class _Reader:
             self.moved(key, old_trainer_key(key), value)
         else:
             raise self.unknown(key, f"sections: {', '.join(SECTIONS)}; or a setting's flat name: "
-                                    f"{', '.join(FLAT)}")
+                                    f"{', '.join(FLAT)}", [*SECTIONS, *FLAT, *FLAT.values()])
 
     def in_section(self, section: str, key: str, value) -> None:
         fields = SECTIONS[section].__dataclass_fields__
@@ -72,7 +75,8 @@ class _Reader:
         elif old_section_key(section, key):
             self.moved(f"{section}.{key}", old_section_key(section, key), value)
         else:
-            raise self.unknown(f"{section}.{key}", f"the {section} settings: {', '.join(fields)}")
+            raise self.unknown(f"{section}.{key}", f"the {section} settings: {', '.join(fields)}",
+                               [f"{section}.{f}" for f in fields] + [f"{section}.{f}" for f in FLAT])
 
     def trainer_key(self, key: str, value) -> None:
         if key == "lora" and isinstance(value, dict):
@@ -91,6 +95,12 @@ class _Reader:
         if self.notes and log is not None:
             print(f"note: {self.where}: {'; '.join(self.notes)}", file=log)
         return {**self.old, **self.new}
+
+
+def did_you_mean(key: str, candidates) -> str:
+    """``"; did you mean 'x'?"`` for the nearest of ``candidates`` to a mistyped ``key`` (difflib), or ""."""
+    close = difflib.get_close_matches(key, list(dict.fromkeys(candidates)), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _read_mapping(path: Path) -> dict:
@@ -189,7 +199,25 @@ def resolve_job(*, file: str | os.PathLike | None, flags: Layer, overrides: list
         except ValueError as exc:
             raise ValueError(f"{file}: {exc}") from None
     given = {k: v for k, v in flags.items() if v is not None}
-    return build_job(merge_layers(from_file, given, parse_overrides(overrides, log=log)))
+    spelled = {path: _flag_of(path) for path in given}  # a setting is named as the user gave it
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        path = FLAT.get(key.replace("-", "_")) or key.replace("-", "_")
+        spelled[path] = key
+    try:
+        return build_job(merge_layers(from_file, given, parse_overrides(overrides, log=log)))
+    except SettingError as exc:
+        parts = exc.path.split("/")
+        if not any(p in spelled for p in parts):
+            raise
+        raise SettingError("/".join(spelled.get(p, p) for p in parts), exc.reason) from None
+
+
+def _flag_of(path: str) -> str:
+    """The flag of setting ``section.field`` (``store.host_budget`` -> ``--host-budget``)."""
+    section, name = path.split(".", 1)
+    f = SECTIONS[section].__dataclass_fields__[name]
+    return "--" + flat_name(f).replace("_", "-")
 
 
 def write_job_file(job: JobConfig, path: str | os.PathLike, *, command: str = "terastack finetune") -> None:

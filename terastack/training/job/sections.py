@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 
+from terastack.plan.accumulation_specs import ACCUMULATIONS
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO
 from terastack.plan import schedule_specs
 from terastack.training.job.setting import SettingError, at_least, flat_name, one_of, read_fields, setting
@@ -20,6 +22,9 @@ from terastack.training.lr_schedule import SCHEDULES
 from terastack.units import parse_bytes
 
 DTYPES = ("auto", "float32", "bfloat16")
+#: the kinds of RoPE scaling (terastack.training.hf.model_files.ROPE_SCALINGS, which applies them; a test keeps
+#: the two equal: this module imports no torch)
+ROPE_SCALINGS = ("linear", "dynamic", "yarn")
 #: a job's length when it gives neither steps nor epochs
 DEFAULT_STEPS = 20
 #: the disaggregated engine's agent modes and server state homes (terastack.disdp.roles / .server)
@@ -46,11 +51,27 @@ class ModelSection:
     """the model"""
     SECTION = "model"
 
-    path: str | None = setting(None, flat="model", help="a Hugging Face model directory (safetensors), a "
-                               "config.json, or a built-in name (default: tiny-llama, random init)")
+    path: str | None = setting(None, flat="model", path="path_or_name", help="a Hugging Face model directory "
+                               "(safetensors), a config.json, or a built-in name (default: tiny-llama, random "
+                               "init)")
+    rope_scaling: tuple[str | float, ...] | None = setting(
+        None, metavar=("KIND", "FACTOR"), help=f"extend a rotary-position model's context: scale its positions by "
+        f"FACTOR ({'|'.join(ROPE_SCALINGS)}), as transformers' rope_scaling does; the exported config carries it")
 
     def __post_init__(self) -> None:
         read_fields(self)
+        if self.rope_scaling is not None:
+            value = self.rope_scaling
+            if len(value) != 2 or str(value[0]) not in ROPE_SCALINGS:
+                raise SettingError("model.rope_scaling", f"must be KIND FACTOR with KIND one of "
+                                   f"{', '.join(ROPE_SCALINGS)}; got {' '.join(map(str, value))!r}")
+            try:
+                factor = float(value[1])
+            except ValueError:
+                factor = math.nan
+            if not factor > 1 or not math.isfinite(factor):
+                raise SettingError("model.rope_scaling", f"the factor must be a number > 1; got {value[1]!r}")
+            self.rope_scaling = (str(value[0]), factor)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,7 +82,7 @@ class DataSection:
     path: str | None = setting(None, flat="data", help="a text file; a .jsonl/.json/.parquet file of text, "
                                "prompt/completion, OpenAI messages, ShareGPT conversations or Alpaca records; or "
                                "builtin:docstrings (signature -> docstring pairs from this Python's standard "
-                               "library). Default: this Python's standard-library sources")
+                               "library). Default: this Python's standard-library sources", path="path_or_name")
     train_on_prompt: bool = setting(False, help="with records: put prompts and user turns in the loss too "
                                     "(default: completions and assistant turns only)")
     pack: bool = setting(False, help="with records: pack several short examples into one row")
@@ -76,7 +97,7 @@ class ValidationSection:
     SECTION = "validation"
 
     data: str | None = setting(None, flat="val_data", metavar="FILE", help="validation data, in the formats of "
-                               "--data (at most 64 rows are evaluated)")
+                               "--data (at most 64 rows are evaluated)", path="path_or_name")
     fraction: float | None = setting(None, flat="val_fraction", help="the share of --data held out for "
                                      "validation (records: by a hash of the example, default 0.05; text: the end "
                                      "of the text, default 0)")
@@ -105,7 +126,8 @@ class TrainingSection:
     batch_size: int = setting(4, help="rows per micro-batch")
     grad_accum: int = setting(1, metavar="N", help="micro-batches per optimizer step; the loss is the mean over "
                               "their target tokens")
-    lr: float | None = setting(None, help="peak learning rate (default 3e-4; 1e-5 for a pretrained model)")
+    lr: float | None = setting(None, help="peak learning rate (default 3e-4; 1e-5 for a pretrained model; 1e-4 "
+                               "with --lora)")
     betas: tuple[float, float] = setting((0.9, 0.999), metavar=("BETA1", "BETA2"), help="AdamW's beta1 and beta2")
     eps: float = setting(1e-8, help="AdamW's epsilon")
     weight_decay: float = setting(0.0, help="AdamW's decoupled weight decay")
@@ -164,10 +186,16 @@ class ScheduleSection:
     activation_policy: str | tuple[str, ...] = setting(
         AUTO, help="auto (the planner chooses per layer), one of keep, host, ssd, recompute for every decoder "
         "layer, or a comma-separated cycle of them over the decoder layers")
+    accumulation: str = setting(
+        AUTO, flat="accumulation", choices=(AUTO, *ACCUMULATIONS),
+        help="the order of a step's --grad-accum micro-batches (terastack.plan.accumulation_specs): vertical runs "
+             "each layer for all of them at once (its weights read once per step), horizontal one micro-batch "
+             "after another; auto: vertical when the plan fits the budgets")
 
     def __post_init__(self) -> None:
         read_fields(self)
         one_of(self, "optimizer", (AUTO, *schedule_specs.SCHEDULES))
+        one_of(self, "accumulation", (AUTO, *ACCUMULATIONS))
         after = schedule_specs.AFTER_BACKWARD.name
         if not self.active_offload and self.optimizer not in (AUTO, after):
             raise SettingError("schedule.optimizer", f"{self.optimizer} contradicts active_offload=false (the "
@@ -188,7 +216,7 @@ class StoreSection:
 
     dirs: str | tuple[str, ...] | None = setting(
         None, flat="store", metavar="DIR", help="directory on the SSD for the training state; several (one per "
-        "SSD) with commas between them (default: a temporary directory)")
+        "SSD) with commas between them (default: a temporary directory)", path="paths")
     device_budget: str | int | None = setting(None, help="accelerator memory to use, e.g. 20GiB (default: auto)")
     host_budget: str | int | None = setting(None, help="host memory for training state and working sets, e.g. "
                                             "64GiB (default: auto; the built-in model gets a quarter of its "
@@ -219,11 +247,11 @@ class CheckpointSection:
     """checkpoints and resuming"""
     SECTION = "checkpoint"
 
-    dir: str | None = setting(None, flat="checkpoint", metavar="DIR", help="write checkpoints to DIR")
+    dir: str | None = setting(None, flat="checkpoint", metavar="DIR", path="path", help="write checkpoints to DIR")
     every: int = setting(0, flat="checkpoint_every", metavar="N", help="checkpoint every N steps (default: only "
                          "at the end when --checkpoint is given)")
     resume: str | None = setting(None, metavar="DIR", help="continue from the checkpoint in DIR: the schedule and "
-                                 "the data order go on exactly")
+                                 "the data order go on exactly", path="path")
 
     def __post_init__(self) -> None:
         read_fields(self)
@@ -238,10 +266,11 @@ class OutputSection:
     dir: str | None = setting(None, flat="output", aliases=("save",), metavar="DIR", help="the result: the "
                               "trained model (save_pretrained format, a peft adapter with --lora) and its "
                               "tokenizer, metrics.jsonl and finetune.yaml (the resolved job: repeat it with "
-                              "--config). Written under DIR.partial while training and renamed to DIR when complete")
-    metrics: str | None = setting(None, metavar="FILE", help="per-step metrics as JSON lines (default: "
-                                  "DIR/metrics.jsonl with --output); also TensorBoard events beside it when the "
-                                  "tensorboard package is installed")
+                              "--config). Written under DIR.partial while training and renamed to DIR when "
+                              "complete", path="path")
+    metrics: str | None = setting(None, metavar="FILE", path="path", help="per-step metrics as JSON lines "
+                                  "(default: DIR/metrics.jsonl with --output); also TensorBoard events beside it "
+                                  "when the tensorboard package is installed")
     max_shard_size: str | int = setting("5GB", metavar="SIZE", help="split the exported weights into safetensors "
                                         "shards of at most SIZE with an index file, as transformers does")
 
@@ -262,7 +291,7 @@ class LoraSection:
         "auto", flat="lora_target_modules", metavar="NAMES", help="module names to adapt, with commas between "
         "them (default auto: peft's choice for the model family)")
     init_from: str | None = setting(None, flat="lora_init_from", metavar="DIR", help="a peft adapter directory "
-                                    "to start from (default: peft's initialization)")
+                                    "to start from (default: peft's initialization)", path="path")
 
     def __post_init__(self) -> None:
         read_fields(self)
@@ -283,7 +312,7 @@ class OffloadSection:
     calibrate: bool = setting(True, help="time each distinct layer once on this machine so the plan predicts "
                               "from measured times")
     hardware: str | None = setting(None, metavar="FILE", help="a probe JSON (terastack probe --json) to plan "
-                                   "with (default: the cached probe, else quick measurements)")
+                                   "with (default: the cached probe, else quick measurements)", path="path")
     device: str = setting("auto", help="auto, cpu or cuda[:N]")
     prefetch_depth: int = setting(1, metavar="N", help="decoder layers whose weights are fetched ahead")
     inline_updates: bool | None = setting(None, help="eager updates on the training thread, right after each "
@@ -321,8 +350,8 @@ class DisdpSection:
     aggregator: bool = setting(True, flag=False, help="aggregate gradients before the servers")
     agents: str = setting("thread", flag=False, choices=DISDP_AGENTS, help="communication agents per worker: "
                           "threads or processes")
-    state: str = setting("memory", flag=False, choices=DISDP_STATES, help="where the servers keep optimizer "
-                         "state: memory, or ssd (through terastack.tiers)")
+    state: str = setting("memory", flag=False, choices=DISDP_STATES, help="where the servers keep their fp32 "
+                         "weights and AdamW moments: memory, or ssd (the tiered store: a few buckets in memory)")
     run_dir: str = setting("runs/dist", flag=False, help="the job's directory (statistics, checkpoints)")
     prefetch: int = setting(2, flag=False, help="bucket deliveries an agent may run ahead of its worker's compute")
     reshard: bool = setting(True, flag=False, help="release each layer after its forward and fetch it again for "
@@ -381,6 +410,31 @@ class JobConfig:
         """The value of ``section.field``."""
         section, name = path.split(".", 1)
         return getattr(getattr(self, section), name)
+
+    def with_absolute_paths(self, base: str | os.PathLike | None = None) -> "JobConfig":
+        """This job with every setting that names files (``setting(path=...)``) absolute, relative ones taken
+        from ``base`` (default: the working directory): a saved job then runs the same from any directory. A
+        setting that may be a name instead (a built-in model, a Hub id, ``builtin:docstrings``) is a path when
+        it names something that exists."""
+        base = os.path.abspath(base or os.getcwd())
+
+        def absolute(value: str) -> str:
+            return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+
+        sections = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            changes = {}
+            for f in dataclasses.fields(section):
+                kind, value = f.metadata.get("path"), getattr(section, f.name)
+                if kind is None or not isinstance(value, str) or not value:
+                    continue
+                if kind == "paths":
+                    changes[f.name] = ",".join(absolute(p.strip()) for p in value.split(","))
+                elif kind == "path" or os.path.exists(absolute(value)):
+                    changes[f.name] = absolute(value)
+            sections[name] = dataclasses.replace(section, **changes) if changes else section
+        return dataclasses.replace(self, **sections)
 
     def to_dict(self, *, everything: bool = False) -> dict:
         """``{section: {field: value}}`` of the settings that differ from their defaults (all of them with

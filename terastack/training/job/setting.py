@@ -29,12 +29,20 @@ class SettingError(ValueError):
         self.path, self.reason = path, reason
 
 
+#: ``setting(path=...)``: a file system path, comma-separated paths (``"paths"``), or a path or a name
+#: (``"path_or_name"``: a model or data set may be a built-in name or a Hub id; it is a path when it exists)
+PATH_KINDS = ("path", "paths", "path_or_name")
+
+
 def setting(default=MISSING, *, help: str, flat: str | None = None, aliases: tuple[str, ...] = (),
-            choices: tuple | None = None, metavar: str | None = None, flag: bool = True):
+            choices: tuple | None = None, metavar: str | None = None, flag: bool = True, path: str | None = None):
     """A job setting (see [Note: a job setting is one field]). ``flat``: its name at a file's top level, as an
-    override and as a flag (default: the field's name); ``aliases``: more flag names; ``flag=False``: no flag."""
+    override and as a flag (default: the field's name); ``aliases``: more flag names; ``flag=False``: no flag;
+    ``path``: one of :data:`PATH_KINDS` when the value names files (a saved job stores it absolute)."""
+    if path is not None and path not in PATH_KINDS:
+        raise TypeError(f"setting(path=...): one of {PATH_KINDS}, got {path!r}")
     meta = {"help": help, "flat": flat, "aliases": tuple(aliases), "choices": choices, "metavar": metavar,
-            "flag": flag}
+            "flag": flag, "path": path}
     if isinstance(default, (list, dict, set)):
         raise TypeError("a setting's default is immutable (a tuple, not a list)")
     return dataclasses.field(default=default, metadata=meta)

@@ -1,0 +1,150 @@
+"""The control plane of a job: rank 0 runs the job's loop and tells every other rank what comes next.
+
+[Note: step messages]
+In a job (``terastack dist train --config job.yaml``) worker 0 (rank 0) drives the shared loop
+(:mod:`terastack.training.loop`) through :class:`~terastack.disdp.job_engine.DisdpEngine`; every other rank
+follows. Each thing the loop asks of the engine becomes one :class:`Command`, broadcast from rank 0 on a
+process group of its own (the data plane's point-to-point traffic never waits behind it):
+
+    TRAIN   one pass (forward, backward, gradients to the servers) over worker i's rows of one micro-batch;
+            the servers add the gradients up and update after the step's last micro-batch (``apply``),
+            clipped by the global norm when ``max_grad_norm`` is set; ``targets``: the step's target tokens,
+            the loss's denominator, so the workers' gradients add up to the gradient of the whole batch
+    EVAL    the same pass with the gradients dropped by the servers (a validation loss)
+    SAVE    the servers send their state (parameters, moments, step) to rank 0, which writes the checkpoint
+    LOAD    rank 0 sends every server its slices of a checkpoint's state
+    EXPORT  the servers send their parameters to rank 0, which writes the model
+    STOP    every rank reports its memory figures (the most of each over the ranks) and leaves
+
+After a pass every rank adds its figures into one all-reduce (the workers' losses, the servers' gradient
+norm), so rank 0 has the step's loss when the call returns. Rank 0 sends each other worker its rows of the
+micro-batch right after the command (the batch is split by rows; a worker without rows runs one row that has
+no target token, so the pass's schedule is the same on every rank).
+"""
+from __future__ import annotations
+
+import datetime
+import enum
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from terastack.disdp.roles import RoleMap
+
+#: labels that are not targets (transformers' ignore index)
+IGNORE = -100
+_KEYS = ("attention_mask", "position_ids")
+
+
+class Op(enum.IntEnum):
+    TRAIN = 1
+    EVAL = 2
+    SAVE = 3
+    LOAD = 4
+    EXPORT = 5
+    STOP = 6
+
+
+@dataclass(kw_only=True, slots=True)
+class Command:
+    """One step message ([Note: step messages])."""
+
+    op: Op
+    pass_index: int = 0
+    lr: float = 0.0
+    targets: int = 0
+    apply: bool = False
+    #: 0: no clipping
+    max_grad_norm: float = 0.0
+    adam_step: float = 0.0
+
+    def encode(self) -> torch.Tensor:
+        return torch.tensor([int(self.op), self.pass_index, self.lr, self.targets, float(self.apply),
+                             self.max_grad_norm, self.adam_step, 0.0], dtype=torch.float64)
+
+    @classmethod
+    def decode(cls, t: torch.Tensor) -> "Command":
+        v = t.tolist()
+        return cls(op=Op(int(v[0])), pass_index=int(v[1]), lr=v[2], targets=int(v[3]), apply=bool(v[4]),
+                   max_grad_norm=v[5], adam_step=v[6])
+
+
+class Control:
+    """Rank 0's commands and the figures every rank reports back, on process groups of their own."""
+
+    def __init__(self, roles: RoleMap, rank: int, *, timeout_s: float):
+        self.roles = roles
+        self.rank = rank
+        timeout = datetime.timedelta(seconds=timeout_s)
+        # new_group is collective: every rank creates both groups, in this order
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
+        self.servers = dist.new_group(ranks=[roles.server_rank(s) for s in range(roles.servers)], backend="gloo",
+                                      timeout=timeout)
+
+    # ------------------------------------------------------------- commands
+    def announce(self, command: Command) -> None:
+        dist.broadcast(command.encode(), src=0, group=self.group)
+
+    def next(self) -> Command:
+        t = torch.zeros(8, dtype=torch.float64)
+        dist.broadcast(t, src=0, group=self.group)
+        return Command.decode(t)
+
+    def add_up(self, values: list[float]) -> list[float]:
+        """Every rank's ``values`` added up (every rank calls it after each pass)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.group)
+        return t.tolist()
+
+    def max_of(self, values: list[float]) -> list[float]:
+        """The largest of every rank's ``values``, element by element (every rank calls it after STOP)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return t.tolist()
+
+    # ---------------------------------------------------------------- data
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        dist.send(tensor.contiguous(), dst, group=self.group)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        dist.recv(tensor, src, group=self.group)
+        return tensor
+
+    def send_rows(self, batch: dict, dst: int) -> None:
+        ids = batch["input_ids"]
+        flags = sum(1 << i for i, k in enumerate(_KEYS) if batch.get(k) is not None)
+        self.send(torch.tensor([ids.shape[0], ids.shape[1], flags], dtype=torch.int64), dst)
+        for key in ("input_ids", "labels", *_KEYS):
+            if batch.get(key) is not None:
+                self.send(batch[key].to(torch.int64), dst)
+
+    def recv_rows(self, src: int = 0) -> dict:
+        rows, seq, flags = self.recv(torch.zeros(3, dtype=torch.int64), src).tolist()
+        out = {}
+        for i, key in enumerate(("input_ids", "labels", *_KEYS)):
+            if i < 2 or flags & (1 << (i - 2)):
+                out[key] = self.recv(torch.zeros(rows, seq, dtype=torch.int64), src)
+        return out
+
+
+def split_rows(batch: dict, workers: int) -> list[dict]:
+    """Worker i's rows of a micro-batch (contiguous, sizes differing by at most one); a worker left without rows
+    gets one row with no target token (its loss and gradient are zero)."""
+    parts = []
+    pieces = {k: torch.tensor_split(v, workers) for k, v in batch.items() if v is not None}
+    for w in range(workers):
+        part = {k: v[w] for k, v in pieces.items()}
+        if part["input_ids"].shape[0] == 0:
+            seq = batch["input_ids"].shape[1]
+            part = {"input_ids": torch.zeros(1, seq, dtype=torch.int64),
+                    "labels": torch.full((1, seq), IGNORE, dtype=torch.int64)}
+            if batch.get("position_ids") is not None:
+                part["position_ids"] = torch.arange(seq).unsqueeze(0)
+        parts.append(part)
+    return parts
+
+
+def target_tokens(batch: dict) -> int:
+    """Labels that count in the loss: those other than -100 after the shift by one."""
+    return int((batch["labels"][:, 1:] != IGNORE).sum())

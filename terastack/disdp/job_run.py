@@ -1,0 +1,271 @@
+"""``terastack dist train --config job.yaml``: the job file ``terastack finetune`` runs, on the disaggregated engine.
+
+:func:`launch_job` starts every rank on this machine (torchrun's elastic agent, loopback); under torchrun each
+rank runs :func:`run_rank` (``python -m terastack.disdp.job_run JOB.yaml``). Rank 0 (worker 0) reads the data,
+builds the job's schedule and runs the shared loop (:class:`terastack.training.loop.FinetuneLoop`) on a
+:class:`~terastack.disdp.job_engine.DisdpEngine`; the other ranks follow its step messages
+([Note: step messages] in :mod:`terastack.disdp.control`). The job's ``batch_size`` is the global batch:
+every micro-batch is split by rows among the workers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from terastack.atomic import atomic_write_json
+from terastack.disdp.buckets import Layout, Schedule
+from terastack.disdp.comm import Comm
+from terastack.disdp.control import Control
+from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
+from terastack.disdp.launch import QUIET_ENV, launch_ranks
+from terastack.disdp.roles import Role, RoleMap
+from terastack.disdp.run import check_same_layout
+
+#: the program every rank of a job runs
+JOB_RUN_MODULE = "terastack.disdp.job_run"
+RESULT = "result.json"
+COMMAND = "terastack dist train"
+
+
+@dataclass(kw_only=True, slots=True)
+class JobRank:
+    """Who this rank is and the model's layout (what every role's part needs)."""
+
+    job: object
+    rank: int
+    role: Role
+    index: int
+    roles: RoleMap
+    comm: Comm
+    hf_config: object
+    model_dir: str | None
+    meta_model: nn.Module
+    layout: Layout
+    schedule: Schedule
+
+
+def roles_of(job) -> RoleMap:
+    d = job.disdp
+    return RoleMap(workers=d.workers, servers=d.servers, aggregator=d.aggregator, agents=d.agents)
+
+
+def check_job(job) -> None:
+    """What the disaggregated engine refuses up front (before any rank starts)."""
+    from terastack.training.job import SettingError
+
+    if job.lora.rank is not None:
+        raise SettingError("lora.rank", "the disaggregated engine trains every parameter; LoRA adapters are "
+                           "trained by terastack finetune")
+    if job.training.batch_size < job.disdp.workers:
+        raise SettingError("training.batch_size", f"the global batch of {job.training.batch_size} rows cannot be "
+                           f"split among {job.disdp.workers} workers (give at least one row per worker)")
+
+
+def join_job(job) -> tuple[JobRank, Control]:
+    from terastack.training.hf.model_files import apply_rope_scaling, build_skeleton, check_packing
+    from terastack.training.model_registry import DEFAULT_MODEL, resolve_model
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    d = job.disdp
+    roles = roles_of(job)
+    roles.check_world(world)
+    role, index = roles.role_of(rank)
+    torch.set_num_threads(d.threads)
+    if role is not Role.WORKER and d.helper_nice:
+        os.nice(d.helper_nice)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=d.timeout_s))
+    comm = Comm(roles, rank, timeout_s=d.timeout_s)
+    hf_config, model_dir = resolve_model(job.model.path or DEFAULT_MODEL)
+    if job.model.rope_scaling is not None:
+        apply_rope_scaling(hf_config, *job.model.rope_scaling)
+    if job.data.pack:
+        check_packing(hf_config)   # packed rows need the attention that position ids restart
+    meta_model = build_skeleton(hf_config)
+    layout = Layout.of(meta_model, d.servers)
+    check_same_layout(layout, roles, rank)
+    control = Control(roles, rank, timeout_s=d.timeout_s)
+    return JobRank(job=job, rank=rank, role=role, index=index, roles=roles, comm=comm, hf_config=hf_config,
+                   model_dir=model_dir, meta_model=meta_model, layout=layout,
+                   schedule=Schedule(layout, reshard=d.reshard)), control
+
+
+def initial_shard(me: JobRank) -> dict[int, torch.Tensor]:
+    """This server's slice of every bucket of the model's starting weights: the model directory's, read one
+    group of tensors at a time through transformers' own key conversions (the model is never whole in
+    memory), or a seeded random initialization."""
+    layout, server = me.layout, me.index
+    shard = {b: torch.empty(hi - lo) for b in range(len(layout.buckets)) for lo, hi in [layout.shard(b, server)]}
+    where = {slot.name: (b, slot) for b, bucket in enumerate(layout.buckets) for slot in bucket.params}
+    missing = set(where)
+
+    def place(name: str, tensor: torch.Tensor) -> None:
+        b, slot = where[name]
+        lo, hi = layout.shard(b, server)
+        start, end = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
+        if start < end:
+            shard[b][start - lo:end - lo] = tensor.detach().reshape(-1)[start - slot.offset:end - slot.offset]
+        missing.discard(name)
+
+    if me.model_dir is not None:
+        from terastack.training.hf.keys import CheckpointKeys
+        from terastack.training.hf.model_files import CheckpointReader
+
+        reader = CheckpointReader(me.model_dir)
+        try:
+            for name, tensor in CheckpointKeys(me.meta_model, reader.keys()).tensors(reader.get):
+                if name in where:
+                    place(name, tensor.float())
+        finally:
+            reader.close()
+    else:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(me.job.training.seed)
+        model = AutoModelForCausalLM.from_config(me.hf_config, dtype=torch.float32)
+        for name, p in model.named_parameters():
+            place(name, p)
+        del model
+    if missing:
+        raise ValueError(f"model {me.model_dir}: no weights for {', '.join(sorted(missing)[:3])} in its checkpoint")
+    return shard
+
+
+def run_rank(job) -> int:
+    """One rank of the job: rank 0 drives, the others follow; every rank leaves together."""
+    me, control = join_job(job)
+    if me.rank == 0:
+        drive(me, control)
+    else:
+        part = part_of(me, control, initial_shard(me) if me.role is Role.SERVER else None)
+        try:
+            follow(me, control, part)
+        finally:
+            if hasattr(part, "close"):
+                part.close()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=job.disdp.timeout_s), wait_all_ranks=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def drive(me: JobRank, control: Control) -> dict:
+    """Rank 0: the job's data, schedule and loop on the engine; the export; ``result.json`` in the run dir."""
+    from terastack.training.checkpoint import open_checkpoint
+    from terastack.training.data.epochs import total_steps
+    from terastack.training.data.job_data import JobData
+    from terastack.training.data.stdlib_corpus import load_tokenizer
+    from terastack.training.job import write_job_file
+    from terastack.training.loop import DataSource, FinetuneLoop, LoopConfig, job_schedule, perplexity
+    from terastack.training.metrics import MetricsLog
+    from terastack.training.output_dir import OutputDir
+
+    job, log = me.job, sys.stderr
+    quiet = os.environ.get(QUIET_ENV) == "1" or not job.disdp.progress
+    t = job.training
+    lr = t.lr if t.lr is not None else (1e-5 if me.model_dir is not None else 3e-4)
+    tokenizer = load_tokenizer(me.model_dir)
+    data = JobData(job, tokenizer, me.model_dir, seed=t.seed)
+    steps_total = total_steps(steps=t.step_count, epochs=t.epochs, rows=data.rows, batch_size=t.batch_size,
+                              grad_accum=t.grad_accum)
+    schedule = job_schedule(job, lr=lr, total_steps=steps_total)
+    # finetune.yaml: the job as run (its learning rate spelled out, its files absolute), to be run again
+    absolute = job.with_absolute_paths()
+    resolved = dataclasses.replace(absolute, training=dataclasses.replace(absolute.training, lr=lr),
+                                   checkpoint=dataclasses.replace(absolute.checkpoint, resume=None))
+    output = OutputDir(job.output.dir) if job.output.dir else None
+    engine = DisdpEngine(me, control, JobWorker(me), lr=lr, hf_config=me.hf_config, model_dir=me.model_dir)
+    resume = job.checkpoint.resume
+    snapshot = None
+    if resume:
+        snapshot = open_checkpoint(resume)
+        snapshot.load({"data": DataSource(data.info)}, optional=["data"])  # other data: refused first
+        engine.resume(snapshot)
+    vocab = getattr(me.hf_config, "vocab_size", None)
+    if vocab is not None and data.max_token >= vocab:
+        raise ValueError(f"the tokens of {data.info['source']} reach id {data.max_token} but the model has a "
+                         f"vocabulary of {vocab}")
+    print(f"{COMMAND}: {job.model.path or 'tiny-llama'} ({me.layout.numel / 1e6:.2f}M parameters in "
+          f"{len(me.layout.buckets)} buckets) on {data.info['source']}; {me.roles.workers} workers, "
+          f"{me.roles.servers} servers (state in {job.disdp.state})"
+          + (", an aggregator" if me.roles.aggregator else "")
+          + f"; {steps_total} steps of {t.grad_accum} x {t.batch_size} rows, lr {lr:g}", file=log, flush=True)
+    if output is not None:
+        output.start(resuming=bool(resume))
+    metrics_path = job.output.metrics or (output.metrics_path if output is not None else None)
+    with MetricsLog(metrics_path, resume_step=engine.step_count if resume else None) as metrics:
+        loop = FinetuneLoop(engine, data.train, schedule,
+                            LoopConfig.from_job(job, total_steps=steps_total, rows_per_epoch=data.rows),
+                            val_batches=data.val, metrics=metrics, log=None if quiet else log,
+                            data_info=data.info)
+        if snapshot is not None:
+            loop.resume(snapshot)
+        done = loop.run()
+    if output is not None:
+        output.finish(engine, tokenizer, max_shard_size=job.output.max_shard_size,
+                      write_job=lambda path: write_job_file(resolved, path, command=COMMAND))
+        print(f"exported to {output.path}", file=log, flush=True)
+    memory = engine.stop()
+    losses, evals = done.losses, done.evaluations
+    result = {
+        "model": job.model.path or "tiny-llama", "parameters": me.layout.numel, "data": data.info,
+        "workers": me.roles.workers, "servers": me.roles.servers, "steps": engine.step_count,
+        "first_step": done.first_step, "total_steps": steps_total, "losses": losses,
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "evaluations": [{"step": s, "val_loss": v} for s, v in evals],
+        "val_loss_last": evals[-1][1] if evals else None,
+        "val_ppl_last": perplexity(evals[-1][1]) if evals else None,
+        "step_s_mean": done.train_seconds / len(losses) if losses else None,
+        "grad_norms": [h.grad_norm for h in engine.history[-len(losses):]] if losses else [],
+        "checkpoint": job.checkpoint.dir, "exported": job.output.dir, "finished": time.time(), **memory,
+    }
+    atomic_write_json(Path(job.disdp.run_dir) / RESULT, result)
+    return result
+
+
+def launch_job(job, *, quiet: bool = False) -> dict:
+    """Run ``job`` on this machine: every rank under torchrun's elastic agent on loopback; rank 0's result."""
+    import json
+
+    from terastack.training.job import write_job_file
+
+    check_job(job)
+    roles = roles_of(job)
+    run_dir = Path(job.disdp.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RESULT).unlink(missing_ok=True)
+    job_file = run_dir / "job.yaml"
+    write_job_file(job.with_absolute_paths(), job_file, command=COMMAND)   # the ranks may start elsewhere
+
+    def resume_hint() -> str:
+        from terastack.training.checkpoint import LATEST
+
+        d = job.checkpoint.dir
+        return (f"; checkpoints are in {d}: rerun with --resume {d} to continue"
+                if d and (Path(d) / LATEST).exists() else "; no checkpoint was completed")
+
+    launch_ranks(roles, JOB_RUN_MODULE, [str(job_file)], world_size=roles.world_size,
+                 timeout_s=job.disdp.timeout_s, quiet=quiet, resume_hint=resume_hint)
+    return json.loads((run_dir / RESULT).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m terastack.disdp.job_run JOB.yaml`` under torchrun."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from terastack.training.job import resolve_job
+
+    argv = sys.argv[1:] if argv is None else argv
+    job = resolve_job(file=argv[0], flags={}, overrides=list(argv[1:]), log=None)
+    return record(run_rank)(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

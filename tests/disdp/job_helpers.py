@@ -1,0 +1,69 @@
+"""A tiny chat job for the disaggregated engine: a Llama saved with save_pretrained beside a word-level tokenizer
+with a chat template (built locally, nothing downloads), chat JSONL records and the job file both engines read."""
+from __future__ import annotations
+
+import json
+
+CHATS = [
+    [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "fine"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "how are you"},
+     {"role": "assistant", "content": "fine fine"}],
+    [{"role": "user", "content": "tell me"}, {"role": "assistant", "content": "you are fine"},
+     {"role": "user", "content": "how"}, {"role": "assistant", "content": "brief"}],
+    [{"role": "user", "content": "are you there"}, {"role": "assistant", "content": "hi"}],
+    [{"role": "user", "content": "tell me how"}, {"role": "assistant", "content": "be fine there"}],
+    [{"role": "user", "content": "you"}, {"role": "assistant", "content": "me"}],
+    [{"role": "user", "content": "hi hi"}, {"role": "assistant", "content": "how are you there"}],
+]
+WORDS = ["<s>", "</s>", "<pad>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "hi", "there",
+         "how", "are", "you", "fine", "be", "brief", "tell", "me"]
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+def make_chat_model(path, *, seed: int = 0, layers: int = 2, hidden: int = 16) -> str:
+    """A Llama (2 layers of width 16 unless told, vocabulary 32) and its tokenizer saved into ``path``."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  unk_token="<unk>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]})
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(str(path))
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=32, max_position_embeddings=64, bos_token_id=0,
+                         eos_token_id=1, pad_token_id=2)
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(path))
+    return str(path)
+
+
+def write_chat_job(tmp_path, *, workers: int = 2, clip: float | None = None, steps: int = 3, model_size=(2, 16),
+                   **extra) -> str:
+    """The job file: the model and data above, 3 steps of 3 rows with 2 micro-batches, warmup and a decay.
+    ``model_size``: (layers, hidden) of the model; ``extra``: more settings, ``section.field=value``."""
+    model = tmp_path / "model"
+    if not model.exists():
+        make_chat_model(model, layers=model_size[0], hidden=model_size[1])
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))
+    job = {"model": {"path": str(model)}, "data": {"path": str(data)}, "validation": {"fraction": 0.0},
+           "training": {"steps": steps, "seq_len": 16, "batch_size": 3, "grad_accum": 2, "lr": 0.01,
+                        "warmup_steps": 1, "lr_schedule": "linear", "weight_decay": 0.01,
+                        "max_grad_norm": clip},
+           "offload": {"calibrate": False},
+           "disdp": {"workers": workers, "servers": 2 if workers > 1 else 1, "timeout_s": 60,
+                     "run_dir": str(tmp_path / f"run-w{workers}")}}
+    for path, value in extra.items():
+        section, name = path.split("__")
+        job.setdefault(section, {})[name] = value
+    out = tmp_path / f"job-w{workers}-{'clip' if clip else 'noclip'}.json"
+    # JSON is YAML: the job file both commands read
+    out = out.with_suffix(".yaml")
+    out.write_text(json.dumps(job))
+    return str(out)

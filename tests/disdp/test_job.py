@@ -1,0 +1,148 @@
+"""``terastack dist train --config job.yaml``: the job file of ``terastack finetune`` on the disaggregated engine,
+checked against ``terastack finetune`` itself on the same job (chat records with the loss on assistant turns,
+gradient accumulation, warmup and a linear decay, weight decay, clipping on and off).
+
+Each job is tiny (a 2-layer Llama of 5.7k parameters, 3 steps of 2 micro-batches of 3 rows) and bounded in time;
+every rank bounds each of its waits (``disdp.timeout_s``).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers", reason="the jobs' model is a transformers Llama")
+
+from terastack.cli import main  # noqa: E402
+from terastack.disdp.job_run import launch_job  # noqa: E402
+from terastack.training.job import resolve_job  # noqa: E402
+
+from .job_helpers import write_chat_job  # noqa: E402
+
+
+def _weights(export) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(export.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    assert out, f"no weights in {export}"
+    return out
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _finetune(job_file: str, out, store, *more) -> dict:
+    assert main(["finetune", "--config", job_file, "--output", str(out), "--store", str(store), *more]) == 0
+    return _weights(out)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """``terastack finetune``'s exports of the job, clipping off and on (one process each)."""
+    root = tmp_path_factory.mktemp("reference")
+    out = {}
+    for clip in (None, 0.5):
+        job = write_chat_job(root, clip=clip)
+        out[clip] = _finetune(job, root / f"out-{clip}", root / f"store-{clip}")
+    return out, root
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["noclip", "clip"])
+def test_equals_the_single_process_job(tmp_path, references, workers, clip):
+    """W workers (the global batch of 3 rows split among them: 3, 2+1, 1+1+1), 1-2 servers and the aggregator:
+    the export equals finetune's within 1e-5, and so do the losses."""
+    refs, _ = references
+    job = resolve_job(file=write_chat_job(tmp_path, workers=workers, clip=clip), flags={},
+                      overrides=[f"output.dir={tmp_path / 'out'}"], log=None)
+    result = launch_job(job, quiet=True)
+    assert result["steps"] == 3 and result["workers"] == workers
+    assert _max_diff(_weights(tmp_path / "out"), refs[clip]) <= 1e-5
+    assert all(n is not None and n > 0 for n in result["grad_norms"]) == (clip is not None)
+
+
+@pytest.mark.timeout(200)
+def test_cli_chat_job_exports_what_transformers_loads(tmp_path, references, capsys):
+    """``terastack dist train`` with finetune's flags and overrides: validation every 2 steps, metrics.jsonl, a
+    sharded export (config, tokenizer) that transformers loads and that equals finetune's."""
+    import transformers
+
+    refs, root = references
+    job = write_chat_job(tmp_path, workers=2, clip=0.5)
+    val = tmp_path / "val.jsonl"
+    val.write_text((tmp_path / "chat.jsonl").read_text())
+    out = tmp_path / "export"
+    assert main(["dist", "train", "--config", job, "--output", str(out), "--val-data", str(val), "--eval-every",
+                 "2", "--max-shard-size", "8KB", "disdp.workers=2", "servers=1"]) == 0
+    assert "loss" in capsys.readouterr().out
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors.index.json", "tokenizer.json", "metrics.jsonl",
+            "finetune.yaml"} <= names
+    assert len([n for n in names if n.endswith(".safetensors")]) > 1
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True)
+    loaded = {k: v.detach() for k, v in model.state_dict().items()}
+    assert _max_diff({k: loaded[k] for k in refs[0.5]}, refs[0.5]) <= 1e-5
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in lines if "val_loss" in r] == [0, 2, 3]
+    # finetune.yaml repeats the job (on either engine)
+    again = resolve_job(file=str(out / "finetune.yaml"), flags={}, overrides=[], log=None)
+    assert again.disdp.workers == 2 and again.disdp.servers == 1 and again.training.max_grad_norm == 0.5
+
+
+@pytest.mark.timeout(200)
+def test_resume_continues_exactly_with_state_on_ssd(tmp_path):
+    """3 steps with a checkpoint, then --resume to step 5, the servers' parameters and moments resting on the SSD
+    (the tiered store): the export equals finetune's 5 straight steps (the constant schedule and the data order
+    are the same functions of the step in both). An 8-layer model: a worker holds a few layers at a time, and a
+    server's host memory holds a few buckets' state, not its shard."""
+    job_file = write_chat_job(tmp_path, workers=2, clip=0.5, model_size=(8, 64), training__lr_schedule="constant",
+                              disdp__state="ssd", disdp__servers=1)
+    ckpt = tmp_path / "ckpt"
+    first = launch_job(resolve_job(file=job_file, flags={}, overrides=[f"checkpoint.dir={ckpt}"], log=None),
+                       quiet=True)
+    assert first["steps"] == 3 and (ckpt / "LATEST").exists()
+    job = resolve_job(file=job_file, flags={}, overrides=[f"checkpoint.resume={ckpt}", "training.steps=5",
+                                                          f"output.dir={tmp_path / 'resumed'}"], log=None)
+    second = launch_job(job, quiet=True)
+    assert second["first_step"] == 3 and second["steps"] == 5 and len(second["losses"]) == 2
+    ref = _finetune(job_file, tmp_path / "ref", tmp_path / "store", "--steps", "5")
+    assert _max_diff(_weights(tmp_path / "resumed"), ref) <= 1e-5
+    model = second["model_param_bytes"]
+    print(second["worker_peak_param_bytes"], second["server_peak_host_state_bytes"], model)
+    assert second["worker_peak_param_bytes"] <= model / 2
+    assert second["server_peak_host_state_bytes"] <= 3 * model / 2   # params + moments: 3 x model in memory
+
+
+def test_refusals(tmp_path):
+    from terastack.disdp.job_run import check_job
+    from terastack.training.job import SettingError
+
+    job = resolve_job(file=write_chat_job(tmp_path, workers=3), flags={}, overrides=["training.batch_size=2"],
+                      log=None)
+    with pytest.raises(SettingError, match="training.batch_size"):
+        check_job(job)
+    job = resolve_job(file=write_chat_job(tmp_path, workers=1), flags={}, overrides=["lora.rank=4"], log=None)
+    with pytest.raises(SettingError, match="lora.rank"):
+        check_job(job)
+
+
+def test_the_engine_is_a_training_engine():
+    """The loop drives the disaggregated engine through the protocol every engine satisfies."""
+    from types import SimpleNamespace
+
+    from terastack.disdp.job_engine import DisdpEngine
+    from terastack.training.engine_protocol import TrainingEngine
+
+    me = SimpleNamespace(job=SimpleNamespace(training=SimpleNamespace(max_grad_norm=None)),
+                         layout=SimpleNamespace(numel=3))
+    engine = DisdpEngine(me, None, None, lr=1e-3, hf_config=None, model_dir=None)
+    assert isinstance(engine, TrainingEngine)
+    assert engine.step_count == 0 and engine.profile.total_params == 3

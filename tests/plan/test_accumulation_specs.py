@@ -1,0 +1,90 @@
+"""The orders of a step's micro-batches as the planner prices them (terastack.plan.accumulation_specs)."""
+import pytest
+import torch
+
+from terastack.plan.accumulation_specs import (ACCUMULATIONS, AUTO, HORIZONTAL, VERTICAL, accumulation_spec,
+                                               candidates)
+from terastack.plan.hardware import Hardware
+from terastack.plan.llm_planner import LLMPlanner, PlanError
+
+GiB = 1 << 30
+CPU = Hardware(name="cpu", measured=True, cores=2, host_memory_bytes=24 << 30, cpu_flops=5e10,
+               memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9, ssd_write_bytes_per_s=1e9,
+               cpu_adam_params_per_s=3e8, cpu_io_slowdown_per_gbps=0.07)
+
+
+def model_profile(batch: int, layers: int = 4):
+    from terastack.llm.engine.profile import profile_config
+    from terastack.training.model_registry import resolve_model
+
+    hf_config, _ = resolve_model("openllama-3b")
+    hf_config.num_hidden_layers = layers
+    return profile_config(hf_config, batch=batch, seq_len=256, dtype=torch.float32, name="openllama-3b")
+
+
+def test_registry_and_names():
+    assert set(ACCUMULATIONS) == {"horizontal", "vertical"}
+    assert candidates(AUTO) == (VERTICAL, HORIZONTAL) and candidates("horizontal") == (HORIZONTAL,)
+    with pytest.raises(ValueError, match="^accumulation: must be auto or one of horizontal, vertical"):
+        accumulation_spec("diagonal")
+    with pytest.raises(ValueError, match="^accumulation:"):
+        LLMPlanner.Config(device_budget=GiB, host_budget=GiB, accumulation="diagonal")
+    assert VERTICAL.passes(8) == 1 and HORIZONTAL.passes(8) == 8
+    assert not VERTICAL.sums_gradients(8) and HORIZONTAL.sums_gradients(8) and not HORIZONTAL.sums_gradients(1)
+
+
+def test_the_vertical_profile_is_the_profile_of_all_rows_at_once():
+    """Scaling a micro-batch's profile by N gives what profiling N micro-batches' rows gives: exactly, but for
+    the few saved bytes that do not grow with the rows (the rotary tables), which it counts N times (0.2% more
+    here: the plan errs on the side of memory)."""
+    import dataclasses
+
+    one, four = model_profile(1), model_profile(4)
+    scaled = VERTICAL.step_profile(one, 4)
+    assert HORIZONTAL.step_profile(one, 4) is one
+    assert dataclasses.replace(scaled, units=four.units) == four
+    for mine, real in zip(scaled.units, four.units):
+        assert real.act_bytes <= mine.act_bytes <= 1.01 * real.act_bytes
+        assert dataclasses.replace(mine, act_bytes=real.act_bytes) == real
+
+
+@pytest.mark.parametrize("mode", ["eager", "deferred"])
+def test_a_vertical_step_is_planned_as_one_step_of_all_the_rows(mode):
+    """The vertical plan of N micro-batches of B rows is the one-batch plan of N x B rows (weights read once per
+    step, no gradient sums); the horizontal plan reads weights and computes N times and holds the sums."""
+    n = 4
+    budgets = dict(device_budget=2 * GiB, host_budget=3 * GiB, mode=mode)
+    keep = dict(budgets, device_budget=6 * GiB, policy="keep")  # the same compute: nothing recomputed
+    vertical = LLMPlanner(LLMPlanner.Config(grad_accum=n, accumulation="vertical", **budgets)).plan(
+        model_profile(1), CPU)
+    reference = LLMPlanner(LLMPlanner.Config(**budgets)).plan(VERTICAL.step_profile(model_profile(1), n), CPU)
+    assert vertical.accumulation == "vertical" and vertical.grad_accum == n and vertical.grad_home == {}
+    assert vertical.prediction == reference.prediction
+    assert (vertical.policies, vertical.state_home) == (reference.policies, reference.state_home)
+    horizontal, vertical_kept = (LLMPlanner(LLMPlanner.Config(grad_accum=n, accumulation=order, **keep)).plan(
+        model_profile(1), CPU) for order in ("horizontal", "vertical"))
+    assert horizontal.accumulation == "horizontal" and horizontal.grad_home
+    assert horizontal.prediction.compute_s == pytest.approx(vertical_kept.prediction.compute_s)
+    assert horizontal.prediction.ssd_read_bytes > vertical_kept.prediction.ssd_read_bytes
+    assert "vertical" in vertical.describe(model_profile(1)) and vertical.summary()["accumulation"] == "vertical"
+
+
+def test_auto_takes_vertical_when_it_fits_else_horizontal():
+    profile = model_profile(1)
+    config = dict(grad_accum=16, host_budget=4 * GiB)
+    needed = {}
+    for order in ("vertical", "horizontal"):  # the device budget each order needs, from its refusal of 64 MiB
+        with pytest.raises(PlanError) as info:
+            LLMPlanner(LLMPlanner.Config(device_budget=64 << 20, accumulation=order, **config)).plan(profile, CPU)
+        needed[order] = info.value.needed
+    assert needed["vertical"] > needed["horizontal"]
+    between = (needed["vertical"] + needed["horizontal"]) // 2
+    with pytest.raises(PlanError):
+        LLMPlanner(LLMPlanner.Config(device_budget=between, accumulation="vertical", **config)).plan(profile, CPU)
+    fallback = LLMPlanner(LLMPlanner.Config(device_budget=between, **config)).plan(profile, CPU)
+    assert fallback.accumulation == "horizontal" and fallback.sums_gradients
+    roomy = LLMPlanner(LLMPlanner.Config(device_budget=needed["vertical"], **config)).plan(profile, CPU)
+    assert roomy.accumulation == "vertical" and not roomy.sums_gradients
+    with pytest.raises(PlanError) as info:  # neither fits: the horizontal order's refusal
+        LLMPlanner(LLMPlanner.Config(device_budget=64 << 20, **config)).plan(profile, CPU)
+    assert info.value.needed == needed["horizontal"]

@@ -1,0 +1,124 @@
+"""`terastack plan llm`: the same question gets the same answer, "does not fit" is an exit status, the training
+state it shows adds up to the placements it lists, and a described machine is not called the probed one."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from terastack.cli import main
+from terastack.llm.plan_cmd import NO_FIT
+from terastack.plan.hardware import Hardware, save_probe
+
+# a probed machine without an accelerator, as `terastack probe` caches it
+PROBED = Hardware(name="this machine (probed)", measured=True, cores=2, host_memory_bytes=16 << 30, cpu_flops=5e10,
+                  memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9, ssd_write_bytes_per_s=1e9,
+                  cpu_adam_params_per_s=3e8, probe_dir="/tmp")
+TINY = ["plan", "llm", "--model", "tiny-llama", "--seq-len", "16", "--calibrate", "--json"]
+
+
+def _json(capsys, argv) -> tuple[int, dict]:
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_the_same_calibrated_plan_twice_predicts_the_same_step(capsys, monkeypatch):
+    from terastack.llm.engine import profile
+
+    save_probe(PROBED)
+    monkeypatch.setattr(profile, "_CALIBRATED", {})
+    code, first = _json(capsys, TINY)
+    assert code == 0
+    step = first["plan"]["predicted_step_s"]
+    assert step > 0 and profile.unit_times_path().is_file()
+    code, again = _json(capsys, TINY)  # the same process
+    assert code == 0 and again["plan"]["predicted_step_s"] == pytest.approx(step, rel=0.05)
+    # a new process on a busier machine: nothing in memory, and every unit would now time 50x slower (a shared
+    # machine's neighbours); the same question still gets the answer it got
+    monkeypatch.setattr(profile, "_CALIBRATED", {})
+    real = profile.time.perf_counter
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: 50 * real())
+    code, busy = _json(capsys, TINY)
+    monkeypatch.setattr(profile.time, "perf_counter", real)
+    assert code == 0 and busy["plan"]["predicted_step_s"] == pytest.approx(step, rel=0.05)
+    # two processes
+    other = subprocess.run([sys.executable, "-m", "terastack", *TINY], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "TERASTACK_CACHE": os.environ["TERASTACK_CACHE"]})
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["plan"]["predicted_step_s"] == pytest.approx(step, rel=0.05)
+    # --recalibrate times the units again (here: 50x slower, so the prediction moves)
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: 50 * real())
+    code, again = _json(capsys, [*TINY, "--recalibrate"])
+    assert code == 0 and again["plan"]["predicted_step_s"] > 5 * step
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_does_not_fit_exits_non_zero(capsys, as_json):
+    argv = ["plan", "llm", "--model", "opt-1.3b", "--hardware", "rtx4090-workstation", "--host-mem", "1GB"]
+    assert main(argv + (["--json"] if as_json else [])) == NO_FIT == 3  # 2 is an error in the question
+    out = capsys.readouterr().out
+    if as_json:
+        assert json.loads(out)["fits"] is False
+    else:
+        assert "does not fit" in out and "host budget" in out
+    assert main(["plan", "llm", "--model", "opt-1.3b", "--hardware", "rtx4090-workstation"]) == 0
+    assert main(["plan", "llm", "--model", "opt-1.3b", "--hardware", "no-such-machine"]) == 2  # an error
+
+
+def _bytes(text: str) -> int:
+    value, unit = text.split()
+    return int(float(value) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit])
+
+
+@pytest.mark.parametrize("extra, trainable_bytes, frozen_bytes", [
+    (["--host-mem", "12GB"], 12 + 2, 2),  # full fine-tune in bf16: fp32 master + 2 moments + the bf16 compute copy
+    (["--host-mem", "2GB", "--lora", "8"], 12 + 2, 2),  # LoRA: the adapters as above, the frozen base in bf16
+])
+def test_training_state_adds_up_to_the_placements(capsys, extra, trainable_bytes, frozen_bytes):
+    # a host too small for all the state: it is spread over host memory and the SSD (and the device: a LoRA base)
+    argv = ["plan", "llm", "--model", "opt-1.3b", "--hardware", "rtx4090-workstation", *extra]
+    code, r = _json(capsys, argv + ["--json"])
+    assert code == 0
+    frozen = r["parameters"] - r["trainable_parameters"]
+    assert r["training_state_bytes"] == r["trainable_parameters"] * trainable_bytes + frozen * frozen_bytes
+    placed = r["placement_bytes"]
+    assert sum(placed.values()) == r["training_state_bytes"]
+    assert sum(1 for v in placed.values() if v) >= 2  # the state is spread over more than one place
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    head = re.search(r"training state ([\d.]+ \w+), batch", out).group(1)
+    listed = re.search(r"^training state ([\d.]+ \w+):$", out, re.M).group(1)
+    assert head == listed
+    parts = [_bytes(b) for b in re.findall(r"([\d.]+ \w+) (?:in host memory|on SSD|on the device)", out)]
+    assert len(parts) >= 4 and sum(parts) == pytest.approx(_bytes(head), rel=0.01)
+
+
+def test_a_described_gpu_is_not_called_the_probed_machine(capsys):
+    save_probe(PROBED)
+    code = main(["plan", "llm", "--model", "opt-125m", "--gpu-mem", "24GB", "--gpu-tflops", "100"])
+    out = capsys.readouterr().out
+    assert code == 0
+    machine = next(line for line in out.splitlines() if line.startswith("on "))
+    assert "(probed)" not in machine and "hypothetical" in machine and "--gpu-mem 24GB" in machine, machine
+    code, r = _json(capsys, ["plan", "llm", "--model", "opt-125m", "--gpu-mem", "24GB", "--gpu-tflops", "100",
+                             "--json"])
+    assert "probed" not in r["hardware"]["name"] and r["prediction"] is True
+    # the probed machine itself keeps its name
+    assert main(["plan", "llm", "--model", "opt-125m"]) == 0
+    assert "on this machine (probed)" in capsys.readouterr().out
+
+
+def test_a_lora_base_that_fits_the_gpu_stays_there(capsys):
+    """The issue's case: LoRA of a 7B model on an 80 GB GPU streamed its 12.6 GiB base over PCIe every step."""
+    code, r = _json(capsys, ["plan", "llm", "--model", "llama-2-7b", "--lora", "16", "--hardware", "a100-server",
+                             "--gpu-mem", "80GB", "--json"])
+    assert code == 0
+    frozen = r["parameters"] - r["trainable_parameters"]
+    assert r["placement_bytes"]["compute_device"] == frozen * 2  # the whole bf16 base
+    plan = r["plan"]
+    assert plan["predicted_device_link_bytes"] < 1 << 30 and plan["predicted_ssd_read_bytes"] < 1 << 30
+    assert frozen * 2 <= plan["predicted_device_peak_bytes"] <= 72 * 10**9

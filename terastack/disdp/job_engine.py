@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,22 +28,9 @@ from terastack.disdp.control import Command, Control, Op, split_rows, target_tok
 from terastack.disdp.roles import Role
 from terastack.disdp.server import AdamWConfig, ParameterServer, scratch_dir
 from terastack.disdp.worker import ShardedModel
+from terastack.training.engine_protocol import StepStats  # one optimizer step as rank 0 saw it
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
-
-
-@dataclass(slots=True)
-class StepStats:
-    """One optimizer step as rank 0 saw it (the fields of a metrics line)."""
-
-    step: int
-    loss: float
-    seconds: float
-    tokens: int
-    ssd_read_bytes: int = 0
-    ssd_write_bytes: int = 0
-    device_in_bytes: int = 0
-    grad_norm: float | None = None
 
 
 class JobWorker:

@@ -54,6 +54,15 @@ VERIFY_MODES = ("stamp", "full", "size")
 TOPOLOGY_MODES = ("memory", "mmap", "ssd")
 
 
+def check_read_modes(*, verify: str, topology: str) -> None:
+    """Raise ValueError naming the field unless ``verify`` and ``topology`` are known modes (every config that
+    opens a dataset, homogeneous or heterogeneous, checks them the same way)."""
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {verify!r}")
+    if topology not in TOPOLOGY_MODES:
+        raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {topology!r}")
+
+
 class DatasetError(ValueError):
     """A dataset directory is missing, truncated, corrupt or inconsistent. Names the file and the field."""
 
@@ -300,10 +309,7 @@ class GraphDataset:
         def __post_init__(self) -> None:
             if not self.root:
                 raise ValueError("root: the dataset directory is required")
-            if self.verify not in VERIFY_MODES:
-                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
-            if self.topology not in TOPOLOGY_MODES:
-                raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {self.topology!r}")
+            check_read_modes(verify=self.verify, topology=self.topology)
             SsdTopology.Config(indptr=self.indptr, budget=self.topology_budget)  # validates both
 
     def __init__(self, config: "GraphDataset.Config | str | os.PathLike", *, engine=None):

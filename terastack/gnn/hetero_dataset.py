@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json, safe_relative
-from terastack.gnn.dataset import (FEATURE_DTYPES, INDEX_DTYPES, MANIFEST, TOPOLOGY_MODES, VERIFY_MODES, DatasetError,
-                                   FileEntry, file_entry, need_field, parse_file_entry, read_manifest_json,
+from terastack.gnn.dataset import (FEATURE_DTYPES, INDEX_DTYPES, MANIFEST, DatasetError,
+                                   FileEntry, check_read_modes, file_entry, need_field, parse_file_entry, read_manifest_json,
                                    verify_checksums, write_stamp)
 from terastack.gnn.topology import INDPTR_MODES, ArrayTopology, SsdTopology, stream_chunks
 
@@ -217,10 +217,7 @@ class HeteroDataset:
         def __post_init__(self) -> None:
             if not self.root:
                 raise ValueError("root: the dataset directory is required")
-            if self.verify not in VERIFY_MODES:
-                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
-            if self.topology not in TOPOLOGY_MODES:
-                raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {self.topology!r}")
+            check_read_modes(verify=self.verify, topology=self.topology)
             if self.indptr not in INDPTR_MODES:
                 raise ValueError(f"indptr: must be one of {', '.join(INDPTR_MODES)}; got {self.indptr!r}")
             if self.topology_budget < 0:

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terastack.gnn.dataset import TOPOLOGY_MODES, VERIFY_MODES
+from terastack.gnn.dataset import check_read_modes
 from terastack.gnn.hetero_dataset import open_hetero_dataset
 from terastack.gnn.hetero_models import load_hetero_model
 from terastack.gnn.hetero_sampler import HeteroNeighborSampler
 from terastack.gnn.hetero_train import HeteroPipeline, build_features
-from terastack.gnn.infer import commit_file
+from terastack.gnn.infer import check_outputs, commit_file
 from terastack.gnn.topology import appearance_counts
 from terastack.progress import Progress
 from terastack.units import parse_bytes
@@ -53,17 +53,10 @@ class HeteroInference:
                 raise ValueError("data: a dataset directory is required")
             if not self.checkpoint:
                 raise ValueError("checkpoint: a model saved by `terastack gnn train --save-model` is required")
-            if not self.out and not self.embeddings:
-                raise ValueError("out, embeddings: give at least one file to write")
-            for name in ("out", "embeddings"):
-                if getattr(self, name) and not str(getattr(self, name)).endswith(".npy"):
-                    raise ValueError(f"{name}: must name a .npy file, got {getattr(self, name)!r}")
+            check_outputs(out=self.out, embeddings=self.embeddings)
             if not isinstance(self.chunk_nodes, int) or self.chunk_nodes < 1:
                 raise ValueError(f"chunk_nodes: must be an integer >= 1, got {self.chunk_nodes!r}")
-            if self.verify not in VERIFY_MODES:
-                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
-            if self.topology not in TOPOLOGY_MODES:
-                raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {self.topology!r}")
+            check_read_modes(verify=self.verify, topology=self.topology)
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")
             self.host_cache = parse_bytes(self.host_cache, field="host_cache")
 

@@ -23,7 +23,7 @@ import torch
 from terastack.constants import BLOCK
 from terastack.gnn.cache import FeatureSource, GatherStats, UnifiedCache
 from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, wrap
-from terastack.gnn.dataset import TOPOLOGY_MODES, VERIFY_MODES
+from terastack.gnn.dataset import check_read_modes
 from terastack.gnn.hetero_dataset import HeteroDataset, open_hetero_dataset
 from terastack.gnn.hetero_models import HETERO_MODELS, HeteroGNN, hetero_eval_step, hetero_train_step
 from terastack.gnn.hetero_sampler import HeteroNeighborSampler, HeteroSampledBatch, hetero_presample
@@ -223,10 +223,7 @@ class HeteroTrainer:
                 raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
             if not self.lr > 0:
                 raise ValueError(f"lr: must be > 0, got {self.lr}")
-            if self.verify not in VERIFY_MODES:
-                raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {self.verify!r}")
-            if self.topology not in TOPOLOGY_MODES:
-                raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {self.topology!r}")
+            check_read_modes(verify=self.verify, topology=self.topology)
             if self.save_model:
                 checkpoint_meta_path(self.save_model)
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")

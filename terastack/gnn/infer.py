@@ -135,6 +135,16 @@ def commit_file(tmp: Path, dest: Path) -> None:
     fsync_dir(dest.parent)
 
 
+def check_outputs(*, out: str, embeddings: str) -> None:
+    """Raise ValueError naming the field unless at least one of ``out`` and ``embeddings`` is given and each
+    given one names a .npy file (homogeneous and heterogeneous inference take the same two outputs)."""
+    if not out and not embeddings:
+        raise ValueError("out, embeddings: give at least one file to write")
+    for name, value in (("out", out), ("embeddings", embeddings)):
+        if value and not str(value).endswith(".npy"):
+            raise ValueError(f"{name}: must name a .npy file, got {value!r}")
+
+
 class GnnInference:
     """Predictions (and logits) for every node of a dataset from a saved model; see [Note: layer-wise inference]."""
 
@@ -163,11 +173,7 @@ class GnnInference:
             GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology)  # validates both
             if not self.checkpoint:
                 raise ValueError("checkpoint: a model saved by `terastack gnn train --save-model` is required")
-            if not self.out and not self.embeddings:
-                raise ValueError("out, embeddings: give at least one file to write")
-            for name in ("out", "embeddings"):
-                if getattr(self, name) and not str(getattr(self, name)).endswith(".npy"):
-                    raise ValueError(f"{name}: must name a .npy file, got {getattr(self, name)!r}")
+            check_outputs(out=self.out, embeddings=self.embeddings)
             if self.out and self.embeddings and Path(self.out).resolve() == Path(self.embeddings).resolve():
                 raise ValueError("out, embeddings: must be different files")
             if not isinstance(self.chunk_nodes, int) or self.chunk_nodes < 1:

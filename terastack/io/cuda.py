@@ -225,6 +225,28 @@ def _spans(length: int, chunk: int):
     return [(start, min(chunk, length - start)) for start in range(0, length, chunk)]
 
 
+def _drive(spans, staging: PinnedStaging, state: _Countdown, timeout: float | None,
+           start_chunk: Callable, next_step: Callable) -> None:
+    """Run on a driver thread: for each span, take a staging chunk, start its first step
+    (``start_chunk(buf, start, n)``) and hand what that returns to ``next_step(result, buf, start, n)``; stop
+    at the first error (the chunk goes back to ``staging``) or once the transfer's future is done."""
+    for start, n in spans:
+        if state.out.done():
+            return
+        try:
+            buf = staging.acquire(timeout)
+        except BaseException as exc:  # noqa: BLE001 - the caller sees it through the future
+            state.fail(exc)
+            return
+        try:
+            first = start_chunk(buf, start, n)
+        except BaseException as exc:  # noqa: BLE001
+            staging.release(buf)
+            state.fail(exc)
+            return
+        next_step(first, buf, start, n)
+
+
 def chunked_read(read_chunk: Callable, copy_up: Callable, staging: PinnedStaging, length: int,
                  *, timeout: float | None = 600.0) -> Future:
     """Read ``length`` bytes chunk by chunk through ``staging``; the future's result is ``length``.
@@ -258,25 +280,11 @@ def chunked_read(read_chunk: Callable, copy_up: Callable, staging: PinnedStaging
             return
         _read_waiter.submit(finish, wait, buf)
 
-    def drive() -> None:
-        for start, n in spans:
-            if state.out.done():
-                return
-            try:
-                buf = staging.acquire(timeout)
-            except BaseException as exc:  # noqa: BLE001
-                state.fail(exc)
-                return
-            try:
-                fut = read_chunk(buf, start, n)
-            except BaseException as exc:  # noqa: BLE001
-                staging.release(buf)
-                state.fail(exc)
-                return
-            fut.add_done_callback(lambda done, buf=buf, start=start, n=n: landed(done, buf, start, n))
+    def next_step(fut, buf, start: int, n: int) -> None:
+        fut.add_done_callback(lambda done: landed(done, buf, start, n))
 
     if spans:
-        _read_driver.submit(drive)
+        _read_driver.submit(_drive, spans, staging, state, timeout, read_chunk, next_step)
     return state.out
 
 
@@ -311,25 +319,11 @@ def chunked_write(copy_down: Callable, write_chunk: Callable, staging: PinnedSta
             return
         fut.add_done_callback(lambda done: written(done, buf))
 
-    def drive() -> None:
-        for start, n in spans:
-            if state.out.done():
-                return
-            try:
-                buf = staging.acquire(timeout)
-            except BaseException as exc:  # noqa: BLE001
-                state.fail(exc)
-                return
-            try:
-                wait = copy_down(buf, start, n)
-            except BaseException as exc:  # noqa: BLE001
-                staging.release(buf)
-                state.fail(exc)
-                return
-            _write_waiter.submit(copied, wait, buf, start, n)
+    def next_step(wait, buf, start: int, n: int) -> None:
+        _write_waiter.submit(copied, wait, buf, start, n)
 
     if spans:
-        _write_driver.submit(drive)
+        _write_driver.submit(_drive, spans, staging, state, timeout, copy_down, next_step)
     return state.out
 
 

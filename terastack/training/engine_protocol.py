@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -41,6 +42,21 @@ class StepRecord(Protocol):
     ssd_write_bytes: int
     device_in_bytes: int
     grad_norm: float | None
+
+
+@dataclass(slots=True)
+class StepStats:
+    """A :class:`StepRecord` as a plain record, for an engine with nothing more to say about a step (the byte
+    counters stay 0 where the engine moves no bytes between tiers; ``grad_norm`` None where it is not measured)."""
+
+    step: int
+    loss: float
+    seconds: float
+    tokens: int
+    ssd_read_bytes: int = 0
+    ssd_write_bytes: int = 0
+    device_in_bytes: int = 0
+    grad_norm: float | None = None
 
 
 class ParameterCounts(Protocol):

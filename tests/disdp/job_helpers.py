@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ..chat_tokenizer import save_chat_tokenizer
+
 CHATS = [
     [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "fine"}],
     [{"role": "system", "content": "be brief"}, {"role": "user", "content": "how are you"},
@@ -15,25 +17,14 @@ CHATS = [
     [{"role": "user", "content": "you"}, {"role": "assistant", "content": "me"}],
     [{"role": "user", "content": "hi hi"}, {"role": "assistant", "content": "how are you there"}],
 ]
-WORDS = ["<s>", "</s>", "<pad>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "hi", "there",
-         "how", "are", "you", "fine", "be", "brief", "tell", "me"]
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|> {% endif %}")
 
 
 def make_chat_model(path, *, seed: int = 0, layers: int = 2, hidden: int = 16) -> str:
     """A Llama (2 layers of width 16 unless told, vocabulary 32) and its tokenizer saved into ``path``."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>")
-    tok.add_special_tokens({"additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]})
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(str(path))
+    save_chat_tokenizer(path)
     torch.manual_seed(seed)
     config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=2,

@@ -17,17 +17,8 @@ from terastack.cli import main  # noqa: E402
 from terastack.disdp.job_run import launch_job  # noqa: E402
 from terastack.training.job import resolve_job  # noqa: E402
 
+from ..exported import exported_weights  # noqa: E402
 from .job_helpers import write_chat_job  # noqa: E402
-
-
-def _weights(export) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(export.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    assert out, f"no weights in {export}"
-    return out
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -37,7 +28,7 @@ def _max_diff(a: dict, b: dict) -> float:
 
 def _finetune(job_file: str, out, store, *more) -> dict:
     assert main(["finetune", "--config", job_file, "--output", str(out), "--store", str(store), *more]) == 0
-    return _weights(out)
+    return exported_weights(out)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +53,7 @@ def test_equals_the_single_process_job(tmp_path, references, workers, clip):
                       overrides=[f"output.dir={tmp_path / 'out'}"], log=None)
     result = launch_job(job, quiet=True)
     assert result["steps"] == 3 and result["workers"] == workers
-    assert _max_diff(_weights(tmp_path / "out"), refs[clip]) <= 1e-5
+    assert _max_diff(exported_weights(tmp_path / "out"), refs[clip]) <= 1e-5
     assert all(n is not None and n > 0 for n in result["grad_norms"]) == (clip is not None)
 
 
@@ -114,7 +105,7 @@ def test_resume_continues_exactly_with_state_on_ssd(tmp_path):
     second = launch_job(job, quiet=True)
     assert second["first_step"] == 3 and second["steps"] == 5 and len(second["losses"]) == 2
     ref = _finetune(job_file, tmp_path / "ref", tmp_path / "store", "--steps", "5")
-    assert _max_diff(_weights(tmp_path / "resumed"), ref) <= 1e-5
+    assert _max_diff(exported_weights(tmp_path / "resumed"), ref) <= 1e-5
     model = second["model_param_bytes"]
     print(second["worker_peak_param_bytes"], second["server_peak_host_state_bytes"], model)
     assert second["worker_peak_param_bytes"] <= model / 2

@@ -9,13 +9,11 @@ from terastack.training.data.record_files import DatasetError, read_records
 from terastack.training.data.examples import (IGNORE, ExampleTokenizer, SupervisedData, docstring_pairs, pad_batch,
                                       validation_loss)
 
+from ..chat_tokenizer import WORDS, save_chat_tokenizer
+
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"},
         {"role": "assistant", "content": "fine"}, {"role": "user", "content": "how are you"},
         {"role": "assistant", "content": "fine fine"}]
-WORDS = ["<s>", "</s>", "<pad>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "hi", "there",
-         "how", "are", "you", "fine", "be", "brief", "tell", "me"]
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|> {% endif %}")
 
 
 def byte_ids(text: str) -> list[int]:
@@ -30,17 +28,9 @@ def write_jsonl(path, records):
 @pytest.fixture
 def hf_tokenizer(tmp_path):
     """A word-level tokenizer with a chat template, built locally (no download) and loaded back from disk."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>")
-    tok.add_special_tokens({"additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]})
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(str(tmp_path / "tok"))
-    return AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    return AutoTokenizer.from_pretrained(save_chat_tokenizer(tmp_path / "tok"))
 
 
 # ---------------------------------------------------------------- formats, masks, EOS

@@ -12,6 +12,8 @@ from terastack.training.data.epochs import TokenWindows, total_steps, windows_of
 from terastack.training.job import build_job, resolve_job
 from terastack.training.lr_schedule import LRSchedule, warmup_from_ratio
 
+from ..exported import exported_weights
+
 SEQ = 16
 #: the bytes of the test texts: all below the tiny models' vocabulary
 ALPHABET = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789\n", dtype=np.uint8)
@@ -275,16 +277,6 @@ def test_a_job_file_of_the_old_format_runs_unchanged(tmp_path, job, capsys):
     assert len(losses[0]) == 3 and losses[0] == losses[1]
 
 
-def _weights(export) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(export.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    assert out, f"no weights in {export}"
-    return out
-
-
 def test_resumed_job_equals_the_uninterrupted_one(tmp_path, job, capsys, monkeypatch):
     """6 steps (2 epochs of 6 windows, 2 per step) with cosine + warmup: once straight through, once failing
     at step 4 after a checkpoint at step 3 and resumed. The failure leaves no export, one error line and the
@@ -326,7 +318,7 @@ def test_resumed_job_equals_the_uninterrupted_one(tmp_path, job, capsys, monkeyp
     monkeypatch.setattr(Trainer, "step", original)
     assert main(args + ["--resume", str(tmp_path / "ck")]) == 0
     capsys.readouterr()
-    a, b = _weights(full), _weights(cut)
+    a, b = exported_weights(full), exported_weights(cut)
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-7, msg=k)
@@ -366,7 +358,7 @@ def test_grad_accum_equals_the_larger_batch(tmp_path, job, capsys):
     assert main(["finetune", *common, "--batch-size", "1", "--grad-accum", "2", "--output",
                  str(tmp_path / "acc")]) == 0
     capsys.readouterr()
-    a, b = _weights(tmp_path / "big"), _weights(tmp_path / "acc")
+    a, b = exported_weights(tmp_path / "big"), exported_weights(tmp_path / "acc")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
     steps = [json.loads(line) for line in (tmp_path / "acc" / "metrics.jsonl").read_text().splitlines()]
@@ -399,7 +391,7 @@ def test_output_is_sharded_above_max_shard_size_and_loads_with_transformers(tmp_
     shards = sorted(out.glob("model-*-of-*.safetensors"))
     assert len(shards) > 1 and set(index["weight_map"].values()) == {p.name for p in shards}
     model = AutoModelForCausalLM.from_pretrained(str(out))
-    weights = _weights(out)
+    weights = exported_weights(out)
     for name, p in model.state_dict().items():
         if name in weights:
             torch.testing.assert_close(p, weights[name], rtol=0, atol=0, msg=name)

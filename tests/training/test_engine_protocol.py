@@ -1,6 +1,5 @@
 """The job loop drives any engine through TrainingEngine: a plain in-memory PyTorch engine (no terastack.llm)
 trains under FinetuneLoop exactly as a hand-written loop over the same batches and learning rates."""
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,23 +7,11 @@ import pytest
 import torch
 
 from terastack.training.data.epochs import TokenWindows, windows_of
-from terastack.training.engine_protocol import TrainingEngine
+from terastack.training.engine_protocol import StepStats, TrainingEngine
 from terastack.training.loop import FinetuneLoop, LoopConfig
 from terastack.training.lr_schedule import LRSchedule
 
 VOCAB, DIM, SEQ = 32, 8, 6
-
-
-@dataclass(slots=True)
-class Stats:
-    step: int
-    loss: float
-    seconds: float
-    tokens: int
-    ssd_read_bytes: int = 0
-    ssd_write_bytes: int = 0
-    device_in_bytes: int = 0
-    grad_norm: float | None = None
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -48,7 +35,7 @@ class PlainEngine:
     def __init__(self, seed: int = 0):
         self.model = _model(seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=0.0)
-        self.history: list[Stats] = []
+        self.history: list[StepStats] = []
         self.step_count = 0
         n = sum(p.numel() for p in self.model.parameters())
         self.profile = SimpleNamespace(total_params=n, trainable_params=n)
@@ -72,7 +59,7 @@ class PlainEngine:
         loss.backward()
         self.opt.step()
         self.step_count += 1
-        self.history.append(Stats(step=self.step_count, loss=loss.item(), seconds=1e-3, tokens=tokens))
+        self.history.append(StepStats(step=self.step_count, loss=loss.item(), seconds=1e-3, tokens=tokens))
         return loss.item()
 
     def loss(self, input_ids, labels=None, attention_mask=None, position_ids=None) -> float:

@@ -51,7 +51,7 @@ import numpy as np
 
 from terastack.gnn.dataset import DatasetError
 from terastack.gnn.formats.hetero_source import HeteroSource, NodeTypeSource, RelationSource
-from terastack.gnn.formats.igb import LABEL_SETS, default_label_set, igb_splits, read_array
+from terastack.gnn.formats.igb import igb_splits, read_array, resolve_label_set
 from terastack.gnn.formats.ogb import SPLIT_FILES, KNOWN
 from terastack.gnn.formats.source import labels_from_values
 from terastack.gnn.formats.streams import CsvGz, file_record, need_file
@@ -126,6 +126,18 @@ def _npy_pairs(edges: np.ndarray, rows: bool):
             part = np.asarray(edges[:, s:s + step] if rows else edges[s:s + step])
             yield (part[0], part[1]) if rows else (part[:, 0], part[:, 1])
     return blocks
+
+
+def _npy_relation(path: Path, et: tuple, *, rows: bool) -> tuple[np.ndarray, RelationSource]:
+    """The memory-mapped edge_index at ``path`` (2 x E with ``rows``, else E x 2) and its relation source;
+    a DatasetError names the file when it is not an integer array of that shape (MAG240M and IGBH alike)."""
+    edges = load_npy(path, f"edges of {et}")
+    pair_axis = 0 if rows else 1
+    if edges.ndim != 2 or edges.shape[pair_axis] != 2 or edges.dtype.kind not in "iu":
+        want = "a 2 x E integer array" if rows else "an E x 2 integer array (one src, dst row per edge)"
+        raise DatasetError(f"{path}: edge_index must be {want}, is {edges.dtype} {edges.shape}")
+    return edges, RelationSource(edge_blocks=_npy_pairs(edges, rows=rows),
+                                 count_edges=lambda e=edges: e.shape[1 - pair_axis], where=str(path))
 
 
 def _feature_stream(feats: np.ndarray):
@@ -265,11 +277,7 @@ def mag240m_source(root: str | Path) -> HeteroSource:
         path = folder / "edge_index.npy"
         if len(et) != 3 or not path.is_file():
             continue
-        edges = load_npy(path, f"edges of {et}")
-        if edges.ndim != 2 or edges.shape[0] != 2 or edges.dtype.kind not in "iu":
-            raise DatasetError(f"{path}: edge_index must be a 2 x E integer array, is {edges.dtype} {edges.shape}")
-        relations[et] = RelationSource(edge_blocks=_npy_pairs(edges, rows=True), count_edges=lambda e=edges: e.shape[1],
-                                       where=str(path))
+        edges, relations[et] = _npy_relation(path, et, rows=True)
         files[f"processed/{folder.name}/edge_index.npy"] = file_record(path)
         if not meta:  # counts from the largest ids, streamed (only without meta.pt)
             for i, t in ((0, et[0]), (1, et[2])):
@@ -326,10 +334,7 @@ def igbh_source(root: str | Path, *, label_set: str | None = None, split_seed: i
     """``<root>/<size>`` of an IGBH dataset (see the module docstring)."""
     root = Path(root)
     processed = root / "processed"
-    label_set = label_set or default_label_set(root)
-    if label_set not in LABEL_SETS:
-        raise ValueError(f"label_set: must be one of {', '.join(LABEL_SETS)}, got {label_set!r}")
-    label_name, classes = LABEL_SETS[label_set]
+    label_set, label_name, classes = resolve_label_set(root, label_set)
     files, node_types, relations = {}, {}, {}
     for folder in sorted(p for p in processed.iterdir() if p.is_dir() and "__" not in p.name):
         feat_path = folder / "node_feat.npy"
@@ -359,12 +364,7 @@ def igbh_source(root: str | Path, *, label_set: str | None = None, split_seed: i
         path = folder / "edge_index.npy"
         if len(et) != 3 or not path.is_file():
             continue
-        edges = load_npy(path, f"edges of {et}")
-        if edges.ndim != 2 or edges.shape[1] != 2 or edges.dtype.kind not in "iu":
-            raise DatasetError(f"{path}: edge_index must be an E x 2 integer array (one src, dst row per edge), "
-                               f"is {edges.dtype} {edges.shape}")
-        relations[et] = RelationSource(edge_blocks=_npy_pairs(edges, rows=False), count_edges=lambda e=edges: e.shape[0],
-                                       where=str(path))
+        _, relations[et] = _npy_relation(path, et, rows=False)
         files[f"processed/{folder.name}/edge_index.npy"] = file_record(path)
 
     def splits(labels: np.ndarray) -> dict:

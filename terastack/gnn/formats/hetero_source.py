@@ -27,7 +27,7 @@ import numpy as np
 
 from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
 from terastack.gnn.dataset import DatasetError
-from terastack.gnn.formats.source import SPLITS, BuildOptions, check_ids, checked_splits
+from terastack.gnn.formats.source import SPLITS, ImportOptions, check_ids, checked_splits
 from terastack.gnn.hetero_dataset import (EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir,
                                           write_hetero_manifest)
 from terastack.progress import Progress
@@ -101,15 +101,8 @@ class HeteroImporter:
     """Writes a :class:`HeteroSource` into a heterogeneous dataset directory; see [Note: heterogeneous builds]."""
 
     @dataclass(kw_only=True, slots=True)
-    class Config(BuildOptions):
-        out: str
-        #: add reverse edges as PyG's ToUndirected does; None: what the layout's own loader does
-        undirected: bool | None = None
-
-        def __post_init__(self) -> None:
-            if not self.out:
-                raise ValueError("out: an output directory is required")
-            BuildOptions.check(self)
+    class Config(ImportOptions):
+        pass
 
     def __init__(self, source: HeteroSource, config: "HeteroImporter.Config", *, engine=None):
         self.source, self.config, self.engine = source, config, engine

@@ -90,14 +90,21 @@ def igb_splits(labels: np.ndarray, *, size: str, label_set: str, seed: int) -> d
     return {k: v[labelled[v]] for k, v in parts.items()}
 
 
-def igb_source(root: str | Path, *, label_set: str | None = None, split_seed: int = 0) -> GraphSource:
-    """``<root>/<size>`` of an IGB homogeneous dataset (see the module docstring) as a :class:`GraphSource`."""
-    root = Path(root)
-    processed = root / "processed"
+def resolve_label_set(root: Path, label_set: str | None) -> tuple[str, str, int]:
+    """``(label_set, label file name, classes)`` for ``label_set`` (None: the one ``root`` has); a ValueError
+    names the field when it is not one of LABEL_SETS. Homogeneous IGB and IGBH label papers the same way."""
     label_set = label_set or default_label_set(root)
     if label_set not in LABEL_SETS:
         raise ValueError(f"label_set: must be one of {', '.join(LABEL_SETS)}, got {label_set!r}")
     label_name, classes = LABEL_SETS[label_set]
+    return label_set, label_name, classes
+
+
+def igb_source(root: str | Path, *, label_set: str | None = None, split_seed: int = 0) -> GraphSource:
+    """``<root>/<size>`` of an IGB homogeneous dataset (see the module docstring) as a :class:`GraphSource`."""
+    root = Path(root)
+    processed = root / "processed"
+    label_set, label_name, classes = resolve_label_set(root, label_set)
     feat_path = processed / "paper" / "node_feat.npy"
     label_path = processed / "paper" / label_name
     edge_path = processed / "paper__cites__paper" / "edge_index.npy"

@@ -137,19 +137,27 @@ class BuildOptions:
         self.memory_budget = parse_bytes(self.memory_budget, field="memory_budget")
 
 
+@dataclass(kw_only=True, slots=True)
+class ImportOptions(BuildOptions):
+    """A source importer's options: the shared build options, where to write, and whether to add reverse edges
+    (the base of :class:`SourceImporter.Config` and the heterogeneous importer's Config)."""
+    out: str
+    #: add the reverse of every edge (heterogeneous: under PyG's ``rev_`` relation names, as its ToUndirected
+    #: does); None: what the layout's own loader does (OGB's add_inverse_edge)
+    undirected: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            raise ValueError("out: an output directory is required")
+        BuildOptions.check(self)
+
+
 class SourceImporter:
     """Writes a :class:`GraphSource` into a dataset directory (resumable; see the module docstring)."""
 
     @dataclass(kw_only=True, slots=True)
-    class Config(BuildOptions):
-        out: str
-        #: add the reverse of every edge; None: what the layout's own loader does (OGB's add_inverse_edge)
-        undirected: bool | None = None
-
-        def __post_init__(self) -> None:
-            if not self.out:
-                raise ValueError("out: an output directory is required")
-            BuildOptions.check(self)
+    class Config(ImportOptions):
+        pass
 
     def __init__(self, source: GraphSource, config: "SourceImporter.Config", *, engine=None):
         self.source = source

@@ -84,6 +84,11 @@ class Tracer:
     def stop(self) -> None:
         self.enabled = False
 
+    def clear(self) -> None:
+        """Drop the recorded events (a long run that read what it needed out of them)."""
+        with self._lock:
+            self._events.clear()
+
 
 #: The process-wide tracer every component records into.
 tracer = Tracer()

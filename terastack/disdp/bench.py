@@ -8,6 +8,11 @@ communication] in terastack.disdp.job_stats for the worker it is taken from),
 measured from its live optimizers) and the max abs difference of the final
 parameters from single-process AdamW. Then the parameter servers' ingress per
 step for 1, 2 and 4 workers, with and without the aggregator.
+
+With ``--model NAME`` (a built-in model such as ``llama-550m``, a model directory or a config.json) or
+``--systems`` it measures instead the job on that model against FSDP2 and ZeRO-3, each system under an RSS
+watchdog (:mod:`terastack.disdp.bench_models`): step time, exposed communication, summed peak RSS and whether it
+fits. ``--model toy`` / ``tiny-llama`` without ``--systems`` are the mechanism benchmark's own small models.
 """
 from __future__ import annotations
 
@@ -16,14 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from terastack.disdp import bench_models
 from terastack.disdp.shard_checkpoint import load_parameters
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import JOB_MODULE, launch_local
 from terastack.disdp.reference import max_abs_diff, train_single_process
+from terastack.disdp.workload import BUILTIN
 
 HEADLINE = ["speedup_vs_fsdp2", "exposed_comm_fraction_ratio_vs_fsdp2", "terastack_exposed_comm_fraction",
             "fsdp2_exposed_comm_fraction", "zero3_exposed_comm_fraction", "worker_optimizer_bytes",
-            "max_abs_diff_vs_single_process", "server_ingress_flat_with_aggregator"]
+            "max_abs_diff_vs_single_process", "server_ingress_flat_with_aggregator"] + bench_models.HEADLINE
 
 _MODEL = ["--model", "tiny-llama", "--heads", "4", "--vocab", "512", "--seq-len", "64"]
 PRESETS = {
@@ -38,20 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), help="sizes: smoke (seconds), small, full (the default)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--model", help="a built-in model (llama-550m, llama-1.1b, ...; see terastack.training."
+                   "model_registry), a model directory or a config.json: terastack, FSDP2 and ZeRO-3 on it under the "
+                   "RSS watchdog; or toy / tiny-llama (the default), the mechanism benchmark's models sized by --dim")
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seq-len", type=int, help="tokens per row (default 64; 128 with --model)")
     p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, help="timed steps (default 10; 3 with --model)")
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="rounds of the three systems (figures: fastest round)")
     p.add_argument("--ingress-workers", default="1,2,4", help="worker counts for the server-ingress measurement")
     p.add_argument("--ingress-steps", type=int, default=2)
     p.add_argument("--run-dir", help="where the jobs run (default: a temporary directory)")
-    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--timeout", type=float, help="bound on every wait of a rank, seconds (default 120; 1200 with "
+                   "--model)")
+    bench_models.add_arguments(p)
 
 
 def _apply_preset(args: argparse.Namespace) -> None:
@@ -65,8 +76,28 @@ def _apply_preset(args: argparse.Namespace) -> None:
             setattr(args, key, value)
 
 
+def _fill(args: argparse.Namespace, **defaults) -> None:
+    """The defaults of the options whose default depends on the kind of run."""
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def on_model(args: argparse.Namespace) -> bool:
+    """Whether this run compares the systems on a model (``--model NAME`` or ``--systems``) rather than measuring
+    the mechanism on a toy model."""
+    return bool(args.systems) or args.model not in (None, *BUILTIN)
+
+
 def measure(args: argparse.Namespace) -> dict:
+    if on_model(args):
+        if args.preset:
+            raise ValueError("--preset sizes the mechanism benchmark; with --model or --systems give the model, "
+                             "--steps, --batch-size and --seq-len instead")
+        _fill(args, seq_len=128, steps=3, timeout=1200.0)
+        return bench_models.measure(args)
     _apply_preset(args)
+    _fill(args, model="tiny-llama", seq_len=64, steps=10, timeout=120.0)
     with tempfile.TemporaryDirectory(prefix="terastack-bench-dist-") as tmp:
         root = Path(args.run_dir or tmp)
         common = dict(model=args.model, dim=args.dim, layers=args.layers, heads=args.heads, vocab=args.vocab,

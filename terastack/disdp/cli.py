@@ -5,7 +5,7 @@ step-time model).
     terastack dist train --config job.yaml disdp.workers=2 servers=1    # launches torchrun locally (loopback)
     terastack dist train --config job.yaml --batch-size 8 --output out
     torchrun --nnodes 2 --nproc-per-node 3 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
-        -m terastack dist train --config job.yaml workers=4 servers=1 aggregator=false      # a cluster job
+        -m terastack dist train --config job.yaml workers=4 servers=1   # on each node: 4 + 1 + the aggregator = 2 x 3
     terastack dist demo --workers 2 --servers 1 --steps 20            # random tokens
     terastack dist simulate --model 175b --gpus 8 --gpu-tflops 312 --nic-gbps 25 --servers 2
 """
@@ -133,15 +133,13 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job(args: argparse.Namespace) -> int:
     """``dist train``: the job of the file, flags and overrides; launched here, or one rank under torchrun."""
-    from terastack.disdp.job_run import check_job, launch_job, run_rank
+    from terastack.disdp.job_run import check_job, launch_job, run_torchrun_rank
     from terastack.training.job import job_flags, resolve_job
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     check_job(job)
-    if _under_torchrun():
-        from torch.distributed.elastic.multiprocessing.errors import record
-
-        return record(run_rank)(job)
+    if _under_torchrun():   # one rank of a job torchrun started, on this node or several
+        return run_torchrun_rank(job)
     result = launch_job(job)
     if args.json:
         print(dumps(result))

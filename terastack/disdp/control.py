@@ -20,11 +20,30 @@ After a pass every rank adds its figures into one all-reduce (the workers' losse
 norm), so rank 0 has the step's loss when the call returns. Rank 0 sends each other worker its rows of the
 micro-batch right after the command (the batch is split by rows; a worker without rows runs one row that has
 no target token, so the pass's schedule is the same on every rank).
+
+[Note: a lost node]
+A node that dies (the machine, or its torchrun and every rank under it) closes its ranks' connections, and the
+ranks still running see their next message to or from them fail, or time out after ``disdp.timeout_s``; the
+error names an address, not a rank. So every rank beats (:class:`Liveness`): a thread adds one to its counter
+``beat/RANK`` in the store torchrun starts for the job's ranks (``MASTER_ADDR:MASTER_PORT``, hosted by node 0's
+torchrun) every ``BEAT_S``. A rank whose work fails with a communication error reads every counter, waits
+``LOST_WINDOW_S`` and reads them again: the ranks whose counters stood still are lost (a rank that leaves on
+its own says so first, ``left/RANK``, and is not counted). When the store itself does not answer, node 0 is
+the lost node. The first rank to conclude claims the report in the store (without it: the first of its node,
+by creating a file named after the job in the temp dir) and prints one line,
+``terastack dist: lost rank R on node N (...)``, with where to resume from; it and the others leave, and
+torchrun stops the rest of each node. ``--resume`` from the last checkpoint continues exactly (checkpoints are
+the servers' state, written by rank 0).
 """
 from __future__ import annotations
 
 import datetime
 import enum
+import os
+import re
+import tempfile
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +51,9 @@ import torch.distributed as dist
 
 from terastack.disdp.roles import RoleMap
 
+#: how often a rank beats, and how long a rank that suspects a lost peer watches the beats ([Note: a lost node])
+BEAT_S = 0.5
+LOST_WINDOW_S = 3.0
 #: labels that are not targets (transformers' ignore index)
 IGNORE = -100
 _KEYS = ("attention_mask", "position_ids")
@@ -148,3 +170,105 @@ def split_rows(batch: dict, workers: int) -> list[dict]:
 def target_tokens(batch: dict) -> int:
     """Labels that count in the loss: those other than -100 after the shift by one."""
     return int((batch["labels"][:, 1:] != IGNORE).sum())
+
+
+# ------------------------------------------------------------------ liveness
+
+
+def job_store(timeout_s: float = 10.0):
+    """A client of the store torchrun started for the job's ranks (node 0's torchrun hosts it)."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    # a torchrun that restarts its ranks starts them against the same store: one namespace per attempt
+    return dist.PrefixStore(f"terastack/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
+class Liveness:
+    """This rank's heartbeat, and which ranks stopped beating ([Note: a lost node]).
+
+    ``connect()`` returns a store client; the beating thread and the rank's own thread get one each, both made
+    at start. The default is torchrun's store."""
+
+    def __init__(self, rank: int, world_size: int, *, connect=job_store, beat_s: float = BEAT_S):
+        self.rank, self.world_size = rank, world_size
+        self.connect, self.beat_s = connect, beat_s
+        self._stop = threading.Event()
+        self._store = connect()
+        self._store.add(f"beat/{rank}", 1)
+        beat_store = connect()
+        self._thread = threading.Thread(target=self._beat, args=(beat_store,), name=f"terastack-beat-{rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self, store) -> None:
+        while not self._stop.wait(self.beat_s):
+            try:
+                store.add(f"beat/{self.rank}", 1)
+            except Exception:   # the store is gone with node 0: lost() says so
+                return
+
+    def lost(self, window_s: float = LOST_WINDOW_S) -> list[int] | None:
+        """The ranks (other than this one) whose beat stood still for ``window_s``; None when the store does not
+        answer (node 0, which hosts it, is lost)."""
+        others = [r for r in range(self.world_size) if r != self.rank]
+        try:
+            # this thread's client, connected at start: a new one would retry a store that is gone until its timeout
+            store = self._store
+            before = [store.add(f"beat/{r}", 0) for r in others]   # add(key, 0) reads without waiting
+            time.sleep(window_s)
+            after = [store.add(f"beat/{r}", 0) for r in others]
+            left = [store.add(f"left/{r}", 0) for r in others]
+        except Exception:
+            return None
+        return [r for r, b, a, gone in zip(others, before, after, left) if a == b and not gone]
+
+    def claim_report(self) -> bool:
+        """True for the first rank to ask (that rank prints the line). Without the store (node 0 lost) the first
+        rank of each node that asks, claimed by creating a file named after the job's store in the temp dir."""
+        try:
+            return self._store.add("reported", 1) == 1
+        except Exception:
+            pass
+        name = "terastack-lost-" + "-".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT",
+                                                                           "TORCHELASTIC_RESTART_COUNT"))
+        try:
+            os.close(os.open(os.path.join(tempfile.gettempdir(), name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False
+        except OSError:
+            pass
+        return True
+
+    def close(self) -> None:
+        """Stop beating, saying this rank leaves on its own (so that nobody takes it for lost)."""
+        try:
+            self._store.add(f"left/{self.rank}", 1)
+        except Exception:
+            pass
+        self._stop.set()
+
+
+def short_reason(exc: BaseException) -> str:
+    """The gist of a communication error: its first line without gloo's source location and advice."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", text)
+    return text.split(". This is typically")[0].rstrip(". ")[:200]
+
+
+def lost_line(roles: RoleMap, lost: list[int] | None, reason: str) -> str:
+    """``lost rank R on node N (...)``: the lowest lost rank, its node and role, the node's other lost ranks and
+    what failed. ``lost`` None: node 0 (whose torchrun hosts the job's store) stopped answering."""
+    nodes = roles.nodes or tuple((0, "?") for _ in range(roles.world_size))
+    if lost is None:
+        lost = [r for r in range(roles.world_size) if nodes[r][0] == 0]
+        why = "the job's store on node 0 stopped answering"
+    else:
+        why = f"no heartbeat for {LOST_WINDOW_S:g} s"
+    first = min(lost)
+    node, host = nodes[first]
+    role, index = roles.role_of(first)
+    label = role.value if role.value == "aggregator" else f"{role.value} {index}"
+    also = [r for r in lost if r != first]
+    return (f"lost rank {first} on node {node} ({label} on host {host}"
+            + (f"; also lost: rank{'s' if len(also) > 1 else ''} {', '.join(map(str, also))}" if also else "")
+            + f"; {why}; {reason})")

@@ -6,11 +6,17 @@ builds the job's schedule and runs the shared loop (:class:`terastack.training.l
 :class:`~terastack.disdp.job_engine.DisdpEngine`; the other ranks follow its step messages
 ([Note: step messages] in :mod:`terastack.disdp.control`). The job's ``batch_size`` is the global batch:
 every micro-batch is split by rows among the workers.
+
+On several nodes each node runs one torchrun (``torchrun --nnodes N ... -m terastack dist train --config
+job.yaml``) and every rank runs :func:`run_torchrun_rank`: roles follow the global rank ([Note: ranks on several
+nodes] in :mod:`terastack.disdp.roles`), and a lost node ends the others with one line ([Note: a lost node] in
+:mod:`terastack.disdp.control`).
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import sys
 import time
@@ -24,16 +30,24 @@ from torch import nn
 from terastack.atomic import atomic_write_json
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.comm import Comm
-from terastack.disdp.control import Control
+from terastack.disdp.control import Control, Liveness, lost_line, short_reason
 from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
 from terastack.disdp.launch import QUIET_ENV, launch_ranks
-from terastack.disdp.roles import Role, RoleMap
+from terastack.disdp.roles import Role, RoleMap, local_node
 from terastack.disdp.run import check_same_layout
 
 #: the program every rank of a job runs
 JOB_RUN_MODULE = "terastack.disdp.job_run"
 RESULT = "result.json"
 COMMAND = "terastack dist train"
+
+
+class NodeLost(RuntimeError):
+    """Ranks of another node stopped answering ([Note: a lost node]); the message is the line to print."""
+
+    def __init__(self, line: str, *, report: bool):
+        super().__init__(line)
+        self.report = report
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,6 +65,7 @@ class JobRank:
     meta_model: nn.Module
     layout: Layout
     schedule: Schedule
+    liveness: Liveness | None = None
 
 
 def roles_of(job) -> RoleMap:
@@ -83,6 +98,10 @@ def join_job(job) -> tuple[JobRank, Control]:
     if role is not Role.WORKER and d.helper_nice:
         os.nice(d.helper_nice)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=d.timeout_s))
+    nodes: list = [None] * world
+    dist.all_gather_object(nodes, local_node())   # every rank's node, for messages ([Note: ranks on several nodes])
+    roles = roles.with_nodes(nodes)
+    liveness = Liveness(rank, world)
     comm = Comm(roles, rank, timeout_s=d.timeout_s)
     hf_config, model_dir = resolve_model(job.model.path or DEFAULT_MODEL)
     if job.model.rope_scaling is not None:
@@ -95,7 +114,7 @@ def join_job(job) -> tuple[JobRank, Control]:
     control = Control(roles, rank, timeout_s=d.timeout_s)
     return JobRank(job=job, rank=rank, role=role, index=index, roles=roles, comm=comm, hf_config=hf_config,
                    model_dir=model_dir, meta_model=meta_model, layout=layout,
-                   schedule=Schedule(layout, reshard=d.reshard)), control
+                   schedule=Schedule(layout, reshard=d.reshard), liveness=liveness), control
 
 
 def initial_shard(me: JobRank) -> dict[int, torch.Tensor]:
@@ -140,20 +159,63 @@ def initial_shard(me: JobRank) -> dict[int, torch.Tensor]:
 
 
 def run_rank(job) -> int:
-    """One rank of the job: rank 0 drives, the others follow; every rank leaves together."""
+    """One rank of the job: rank 0 drives, the others follow; every rank leaves together. A communication error
+    is checked against the ranks' heartbeats: lost ranks raise :class:`NodeLost` ([Note: a lost node])."""
     me, control = join_job(job)
-    if me.rank == 0:
-        drive(me, control)
-    else:
-        part = part_of(me, control, initial_shard(me) if me.role is Role.SERVER else None)
-        try:
-            follow(me, control, part)
-        finally:
-            if hasattr(part, "close"):
-                part.close()
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=job.disdp.timeout_s), wait_all_ranks=True)
+    try:
+        if me.rank == 0:
+            drive(me, control)
+        else:
+            part = part_of(me, control, initial_shard(me) if me.role is Role.SERVER else None)
+            try:
+                follow(me, control, part)
+            finally:
+                if hasattr(part, "close"):
+                    part.close()
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=job.disdp.timeout_s), wait_all_ranks=True)
+    except (RuntimeError, TimeoutError, ConnectionError) as exc:
+        # gloo's errors, PeerError, a wait that ran out; a bad setting (ValueError) or a full disk (another
+        # OSError) is this rank's own and goes up as it is
+        lost = me.liveness.lost()
+        if lost == []:
+            raise
+        line = lost_line(me.roles, lost, short_reason(exc)) + resume_hint(job, here=False)
+        raise NodeLost(line, report=me.liveness.claim_report()) from None
+    finally:
+        me.liveness.close()
     dist.destroy_process_group()
     return 0
+
+
+def run_torchrun_rank(job) -> int:
+    """One rank under torchrun (``-m terastack dist train``, or ``-m terastack.disdp.job_run`` as
+    :func:`launch_job` starts it): :func:`run_rank` under torchrun's error record; a lost node ends this rank
+    with exit status 1 and, from the first rank to see it, one line ([Note: a lost node])."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:
+        return record(run_rank)(job)
+    except NodeLost as exc:
+        if exc.report:
+            print(f"terastack dist: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+def resume_hint(job, *, here: bool = True) -> str:
+    """Where the job's last checkpoint is and how to continue from it (``here``: this process can see rank 0's
+    checkpoint directory)."""
+    from terastack.training.checkpoint import LATEST
+
+    d = job.checkpoint.dir
+    if not d:
+        return "; no checkpoint directory was set (--checkpoint DIR), so a rerun starts over"
+    try:
+        step = json.loads((Path(d) / LATEST).read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return ("; no checkpoint was completed" if here else
+                f"; checkpoints are written to {d} on rank 0's node: rerun with --resume {d} to continue from the "
+                "last")
+    return f"; the last checkpoint is step {step} in {d}: rerun with --resume {d} to continue"
 
 
 def drive(me: JobRank, control: Control) -> dict:
@@ -170,6 +232,7 @@ def drive(me: JobRank, control: Control) -> dict:
     job, log = me.job, sys.stderr
     quiet = os.environ.get(QUIET_ENV) == "1" or not job.disdp.progress
     t = job.training
+    Path(job.disdp.run_dir).mkdir(parents=True, exist_ok=True)   # under an outer torchrun nothing made it yet
     lr = t.lr if t.lr is not None else (1e-5 if me.model_dir is not None else 3e-4)
     tokenizer = load_tokenizer(me.model_dir)
     data = JobData(job, tokenizer, me.model_dir, seed=t.seed)
@@ -197,6 +260,13 @@ def drive(me: JobRank, control: Control) -> dict:
           f"{me.roles.servers} servers (state in {job.disdp.state})"
           + (", an aggregator" if me.roles.aggregator else "")
           + f"; {steps_total} steps of {t.grad_accum} x {t.batch_size} rows, lr {lr:g}", file=log, flush=True)
+    if me.roles.multi_node:
+        roles = me.roles
+        print(f"{COMMAND}: ranks on {len({n for n, _ in roles.nodes})} nodes\n{roles.table()}", file=log, flush=True)
+        apart = [w for w in range(roles.workers) if roles.nodes[roles.agent_rank(w)][0] != roles.nodes[w][0]]
+        if apart:   # every bucket crosses the network twice: agent <-> worker, then agent <-> servers
+            print(f"{COMMAND}: the agents of workers {', '.join(map(str, apart))} run on other nodes than their "
+                  "workers; across nodes keep disdp.agents=thread", file=log, flush=True)
     if output is not None:
         output.start(resuming=bool(resume))
     metrics_path = job.output.metrics or (output.metrics_path if output is not None else None)
@@ -232,8 +302,6 @@ def drive(me: JobRank, control: Control) -> dict:
 
 def launch_job(job, *, quiet: bool = False) -> dict:
     """Run ``job`` on this machine: every rank under torchrun's elastic agent on loopback; rank 0's result."""
-    import json
-
     from terastack.training.job import write_job_file
 
     check_job(job)
@@ -244,27 +312,18 @@ def launch_job(job, *, quiet: bool = False) -> dict:
     job_file = run_dir / "job.yaml"
     write_job_file(job.with_absolute_paths(), job_file, command=COMMAND)   # the ranks may start elsewhere
 
-    def resume_hint() -> str:
-        from terastack.training.checkpoint import LATEST
-
-        d = job.checkpoint.dir
-        return (f"; checkpoints are in {d}: rerun with --resume {d} to continue"
-                if d and (Path(d) / LATEST).exists() else "; no checkpoint was completed")
-
     launch_ranks(roles, JOB_RUN_MODULE, [str(job_file)], world_size=roles.world_size,
-                 timeout_s=job.disdp.timeout_s, quiet=quiet, resume_hint=resume_hint)
+                 timeout_s=job.disdp.timeout_s, quiet=quiet, resume_hint=lambda: resume_hint(job))
     return json.loads((run_dir / RESULT).read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m terastack.disdp.job_run JOB.yaml`` under torchrun."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     from terastack.training.job import resolve_job
 
     argv = sys.argv[1:] if argv is None else argv
     job = resolve_job(file=argv[0], flags={}, overrides=list(argv[1:]), log=None)
-    return record(run_rank)(job)
+    return run_torchrun_rank(job)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ its rank and role. Under torchrun a rank that dies (or raises) ends the job:
 torchrun stops the other ranks, and :func:`launch_local` turns torchrun's
 per-rank failure records into one message naming the first rank to fail, its
 role and the last checkpoint to resume from. Checkpoints are the servers'
-state, so ``--resume`` loses nothing that was checkpointed.
+state, so ``--resume`` loses nothing that was checkpointed. A job's ranks also tell a lost node from a failed
+rank by their heartbeats ([Note: a lost node] in :mod:`terastack.disdp.control`).
 """
 from __future__ import annotations
 

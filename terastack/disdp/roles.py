@@ -9,10 +9,22 @@ Rank layout (one source of truth for every process):
 
 With ``agents="thread"`` each worker's agent is a thread inside the worker
 process, so the agent's rank is the worker's rank.
+
+[Note: ranks on several nodes]
+Roles follow the *global* rank, whoever formed the world: ``terastack dist train`` on one machine, or one
+torchrun per node (``torchrun --nnodes N --nproc-per-node K ...``), which gives node ``n`` (torchrun's
+``GROUP_RANK``) the global ranks ``[n*K, (n+1)*K)``. So the layout above, filled node by node, decides where
+each role runs: with 2 nodes of 3 ranks, 4 workers, 1 server and the aggregator, node 0 runs workers 0-2 and
+node 1 worker 3, the server and the aggregator. Once the ranks have met, every rank knows each rank's node
+and host (:meth:`RoleMap.with_nodes`), and every message naming a rank names its node too when there is more
+than one.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
+import os
+import socket
 from dataclasses import dataclass
 
 
@@ -26,12 +38,19 @@ class Role(str, enum.Enum):
 AGENT_MODES = ("thread", "process")
 
 
+def local_node() -> tuple[int, str]:
+    """(node index, host name) of this process: torchrun's ``GROUP_RANK`` (0 outside torchrun) and the host."""
+    return int(os.environ.get("GROUP_RANK", "0")), socket.gethostname()
+
+
 @dataclass(frozen=True, slots=True)
 class RoleMap:
     workers: int
     servers: int
     aggregator: bool = True
     agents: str = "thread"
+    #: (node index, host name) of every rank, known once the ranks have met ([Note: ranks on several nodes])
+    nodes: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -40,6 +59,20 @@ class RoleMap:
             raise ValueError(f"servers: need at least 1, got {self.servers}")
         if self.agents not in AGENT_MODES:
             raise ValueError(f"agents: must be one of {', '.join(AGENT_MODES)}; got {self.agents!r}")
+        if self.nodes and len(self.nodes) != self.world_size:
+            raise ValueError(f"nodes: one (node, host) per rank, {self.world_size}; got {len(self.nodes)}")
+
+    def with_nodes(self, nodes) -> "RoleMap":
+        """These roles with every rank's (node index, host name)."""
+        return dataclasses.replace(self, nodes=tuple((int(n), str(h)) for n, h in nodes))
+
+    @property
+    def multi_node(self) -> bool:
+        return len({n for n, _ in self.nodes}) > 1
+
+    def node_of(self, rank: int) -> tuple[int, str] | None:
+        """(node index, host name) of ``rank``; None before the ranks have met."""
+        return self.nodes[rank] if self.nodes else None
 
     @property
     def world_size(self) -> int:
@@ -70,7 +103,9 @@ class RoleMap:
     def describe(self, rank: int) -> str:
         """A human label such as ``server 1 (rank 3)``, used in every error message."""
         role, index = self.role_of(rank)
-        return f"{role.value} (rank {rank})" if role is Role.AGGREGATOR else f"{role.value} {index} (rank {rank})"
+        where = f" on node {self.nodes[rank][0]}" if self.multi_node else ""
+        return (f"{role.value} (rank {rank}{where})" if role is Role.AGGREGATOR
+                else f"{role.value} {index} (rank {rank}{where})")
 
     # ------------------------------------------------------------ role -> rank
     def worker_rank(self, i: int) -> int:
@@ -102,6 +137,8 @@ class RoleMap:
                 extra = "  + agent thread"
             elif role is Role.AGENT:
                 extra = f"  -> serves worker {index} (rank {self.worker_rank(index)})"
+            if self.nodes:
+                extra += f"  [node {self.nodes[rank][0]}, {self.nodes[rank][1]}]"
             lines.append(f"  rank {rank:3d}: {role.value} {index}{extra}" if role is not Role.AGGREGATOR
-                         else f"  rank {rank:3d}: aggregator")
+                         else f"  rank {rank:3d}: aggregator{extra}")
         return "\n".join(lines)

@@ -168,16 +168,17 @@ class _TieredParams:
 
     tiered = True
 
-    def __init__(self, params: dict[int, torch.Tensor], root: Path, *, window: int):
-        biggest = max(p.numel() for p in params.values())
+    def __init__(self, params, root: Path, *, window: int, sizes: dict[int, int]):
+        """``params``: bucket -> this shard's slice, read one bucket at a time (a mapping that makes each slice when
+        asked never holds them all); ``sizes``: bucket -> the slice's elements."""
         # the send window, the bucket being updated, one prefetched, and one being written back
-        budget = (window + 3) * padded_size(biggest * 4)
+        budget = (window + 3) * padded_size(max(sizes.values()) * 4)
         if root.exists():
             shutil.rmtree(root)   # scratch space: the durable state is in the checkpoints
         self.store = TieredStore(TieredStore.Config(root=str(root), host_budget=budget, device_budget=0))
-        self.sizes = {b: p.numel() for b, p in params.items()}
-        for b, p in params.items():
-            self.store.put(f"p{b}", p, home=Tier.SSD).result(600)
+        self.sizes = dict(sizes)
+        for b in sizes:
+            self.store.put(f"p{b}", params[b], home=Tier.SSD).result(600)
         self._holds: dict[int, int] = {}
 
     def get(self, b: int, timeout: float = 600) -> torch.Tensor:
@@ -247,19 +248,19 @@ class ParameterServer:
         self.layout = layout
         self.schedule = schedule
         self.opt = adamw_config
-        params: dict[int, torch.Tensor] = dict(shard or {})
-        if shard is None:
-            for b in range(len(layout.buckets)):
-                lo, hi = layout.shard(b, index)
-                params[b] = initial[b][lo:hi].clone()
-        shapes = {b: p.numel() for b, p in params.items()}
-        self.buckets = list(params)
+        # ``shard`` may be a mapping that makes each bucket's slice when asked: tiered parameters then take one
+        # bucket's slice into memory at a time on their way to the SSD
+        shapes = {b: hi - lo for b in range(len(layout.buckets)) for lo, hi in [layout.shard(b, index)]}
+        params = shard if shard is not None else {b: initial[b][lo:hi].clone() for b in shapes
+                                                  for lo, hi in [layout.shard(b, index)]}
+        self.buckets = list(shapes)
         if config.state == "memory":
-            self.params, self.moments = _HostParams(params), _MemoryMoments(shapes)
+            self.params, self.moments = _HostParams(dict(params)), _MemoryMoments(shapes)
         else:
             self.moments = _TieredMoments(shapes, Path(config.store_root))
-            self.params = (_TieredParams(params, Path(config.store_root + "-params"), window=config.send_window)
-                           if config.tier_params else _HostParams(params))
+            self.params = (_TieredParams(params, Path(config.store_root + "-params"), window=config.send_window,
+                                         sizes=shapes)
+                           if config.tier_params else _HostParams(dict(params)))
         del params
         self.adam_steps = {b: torch.tensor(0.0) for b in self.buckets}
         self.ingress_bytes: list[int] = []

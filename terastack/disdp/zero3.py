@@ -7,7 +7,8 @@ thread all-gathers the parameters before use (blocking), and after the
 bucket's backward reduce-scatters the gradients (blocking) and steps the
 optimizer on its slice: every collective sits on the compute path, which is
 what the disaggregated design removes. Same hooks, same buckets, same data as
-the disaggregated job; ``python -m terastack.disdp.zero3 JOB.json`` under torchrun.
+the disaggregated job; ``python -m terastack.disdp.zero3 JOB.json`` under torchrun (:func:`run_bench`: the
+same on ``terastack bench dist --model``'s model and batches).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import torch.distributed as dist
 from terastack.disdp.baseline import finish_baseline, init_baseline, save_final
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import rank_main
+from terastack.disdp.bench_spec import BenchSpec, init_std, init_tensor, worker_rows
+from terastack.disdp.job_stats import optimizer_state_bytes
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.workload import build_model, loss_of, worker_batch
 from terastack.disdp.worker import ShardedModel
@@ -28,8 +31,9 @@ from terastack.disdp.worker import ShardedModel
 class SerialZero3Link:
     """The worker's link in the ZeRO-3 baseline: blocking collectives and the optimizer in the compute thread."""
 
-    def __init__(self, sharded: ShardedModel, layout: Layout, initial: list[torch.Tensor], config: TrainConfig,
-                 rank: int, world: int):
+    def __init__(self, sharded: ShardedModel, layout: Layout, flat_of, adamw: dict, rank: int, world: int):
+        """``flat_of(b)``: bucket ``b``'s initial parameters, flat (asked once per bucket); ``adamw``: the
+        optimizer's settings (``torch.optim.AdamW``'s keywords)."""
         self.sharded, self.layout, self.rank, self.world = sharded, layout, rank, world
         self.schedule = sharded.schedule
         self.comm_s = 0.0
@@ -38,11 +42,12 @@ class SerialZero3Link:
         for b, bucket in enumerate(sharded.buckets):
             chunk = bucket.numel // world
             padded = torch.zeros(bucket.numel)
-            padded[:initial[b].numel()] = initial[b]
+            flat = flat_of(b)
+            padded[:flat.numel()] = flat
+            del flat
             shard = torch.nn.Parameter(padded[rank * chunk:(rank + 1) * chunk].clone())
             self.shards.append(shard)
-            self.optimizers.append(torch.optim.AdamW([shard], lr=config.lr, betas=(config.beta1, config.beta2),
-                                                     eps=config.eps, weight_decay=config.weight_decay))
+            self.optimizers.append(torch.optim.AdamW([shard], **adamw))
 
     def begin_step(self, step: int) -> None:
         pass
@@ -76,19 +81,11 @@ class SerialZero3Link:
         pass
 
 
-def run(config: TrainConfig) -> int:
-    rank, world = init_baseline(config, "ZeRO-3")
-    spec = config.model_spec()
-    meta = build_model(spec, seed=config.seed, meta=True)
-    layout = Layout.of(meta, 1)
-    initial = layout.flatten(dict(build_model(spec, seed=config.seed).named_parameters()))
-    sharded = ShardedModel(meta, layout, Schedule(layout, reshard=config.reshard), pad_multiple=world)
-    link = sharded.link = SerialZero3Link(sharded, layout, initial, config, rank, world)
-    del initial
+def train_steps(sharded: ShardedModel, link: SerialZero3Link, batch_of, steps: int) -> dict:
+    """``steps`` steps; per step its seconds, the seconds spent in (and waiting on) collectives, and the loss."""
     step_s, wait_s, losses = [], [], []
-    for step in range(config.steps):
-        batch = worker_batch(spec, step=step, seed=config.seed, micro_batch=config.micro_batch, worker=rank,
-                             workers=world)
+    for step in range(steps):
+        batch = batch_of(step)
         t0, w0, c0 = time.perf_counter(), sharded.wait_s, link.comm_s
         sharded.begin_step(step)
         loss = loss_of(sharded.model, batch)
@@ -98,6 +95,22 @@ def run(config: TrainConfig) -> int:
         # Exposed communication: all-gathers (waited in the hooks) plus reduce-scatters, all in this thread.
         wait_s.append(sharded.wait_s - w0 + link.comm_s - c0)
         losses.append(float(loss.detach()))
+    return {"step_s": step_s, "wait_s": wait_s, "loss": losses}
+
+
+def run(config: TrainConfig) -> int:
+    rank, world = init_baseline(config, "ZeRO-3")
+    spec = config.model_spec()
+    meta = build_model(spec, seed=config.seed, meta=True)
+    layout = Layout.of(meta, 1)
+    initial = layout.flatten(dict(build_model(spec, seed=config.seed).named_parameters()))
+    sharded = ShardedModel(meta, layout, Schedule(layout, reshard=config.reshard), pad_multiple=world)
+    adamw = dict(lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, weight_decay=config.weight_decay)
+    link = sharded.link = SerialZero3Link(sharded, layout, initial.__getitem__, adamw, rank, world)
+    initial.clear()  # the shards hold their slices now
+    stats = train_steps(sharded, link, lambda step: worker_batch(spec, step=step, seed=config.seed,
+                                                                 micro_batch=config.micro_batch, worker=rank,
+                                                                 workers=world), config.steps)
     # Gather the full parameters for the correctness check.
     flats = []
     for b, bucket in enumerate(sharded.buckets):
@@ -106,10 +119,38 @@ def run(config: TrainConfig) -> int:
         flats.append(full[:layout.buckets[b].numel])
     if rank == 0:
         save_final(config, layout, flats, config.steps)
-    return finish_baseline(config, rank, {"step_s": step_s, "wait_s": wait_s, "loss": losses,
-                                          "peak_param_bytes": sharded.peak_param_bytes,
-                                          "model_param_bytes": layout.numel * 4,
-                                          "param_bytes_after_run": sharded.resident_param_bytes()})
+    return finish_baseline(config, rank, stats | {"peak_param_bytes": sharded.peak_param_bytes,
+                                                  "model_param_bytes": layout.numel * 4,
+                                                  "param_bytes_after_run": sharded.resident_param_bytes()})
+
+
+def run_bench(spec: BenchSpec, rank: int, world: int) -> dict:
+    """The serial ZeRO-3 schedule on the benchmark's model: each rank makes only its slice of each bucket's
+    initial weights, one bucket at a time ([Note: the benchmark's initial weights] in
+    terastack.disdp.bench_spec); AdamW as the job's."""
+    from terastack.training.hf.model_files import build_skeleton
+
+    hf = spec.hf_config()
+    meta = build_skeleton(hf)
+    layout = Layout.of(meta, 1)
+    std = init_std(hf)
+
+    def flat_of(b: int) -> torch.Tensor:
+        bucket = layout.buckets[b]
+        flat = torch.empty(bucket.numel)
+        for slot in bucket.params:
+            flat[slot.offset:slot.offset + slot.numel] = init_tensor(slot.name, slot.shape, seed=spec.seed,
+                                                                     std=std).reshape(-1)
+        return flat
+
+    t = spec.job().training
+    sharded = ShardedModel(meta, layout, Schedule(layout, reshard=spec.reshard), pad_multiple=world)
+    link = sharded.link = SerialZero3Link(sharded, layout, flat_of,
+                                          dict(lr=spec.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay),
+                                          rank, world)
+    vocab = hf.vocab_size
+    stats = train_steps(sharded, link, lambda step: worker_rows(spec, step, vocab, rank), spec.total_steps)
+    return stats | {"peak_param_bytes": sharded.peak_param_bytes, "optimizer_state_bytes": optimizer_state_bytes()}
 
 
 if __name__ == "__main__":

@@ -99,10 +99,11 @@ def measure_gather_costs(num_nodes: int, row_len: int, dtype: torch.dtype, rows_
 
 
 def workload(ds, hot: Hotness, *, batch_size: int, model: str, hidden: int, layers: int,
-             calibrate: bool = True, calibration_steps: int = 5, io_cpu_seconds_per_block: float = 0.0
-             ) -> GnnWorkload:
-    """The TPC workload of training ``model`` on ``ds`` with ``batch_size`` seeds per batch."""
-    ks, hits = hot.curve()
+             calibrate: bool = True, calibration_steps: int = 5, io_cpu_seconds_per_block: float = 0.0,
+             curve: tuple | None = None) -> GnnWorkload:
+    """The TPC workload of training ``model`` on ``ds`` with ``batch_size`` seeds per batch (``curve``: a
+    hit-rate curve scored elsewhere, e.g. :func:`out_of_sample_curve`; default the pre-sampling's own)."""
+    ks, hits = hot.curve() if curve is None else curve
     compute, flops = calibrate_compute(model, hot, feat_dim=ds.feat_dim, hidden=hidden, classes=ds.num_classes,
                                        layers=layers, steps=calibration_steps if calibrate else 0)
     compute = compute if calibrate else None
@@ -150,3 +151,106 @@ def probe_feature_file(ds, *, seconds: float = 1.0, batch_blocks: int = 8192, se
         direct = f.direct
     return {"ssd_rand4k_iops": iops, "ssd_read_bytes_per_s": bandwidth, "direct": direct,
             "io_cpu_seconds_per_block": sys_cpu / done}
+
+
+# ------------------------------------------------------------------ a sample of the epoch, the cache in place
+#: added to the training seed for the hold-out sampling pass (differs from the pre-sampling pass's offset)
+HOLDOUT_SEED_OFFSET = 104_729
+
+
+def sample_seed_sets(train_ids: np.ndarray, presample_nodes: int, holdout_nodes: int, *, seed: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Two disjoint random samples of the training seeds (sorted): the pre-sampling set the caches are placed
+    from, and the hold-out set the model's inputs are measured on. When the training set is too small for
+    both, the hold-out set is what the first leaves (or, with nothing left, the whole training set)."""
+    order = np.random.default_rng([seed, HOLDOUT_SEED_OFFSET]).permutation(len(train_ids))
+    first = np.sort(train_ids[order[:presample_nodes]])
+    rest = order[presample_nodes:presample_nodes + holdout_nodes]
+    return first, np.sort(train_ids[rest] if len(rest) else train_ids)
+
+
+def profile_sampling(sampler, seeds: np.ndarray, batch_size: int, *, seed: int) -> dict:
+    """Sample the batches of ``seeds`` with the topology's list cache in place: per batch, the sampler's own
+    CPU time (``time.thread_time``: without the waits for its reads), the 4 KiB blocks its topology read,
+    and the rows each node type gathers; plus every gathered id (per type for heterogeneous batches), to
+    score a cache ranking out of sample (:func:`out_of_sample_curve`)."""
+    from terastack.gnn.sampler import epoch_batches
+
+    topo = sampler.topology
+    before = topo.stats.snapshot()
+    cpu, batches, ids = 0.0, 0, {}
+    for k, chunk in enumerate(epoch_batches(seeds, batch_size, seed=seed + HOLDOUT_SEED_OFFSET, epoch=0)):
+        t0 = time.thread_time()
+        batch = sampler.sample(chunk, np.random.default_rng([seed + HOLDOUT_SEED_OFFSET, k]))
+        cpu += time.thread_time() - t0
+        batches += 1
+        n_id = batch.n_id if isinstance(batch.n_id, dict) else {"": batch.n_id}
+        for t, v in n_id.items():
+            ids.setdefault(t, []).append(v)
+    after = topo.stats.snapshot()
+    b = max(batches, 1)
+    per_batch = ids
+    ids = {t: np.concatenate(v) for t, v in ids.items()}
+    return {"batches": batches, "ids_per_batch": per_batch, "sample_cpu_seconds_per_batch": cpu / b,
+            "topology_blocks_per_batch": (after["ssd_blocks"] - before["ssd_blocks"]) / b,
+            "topology_bytes_per_batch": (after["ssd_bytes"] - before["ssd_bytes"]) / b,
+            "topology_hit_rate": (after["hits"] - before["hits"]) / max(after["lookups"] - before["lookups"], 1),
+            "rows_per_batch": {t: len(v) / b for t, v in ids.items()}, "ids": ids}
+
+
+def out_of_sample_curve(rank_of: np.ndarray, accessed: np.ndarray, points: int = 513
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(rows cached, fraction of ``accessed`` they serve) for a cache of the top-ranked rows, where
+    ``rank_of[v]`` is node v's place in the ranking and ``accessed`` ids gathered by batches the ranking was
+    not made from (terastack.gnn.hotness [Note: hotness ranking and its hit-rate curve])."""
+    ranks = np.sort(rank_of[accessed])
+    ks = np.unique(np.linspace(0, len(rank_of), points).astype(np.int64))
+    return ks, np.searchsorted(ranks, ks, side="left") / max(len(ranks), 1)
+
+
+def rank_positions(ranking: np.ndarray, num_nodes: int, *, step: int = 1 << 22) -> np.ndarray:
+    """``out[ranking[i]] = i``: each node's place in a ranking (int32 below 2^31 nodes), filled in pieces so
+    that no int64 temporary of the whole graph is made."""
+    out = np.empty(num_nodes, np.int32 if num_nodes < 2**31 else np.int64)
+    for lo in range(0, len(ranking), step):
+        out[ranking[lo:lo + step]] = np.arange(lo, min(len(ranking), lo + step), dtype=out.dtype)
+    return out
+
+
+def calibrate_hetero_compute(model_kind: str, examples: list, ds, *, hidden: int, nodes_per_batch: float,
+                             steps: int = 5, seed: int = 0) -> float:
+    """Seconds per heterogeneous training step on this machine's CPU, scaled to the mean batch (the median of
+    ``steps`` timed steps on sampled ``examples`` with random features)."""
+    from terastack.gnn.hetero_models import HeteroGNN, hetero_train_step
+
+    torch.manual_seed(seed)
+    hops = len(examples[0].num_sampled_nodes[ds.target]) - 1
+    model = HeteroGNN(model_kind, ds.node_types, ds.edge_types, {t: ds.feat_dim[t] or 1 for t in ds.node_types},
+                      hidden, ds.num_classes, hops, ds.target)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(seed)
+    datas = [b.to_hetero_data({t: torch.randn(len(v), ds.feat_dim[t] or 1, generator=gen) for t, v in b.n_id.items()},
+                              torch.randint(0, ds.num_classes, (len(b.n_id[ds.target]),), generator=gen))
+             for b in examples]
+    hetero_train_step(model, opt, datas[0])  # warm-up (lazy modules, allocator)
+    per_node = []
+    for k in range(steps):
+        d = datas[k % len(datas)]
+        t0 = time.perf_counter()
+        hetero_train_step(model, opt, d)
+        per_node.append((time.perf_counter() - t0) / max(sum(d[t].num_nodes for t in d.node_types), 1))
+    return float(np.median(per_node)) * nodes_per_batch
+
+
+def miss_blocks(rank_of: np.ndarray, batches: list, cached_rows: int, row_bytes: int) -> tuple[int, int, int]:
+    """(rows gathered, rows missed, 4 KiB blocks read for the misses) over sampled ``batches`` (arrays of ids)
+    for a cache of the ``cached_rows`` top-ranked rows: misses of one batch that share a block read it once
+    (one request per batch, terastack.gnn.rows [Note: row reads are block reads])."""
+    from terastack.gnn.rows import covering_blocks
+
+    rows = missed = blocks = 0
+    for ids in batches:
+        miss = ids[rank_of[ids] >= cached_rows]
+        rows, missed = rows + len(ids), missed + len(miss)
+        blocks += len(covering_blocks(miss, row_bytes)) if len(miss) else 0
+    return rows, missed, blocks

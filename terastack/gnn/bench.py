@@ -70,7 +70,9 @@ from terastack.units import format_bytes, parse_bytes
 
 HEADLINE = ["slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial", "speedup_vs_mmap", "speedup_vs_sync_gather",
             "speedup_vs_sync_gather_smallest_cache", "prediction_error",
-            "accuracy_diff_points", "loss_curves_identical", "feature_to_budget_ratio"]
+            "accuracy_diff_points", "loss_curves_identical", "feature_to_budget_ratio",
+            # --scale and --hetero
+            "tpc_error", "tpc_prediction_error", "train_nodes", "seeds_per_s", "peak_rss_bytes"]
 
 PRESETS = {
     "smoke": ["--nodes", "20000", "--feat-dim", "64", "--train-nodes", "1024", "--test-nodes", "512",
@@ -86,15 +88,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fresh", action="store_true", help="regenerate the dataset even if a matching one exists")
     p.add_argument("--nodes", type=int, default=None, help="default 4M (with --scale: 48M)")
     p.add_argument("--avg-degree", type=float, default=None, help="default 10 (with --scale: 15)")
-    p.add_argument("--feat-dim", type=int, default=128)
+    p.add_argument("--feat-dim", type=int, default=None, help="feature width (default 128; with --hetero: 1024, "
+                   "IGBH's, for every node type)")
     p.add_argument("--classes", type=int, default=16)
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     p.add_argument("--train-nodes", type=int, default=None,
-                   help="training seeds per epoch (default 65536; with --scale: 16384)")
+                   help="training seeds per epoch (default 65536; with --scale: 1%% of the nodes; with --hetero: "
+                        "65536 papers)")
     p.add_argument("--test-nodes", type=int, default=4096, help="test nodes evaluated after training")
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--fanouts", default="15,10")
+    p.add_argument("--fanouts", default=None, help="neighbours sampled per hop (default 15,10; with --hetero: "
+                   "10,5 for every relation, or per relation as `terastack gnn train` takes them)")
     p.add_argument("--batch-size", type=int, default=None, help="default 1024 (with --scale: 512)")
     p.add_argument("--epochs", type=int, default=2, help="epochs of the in-memory and terastack runs")
     p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the mmap and sync-gather runs")
@@ -116,8 +121,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", action="store_true",
                    help="instead: one epoch of GraphSAGE on a generated graph larger than RAM, topology and "
                         "features on the SSD, peak RSS reported (see terastack.gnn.scale)")
-    p.add_argument("--rss-limit", default="8GiB", help="with --scale: stop the run if its RSS passes this")
+    p.add_argument("--rss-limit", default="8GiB", help="with --scale or --hetero: stop a contender whose RSS "
+                   "passes this")
     p.add_argument("--cleanup", action="store_true", help="with --scale: delete the dataset after the run")
+    p.add_argument("--presample-nodes", type=int, default=None, help="with --scale or --hetero: the training "
+                   "seeds pre-sampled to place the caches (a random sample; default 32768)")
+    p.add_argument("--holdout-nodes", type=int, default=None, help="with --scale or --hetero: training seeds, "
+                   "disjoint from the pre-sampled ones, sampled with the caches in place to measure the TPC "
+                   "model's inputs (default 8192)")
+    p.add_argument("--mmap-warmup-batches", type=int, default=32, help="with --scale or --hetero: batches the "
+                   "np.memmap contender runs before the batches it is compared on")
+    p.add_argument("--mmap-batches", type=int, default=96, help="with --scale or --hetero: batches on which the "
+                   "np.memmap contender is compared (its epoch is extrapolated from them)")
+    p.add_argument("--hetero", action="store_true",
+                   help="instead: an IGBH-shaped heterogeneous graph trained out of core vs in-memory features and "
+                        "topology and vs np.memmap, each in its own process (see terastack.gnn.bench_hetero)")
+    p.add_argument("--papers", type=int, default=None, help="with --hetero: paper nodes (default 250000; "
+                   "authors 1.9x, fos 0.19x, institutes 0.015x)")
+    p.add_argument("--hetero-model", default="sage", choices=["sage", "rgcn"], help="with --hetero: the model")
+    p.add_argument("--keep", action="store_true", help="with --hetero: keep the generated dataset (default: "
+                   "deleted after the run)")
     p.add_argument("--threads", type=int, default=-1,
                    help="torch intra-op threads for every contender (-1: one less than the cores, leaving one "
                         "for the pipeline's sampling and gathering threads; 0: torch's default, one per core)")
@@ -198,10 +221,20 @@ _DEFAULTS = {"nodes": 4_000_000, "avg_degree": 10.0, "train_nodes": 65536, "batc
 def measure(args: argparse.Namespace) -> dict:
     from terastack.gnn.cache import InMemoryFeatures
 
+    if args.fanouts is None and not args.hetero:
+        args.fanouts = "15,10"
+    if args.feat_dim is None:
+        args.feat_dim = 1024 if args.hetero else 128
+    if args.scale and args.hetero:
+        raise ValueError("scale, hetero: choose one of --scale and --hetero")
     if args.scale:
         from terastack.gnn.scale import measure_scale
 
         return measure_scale(args)
+    if args.hetero:
+        from terastack.gnn.bench_hetero import measure_hetero
+
+        return measure_hetero(args)
     for name, default in _DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -390,6 +423,12 @@ def measure(args: argparse.Namespace) -> dict:
         "speedup_vs_sync_gather_smallest_cache": float(np.mean([e["seconds"] for e in small_sync])
                                                        / np.mean(tpc[0]["measured_rounds"])),
         "prediction_error": [round(t["prediction_error"], 4) for t in tpc],
+        # the TPC model's error (absolute) as --scale and --hetero report it (the last round's: calibrated on the
+        # most epochs)
+        "tpc_prediction_error": tpc[-1]["prediction_error"] if tpc else None,
+        "tpc_error": abs(tpc[-1]["prediction_error"]) if tpc else None,
+        "train_nodes": len(train_ids), "seeds_per_s": len(train_ids) / float(np.mean(ts_t)),
+        "peak_rss_bytes": peak_rss(),
         "accuracy_diff_points": 100 * abs(ts_acc - mem_acc),
         "loss_curves_identical": identical,
         "feature_to_budget_ratio": ds.feature_bytes / budget,

@@ -41,6 +41,8 @@ _FEATURE_BLOCK_ROWS = 16384
 _BYTES_PER_PAIR = 160
 #: R-MAT pairs per deterministic unit (the unit of the edge random streams)
 _RMAT_UNIT = 1 << 16
+#: R-MAT quadrant probabilities (a, b, c), Graph500's
+RMAT_DEFAULT = (0.57, 0.19, 0.19)
 
 
 def rmat_pairs(rng: np.random.Generator, count: int, scale: int, a: float, b: float, c: float) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +70,7 @@ class GraphGenerator:
         classes: int = 16
         dtype: str = "float32"
         seed: int = 0
-        rmat: tuple[float, float, float] = (0.57, 0.19, 0.19)
+        rmat: tuple[float, float, float] = RMAT_DEFAULT
         #: norm of the class centroids; per-dimension noise has standard deviation ``noise``
         signal: float = 2.0
         noise: float = 1.0
@@ -221,3 +223,166 @@ class GraphGenerator:
 def generate(out: str | os.PathLike, nodes: int, **kwargs) -> dict:
     """Generate a dataset in ``out``; keyword arguments are :class:`GraphGenerator.Config` fields."""
     return GraphGenerator(GraphGenerator.Config(out=os.fspath(out), nodes=nodes, **kwargs)).run()
+
+
+# ------------------------------------------------------------------ heterogeneous
+#: IGBH's node types and relations (IGB's ``IGBHeteroDGLDataset``): per relation, the edges per source-side
+#: node and the skew of each end (the chance an id bit is set; below 0.5 makes low ids, after hashing
+#: scattered ones, hot)
+IGBH_NODE_SHARES = {"paper": 1.0, "author": 1.9, "institute": 0.015, "fos": 0.19}
+IGBH_RELATIONS = {("paper", "cites", "paper"): 12.0, ("paper", "written_by", "author"): 4.5,
+                  ("author", "affiliated_to", "institute"): 1.0, ("paper", "topic", "fos"): 6.0}
+
+
+def _skewed_ids(rng: np.random.Generator, count: int, n: int, skew: float) -> np.ndarray:
+    """``count`` ids below ``n`` drawn bit by bit with P(bit) = ``skew`` (power-law-like popularity)."""
+    bits = max(1, math.ceil(math.log2(n)))
+    out = np.zeros(0, np.int64)
+    while len(out) < count:
+        ids = np.zeros(2 * (count - len(out)) + 16, np.int64)
+        for level in range(bits):
+            ids |= (rng.random(len(ids), dtype=np.float32) < skew).astype(np.int64) << (bits - 1 - level)
+        out = np.concatenate([out, ids[ids < n]])
+    return out[:count]
+
+
+def _scatter(ids: np.ndarray, n: int) -> np.ndarray:
+    """A bijection of 0..n-1 (``(id * a + b) mod n``, ``a`` coprime to ``n``) that spreads hot low ids over
+    the whole id range, like the homogeneous generator's permutation but in no memory."""
+    a = 2654435761 % n or 1
+    while math.gcd(a, n) != 1:
+        a += 1
+    return (ids * a + 7919) % n
+
+
+class HeteroGraphGenerator:
+    """An IGBH-shaped heterogeneous dataset (paper, author, institute, fos and their relations, reverse edges
+    added as IGB's loaders do), written by the heterogeneous importer in bounded memory and resumably.
+
+    Paper labels and the citations follow the homogeneous generator ([Note: what the generator makes]):
+    R-MAT citations over pre-scatter ids, class ``floor(id * C / N)``, features ``centroid[y] + noise``;
+    other types get noise features around one centroid per type. Bipartite relations draw both ends with
+    a power-law-like skew. Every random stream is seeded by (seed, purpose, unit).
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        out: str
+        papers: int
+        feat_dim: int = 128
+        classes: int = 16
+        dtype: str = "float32"
+        seed: int = 0
+        #: multiplies every relation's edges per node (IGBH_RELATIONS)
+        degree_scale: float = 1.0
+        train_nodes: int = 0
+        test_nodes: int = 0
+        memory_budget: int | str = "1GiB"
+        force: bool = False
+        progress: bool = True
+
+        def __post_init__(self) -> None:
+            if not self.out:
+                raise ValueError("out: an output directory is required")
+            if not isinstance(self.papers, int) or self.papers < 64:
+                raise ValueError(f"papers: must be an integer >= 64, got {self.papers!r}")
+            if self.feat_dim < 1:
+                raise ValueError(f"feat_dim: must be >= 1, got {self.feat_dim}")
+            if not 2 <= self.classes <= self.papers:
+                raise ValueError(f"classes: must be in 2..papers ({self.papers}), got {self.classes}")
+            if self.dtype not in FEATURE_DTYPES:
+                raise ValueError(f"dtype: must be one of {', '.join(FEATURE_DTYPES)}, got {self.dtype!r}")
+            if not self.degree_scale > 0:
+                raise ValueError(f"degree_scale: must be > 0, got {self.degree_scale}")
+            if not 1 <= self.train_nodes or self.train_nodes + self.test_nodes > self.papers or self.test_nodes < 0:
+                raise ValueError(f"train_nodes, test_nodes: need train_nodes >= 1, test_nodes >= 0 and their sum "
+                                 f"<= papers ({self.papers}); got {self.train_nodes}, {self.test_nodes}")
+
+    def __init__(self, config: "HeteroGraphGenerator.Config", *, engine=None):
+        self.config, self.engine = config, engine
+
+    def node_counts(self) -> dict[str, int]:
+        return {t: max(2, int(round(self.config.papers * share))) for t, share in IGBH_NODE_SHARES.items()}
+
+    def edge_counts(self) -> dict[tuple, int]:
+        """Pairs drawn per relation (duplicates are merged when the topology is built)."""
+        n = self.node_counts()
+        return {et: max(1, int(round(n[et[0]] * per * self.config.degree_scale))) for et, per in IGBH_RELATIONS.items()}
+
+    def source(self):
+        from terastack.gnn.formats.hetero_source import HeteroSource, NodeTypeSource, RelationSource
+
+        cfg = self.config
+        counts, dtype = self.node_counts(), np.dtype(cfg.dtype)
+        npap = counts["paper"]
+        labels = np.empty(npap, np.int64)  # class of a paper from its pre-scatter id (R-MAT locality)
+        labels[_scatter(np.arange(npap, dtype=np.int64), npap)] = np.arange(npap, dtype=np.int64) * cfg.classes // npap
+        rng = np.random.default_rng([cfg.seed, 3])
+        centroids = rng.standard_normal((cfg.classes + len(counts), cfg.feat_dim)).astype(np.float32)
+        centroids *= 2.0 / np.linalg.norm(centroids, axis=1, keepdims=True)
+
+        def features(t: str, k: int):
+            def blocks(first: int, rows: int):
+                for start in range(first - first % _FEATURE_BLOCK_ROWS, counts[t], _FEATURE_BLOCK_ROWS):
+                    stop = min(counts[t], start + _FEATURE_BLOCK_ROWS)
+                    x = np.random.default_rng([cfg.seed, 4, k, start // _FEATURE_BLOCK_ROWS]).standard_normal(
+                        (stop - start, cfg.feat_dim), dtype=np.float32)
+                    x += centroids[labels[start:stop]] if t == "paper" else centroids[cfg.classes + k]
+                    yield x.astype(dtype, copy=False)[max(0, first - start):]
+            return blocks
+
+        nodes = {t: NodeTypeSource(num_nodes=n, feat_dim=cfg.feat_dim, feat_dtype=dtype,
+                                   feature_blocks=features(t, k), features_where=f"generated {t} features")
+                 for k, (t, n) in enumerate(counts.items())}
+        nodes["paper"].labels, nodes["paper"].labels_where = (lambda: labels), "generated paper labels"
+        relations = {et: RelationSource(edge_blocks=self._edges(et, r, counts), count_edges=lambda c=c: c,
+                                        where=f"generated {'__'.join(et)}")
+                     for r, (et, c) in enumerate(self.edge_counts().items())}
+
+        def splits(_labels):
+            order = np.random.default_rng([cfg.seed, 5]).permutation(npap)
+            parts = {"train_idx": order[:cfg.train_nodes], "val_idx": np.zeros(0, np.int64),
+                     "test_idx": order[cfg.train_nodes:cfg.train_nodes + cfg.test_nodes]}
+            return {k: (v, "generated split") for k, v in parts.items()}
+
+        return HeteroSource(layout="generated-igbh", target="paper", node_types=nodes, relations=relations,
+                            splits=splits, files={}, undirected=True, num_classes=cfg.classes,
+                            notes={"generator": "igbh-shaped", "generator_version": GENERATOR_VERSION,
+                                   "papers": npap, "feat_dim": cfg.feat_dim, "seed": cfg.seed,
+                                   "degree_scale": cfg.degree_scale, "train_nodes": cfg.train_nodes,
+                                   "test_nodes": cfg.test_nodes, "feat_dtype": cfg.dtype, "classes": cfg.classes})
+
+    def _edges(self, et: tuple, r: int, counts: dict):
+        cfg = self.config
+        total = self.edge_counts()[et]
+        n_src, n_dst = counts[et[0]], counts[et[2]]
+
+        def unit(u: int) -> tuple[np.ndarray, np.ndarray]:
+            rng = np.random.default_rng([cfg.seed, 2, r, u])
+            size = min(_RMAT_UNIT, total - u * _RMAT_UNIT)
+            if et[0] == et[2]:  # citations: R-MAT over pre-scatter ids (nearby ids cite each other)
+                src, dst = np.zeros(0, np.int64), np.zeros(0, np.int64)
+                while len(src) < size:
+                    s, d = rmat_pairs(rng, size, max(1, math.ceil(math.log2(n_src))), *RMAT_DEFAULT)
+                    ok = (s < n_src) & (d < n_src)
+                    src, dst = np.concatenate([src, s[ok]]), np.concatenate([dst, d[ok]])
+                src, dst = src[:size], dst[:size]
+            else:
+                src, dst = _skewed_ids(rng, size, n_src, 0.4), _skewed_ids(rng, size, n_dst, 0.3)
+            return _scatter(src, n_src), _scatter(dst, n_dst)
+
+        def blocks(first: int, step: int):
+            u, skip = divmod(first, _RMAT_UNIT)
+            while u * _RMAT_UNIT < total:
+                src, dst = unit(u)
+                yield src[skip:], dst[skip:]
+                u, skip = u + 1, 0
+        return blocks
+
+    def run(self) -> dict:
+        from terastack.gnn.formats.hetero_source import HeteroImporter
+
+        cfg = self.config
+        return HeteroImporter(self.source(), HeteroImporter.Config(
+            out=cfg.out, classes=cfg.classes, dtype=cfg.dtype, memory_budget=cfg.memory_budget, force=cfg.force,
+            progress=cfg.progress), engine=self.engine).run()

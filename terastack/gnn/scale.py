@@ -1,5 +1,6 @@
-"""``terastack bench gnn --scale``: one epoch of GraphSAGE on a generated graph larger than this machine's RAM,
-topology and features on the SSD, the process's peak RSS read from /proc.
+"""``terastack bench gnn --scale``: one epoch of GraphSAGE, trained as a user trains, on a generated graph
+larger than this machine's RAM, topology and features on the SSD, the process's peak RSS read from /proc;
+the same batches through ``np.memmap`` features and topology in the same run.
 
 [Note: the scale run]
 The dataset's size is computed before anything is written: features
@@ -18,15 +19,32 @@ resumable, with progress), so its peak RSS is its own (``generation.peak_rss_byt
 A watchdog thread samples the RSS and stops the run with a message when it
 passes ``--rss-limit``, so the kernel's OOM killer never decides the result.
 
+Seeds: users train on the labelled share of the nodes (about 1% on
+ogbn-papers100M), so the epoch runs over ``--train-nodes`` seeds, by default
+1% of the nodes. The caches are placed from pre-sampling a random sample of
+them (``--presample-nodes``), not all: the epoch then touches rows and lists
+the pre-sampling never saw, as a user's does. A second, disjoint sample
+(``--holdout-nodes``) is sampled once the hot lists are cached: it measures
+what the TPC model needs out of sample -- the hit-rate curve of the feature
+ranking, the sampler's CPU time per batch and the 4 KiB blocks it reads for
+the lists the cache misses (the model's topology term, terastack.plan.tpc).
+
 Training: the topology is opened on the SSD (``indptr`` by the ``auto`` rule
-of terastack.gnn.topology), pre-sampling counts feature gathers and list
-expansions, the one cache budget (``--budget``) is split between hot lists and
-feature rows ([Note: splitting one budget between topology and features]), and
-one epoch over ``--train-nodes`` seeds runs through the pipeline. SSD bytes are
-the storage engine's own count over the epoch. The TPC model (terastack.plan.tpc)
-predicts the epoch from the feature cache, this SSD (measured on the feature
-file) and a calibrated training step; it does not model topology reads, so its
-error includes them.
+of terastack.gnn.topology), the one cache budget (``--budget``) is split between
+hot lists and feature rows ([Note: splitting one budget between topology and
+features]), and one epoch over every training seed runs through the pipeline
+(``epoch_seconds``: the whole epoch, measured, not extrapolated). SSD bytes are
+the storage engine's own count over the epoch.
+
+The ``np.memmap`` contender (features held to the same budget, see
+terastack.gnn.cache [Note: the mmap baseline's memory budget]; topology mapped,
+its page cache left to the kernel, which favours it) runs the same pipeline
+in a child process after the terastack caches are freed
+(terastack.gnn.bench_workers [Note: contenders in child processes]). It runs
+the first ``--mmap-warmup-batches + --mmap-batches`` batches of the same epoch
+and ``speedup_vs_mmap`` compares both on the same window of batches
+([Note: comparing the same batches]); its whole epoch is extrapolated from
+that window and labelled so. Its losses must equal terastack's on those batches.
 """
 from __future__ import annotations
 
@@ -37,31 +55,39 @@ import resource
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from terastack.gnn.advise import probe_feature_file, workload
-from terastack.gnn.cache import UnifiedCache
+from terastack.gnn.advise import (miss_blocks, out_of_sample_curve, probe_feature_file, profile_sampling,
+                                  rank_positions, sample_seed_sets, workload)
+from terastack.gnn.bench_workers import (Contender, RssWatchdog, drop_mapped_pages, measure_window, timed_batches,
+                                         window_seconds)
+from terastack.gnn.cache import MmapFeatures, UnifiedCache
 from terastack.gnn.dataset import MANIFEST, open_dataset
 from terastack.gnn.hotness import presample
-from terastack.gnn.models import GNN
+from terastack.gnn.models import GNN, train_step
 from terastack.gnn.pipeline import Pipeline
 from terastack.gnn.sampler import NeighborSampler, parse_fanouts
 from terastack.gnn.train import share_budget, train_epoch, training_threads
 from terastack.io import get_engine
-from terastack.memory import current_rss, mem_total, peak_rss
+from terastack.memory import mem_total, peak_rss
 from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import predict_epoch
 from terastack.units import format_bytes, parse_bytes
 
-#: defaults of a scale run: ~48M nodes x 15 x 128 fp32 = 24.6 GB of features + ~3.3 GB of topology
-SCALE_DEFAULTS = {"nodes": 48_000_000, "avg_degree": 15.0, "train_nodes": 16384, "batch_size": 512,
-                  "budget": "1GiB", "gen_memory": "3GiB"}
+#: defaults of a scale run: ~48M nodes x 15 x 128 fp32 = 24.6 GB of features + ~3.3 GB of topology; training
+#: seeds: 1% of the nodes ("train_fraction"), the caches placed from a sample of 32,768 of them
+SCALE_DEFAULTS = {"nodes": 48_000_000, "avg_degree": 15.0, "train_fraction": 0.01, "batch_size": 512,
+                  "budget": "1GiB", "gen_memory": "3GiB", "presample_nodes": 32768, "holdout_nodes": 8192}
 RSS_TARGET = 4 << 30
+
+
+def default_train_nodes(nodes: int) -> int:
+    """At least 1% of the nodes (the labelled share users train on)."""
+    return max(1, -(-nodes // 100))
 
 
 def dataset_bytes(nodes: int, avg_degree: float, feat_dim: int, itemsize: int, train_nodes: int) -> dict:
@@ -71,33 +97,6 @@ def dataset_bytes(nodes: int, avg_degree: float, feat_dim: int, itemsize: int, t
     parts = {"features": nodes * feat_dim * itemsize, "topology": (nodes + 1) * 8 + edges * index,
              "labels": nodes * 4, "splits": train_nodes * 8}
     return {**parts, "total": sum(parts.values()), "scratch": edges * 2 * index, "edges_at_most": edges}
-
-
-class RssWatchdog:
-    """Samples this process's RSS; past ``limit`` it prints why and exits (before the OOM killer would)."""
-
-    def __init__(self, limit: int, interval: float = 0.2):
-        self.limit, self.interval = limit, interval
-        self.max_sampled = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="terastack-rss-watchdog", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            rss = current_rss()
-            self.max_sampled = max(self.max_sampled, rss)
-            if rss > self.limit:
-                print(f"terastack bench gnn --scale: resident memory {format_bytes(rss)} passed --rss-limit "
-                      f"{format_bytes(self.limit)}; stopping", file=sys.stderr, flush=True)
-                os._exit(3)
-
-    def __enter__(self) -> "RssWatchdog":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int, gen_memory: str) -> dict:
@@ -124,17 +123,50 @@ def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int,
     return result
 
 
+class MmapContender:
+    """The ``np.memmap`` contender: features and topology mapped, the same pipeline and model (built in a child
+    process by :class:`terastack.gnn.bench_workers.Contender`)."""
+
+    def __init__(self, *, root: str, fanouts: list, seed: int, budget: int, hidden: int, lr: float, threads: int):
+        if threads:
+            torch.set_num_threads(threads)
+        self.ds = open_dataset(root, topology="mmap")
+        for array in (self.ds.indptr, self.ds.indices):  # the dataset's checks streamed them: start cold
+            drop_mapped_pages(array)
+        ds = self.ds
+        self.sampler = NeighborSampler(topology=ds.topology, fanouts=tuple(fanouts), seed=seed)
+        self.source = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim,
+                                   dtype=ds.feat_dtype, budget=budget)
+        torch.manual_seed(seed)  # the same initial weights as the terastack contender
+        self.model = GNN("sage", ds.feat_dim, hidden, ds.num_classes, len(fanouts))
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.pipeline = Pipeline(self.sampler, self.source, ds.labels, device="cpu")
+
+    def run(self, *, train_ids: list, batch_size: int, epoch: int, limit: int) -> dict:
+        r = timed_batches(self.pipeline, self.model, self.opt, np.asarray(train_ids, np.int64), batch_size=batch_size,
+                          epoch=epoch, step=train_step, limit=limit)
+        return {**r, "evicted_pages": self.source.evicted_pages}
+
+    def close(self) -> None:
+        self.source.close()
+        self.ds.close()
+
+
 def measure_scale(args) -> dict:
     nodes = args.nodes or SCALE_DEFAULTS["nodes"]
     avg_degree = args.avg_degree or SCALE_DEFAULTS["avg_degree"]
-    train_nodes = args.train_nodes or SCALE_DEFAULTS["train_nodes"]
+    train_nodes = args.train_nodes or default_train_nodes(nodes)
     batch_size = args.batch_size or SCALE_DEFAULTS["batch_size"]
     budget = parse_bytes(args.budget or SCALE_DEFAULTS["budget"], field="budget")
     gen_memory = args.gen_memory or SCALE_DEFAULTS["gen_memory"]
     rss_limit = parse_bytes(args.rss_limit, field="rss_limit")
     fanouts = parse_fanouts(args.fanouts)
+    presample_nodes = args.presample_nodes or SCALE_DEFAULTS["presample_nodes"]
+    holdout_nodes = args.holdout_nodes or SCALE_DEFAULTS["holdout_nodes"]
     if not 1 <= train_nodes <= nodes:
         raise ValueError(f"train_nodes: must be in 1..nodes ({nodes}), got {train_nodes}")
+    if presample_nodes < 1 or holdout_nodes < 1:
+        raise ValueError(f"presample_nodes, holdout_nodes: must be >= 1, got {presample_nodes}, {holdout_nodes}")
     itemsize = np.dtype(args.dtype).itemsize
     sizes = dataset_bytes(nodes, avg_degree, args.feat_dim, itemsize, train_nodes)
     ram = mem_total()
@@ -142,7 +174,7 @@ def measure_scale(args) -> dict:
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     say(f"scale run: {nodes} nodes, average degree {avg_degree:g}, {args.feat_dim} x {args.dtype} features: "
         f"features {format_bytes(sizes['features'])} + topology {format_bytes(sizes['topology'])} + labels/splits "
-        f"= {format_bytes(sizes['total'])} vs MemTotal {format_bytes(ram)}")
+        f"= {format_bytes(sizes['total'])} vs MemTotal {format_bytes(ram)}; {train_nodes} training seeds")
     if not exceeds:
         print(f"terastack bench gnn --scale: the dataset ({format_bytes(sizes['total'])}) fits in RAM "
               f"({format_bytes(ram)}): not a scale run, the 'larger than RAM' claim is skipped", file=sys.stderr)
@@ -159,82 +191,152 @@ def measure_scale(args) -> dict:
                          f"{format_bytes(sizes['total'])} of dataset + {format_bytes(sizes['scratch'])} of "
                          f"generation scratch) in {root}, and {free} bytes ({format_bytes(free)}) are free")
     root.parent.mkdir(parents=True, exist_ok=True)
-    gen = _generate(args, root, nodes, avg_degree, train_nodes, gen_memory)
-    say(f"dataset {gen['status']} in {gen['wall_seconds']:.1f} s, generator peak RSS "
-        f"{format_bytes(gen['peak_rss_bytes'])}")
-
-    if args.threads:
-        torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
-    engine = get_engine()
-    with RssWatchdog(rss_limit) as watchdog:
-        t0 = time.perf_counter()
-        ds = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget)
-        sampler = NeighborSampler(topology=ds.topology, fanouts=fanouts, seed=args.seed)
-        train_ids = ds.splits["train"][:train_nodes]
-        hot = presample(sampler, train_ids, batch_size, epochs=2, seed=args.seed, keep_examples=4)
-        presample_seconds = time.perf_counter() - t0
-        # Order matters for the peak: the whole-graph temporaries (hit-rate curve, ranking) are made before the
-        # caches are filled, and the pre-sampling counts are dropped before training.
-        ssd = probe_feature_file(ds)
-        here = Hardware(name="this machine (SSD measured on the feature file)", measured=True,
-                        cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
-                        ssd_rand4k_iops=ssd["ssd_rand4k_iops"])
-        wl = workload(ds, hot, batch_size=batch_size, model="sage", hidden=args.hidden, layers=len(fanouts),
-                      calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
-        wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size))
-        ranking = hot.order()
-        split, feature_budget = share_budget(ds, hot, budget, fanouts)
-        hot_summary = {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch}
-        del hot
-        cache = UnifiedCache(ds, ranking, device_budget=0, host_budget=feature_budget, device="cpu")
-        del ranking
-        cached_rows = cache.device_rows + cache.host_rows
-        hot_summary["expected_feature_hit_rate"] = float(np.interp(cached_rows, wl.curve_rows, wl.curve_hits))
-        predicted = predict_epoch(wl, here, device_cache=0, host_cache=feature_budget,
-                                  train_threads=wl.compute_threads)
-        torch.manual_seed(args.seed)
-        model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
-        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-        before = engine.stats.snapshot()
-        epoch = train_epoch(Pipeline(sampler, cache, ds.labels, device="cpu"), model, opt, train_ids,
-                            batch_size=batch_size, epoch=0, progress=not args.quiet, label="scale")
-        after = engine.stats.snapshot()
-        cache_info = cache.describe()
-        topology_info = ds.topology.describe()
-        cache.close()
-        ds.close()
-    peak = peak_rss()
-    if args.cleanup:
-        shutil.rmtree(root, ignore_errors=True)
-    ssd_read = after["bytes_read"] - before["bytes_read"]
+    try:
+        gen = _generate(args, root, nodes, avg_degree, train_nodes, gen_memory)
+        say(f"dataset {gen['status']} in {gen['wall_seconds']:.1f} s, generator peak RSS "
+            f"{format_bytes(gen['peak_rss_bytes'])}")
+        if args.threads:
+            torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
+        ours = _terastack_epoch(args, root, fanouts=fanouts, budget=budget, batch_size=batch_size,
+                                train_nodes=train_nodes, presample_nodes=presample_nodes,
+                                holdout_nodes=holdout_nodes, rss_limit=rss_limit)
+        peak = peak_rss()  # the training's: no child ran in this process's lifetime but the generator
+        mmap = _mmap_epoch(args, root, ours, fanouts=fanouts, budget=budget, batch_size=batch_size,
+                           rss_limit=rss_limit, say=say)
+    finally:
+        if args.cleanup:
+            shutil.rmtree(root, ignore_errors=True)
+    epoch, predicted = ours["epoch"], ours["predicted"]
     error = abs(predicted.epoch_seconds - epoch["seconds"]) / epoch["seconds"]
     return {
         "scale_run": exceeds,
         "exceeds_ram": exceeds,
         "dataset_bytes": sizes["total"], "mem_total_bytes": ram, "dataset_to_ram_ratio": sizes["total"] / ram,
-        "epoch_seconds": epoch["seconds"],
+        "train_nodes": ours["train_nodes"], "train_fraction": ours["train_nodes"] / nodes,
+        "epoch_seconds": epoch["seconds"], "epoch_measured": "whole epoch (every training seed)",
+        "seeds_per_s": ours["train_nodes"] / epoch["seconds"],
+        "speedup_vs_mmap": mmap["speedup"],
         "peak_rss_bytes": peak, "peak_rss_within_4GiB": peak <= RSS_TARGET,
-        "ssd_bytes_read": ssd_read,
+        "tpc_predicted_epoch_seconds": predicted.epoch_seconds, "tpc_prediction_error": error,
+        "ssd_bytes_read": ours["ssd_bytes_read"],
         "feature_hit_rate": epoch["device_hit_rate"] + epoch["host_hit_rate"],
         "topology_hit_rate": epoch["topology_hit_rate"],
-        "tpc_predicted_epoch_seconds": predicted.epoch_seconds, "tpc_prediction_error": error,
-        "train_nodes": len(train_ids), "batches": epoch["batches"], "loss_mean": epoch["loss_mean"],
+        "batches": epoch["batches"], "loss_mean": epoch["loss_mean"],
         "feature_ssd_bytes": epoch["ssd_bytes"], "topology_ssd_bytes": epoch["topology_ssd_bytes"],
         "topology_calls_per_batch": epoch["topology_calls_per_batch"],
-        "ssd_requests": after["requests"] - before["requests"],
-        "rss": {"peak_bytes": peak, "max_sampled_bytes": watchdog.max_sampled, "limit_bytes": rss_limit,
-                "measured": "VmHWM of /proc/self/status (no child processes during training)"},
+        "ssd_requests": ours["ssd_requests"],
+        "mmap": mmap["report"],
+        "rss": {"peak_bytes": peak, "max_sampled_bytes": ours["max_sampled_rss"], "limit_bytes": rss_limit,
+                "measured": "VmHWM of /proc/self/status (the mmap contender runs in a child process afterwards)",
+                "mmap_contender_peak_bytes": mmap["report"]["peak_rss_bytes"]},
         "sizes": sizes,
-        "budget_bytes": budget, "split": split, "cache": cache_info, "topology": topology_info,
+        "budget_bytes": budget, "split": ours["split"], "cache": ours["cache"], "topology": ours["topology"],
         "tpc": {"bottleneck": predicted.bottleneck, "predicted_hit_rate": predicted.hit_rate,
-                "stages_seconds_per_batch": predicted.stages, "ssd": ssd,
-                "note": "features-only model: topology reads are not modelled"},
-        "epoch": {k: v for k, v in epoch.items() if k != "losses"},
-        "presample_seconds": presample_seconds, "presample": hot_summary,
+                "predicted_topology_blocks_per_batch": ours["workload"].topology_blocks_per_batch,
+                "stages_seconds_per_batch": predicted.stages, "ssd": ours["ssd"], "holdout": ours["holdout"],
+                "note": "inputs measured on pre-sampled and hold-out batches (never the epoch); topology reads: "
+                        "the hold-out's list blocks at the SSD's random-read rate"},
+        "epoch": {k: v for k, v in epoch.items() if k not in ("losses", "marks")},
+        "presample_seconds": ours["presample_seconds"], "presample": ours["presample"],
         "generation": {"status": gen["status"], "seconds": gen["wall_seconds"],
                        "peak_rss_bytes": gen["peak_rss_bytes"], "memory_budget": gen_memory},
         "dataset": {"dir": str(root), "nodes": nodes, "edges": gen.get("edges"), "avg_degree": avg_degree,
                     "feat_dim": args.feat_dim, "feat_dtype": args.dtype, "deleted_after_run": bool(args.cleanup)},
         "config": {"model": "sage", "hidden": args.hidden, "fanouts": list(fanouts), "batch_size": batch_size,
-                   "lr": args.lr, "seed": args.seed, "indptr": args.indptr, "torch_threads": torch.get_num_threads()},
+                   "lr": args.lr, "seed": args.seed, "indptr": args.indptr, "torch_threads": torch.get_num_threads(),
+                   "presample_nodes": presample_nodes, "holdout_nodes": holdout_nodes},
     }
+
+
+def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int, train_nodes: int,
+                     presample_nodes: int, holdout_nodes: int, rss_limit: int) -> dict:
+    """Pre-sample, place the caches, measure the model's inputs on the hold-out, predict, train one epoch."""
+    engine = get_engine()
+    with RssWatchdog(rss_limit, label="terastack bench gnn --scale") as watchdog:
+        t0 = time.perf_counter()
+        ds = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget)
+        sampler = NeighborSampler(topology=ds.topology, fanouts=fanouts, seed=args.seed)
+        train_ids = ds.splits["train"][:train_nodes]
+        placed_from, holdout = sample_seed_sets(train_ids, presample_nodes, holdout_nodes, seed=args.seed)
+        # one pass: the hold-out below, not a pre-sampled epoch, scores the placement
+        hot = presample(sampler, placed_from, batch_size, epochs=1, seed=args.seed, keep_examples=4)
+        presample_seconds = time.perf_counter() - t0
+        # Order matters for the peak: the whole-graph temporaries (ranking, rank positions) are made before the
+        # feature cache is filled, and the pre-sampling counts are dropped before training.
+        ssd = probe_feature_file(ds)
+        here = Hardware(name="this machine (SSD measured on the feature file)", measured=True,
+                        cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
+                        ssd_rand4k_iops=ssd["ssd_rand4k_iops"])
+        ranking = hot.order()
+        split, feature_budget = share_budget(ds, hot, budget, fanouts)  # fills the hot lists
+        prof = profile_sampling(sampler, holdout, batch_size, seed=args.seed)
+        positions = rank_positions(ranking, ds.num_nodes)
+        curve = out_of_sample_curve(positions, prof.pop("ids")[""])
+        per_batch = prof.pop("ids_per_batch")[""]
+        # the rows the feature cache will hold (the rule of UnifiedCache): blocks per missed row at that size
+        cached_rows = max(0, feature_budget - ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)) // ds.row_bytes
+        _, missed, blocks = miss_blocks(positions, per_batch, cached_rows, ds.row_bytes)
+        prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
+        del positions, per_batch
+        wl = workload(ds, hot, batch_size=batch_size, model="sage", hidden=args.hidden, layers=len(fanouts),
+                      calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
+                      curve=curve)
+        rows = prof["rows_per_batch"][""]  # the hold-out's batches, not the pre-sampled ones, set the shape
+        wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size), nodes_per_batch=rows,
+                                 compute_seconds=wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9),
+                                 sample_seconds=prof["sample_cpu_seconds_per_batch"],
+                                 topology_blocks_per_batch=prof["topology_blocks_per_batch"],
+                                 blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
+        hot_summary = {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch, "seeds": len(placed_from)}
+        del hot
+        cache = UnifiedCache(ds, ranking, device_budget=0, host_budget=feature_budget, device="cpu")
+        del ranking
+        hot_summary["expected_feature_hit_rate"] = wl.hit_rate(cache.device_rows + cache.host_rows)
+        predicted = predict_epoch(wl, here, device_cache=0, host_cache=feature_budget,
+                                  train_threads=wl.compute_threads)
+        torch.manual_seed(args.seed)
+        model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        marks, started = [], [0.0]
+
+        def step(m, o, data):
+            loss = train_step(m, o, data)
+            marks.append(time.perf_counter() - started[0])
+            return loss
+
+        before = engine.stats.snapshot()
+        started[0] = time.perf_counter()
+        epoch = train_epoch(Pipeline(sampler, cache, ds.labels, device="cpu"), model, opt, train_ids,
+                            batch_size=batch_size, epoch=0, progress=not args.quiet, label="scale", step=step)
+        after = engine.stats.snapshot()
+        cache_info, topology_info = cache.describe(), ds.topology.describe()
+        cache.close()
+        ds.close()
+    holdout_info = {k: v for k, v in prof.items()}
+    holdout_info["seeds"] = len(holdout)
+    return {"epoch": {**epoch, "marks": marks}, "predicted": predicted, "workload": wl, "train_ids": train_ids,
+            "train_nodes": len(train_ids), "split": split, "cache": cache_info, "topology": topology_info,
+            "ssd": ssd, "holdout": holdout_info, "presample": hot_summary, "presample_seconds": presample_seconds,
+            "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
+            "ssd_requests": after["requests"] - before["requests"], "max_sampled_rss": watchdog.max_sampled}
+
+
+def _mmap_epoch(args, root: Path, ours: dict, *, fanouts, budget: int, batch_size: int, rss_limit: int, say) -> dict:
+    """The same first batches of the epoch through np.memmap in a child process; see [Note: the scale run]."""
+    total = ours["epoch"]["batches"]
+    first, count = measure_window(total, args.mmap_warmup_batches, args.mmap_batches)
+    say(f"np.memmap contender: batches 0..{first + count - 1} of {total} (compared on {first}..{first + count - 1})")
+    config = dict(root=str(root), fanouts=list(fanouts), seed=args.seed, budget=budget, hidden=args.hidden, lr=args.lr,
+                  threads=torch.get_num_threads())
+    with Contender("mmap", "terastack.gnn.scale:MmapContender", config, rss_limit=rss_limit) as mm:
+        r = mm.call("run", train_ids=ours["train_ids"].tolist(), batch_size=batch_size, epoch=0, limit=first + count)
+    ts_marks = ours["epoch"]["marks"]
+    theirs, mine = window_seconds(r["marks"], first, count), window_seconds(ts_marks, first, count)
+    identical = r["losses"] == ours["epoch"]["losses"][: len(r["losses"])]
+    report = {"batches_run": r["batches"], "window": [first, first + count], "window_seconds": theirs,
+              "terastack_window_seconds": mine, "epoch_seconds_extrapolated": theirs / count * total,
+              "epoch_measured": f"batches {first}..{first + count - 1} of {total}, extrapolated to the epoch",
+              "losses_identical": identical, "evicted_pages": r["evicted_pages"],
+              "peak_rss_bytes": r["peak_rss_bytes"], "budget_bytes": budget,
+              "note": "features held to the budget; the mapped topology's page cache left to the kernel"}
+    return {"speedup": theirs / mine, "report": report}

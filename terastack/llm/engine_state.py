@@ -7,6 +7,10 @@ fp32 master and both AdamW moments (or the weight of a frozen tensor), streamed 
 chunk at a time; the chunking of the run that wrote it does not matter to the run that reads it.
 :func:`rebuild_model` builds the skeleton a checkpoint's trainer is built on before the components load.
 
+With ``beside_store`` the state's tensors are not copied: the store commits, pins that commit, and the state
+refers to the records' extents in the store's data files ([Note: a checkpoint beside the store] in
+terastack.training.checkpoint; [Note: resuming beside the store] below).
+
 Checkpoints written before the components saved themselves (format ``terastack.llm.checkpoint``, version 1)
 are read through :func:`upgrade_v1`: the same tensors, their state spread over the same components.
 """
@@ -18,8 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from pathlib import Path
+
 from terastack.llm.engine.store_layout import records_for
 from terastack.llm.machine import resolve_device, resolve_dtype
+from terastack.tiers import Tier
+from terastack.tiers.layout import data_file_name, manifest_versions
 from terastack.training import checkpoint as manager
 from terastack.training.loop import loop_components_from_extra
 
@@ -39,9 +47,11 @@ class EngineState:
     """The model and its training tensors in the store of ``runtime`` (a ``StepRuntime``), as a ``Stateful``.
     ``name``, ``hf_config`` and ``lora`` describe the model so that a checkpoint can rebuild it."""
 
-    def __init__(self, runtime, *, name: str, hf_config, lora=None):
+    def __init__(self, runtime, *, name: str, hf_config, lora=None, beside_store: bool = False):
         self.rt, self.name, self.hf_config, self.lora = runtime, name, hf_config, lora
         self.tensors = runtime.tensors
+        self.beside_store = beside_store
+        self._release: list[int] = []  # pinned commits of earlier snapshots, let go once the new one is in place
 
     def _ordered(self) -> list[str]:
         return sorted(self.tensors, key=lambda n: self.tensors[n].index)
@@ -58,6 +68,8 @@ class EngineState:
         lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path}
         out = {"name": self.name, "model_type": getattr(self.hf_config, "model_type", "?"),
                "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora}
+        if self.beside_store:
+            return self._referenced(out)
         for pname in self._ordered():
             for part, recs in self._parts(pname).items():
                 # the dtype of the records, known before they are read: what the checkpoint's size is counted from
@@ -67,11 +79,41 @@ class EngineState:
                     dtype=dtype)
         return out
 
+    def _referenced(self, out: dict) -> dict:
+        """The state beside the store: commit and pin the store, refer to each record's extent."""
+        store = self.rt.store
+        self._release = store.pinned_generations()
+        store.commit(pin=True)
+        commit = store.last_commit()
+        out["store"] = {"dirs": [str(Path(d).absolute()) for d in store.dirs], "store_id": commit.store_id,
+                        "generation": commit.generation}
+        files = [str(Path(d).absolute() / data_file_name(i)) for i, d in enumerate(store.dirs)]
+        for pname in self._ordered():
+            for part, recs in self._parts(pname).items():
+                infos = [store.record(r) for r in recs]
+                pieces = tuple((files[commit.extents[r].dir], commit.extents[r].offset, info.nbytes)
+                               for r, info in zip(recs, infos))
+                out[f"{part}:{pname}"] = manager.ReferencedTensor(tuple(self.tensors[pname].shape), infos[0].dtype,
+                                                                  pieces)
+        return out
+
+    def checkpoint_saved(self, snapshot_dir) -> None:
+        """The snapshot is in place: the commits only earlier snapshots referred to are let go."""
+        for generation in self._release:
+            self.rt.store.release(generation)
+        self._release = []
+
     def load_state_dict(self, state: dict) -> None:
-        """Put every tensor of ``state`` into the store (each checked against its size and CRC-32 as read)."""
+        """Put every tensor of ``state`` into the store (each checked against its size and CRC-32 as read); a
+        state beside this very store resumes in place ([Note: resuming beside the store])."""
         if state.get("fingerprint") != model_fingerprint(self.tensors):
             raise ValueError("checkpoint: its model fingerprint differs from the rebuilt model's (another "
                              "architecture)")
+        ref = state.get("store")
+        if ref is not None:
+            if ref.get("store_id") == self.rt.store.store_id and self._resume_in_place(ref):
+                return
+            check_referenced_store(ref)
         for pname in self._ordered():
             info = self.tensors[pname]
             for part, recs in self._parts(pname).items():
@@ -86,6 +128,31 @@ class EngineState:
                                      f"{list(info.shape)}")
                 self._put(pname, part, recs, stored.read().reshape(-1))
         self.rt.store.wait(timeout=self.rt.timeout)
+
+    def _resume_in_place(self, ref: dict) -> bool:
+        """[Note: resuming beside the store]. True when the store's records are the plan's and nothing is to be
+        copied; False after dropping them (their pinned extents stay) for the tensors to be put anew."""
+        store, generation = self.rt.store, int(ref["generation"])
+        if generation not in store.pinned_generations():
+            raise ValueError(f"checkpoint: the store at {store.root} no longer keeps commit {generation} (it "
+                             f"keeps {store.pinned_generations()}): it has moved past this checkpoint")
+        if store.last_commit().generation != generation:
+            store.revert(generation)  # a crash after a later commit, before its snapshot was in place
+        for older in [g for g in store.pinned_generations() if g != generation]:
+            store.release(older)  # a crash after the snapshot was in place, before they were let go
+        wanted = {spec.record: spec for pname in self._ordered() for spec in records_for(self.rt, pname)}
+        same = all(r in store and (i := store.record(r)).shape == tuple(spec.shape) and i.dtype == spec.dtype
+                   and i.home is spec.home for r, spec in wanted.items())
+        for name in store.names():
+            if not same or name not in wanted:
+                store.delete(name)  # activations or gradients of the step that was under way; or another plan's
+        if not same:
+            return False
+        for r, spec in wanted.items():
+            if spec.home is not Tier.SSD:  # resident from the start, as after a put
+                self.rt.wait(store.prefetch(r, spec.home if spec.home is Tier.HOST else Tier.DEVICE),
+                             f"{r!r} reaching its home")
+        return True
 
     def _put(self, name: str, part: str, recs: list[str], flat: torch.Tensor) -> None:
         rt = self.rt
@@ -103,6 +170,51 @@ class EngineState:
 
 
 # ------------------------------------------------------------------ resuming
+# [Note: resuming beside the store]
+# A checkpoint beside the store names the store (its directories, identity and pinned generation). A trainer
+# resumed from it opens that store where it is (``store_dirs``): a crash after a later commit but before the
+# snapshot naming it was in place is undone (``revert``), commits of older snapshots are let go, and when the
+# store's records are those the resuming plan asks for, nothing is copied -- the records rest in the pinned
+# extents, which no write overwrites. Otherwise (another plan, or a trainer on another store) the tensors are read
+# from the referenced extents and put anew, after checking that the referenced store is the one written beside.
+#
+# What it holds beyond the store: the pinned versions of the records rewritten since the checkpoint
+# ("held" in the store's usage). Every fp32 master and both moments are rewritten once a step, so one step
+# after the checkpoint that is the whole trainable state (12 bytes a parameter), and it stays there until the
+# next checkpoint lets the commit go: up to the state once more, never a second copy beside it. Less needs a
+# state inside a step that a resume can finish exactly: e.g. with every gradient of the step durable in the
+# store (a schedule that gathers them before updating), commit each group of units as its update lands
+# (``commit(names)``) with the unapplied gradients named by the snapshot; the held bytes are then one group's
+# old versions.
+def check_referenced_store(ref: dict) -> None:
+    """The store a checkpoint was written beside still holds its pinned commit (else an error naming why)."""
+    root = Path(ref["dirs"][0])
+    try:
+        versions = manifest_versions(root)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint: the store it was written beside, {root}, is missing") from None
+    if versions is None or versions.get("store_id") != ref.get("store_id"):
+        raise ValueError(f"checkpoint: the store at {root} is not the one it was written beside (another store "
+                         "was created there)")
+    if str(ref.get("generation")) not in versions.get("pinned", {}):
+        raise ValueError(f"checkpoint: the store at {root} no longer keeps commit {ref.get('generation')}: it has "
+                         "moved past this checkpoint")
+
+
+def store_dirs(snapshot: manager.Snapshot) -> list[Path] | None:
+    """The directories of the store a snapshot was written beside, when it was and that store is there."""
+    components = snapshot.manifest.get("components", {})
+    ref = components.get("model", {}).get("store") if isinstance(components, dict) else None
+    if not ref:
+        return None
+    dirs = [Path(d) for d in ref.get("dirs", [])]
+    if not dirs or not all((d / data_file_name(i)).exists() for i, d in enumerate(dirs)):
+        check_referenced_store(ref)  # the error naming what is missing
+        raise FileNotFoundError(f"checkpoint {snapshot.path}: a data file of the store it was written beside, "
+                                f"{', '.join(map(str, dirs))}, is missing")
+    return dirs
+
+
 @dataclass(slots=True)
 class Rebuilt:
     """The skeleton of a checkpoint's model (with LoRA adapters if it had them), its config and its name."""

@@ -35,6 +35,7 @@ from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.engine.profile import profile_model
 from terastack.llm.engine.runtime import StepRuntime
 from terastack.llm.engine.accumulate import stack_micro_batches
+from terastack.llm.engine.byte_ledger import difference
 from terastack.llm.engine.step import accumulated_step, eval_loss, train_step
 from terastack.training.data.examples import IGNORE
 from terastack.llm.engine.streamed_units import install_units
@@ -60,6 +61,8 @@ class StepStats:
     ssd_write_bytes: int
     device_in_bytes: int
     grad_norm: float | None
+    #: SSD bytes by kind, read and written ([Note: the byte ledger] in terastack.llm.engine.byte_ledger)
+    bytes_by_kind: dict = dataclasses.field(default_factory=dict)
 
 
 class StepCount:
@@ -85,8 +88,9 @@ class Trainer:
 
     def __init__(self, model, hf_config, config: TrainerConfig, *, name: str, source: "CheckpointReader | None",
                  source_keys: CheckpointKeys | None = None, lora=None, source_dir: str | None = None,
-                 empty: bool = False):
-        # empty: the store is left without weights, for load_checkpoint to load a checkpoint's into
+                 empty: bool = False, store_dirs: Sequence[Path] | None = None):
+        # empty: the store is left without weights, for load_checkpoint to load a checkpoint's into; store_dirs:
+        # an existing store's directories to open instead of new run directories (a checkpoint beside the store)
         self.config = config
         self.source_dir = source_dir          # tokenizer files are copied from here on export
         self.hf_config = hf_config
@@ -129,7 +133,9 @@ class Trainer:
                                      name=name, calibrate=config.calibrate, device=self.device)
         self.planner, self.plan = self._make_plan()
         # ---- store
-        self.run_dirs = layout.make_run_dirs(config.store_dir, layout.ssd_bytes_needed(self.profile, self.plan))
+        self._own_dirs = not store_dirs  # an existing store's directories are never removed on close
+        self.run_dirs = (list(store_dirs) if store_dirs else
+                         layout.make_run_dirs(config.store_dir, layout.ssd_bytes_needed(self.profile, self.plan)))
         self.store = TieredStore(TieredStore.Config(
             root=layout.store_root(self.run_dirs),
             # each SSD receives its share of the bytes by its probed bandwidth (equal shares if not probed)
@@ -238,7 +244,7 @@ class Trainer:
         snapshot = path if isinstance(path, Snapshot) else engine_state.open_checkpoint(path)
         rebuilt = engine_state.rebuild_model(snapshot, config, expect_model=expect_model)
         trainer = cls(rebuilt.model, rebuilt.hf_config, config, name=rebuilt.name, source=None, lora=rebuilt.lora,
-                      empty=True)
+                      empty=True, store_dirs=engine_state.store_dirs(snapshot))
         try:
             snapshot.load({**trainer.checkpoint_components(), **trainer._more_components(components)})
         except BaseException:
@@ -322,17 +328,19 @@ class Trainer:
             raise
 
     def _begin_stats(self) -> tuple:
-        return self.store.engine.stats.snapshot(), self.runtime.fetcher.bytes_in, time.perf_counter()
+        return (self.store.engine.stats.snapshot(), self.runtime.fetcher.bytes_in, self.runtime.bytes.snapshot(),
+                time.perf_counter())
 
     def _end_stats(self, start: tuple, loss: float, tokens: int) -> None:
-        io0, fetched0, t0 = start
+        io0, fetched0, kinds0, t0 = start
         io1 = self.store.engine.stats.snapshot()
         self.step_count += 1
         self.history.append(StepStats(
             step=self.step_count, loss=loss, seconds=time.perf_counter() - t0, tokens=tokens,
             ssd_read_bytes=io1["bytes_read"] - io0["bytes_read"],
             ssd_write_bytes=io1["bytes_written"] - io0["bytes_written"],
-            device_in_bytes=self.runtime.fetcher.bytes_in - fetched0, grad_norm=self.optimizer.last_grad_norm))
+            device_in_bytes=self.runtime.fetcher.bytes_in - fetched0, grad_norm=self.optimizer.last_grad_norm,
+            bytes_by_kind=difference(self.runtime.bytes.snapshot(), kinds0)))
 
     def _step(self, inputs: dict) -> float:
         start = self._begin_stats()
@@ -448,12 +456,12 @@ class Trainer:
         m, v = (torch.cat([rt.read_record(r) for r in rt.moment_records(name, w)]).view(shape) for w in (1, 2))
         return m, v, self.optimizer.steps[name]
 
-    def checkpoint_components(self) -> dict[str, Stateful]:
+    def checkpoint_components(self, *, beside_store: bool = False) -> dict[str, Stateful]:
         """What a checkpoint of this trainer holds, each part saving itself: the model and its tensors in the
         store (masters, moments, frozen weights), the optimizer's learning rate and step counts, the steps taken
-        and the RNG state (dropout draws)."""
+        and the RNG state (dropout draws). ``beside_store``: see :meth:`save_checkpoint`."""
         return {"model": engine_state.EngineState(self.runtime, name=self.name, hf_config=self.hf_config,
-                                                  lora=self.lora),
+                                                  lora=self.lora, beside_store=beside_store),
                 "optimizer": self.optimizer, "progress": self.progress, "rng": RNGState()}
 
     def _more_components(self, components: Mapping[str, Stateful] | None) -> dict[str, Stateful]:
@@ -463,17 +471,20 @@ class Trainer:
         return dict(components or {})
 
     def save_checkpoint(self, path: str | os.PathLike, *, extra: dict | None = None,
-                        components: Mapping[str, Stateful] | None = None) -> Path:
+                        components: Mapping[str, Stateful] | None = None, beside_store: bool = False) -> Path:
         """A consistent snapshot of weights, optimizer state and step, written atomically into ``path``
         (see [Note: checkpoint layout and atomicity] in terastack.training.checkpoint). ``components``: more
         ``Stateful`` parts saved beside the trainer's (a job's loop state); ``extra`` (JSON): saved as the
-        ``extra`` component (``load_checkpoint(..., components={"extra": JSONState()})`` reads it back)."""
+        ``extra`` component (``load_checkpoint(..., components={"extra": JSONState()})`` reads it back).
+        ``beside_store``: the tensors are not copied; the store pins a commit and the checkpoint refers to it, so
+        the store's directories are kept when the trainer closes and a resume opens the store where it is
+        ([Note: resuming beside the store] in terastack.llm.engine_state)."""
         self._check_open()
         more = self._more_components(components)
         if extra is not None and "extra" in more:
             raise ValueError("extra: given twice (as extra and as components['extra'])")
         self.synchronize()
-        return save_checkpoint(path, {**self.checkpoint_components(),
+        return save_checkpoint(path, {**self.checkpoint_components(beside_store=beside_store),
                                       # what it was trained with, for whoever reads the checkpoint
                                       "trainer_config": JSONState(self.config.to_dict()),
                                       "extra": JSONState(extra), **more}, step=self.step_count)
@@ -506,12 +517,15 @@ class Trainer:
         if opt is not None:
             opt.close()
         store = getattr(self, "store", None)
+        keep = not getattr(self, "_own_dirs", True)  # a checkpoint beside the store needs its directories
         if store is not None:
             try:
+                keep = bool(store.pinned_generations())
                 store.close()
             except Exception:  # noqa: BLE001 - closing after a failure must still remove the scratch dir
                 pass
-        layout.remove_run_dirs(getattr(self, "run_dirs", []))
+        if not keep:
+            layout.remove_run_dirs(getattr(self, "run_dirs", []))
 
     def __enter__(self) -> "Trainer":
         return self

@@ -19,6 +19,11 @@ from terastack.tier import Tier
 from terastack.units import format_bytes
 
 
+#: what a step's SSD bytes are for (the engine's byte ledger, terastack.llm.engine.byte_ledger, counts the same)
+BYTE_KINDS = ("weights_forward", "weights_backward", "masters", "moments", "compute_copies", "gradients",
+              "activations", "other")
+
+
 @dataclass(kw_only=True, slots=True)
 class StepPrediction:
     step_s: float
@@ -38,6 +43,8 @@ class StepPrediction:
     transient_bytes: int
     prediction: bool = True        # from a hypothetical machine (not measured)
     io_slowdown_s: float = 0.0     # CPU compute lost to SSD traffic beside it (no accelerator)
+    #: SSD bytes by kind, "<kind>_read" and "<kind>_written" (the engine's byte ledger counts the same kinds)
+    bytes_by_kind: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

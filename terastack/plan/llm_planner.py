@@ -72,16 +72,12 @@ from dataclasses import dataclass
 from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, AccumulationSpec, accumulation_spec, candidates
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, searched
 from terastack.plan.hardware import Hardware
-from terastack.plan.llm_plan import LLMPlan, PlanError, StepPrediction
-from terastack.plan.llm_profile import (STATE_BYTES, ModelProfile, UnitProfile, chunked_bytes, gradients_in_flight,
-                                        held_bytes)
+from terastack.plan.llm_plan import BYTE_KINDS, LLMPlan, PlanError, StepPrediction
+from terastack.plan.llm_profile import STATE_BYTES, ModelProfile, UnitProfile, chunked_bytes, held_bytes
+from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, size_candidates
 from terastack.plan.schedule_specs import EAGER, ExecutorKind, Exposure, ScheduleSpec, schedule_spec
 from terastack.tier import Tier
 from terastack.units import format_bytes, parse_bytes
-
-#: elements per optimizer chunk at most when the host budget is too small for the configured chunks
-LEAN_CHUNK = 256 << 10
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Shortfall:
@@ -123,23 +119,6 @@ class _UnitTimes:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _OptimizerSizes:
-    """Host memory the optimizer side holds for its own work, and the chunk it works in (see _optimizer_sizes)."""
-
-    grad_pool: int       # gradients in flight from backward to the optimizer
-    read_ahead: int      # state chunks being updated or read ahead (with inline updates: a whole unit's state)
-    writeback: int       # updated state chunks in flight back to the SSD
-    masters: int         # whole fp32 masters held: handed over by backward, read, being updated or written
-    chunk: int           # elements per optimizer chunk
-    accumulate: int = 0  # gradient sums on the SSD being added to or written back (gradient accumulation)
-
-    @property
-    def host_bytes(self) -> int:
-        """Host bytes all of the above take: the part of the host ledger that no resting state can use."""
-        return self.grad_pool + self.read_ahead + self.writeback + self.masters + self.accumulate
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _Homes:
     """Where the training state rests and what that costs per step (see _homes)."""
 
@@ -151,6 +130,7 @@ class _Homes:
     ssd_write_bytes: int  # written per step for the state that rests on the SSD
     ssd_state_params: int  # trainable parameters whose fp32 master and moments rest on the SSD
     frozen_on_device: bool = False  # every frozen weight rests in the device tier (compute_home: Tier.DEVICE)
+    bytes_by_kind: dict = dataclasses.field(default_factory=dict)  # the SSD bytes above by kind (byte ledger's)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,7 +148,7 @@ class _Scored:
 
     prediction: StepPrediction
     homes: _Homes
-    sizes: _OptimizerSizes
+    sizes: OptimizerSizes
     retained_units: tuple  # _Retention.units
 
 
@@ -441,27 +421,45 @@ class LLMPlanner:
                 what=lambda: f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
                      f"activations ({format_bytes(split.on_device)} kept, {format_bytes(swap_flight)} "
                      f"in flight) and one unit's working memory ({format_bytes(transient)})")
-        # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state
-        for lean in (False, True):
-            sizes = self._memo(profile, None, ("optimizer sizes", lean, self._passes),
-                               lambda: self._optimizer_sizes(profile, lean))
+        # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state; every
+        #      working set that fits is scored ([Note: the optimizer's window] in terastack.plan.optimizer_sizes)
+        best = None
+        candidates = self._memo(profile, None, ("optimizer sizes", self._passes),
+                                lambda: self._optimizer_sizes(profile))
+        for sizes in candidates:
             host_fixed = sizes.host_bytes + split.host_acts
-            if host_fixed <= cfg.host_budget:
-                break
-        if host_fixed > cfg.host_budget:
+            if host_fixed > cfg.host_budget:
+                continue
+            room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
+            homes = self._homes(profile, room, sizes.chunk, frozen_on_device=bool(resident))
+            retention = self._retention(profile, split, homes.state_home, capacity=cfg.device_budget - transient,
+                                        base=resident + weights_ws + swap_flight)
+            waits = self._memo(profile, hw, ("state waits", sizes, id(homes.state_home)), lambda: (
+                homes.state_home, self._state_waits(profile, hw, sizes, homes)))[1]
+            pred = self._predict(profile, hw, split, homes, homes.ssd_read_bytes - retention.ssd_read_saved,
+                                 homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
+                                 host_peak=host_fixed + homes.host_bytes, transient=transient, state_waits_s=waits,
+                                 retained_read_saved=retention.ssd_read_saved)
+            if best is None or pred.step_s < best.prediction.step_s:
+                best = _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
+            if not self.inline_updates:
+                break  # the thread's sizes differ in what the model does not price (chunk size, pool slack)
+        if best is None:
+            sizes = candidates[-1]
             return _Shortfall(
-                budget="host", needed=host_fixed, available=cfg.host_budget, limit=cfg.host_budget,
+                budget="host", needed=sizes.host_bytes + split.host_acts, available=cfg.host_budget,
+                limit=cfg.host_budget,
                 what=f"{profile.model}: gradients in flight ({format_bytes(sizes.grad_pool)}), the optimizer's "
                      f"working set ({format_bytes(sizes.host_bytes - sizes.grad_pool)}) and activations swapped "
                      f"to host ({format_bytes(split.host_acts)})")
-        room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
-        homes = self._homes(profile, room, sizes.chunk, frozen_on_device=bool(resident))
-        retention = self._retention(profile, split, homes.state_home, capacity=cfg.device_budget - transient,
-                                    base=resident + weights_ws + swap_flight)
-        pred = self._predict(profile, hw, split, homes, homes.ssd_read_bytes - retention.ssd_read_saved,
-                             homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
-                             host_peak=host_fixed + homes.host_bytes, transient=transient)
-        return _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
+        return best
+
+    def _state_waits(self, profile: ModelProfile, hw: Hardware, sizes: OptimizerSizes, homes: _Homes) -> float:
+        """Seconds inline updates wait for state beyond their window (0 on the optimizer thread)."""
+        if not self.inline_updates:
+            return 0.0
+        return exposed_state_io_s(profile, self.schedule, sizes, homes.state_home,
+                                  read_bw=hw.ssd_read_total or 1e9, write_bw=hw.ssd_write_total or 1e9)
 
     def _frozen_on_device(self, profile: ModelProfile, window: int) -> tuple[int, int, int]:
         """[Note: frozen weights on the device]
@@ -517,43 +515,11 @@ class LLMPlanner:
         return _Retention(units=tuple(u.name for u, h in zip(units[:best_k], held[:best_k]) if h),
                           ssd_read_saved=sum(held[:best_k]), device_peak=best_peak)
 
-    def _optimizer_sizes(self, profile: ModelProfile, lean: bool) -> _OptimizerSizes:
-        """Host bytes the optimizer side needs (gradient pool, chunks being updated or read ahead, chunks being
-        written back, whole fp32 masters) and the chunk size. ``lean``: no unit of slack in the gradient pool and
-        chunks of at most ``LEAN_CHUNK`` elements (a slower step when the optimizer falls behind backward, for host
-        budgets too small for more)."""
-        cfg = self.config
-        cb = profile.compute_bytes
-        mixed = profile.mixed_precision
-        units = profile.units
-        grad_pool = gradients_in_flight(profile, slack=not lean)
-        largest = max(profile.tensor_numel.values())
-        chunk = min(cfg.optimizer_chunk, LEAN_CHUNK) if lean else cfg.optimizer_chunk
-        chunk_held = min(chunk, largest)
-        per_chunk = self.schedule.records_per_chunk(mixed)
-        job = per_chunk * held_bytes(chunk_held * 4)
-        jobs = 2 * job  # the chunk being updated and the one read ahead
-        writeback = job if lean else jobs
-        if self.inline_updates and not lean:
-            # one unit's state read ahead (then updated in one call) while the previous unit's is written back
-            per_unit = max(sum(per_chunk * chunked_bytes(profile.tensor_numel[t], 4, chunk)
-                               for t in u.tensors if profile.tensor_trainable[t]) for u in units)
-            jobs = writeback = max(jobs, per_unit)
-        masters = 0
-        if mixed:
-            jobs += largest * cb  # the compute copy rebuilt from the new master
-        else:
-            # [Note: optimizer chunks]: an fp32 master is one whole record: one read (or handed over) and
-            # updated at a time, plus, when not lean, those backward hands over before the optimizer gets to them
-            masters = held_bytes(4 * largest)
-            if not lean:
-                masters = self.schedule.masters_held(masters, [
-                    sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors if profile.tensor_trainable[t])
-                    for u in units])
-        # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
-        accumulate = 2 * held_bytes(chunk_held * 4) if self._passes > 1 else 0
-        return _OptimizerSizes(grad_pool=grad_pool, read_ahead=jobs, writeback=writeback, masters=masters,
-                               chunk=chunk, accumulate=accumulate)
+    def _optimizer_sizes(self, profile: ModelProfile) -> list[OptimizerSizes]:
+        """The optimizer's working sets the candidates are scored with, largest first ([Note: the optimizer's
+        window] in terastack.plan.optimizer_sizes)."""
+        return size_candidates(profile, self.schedule, inline=self.inline_updates, chunk=self.config.optimizer_chunk,
+                               passes=self._passes)
 
     def _homes(self, profile: ModelProfile, room: int, chunk: int, *, frozen_on_device: bool = False) -> _Homes:
         """Fill ``room`` host bytes with the state that moves the most bytes per byte held; the rest rests on SSD.
@@ -567,46 +533,55 @@ class LLMPlanner:
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
         micro = self._passes  # compute weights are read in forward and backward of every pass
-        items = []  # (SSD bytes per step per byte held, kind, name, bytes held, read, written)
+        # (SSD bytes per step per byte held, kind, name, bytes held, {byte-ledger kind: (read, written)}); bytes as
+        # the store moves them (records padded for direct I/O), so the prediction and the ledger count alike
+        items = []
         for name, n in profile.tensor_numel.items():
+            low = held_bytes(n * cb)
+            weights = {"weights_forward": (micro * low, 0), "weights_backward": (micro * low, 0)}
             if profile.tensor_trainable[name]:
                 moments = 2 * chunked_bytes(n, 4, chunk)
                 if mixed:
-                    state = moments + chunked_bytes(n, 4, chunk)
-                    items.append((2.0 * micro, "compute", name, held_bytes(n * cb), 2 * micro * n * cb, n * cb))
-                    items.append((2.0, "state", name, state, n * STATE_BYTES, n * STATE_BYTES))
+                    master = chunked_bytes(n, 4, chunk)
+                    items.append((2.0 * micro, "compute", name, low, {**weights, "compute_copies": (0, low)}))
+                    items.append((2.0, "state", name, moments + master,
+                                  {"masters": (master, master), "moments": (moments, moments)}))
                 else:
                     # fp32: the master is the compute copy: read in forward and backward (backward hands it to
                     # the optimizer), moments read once; all three written once
-                    items.append(((8 * micro + 20) / 12, "state", name, moments + held_bytes(n * 4),
-                                  n * (8 * micro + 8), n * STATE_BYTES))
+                    items.append(((8 * micro + 20) / 12, "state", name, moments + low,
+                                  {**weights, "masters": (0, low), "moments": (moments, moments)}))
                 if micro > 1:
                     # [Note: planning gradient accumulation]: the sum on the SSD is written by micro-batches
                     # 1..N-1 and read by 2..N
                     sums = chunked_bytes(n, 4, chunk)
-                    moved = (micro - 1) * n * 4
-                    items.append((2 * moved / sums, "grad", name, sums, moved, moved))
+                    moved = (micro - 1) * sums
+                    items.append((2 * moved / sums, "grad", name, sums, {"gradients": (moved, moved)}))
             elif not frozen_on_device:
-                items.append((2.0 * micro, "compute", name, held_bytes(n * cb), 2 * micro * n * cb, 0))
+                items.append((2.0 * micro, "compute", name, low, weights))
         items.sort(key=lambda it: -it[0])
         state_home, compute_home, grad_home = {}, {}, {}
         if frozen_on_device:
             compute_home.update((n, Tier.DEVICE) for n, t in profile.tensor_trainable.items() if not t)
         host = read = write = 0
-        for _, kind, name, held, r, w in items:
+        by_kind: dict[str, int] = {}
+        for _, kind, name, held, parts in items:
             if host + held <= room:
                 host += held
                 home = Tier.HOST
             else:
                 home = Tier.SSD
-                read += r
-                write += w
+                for part, (pr, pw) in parts.items():
+                    read += pr
+                    write += pw
+                    by_kind[f"{part}_read"] = by_kind.get(f"{part}_read", 0) + pr
+                    by_kind[f"{part}_written"] = by_kind.get(f"{part}_written", 0) + pw
             {"state": state_home, "compute": compute_home, "grad": grad_home}[kind][name] = home
         ssd_state = sum(profile.tensor_numel[n] for n, h in state_home.items() if h is Tier.SSD)
         self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home,
                                                 grad_home=grad_home, host_bytes=host, ssd_read_bytes=read,
                                                 ssd_write_bytes=write, ssd_state_params=ssd_state,
-                                                frozen_on_device=frozen_on_device)
+                                                frozen_on_device=frozen_on_device, bytes_by_kind=by_kind)
         return homes
 
     def _unit_times(self, u: UnitProfile, hw: Hardware) -> _UnitTimes:
@@ -627,8 +602,10 @@ class LLMPlanner:
         return fwd, bwd
 
     def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, homes: _Homes, read: int,
-                 write: int, depth: int, *, device_peak: int, host_peak: int, transient: int) -> StepPrediction:
-        """See [Note: the step-time model]."""
+                 write: int, depth: int, *, device_peak: int, host_peak: int, transient: int,
+                 state_waits_s: float = 0.0, retained_read_saved: int = 0) -> StepPrediction:
+        """See [Note: the step-time model]. ``state_waits_s``: what inline updates wait for the disk beyond their
+        window (the CPU waits; the disk does not: it is part of the SSD's time already)."""
         cb = profile.compute_bytes
         mixed = profile.mixed_precision
         gpu = hw.has_gpu
@@ -642,6 +619,13 @@ class LLMPlanner:
         write += spill
         read += split.ssd_acts * micro
         write += split.ssd_acts * micro
+        by_kind = {f"{kind}_{op}": 0 for kind in BYTE_KINDS for op in ("read", "written")}
+        by_kind.update(homes.bytes_by_kind)
+        by_kind["weights_forward_read"] -= retained_read_saved
+        by_kind["gradients_read"] += spill
+        by_kind["gradients_written"] += spill
+        by_kind["activations_read"] += split.ssd_acts * micro
+        by_kind["activations_written"] += split.ssd_acts * micro
         read_bw = hw.ssd_read_total or 1e9
         write_bw = hw.ssd_write_total or 1e9
         ssd = read / read_bw + write / write_bw
@@ -681,9 +665,10 @@ class LLMPlanner:
             if k > 0 and gigabytes > 0:
                 slowed = (cpu + math.sqrt(cpu * cpu + 4 * k * compute * gigabytes)) / 2
                 io_slowdown, cpu = slowed - cpu, slowed
-            pipes = {"CPU (compute + AdamW + host copies)": cpu, "SSD": ssd}
+            pipes = {"CPU (compute + AdamW + host copies)": cpu + state_waits_s, "SSD": ssd}
         bottleneck = max(pipes, key=pipes.get)
         step = pipes[bottleneck] + exposed
+        exposed += state_waits_s
         return StepPrediction(step_s=step, tokens_per_s=profile.tokens * micro / step if step > 0 else 0.0,
                               bottleneck=bottleneck, compute_s=compute, device_link_s=link, ssd_s=ssd,
                               optimizer_s=optimizer, host_copy_s=host_copy, exposed_s=exposed,
@@ -691,4 +676,4 @@ class LLMPlanner:
                               ssd_read_bytes=int(read), ssd_write_bytes=int(write),
                               device_link_bytes=int(link_bytes), device_peak_bytes=int(device_peak),
                               host_peak_bytes=int(host_peak), transient_bytes=int(transient),
-                              prediction=not hw.measured)
+                              prediction=not hw.measured, bytes_by_kind={k: int(v) for k, v in by_kind.items()})

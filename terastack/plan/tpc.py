@@ -16,6 +16,10 @@ and ``b`` blocks (``BLOCK``, 4 KiB: the store's O_DIRECT block) read per missed 
     sample  = measured sampler time per batch
     compute = measured training step (this machine), or FLOPs / (rate x efficiency)
     pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
+    topology: with the topology on the SSD, the sampler reads ``t`` blocks per batch for the
+              neighbour lists (and indptr entries) its list cache misses, waiting for each
+              hop's read: sample += t BLOCK / min(SSD bandwidth, SSD IOPS x BLOCK)
+              + t x (kernel CPU per block), and the SSD stage carries those bytes too
 
 The pipeline overlaps stages that use different resources. Without a GPU,
 sampling, gathering and training share the CPU. When training takes every
@@ -86,6 +90,9 @@ class GnnWorkload:
     io_cpu_seconds_per_block: float = 0.0
     #: the cache's lookup table is paid from the host budget (bytes per node)
     table_bytes_per_node: int = 4
+    #: 4 KiB blocks the sampler reads per batch for neighbour lists and indptr entries its list cache misses
+    #: (topology on the SSD; 0 in memory); ``sample_seconds`` is then the sampler's CPU time without the reads
+    topology_blocks_per_batch: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_nodes", "row_bytes", "batches_per_epoch"):
@@ -95,7 +102,8 @@ class GnnWorkload:
         self.curve_hits = np.asarray(self.curve_hits, dtype=np.float64)
         if self.curve_rows.shape != self.curve_hits.shape or self.curve_rows.size < 2:
             raise ValueError("curve_rows, curve_hits: need two equal-length arrays of at least 2 points")
-        for name in ("gather_seconds_per_row", "miss_cpu_seconds_per_row", "io_cpu_seconds_per_block"):
+        for name in ("gather_seconds_per_row", "miss_cpu_seconds_per_row", "io_cpu_seconds_per_block",
+                     "topology_blocks_per_batch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
@@ -153,11 +161,14 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
     rates = [r for r in (hw.ssd_read_total, hw.ssd_rand4k_iops * hw.ssds * BLOCK) if r > 0]
     if not rates:
         raise ValueError(f"hardware {hw.name!r}: SSD read bandwidth and IOPS are unknown (run `terastack probe`)")
-    ssd = miss_bytes / min(rates)
+    topology_bytes = w.topology_blocks_per_batch * BLOCK
+    ssd = (miss_bytes + topology_bytes) / min(rates)
     # CPU side of gathering: cache copies, cutting missed rows out of blocks, and the kernel's work per block read
     gather = (n * w.gather_seconds_per_row + (1 - hit) * n * w.miss_cpu_seconds_per_row
               + miss_blocks * w.io_cpu_seconds_per_block)
-    sample = w.sample_seconds
+    # the sampler waits for its list reads (one per hop), and the kernel works for each block
+    sample = (w.sample_seconds + topology_bytes / min(rates)
+              + w.topology_blocks_per_batch * w.io_cpu_seconds_per_block)
     if hw.has_gpu:
         if w.flops_per_batch <= 0:
             raise ValueError("workload.flops_per_batch: needed to predict training on an accelerator")
@@ -186,7 +197,7 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
         bottleneck = "ssd" if ssd >= cpu else max(("sample", "gather", "compute"), key=stages.get)
     epoch = w.batches_per_epoch * batch + sample + gather + ssd  # + prologue: the first batch before any step
     return Prediction(epoch_seconds=epoch, batch_seconds=batch, bottleneck=bottleneck, stages=stages, hit_rate=hit,
-                      device_hit_rate=dev_hit, ssd_bytes_per_epoch=miss_bytes * w.batches_per_epoch,
+                      device_hit_rate=dev_hit, ssd_bytes_per_epoch=(miss_bytes + topology_bytes) * w.batches_per_epoch,
                       device_cache_bytes=dev_rows * w.row_bytes, host_cache_bytes=host_rows * w.row_bytes)
 
 

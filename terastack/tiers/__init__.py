@@ -11,6 +11,7 @@ from terastack.tiers.placement import PlacementPolicy, StripeBySize
 from terastack.tiers.pool import BufferPool
 from terastack.tiers.record import Fetch, RecordInfo, State, TensorRecord, Tier
 from terastack.tiers.store import TieredStore
+from terastack.tiers.versions import Commit
 
-__all__ = ["BudgetLedger", "BufferPool", "Extent", "ExtentAllocator", "Fetch", "PlacementPolicy", "RecordInfo",
+__all__ = ["BudgetLedger", "BufferPool", "Commit", "Extent", "ExtentAllocator", "Fetch", "PlacementPolicy", "RecordInfo",
            "State", "StoreLayout", "StripeBySize", "TensorRecord", "Tier", "TieredStore"]

@@ -22,6 +22,11 @@ error naming both counts.
 commit, a writeback never overwrites an extent named by the last manifest: it
 goes to a fresh extent (copy on write) and the old one is freed at the next
 commit. A crash at any point therefore leaves the last committed state intact.
+
+A store whose commits were pinned ([Note: versions and commits] in
+terastack.tiers.versions) adds a ``versions`` block to the manifest (either
+format version): its identity, the last generation, and the extents of each
+pinned commit, which a reopened store keeps allocated.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from terastack.io import File, IOEngine
 from terastack.tiers.extents import Extent, ExtentAllocator
 from terastack.tiers.placement import PlacementPolicy
 from terastack.tiers.record import State, TensorRecord, Tier, tensor_nbytes
+from terastack.tiers.versions import Versions
 
 MANIFEST = "manifest.json"
 DATA_FILE = "data.bin"
@@ -67,6 +73,18 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
 def data_file_name(index: int) -> str:
     """The data file of the store's directory ``index`` (``data.bin`` for the first)."""
     return DATA_FILE if index == 0 else f"data.{index}.bin"
+
+
+def manifest_versions(root: str | Path) -> dict | None:
+    """The ``versions`` block of the manifest in store directory ``root`` (None for a store never pinned);
+    FileNotFoundError when there is no manifest. For a reader outside the store: a checkpoint beside it."""
+    path = Path(root) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"store manifest {path} is unreadable: {exc}") from None
+    block = manifest.get("versions") if isinstance(manifest, dict) else None
+    return block if isinstance(block, dict) else None
 
 
 class StoreLayout:
@@ -170,51 +188,63 @@ class StoreLayout:
             if not f.closed:
                 f.close()
 
-    def save(self, records: Mapping[str, TensorRecord]) -> Path:
-        """Write the manifest naming every record's extent, atomically. See [Note: store layout]."""
+    def save(self, records: Mapping[str, TensorRecord], head: Mapping[str, Extent],
+             versions: dict | None = None) -> Path:
+        """Write the manifest naming ``head``'s extent of each record (and the ``versions`` block), atomically.
+        See [Note: store layout]."""
         multi = len(self.dirs) > 1
         entries = {}
-        for name, rec in records.items():
-            if rec.extent is None or not rec.on_disk:
+        for name, ext in head.items():
+            rec = records[name]
+            if ext is None or (ext == rec.extent and not rec.on_disk):
                 raise RuntimeError(f"tensor {name!r} has no SSD copy at commit")
             entries[name] = {"shape": list(rec.shape), "dtype": dtype_name(rec.dtype), "nbytes": rec.nbytes,
-                             "home": rec.home.value, "offset": rec.extent.offset, "capacity": rec.extent.capacity}
+                             "home": rec.home.value, "offset": ext.offset, "capacity": ext.capacity}
             if multi:
-                entries[name]["dir"] = rec.extent.dir
+                entries[name]["dir"] = ext.dir
         manifest = {"format": FORMAT, "version": FORMAT_VERSION_DIRS if multi else FORMAT_VERSION,
                     "data_file": DATA_FILE, "data_bytes": self._extents[0].end, "tensors": entries}
         if multi:
             manifest["dirs"] = [{"data_file": data_file_name(i), "data_bytes": a.end}
                                 for i, a in enumerate(self._extents)]
+        if versions is not None:
+            manifest["versions"] = versions
         return atomic_write_json(self.manifest_path, manifest)
 
-    def load(self) -> dict[str, TensorRecord]:
-        """The records of the manifest, resting ON_SSD; {} for a new store. Checks each entry's sizes and that
-        every extent lies inside its data file."""
+    def load(self) -> tuple[dict[str, TensorRecord], Versions]:
+        """The records of the manifest, resting ON_SSD ({} for a new store), and its versions. Checks each
+        entry's sizes and that every extent (also of a pinned commit) lies inside its data file."""
         if self._manifest is None:
-            return {}
+            return {}, Versions()
         path = self.manifest_path
-        tensors, data_bytes = self._manifest
+        tensors, data_bytes, block = self._manifest
         records: dict[str, TensorRecord] = {}
-        used: list[list[Extent]] = [[] for _ in self.dirs]
         for name, entry in tensors.items():
-            rec = self._entry_record(path, name, entry)
-            ext = rec.extent
+            records[name] = self._entry_record(path, name, entry)
+        try:
+            versions = Versions.from_manifest(block, {name: rec.extent for name, rec in records.items()})
+        except ValueError as exc:
+            raise ValueError(f"store manifest {path}: {exc}") from None
+        used: list[set[Extent]] = [set() for _ in self.dirs]
+        kept = [(name, rec.extent) for name, rec in records.items()]
+        kept += [(f"{name} (pinned commit {g})", e) for g, m in versions.pinned.items() for name, e in m.items()]
+        for name, ext in kept:
+            if not 0 <= ext.dir < len(self.dirs) or ext.offset % DIRECT_ALIGN:
+                raise ValueError(f"store manifest {path}: extent of {name!r} is malformed")
             if ext.offset + ext.capacity > self._sizes[ext.dir]:
                 raise ValueError(f"store data file {self.files[ext.dir].path} is truncated: tensor {name!r} needs "
                                  f"bytes up to {ext.offset + ext.capacity}, file has {self._sizes[ext.dir]}")
-            records[name] = rec
-            used[ext.dir].append(ext)
+            used[ext.dir].add(ext)
         with self._lock:
             for i, (alloc, exts) in enumerate(zip(self._extents, used)):
                 alloc.end = max(data_bytes[i], max((e.offset + e.capacity for e in exts), default=0))
                 alloc.rebuild_free_list(exts)
                 self._live[i] = sum(e.capacity for e in exts)
-        return records
+        return records, versions
 
-    def _read_manifest(self) -> tuple[dict, list[int]] | None:
-        """The manifest's tensor entries and bytes in use per directory (None for a new store); raises if it
-        is unreadable or describes another number of directories than this store has."""
+    def _read_manifest(self) -> tuple[dict, list[int], dict | None] | None:
+        """The manifest's tensor entries, bytes in use per directory and versions block (None for a new store);
+        raises if it is unreadable or describes another number of directories than this store has."""
         path = self.manifest_path
         if not path.exists():
             for d in self.dirs[1:]:
@@ -246,7 +276,7 @@ class StoreLayout:
             raise ValueError(f"store manifest {path} describes {len(dirs)} "
                              f"director{'y' if len(dirs) == 1 else 'ies'}, but the store was opened with "
                              f"{len(self.dirs)}: {', '.join(map(str, self.dirs))}")
-        return tensors, data_bytes
+        return tensors, data_bytes, manifest.get("versions")
 
     def _entry_record(self, path: Path, name: str, entry: dict) -> TensorRecord:
         """The record of one manifest entry, its sizes checked."""

@@ -16,7 +16,9 @@ The store is a facade over three parts, each in its own module:
 - ``layout``: the data files (one per directory, one directory per SSD), the
   extents in them, and the manifest ([Note: store layout], [Note: crash
   consistency]); where a new extent goes is the placement policy's choice
-  ([Note: placement over directories] in terastack.tiers.placement).
+  ([Note: placement over directories] in terastack.tiers.placement);
+- ``versions``: the commits kept (the last one and pinned ones) and the old
+  extents held for them ([Note: versions and commits]).
 
 Only the store's lock orders changes to records; the pool and the layout
 have their own locks and never call back into the store.
@@ -27,110 +29,29 @@ schedule runs, and every budget contract is tested, on a CPU-only machine.
 """
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from terastack.io import IOEngine, completed, get_engine
-from terastack.io.cuda import MIN_CHUNK, PinnedStaging, staged_transfer
+from terastack.io.cuda import PinnedStaging, staged_transfer
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, OP_WRITE
 from terastack.tiers.budget import BudgetLedger
-from terastack.tiers.extents import Extent
 from terastack.tiers.layout import StoreLayout
 from terastack.tiers.placement import PlacementPolicy, StripeBySize
 from terastack.tiers.pool import BufferPool
 from terastack.tiers.record import Fetch, RecordInfo, State, TensorRecord, Tier, tensor_nbytes
-from terastack.units import parse_bytes
-
-
-def resolve_store_device(device: str) -> torch.device:
-    """``Config.device`` as a torch device with its index: a bare "cuda" is the current device *now*, because
-    the store's I/O threads would resolve it to device 0."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
-def split_dirs(root) -> tuple[str, ...]:
-    """The store's directories from ``root``: one path, a comma-separated string of paths, or a sequence of
-    paths. Raises ValueError naming ``root`` for an empty or repeated directory."""
-    if isinstance(root, (str, os.PathLike)):
-        parts = os.fspath(root).split(",")
-    elif isinstance(root, Sequence):
-        parts = [os.fspath(p) for p in root]
-    else:
-        raise ValueError(f"root: a directory, comma-separated directories or a list of them; got {root!r}")
-    dirs = tuple(p.strip() for p in parts)
-    if not dirs or not all(dirs):
-        raise ValueError(f"root: a directory for the store's SSD files is required (got {root!r})")
-    seen: dict[str, str] = {}
-    for d in dirs:
-        key = os.path.abspath(d)
-        if key in seen:
-            raise ValueError(f"root: directory {d!r} is listed twice (as {seen[key]!r})")
-        seen[key] = d
-    return dirs
+# resolve_store_device and split_dirs: public here as before
+from terastack.tiers.store_config import StoreConfig, resolve_store_device, split_dirs  # noqa: F401
+from terastack.tiers.versions import Commit
 
 
 class TieredStore:
     """Named tensors with a home tier, budgets per tier and asynchronous movement between tiers."""
 
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        #: one directory, several separated by commas ("/nvme0/run,/nvme1/run"), or a sequence of them: one per
-        #: SSD. Normalised to the first directory (it holds the manifest); all of them are in `dirs`.
-        root: str | Sequence[str]
-        device_budget: int | str = 0
-        host_budget: int | str = 0
-        #: pinned staging for accelerator transfers: reusable chunks, their bytes counted in the host tier's
-        #: ledger; records larger than this are staged chunk by chunk ([Note: pinned staging] in
-        #: terastack.io.cuda). Size it from the plan with :func:`terastack.tiers.budget.staging_cap`.
-        pinned_budget: int | str = "256MiB"
-        #: "auto": cuda when available, else the device tier is host memory with its own budget
-        device: str = "auto"
-        direct: bool | str = "auto"
-        copy_on_write: bool = True
-        #: per directory, its measured bandwidth (any unit, only ratios matter): the default placement gives
-        #: each directory that share of the bytes. Empty: equal shares.
-        bandwidths: Sequence[float] = ()
-        #: every directory of the store, in order; filled from `root`. Given as well, it must agree with `root`
-        #: (all of them, or the first): `dataclasses.replace` of a normalised Config keeps every directory.
-        dirs: tuple[str, ...] = ()
-
-        def __post_init__(self) -> None:
-            dirs = split_dirs(self.root)
-            if self.dirs:
-                given = split_dirs(self.dirs)
-                if dirs not in (given, given[:1]):
-                    raise ValueError(f"dirs: {given} disagrees with root {self.root!r}")
-                dirs = given
-            self.dirs, self.root = dirs, dirs[0]
-            for name in ("device_budget", "host_budget", "pinned_budget"):
-                setattr(self, name, parse_bytes(getattr(self, name), field=name))
-            if self.pinned_budget < MIN_CHUNK:
-                raise ValueError(f"pinned_budget: at least {MIN_CHUNK} bytes (one staging chunk); "
-                                 f"got {self.pinned_budget}")
-            if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
-                raise ValueError(f"device: must be auto, cpu or cuda[:N]; got {self.device!r}")
-            if self.device.startswith("cuda") and not torch.cuda.is_available():
-                raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
-            if isinstance(self.bandwidths, str):
-                self.bandwidths = [b for b in self.bandwidths.split(",") if b.strip()]
-            try:
-                self.bandwidths = StripeBySize(weights=tuple(self.bandwidths)).weights
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"bandwidths: every directory's bandwidth must be a positive number; "
-                                 f"got {self.bandwidths!r}") from exc
-            if self.bandwidths and len(self.bandwidths) != len(self.dirs):
-                raise ValueError(f"bandwidths: {len(self.bandwidths)} given for {len(self.dirs)} directories")
+    Config = StoreConfig
 
     def __init__(self, config: "TieredStore.Config", *, engine: IOEngine | None = None,
                  placement: PlacementPolicy | None = None):
@@ -153,17 +74,18 @@ class TieredStore:
             # device tier never stages.
             self.pinned.release(self.pinned.acquire())
         self.pool = BufferPool(self.budgets, self.device)
+        #: called as ``traffic(record, op, nbytes)`` (op "read" or "write") for every SSD transfer of a record the
+        #: store submits: a caller's account of its bytes by kind (the LLM engine's byte ledger); None: not called
+        self.traffic = None
         self.placement = placement if placement is not None else StripeBySize(weights=tuple(config.bandwidths))
         self._lock = threading.RLock()
-        self._committed: dict[str, Extent] = {}
-        self._to_free: list[Extent] = []
         self._layout = StoreLayout(config.dirs, placement=self.placement, direct=config.direct, engine=self.engine)
         try:
-            self._records: dict[str, TensorRecord] = self._layout.load()
+            self._records: dict[str, TensorRecord]
+            self._records, self._versions = self._layout.load()
         except BaseException:
             self._layout.close()
             raise
-        self._committed = {name: rec.extent for name, rec in self._records.items()}
 
     @property
     def root(self) -> Path:
@@ -193,6 +115,7 @@ class TieredStore:
                 rec.state, rec.tier = State.INFLIGHT_OUT, Tier.SSD
                 raw = tensor.reshape(-1).view(torch.uint8)
                 fut = self._layout.file(rec.extent).pwrite(raw, rec.extent.offset, rec.nbytes)
+                self._count(rec, "write", rec.nbytes)
                 rec.future = fut
                 self._records[name] = rec
 
@@ -260,6 +183,7 @@ class TieredStore:
                     fut = staged_transfer(file, OP_READ, raw, rec.extent.offset, rec.padded, staging=self.pinned)
                 else:
                     fut = file.pread(raw, rec.extent.offset, rec.padded)
+                self._count(rec, "read", rec.padded)
             except BaseException:
                 self.pool.free(tier, raw)
                 rec.rest_on_ssd()
@@ -333,6 +257,7 @@ class TieredStore:
                     failure = failure or exc
                     continue
                 for rec, raw in group:
+                    self._count(rec, "read", rec.padded)
                     out[rec.name] = self._track(fut, self._arrived(rec, tier, raw), rec,
                                                 result=lambda rec=rec, raw=raw: rec.view(raw))
             if failure is not None:
@@ -433,13 +358,14 @@ class TieredStore:
                                                            [r.extent.offset for r, _ in group],
                                                            [r.padded for r, _ in group])
                 for rec, _ in group:
+                    self._count(rec, "write", rec.padded)
                     rec.state, rec.dirty = State.INFLIGHT_OUT, False
                     written = self._track(fut, self._written(rec), rec)
                     out[rec.name] = written.then(lambda _, n=rec.name: self._drop_working_copy(n))
         return [out[name] for name in names]
 
     def delete(self, name: str) -> None:
-        """Forget ``name``: its buffers are freed, and its extent too unless the last commit names it."""
+        """Forget ``name``: its buffers are freed, and its extent too unless a kept commit names it."""
         while True:
             with self._lock:
                 rec = self._record(name)
@@ -449,7 +375,7 @@ class TieredStore:
                         self.pool.free(rec.tier, rec.buffer)
                     if rec.home_buffer is not None and rec.home_buffer is not rec.buffer:
                         self.pool.free(Tier.HOST, rec.home_buffer)
-                    if rec.extent is not None and self._committed.get(name) != rec.extent:
+                    if rec.extent is not None and self._versions.moved_off(rec.extent):
                         self._layout.free(rec.extent)
                     del self._records[name]
                     return
@@ -457,11 +383,17 @@ class TieredStore:
             pending.result()
 
     # ---------------------------------------------------------- persistence
-    def commit(self) -> Path:
-        """Write back everything modified, make it durable and record it in the manifest (atomically).
-        See [Note: crash consistency] in terastack.tiers.layout."""
+    def commit(self, names=None, *, pin: bool = False) -> Path:
+        """Write back everything modified, make it durable and record it in the manifest (atomically); the
+        manifest's path. See [Note: crash consistency] in terastack.tiers.layout.
+
+        ``names``: commit these records only; the others stay as the last commit named them (records deleted
+        since leave it). ``pin``: keep this commit's extents until :meth:`release` of its generation
+        (:meth:`last_commit`), however many commits follow ([Note: versions and commits])."""
         with self._lock:
-            names = list(self._records)
+            names = list(self._records) if names is None else list(names)
+            for name in names:
+                self._record(name)
         for name in names:
             with self._lock:
                 rec = self._record(name)
@@ -473,13 +405,68 @@ class TieredStore:
         self.wait()
         with self._lock:
             self._layout.sync()
-            path = self._layout.save(self._records)
-            # Extents replaced since the last commit are unreferenced now.
-            for ext in self._to_free:
+            head = {n: e for n, e in self._versions.head.items() if n in self._records}
+            head.update((name, self._records[name].extent) for name in names)
+            # the manifest goes first: until it is in place, a crash leaves the previous commit and its extents
+            path = self._layout.save(self._records, head, self._versions.next_manifest(head, pin=pin))
+            for ext in self._versions.advance(head, pin=pin):  # extents no kept commit names any more
                 self._layout.free(ext)
-            self._to_free.clear()
-            self._committed = {name: rec.extent for name, rec in self._records.items()}
             return path
+
+    def last_commit(self) -> Commit:
+        """The last commit: the store's identity, its generation and the extent of every record it names."""
+        with self._lock:
+            return self._versions.commit()
+
+    def pinned_commit(self, generation: int) -> Commit:
+        """Pinned commit ``generation`` (KeyError if it is not kept)."""
+        with self._lock:
+            return self._versions.commit(generation)
+
+    def revert(self, generation: int) -> None:
+        """Make pinned commit ``generation`` the store's state again: every record as it names it (records it
+        does not name are dropped), later pinned commits released, and the manifest says so. For a store just
+        opened (no working copy): a resume from a checkpoint written beside the store, after a crash between a
+        later commit and the checkpoint that would have named it."""
+        with self._lock:
+            commit = self._versions.commit(generation)
+            busy = [n for n, r in self._records.items() if r.buffer is not None or r.future is not None]
+            if busy:
+                raise RuntimeError(f"revert: {busy[0]!r} has a working copy; revert a store just opened")
+            missing = sorted(set(commit.extents) - set(self._records))
+            if missing:
+                raise ValueError(f"revert: commit {generation} names {missing[0]!r}, which the store no longer "
+                                 "describes")
+            for name in [n for n in self._records if n not in commit.extents]:
+                self.delete(name)
+            for name, ext in commit.extents.items():
+                rec = self._records[name]
+                if rec.extent != ext and self._versions.moved_off(rec.extent):
+                    self._layout.free(rec.extent)
+                rec.extent, rec.on_disk = ext, True
+            free = self._versions.revert(generation)
+            self._layout.save(self._records, self._versions.head, self._versions.to_manifest())
+            for ext in free:
+                self._layout.free(ext)
+
+    def pinned_generations(self) -> list[int]:
+        """The generations of the pinned commits, oldest first."""
+        with self._lock:
+            return sorted(self._versions.pinned)
+
+    def release(self, generation: int) -> None:
+        """Unpin commit ``generation``: its extents that no kept commit or record uses are freed, and the
+        manifest says so (a store reopened after a crash before this keeps them)."""
+        with self._lock:
+            free = self._versions.release(generation)
+            self._layout.save(self._records, self._versions.head, self._versions.to_manifest())
+            for ext in free:
+                self._layout.free(ext)
+
+    @property
+    def store_id(self) -> str:
+        """This store's identity, made when it was created and kept in its manifest once a commit is pinned."""
+        return self._versions.store_id
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until no transfer of this store is in flight."""
@@ -538,6 +525,9 @@ class TieredStore:
         out = {tier.value: ledger.snapshot() for tier, ledger in self.budgets.items()}
         out["pinned"] = self.pinned.snapshot()
         out["ssd"] = self._layout.usage()
+        with self._lock:
+            # extents allocated only for a kept commit: beyond the records' own bytes
+            out["ssd"]["held"] = self._versions.held_bytes()
         return out
 
     # -------------------------------------------------------------- helpers
@@ -563,15 +553,22 @@ class TieredStore:
             fut = staged_transfer(file, OP_WRITE, source, rec.extent.offset, rec.padded, staging=self.pinned)
         else:
             fut = file.pwrite(source, rec.extent.offset, rec.padded)
+        self._count(rec, "write", rec.padded)
         rec.state, rec.dirty = State.INFLIGHT_OUT, False
         return self._track(fut, self._written(rec), rec)
 
+    def _count(self, rec: TensorRecord, op: str, nbytes: int) -> None:
+        if self.traffic is not None:
+            self.traffic(rec.name, op, nbytes)
+
     def _claim_extent(self, rec: TensorRecord) -> None:
-        """Give ``rec`` an extent to write to: its own, or a fresh one (placed anew) if the current one is
-        committed."""
-        if rec.extent is None or (self.config.copy_on_write and self._committed.get(rec.name) == rec.extent):
-            if rec.extent is not None:
-                self._to_free.append(rec.extent)
+        """Give ``rec`` an extent to write to: its own, or a fresh one (placed anew) if a pinned commit names the
+        current one, or with ``copy_on_write`` the last commit ([Note: versions and commits])."""
+        ext = rec.extent
+        if ext is None or self._versions.pinned_extent(ext) or (self.config.copy_on_write
+                                                                and self._versions.named(ext)):
+            if ext is not None and self._versions.moved_off(ext):
+                self._layout.free(ext)
             rec.extent = self._layout.alloc(rec.padded)
 
     def _written(self, rec: TensorRecord):

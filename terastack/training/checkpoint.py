@@ -39,8 +39,19 @@ the need is the new snapshot's whole size. A write that still fails for lack of 
 the disk meanwhile) says the same, and leaves nothing of the attempt behind: the temporary directory goes, and
 ``LATEST`` still names the previous complete snapshot.
 
+[Note: a checkpoint beside the store]
+A component whose tensors already rest, durably, in files that will not change -- a store's pinned commit
+([Note: versions and commits] in terastack.tiers.versions) -- returns them as :class:`ReferencedTensor`: the
+manager writes where their bytes are (file, offset, bytes per piece), not the bytes, so the snapshot costs no
+copy of them. Such a snapshot is complete only with those files: opening it checks that each exists and is long
+enough (a missing or short file is an error naming it), and the component that saved the references checks
+that the files still hold what it referenced (the store's identity and pinned generation) before it reads them.
+After the pointer moves, a component with a ``checkpoint_saved(snapshot_dir)`` method is told, so that it can
+let go of what only the previous snapshot referenced.
+
 Nothing is unpickled: the manifest is JSON and tensors are raw bytes whose sizes and checksums are checked
-before use; paths in a manifest are relative and may not leave the checkpoint directory. A format another
+before use; paths in a manifest are relative and may not leave the checkpoint directory, except a referenced
+tensor's, which names the store file it is read from (and is only read). A format another
 version of terastack wrote is read through an upgrade function its engine supplies (``upgrades``), which turns
 its manifest into this one.
 """
@@ -93,6 +104,17 @@ class StreamedTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class ReferencedTensor:
+    """A tensor whose bytes lie in files the snapshot refers to instead of copying ([Note: a checkpoint beside the
+    store]): ``pieces`` are (absolute file path, offset, bytes), in order, their bytes together ``shape``'s in
+    ``dtype``."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    pieces: tuple[tuple[str, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StoredTensor:
     """A tensor of a snapshot, read on demand (``read()``: checked against its size and CRC-32)."""
 
@@ -103,6 +125,9 @@ class StoredTensor:
     nbytes: int
     crc32: int
     snapshot: "Snapshot"
+    #: a referenced tensor's pieces (file, offset, bytes): read from there, checked by the component that wrote
+    #: the reference ([Note: a checkpoint beside the store])
+    pieces: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def numel(self) -> int:
@@ -111,6 +136,8 @@ class StoredTensor:
     def read(self) -> torch.Tensor:
         n = self.numel
         flat = torch.empty(n, dtype=self.dtype)
+        if self.pieces:
+            return _read_pieces(flat.view(torch.uint8), self.pieces).view(self.dtype).view(self.shape)
         if n:
             self.snapshot.read_into(flat.view(torch.uint8), self.offset)
         crc = zlib.crc32(tensor_bytes(flat))
@@ -118,6 +145,17 @@ class StoredTensor:
             raise ValueError(f"checkpoint data file {self.snapshot.data_path}: {self.key} fails its checksum "
                              f"(CRC-32 {crc:#010x}, manifest {self.crc32:#010x}); the file is corrupt")
         return flat.view(self.shape)
+
+
+def _read_pieces(raw: torch.Tensor, pieces) -> torch.Tensor:
+    from terastack.io import File
+
+    at = 0
+    for path, offset, nbytes in pieces:
+        with File(path, "r", direct=False) as f:
+            f.read(raw[at:at + nbytes], offset, nbytes)
+        at += nbytes
+    return raw
 
 
 class JSONState:
@@ -235,7 +273,9 @@ def save_checkpoint(path: str | os.PathLike, components: Mapping[str, Stateful],
             for cname, state in states.items():
                 json_states[cname] = {}
                 for key, value in state.items():
-                    if isinstance(value, (torch.Tensor, StreamedTensor)):
+                    if isinstance(value, ReferencedTensor):
+                        entries[f"{cname}/{key}"] = _reference(value, f"{cname}/{key}")
+                    elif isinstance(value, (torch.Tensor, StreamedTensor)):
                         offset = round_up(offset, DIRECT_ALIGN)
                         entries[f"{cname}/{key}"] = _write_tensor(f, offset, value, f"{cname}/{key}")
                         offset += entries[f"{cname}/{key}"]["nbytes"]
@@ -265,7 +305,20 @@ def save_checkpoint(path: str | os.PathLike, components: Mapping[str, Stateful],
     for old in [*root.glob("step-*"), *root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
         if old.name != name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
+    for component in components.values():
+        saved = getattr(component, "checkpoint_saved", None)
+        if saved is not None:
+            saved(root / name)
     return root / name
+
+
+def _reference(value: ReferencedTensor, key: str) -> dict:
+    pieces = [[os.fspath(Path(path).absolute()), int(offset), int(nbytes)] for path, offset, nbytes in value.pieces]
+    nbytes = sum(n for _, _, n in pieces)
+    if nbytes != int(np.prod(value.shape, dtype=np.int64)) * torch.empty((), dtype=value.dtype).element_size():
+        raise ValueError(f"{key}: its pieces hold {nbytes} bytes, not a {list(value.shape)} "
+                         f"{dtype_name(value.dtype)} tensor's")
+    return {"shape": list(value.shape), "dtype": dtype_name(value.dtype), "nbytes": nbytes, "pieces": pieces}
 
 
 def _latest_name(root: Path) -> str | None:
@@ -364,6 +417,9 @@ class Snapshot:
             if dtype is None:
                 raise ValueError(f"{path / MANIFEST}: {key} has dtype {e.get('dtype')!r}, which terastack does "
                                  "not read")
+            if "pieces" in e:
+                self._tensors.setdefault(cname, {})[tkey] = self._referenced(key, e, dtype)
+                continue
             t = StoredTensor(key=key, shape=tuple(int(d) for d in e["shape"]), dtype=dtype, offset=int(e["offset"]),
                              nbytes=int(e["nbytes"]), crc32=int(e["crc32"]), snapshot=self)
             if t.nbytes != t.numel * torch.empty((), dtype=dtype).element_size():
@@ -374,6 +430,26 @@ class Snapshot:
                                  f"{t.offset + t.nbytes}, the file has {size}")
             self._tensors.setdefault(cname, {})[tkey] = t
         self._file = None
+
+    def _referenced(self, key: str, e: dict, dtype: torch.dtype) -> StoredTensor:
+        """A referenced tensor's handle, after checking that its files exist and hold its pieces."""
+        pieces = tuple((str(p), int(o), int(n)) for p, o, n in e["pieces"])
+        t = StoredTensor(key=key, shape=tuple(int(d) for d in e["shape"]), dtype=dtype, offset=0,
+                         nbytes=int(e["nbytes"]), crc32=0, snapshot=self, pieces=pieces)
+        if t.nbytes != t.numel * torch.empty((), dtype=dtype).element_size() or t.nbytes != sum(
+                n for _, _, n in pieces):
+            raise ValueError(f"checkpoint {self.path}: {key} holds {t.nbytes} bytes in pieces of "
+                             f"{sum(n for _, _, n in pieces)}, expected {t.numel * t.dtype.itemsize}")
+        for path, offset, nbytes in pieces:
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                raise FileNotFoundError(f"checkpoint {self.path}: {key} lies in {path}, which is missing (the "
+                                        "checkpoint was written beside that store and needs it)") from None
+            if offset < 0 or offset + nbytes > size:
+                raise ValueError(f"checkpoint {self.path}: {key} lies in {path} up to byte {offset + nbytes}, the "
+                                 f"file has {size}: it is not the store the checkpoint was written beside")
+        return t
 
     @property
     def step(self) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -37,3 +38,92 @@ def test_bench_presets_parse():
     for name, argv in bench.PRESETS.items():
         args = parser.parse_args(argv)
         assert args.steps >= 2, name
+
+
+# ------------------------------------------------------------------ bench dist --model (the systems on a model)
+def _summed(spec_kw, **stats):
+    from terastack.disdp.bench_models import summarize
+    from terastack.disdp.bench_spec import BenchSpec
+
+    return summarize(BenchSpec(**spec_kw), stats["stats"])
+
+
+def test_summarize_takes_the_waits_of_the_critical_worker():
+    kw = dict(model="tiny-llama", run_dir="unused", workers=2, batch_size=2, steps=2, warmup=1)
+    # FSDP2: per step the slowest worker's step and the least waiting worker's waits; the warm-up step is not timed
+    fsdp2 = [{"role": "worker", "index": i, "step_s": s, "wait_s": w, "loss": [1.0, 1.0, 1.0]}
+             for i, (s, w) in enumerate([([9.0, 2.0, 4.0], [9.0, 1.0, 1.0]), ([9.0, 3.0, 3.0], [9.0, 0.5, 2.0])])]
+    out = _summed(kw | {"system": "fsdp2"}, stats=fsdp2)
+    assert out["step_s"] == pytest.approx(3.5)                          # median of max(2, 3), max(4, 3)
+    assert out["exposed_comm_fraction"] == pytest.approx((0.5 + 1.0) / (3.0 + 4.0))
+    # terastack: rank 0's whole step less the compute of the worker that computes longest
+    ts = [{"role": "worker", "index": 0, "step_s": [9.0, 4.0, 5.0], "pass_s": [9.0, 3.0, 4.0],
+           "wait_s": [0.0, 1.0, 1.0], "loss": [2.0, 1.0, 1.0]},
+          {"role": "worker", "index": 1, "pass_s": [9.0, 3.5, 4.0], "wait_s": [0.0, 0.5, 2.0]},
+          {"role": "server", "index": 0}]
+    out = _summed(kw | {"system": "terastack"}, stats=ts)
+    assert out["step_s"] == pytest.approx(4.5)
+    assert out["exposed_comm_fraction"] == pytest.approx(((4.0 - 3.0) + (5.0 - 3.0)) / (4.0 + 5.0))
+    with pytest.raises(ValueError, match="1 of 2 workers"):
+        _summed(kw | {"system": "terastack"}, stats=ts[1:])
+
+
+def test_watchdog_kills_a_process_tree_past_its_limit():
+    import subprocess
+    import sys
+    import time
+
+    from terastack.disdp.bench_watchdog import RssWatchdog
+
+    grow = "import time; x = b'1' * (300 << 20); time.sleep(60)"   # written, so resident
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grow!r}]); time.sleep(60)"
+    t0 = time.perf_counter()
+    with RssWatchdog(RssWatchdog.Config(limit_bytes=200 << 20, interval_s=0.02)) as dog:
+        child = subprocess.Popen([sys.executable, "-c", parent])
+        child.wait(timeout=30)
+    assert dog.exceeded and dog.peak_total > 200 << 20
+    assert len(dog.peaks) == 2, dog.peaks              # the child and its own child, both counted
+    assert time.perf_counter() - t0 < 20
+
+
+@pytest.mark.timeout(180)
+def test_bench_dist_model_smoke(tmp_path, capsys):
+    """terastack and FSDP2 on the built-in tiny model, end to end through the command line."""
+    from terastack.cli import main
+    from terastack.training.hf.model_files import build_skeleton
+    from terastack.training.model_registry import hf_config
+
+    assert main(["bench", "dist", "--model", "tiny-llama", "--systems", "terastack,fsdp2", "--steps", "1",
+                 "--seq-len", "16", "--timeout", "60", "--run-dir", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["params"] == sum(p.numel() for p in build_skeleton(hf_config("tiny-llama")).parameters())
+    for system in ("terastack", "fsdp2"):
+        assert result[f"fits_{system}"] is True, result.get(f"error_{system}")
+        assert result[f"step_s_{system}"] > 0
+        assert 0 <= result[f"exposed_comm_fraction_{system}"] <= 1
+        # every process of the system counted: each one imports torch (well over 50 MB)
+        assert result[f"peak_rss_bytes_total_{system}"] > result[f"processes_{system}"] * (50 << 20)
+    assert result["processes_terastack"] >= 3 and result["processes_fsdp2"] >= 2   # 2 workers and a server
+    assert result["peak_rss_bytes_total_zero3"] is None and result["fits_zero3"] is None
+    assert result["exposed_comm_ratio_vs_fsdp2"] == pytest.approx(
+        result["exposed_comm_fraction_terastack"] / result["exposed_comm_fraction_fsdp2"])
+    # the same weights and the same rows: both systems start from the same loss (and it is a sane one)
+    assert result["loss_first_terastack"] == pytest.approx(result["loss_first_fsdp2"], abs=1e-5)
+    assert 4.0 < result["loss_first_fsdp2"] < 7.0                       # about ln(259) for random tokens
+    assert result["worker_optimizer_bytes_terastack"] == 0 and result["worker_optimizer_bytes_fsdp2"] > 0
+    assert not list(tmp_path.rglob("server-*")), "the servers' stores were left behind"
+
+
+@pytest.mark.timeout(60)
+def test_bench_dist_model_does_not_fit(tmp_path):
+    """A system past the RSS limit is reported as not fitting (and its stores deleted), not raised."""
+    from terastack.disdp.bench_models import run_system
+    from terastack.disdp.bench_spec import BenchSpec
+
+    spec = BenchSpec(system="terastack", model="tiny-llama", run_dir=str(tmp_path / "ts"), batch_size=2, seq_len=8,
+                     steps=1, timeout_s=60)
+    out = run_system(spec, limit=60 << 20)
+    assert out["fits"] is False and "watchdog" in out["note"]
+    assert out["peak_rss_bytes_total"] > 60 << 20
+    assert "error" not in out and "step_s" not in out
+    assert not list(tmp_path.rglob("server-*"))

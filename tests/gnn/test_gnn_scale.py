@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from terastack.cli import main
-from terastack.gnn.scale import dataset_bytes
+from terastack.gnn.scale import dataset_bytes, default_train_nodes
 from terastack.memory import mem_total
 
 
@@ -18,21 +20,35 @@ def run_cli(capsys, *argv):
 
 def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
     d = tmp_path / "scale"
-    code, out, err = run_cli(capsys, "bench", "gnn", "--scale", "--nodes", "20000", "--avg-degree", "8",
-                             "--feat-dim", "32", "--train-nodes", "512", "--batch-size", "128", "--fanouts", "5,5",
-                             "--hidden", "16", "--budget", "200KiB", "--gen-memory", "64MiB", "--dir", str(d),
-                             "--quiet", "--json", "--cleanup")
+    # 1% of 40,000 nodes = 400 seeds in batches of 64: 7 batches; the caches are placed from 128 of them and
+    # the model's inputs measured on 128 others; the np.memmap contender runs batches 0..4, compared on 2..4
+    code, out, err = run_cli(capsys, "bench", "gnn", "--scale", "--nodes", "40000", "--avg-degree", "8",
+                             "--feat-dim", "32", "--batch-size", "64", "--fanouts", "5,5", "--hidden", "16",
+                             "--budget", "300KiB", "--gen-memory", "64MiB", "--presample-nodes", "128",
+                             "--holdout-nodes", "128", "--mmap-warmup-batches", "2", "--mmap-batches", "3",
+                             "--dir", str(d), "--quiet", "--json", "--cleanup")
     assert code == 0, err
     r = json.loads(out)
     assert "not a scale run" in err and r["scale_run"] is False and r["exceeds_ram"] is False
-    sizes = dataset_bytes(20000, 8, 32, 4, 512)
+    assert r["train_nodes"] == default_train_nodes(40000) == 400 and r["train_fraction"] == 0.01
+    sizes = dataset_bytes(40000, 8, 32, 4, 400)
     assert r["dataset_bytes"] == sizes["total"] < mem_total() == r["mem_total_bytes"]
-    assert r["train_nodes"] == 512 and r["batches"] == 4 and r["epoch_seconds"] > 0
+    assert r["batches"] == 7 and r["epoch_seconds"] > 0
+    assert r["seeds_per_s"] == pytest.approx(400 / r["epoch_seconds"])
+    assert r["presample"]["seeds"] == 128 and r["tpc"]["holdout"]["seeds"] == 128
     assert 0 < r["peak_rss_bytes"] and r["generation"]["peak_rss_bytes"] > 0
     assert r["ssd_bytes_read"] >= r["feature_ssd_bytes"] + r["topology_ssd_bytes"] > 0
     assert 0 <= r["feature_hit_rate"] < 1 and 0 < r["topology_hit_rate"] < 1
-    assert r["split"]["topology_bytes"] > 0 and r["tpc_prediction_error"] >= 0
-    assert r["topology"]["topology"] == "ssd"
+    assert r["split"]["topology_bytes"] > 0 and r["topology"]["topology"] == "ssd"
+    # the TPC model's topology term: the hold-out read list blocks, and the prediction carries them
+    assert r["tpc"]["predicted_topology_blocks_per_batch"] > 0 and r["tpc_prediction_error"] >= 0
+    assert r["tpc_prediction_error"] == pytest.approx(
+        abs(r["tpc_predicted_epoch_seconds"] - r["epoch_seconds"]) / r["epoch_seconds"])
+    mm = r["mmap"]
+    assert mm["batches_run"] == 5 and mm["window"] == [2, 5] and mm["losses_identical"] is True
+    assert r["speedup_vs_mmap"] == pytest.approx(mm["window_seconds"] / mm["terastack_window_seconds"])
+    assert mm["epoch_seconds_extrapolated"] == pytest.approx(mm["window_seconds"] / 3 * 7)
+    assert mm["peak_rss_bytes"] > 0 and mm["evicted_pages"] > 0
     assert not d.exists()  # --cleanup
 
 

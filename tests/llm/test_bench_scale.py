@@ -2,6 +2,7 @@
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,29 @@ def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, ca
         assert row["losses"][0] == pytest.approx(math.log(hf_config("tiny-llama").vocab_size), abs=0.5)
     assert r["max_params_terastack"] == r["max_params_in_memory"] == params and r["max_params_zero_infinity"] is None
     assert r["tiny_terastack_step_vs_in_memory"] == pytest.approx(ts["step_s"] / rows["in_memory"]["step_s"])
+    # the step's timeline: compute and waits inside the step, the disk's busy share a share, the floor from the
+    # probe's rates
+    assert 0 < ts["compute_s"] and ts["compute_s"] + ts["stall_s"] <= ts["step_s"] * 1.05
+    assert 0 <= ts["disk_busy_share"] <= 1
+    hw = json.loads(Path(hardware_file).read_text())
+    assert ts["io_floor_s"] == pytest.approx(ts["ssd_read_bytes_per_step"] / hw["ssd_read_bytes_per_s"]
+                                             + ts["ssd_write_bytes_per_step"] / hw["ssd_write_bytes_per_s"])
+    assert r["tiny_terastack_step_vs_floor"] == pytest.approx(
+        ts["step_s"] / max(rows["in_memory"]["step_s"], ts["io_floor_s"]))
+    assert leftovers(tmp_path) == []
+
+
+def test_grad_accum_runs_every_system_with_that_many_micro_batches(tmp_path, capsys, hardware_file):
+    """--grad-accum 2: every system takes optimizer steps of two micro-batches (terastack plans for them) and
+    tokens/s counts both."""
+    r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
+                  "--seq-len", "16", "--grad-accum", "2", "--dir", str(tmp_path), "--hardware", hardware_file)
+    rows = {row["system"]: row for row in r["rows"]}
+    assert r["grad_accum"] == 2
+    for row in rows.values():
+        assert row["fits"] is True and row["tokens_per_s"] == pytest.approx(2 * 16 / row["step_s"])
+        assert len(row["losses"]) == 2  # one per optimizer step (warm-up and measured), not per micro-batch
+    assert rows["terastack"]["plan"]["grad_accum"] == 2
     assert leftovers(tmp_path) == []
 
 

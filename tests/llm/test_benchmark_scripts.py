@@ -22,16 +22,34 @@ def _last_json(out: str) -> dict:
 
 
 def test_checkpoint_resume_script_continues_exactly(tmp_path):
-    """Run A's last step and the step run B takes after resuming from A's checkpoint give the same loss and the
-    same parameters; the store and the checkpoint are gone afterwards."""
+    """Run A's last step and the step run B takes after resuming from A's checkpoint -- written beside the store,
+    the state on the SSD as the 3.4B model's is -- give the same loss and the same parameters; the checkpoint
+    copies none of the state, and what it holds beyond the store (measured on the file system) is the pinned
+    versions of the step's rewrites, the state once at most; the store and the checkpoint are gone afterwards."""
     proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--model", "tiny-llama", "--layers", "2",
-                "--steps", "3")
+                "--steps", "3", "--state-placement", "ssd")
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = _last_json(proc.stdout)
     assert r["layers"] == 2 and len(r["a_losses"]) == 3 and r["a_losses"][2] < r["a_losses"][0]
     assert r["b_loss"] == r["a_losses"][2] and r["resumed_loss_equal"] and r["resumed_parameters_equal"]
-    assert r["checkpoint_bytes"] >= 12 * r["parameters"]  # fp32 masters and both moments
+    assert r["beside_store"] and r["checkpoint_bytes"] < 1 << 20  # references, not a copy of 12 bytes a parameter
+    state = 12 * r["parameters"]
+    assert r["state_bytes"] == state
+    # every master and moment is rewritten once in the step after the checkpoint: its pinned versions are held
+    assert 0.9 * state <= r["checkpoint_held_bytes"] <= 1.1 * state
+    assert r["checkpoint_held_bytes"] <= r["checkpoint_extra_bytes"] <= r["checkpoint_held_bytes"] + (1 << 20)
     assert r["peak_rss_within_4gib"]
+    assert not any((tmp_path / "run").iterdir())
+
+
+def test_checkpoint_resume_script_copies_the_state_when_asked(tmp_path):
+    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--model", "tiny-llama", "--layers", "1",
+                "--steps", "2", "--copy")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = _last_json(proc.stdout)
+    assert r["resumed_loss_equal"] and r["resumed_parameters_equal"] and not r["beside_store"]
+    assert r["checkpoint_bytes"] >= 12 * r["parameters"]  # fp32 masters and both moments
+    assert r["checkpoint_extra_bytes"] >= 12 * r["parameters"]
     assert not any((tmp_path / "run").iterdir())
 
 

@@ -114,10 +114,34 @@ def test_save_pretrained_loads_in_transformers(tmp_path, trainer_config):
 
 
 KILL_DRIVER = r"""
-import sys, torch
+import os, signal, sys, torch
 sys.path.insert(0, {tests!r})
 from llm_helpers import batches
 from terastack.llm import Trainer, TrainerConfig
+from terastack.llm import engine_state
+from terastack.tiers import TieredStore
+from terastack.training import checkpoint
+kill_at, saved = {kill_at!r}, [0]
+
+def die_in_third_checkpoint(where):
+    if kill_at == where and saved[0] == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+commit, write_json, release = TieredStore.commit, checkpoint.atomic_write_json, engine_state.EngineState.checkpoint_saved
+def killed_commit(self, *a, **k):  # the store's manifest names the new pinned commit; no snapshot names it yet
+    out = commit(self, *a, **k)
+    die_in_third_checkpoint("store-commit")
+    return out
+def killed_pointer(path, obj):  # the snapshot is in place; LATEST still names the previous one
+    if str(path).endswith("LATEST"):
+        die_in_third_checkpoint("before-latest")
+    return write_json(path, obj)
+def killed_release(self, snap):  # LATEST names the new snapshot; the previous commit is still pinned
+    die_in_third_checkpoint("before-release")
+    return release(self, snap)
+TieredStore.commit, checkpoint.atomic_write_json = killed_commit, killed_pointer
+engine_state.EngineState.checkpoint_saved = killed_release
+
 cfg = TrainerConfig(**{cfg!r})
 data = batches(8)
 with Trainer.from_pretrained({model!r}, cfg) as t:
@@ -125,41 +149,126 @@ with Trainer.from_pretrained({model!r}, cfg) as t:
     for i, ids in enumerate(data):
         t.step(ids)
         if (i + 1) % 2 == 0:
-            t.save_checkpoint({ckpt!r})
+            t.save_checkpoint({ckpt!r}, beside_store={beside!r})
+            saved[0] += 1
             print("checkpoint", i + 1, flush=True)
 """
 
+_UNINTERRUPTED: dict = {}
 
-def test_kill_9_loses_only_steps_since_the_checkpoint(tmp_path, trainer_config):
-    """A process killed with SIGKILL mid-training resumes from its last checkpoint to the same weights."""
+
+def uninterrupted_weights(model_dir, config) -> dict:
+    """The weights after all 8 steps without a kill (the same for every kill test: the model is seeded)."""
+    if not _UNINTERRUPTED:
+        with Trainer.from_pretrained(model_dir, config) as full:
+            torch.manual_seed(5)
+            for ids in batches(8):
+                full.step(ids)
+            _UNINTERRUPTED.update(full.state_dict())
+    return _UNINTERRUPTED
+
+
+@pytest.mark.parametrize("beside, kill_at, resumes_at", [
+    (False, "step", (4, 6)),
+    (True, "step", (4, 6)),             # during step 5 or 6, or while writing the next checkpoint
+    (True, "store-commit", (4,)),       # the store pinned the step-6 commit; no snapshot names it
+    (True, "before-latest", (4,)),      # the step-6 snapshot is in place, LATEST names step 4's
+    (True, "before-release", (6,)),     # LATEST names step 6's; step 4's commit is still pinned
+])
+def test_kill_9_loses_only_steps_since_the_checkpoint(tmp_path, trainer_config, beside, kill_at, resumes_at):
+    """A process killed with SIGKILL mid-training, or at each point of writing a checkpoint (copied, or beside
+    the store), resumes from its last checkpoint to the same weights as a run never killed."""
     make_model("llama", tmp_path / "model")
     cfg = trainer_config()
     fields = {k: v for k, v in cfg.to_dict().items() if k != "lora"}
     fields["store_dir"] = str(tmp_path / "store-killed")
     script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
-                                ckpt=str(tmp_path / "ckpt"))
+                                ckpt=str(tmp_path / "ckpt"), beside=beside, kill_at=kill_at)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
-            if line.startswith("checkpoint 4"):
+            if line.startswith("checkpoint 4") and kill_at == "step":
+                os.kill(proc.pid, signal.SIGKILL)  # during step 5 or 6, or while writing the next checkpoint
                 break
-            assert line, "the training process ended before its second checkpoint"
-        os.kill(proc.pid, signal.SIGKILL)  # during step 5 or 6, or while writing the next checkpoint
+            if not line:
+                break
     finally:
         proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the training process was not killed"
     data = batches(8)
     with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config()) as resumed:
         step = resumed.step_count
-        assert step in (4, 6)
+        assert step in resumes_at
+        if beside:  # resumed in the killed run's store, no copy of it
+            assert resumed.run_dir.parent == tmp_path / "store-killed"
+            assert resumed.store.pinned_generations() == [resumed.store.last_commit().generation]
         for ids in data[step:]:
             resumed.step(ids)
         got = resumed.state_dict()
-    with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as full:
-        torch.manual_seed(5)
-        for ids in data:
-            full.step(ids)
-        expected = full.state_dict()
+    expected = uninterrupted_weights(tmp_path / "model", trainer_config())
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_checkpoint_beside_the_store_copies_nothing_and_resumes_in_place(tmp_path, trainer_config, store_dirs):
+    """The snapshot refers to the store's pinned commit (no tensor bytes of its own); after training on, the
+    bytes held for it are the records rewritten since; the store outlives the trainer and a resume continues in it
+    to the uninterrupted weights; a later checkpoint lets the earlier commit go."""
+    from pathlib import Path
+
+    make_model("gpt2", tmp_path / "model")
+    data = batches(5)
+    cfg = trainer_config(store_dir=store_dirs, state_placement="ssd")  # masters and moments rewritten on the SSD
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as full:
+        offloaded_train(full, data[:2])
+        live = full.store.usage()["ssd"]["live"]
+        snap = full.save_checkpoint(tmp_path / "ckpt", beside_store=True)
+        assert (snap / "state.bin").stat().st_size == 0
+        assert full.store.usage()["ssd"]["held"] == 0
+        for ids in data[2:]:
+            full.step(ids)
+        held = full.store.usage()["ssd"]["held"]
+        assert 0 < held <= live  # the pinned versions of what was rewritten since, at most the state once
+        expected = full.state_dict()
+        run_dirs = list(full.run_dirs)
+    assert all(d.exists() for d in run_dirs)  # the checkpoint needs them
+    with Trainer.load_checkpoint(tmp_path / "ckpt", cfg) as resumed:
+        assert resumed.run_dirs == run_dirs and resumed.step_count == 2
+        for ids in data[2:]:
+            resumed.step(ids)
+        assert all(torch.equal(resumed.state_dict()[k], expected[k]) for k in expected)
+        first = resumed.store.pinned_generations()
+        resumed.save_checkpoint(tmp_path / "ckpt", beside_store=True)
+        assert resumed.store.pinned_generations() != first and len(resumed.store.pinned_generations()) == 1
+        assert resumed.store.usage()["ssd"]["held"] == 0
+    assert all(Path(d).exists() for d in run_dirs)
+
+
+def test_a_checkpoint_beside_a_missing_or_other_store_is_refused(tmp_path, trainer_config):
+    import shutil
+
+    make_model("llama", tmp_path / "model")
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as t:
+        t.step(batches(1)[0])
+        t.save_checkpoint(tmp_path / "ckpt", beside_store=True)
+        run_dir = t.run_dir
+    saved = tmp_path / "saved-store"
+    shutil.copytree(run_dir, saved)
+    (run_dir / "data.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="data.bin.*missing|missing"):
+        Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config())
+    shutil.rmtree(run_dir)
+    shutil.copytree(saved, run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["versions"]["store_id"] = "another store"
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="not the one it was written beside"):
+        Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config())
+    assert (run_dir / "data.bin").exists()  # a refused resume leaves the store it opened where it was
+    manifest["versions"]["pinned"] = {}
+    manifest["versions"]["store_id"] = json.loads((saved / "manifest.json").read_text())["versions"]["store_id"]
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="moved past this checkpoint|no longer keeps"):
+        Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config())

@@ -118,14 +118,15 @@ def test_updates_on_the_optimizer_thread(family, tmp_path, trainer_config):
 
 def test_inline_updates_in_groups_when_host_memory_is_short(tmp_path, trainer_config):
     """Inline updates (the CPU default) with a read-ahead allowance smaller than a unit's state: each unit is
-    updated in several groups of chunks, still equal to plain training."""
+    updated in several groups of chunks (at most half the window each, the other half arriving meanwhile), still
+    equal to plain training."""
     ref = make_model("llama", tmp_path / "model")
     data = batches(STEPS)
     cfg = trainer_config(state_placement="ssd", optimizer_chunk=1024)
     with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
         opt = trainer.optimizer
         assert opt.inline and trainer.plan.inline_updates
-        opt.read_ahead_limit = 3 * 2 * 4096  # three chunks of moments
+        opt.read_ahead_limit = 6 * 2 * 4096  # six chunks of moments: groups of three
         groups = []
         apply = opt._apply
         opt._apply = lambda task, group, whole: (groups.append(len(group)), apply(task, group, whole))

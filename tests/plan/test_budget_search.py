@@ -143,7 +143,7 @@ def test_the_split_of_a_budget_at_3b_costs_the_planner_little_work(monkeypatch):
     assert counts["plans"] == len(SHARES)
     units = len(profile.units)
     # the planners of the search share what none of it depends on: one table of activations per unit and one sum
-    # of compute times (each unit once), the optimizer's sizes with and without its lean settings
+    # of compute times (each unit once), the list of the optimizer's candidate sizes
     assert counts["unit"] <= 2 * units
     assert counts["sizes"] <= 2
     # and every split scores each activation-policy candidate at most once per prefetch depth

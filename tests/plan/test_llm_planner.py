@@ -187,7 +187,7 @@ def tied(prof):
 def test_gradient_pool_holds_a_tied_embedding_through_backward():
     """A tied embedding's gradient is held from the head's backward (first) to the embedding's (last): every
     layer's gradients arrive beside it, so the pool is at least one layer's plus the embedding's."""
-    from terastack.plan.llm_planner import gradients_in_flight
+    from terastack.plan.llm_profile import gradients_in_flight
 
     prof = profile(layers=3, params=1 << 20, vocab_params=1 << 19)
     assert gradients_in_flight(prof, slack=False) == 4 << 20  # untied: the largest unit's gradients

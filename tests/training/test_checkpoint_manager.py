@@ -108,3 +108,42 @@ class _Holder:
 
     def load_state_dict(self, state):
         pass
+
+
+class Referenced:
+    """A component whose tensor already lies in a file of its own (as a store's pinned commit does): the snapshot
+    refers to it, in two pieces, and the component hears when the snapshot is in place."""
+
+    def __init__(self, path, values: torch.Tensor):
+        self.path, self.values, self.saved = path, values, []
+        raw = values.numpy().tobytes()
+        path.write_bytes(b"\0" * 4096 + raw[:8] + b"\0" * (4096 - 8) + raw[8:])
+
+    def state_dict(self):
+        from terastack.training.checkpoint import ReferencedTensor
+
+        n = self.values.numel() * 4
+        return {"t": ReferencedTensor(tuple(self.values.shape), torch.float32,
+                                      ((str(self.path), 4096, 8), (str(self.path), 8192, n - 8)))}
+
+    def load_state_dict(self, state):
+        self.values = state["t"].read()
+
+    def checkpoint_saved(self, snapshot):
+        self.saved.append(snapshot.name)
+
+
+def test_a_referenced_tensor_is_not_copied_and_reads_back_from_its_file(tmp_path):
+    values = torch.arange(6, dtype=torch.float32).view(2, 3)
+    comp = Referenced(tmp_path / "store.bin", values)
+    snap = save_checkpoint(tmp_path / "ckpt", {"c": comp}, step=1)
+    assert comp.saved == ["step-00000001"] and (snap / "state.bin").stat().st_size == 0
+    back = Referenced(tmp_path / "other.bin", torch.zeros(2, 3))
+    open_checkpoint(tmp_path / "ckpt").load({"c": back})
+    assert torch.equal(back.values, values)
+    (tmp_path / "store.bin").write_bytes(b"\0" * 5000)
+    with pytest.raises(ValueError, match="store.bin up to byte 8208, the file has 5000"):
+        open_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "store.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="store.bin, which is missing"):
+        open_checkpoint(tmp_path / "ckpt")

@@ -82,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="directory on the SSD for stores and ZeRO-Infinity's swap files")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step for every system (tokens/s counts all of them)")
     p.add_argument("--steps", type=int, default=2, help="measured steps per system (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds per system and rung before it is stopped")
@@ -226,7 +228,8 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
     out = workdir / f"{system}.json"
     cmd = [sys.executable, "-m", "terastack.llm.bench.bench_worker", "--system", system, "--model", model,
            "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--dir", str(workdir), "--out", str(out)]
+           "--warmup", str(args.warmup), "--grad-accum", str(args.grad_accum), "--dir", str(workdir),
+           "--out", str(out)]
     env = None
     if system == "terastack":
         cmd += ["--process-memory-budget", str(budget), "--hardware", str(probe)]
@@ -240,7 +243,7 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
     if not result:
         return row
     measured = result["planned"] if system == "terastack" else result
-    tokens = args.batch_size * args.seq_len
+    tokens = args.batch_size * args.seq_len * args.grad_accum
     row.update(step_s=measured["step_s"], tokens_per_s=tokens / measured["step_s"],
                ssd_read_bytes_per_step=measured["ssd_read_bytes_per_step"],
                ssd_write_bytes_per_step=measured["ssd_write_bytes_per_step"],
@@ -250,7 +253,9 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
         pred = measured.get("predicted_step_s")
         row.update(predicted_step_s=pred, prediction_error=(pred / measured["step_s"] - 1 if pred else None),
                    memory_budget_bytes=budget, store_read_bytes_per_step=measured.get("store_read_bytes_per_step"),
-                   store_write_bytes_per_step=measured.get("store_write_bytes_per_step"))
+                   store_write_bytes_per_step=measured.get("store_write_bytes_per_step"),
+                   compute_s=measured.get("compute_s"), stall_s=measured.get("stall_s"),
+                   disk_busy_share=measured.get("disk_busy_share"), plan=measured.get("plan"))
     elif system == "zero_infinity":
         row["deepspeed"] = result.get("deepspeed")
     return row
@@ -280,6 +285,8 @@ def measure(args: argparse.Namespace) -> dict:
     rungs = resolve_sizes(args.sizes or DEFAULT_SIZES)
     budget = parse_bytes(args.budget, field="--budget")
     rss_limit = parse_bytes(args.rss_limit, field="--rss-limit") if args.rss_limit else default_rss_limit()
+    if args.grad_accum < 1:
+        raise ValueError(f"--grad-accum: must be >= 1, got {args.grad_accum}")
     if args.steps < 1 or args.warmup < 0:
         raise ValueError(f"--steps/--warmup: need >= 1 measured step and >= 0 warm-up, got {args.steps}/{args.warmup}")
     base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
@@ -287,7 +294,8 @@ def measure(args: argparse.Namespace) -> dict:
     hw = _hardware(args, base) if "terastack" in systems else None
     result: dict = {"sizes": [label for label, _ in rungs], "systems": systems, "memory_budget_bytes": budget,
                     "rss_limit_bytes": rss_limit, "seq_len": args.seq_len, "batch_size": args.batch_size,
-                    "steps": args.steps, "warmup": args.warmup, "dir": str(base), "rows": []}
+                    "steps": args.steps, "warmup": args.warmup, "grad_accum": args.grad_accum, "dir": str(base),
+                    "rows": []}
     stopped: dict[str, str] = {}
     if "zero_infinity" in systems and (why := deepspeed_missing()):
         stopped["zero_infinity"] = f"not run: {why}"
@@ -307,6 +315,10 @@ def measure(args: argparse.Namespace) -> dict:
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             row["size"] = label
+            if hw is not None and row.get("ssd_read_bytes_per_step") is not None:
+                # the step's own bytes at the probe's rates: no schedule moves them faster
+                row["io_floor_s"] = (row["ssd_read_bytes_per_step"] / (hw.ssd_read_total or 1e9)
+                                     + row["ssd_write_bytes_per_step"] / (hw.ssd_write_total or 1e9))
             result["rows"].append(row)
             print(f"  {_describe(row)}", file=sys.stderr, flush=True)
             if row["fits"] is not True:
@@ -316,11 +328,18 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def _describe(row: dict) -> str:
-    if row["fits"]:
-        return (f"{row['step_s']:.2f} s/step, peak RSS {format_bytes(row['peak_rss_bytes'])}, SSD "
-                f"{format_bytes(int(row['ssd_read_bytes_per_step']))} read / "
-                f"{format_bytes(int(row['ssd_write_bytes_per_step']))} written per step")
-    return row["reason"]
+    if not row["fits"]:
+        return row["reason"]
+    text = (f"{row['step_s']:.2f} s/step, peak RSS {format_bytes(row['peak_rss_bytes'])}, SSD "
+            f"{format_bytes(int(row['ssd_read_bytes_per_step']))} read / "
+            f"{format_bytes(int(row['ssd_write_bytes_per_step']))} written per step")
+    if row.get("compute_s") is not None:
+        text += (f"; compute {row['compute_s']:.2f} s, waits {row['stall_s']:.2f} s, disk busy "
+                 f"{100 * row['disk_busy_share']:.0f}% of the step, its bytes at the probe's rates "
+                 f"{row.get('io_floor_s') or 0:.2f} s")
+    if row.get("prediction_error") is not None:
+        text += f"; predicted {row['predicted_step_s']:.2f} s ({100 * row['prediction_error']:+.0f}%)"
+    return text
 
 
 def _summarize(result: dict) -> None:
@@ -338,5 +357,12 @@ def _summarize(result: dict) -> None:
             if system in by:
                 ratios[f"{label}_{system}_step_vs_in_memory"] = by[system]["step_s"] / ref["step_s"]
                 ratios[f"{label}_{system}_rss_vs_in_memory"] = by[system]["peak_rss_bytes"] / ref["peak_rss_bytes"]
+                ratios[f"{label}_{system}_tokens_per_s_vs_in_memory"] = (by[system]["tokens_per_s"]
+                                                                       / ref["tokens_per_s"])
+        ts = by.get("terastack")
+        if ts is not None and ts.get("io_floor_s") is not None:
+            # the floor: no schedule beats the slower of in-memory compute and the step's own bytes on the disk
+            ts["floor_s"] = max(ref["step_s"], ts["io_floor_s"])
+            ratios[f"{label}_terastack_step_vs_floor"] = ts["step_s"] / ts["floor_s"]
     result["ratios_vs_in_memory"] = ratios
     result.update(ratios)  # printed as scalar lines

@@ -30,11 +30,14 @@ def _io() -> tuple[int, int]:
     return out["read_bytes"], out["write_bytes"]
 
 
-def _batches(vocab: int, batch: int, seq: int, n: int):
+def _batches(vocab: int, batch: int, seq: int, n: int, grad_accum: int = 1):
+    """``n`` steps' token ids: one (batch, seq) tensor per step, or with ``grad_accum`` > 1 a list of that many
+    micro-batches per step."""
     import torch
 
     g = torch.Generator().manual_seed(1234)
-    return [torch.randint(0, vocab, (batch, seq), generator=g) for _ in range(n)]
+    steps = [[torch.randint(0, vocab, (batch, seq), generator=g) for _ in range(grad_accum)] for _ in range(n)]
+    return [micro[0] for micro in steps] if grad_accum == 1 else steps
 
 
 def _measure(step_fn, batches, warmup: int, rss) -> dict:
@@ -100,18 +103,22 @@ def _in_memory_step(args, hf_config):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused or None)
 
     def step(ids):
-        out = model(input_ids=ids, labels=ids, use_cache=False)
-        out.loss.backward()
+        micro = ids if isinstance(ids, list) else [ids]
+        total = 0.0
+        for part in micro:  # gradient accumulation: the mean over the micro-batches (equal token counts)
+            out = model(input_ids=part, labels=part, use_cache=False)
+            (out.loss / len(micro)).backward()
+            total += float(out.loss.detach()) / len(micro)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(out.loss.detach())
+        return total
     return step
 
 
 def run_in_memory(args, hf_config, rss) -> dict:
     return _measure(_in_memory_step(args, hf_config),
-                    _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps),
-                    args.warmup, rss)
+                    _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps,
+                             args.grad_accum), args.warmup, rss)
 
 
 def run_host_resident(args, hf_config, rss) -> dict:
@@ -174,6 +181,7 @@ def run_terastack(args, hf_config, rss) -> dict:
 
 def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
     from terastack import trace
+    from terastack.llm.bench.step_timeline import step_timelines
     from terastack.llm import Trainer, TrainerConfig
 
     if args.process_memory_budget:
@@ -188,7 +196,7 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
         budgets = {"memory_budget": args.memory_budget}
     else:
         budgets = {"device_budget": args.device_budget, "host_budget": args.host_budget}
-    fields = dict(store_dir=args.dir, **budgets, lr=args.lr,
+    fields = dict(store_dir=args.dir, **budgets, lr=args.lr, grad_accum=args.grad_accum,
                   batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
                   activation_policy=args.activation_policy, state_placement=args.state_placement,
                   optimizer_impl=args.optimizer_impl, calibrate=True, hardware=args.hardware)
@@ -197,14 +205,24 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
     with Trainer.from_config(hf_config, TrainerConfig(**fields), name=args.model) as trainer:
         setup = time.perf_counter() - t0
         print(trainer.describe_plan(), file=sys.stderr, flush=True)
-        if trace_file:
-            trace.tracer.start()
-        out = _measure(trainer.step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len,
-                                              args.warmup + args.steps), args.warmup, rss)
+        # always traced: the step's timeline is read out of it ([Note: the step's timeline])
+        trace.tracer.start()
+
+        def step(ids):
+            if isinstance(ids, list):
+                return trainer.step_accumulated([{"input_ids": part} for part in ids])
+            return trainer.step(ids)
+
+        out = _measure(step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps,
+                                      args.grad_accum), args.warmup, rss)
         trainer.synchronize()
+        trace.tracer.stop()
         if trace_file:
-            trace.tracer.stop()
             trace.tracer.save(trace_file)
+        timeline = step_timelines(trace.tracer.events())[args.warmup:]
+        trace.tracer.clear()
+        for key in ("compute_s", "stall_s", "disk_busy_share"):
+            out[key] = statistics.median(t[key] for t in timeline) if timeline else None
         hist = trainer.history[args.warmup:]
         out.update({"setup_s": setup, "predicted_step_s": trainer.plan.prediction.step_s,
                     "policies": list(trainer.plan.policies),
@@ -221,7 +239,7 @@ def _ds_config(args, largest: int) -> dict:
     # reflects what the model needs.
     buffer = max(1 << 20, largest)
     return {
-        "train_micro_batch_size_per_gpu": args.batch_size, "gradient_accumulation_steps": 1,
+        "train_micro_batch_size_per_gpu": args.batch_size, "gradient_accumulation_steps": args.grad_accum,
         "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                                     "weight_decay": 0.0}},
         "zero_optimization": {
@@ -262,12 +280,16 @@ def run_zero_infinity(args, hf_config, rss) -> dict:
     setup = time.perf_counter() - t0
 
     def step(ids):
-        out = engine(input_ids=ids, labels=ids, use_cache=False)
-        engine.backward(out.loss)
-        engine.step()
-        return float(out.loss)
-    out = _measure(step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps),
-                   args.warmup, rss)
+        micro = ids if isinstance(ids, list) else [ids]
+        total = 0.0
+        for part in micro:  # DeepSpeed scales the loss and steps the optimizer at the accumulation boundary
+            out = engine(input_ids=part, labels=part, use_cache=False)
+            engine.backward(out.loss)
+            engine.step()
+            total += float(out.loss) / len(micro)
+        return total
+    out = _measure(step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps,
+                                  args.grad_accum), args.warmup, rss)
     out["setup_s"] = setup
     out["deepspeed"] = deepspeed.__version__
     return out
@@ -285,6 +307,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", default=tempfile.gettempdir())

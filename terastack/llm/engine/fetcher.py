@@ -79,8 +79,9 @@ class WeightFetcher:
         """local name -> store record of the compute copy."""
         return {local: self.rt.compute_record(cname) for local, cname in unit.tensors.items()}
 
-    def prefetch(self, unit_index: int) -> None:
-        """Start bringing a unit's weights in; advisory (skipped when the device ledger has no room)."""
+    def prefetch(self, unit_index: int, phase: str = "forward") -> None:
+        """Start bringing a unit's weights in for ``phase``; advisory (skipped when the device ledger has no
+        room)."""
         unit = self.units[unit_index]
         for cname in set(unit.tensors.values()):
             record = self.rt.compute_record(cname)
@@ -88,14 +89,14 @@ class WeightFetcher:
                 continue  # resident where compute reads it, always
             gate = self._gate(cname)
             if gate is not None and not gate.done():
-                gate.add_done_callback(lambda _f, r=record, c=cname: self._try_prefetch(r, c))
+                gate.add_done_callback(lambda _f, r=record, c=cname: self._try_prefetch(r, c, phase))
             else:
-                self._try_prefetch(record, cname)
+                self._try_prefetch(record, cname, phase)
 
-    def _try_prefetch(self, record: str, cname: str) -> None:
+    def _try_prefetch(self, record: str, cname: str, phase: str) -> None:
         tier = self.rt.compute_tier(record)
         try:
-            with trace.span(f"prefetch {record}", track="io", cat="prefetch"):
+            with trace.span(f"prefetch {record}", track="io", cat="prefetch"), self.rt.bytes.reading(phase):
                 # advisory: a record resident where compute reads it, or with a transfer under way, is left alone
                 self.bytes_in += self.store.fetch(record, tier, behind_transfer=False).moved_bytes
         except MemoryError:
@@ -128,8 +129,9 @@ class WeightFetcher:
 
     def _fetch_blocking(self, record: str, tier: Tier, unit, phase: str) -> Future:
         """store.fetch, waiting for releases in flight when the device ledger is momentarily full."""
-        fetch = self.rt.with_room(lambda: self.store.fetch(record, tier),
-                                  f"weights {record!r} for {phase} of {unit.path}")
+        with self.rt.bytes.reading(phase):
+            fetch = self.rt.with_room(lambda: self.store.fetch(record, tier),
+                                      f"weights {record!r} for {phase} of {unit.path}")
         self.bytes_in += fetch.moved_bytes
         return fetch.future
 

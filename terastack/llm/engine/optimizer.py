@@ -327,33 +327,61 @@ class OffloadedAdamW:
 
     def _update(self, task: UpdateTask, nxt: UpdateTask | None) -> None:
         """AdamW over the task's tensors. On the optimizer thread: chunk by chunk, reading chunk j+1 while
-        updating chunk j. Inline: in groups of up to the read-ahead and write-back allowances (a whole unit when
-        the plan has room), one fused call per group."""
+        updating chunk j. Inline: see [Note: streaming a unit's state through the update]."""
         jobs = self._unit_jobs(task.names)
-        state = self.state
-        # a group is written back in one request vector, and the next unit's state is read ahead while it is on
-        # its way: so a group fits the write-back allowance too (with a lean plan, one chunk)
-        group_limit = min(state.read_ahead_limit, state.writeback_limit) if self.inline else 0
         with trace.span(f"adamw {task.unit}", track="optimizer", cat="optimizer", tensors=len(task.names)):
+            if self.inline:
+                self._update_streamed(task, jobs)
+                return
+            state = self.state
             whole: dict[str, torch.Tensor] = {}
-            group: list[ChunkState] = []
-            group_bytes = 0
             for j, (name, k, lo, hi) in enumerate(jobs):
-                if not self.inline:
-                    if j + 1 < len(jobs):
-                        self.prefetch_chunk(jobs[j + 1][0], jobs[j + 1][1])
-                    elif nxt is not None:
-                        self.prefetch_chunk(nxt.names[0], 0)
-                    state.reached((name, k))
-                nbytes = state.chunk_bytes(name, k)
-                # a master that must wait for room may be waiting for those the group holds: update them first
-                if group and (group_bytes + nbytes > group_limit or not state.master_fits(name, whole)):
-                    self._apply(task, group, whole)
-                    group, group_bytes = [], 0
-                state.throttle_writebacks(nbytes)
-                group.append(self._gather(task, name, k, lo, hi, whole))
-                group_bytes += nbytes
-            self._apply(task, group, whole)
+                if j + 1 < len(jobs):
+                    self.prefetch_chunk(jobs[j + 1][0], jobs[j + 1][1])
+                elif nxt is not None:
+                    self.prefetch_chunk(nxt.names[0], 0)
+                state.reached((name, k))
+                state.throttle_writebacks(state.chunk_bytes(name, k))
+                self._apply(task, [self._gather(task, name, k, lo, hi, whole)], whole)
+
+    def _update_streamed(self, task: UpdateTask, jobs: list) -> None:
+        """[Note: streaming a unit's state through the update]
+        Inline, a unit's update runs on the training thread, so every read it waits for is a read compute waits
+        for. Its chunks flow through a window of ``read_ahead_limit`` bytes: reads are issued ahead for the
+        chunks that fit the window (those of this unit read ahead during its backward are already there), the
+        chunks are updated in groups of at most half the window (so the other half is arriving while a group is
+        computed) and of the write-back allowance, and each group is sent home as one request vector while the
+        next is gathered. A unit whose state fits the window is read ahead whole during its backward and is
+        updated in one fused call; a larger one streams at the disk's rate with large requests in flight,
+        instead of one chunk read, updated and written at a time."""
+        state = self.state
+        window = state.read_ahead_limit
+        records = [self._job_records(name, k) for name, k, _, _ in jobs]
+        sizes = [sum(self.rt.store.padded(r) for r in recs) for recs in records]
+        # a unit that fits the window was read ahead whole: one group; a larger one streams in half-windows
+        group_limit = max(1, min(window if sum(sizes) <= window else window // 2, state.writeback_limit))
+        issued = 0      # jobs whose reads have been issued
+        ahead = 0       # bytes of issued jobs not yet updated
+        whole: dict[str, torch.Tensor] = {}
+        group: list[ChunkState] = []
+        group_bytes = 0
+        for j, (name, k, lo, hi) in enumerate(jobs):
+            wanted = []
+            while issued < len(jobs) and (issued <= j or ahead + sizes[issued] <= window):
+                wanted += records[issued]
+                ahead += sizes[issued]
+                issued += 1
+            if wanted:
+                state.read_ahead([wanted], bounded=False)
+            # a master that must wait for room may be waiting for those the group holds: update them first
+            if group and (group_bytes + sizes[j] > group_limit or not state.master_fits(name, whole)):
+                self._apply(task, group, whole)
+                ahead -= group_bytes
+                group, group_bytes = [], 0
+            state.throttle_writebacks(sizes[j])
+            group.append(self._gather(task, name, k, lo, hi, whole))
+            group_bytes += sizes[j]
+        self._apply(task, group, whole)
 
     def _gather(self, task: UpdateTask, name: str, k: int, lo: int, hi: int, whole: dict) -> ChunkState:
         """One chunk with its state read (``whole``: the whole fp32 masters read for this task, by name)."""

@@ -16,6 +16,7 @@ import threading
 
 import torch
 
+from terastack import trace
 from terastack.llm.engine import records
 from terastack.plan.llm_profile import held_bytes
 from terastack.tiers import Tier
@@ -26,7 +27,11 @@ def read_to_host(rt, record: str, what: str) -> torch.Tensor:
     resident = rt.store.resident(record, Tier.HOST)
     if resident is not None:
         return resident
-    return rt.wait(rt.with_room(lambda: rt.store.prefetch(record, Tier.HOST), what), what)
+    fut = rt.with_room(lambda: rt.store.prefetch(record, Tier.HOST), what)
+    if fut.done():
+        return fut.result()
+    with trace.span(f"wait {record}", track="stall", cat="state"):
+        return rt.wait(fut, what)
 
 
 class OptimizerState:
@@ -76,16 +81,20 @@ class OptimizerState:
         return read_to_host(self.rt, record, what)
 
     # ---------------------------------------------------------- reading ahead
-    def read_ahead(self, jobs: list[list[str]]) -> None:
+    def read_ahead(self, jobs: list[list[str]], *, bounded: bool = True) -> None:
         """Start reading the records of ``jobs`` (one list per chunk, in update order) within the read-ahead
-        allowance; the rest is read when its update gets to it."""
-        allowance = self.read_ahead_limit
+        allowance (``bounded=False``: all of them, the caller keeps to it); the rest is read when its update
+        gets to it. Records already resident in host memory are left as they are."""
+        allowance = self.read_ahead_limit if bounded else None
         wanted: list[str] = []
         for job in jobs:
-            allowance -= sum(self.store.padded(r) for r in job)
-            if allowance < 0:
-                break
-            wanted += job
+            if allowance is not None:
+                allowance -= sum(self.store.padded(r) for r in job)
+                if allowance < 0:
+                    break
+            wanted += [r for r in job if self.store.resident(r, Tier.HOST) is None]
+        if not wanted:
+            return
         try:
             self.store.prefetch_many(wanted, Tier.HOST)
         except MemoryError:
@@ -219,4 +228,5 @@ class OptimizerState:
             if sum(n for _, n in self._writebacks) + incoming <= self.writeback_limit:
                 return
             fut, _ = self._writebacks.popleft()
-            self.rt.wait(fut, "optimizer state written back to the SSD")
+            with trace.span("wait for write-back", track="stall", cat="state"):
+                self.rt.wait(fut, "optimizer state written back to the SSD")

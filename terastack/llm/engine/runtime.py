@@ -16,9 +16,11 @@ import time
 
 import torch
 
+from terastack import trace
 from terastack.errors import BudgetError
 from terastack.io.futures import Future
 from terastack.llm.engine import records
+from terastack.llm.engine.byte_ledger import ByteLedger
 from terastack.llm.engine.fetcher import WeightFetcher
 from terastack.llm.engine.optimizer import OffloadedAdamW
 from terastack.llm.engine.streamed_units import UnitRunner
@@ -54,6 +56,9 @@ class StepRuntime:
         self._act_writes: collections.deque[list] = collections.deque()
         self._compute_tiers: dict[str, Tier] = {}
         self._build_names()
+        #: SSD bytes by kind ([Note: the byte ledger])
+        self.bytes = ByteLedger()
+        store.traffic = self.bytes.observe
         self.optimizer = OffloadedAdamW(optimizer_config, self, tensors, grad_pool_bytes=plan.grad_pool_bytes,
                                         masters_bytes=plan.masters_bytes, writeback_bytes=plan.writeback_bytes,
                                         read_ahead_bytes=plan.read_ahead_bytes, inline=inline_updates,
@@ -165,12 +170,13 @@ class StepRuntime:
         except BudgetError:
             pass
         deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return attempt()
-            except BudgetError:
-                if not self._wait_for_progress(deadline, what):
-                    raise
+        with trace.span(f"wait for room: {what}", track="stall", cat="room"):
+            while True:
+                try:
+                    return attempt()
+                except BudgetError:
+                    if not self._wait_for_progress(deadline, what):
+                        raise
 
     def _wait_for_progress(self, deadline: float, what: str) -> bool:
         with self._lock:
@@ -195,7 +201,9 @@ class StepRuntime:
         at most two units' activations are on their way to the SSD (the planner's allowance)."""
         while len(self._act_writes) > 1:
             for fut in self._act_writes.popleft():
-                self.wait(fut, "activations written to the SSD")
+                if not fut.done():
+                    with trace.span("wait for activations written", track="stall", cat="activations"):
+                        self.wait(fut, "activations written to the SSD")
 
     def activation_writes_issued(self, writes: list) -> None:
         self._act_writes.append(writes)

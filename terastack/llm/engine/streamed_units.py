@@ -194,7 +194,7 @@ class UnitRunner:
         self._stashes.pop(unit.index, None)
         with trace.span(f"backward {unit.path}", track="compute", cat="backward", policy=ctx.policy.spec.name):
             for prev in fetcher.neighbours(unit, "backward"):
-                fetcher.prefetch(prev)
+                fetcher.prefetch(prev, "backward")
                 stash = self._stashes.get(prev)
                 if stash is not None:
                     stash.prefetch()

@@ -1,0 +1,159 @@
+"""The RSS watchdog of ``terastack bench dist --model``: the summed peak RSS of a job's processes, from ``/proc``.
+
+A system of the benchmark runs as child processes of the benchmark (torchrun's elastic agent starts its ranks
+from this process). :class:`RssWatchdog` samples every descendant of this process, keeps each one's peak
+(``VmHWM``, the kernel's own high-water mark of its resident set, so a peak between two samples is not missed)
+and adds them up over every process the job ever had. When that sum passes the limit it kills every descendant:
+the system "does not fit", and the kernel's OOM killer never gets to choose a victim.
+
+[Note: a sum of peaks]
+The figure is the sum of each process's own peak, not the peak of the sum: the processes need not reach their
+peaks at the same moment, so this over-counts what the machine held at once, never under-counts it. Shared pages
+(the libraries every Python process maps) count in every process. Both make the figure the conservative one,
+and it is the figure a watchdog can read without missing a short peak.
+
+A process is counted from the program it runs: between ``fork`` and ``exec`` a child is a copy-on-write view of
+its parent, whose whole RSS it reports, and ``exec`` starts its peak anew, so a process's peak is kept per
+command line and a new command line replaces the old one's.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+
+def children_of(pid: int) -> list[int]:
+    """The direct children of ``pid`` (every thread's list in ``/proc/PID/task/*/children``)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def descendants_of(pid: int) -> list[int]:
+    seen: list[int] = []
+    todo = children_of(pid)
+    while todo:
+        child = todo.pop()
+        if child not in seen:
+            seen.append(child)
+            todo.extend(children_of(child))
+    return seen
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """``pid``'s peak resident set (``VmHWM``) in bytes; None once it is gone (or a zombie, which has none)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def program_of(pid: int) -> bytes | None:
+    """``pid``'s command line: what tells a forked copy of its parent from the program it then runs."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def rank_of(pid: int) -> int | None:
+    """The ``RANK`` torchrun gave process ``pid`` (None for a process that has none)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(b"RANK="):
+                    return int(entry[5:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class RssWatchdog:
+    """Watches the descendants of this process while a system runs ([Note: a sum of peaks]); a context manager.
+
+    After the ``with`` block: ``peak_total`` (bytes), ``peaks`` (pid -> peak bytes), ``exceeded`` (whether it
+    killed the system)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        #: the most bytes the job's processes may hold, summed over their peaks
+        limit_bytes: int
+        #: seconds between two readings of /proc
+        interval_s: float = 0.05
+
+        def __post_init__(self) -> None:
+            if self.limit_bytes <= 0:
+                raise ValueError(f"limit_bytes: must be > 0, got {self.limit_bytes}")
+            if not self.interval_s > 0:
+                raise ValueError(f"interval_s: must be > 0, got {self.interval_s}")
+
+    def __init__(self, config: "RssWatchdog.Config", *, root: int | None = None):
+        self.config = config
+        self.root = os.getpid() if root is None else root
+        self.peaks: dict[int, int] = {}
+        self.ranks: dict[int, int | None] = {}
+        self._programs: dict[int, bytes] = {}
+        self.exceeded = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rss-watchdog", daemon=True)
+
+    @property
+    def peak_total(self) -> int:
+        return sum(self.peaks.values())
+
+    def peaks_by_rank(self) -> list[tuple[int | None, int]]:
+        """(rank or None, peak bytes) of every process seen, in rank order."""
+        return sorted(((self.ranks.get(pid), peak) for pid, peak in self.peaks.items()),
+                      key=lambda x: (x[0] is None, x[0] or 0))
+
+    def sample(self) -> int:
+        """Read every descendant's peak once; the sum over every process seen so far."""
+        for pid in descendants_of(self.root):
+            program, peak = program_of(pid), peak_rss_bytes(pid)
+            if peak is None or program is None:
+                continue
+            if self._programs.get(pid) != program:   # new, or it has run exec since: its peak starts anew
+                self._programs[pid] = program
+                self.peaks[pid] = 0
+                self.ranks[pid] = rank_of(pid)
+            self.peaks[pid] = max(self.peaks[pid], peak)
+        return self.peak_total
+
+    def kill_all(self) -> None:
+        """SIGKILL every descendant, the deepest first (a parent that restarts children finds none)."""
+        for pid in reversed(descendants_of(self.root)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            if self.sample() > self.config.limit_bytes:
+                self.exceeded = True
+                self.kill_all()
+            self._stop.wait(self.config.interval_s)
+
+    def __enter__(self) -> "RssWatchdog":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,143 @@
+"""How much host memory the optimizer works in, and what a smaller window costs the step.
+
+[Note: the optimizer's window]
+The optimizer holds host memory for its own work: the gradient pool, the state
+being read ahead and updated, the state on its way back to the SSD, whole
+fp32 masters. The more of it, the less room for state that rests in host
+memory -- but the less of it, the more of the step waits for the disk. With
+updates inline on the training thread (a CPU machine) a unit's update reads
+its state while compute waits, except what was read ahead during the unit's
+backward: the window (``read_ahead``) bounds that, and the write-back
+allowance bounds what can still be on its way when the next unit starts. So
+the planner does not pick one size; it scores a few, largest first:
+
+* ``unit``: the largest unit's whole state each way (nothing waits);
+* ``layer``: the typical (median) unit's, so a decoder layer's update waits
+  for nothing and only larger units (embeddings, heads) stream the rest;
+* ``stream``: a fixed window (:data:`STREAM_WINDOW`) each way, large requests
+  in flight while the update streams through its unit;
+* ``lean stream``: the stream window with the rest lean (one whole master
+  at a time, no slack in the gradient pool);
+* ``lean``: two small chunks (:data:`LEAN_CHUNK`): the least memory, one
+  chunk read, updated and written at a time.
+
+and charges each the seconds its window leaves exposed
+(:func:`exposed_state_io_s`): per unit, the state beyond the window read while
+compute waits, and beyond the write-back allowance written while it waits.
+With the optimizer on its own thread (an accelerator) updates run beside
+compute, one chunk read ahead; there are two sizes, full and lean.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from terastack.plan.llm_profile import ModelProfile, chunked_bytes, gradients_in_flight, held_bytes
+from terastack.plan.schedule_specs import ScheduleSpec
+from terastack.tier import Tier
+
+#: elements per optimizer chunk at most when the host budget is too small for the configured chunks
+LEAN_CHUNK = 256 << 10
+#: the ``stream`` window: bytes read ahead (and, again, bytes being written back) by an inline update
+STREAM_WINDOW = 128 << 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimizerSizes:
+    """Host memory the optimizer side holds for its own work, and the chunk it works in."""
+
+    kind: str            # unit, layer, stream, lean stream, full or lean ([Note: the optimizer's window])
+    grad_pool: int       # gradients in flight from backward to the optimizer
+    read_ahead: int      # state chunks being updated or read ahead (inline: the window)
+    writeback: int       # updated state chunks in flight back to the SSD
+    masters: int         # whole fp32 masters held: handed over by backward, read, being updated or written
+    chunk: int           # elements per optimizer chunk
+    accumulate: int = 0  # gradient sums on the SSD being added to or written back (gradient accumulation)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host bytes all of the above take: the part of the host ledger that no resting state can use."""
+        return self.grad_pool + self.read_ahead + self.writeback + self.masters + self.accumulate
+
+
+def unit_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int) -> list[int]:
+    """Per unit (forward order): bytes of the optimizer records of the tensors whose update it completes (the
+    first unit using a tensor in forward order; a tied embedding is counted once)."""
+    per_chunk = schedule.records_per_chunk(profile.mixed_precision)
+    seen: set[str] = set()
+    out = []
+    for u in profile.units:
+        total = 0
+        for t in dict.fromkeys(u.tensors):
+            if profile.tensor_trainable[t] and t not in seen:
+                seen.add(t)
+                total += per_chunk * chunked_bytes(profile.tensor_numel[t], 4, chunk)
+        out.append(total)
+    return out
+
+
+def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bool, chunk: int,
+                    passes: int) -> list[OptimizerSizes]:
+    """The sizes the planner scores, largest first ([Note: the optimizer's window])."""
+    mixed = profile.mixed_precision
+    largest = max(profile.tensor_numel.values())
+    per_chunk = schedule.records_per_chunk(mixed)
+    unit_masters = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors if profile.tensor_trainable[t])
+                    for u in profile.units]
+
+    def sizes(kind: str, *, lean: bool, window: int | None = None) -> OptimizerSizes:
+        c = min(chunk, LEAN_CHUNK) if lean else chunk
+        chunk_held = min(c, largest)
+        job = per_chunk * held_bytes(chunk_held * 4)
+        read_ahead = 2 * job  # the chunk being updated and the one read ahead
+        writeback = job if lean else read_ahead
+        if window is not None:
+            read_ahead = writeback = max(read_ahead, window)
+        masters = 0
+        if mixed:
+            read_ahead += largest * profile.compute_bytes  # the compute copy rebuilt from the new master
+        else:
+            # [Note: optimizer chunks]: an fp32 master is one whole record: one read (or handed over) and updated
+            # at a time, plus, when not lean, those backward hands over before the optimizer gets to them
+            masters = held_bytes(4 * largest)
+            if not lean:
+                masters = schedule.masters_held(masters, unit_masters)
+        # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
+        accumulate = 2 * held_bytes(chunk_held * 4) if passes > 1 else 0
+        return OptimizerSizes(kind=kind, grad_pool=gradients_in_flight(profile, slack=not lean),
+                              read_ahead=read_ahead, writeback=writeback, masters=masters, chunk=c,
+                              accumulate=accumulate)
+
+    if not inline:
+        return [sizes("full", lean=False), sizes("lean", lean=True)]
+    per_unit = [s for s in unit_state_bytes(profile, schedule, chunk) if s]
+    whole = max(per_unit, default=0)
+    stream = min(STREAM_WINDOW, whole)  # (a window larger than every unit holds nothing more)
+    windows = {"unit": whole, "layer": int(statistics.median(per_unit)) if per_unit else 0, "stream": stream}
+    out, last = [], None
+    for kind, window in sorted(windows.items(), key=lambda kv: -kv[1]):
+        if last is None or window < last:  # equal windows are one candidate
+            out.append(sizes(kind, lean=False, window=window))
+            last = window
+    # the lean settings (one master, no slack in the pool, small chunks) with the stream window, then without
+    return out + [sizes("lean stream", lean=True, window=stream), sizes("lean", lean=True)]
+
+
+def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict,
+                       *, read_bw: float, write_bw: float) -> float:
+    """Seconds an inline update waits for the disk per step with these sizes: per unit, its state on the SSD
+    beyond the read-ahead window (read while compute waits) and beyond the write-back allowance (written while
+    it waits). See [Note: the optimizer's window]."""
+    per_chunk = schedule.records_per_chunk(profile.mixed_precision)
+    seen: set[str] = set()
+    read = write = 0
+    for u in profile.units:
+        on_ssd = 0
+        for t in dict.fromkeys(u.tensors):
+            if profile.tensor_trainable[t] and t not in seen:
+                seen.add(t)
+                if state_home.get(t) is Tier.SSD:
+                    on_ssd += per_chunk * chunked_bytes(profile.tensor_numel[t], 4, sizes.chunk)
+        read += max(0, on_ssd - sizes.read_ahead)
+        write += max(0, on_ssd - sizes.writeback)
+    return read / read_bw + write / write_bw

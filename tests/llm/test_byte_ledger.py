@@ -1,0 +1,76 @@
+"""The byte ledger: a step's SSD bytes by kind, counted as the store submits them, against the plan's prediction
+of the same kinds ([Note: the byte ledger] in terastack.llm.engine.byte_ledger)."""
+import pytest
+
+from .llm_helpers import BATCH, SEQ, batches, make_model
+from terastack.llm import Trainer
+from terastack.llm.engine.byte_ledger import ByteLedger
+
+STATE_KINDS = ("weights_forward_read", "weights_backward_read", "masters_read", "masters_written", "moments_read",
+               "moments_written")
+
+
+def _last_step(tmp_path, trainer_config, *, accum: int = 1, **kw):
+    make_model("llama", tmp_path / "model", layers=4)
+    cfg = trainer_config(device_budget="4MiB", host_budget="3MiB", state_placement="ssd", grad_accum=accum,
+                         batch_size=BATCH // accum, seq_len=SEQ, store_dir=str(tmp_path / f"store-{accum}"), **kw)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+        for ids in batches(3):
+            if accum == 1:
+                t.step(ids)
+            else:
+                t.step_accumulated([{"input_ids": part} for part in ids.chunk(accum)])
+        t.synchronize()
+        return t.history[-1], t.plan.prediction
+
+
+def test_state_bytes_by_kind_are_the_planned_ones_and_add_up_to_the_step(tmp_path, trainer_config):
+    stats, pred = _last_step(tmp_path, trainer_config, activation_policy="keep", retain_weights=False)
+    kinds = stats.bytes_by_kind
+    # every byte the store read is in one kind, and the state's kinds are the planned ones
+    assert sum(v for k, v in kinds.items() if k.endswith("_read")) == stats.ssd_read_bytes
+    for key in STATE_KINDS:
+        # (a working copy of a few one-block tensors may still be resident when the next forward starts: at this
+        # size a block is 2% of the forward's reads)
+        assert kinds[key] == pytest.approx(pred.bytes_by_kind[key], rel=0.06), key
+    # fp32: forward and backward read the weights, backward hands them to the optimizer (no master re-read)
+    assert kinds["weights_backward_read"] == kinds["masters_written"] > 0
+    assert 0 < kinds["weights_forward_read"] <= kinds["weights_backward_read"]
+    assert kinds["masters_read"] == 0
+    assert kinds["moments_read"] == kinds["moments_written"] == 2 * kinds["masters_written"]
+
+
+def test_weights_are_read_once_each_way_whatever_the_accumulation(tmp_path, trainer_config):
+    """Vertical accumulation: two micro-batches per step read the weights once for forward and once for
+    backward, the bytes of one micro-batch's step; the plan says so too."""
+    one, _ = _last_step(tmp_path / "a", trainer_config, activation_policy="keep", retain_weights=False)
+    two, pred = _last_step(tmp_path / "b", trainer_config, accum=2, activation_policy="keep", retain_weights=False,
+                           accumulation="vertical")
+    for key in ("weights_forward_read", "weights_backward_read", "moments_read"):
+        assert two.bytes_by_kind[key] == pytest.approx(one.bytes_by_kind[key], rel=0.06) and two.bytes_by_kind[key]
+        assert pred.bytes_by_kind[key] == pytest.approx(two.bytes_by_kind[key], rel=0.06)
+
+
+def test_swapped_activations_are_their_own_kind(tmp_path, trainer_config):
+    stats, pred = _last_step(tmp_path, trainer_config, activation_policy="ssd", retain_weights=False)
+    assert stats.bytes_by_kind["activations_read"] > 0 and stats.bytes_by_kind["activations_written"] > 0
+    assert pred.bytes_by_kind["activations_read"] > 0
+
+
+def test_reads_are_labelled_by_the_phase_that_asked():
+    ledger = ByteLedger()
+    ledger.observe("p:layer.weight", "read", 10)           # the optimizer re-reading a master
+    with ledger.reading("backward"):
+        ledger.observe("p:layer.weight", "read", 20)
+    with ledger.reading("forward"):
+        ledger.observe("w:frozen.weight", "read", 30)
+        ledger.observe("m:layer.weight#0", "read", 40)     # not a weight, whatever the phase
+    ledger.observe("p:layer.weight", "write", 50)
+    ledger.observe("w:layer.weight", "write", 60)
+    ledger.observe("s:layer.weight#1", "write", 70)
+    ledger.observe("a:3:1", "read", 80)
+    ledger.observe("unknown", "read", 90)
+    got = {k: v for k, v in ledger.snapshot().items() if v}
+    assert got == {"masters_read": 10, "weights_backward_read": 20, "weights_forward_read": 30, "moments_read": 40,
+                   "masters_written": 50, "compute_copies_written": 60, "gradients_written": 70,
+                   "activations_read": 80, "other_read": 90}

@@ -24,7 +24,7 @@ from terastack.training.job.legacy import old_trainer_key
 __all__ = ["MEMORY_BUDGET_ENV", "LoraSpec", "TrainerConfig"]
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
 #: starts its process with them); see [Note: a memory budget bounds resident memory] (terastack.memory)
-MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(256 << 10)}
+MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 
 @dataclass(kw_only=True, slots=True)

@@ -74,7 +74,7 @@ from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activati
 from terastack.plan.hardware import Hardware
 from terastack.plan.llm_plan import BYTE_KINDS, LLMPlan, PlanError, StepPrediction
 from terastack.plan.llm_profile import STATE_BYTES, ModelProfile, UnitProfile, chunked_bytes, held_bytes
-from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, size_candidates
+from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, masters_reread, size_candidates
 from terastack.plan.schedule_specs import EAGER, ExecutorKind, Exposure, ScheduleSpec, schedule_spec
 from terastack.tier import Tier
 from terastack.units import format_bytes, parse_bytes
@@ -434,12 +434,12 @@ class LLMPlanner:
             homes = self._homes(profile, room, sizes.chunk, frozen_on_device=bool(resident))
             retention = self._retention(profile, split, homes.state_home, capacity=cfg.device_budget - transient,
                                         base=resident + weights_ws + swap_flight)
-            waits = self._memo(profile, hw, ("state waits", sizes, id(homes.state_home)), lambda: (
+            waits, reread = self._memo(profile, hw, ("state waits", sizes, id(homes.state_home)), lambda: (
                 homes.state_home, self._state_waits(profile, hw, sizes, homes)))[1]
-            pred = self._predict(profile, hw, split, homes, homes.ssd_read_bytes - retention.ssd_read_saved,
+            pred = self._predict(profile, hw, split, homes, homes.ssd_read_bytes - retention.ssd_read_saved + reread,
                                  homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
                                  host_peak=host_fixed + homes.host_bytes, transient=transient, state_waits_s=waits,
-                                 retained_read_saved=retention.ssd_read_saved)
+                                 retained_read_saved=retention.ssd_read_saved, masters_reread=reread)
             if best is None or pred.step_s < best.prediction.step_s:
                 best = _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
             if not self.inline_updates:
@@ -454,12 +454,17 @@ class LLMPlanner:
                      f"to host ({format_bytes(split.host_acts)})")
         return best
 
-    def _state_waits(self, profile: ModelProfile, hw: Hardware, sizes: OptimizerSizes, homes: _Homes) -> float:
-        """Seconds inline updates wait for state beyond their window (0 on the optimizer thread)."""
+    def _state_waits(self, profile: ModelProfile, hw: Hardware, sizes: OptimizerSizes,
+                     homes: _Homes) -> tuple[float, int]:
+        """(seconds inline updates wait for state beyond their window, bytes of masters read again because the
+        allowance could not take them from backward). An inline update reads such a master while compute waits;
+        on the optimizer thread neither is a wait."""
+        reread = masters_reread(profile, self.schedule, sizes, homes.state_home)
         if not self.inline_updates:
-            return 0.0
-        return exposed_state_io_s(profile, self.schedule, sizes, homes.state_home,
-                                  read_bw=hw.ssd_read_total or 1e9, write_bw=hw.ssd_write_total or 1e9)
+            return 0.0, reread
+        read_bw = hw.ssd_read_total or 1e9
+        return exposed_state_io_s(profile, self.schedule, sizes, homes.state_home, read_bw=read_bw,
+                                  write_bw=hw.ssd_write_total or 1e9) + reread / read_bw, reread
 
     def _frozen_on_device(self, profile: ModelProfile, window: int) -> tuple[int, int, int]:
         """[Note: frozen weights on the device]
@@ -603,7 +608,8 @@ class LLMPlanner:
 
     def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, homes: _Homes, read: int,
                  write: int, depth: int, *, device_peak: int, host_peak: int, transient: int,
-                 state_waits_s: float = 0.0, retained_read_saved: int = 0) -> StepPrediction:
+                 state_waits_s: float = 0.0, retained_read_saved: int = 0,
+                 masters_reread: int = 0) -> StepPrediction:
         """See [Note: the step-time model]. ``state_waits_s``: what inline updates wait for the disk beyond their
         window (the CPU waits; the disk does not: it is part of the SSD's time already)."""
         cb = profile.compute_bytes
@@ -622,6 +628,7 @@ class LLMPlanner:
         by_kind = {f"{kind}_{op}": 0 for kind in BYTE_KINDS for op in ("read", "written")}
         by_kind.update(homes.bytes_by_kind)
         by_kind["weights_forward_read"] -= retained_read_saved
+        by_kind["masters_read"] += masters_reread
         by_kind["gradients_read"] += spill
         by_kind["gradients_written"] += spill
         by_kind["activations_read"] += split.ssd_acts * micro

@@ -16,8 +16,8 @@ the planner does not pick one size; it scores a few, largest first:
   for nothing and only larger units (embeddings, heads) stream the rest;
 * ``stream``: a fixed window (:data:`STREAM_WINDOW`) each way, large requests
   in flight while the update streams through its unit;
-* ``lean stream``: the stream window with the rest lean (one whole master
-  at a time, no slack in the gradient pool);
+* ``lean stream``: the stream window with the rest lean (one unit's masters
+  handed over at a time, no slack in the gradient pool);
 * ``lean``: two small chunks (:data:`LEAN_CHUNK`): the least memory, one
   chunk read, updated and written at a time.
 
@@ -85,7 +85,7 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
     unit_masters = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors if profile.tensor_trainable[t])
                     for u in profile.units]
 
-    def sizes(kind: str, *, lean: bool, window: int | None = None) -> OptimizerSizes:
+    def sizes(kind: str, *, lean: bool, window: int | None = None, hand_over_one: bool = False) -> OptimizerSizes:
         c = min(chunk, LEAN_CHUNK) if lean else chunk
         chunk_held = min(c, largest)
         job = per_chunk * held_bytes(chunk_held * 4)
@@ -102,6 +102,8 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
             masters = held_bytes(4 * largest)
             if not lean:
                 masters = schedule.masters_held(masters, unit_masters)
+            elif hand_over_one and schedule.hands_off_masters:
+                masters += max(unit_masters, default=0)  # one unit's masters handed over at a time
         # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
         accumulate = 2 * held_bytes(chunk_held * 4) if passes > 1 else 0
         return OptimizerSizes(kind=kind, grad_pool=gradients_in_flight(profile, slack=not lean),
@@ -120,7 +122,8 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
             out.append(sizes(kind, lean=False, window=window))
             last = window
     # the lean settings (one master, no slack in the pool, small chunks) with the stream window, then without
-    return out + [sizes("lean stream", lean=True, window=stream), sizes("lean", lean=True)]
+    return out + [sizes("lean stream", lean=True, window=stream, hand_over_one=True),
+                  sizes("lean", lean=True)]
 
 
 def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict,
@@ -141,3 +144,27 @@ def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: Opt
         read += max(0, on_ssd - sizes.read_ahead)
         write += max(0, on_ssd - sizes.writeback)
     return read / read_bw + write / write_bw
+
+
+def masters_reread(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict) -> int:
+    """Bytes of fp32 masters the optimizer reads again per step because backward could not hand them over: a
+    unit's masters (of tensors resting on the SSD) beyond what the masters allowance holds besides the one
+    being updated (the engine's hand-over rule, ``OptimizerState.hand_over``). 0 in mixed precision (the
+    optimizer reads its master chunks anyway, counted with the state) and for schedules that hand nothing
+    over (they read every master, counted with the state too)."""
+    if profile.mixed_precision or not schedule.hands_off_masters:
+        return 0
+    room = sizes.masters - held_bytes(4 * max(profile.tensor_numel.values()))
+    seen: set[str] = set()
+    out = 0
+    for u in profile.units:
+        mine = [t for t in dict.fromkeys(u.tensors) if profile.tensor_trainable[t] and t not in seen]
+        seen.update(mine)
+        held = 0
+        for t in mine:  # handed over in turn while they fit, as backward does
+            nbytes = held_bytes(4 * profile.tensor_numel[t])
+            if held + nbytes <= room:
+                held += nbytes
+            elif state_home.get(t) is Tier.SSD:
+                out += nbytes
+    return out

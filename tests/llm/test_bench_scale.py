@@ -63,6 +63,8 @@ def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, ca
     hw = json.loads(Path(hardware_file).read_text())
     assert ts["io_floor_s"] == pytest.approx(ts["ssd_read_bytes_per_step"] / hw["ssd_read_bytes_per_s"]
                                              + ts["ssd_write_bytes_per_step"] / hw["ssd_write_bytes_per_s"])
+    assert {"weights_forward_read", "weights_backward_read", "moments_read", "moments_written"} <= set(
+        ts["bytes_by_kind_per_step"])
     assert r["tiny_terastack_step_vs_floor"] == pytest.approx(
         ts["step_s"] / max(rows["in_memory"]["step_s"], ts["io_floor_s"]))
     assert leftovers(tmp_path) == []

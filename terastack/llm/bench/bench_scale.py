@@ -255,7 +255,14 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
                    memory_budget_bytes=budget, store_read_bytes_per_step=measured.get("store_read_bytes_per_step"),
                    store_write_bytes_per_step=measured.get("store_write_bytes_per_step"),
                    compute_s=measured.get("compute_s"), stall_s=measured.get("stall_s"),
-                   disk_busy_share=measured.get("disk_busy_share"), plan=measured.get("plan"))
+                   disk_busy_share=measured.get("disk_busy_share"), plan=measured.get("plan"),
+                   bytes_by_kind_per_step=measured.get("bytes_by_kind_per_step"))
+        predicted = (measured.get("plan") or {}).get("predicted_bytes_by_kind") or {}
+        kinds = row["bytes_by_kind_per_step"] or {}
+        moved = sum(kinds.values())
+        if predicted and moved:
+            # the planner's bytes against the ledger's, all kinds together ([Note: the byte ledger])
+            row["bytes_prediction_error"] = sum(predicted.values()) / moved - 1
     elif system == "zero_infinity":
         row["deepspeed"] = result.get("deepspeed")
     return row
@@ -339,6 +346,8 @@ def _describe(row: dict) -> str:
                  f"{row.get('io_floor_s') or 0:.2f} s")
     if row.get("prediction_error") is not None:
         text += f"; predicted {row['predicted_step_s']:.2f} s ({100 * row['prediction_error']:+.0f}%)"
+    if row.get("bytes_prediction_error") is not None:
+        text += f", its bytes {100 * row['bytes_prediction_error']:+.1f}%"
     return text
 
 

@@ -228,7 +228,9 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
                     "policies": list(trainer.plan.policies),
                     "plan": trainer.plan.summary(), "usage": trainer.usage(),
                     "store_read_bytes_per_step": statistics.mean(h.ssd_read_bytes for h in hist),
-                    "store_write_bytes_per_step": statistics.mean(h.ssd_write_bytes for h in hist)})
+                    "store_write_bytes_per_step": statistics.mean(h.ssd_write_bytes for h in hist),
+                    "bytes_by_kind_per_step": {k: statistics.mean(h.bytes_by_kind.get(k, 0) for h in hist)
+                                               for k in hist[-1].bytes_by_kind}})
     return out
 
 

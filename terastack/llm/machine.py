@@ -30,13 +30,13 @@ def store_settings(plan, profile, device: torch.device) -> dict:
     and the pinned staging cap ([Note: pinned staging] in terastack.io.cuda).
 
     The staging cap fits two of the largest compute-weight records in flight, within an eighth of the host
-    budget; on an accelerator its chunks are host memory reserved in the host ledger, so the ledger grows by
-    the cap (without one nothing is staged and the ledger is the plan's)."""
-    from terastack.tiers.budget import staging_cap
+    budget; on an accelerator its chunks are host memory reserved in the host ledger, and the planner kept
+    room for them inside the host budget (without one nothing is staged)."""
+    from terastack.plan.staging import staging_cap
 
     largest = max(profile.tensor_numel.values(), default=0) * profile.compute_bytes
     cap = staging_cap(largest, plan.host_budget)
-    host = plan.host_capacity - plan.grad_pool_bytes + (cap if device.type == "cuda" else 0)
+    host = plan.host_capacity - plan.grad_pool_bytes
     return {"device_budget": plan.device_capacity, "host_budget": host, "pinned_budget": cap,
             "device": str(device)}
 

@@ -75,6 +75,7 @@ from terastack.plan.hardware import Hardware
 from terastack.plan.llm_plan import BYTE_KINDS, LLMPlan, PlanError, StepPrediction
 from terastack.plan.llm_profile import STATE_BYTES, ModelProfile, UnitProfile, chunked_bytes, held_bytes
 from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, masters_reread, size_candidates
+from terastack.plan.staging import staging_cap
 from terastack.plan.schedule_specs import EAGER, ExecutorKind, Exposure, ScheduleSpec, schedule_spec
 from terastack.tier import Tier
 from terastack.units import format_bytes, parse_bytes
@@ -426,8 +427,10 @@ class LLMPlanner:
         best = None
         candidates = self._memo(profile, None, ("optimizer sizes", self._passes),
                                 lambda: self._optimizer_sizes(profile))
+        # with an accelerator, transfers are staged through pinned host memory taken from the host budget
+        staging = staging_cap(max(profile.tensor_numel.values()) * cb, cfg.host_budget) if hw.has_gpu else 0
         for sizes in candidates:
-            host_fixed = sizes.host_bytes + split.host_acts
+            host_fixed = sizes.host_bytes + split.host_acts + staging
             if host_fixed > cfg.host_budget:
                 continue
             room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
@@ -447,11 +450,12 @@ class LLMPlanner:
         if best is None:
             sizes = candidates[-1]
             return _Shortfall(
-                budget="host", needed=sizes.host_bytes + split.host_acts, available=cfg.host_budget,
+                budget="host", needed=sizes.host_bytes + split.host_acts + staging, available=cfg.host_budget,
                 limit=cfg.host_budget,
                 what=f"{profile.model}: gradients in flight ({format_bytes(sizes.grad_pool)}), the optimizer's "
-                     f"working set ({format_bytes(sizes.host_bytes - sizes.grad_pool)}) and activations swapped "
-                     f"to host ({format_bytes(split.host_acts)})")
+                     f"working set ({format_bytes(sizes.host_bytes - sizes.grad_pool)}), activations swapped "
+                     f"to host ({format_bytes(split.host_acts)})"
+                     + (f" and pinned staging ({format_bytes(staging)})" if staging else ""))
         return best
 
     def _state_waits(self, profile: ModelProfile, hw: Hardware, sizes: OptimizerSizes,

@@ -56,7 +56,7 @@ class StoreConfig:
     host_budget: int | str = 0
     #: pinned staging for accelerator transfers: reusable chunks, their bytes counted in the host tier's
     #: ledger; records larger than this are staged chunk by chunk ([Note: pinned staging] in
-    #: terastack.io.cuda). Size it from the plan with :func:`terastack.tiers.budget.staging_cap`.
+    #: terastack.io.cuda). Size it from the plan with :func:`terastack.plan.staging.staging_cap`.
     pinned_budget: int | str = "256MiB"
     #: "auto": cuda when available, else the device tier is host memory with its own budget
     device: str = "auto"

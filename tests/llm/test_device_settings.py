@@ -7,7 +7,7 @@ import torch
 from .llm_helpers import make_model
 from terastack.llm import Trainer
 from terastack.llm import machine
-from terastack.tiers.budget import staging_cap
+from terastack.plan.staging import staging_cap
 
 
 def _fake_cuda(monkeypatch, current: int):
@@ -37,8 +37,8 @@ def test_store_settings_pass_the_device_index_and_size_staging_from_the_plan():
     cap = staging_cap(128256 * 4096 * 2, 12 << 30)
     assert got["device"] == "cuda:1"
     assert got["pinned_budget"] == cap and cap > 256 << 20
-    # pinned pages are host memory: the host ledger holds the plan's bytes and the staging cap
-    assert got["host_budget"] == (10 << 30) - (1 << 30) + cap
+    # pinned pages are host memory, reserved by the planner inside the host budget: the ledger is the plan's
+    assert got["host_budget"] == (10 << 30) - (1 << 30)
     assert got["device_budget"] == 3 << 30
 
 

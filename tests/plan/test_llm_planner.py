@@ -248,3 +248,27 @@ def test_frozen_weights_stay_on_a_device_they_fit():
     # and the planner can be told to stream them
     off = plan(prof, gpu, device_budget=4 << 30, host_budget=256 * MiB, frozen_on_device=False)
     assert Tier.DEVICE not in {off.compute_home[n] for n in frozen}
+
+
+def test_pinned_staging_is_planned_inside_the_host_budget_on_an_accelerator():
+    """With an accelerator every SSD transfer is staged through pinned host memory that the store reserves in
+    its host ledger: the planner keeps room for it inside the host budget (it used to come on top)."""
+    from terastack.plan.staging import staging_cap
+
+    prof = profile()
+    gpu = CPU.with_overrides(gpu_flops=1e14, gpu_memory_bytes=8 << 30, pcie_bytes_per_s=2e10)
+    budget = 256 * MiB
+    cap = staging_cap(max(prof.tensor_numel.values()) * prof.compute_bytes, budget)
+    on_cpu = plan(prof, host_budget=budget, state_placement="ssd", policy="keep")
+    on_gpu = plan(prof, gpu, host_budget=budget, state_placement="ssd", policy="keep")
+    assert on_gpu.prediction.host_peak_bytes - on_cpu.prediction.host_peak_bytes == cap
+    assert on_gpu.prediction.host_peak_bytes <= budget
+    # a budget with room for everything but the staging: the accelerator's plan stays inside it (a smaller cap,
+    # leaner optimizer sizes) or is refused naming the staging, never past it
+    tight = on_cpu.prediction.host_peak_bytes + cap // 2
+    try:
+        squeezed = plan(prof, gpu, host_budget=tight, state_placement="ssd", policy="keep")
+    except PlanError as exc:
+        assert "pinned staging" in str(exc)
+    else:
+        assert squeezed.prediction.host_peak_bytes <= tight

@@ -5,7 +5,7 @@ import torch
 
 from terastack.io.cuda import MIN_CHUNK, PinnedStaging
 from terastack.tiers import Tier, TieredStore
-from terastack.tiers.budget import staging_cap
+from terastack.plan.staging import staging_cap
 
 
 def test_cap_fits_two_of_the_largest_records_within_an_eighth_of_the_host_budget():

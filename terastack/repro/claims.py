@@ -317,11 +317,11 @@ CLAIMS: tuple[Claim, ...] = (
           measured_at=("small", "full"), not_measured_because=_SMOKE_SCALE),
     Claim(id="hyperion.scale_tpc", suite="scale", benchmark="gnn-scale",
           title="TPC model at scale: predicted vs measured epoch", source="project",
-          paper_figure="within 20%, topology read from the SSD too",
-          rationale="the same target as hyperion.tpc_model, on the graph the advice is meant for",
-          field="tpc_prediction_error", comparison="<=", target=0.20, unit="fraction",
+          paper_figure="within 10%, topology read from the SSD too",
+          rationale="the advice is meant for graphs larger than memory: its model must hold there, where topology "
+                    "reads join the feature reads (the model counts the neighbour-list blocks the cache misses)",
+          field="tpc_prediction_error", comparison="<=", target=0.10, unit="fraction",
           baseline="the measured epoch, same run",
-          differs_because="the model leaves out topology reads, which it says in its note",
           measured_at=("small", "full"), not_measured_because=_SMOKE_SCALE),
     # ------------------------------------------------------------------ gnn (Hyperion; CAM's GNN figure)
     Claim(id="cam.gnn", suite="gnn", benchmark="gnn", title="GNN feature gathering vs synchronous I/O",

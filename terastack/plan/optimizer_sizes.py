@@ -60,20 +60,23 @@ class OptimizerSizes:
         return self.grad_pool + self.read_ahead + self.writeback + self.masters + self.accumulate
 
 
-def unit_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int) -> list[int]:
-    """Per unit (forward order): bytes of the optimizer records of the tensors whose update it completes (the
-    first unit using a tensor in forward order; a tied embedding is counted once)."""
-    per_chunk = schedule.records_per_chunk(profile.mixed_precision)
+def completed_by_unit(profile: ModelProfile) -> list[list[str]]:
+    """Per unit (forward order): the trainable tensors whose update it completes -- those it is the first user
+    of in forward order (a tied embedding belongs to one unit)."""
     seen: set[str] = set()
     out = []
     for u in profile.units:
-        total = 0
-        for t in dict.fromkeys(u.tensors):
-            if profile.tensor_trainable[t] and t not in seen:
-                seen.add(t)
-                total += per_chunk * chunked_bytes(profile.tensor_numel[t], 4, chunk)
-        out.append(total)
+        mine = [t for t in dict.fromkeys(u.tensors) if profile.tensor_trainable[t] and t not in seen]
+        seen.update(mine)
+        out.append(mine)
     return out
+
+
+def unit_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int) -> list[int]:
+    """Per unit (forward order): bytes of the optimizer records of the tensors whose update it completes."""
+    per_chunk = schedule.records_per_chunk(profile.mixed_precision)
+    return [sum(per_chunk * chunked_bytes(profile.tensor_numel[t], 4, chunk) for t in mine)
+            for mine in completed_by_unit(profile)]
 
 
 def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bool, chunk: int,
@@ -132,15 +135,10 @@ def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: Opt
     beyond the read-ahead window (read while compute waits) and beyond the write-back allowance (written while
     it waits). See [Note: the optimizer's window]."""
     per_chunk = schedule.records_per_chunk(profile.mixed_precision)
-    seen: set[str] = set()
     read = write = 0
-    for u in profile.units:
-        on_ssd = 0
-        for t in dict.fromkeys(u.tensors):
-            if profile.tensor_trainable[t] and t not in seen:
-                seen.add(t)
-                if state_home.get(t) is Tier.SSD:
-                    on_ssd += per_chunk * chunked_bytes(profile.tensor_numel[t], 4, sizes.chunk)
+    for mine in completed_by_unit(profile):
+        on_ssd = sum(per_chunk * chunked_bytes(profile.tensor_numel[t], 4, sizes.chunk) for t in mine
+                     if state_home.get(t) is Tier.SSD)
         read += max(0, on_ssd - sizes.read_ahead)
         write += max(0, on_ssd - sizes.writeback)
     return read / read_bw + write / write_bw
@@ -155,11 +153,8 @@ def masters_reread(profile: ModelProfile, schedule: ScheduleSpec, sizes: Optimiz
     if profile.mixed_precision or not schedule.hands_off_masters:
         return 0
     room = sizes.masters - held_bytes(4 * max(profile.tensor_numel.values()))
-    seen: set[str] = set()
     out = 0
-    for u in profile.units:
-        mine = [t for t in dict.fromkeys(u.tensors) if profile.tensor_trainable[t] and t not in seen]
-        seen.update(mine)
+    for mine in completed_by_unit(profile):
         held = 0
         for t in mine:  # handed over in turn while they fit, as backward does
             nbytes = held_bytes(4 * profile.tensor_numel[t])

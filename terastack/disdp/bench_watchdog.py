@@ -14,7 +14,9 @@ and it is the figure a watchdog can read without missing a short peak.
 
 A process is counted from the program it runs: between ``fork`` and ``exec`` a child is a copy-on-write view of
 its parent, whose whole RSS it reports, and ``exec`` starts its peak anew, so a process's peak is kept per
-command line and a new command line replaces the old one's.
+command line and a new command line replaces the old one's. A child of the watcher's own process that has not
+run ``exec`` yet carries the watcher's command line: it is a copy of the benchmark itself, whose RSS is not the
+job's (and can alone pass the limit once the benchmark has grown), so it is not counted until it runs its program.
 """
 from __future__ import annotations
 
@@ -109,6 +111,7 @@ class RssWatchdog:
         self.peaks: dict[int, int] = {}
         self.ranks: dict[int, int | None] = {}
         self._programs: dict[int, bytes] = {}
+        self._root_program = program_of(self.root)
         self.exceeded = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rss-watchdog", daemon=True)
@@ -126,7 +129,7 @@ class RssWatchdog:
         """Read every descendant's peak once; the sum over every process seen so far."""
         for pid in descendants_of(self.root):
             program, peak = program_of(pid), peak_rss_bytes(pid)
-            if peak is None or program is None:
+            if peak is None or program is None or program == self._root_program:
                 continue
             if self._programs.get(pid) != program:   # new, or it has run exec since: its peak starts anew
                 self._programs[pid] = program

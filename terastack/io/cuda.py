@@ -35,14 +35,45 @@ instead of failing.
 The completion of a chunk is waited on by a waiter thread per direction (reads
 never queue behind writes that wait on compute), and an error there fails the
 transfer's future instead of leaving its caller waiting.
+
+[Note: copies between the host and device tiers]
+A copy between pageable host memory and the device is synchronous whatever
+``non_blocking`` says (the driver stages it through its own pinned buffer), and
+at a fraction of pinned bandwidth. So a store on a GPU page-locks its host-tier
+buffers (:func:`pinned_host_empty`: registered with ``cudaHostRegister``, page
+for page, so the pinned bytes are the host tier's own bytes, not a rounded-up
+copy beside them), and moves working copies between the tiers on two side
+streams per device, one per direction, so uploads never queue behind downloads
+that wait on compute:
+
+- host to device (:func:`to_device`): the destination is allocated *on the
+  upload stream*, so the caching allocator only hands it a block whose earlier
+  uses are ordered before the copy on that stream, or whose recorded streams
+  have passed the point where it was freed; the copy runs ``non_blocking`` and
+  records an event; the consumer (the calling thread's current stream) waits
+  on that event (``wait_event``: a GPU-side wait, the CPU goes on), and the
+  destination records the consumer stream (``record_stream``), so the block is
+  not reused for another upload before the kernels reading it have run. The
+  source must not be written or reused until the event has fired: the event is
+  the source's fence (the store's pool holds it and waits on it before the
+  buffer is handed out again);
+- device to host (:func:`to_host`): the download stream waits for the
+  consumer (the values are those its queued kernels produce), copies into a
+  pinned buffer and records an event; the source records the download stream
+  (its owner may free it at once). Nothing may read the host copy before the
+  event has fired: the caller gets the event (or a future completed once it
+  has, :func:`event_future`) and whoever reads the host copy on the CPU -- the
+  optimizer thread, the write to the SSD -- waits on it first.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from terastack.errors import BudgetError
+from terastack.io.buffers import anonymous_map
 from terastack.io.storage_errors import InvalidRequestError
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, op_name
@@ -62,6 +93,10 @@ _read_driver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terastack-s
 _write_driver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terastack-stage-write")
 _read_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terastack-cuda-read-events")
 _write_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terastack-cuda-write-events")
+# copies between the tiers (to_host's events): never queued behind a staged transfer's chunks
+_copy_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terastack-cuda-copy-events")
+#: the side streams' directions: host to device, device to host
+UP, DOWN = "up", "down"
 
 
 def floor_pow2(n: int) -> int:
@@ -182,14 +217,144 @@ def default_staging() -> PinnedStaging:
         return _default_staging
 
 
-def side_stream(device):
+def side_stream(device, direction: str = UP):
+    """The side stream of ``device`` for copies in ``direction`` (:data:`UP` or :data:`DOWN`): one per direction,
+    so an upload never waits in stream order behind a download that waits on compute."""
     import torch
 
+    key = (torch.device(device), direction)
     with _lock:
-        stream = _streams.get(device)
+        stream = _streams.get(key)
         if stream is None:
-            stream = _streams[device] = torch.cuda.Stream(device=device)
+            stream = _streams[key] = torch.cuda.Stream(device=key[0])
         return stream
+
+
+# ------------------------------------------------------------------ pinned host buffers
+def host_register(address: int, nbytes: int) -> bool:
+    """Page-lock ``nbytes`` of host memory at ``address`` for every device (``cudaHostRegisterPortable``)."""
+    import torch
+
+    return int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1)) == 0
+
+
+def host_unregister(address: int) -> None:
+    import torch
+
+    torch.cuda.cudart().cudaHostUnregister(address)
+
+
+class _PinnedRegion:
+    """One anonymous mapping, page-locked while any view of it lives: numpy arrays over it name it as their
+    base (``__array_interface__``), so it is unregistered, then unmapped, only once the last view is gone."""
+
+    __slots__ = ("_map", "address", "__array_interface__", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        import numpy as np
+
+        self.address = 0  # registered memory's address (0: not registered, nothing to undo)
+        self._map = anonymous_map(nbytes)
+        probe = np.frombuffer(self._map, dtype=np.uint8, count=1)
+        address = int(probe.ctypes.data)
+        del probe  # no export of the mapping is kept: close() may unmap it
+        if not host_register(address, len(self._map)):
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of host memory failed (too much page-locked "
+                               "memory for this machine or container?)")
+        self.address = address
+        self.__array_interface__ = {"data": (self.address, False), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+    def __del__(self):
+        if getattr(self, "address", 0):
+            try:
+                host_unregister(self.address)  # before the pages go back to the system
+            except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone: the process's pages go too
+                pass
+        if getattr(self, "_map", None) is not None:
+            self._map.close()
+
+
+def pinned_host_empty(nbytes: int):
+    """A page-aligned uint8 CPU tensor of ``nbytes`` bytes, page-locked until its last view is gone ([Note:
+    copies between the host and device tiers]): exactly its own pages, where PyTorch's pinned allocator would
+    round the request up to a power of two and keep the block for the process's life."""
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.asarray(_PinnedRegion(nbytes)))
+
+
+# ------------------------------------------------------------------ copies between the tiers
+def to_device(src, alloc: Callable, device):
+    """Upload host tensor ``src`` (pinned: see [Note: copies between the host and device tiers]) into
+    ``alloc()``, a device buffer allocated here on ``device``'s upload stream. Returns ``(dst, event)``: the
+    calling thread's current stream already waits on ``event`` (compute it queues after this reads the copy);
+    ``src`` must not be written or reused before ``event`` has fired."""
+    import torch
+
+    stream = side_stream(device, UP)
+    with torch.cuda.device(device):
+        consumer = torch.cuda.current_stream(device)
+        with torch.cuda.stream(stream):
+            dst = alloc()  # on the upload stream: see the Note for why this needs no wait on the consumer
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        consumer.wait_event(event)
+        dst.record_stream(consumer)  # the consumer's kernels read it: no reuse before they ran
+    return dst, event
+
+
+def to_host(dst, src):
+    """Download device tensor ``src`` into host tensor ``dst`` (pinned; another dtype is converted on the
+    device) on ``src``'s download stream, after the work queued so far on the calling thread's current stream.
+    Returns the event to wait on before reading ``dst`` ([Note: copies between the host and device tiers])."""
+    import torch
+
+    device = src.device
+    stream = side_stream(device, DOWN)
+    with torch.cuda.device(device):
+        stream.wait_stream(torch.cuda.current_stream(device))  # the values its queued kernels produce
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        src.record_stream(stream)  # its owner may free it now: the allocator waits for our copy first
+    return event
+
+
+def event_future(event, result=None) -> Future:
+    """A future completed with ``result`` once ``event`` (anything with ``synchronize()``) has fired, or failed
+    with what its ``synchronize`` raised; waited on by a waiter thread, not the caller."""
+    out = Future()
+
+    def wait() -> None:
+        try:
+            event.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - the caller sees it through the future
+            out.set_exception(exc)
+            return
+        out.set_result(result)
+    _copy_waiter.submit(wait)
+    return out
+
+
+def prefer_expandable_segments() -> bool:
+    """Ask PyTorch's caching allocator for expandable segments, unless the user configured the allocator or CUDA
+    is initialised already (the setting is read once, when CUDA initialises); True when it was set here.
+
+    Without them a request of 10 MiB or more takes a segment of its own rounded up to 2 MiB, and freed blocks of
+    one size cannot serve another: reserved memory drifts above the bytes the device ledger counts. Expandable
+    segments map 2 MiB pages into one growing segment per stream instead (PyTorch's CUDA memory notes)."""
+    import torch
+
+    if torch.version.cuda is None or torch.cuda.is_initialized():
+        return False  # no CUDA allocator in this build, or too late to configure it
+    if any(os.environ.get(v) for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")):
+        return False  # the user's settings stand
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return True
 
 
 class _Countdown:
@@ -344,7 +509,7 @@ def staged_transfer(file, op: int, tensor, offset: int, length: int | None, *,
                                   detail=f"buffer too small: holds {nbytes} bytes, request needs {length}")
     staging = staging or default_staging()
     device_bytes = tensor.reshape(-1).view(torch.uint8)[:length]
-    stream = side_stream(tensor.device)
+    stream = side_stream(tensor.device, UP if op == OP_READ else DOWN)
     consumer = torch.cuda.current_stream(tensor.device)
     # the allocator may reuse the block once its owner frees it: not before the side stream is done with it
     device_bytes.record_stream(stream)

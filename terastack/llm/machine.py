@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from terastack.dtypes import COMPUTE_DTYPES, to_dtype
+from terastack.io.cuda import prefer_expandable_segments
 from terastack.memory import mem_total
 
 
@@ -19,6 +20,11 @@ def resolve_device(device: str) -> torch.device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    if device.startswith("cuda"):
+        # before CUDA initialises (current_device below does): expandable segments unless the user configured the
+        # allocator, so that what it reserves stays close to what the device ledger charges ([Note: the device
+        # ledger and the caching allocator] in terastack.tiers.budget)
+        prefer_expandable_segments()
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from terastack.io import IOEngine, completed, get_engine
-from terastack.io.cuda import PinnedStaging, staged_transfer
+from terastack.io.cuda import PinnedStaging, event_future, staged_transfer
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, OP_WRITE
 from terastack.tiers.budget import BudgetLedger
@@ -105,7 +105,7 @@ class TieredStore:
         """
         home = Tier(home)
         tensor = tensor.detach()
-        if tensor.device.type != "cpu" and home is Tier.SSD:
+        if tensor.device.type not in ("cpu", "cuda") and home is Tier.SSD:
             tensor = tensor.cpu()
         tensor = tensor.contiguous()
         with self._lock:
@@ -114,7 +114,10 @@ class TieredStore:
                 rec.extent = self._layout.alloc(rec.padded)
                 rec.state, rec.tier = State.INFLIGHT_OUT, Tier.SSD
                 raw = tensor.reshape(-1).view(torch.uint8)
-                fut = self._layout.file(rec.extent).pwrite(raw, rec.extent.offset, rec.nbytes)
+                file = self._layout.file(rec.extent)
+                # a device tensor: staged, not copied on the caller's thread ([Note: stream order of staged transfers])
+                fut = (staged_transfer(file, OP_WRITE, raw, rec.extent.offset, rec.nbytes, staging=self.pinned)
+                       if raw.device.type == "cuda" else file.pwrite(raw, rec.extent.offset, rec.nbytes))
                 self._count(rec, "write", rec.nbytes)
                 rec.future = fut
                 self._records[name] = rec
@@ -171,9 +174,10 @@ class TieredStore:
                     return rec.future
                 return self._after(rec, lambda: self.prefetch(name, tier))
             if rec.state is State.RESIDENT and rec.tier is tier:
+                self.pool.settle(rec.buffer)  # an upload may still read it ([Note: pinned host tier])
                 return completed(rec.view())
             if rec.state is State.RESIDENT:
-                return completed(self._move_resident(rec, tier))
+                return self._move_resident(rec, tier)
             # ON_SSD
             raw = self.pool.alloc(tier, rec.padded, what=f"prefetch of {name!r}")
             rec.start_read(raw, tier)
@@ -198,6 +202,7 @@ class TieredStore:
         with self._lock:
             rec = self._record(name)
             if rec.future is None and rec.state is State.RESIDENT and rec.tier is tier:
+                self.pool.settle(rec.buffer)  # an upload may still read it ([Note: pinned host tier])
                 return rec.view()
         return None
 
@@ -289,6 +294,7 @@ class TieredStore:
             rec = self._record(name)
             if rec.state is not State.RESIDENT:
                 raise RuntimeError(f"tensor {name!r} is {rec.state.value}, not resident; prefetch it first")
+            self.pool.settle(rec.buffer)  # an upload may still read it ([Note: pinned host tier])
             return rec.view()
 
     def mark_dirty(self, name: str) -> None:
@@ -481,6 +487,7 @@ class TieredStore:
     def close(self) -> None:
         """Wait for transfers and close the data files. Uncommitted changes are not persisted."""
         self.wait()
+        self.pool.settle_all()  # copies between the tiers still using host buffers
         with self._lock:
             for rec in self._records.values():
                 if rec.buffer is not None:
@@ -605,20 +612,39 @@ class TieredStore:
                 self.pool.free(rec.tier, rec.buffer)
             rec.rest_on_ssd()
 
-    def _move_resident(self, rec: TensorRecord, tier: Tier) -> torch.Tensor:
-        """Copy a resident working copy between host and device, releasing the old one unless it is home."""
+    def _move_resident(self, rec: TensorRecord, tier: Tier) -> Future:
+        """Copy a resident working copy between host and device (the old one freed unless home): its future."""
+        what, src = f"move of {rec.name!r} to {tier.value}", rec.buffer
         if self.device.type != "cuda" and rec.home_buffer is None:
             # [Note: tiers without an accelerator] both tiers are host memory: the working copy changes
             # ledgers, not places (no copy, no second buffer).
-            self.pool.move(rec.buffer, rec.tier, tier, what=f"move of {rec.name!r} to {tier.value}")
+            self.pool.move(src, rec.tier, tier, what=what)
             rec.tier = tier
-            return rec.view()
-        raw = self.pool.alloc(tier, rec.padded, what=f"move of {rec.name!r} to {tier.value}")
-        raw.copy_(rec.buffer, non_blocking=False)
-        if rec.buffer is not rec.home_buffer:
-            self.pool.free(rec.tier, rec.buffer)
-        rec.switch_buffer(raw, tier)
-        return rec.view()
+            return completed(rec.view())
+        # on a GPU: [Note: copies between the host and device tiers] in terastack.io.cuda (host buffers pinned,
+        # copies on side streams, no buffer read or reused before the copy's event has fired)
+        done = None
+        if self.device.type != "cuda":
+            raw = self.pool.alloc(tier, rec.padded, what=what)
+            raw.copy_(src)
+        elif tier is Tier.DEVICE:
+            raw = self.pool.upload(src, rec.padded, what=what)  # the caller's stream waits on the upload
+        else:
+            raw, done = self.pool.download(src, rec.padded, what=what)
+        if src is not rec.home_buffer:
+            self.pool.free(rec.tier, src)
+        if done is None:
+            rec.switch_buffer(raw, tier)
+            return completed(rec.view())
+        dirty = rec.dirty
+        rec.start_read(raw, tier)
+        rec.dirty = dirty  # the bytes move, their state does not
+
+        def moved(_done: Future) -> None:
+            with self._lock:
+                rec.future, rec.state = None, State.RESIDENT  # a failed copy is reported through the future
+        # the caller (the optimizer thread, a write to the SSD) gets the host copy once the download has landed
+        return self._track(event_future(done), moved, rec, result=lambda: rec.view(raw))
 
     def _after(self, rec: TensorRecord, then) -> Future:
         """Run ``then()`` once the record's in-flight transfer finishes; forward its future's outcome."""

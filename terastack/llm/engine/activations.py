@@ -194,7 +194,9 @@ class SwapToSsd(Swap):
             charge = rt.charge(entry, Tier.DEVICE, entry.nbytes,
                                what=f"activations of {stash.unit.path} on their way to the SSD")
             entry.record = records.activation(stash.unit.index, next(_names))
-            entry.write = rt.store.put(entry.record, raw.cpu() if raw.device.type != "cpu" else raw, home=Tier.SSD)
+            # a device storage is staged to the SSD by the store on its download stream, after the forward's queued
+            # kernels: no blocking copy on this thread ([Note: stream order of staged transfers] in terastack.io.cuda)
+            entry.write = rt.store.put(entry.record, raw, home=Tier.SSD)
             rt.track_write(entry.write)
             entry.write.add_done_callback(lambda _f, e=entry, c=charge: rt.uncharge(e, c))
             writes.append(entry.write)

@@ -148,7 +148,12 @@ class WeightFetcher:
                 continue  # the working copy is the resting copy: nothing to drop or hand over
             if cname in handoff:
                 try:
-                    self.store.prefetch(record, Tier.HOST).result()
+                    fut = self.store.prefetch(record, Tier.HOST)
+                    # a copy under way (a GPU's download) is not waited for here: the optimizer's read of the master
+                    # joins its future, which completes once the copy's event has fired. Anything else (done, or
+                    # chained behind another transfer) is waited for as before, its MemoryError handled below.
+                    if self.store.device.type != "cuda" or self.store.record(record).state is not State.INFLIGHT_IN:
+                        fut.result()
                     continue
                 except MemoryError:
                     pass  # no host room: the optimizer reads it again

@@ -10,6 +10,19 @@ optimizer chunks (the schedule specs' [Note: schedule specs]). With clipping
 the norm of each complete gradient is kept; with gradient accumulation a
 complete gradient joins its sum instead ([Note: gradient accumulation] in
 terastack.llm.engine.accumulate).
+
+[Note: gradients off the GPU]
+On a GPU a unit's gradients are copied into pinned host buffers on the
+download stream, after the backward kernels that produce them, without
+blocking backward (a ``g.to("cpu")`` per tensor would wait for each copy, from
+pageable memory at a fraction of the bandwidth). Each held gradient keeps its
+copy's event, and whoever reads it on the CPU first -- a second contribution
+added to it, its norm, its sum, its spill to the SSD, or the optimizer thread
+reading a chunk for its update -- waits on that event (:meth:`GradientIntake.
+settled`). The device gradient records the download stream, so backward may
+free it at once. The buffers come from PyTorch's pinned allocator (cached
+between steps; it rounds a request up to a power of two): the gradient pool
+charges the gradient's bytes.
 """
 from __future__ import annotations
 
@@ -21,6 +34,7 @@ import torch
 
 from terastack import trace
 from terastack.errors import BudgetError
+from terastack.io.cuda import to_host
 from terastack.llm.engine import records
 from terastack.llm.engine.accumulate import GradientSums
 from terastack.llm.engine.optimizer_state import read_to_host
@@ -32,6 +46,8 @@ class HeldGradient:
     tensor: torch.Tensor | None        # on the host (None once spilled to the SSD or taken)
     charged: int                        # bytes held in the gradient pool
     records: list = field(default_factory=list)  # spilled to the SSD: one store record per optimizer chunk
+    ready: object = None                # the event of its copy off the GPU, until waited for ([Note: gradients off
+                                        # the GPU])
 
 
 class Intake(NamedTuple):
@@ -78,14 +94,22 @@ class GradientIntake:
                 if name not in self._contrib:
                     continue
                 if g is not None:
-                    if g.device.type != "cpu" or g.dtype != torch.float32:
+                    copied = None
+                    if g.device.type == "cuda":
+                        # [Note: gradients off the GPU]: copied on the download stream, waited for by its first reader
+                        host = torch.empty(g.shape, dtype=torch.float32, pin_memory=True)
+                        copied, g = to_host(host, g.detach()), host
+                    elif g.device.type != "cpu" or g.dtype != torch.float32:
                         g = g.to("cpu", torch.float32)
                     g = g.detach()
                     held = self._grads.get(name)
                     if held is None:
                         self._grads[name] = self._hold(name, g)
+                        self._grads[name].ready = copied
                     else:
-                        held.tensor.add_(g)
+                        if copied is not None:
+                            copied.synchronize()
+                        self.settled(held).add_(g)
                 self._contrib[name] -= 1
                 if self._contrib[name] == 0 and name not in self._grads:
                     if self.accumulating or name not in self.sums:
@@ -98,10 +122,10 @@ class GradientIntake:
                     continue
                 if self._contrib[name] == 0:
                     if name in self.sums:
-                        self.sums.take_into(name, self._grads[name].tensor.view(-1))
+                        self.sums.take_into(name, self.settled(self._grads[name]).view(-1))
                     if self.clipping:
                         # the norm of the whole gradient (a tied tensor's contributions summed)
-                        self._norms[name] = torch.linalg.vector_norm(self._grads[name].tensor, 2)
+                        self._norms[name] = torch.linalg.vector_norm(self.settled(self._grads[name]), 2)
                     ready.append(name)
         return Intake(ready=ready, unused=unused)
 
@@ -115,6 +139,15 @@ class GradientIntake:
 
     def has(self, name: str) -> bool:
         return name in self._grads
+
+    @staticmethod
+    def settled(held: HeldGradient) -> torch.Tensor:
+        """``held``'s host tensor, once its copy off the GPU (if any) has landed ([Note: gradients off the GPU])."""
+        ready = held.ready
+        if ready is not None:
+            ready.synchronize()  # every reader waits: synchronize on a fired event returns at once
+            held.ready = None
+        return held.tensor
 
     def _hold(self, name: str, g: torch.Tensor) -> HeldGradient:
         nbytes = g.numel() * 4
@@ -148,7 +181,7 @@ class GradientIntake:
         """A micro-batch's complete gradient of ``name`` joins its sum and leaves the gradient pool."""
         held = self._grads.pop(name)
         with trace.span(f"accumulate gradient {name}", track="gradients", cat="accumulate"):
-            self.sums.add(name, held.tensor.view(-1))
+            self.sums.add(name, self.settled(held).view(-1))
         held.tensor = None
         if held.charged:
             with self._cv:
@@ -160,7 +193,7 @@ class GradientIntake:
         held = self._grads[name]
         if held.charged or held.records:
             return
-        flat = held.tensor.view(-1)
+        flat = self.settled(held).view(-1)
         for k, (lo, hi) in enumerate(self.rt.chunk_ranges(name)):
             record = records.spilled_grad(name, k)
             self.rt.track_write(self.store.put(record, flat[lo:hi], home=Tier.SSD))
@@ -178,7 +211,7 @@ class GradientIntake:
         held = self._grads[name]
         if held.records:
             return read_to_host(self.rt, held.records[k], f"gradient (from the SSD) chunk {k} of {name!r}")
-        return held.tensor.view(-1)[lo:hi]
+        return self.settled(held).view(-1)[lo:hi]
 
     def chunk_done(self, name: str, k: int) -> None:
         """Chunk ``k`` of ``name`` is updated: its spilled record, if any, is no longer needed."""

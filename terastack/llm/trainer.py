@@ -32,7 +32,7 @@ from terastack.training.hf.keys import CheckpointKeys
 from terastack.llm.model import TESTED_FAMILIES, find_units, random_init
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
 from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
-from terastack.llm.engine.profile import profile_model
+from terastack.llm.engine.profile import profile_model, with_stacked_times
 from terastack.llm.engine.runtime import StepRuntime
 from terastack.llm.engine.accumulate import stack_micro_batches
 from terastack.llm.engine.byte_ledger import difference
@@ -40,6 +40,7 @@ from terastack.llm.engine.step import accumulated_step, eval_loss, train_step
 from terastack.training.data.examples import IGNORE
 from terastack.llm.engine.streamed_units import install_units
 from terastack.memory import return_freed_memory
+from terastack.plan.accumulation_specs import candidates as accumulation_candidates
 from terastack.plan.budget_search import search_budget_split
 from terastack.plan.llm_planner import LLMPlanner
 from terastack.tiers import TieredStore
@@ -127,10 +128,15 @@ class Trainer:
         self.hardware = discover_hardware(config, self.device)
         if config.packed:
             check_packing(hf_config, where="packed")
+        measure = dict(packed=config.packed, device=self.device,
+                       compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size())
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
-                                     seq_len=config.seq_len, packed=config.packed,
-                                     compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
-                                     name=name, calibrate=config.calibrate, device=self.device)
+                                     seq_len=config.seq_len, name=name, calibrate=config.calibrate, **measure)
+        if config.calibrate and config.grad_accum > 1 and any(
+                spec.one_pass for spec in accumulation_candidates(config.accumulation)):
+            # a vertical step runs the micro-batches stacked: its units are timed at that width too
+            self.profile = with_stacked_times(self.profile, model, self.units, self.tensors,
+                                              micro=config.grad_accum, **measure)
         self.planner, self.plan = self._make_plan()
         # ---- store
         self._own_dirs = not store_dirs  # an existing store's directories are never removed on close

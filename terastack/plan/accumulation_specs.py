@@ -22,7 +22,10 @@ positions outside the loss, which causal attention keeps from the real
 tokens). With the loss normalised by the step's total of target tokens
 (``num_items_in_batch``) that is the plain step on the concatenated batch
 itself, so it is exact by construction. The planner prices it as a one-pass
-step of a profile N times as wide (:meth:`AccumulationSpec.step_profile`).
+step of a profile N times as wide (:meth:`AccumulationSpec.step_profile`):
+bytes and FLOPs scale with the rows; times are those measured at that width
+when the profile has them (``ModelProfile.stacked_times``: a matmul over N
+times the rows need not take N times as long), else N times a micro-batch's.
 
 :data:`AUTO` is not an order the engine runs: the planner takes the vertical
 order when a plan for it fits the budgets, else the horizontal one. A new
@@ -60,13 +63,18 @@ class AccumulationSpec:
         activations, working memory, logits, FLOPs and measured times scale with the rows)."""
         if not self.one_pass or micro == 1:
             return profile
+        measured = profile.stacked_times.get(micro)
+        if measured is not None and len(measured) != len(profile.units):
+            raise ValueError(f"stacked_times[{micro}]: {len(measured)} units timed, the profile has "
+                             f"{len(profile.units)}")
+        times = measured or [(None if u.fwd_s is None else u.fwd_s * micro,
+                              None if u.bwd_s is None else u.bwd_s * micro) for u in profile.units]
         units = [dataclasses.replace(
             u, fwd_flops=u.fwd_flops * micro, bwd_flops=u.bwd_flops * micro, act_bytes=u.act_bytes * micro,
-            boundary_bytes=u.boundary_bytes * micro, out_bytes=u.out_bytes * micro,
-            fwd_s=None if u.fwd_s is None else u.fwd_s * micro,
-            bwd_s=None if u.bwd_s is None else u.bwd_s * micro) for u in profile.units]
+            boundary_bytes=u.boundary_bytes * micro, out_bytes=u.out_bytes * micro, fwd_s=fwd_s, bwd_s=bwd_s)
+            for u, (fwd_s, bwd_s) in zip(profile.units, times)]
         return dataclasses.replace(profile, batch=profile.batch * micro, units=units,
-                                   logits_bytes=profile.logits_bytes * micro)
+                                   logits_bytes=profile.logits_bytes * micro, stacked_times={})
 
 
 class HorizontalSpec(AccumulationSpec):

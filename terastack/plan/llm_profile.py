@@ -88,6 +88,10 @@ class ModelProfile:
     tensor_numel: dict[str, int]
     tensor_trainable: dict[str, bool]
     logits_bytes: int = 0
+    #: {micro: [(fwd_s, bwd_s) per unit, in ``units``' order]}: the units timed on ``micro`` x ``batch`` rows at
+    #: once, as vertical accumulation runs them ([Note: vertical and horizontal accumulation] in
+    #: terastack.plan.accumulation_specs); a width absent here is priced as ``micro`` times one batch's time
+    stacked_times: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
     @property
     def total_params(self) -> int:
@@ -122,4 +126,5 @@ class ModelProfile:
     def from_dict(cls, data: dict) -> "ModelProfile":
         data = dict(data)
         data["units"] = [UnitProfile(**{**u, "tensors": tuple(u["tensors"])}) for u in data["units"]]
+        data["stacked_times"] = {int(k): [tuple(t) for t in v] for k, v in data.get("stacked_times", {}).items()}
         return cls(**data)

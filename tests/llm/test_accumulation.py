@@ -455,8 +455,9 @@ def test_vertical_reads_each_unit_once_per_step_and_spills_no_gradient(tmp_path,
     assert vertical.device_in_bytes == one.device_in_bytes > 0
     assert horizontal.device_in_bytes == N_MICRO * one.device_in_bytes
     # horizontal: the sums of micro-batches 1..N-1 go to the SSD and come back (4 bytes a parameter each time);
-    # vertical: none, and the state is read as in a one-batch step
-    assert vertical.ssd_read_bytes == one.ssd_read_bytes
+    # vertical: none, and the state is read as in a one-batch step (within the odd 4 KiB master that a hand-over
+    # finding the host's room held by a write-back in flight leaves to the optimizer to read: 0.6% each here)
+    assert vertical.ssd_read_bytes == pytest.approx(one.ssd_read_bytes, rel=0.02)
     assert horizontal.ssd_read_bytes - vertical.ssd_read_bytes >= (N_MICRO - 1) * 4 * trainable
     assert horizontal.ssd_write_bytes - vertical.ssd_write_bytes >= (N_MICRO - 1) * 4 * trainable
 
@@ -505,3 +506,20 @@ def test_vertical_refuses_what_does_not_stack(tmp_path, trainer_config):
         assert trainer.step_count == 0
         trainer.step_accumulated(ragged_micro_batches(0, masked=False, packed=True))  # still usable
         assert trainer.step_count == 1
+
+
+@pytest.mark.parametrize("order", ["vertical", "horizontal"])
+def test_a_vertical_plan_is_calibrated_with_the_micro_batches_stacked(order, tmp_path, trainer_config):
+    """Calibrated for vertical accumulation, the units are timed at the stacked width as well, and the plan's
+    compute is those times; a horizontal-only trainer does not time them."""
+    save_model(no_dropout_config("llama"), tmp_path / "model")
+    cfg = trainer_config(calibrate=True, grad_accum=2, batch_size=BATCH // 2, accumulation=order,
+                         activation_policy="keep")   # no recomputed forward in the plan's compute
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+        stacked = t.profile.stacked_times
+        if order == "horizontal":
+            assert stacked == {}
+            return
+        assert list(stacked) == [2] and len(stacked[2]) == len(t.profile.units)
+        assert all(f > 0 and b >= 0 for f, b in stacked[2])
+        assert t.plan.prediction.compute_s == pytest.approx(sum(f + b for f, b in stacked[2]), rel=1e-9)

@@ -88,3 +88,31 @@ def test_auto_takes_vertical_when_it_fits_else_horizontal():
     with pytest.raises(PlanError) as info:  # neither fits: the horizontal order's refusal
         LLMPlanner(LLMPlanner.Config(device_budget=64 << 20, **config)).plan(profile, CPU)
     assert info.value.needed == needed["horizontal"]
+
+
+def test_a_vertical_step_is_priced_at_the_times_measured_at_its_width():
+    """Times measured with the micro-batches stacked replace N times a micro-batch's; without them the profile
+    scales; they survive the profile's JSON form."""
+    import dataclasses
+    import json
+
+    from terastack.plan.llm_profile import ModelProfile
+
+    one = model_profile(batch=1, layers=2)
+    timed = dataclasses.replace(one, units=[dataclasses.replace(u, fwd_s=0.01 * (i + 1), bwd_s=0.02 * (i + 1))
+                                            for i, u in enumerate(one.units)])
+    scaled = VERTICAL.step_profile(timed, 4)
+    assert [t for u in scaled.units for t in (u.fwd_s, u.bwd_s)] == pytest.approx(
+        [t for i in range(len(one.units)) for t in (0.04 * (i + 1), 0.08 * (i + 1))])
+    wide = [(0.03 * (i + 1), 0.05 * (i + 1)) for i in range(len(one.units))]
+    stacked = dataclasses.replace(timed, stacked_times={4: wide})
+    assert [(u.fwd_s, u.bwd_s) for u in VERTICAL.step_profile(stacked, 4).units] == wide
+    assert VERTICAL.step_profile(stacked, 2).units[0].fwd_s == pytest.approx(0.02)   # another width: scaled
+    assert HORIZONTAL.step_profile(stacked, 4) is stacked
+    assert LLMPlanner(LLMPlanner.Config(device_budget=8 * GiB, host_budget=8 * GiB, grad_accum=4,
+                                        accumulation="vertical")).plan(stacked, CPU).prediction.compute_s \
+        == pytest.approx(sum(f + b for f, b in wide))
+    back = ModelProfile.from_dict(json.loads(json.dumps(stacked.to_dict())))
+    assert back.stacked_times == {4: [tuple(t) for t in wide]}
+    with pytest.raises(ValueError, match=r"^stacked_times\[4\]: 1 units timed"):
+        VERTICAL.step_profile(dataclasses.replace(timed, stacked_times={4: wide[:1]}), 4)

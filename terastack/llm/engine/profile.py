@@ -26,6 +26,7 @@ asked again gets the same answer (``--recalibrate`` times again).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -209,6 +210,17 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
     return ModelProfile(model=name, batch=batch, seq_len=seq_len, compute_bytes=compute_bytes, units=out_units,
                         tensor_numel={c: t.numel for c, t in tensors.items()},
                         tensor_trainable={c: t.trainable for c, t in tensors.items()}, logits_bytes=int(logits_bytes))
+
+
+def with_stacked_times(profile: ModelProfile, model, units, tensors, *, micro: int, **kw) -> ModelProfile:
+    """``profile`` with its units also timed on ``micro`` x ``profile.batch`` rows at once, as vertical
+    accumulation runs them (``ModelProfile.stacked_times``; ``kw``: ``profile_model``'s other arguments)."""
+    wide = profile_model(model, units, tensors, batch=profile.batch * micro, seq_len=profile.seq_len,
+                         name=profile.model, calibrate=True, **kw)
+    if [u.name for u in wide.units] != [u.name for u in profile.units]:
+        raise RuntimeError("profile: the units ran in another order at the stacked width")
+    return dataclasses.replace(profile, stacked_times={**profile.stacked_times,
+                                                       micro: [(u.fwd_s, u.bwd_s) for u in wide.units]})
 
 
 def _signature(unit) -> tuple:

@@ -210,6 +210,9 @@ class StepRuntime:
 
     # ----------------------------------------------------- ledger charges
     def charge(self, entry, tier: Tier, nbytes: int, *, what: str):
+        # on a GPU the device ledger charges the caching allocator's size, as the store's own buffers are
+        # ([Note: the device ledger and the caching allocator] in terastack.tiers.budget)
+        nbytes = self.store.pool.charge(tier, nbytes)
         ledger = self.store.budgets[tier]
         self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
         charge = (ledger, nbytes)
@@ -230,6 +233,7 @@ class StepRuntime:
             ledger.release(nbytes)
 
     def charge_device(self, nbytes: int, what: str):
+        nbytes = self.store.pool.charge(Tier.DEVICE, nbytes)  # as charge() does
         ledger = self.store.budgets[Tier.DEVICE]
         self.with_room(lambda: ledger.reserve(nbytes, what=what), what)
         return ledger, nbytes

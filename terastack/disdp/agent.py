@@ -13,6 +13,14 @@ An agent delivers fetches in the schedule's order and stays at most
 receiving into a bucket's buffer it waits until the compute thread has
 released that buffer (after its forward, or at the end of the previous step),
 so a delivery never overwrites parameters in use.
+
+[Note: gradients in flight]
+A worker's backward makes gradient buckets faster than a server whose state
+is on the SSD takes them. Queued behind the network, they would pile up on
+the worker (at 1.1B, 176 MB a layer: the whole model's gradients by the end of
+the backward). The thread agent holds at most ``grad_window`` gradient buckets
+that have not left; the compute thread's next push waits for room, and that
+wait counts as exposed communication.
 """
 from __future__ import annotations
 
@@ -80,7 +88,9 @@ class ThreadAgent:
     """The agent as threads in the worker process (the :class:`~terastack.disdp.worker.Link` of a worker)."""
 
     def __init__(self, core: AgentCore, schedule: Schedule, buckets: list[WorkerBucket], *, first_step: int,
-                 steps: int, prefetch: int, timeout_s: float):
+                 steps: int, prefetch: int, timeout_s: float, grad_window: int = 2):
+        if grad_window < 1:
+            raise ValueError(f"grad_window: must be >= 1, got {grad_window}")
         self.core = core
         self.schedule = schedule
         self.buckets = buckets
@@ -95,6 +105,7 @@ class ThreadAgent:
         self._failure = _Failure()
         self._stop = False
         self._grads: queue.Queue = queue.Queue()
+        self._grad_room = threading.Semaphore(grad_window)   # [Note: gradients in flight]
         self._fetcher = threading.Thread(target=self._guard(self._fetch_loop), name="agent-fetch", daemon=True)
         self._pusher = threading.Thread(target=self._guard(self._push_loop), name="agent-push", daemon=True)
         self._fetcher.start()
@@ -160,6 +171,8 @@ class ThreadAgent:
             b, grad, step = item
             t0 = time.perf_counter()
             self.core.comm.wait_all(self.core.push(b, grad, step))
+            del item, grad
+            self._grad_room.release()
             trace.interval(f"push b{b}", t0, time.perf_counter(), track="agent")
 
     # ----------------------------------------------- the compute thread's side
@@ -185,9 +198,16 @@ class ThreadAgent:
     def released(self, bucket: int) -> None:
         pass  # WorkerBucket.free() already signalled the fetch thread
 
-    def push_grad(self, bucket: int, grad: torch.Tensor) -> None:
+    def push_grad(self, bucket: int, grad: torch.Tensor) -> float:
         self._failure.check()
+        t0 = time.perf_counter()
+        while not self._grad_room.acquire(timeout=1.0):   # [Note: gradients in flight]
+            self._failure.check()
+            if time.perf_counter() - t0 >= 2 * self.timeout_s:
+                raise TimeoutError(f"{self.core.comm.me}: waited {2 * self.timeout_s:g} s for gradients to leave "
+                                   f"before pushing bucket {bucket} (step {self._step})")
         self._grads.put((bucket, grad, self._step))
+        return time.perf_counter() - t0
 
     def end_step(self) -> None:
         self._failure.check()

@@ -1,9 +1,26 @@
 """How a model's parameters are cut into buckets and server shards, and the order every role moves them.
 
 A *bucket* is the unit of prefetch and gradient push: bucket 0 ("root") holds
-every parameter outside the repeated layers (embeddings, final norm, head) and
-buckets 1..L hold one layer each. Each bucket is one flat fp32 vector;
+the parameters registered before the repeated layers (the embeddings), buckets
+1..L hold one layer each, and the *head* buckets after them hold the
+parameters registered after the layers, one bucket per module that holds them
+(``head.model.norm``, ``head.lm_head``). Each bucket is one flat fp32 vector;
 server ``s`` of ``S`` owns the contiguous slice ``[n*s//S, n*(s+1)//S)`` of it.
+
+[Note: the root and the head apart]
+With a 32K vocabulary the embedding and the head are each larger than a
+decoder layer (at 1.1B: 262 MB each in fp32, a layer 176 MB). In one bucket
+they would be the largest unit every role holds: a worker would keep both from
+its first layer to its last gradient, and a server's buffers (its tiered
+store's working set, its gradient receives) are multiples of the largest
+bucket. Apart, the head is fetched after the last layer and its gradient is
+the first to leave. One bucket per module after the layers, because a bucket's
+gradient leaves as one flat vector: a bucket of the final norm and the output
+head would copy the head's gradient into it (262 MB more on every worker at
+1.1B), where a bucket of one parameter sends that parameter's gradient as is.
+A model whose output head *is* its input embedding (tied weights: one
+parameter registered under both names) keeps one root bucket, used first and
+last.
 
 [Note: one schedule for every role]
 Messages carry no headers: the order in which a server sends parameters, an
@@ -13,11 +30,14 @@ both from the same layout, so a mismatch is impossible unless the layouts
 differ, which start-up checks with :meth:`Layout.fingerprint`.
 
 [Note: what stays resident on a worker]
-The root bucket is held from the start of a step's forward to the end of its
-backward (its embedding is used first and its head last, as FSDP2 does for its
-root). With ``reshard=True`` each layer is released after its forward and
-fetched again for its backward, except the last layer, whose backward follows
-its forward at once. Between steps a worker holds no parameters at all.
+The root bucket is held from the start of a step's forward (with tied weights,
+to the end of its backward, as FSDP2 does for its root); a root of embedding
+tables only is released once they have run, since an embedding's backward
+needs its indices, not its weights. A head bucket is fetched when its module
+runs, after the last layer, and released once its gradient has left. With
+``reshard=True`` each layer is released after its forward and fetched again
+for its backward, except the last layer, whose backward follows its forward at
+once. Between steps a worker holds no parameters at all.
 """
 from __future__ import annotations
 
@@ -62,10 +82,14 @@ def find_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return best_name, best
 
 
+ROOT, HEAD = "root", "head"
+
+
 class Layout:
     """Buckets of a model's parameters and their split over ``servers`` shards."""
 
     def __init__(self, buckets: list[Bucket], servers: int):
+        """``buckets``: the root, one per layer, then the head's (named ``head.<module>``), if any."""
         if servers < 1:
             raise ValueError(f"servers: need at least 1, got {servers}")
         self.buckets = buckets
@@ -76,28 +100,60 @@ class Layout:
 
     @classmethod
     def of(cls, model: nn.Module, servers: int) -> "Layout":
+        """The root, one bucket per layer and the head ([Note: the root and the head apart])."""
         layers_name, layers = find_layers(model)
         layer_param_ids = [{id(p) for p in layer.parameters()} for layer in layers]
+        in_layers = set().union(*layer_param_ids)
+        # named_parameters lists a module's parameters in registration order: a causal LM registers its
+        # embeddings, then its layers, then its final norm and head
+        before: set[int] = set()
+        after: set[int] = set()
+        past = False
+        for _, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in in_layers:
+                past = True
+            else:
+                (after if past else before).add(id(p))
+        split = bool(after) and not (before & after)   # a tied weight is registered on both sides
+        owner = {id(p): mname for mname, module in model.named_modules() for p in module._parameters.values()
+                 if p is not None}
         seen: set[int] = set()
         per_bucket: list[list[tuple[str, nn.Parameter]]] = [[] for _ in range(len(layers) + 1)]
+        tail: dict[str, list[tuple[str, nn.Parameter]]] = {}   # module -> its parameters, in registration order
         for name, p in model.named_parameters():   # deduplicated: a tied weight appears once
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            where = next((i + 1 for i, ids in enumerate(layer_param_ids) if id(p) in ids), 0)
-            per_bucket[where].append((name, p))
+            where = next((i + 1 for i, ids in enumerate(layer_param_ids) if id(p) in ids), None)
+            if where is None and split and id(p) in after:
+                tail.setdefault(owner[id(p)], []).append((name, p))
+                continue
+            per_bucket[where or 0].append((name, p))
+        per_bucket += tail.values()
+        names = ([ROOT] + [f"{layers_name}.{i}" for i in range(len(layers))]
+                 + [f"{HEAD}.{module or 'model'}" for module in tail])
         buckets = []
         for index, params in enumerate(per_bucket):
             slots, offset = [], 0
             for name, p in params:
                 slots.append(ParamSlot(name, tuple(p.shape), offset, p.numel()))
                 offset += p.numel()
-            buckets.append(Bucket(index, "root" if index == 0 else f"{layers_name}.{index - 1}", tuple(slots)))
+            buckets.append(Bucket(index, names[index], tuple(slots)))
         return cls(buckets, servers)
 
     @property
+    def tail(self) -> int:
+        """How many buckets after the layers hold the parameters registered after them (one per module)."""
+        return sum(1 for b in self.buckets[1:] if b.name.startswith(HEAD + "."))
+
+    @property
+    def head(self) -> bool:
+        """Whether the parameters after the layers have buckets of their own (the last ones)."""
+        return self.tail > 0
+
+    @property
     def layers(self) -> int:
-        return len(self.buckets) - 1
+        return len(self.buckets) - 1 - self.tail
 
     @property
     def numel(self) -> int:
@@ -156,10 +212,12 @@ class Schedule:
         self.layout = layout
         self.reshard = reshard
         L = layout.layers
-        forward = [Fetch(b, 0) for b in range(L + 1)]            # root, then layers in order
+        head = list(range(L + 1, L + 1 + layout.tail))
+        forward = [Fetch(b, 0) for b in [0, *range(1, L + 1), *head]]   # root, layers in order, head
         backward = [Fetch(b, 1) for b in range(L - 1, 0, -1)] if reshard else []
         self.fetch_order: list[Fetch] = forward + backward
-        self.grad_order: list[int] = list(range(L, 0, -1)) + [0]  # layers last-to-first, root at the end
+        # the head's buckets in reverse, the layers last-to-first, the root
+        self.grad_order: list[int] = head[::-1] + list(range(L, 0, -1)) + [0]
 
     def refetched(self, bucket: int) -> bool:
         """Whether ``bucket`` is released after its forward and fetched again for its backward."""

@@ -29,6 +29,7 @@ from terastack.disdp.roles import Role
 from terastack.disdp.server import AdamWConfig, ParameterServer, scratch_dir
 from terastack.disdp.worker import ShardedModel
 from terastack.training.engine_protocol import StepStats  # one optimizer step as rank 0 saw it
+from terastack.units import parse_bytes
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
 
@@ -250,8 +251,8 @@ class DisdpEngine:
         tensors = {name: SimpleNamespace(shape=slot.shape, numel=slot.numel) for name, (_, slot) in where.items()}
         target = torch.float32 if dtype is None else to_dtype(dtype, allowed=WEIGHT_DTYPES)
         skeleton = build_skeleton(self.hf_config)
-        # Streamed: the root bucket (embeddings, final norm, head: read first and last) and one layer's bucket
-        # are on rank 0 at a time, pulled from the servers as the writer reaches them.
+        # Streamed: the root bucket (the embeddings; with tied weights also the head) and one other bucket are on
+        # rank 0 at a time, pulled from the servers as the writer reaches them.
         cache: dict[int, torch.Tensor] = {}
 
         def fetch(name: str) -> torch.Tensor:
@@ -322,9 +323,16 @@ class ServerPart:
         self.me, self.control = me, control
         job = me.job
         t = job.training
+        ssd = job.disdp.state == "ssd"
+        budget = job.store.host_budget
         self.server = ParameterServer(
+            # with the state on the SSD: the job's host budget (store.host_budget) bounds each server's store, and
+            # one gradient bucket is received ahead ([Note: the server's host memory] in terastack.disdp.server)
             ParameterServer.Config(state=job.disdp.state, store_root=scratch_dir(job.disdp.run_dir, me.index),
-                                   mean=False, tier_params=True),
+                                   mean=False, tier_params=True, recv_ahead=1 if ssd else 2,
+                                   send_window=1 if ssd else 2,   # the next bucket is read ahead meanwhile
+                                   host_budget=parse_bytes(budget, field="store.host_budget")
+                                   if ssd and budget not in (None, "auto") else None),
             index=me.index, roles=me.roles, comm=me.comm, layout=me.layout, schedule=me.schedule,
             adamw_config=AdamWConfig(lr=1.0, beta1=t.betas[0], beta2=t.betas[1], eps=t.eps,
                                      weight_decay=t.weight_decay),
@@ -361,7 +369,7 @@ class ServerPart:
                 server.moments.release(b)
 
     def figures(self) -> list[float]:
-        return [float(self.server.params.host_bytes() + self.server.moments.host_bytes()), 0.0]
+        return [float(self.server.host_state_bytes()), 0.0]
 
     def close(self) -> None:
         self.server.close()

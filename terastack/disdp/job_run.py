@@ -31,6 +31,7 @@ from terastack.atomic import atomic_write_json
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.comm import Comm
 from terastack.disdp.control import Control, Liveness, lost_line, short_reason
+from terastack.disdp.initial_weights import StreamedShard, random_init
 from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
 from terastack.disdp.launch import QUIET_ENV, launch_ranks
 from terastack.disdp.roles import Role, RoleMap, local_node
@@ -117,45 +118,24 @@ def join_job(job) -> tuple[JobRank, Control]:
                    schedule=Schedule(layout, reshard=d.reshard), liveness=liveness), control
 
 
-def initial_shard(me: JobRank) -> dict[int, torch.Tensor]:
-    """This server's slice of every bucket of the model's starting weights: the model directory's, read one
-    group of tensors at a time through transformers' own key conversions (the model is never whole in
-    memory), or a seeded random initialization."""
+def initial_shard(me: JobRank) -> StreamedShard:
+    """This server's slice of every bucket of the model's starting weights, made as the server asks for each
+    ([Note: a server's starting weights] in terastack.disdp.initial_weights): the model directory's, read one group
+    of tensors at a time through transformers' own key conversions, or a seeded random initialization made one
+    bucket at a time (the model is never whole in memory)."""
     layout, server = me.layout, me.index
-    shard = {b: torch.empty(hi - lo) for b in range(len(layout.buckets)) for lo, hi in [layout.shard(b, server)]}
-    where = {slot.name: (b, slot) for b, bucket in enumerate(layout.buckets) for slot in bucket.params}
-    missing = set(where)
-
-    def place(name: str, tensor: torch.Tensor) -> None:
-        b, slot = where[name]
-        lo, hi = layout.shard(b, server)
-        start, end = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
-        if start < end:
-            shard[b][start - lo:end - lo] = tensor.detach().reshape(-1)[start - slot.offset:end - slot.offset]
-        missing.discard(name)
-
     if me.model_dir is not None:
         from terastack.training.hf.keys import CheckpointKeys
         from terastack.training.hf.model_files import CheckpointReader
 
         reader = CheckpointReader(me.model_dir)
-        try:
-            for name, tensor in CheckpointKeys(me.meta_model, reader.keys()).tensors(reader.get):
-                if name in where:
-                    place(name, tensor.float())
-        finally:
-            reader.close()
-    else:
-        from transformers import AutoModelForCausalLM
+        tensors = ((name, t.float()) for name, t in CheckpointKeys(me.meta_model, reader.keys()).tensors(reader.get))
+        return StreamedShard(layout, server, tensors, source=me.model_dir, close=reader.close)
+    from terastack.training.hf.model_files import build_skeleton
 
-        torch.manual_seed(me.job.training.seed)
-        model = AutoModelForCausalLM.from_config(me.hf_config, dtype=torch.float32)
-        for name, p in model.named_parameters():
-            place(name, p)
-        del model
-    if missing:
-        raise ValueError(f"model {me.model_dir}: no weights for {', '.join(sorted(missing)[:3])} in its checkpoint")
-    return shard
+    skeleton = build_skeleton(me.hf_config)   # its own meta model: the bucket's modules get storage in turn
+    return StreamedShard(layout, server, random_init(skeleton, layout, seed=me.job.training.seed),
+                         source=me.job.model.path or "tiny-llama")
 
 
 def run_rank(job) -> int:
@@ -166,7 +146,13 @@ def run_rank(job) -> int:
         if me.rank == 0:
             drive(me, control)
         else:
-            part = part_of(me, control, initial_shard(me) if me.role is Role.SERVER else None)
+            shard = initial_shard(me) if me.role is Role.SERVER else None
+            try:
+                part = part_of(me, control, shard)
+            finally:
+                if shard is not None:
+                    shard.close()
+            del shard
             try:
                 follow(me, control, part)
             finally:

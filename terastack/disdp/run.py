@@ -131,7 +131,7 @@ def join(config: TrainConfig) -> Rank | None:
     if rank == 0:
         print(f"terastack dist: {world} ranks on {backend}; roles:\n{roles.table()}\n"
               f"  model {spec.name}: {layout.numel:,} parameters in {len(layout.buckets)} buckets "
-              f"(root + {layout.layers} layers), servers hold state in {config.state}, "
+              f"(root + {layout.layers} layers + {layout.tail} after them), servers hold state in {config.state}, "
               + (f"resuming at step {first}" if first else "starting at step 0")
               + f", training to step {config.steps}", flush=True)
     if first >= config.steps:

@@ -16,8 +16,27 @@ the moments (two thirds of the state) rest on SSD in a
 :class:`terastack.tiers.TieredStore`; the moments of the next bucket in
 gradient order are prefetched while the current bucket is updated, and each
 bucket's are written back and evicted right after, so the host holds the
-moments of at most two buckets. The fp32 parameters stay in host memory: they
-are sent to every agent twice per step.
+moments of at most two buckets. The fp32 parameters stay in host memory (they
+are sent to every agent twice per step), or with ``tier_params`` rest on the
+SSD too, read in for their sends and their update.
+
+[Note: the server's host memory]
+With ``state="ssd"`` parameters and moments share one tiered store whose host
+budget is ``host_budget`` (a job's ``store.host_budget``). A step cannot do
+without its *working set* (:meth:`ParameterServer.Config.working_set`): the
+parameters of the sends in flight, the bucket being updated (parameters and
+both moments), and the moments of the bucket before it while they are written
+back. Everything else is read ahead only into free room, and dropped again
+(unmodified) when a take needs the room, so the budget bounds the store's
+memory whatever the SSD's speed; a budget below the working set is refused at
+start-up. By default the budget is the working set (a job's servers send one
+bucket at a time: at 1.1B, where the largest slice is 262 MB, 1.6 GB for one
+server); a layer's slices are smaller than the largest, so what is left of it
+holds the next bucket read ahead. Gradients a step keeps past their arrival
+(accumulation, clipping) rest in the store's SSD as well ([Note: gradients kept
+past their arrival]), read back one bucket at a time.
+The gradients being received are outside the store: ``recv_ahead`` buckets per
+worker (or per aggregator), and the sum of the one being applied.
 """
 from __future__ import annotations
 
@@ -39,8 +58,11 @@ from terastack.disdp.comm import Comm, Kind, Pending, tag
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.roles import RoleMap
 from terastack.tiers import Tier, TieredStore
+from terastack.units import format_bytes
 
 STATES = ("memory", "ssd")
+#: elements of a bucket's slice updated at once (AdamW's temporaries: 16 MiB)
+UPDATE_CHUNK = 4 << 20
 
 
 @dataclass(kw_only=True, slots=True)
@@ -89,20 +111,84 @@ class _MemoryMoments:
         pass
 
 
-class _TieredMoments:
-    """Moments resting on SSD through the tiered store ([Note: where the optimizer state lives])."""
+class StateStore:
+    """The tiered store a server's state rests in, under one host-memory budget ([Note: the server's host
+    memory]): what a bucket's update or send needs is *taken* (read in, making room first), what may be needed
+    next is *read ahead* only into free room, and what was taken is *put back* (written back when modified,
+    then evicted)."""
 
-    def __init__(self, shapes: dict[int, int], root: Path):
+    def __init__(self, root: Path, budget: int):
         if root.exists():
             shutil.rmtree(root)   # scratch space: the durable state is in the checkpoints
-        biggest = max(shapes.values())
-        # Two buckets' moments resident (current + prefetched) plus up to two being written back.
-        budget = 4 * 2 * padded_size(biggest * 4)
         self.store = TieredStore(TieredStore.Config(root=str(root), host_budget=budget, device_budget=0))
+        self.ledger = self.store.budgets[Tier.HOST]
+        self._ahead: dict[str, object] = {}    # read ahead and not taken yet: name -> future
+        self._writing: list = []               # write-backs under way
+
+    def read_ahead(self, name: str) -> None:
+        if name in self._ahead or self.store.resident(name, Tier.HOST) is not None:
+            return
+        if self.ledger.free >= self.store.padded(name):   # only into free room: never at a take's expense
+            self._ahead[name] = self.store.prefetch(name, Tier.HOST)
+
+    def take(self, name: str, timeout: float) -> torch.Tensor:
+        fut = self._ahead.pop(name, None)
+        if fut is None:
+            if self.store.resident(name, Tier.HOST) is None:
+                self._room(self.store.padded(name), timeout)
+            fut = self.store.prefetch(name, Tier.HOST)
+        return fut.result(timeout)
+
+    def put_back(self, name: str, *, dirty: bool) -> None:
+        if dirty:
+            self.store.mark_dirty(name)
+        self._writing = [f for f in self._writing if not f.done()]
+        self._writing.append(self.store.evict(name))
+
+    def _room(self, nbytes: int, timeout: float) -> None:
+        """Free ``nbytes`` of the budget for a take: finish the write-backs, then drop what was read ahead."""
+        if self.ledger.free >= nbytes:
+            return
+        for f in self._writing:
+            f.result(timeout)
+        self._writing.clear()
+        while self.ledger.free < nbytes and self._ahead:
+            name, fut = self._ahead.popitem()
+            fut.result(timeout)
+            self.store.evict(name).result(timeout)   # unmodified: dropped at once
+
+    def add(self, name: str, tensor: torch.Tensor, timeout: float) -> None:
+        """A new tensor resting on the SSD, written from ``tensor`` itself (no host copy)."""
+        self.store.put(name, tensor, home=Tier.SSD).result(timeout)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.store
+
+    def delete(self, name: str) -> None:
+        self.store.delete(name)
+
+    def wait(self, timeout: float) -> None:
+        for f in self._writing:
+            f.result(timeout)
+        self._writing.clear()
+        self.store.wait(timeout)
+
+    def host_bytes(self) -> int:
+        return self.ledger.peak
+
+    def close(self) -> None:
+        self.store.wait(600)
+        self.store.close()
+
+
+class _TieredMoments:
+    """Moments resting on SSD through the server's state store ([Note: where the optimizer state lives])."""
+
+    def __init__(self, shapes: dict[int, int], store: StateStore):
+        self.store = store
         for b, n in shapes.items():
-            self.store.create(f"m{b}", (n,), torch.float32, home=Tier.SSD)
-            self.store.create(f"v{b}", (n,), torch.float32, home=Tier.SSD)
-        self._pending: dict[int, tuple] = {}
+            store.store.create(f"m{b}", (n,), torch.float32, home=Tier.SSD)
+            store.store.create(f"v{b}", (n,), torch.float32, home=Tier.SSD)
 
     def load(self, b: int, m: torch.Tensor, v: torch.Tensor) -> None:
         mm, vv = self.get(b, 600)
@@ -111,27 +197,24 @@ class _TieredMoments:
         self.release(b)
 
     def prefetch(self, b: int) -> None:
-        if b not in self._pending:
-            self._pending[b] = (self.store.prefetch(f"m{b}", Tier.HOST), self.store.prefetch(f"v{b}", Tier.HOST))
+        self.store.read_ahead(f"m{b}")
+        self.store.read_ahead(f"v{b}")
 
     def get(self, b: int, timeout: float) -> tuple[torch.Tensor, torch.Tensor]:
-        self.prefetch(b)
-        fm, fv = self._pending.pop(b)
-        return fm.result(timeout), fv.result(timeout)
+        return self.store.take(f"m{b}", timeout), self.store.take(f"v{b}", timeout)
 
     def release(self, b: int) -> None:
         for name in (f"m{b}", f"v{b}"):
-            self.store.mark_dirty(name)
-            self.store.evict(name)
+            self.store.put_back(name, dirty=True)
 
     def flush(self) -> None:
         self.store.wait(600)
 
     def host_bytes(self) -> int:
-        return self.store.budgets[Tier.HOST].peak
+        return self.store.host_bytes()
 
     def close(self) -> None:
-        self.store.close()
+        pass   # the server closes its store
 
 
 class _HostParams:
@@ -162,52 +245,45 @@ class _HostParams:
 
 
 class _TieredParams:
-    """fp32 parameter slices resting on SSD through the tiered store (``state="ssd"``): a bucket's slice is
-    resident only while it is being sent or updated ([Note: where the optimizer state lives]); holders count,
+    """fp32 parameter slices resting on SSD through the server's state store (``state="ssd"``): a bucket's slice
+    is resident only while it is being sent or updated ([Note: where the optimizer state lives]); holders count,
     and the last release writes it back (when modified) and evicts it."""
 
     tiered = True
 
-    def __init__(self, params, root: Path, *, window: int, sizes: dict[int, int]):
+    def __init__(self, params, store: StateStore, *, sizes: dict[int, int]):
         """``params``: bucket -> this shard's slice, read one bucket at a time (a mapping that makes each slice when
         asked never holds them all); ``sizes``: bucket -> the slice's elements."""
-        # the send window, the bucket being updated, one prefetched, and one being written back
-        budget = (window + 3) * padded_size(max(sizes.values()) * 4)
-        if root.exists():
-            shutil.rmtree(root)   # scratch space: the durable state is in the checkpoints
-        self.store = TieredStore(TieredStore.Config(root=str(root), host_budget=budget, device_budget=0))
+        self.store = store
         self.sizes = dict(sizes)
         for b in sizes:
-            self.store.put(f"p{b}", params[b], home=Tier.SSD).result(600)
+            store.add(f"p{b}", params[b], 600)
         self._holds: dict[int, int] = {}
 
     def get(self, b: int, timeout: float = 600) -> torch.Tensor:
         self._holds[b] = self._holds.get(b, 0) + 1
-        return self.store.prefetch(f"p{b}", Tier.HOST).result(timeout)
+        return self.store.take(f"p{b}", timeout)
 
     def prefetch(self, b: int) -> None:
         if self._holds.get(b, 0) == 0:
-            self.store.prefetch(f"p{b}", Tier.HOST)
+            self.store.read_ahead(f"p{b}")
 
     def release(self, b: int, *, dirty: bool = False) -> None:
         if dirty:
-            self.store.mark_dirty(f"p{b}")
+            self.store.store.mark_dirty(f"p{b}")
         self._holds[b] -= 1
         if self._holds[b] == 0:
             del self._holds[b]
-            done = self.store.evict(f"p{b}")
-            if dirty:   # one write-back at a time: the budget counts one
-                done.result(600)
+            self.store.put_back(f"p{b}", dirty=False)   # marked above: a modified slice is written back
 
     def numel(self, b: int) -> int:
         return self.sizes[b]
 
     def host_bytes(self) -> int:
-        return self.store.budgets[Tier.HOST].peak
+        return self.store.host_bytes()
 
     def close(self) -> None:
-        self.store.wait(600)
-        self.store.close()
+        pass   # the server closes its store
 
 
 class ParameterServer:
@@ -224,6 +300,9 @@ class ParameterServer:
         tier_params: bool = False
         #: with tiered parameters: buckets whose parameter sends may be in flight at once
         send_window: int = 2
+        #: with state="ssd": host memory for the state's working copies, bytes (None: the working set,
+        #: :meth:`host_budget_of`; [Note: the server's host memory])
+        host_budget: int | None = None
         #: without the aggregator: average the workers' gradients (True) or add them (a job's workers divide
         #: their losses by the whole batch's target tokens already)
         mean: bool = True
@@ -235,6 +314,21 @@ class ParameterServer:
                 raise ValueError("store_root: a directory is required for state='ssd'")
             if self.recv_ahead < 1:
                 raise ValueError(f"recv_ahead: must be >= 1, got {self.recv_ahead}")
+            if self.host_budget is not None and self.host_budget <= 0:
+                raise ValueError(f"host_budget: must be > 0 bytes, got {self.host_budget}")
+
+        def working_set(self, largest: int) -> int:
+            """The host bytes a step cannot do without, ``largest`` the padded bytes of the largest slice: the
+            parameters of the sends in flight, one bucket's parameters and moments being updated, and the
+            moments of the bucket before it still being written back ([Note: the server's host memory])."""
+            return ((self.send_window if self.tier_params else 0) + 1 + 2 + 2) * largest
+
+        def host_budget_of(self, largest: int) -> int:
+            """This server's host budget: the setting, or the working set (what it reads ahead then fits in the
+            room the working set leaves while its largest slices are not all in use)."""
+            if self.host_budget is not None:
+                return self.host_budget
+            return self.working_set(largest)
 
     def __init__(self, config: "ParameterServer.Config", *, index: int, roles: RoleMap, comm: Comm,
                  layout: Layout, schedule: Schedule, adamw_config: AdamWConfig,
@@ -254,12 +348,19 @@ class ParameterServer:
         params = shard if shard is not None else {b: initial[b][lo:hi].clone() for b in shapes
                                                   for lo, hi in [layout.shard(b, index)]}
         self.buckets = list(shapes)
+        self.store: StateStore | None = None
         if config.state == "memory":
             self.params, self.moments = _HostParams(dict(params)), _MemoryMoments(shapes)
         else:
-            self.moments = _TieredMoments(shapes, Path(config.store_root))
-            self.params = (_TieredParams(params, Path(config.store_root + "-params"), window=config.send_window,
-                                         sizes=shapes)
+            largest = padded_size(max(shapes.values()) * 4)
+            budget = config.host_budget_of(largest)
+            if budget < config.working_set(largest):
+                raise ValueError(f"host_budget: {format_bytes(budget)} is less than server {index}'s working set of "
+                                 f"{format_bytes(config.working_set(largest))} (its largest bucket slice is "
+                                 f"{format_bytes(largest)}; [Note: the server's host memory])")
+            self.store = StateStore(Path(config.store_root), budget)
+            self.moments = _TieredMoments(shapes, self.store)
+            self.params = (_TieredParams(params, self.store, sizes=shapes)
                            if config.tier_params else _HostParams(dict(params)))
         del params
         self.adam_steps = {b: torch.tensor(0.0) for b in self.buckets}
@@ -378,11 +479,10 @@ class ParameterServer:
             post(b)
         if eager:
             self.moments.prefetch(order[0])
-        held: list[tuple[int, torch.Tensor]] = []
+        held: list[int] = []   # buckets whose update waits for the whole gradient's norm (clipping)
+        squares = torch.zeros(1, dtype=torch.float64)
         # Steady state: gradients arrive last layer first; apply each bucket's update as soon as it lands.
         for i, b in enumerate(order):
-            if i + self.config.recv_ahead < len(order):
-                post(order[i + self.config.recv_ahead])
             if eager and i + 1 < len(order):
                 self.moments.prefetch(order[i + 1])
             pendings, bufs = posted.pop(b)
@@ -390,6 +490,7 @@ class ParameterServer:
                 pump(last_fetch[b] + 1)   # every delivery the workers need before they can send gradient b
             with trace.span(f"wait grad b{b}", track=f"server{self.index}"):
                 comm.wait_all(pendings)
+            del pendings
             grad = bufs[0]
             if not roles.aggregator:
                 # Without the aggregator this shard reduces the workers' gradients itself (ingress grows with W).
@@ -397,6 +498,12 @@ class ParameterServer:
                     grad.add_(other)
                 if self.config.mean:
                     grad.div_(roles.workers)
+            del bufs
+            # the next receives are posted once this bucket's have landed and been added up: W buffers of the
+            # next bucket and this one's sum are what the gradients take while this bucket is updated (an agent
+            # sends its buckets one after the other, so posting earlier would gain little)
+            if i + self.config.recv_ahead < len(order):
+                post(order[i + self.config.recv_ahead])
             if tiered:
                 while any(b0 == b for b0, _ in window):
                     drain_one()
@@ -404,31 +511,35 @@ class ParameterServer:
                 comm.wait_all(sends.pop(b))
             if not keep:
                 continue
-            if b in self._grad_sums:
-                grad = self._grad_sums.pop(b).add_(grad)
+            earlier = self._take_kept(b)
+            if earlier is not None:   # the sum of the step's earlier micro-batches (addition commutes exactly)
+                grad = grad.add_(earlier)
+                self._drop_kept(b)
             if not apply:
-                self._grad_sums[b] = grad
+                self._keep(b, grad)
             elif eager:
                 self._update(b, grad)
                 if more:
                     self._early[b] = self._post_sends(b, 0, step + 1)
             else:
-                held.append((b, grad))
+                squares += torch.linalg.vector_norm(grad).double() ** 2
+                self._keep(b, grad)
+                held.append(b)
+            del grad
         while window:
             drain_one()
         norm = None
         if held:
             # [Note: clipping across shards] the clip coefficient needs the norm of the whole gradient: each shard
-            # adds its slices' squares, the servers add theirs up, and every shard scales by the same factor.
-            squares = torch.zeros(1, dtype=torch.float64)
-            for _, g in held:
-                squares += torch.linalg.vector_norm(g).double() ** 2
+            # adds its slices' squares (as they arrived), the servers add theirs up, and every shard scales by the
+            # same factor.
             if norm_group is not None and roles.servers > 1:
                 dist.all_reduce(squares, group=norm_group)
             total = squares.sqrt().float()
             coef = torch.clamp(max_grad_norm / (total + 1e-6), max=1.0)
-            for b, g in held:
-                self._update(b, g.mul_(coef))
+            for b in held:
+                self._update(b, self._take_kept(b).mul_(coef))
+                self._drop_kept(b)
             norm = float(total)
         # Epilogue: every send of this step has completed (each bucket's were waited before its update);
         # the next step's forward sends may be in flight.
@@ -436,14 +547,42 @@ class ParameterServer:
         self.ingress_bytes.append(in_after - in_before)
         return norm
 
+    # [Note: gradients kept past their arrival] with gradient accumulation a bucket's sum waits for the step's last
+    # micro-batch, and with clipping its update waits for the norm of the whole gradient: 4P/S bytes a shard would
+    # hold. With the state on the SSD they rest there too, each read back when it is needed.
+    def _keep(self, b: int, grad: torch.Tensor) -> None:
+        if self.store is None or not self.params.tiered:
+            self._grad_sums[b] = grad
+            return
+        self.store.add(f"g{b}", grad, self.comm.timeout_s)
+
+    def _take_kept(self, b: int) -> torch.Tensor | None:
+        if b in self._grad_sums:
+            return self._grad_sums[b]
+        if self.store is not None and f"g{b}" in self.store:
+            return self.store.take(f"g{b}", self.comm.timeout_s)
+        return None
+
+    def _drop_kept(self, b: int) -> None:
+        if self._grad_sums.pop(b, None) is None:
+            self.store.delete(f"g{b}")
+
     def _update(self, b: int, grad: torch.Tensor) -> None:
         """AdamW on this shard's slice of bucket ``b``."""
         t0 = time.perf_counter()
         with trace.span(f"adamw b{b}", track=f"server{self.index}"):
             m, v = self.moments.get(b, self.comm.timeout_s)
-            adamw([self.params.get(b)], [grad], [m], [v], [], [self.adam_steps[b]], foreach=False,
-                  amsgrad=False, beta1=self.opt.beta1, beta2=self.opt.beta2, lr=self.opt.lr,
-                  weight_decay=self.opt.weight_decay, eps=self.opt.eps, maximize=False)
+            param = self.params.get(b)
+            # AdamW is elementwise: applied a chunk at a time, its temporaries are a chunk's, not the bucket's
+            # (each chunk counts the step from the same value; the bucket's step moves once)
+            step = chunk_step = self.adam_steps[b]
+            for lo in range(0, param.numel(), UPDATE_CHUNK):
+                hi = min(lo + UPDATE_CHUNK, param.numel())
+                chunk_step = step.clone()
+                adamw([param[lo:hi]], [grad[lo:hi]], [m[lo:hi]], [v[lo:hi]], [], [chunk_step], foreach=False,
+                      amsgrad=False, beta1=self.opt.beta1, beta2=self.opt.beta2, lr=self.opt.lr,
+                      weight_decay=self.opt.weight_decay, eps=self.opt.eps, maximize=False)
+            step.copy_(chunk_step)
             self.params.release(b, dirty=True)
             self.moments.release(b)
         self.update_s += time.perf_counter() - t0
@@ -473,9 +612,17 @@ class ParameterServer:
         tensors, meta = ckpt.read_shard(root, index, self.index)
         self.load_state(tensors, float(meta.get("adam_step", index["step"])))
 
+    def host_state_bytes(self) -> int:
+        """The most host bytes this shard's state took: its tensors in memory, or its store's peak."""
+        if self.store is None:
+            return self.params.host_bytes() + self.moments.host_bytes()
+        return self.store.host_bytes() + (0 if self.params.tiered else self.params.host_bytes())
+
     def close(self) -> None:
         self.params.close()
         self.moments.close()
+        if self.store is not None:
+            self.store.close()
 
 
 def scratch_dir(run_dir: str, index: int) -> str:

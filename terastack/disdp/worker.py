@@ -67,7 +67,8 @@ class Link(Protocol):
     def begin_step(self, step: int) -> None: ...
     def wait_params(self, slot: int) -> None: ...
     def released(self, bucket: int) -> None: ...
-    def push_grad(self, bucket: int, grad: torch.Tensor) -> None: ...
+    def push_grad(self, bucket: int, grad: torch.Tensor) -> float | None:
+        """Hand ``grad`` off; the seconds the compute thread waited for the network to take it, if it did."""
     def end_step(self) -> None: ...
     def close(self) -> None: ...
     def abort(self) -> None: ...
@@ -89,6 +90,9 @@ class ShardedModel:
                                                       enumerate(schedule.fetch_order)}
         self._grads_seen: list[set[int]] = [set() for _ in self.buckets]
         self._pushed: list[bool] = [False] * len(self.buckets)
+        self._acquired: set[tuple[int, int]] = set()   # this step's deliveries waited for
+        self._released: set[int] = set()               # buckets released this step
+        self._embeddings_run = 0
         self._bind_parameters()
         self._register_hooks()
 
@@ -118,16 +122,42 @@ class ShardedModel:
             if self.schedule.refetched(b):
                 layer.register_forward_hook(lambda m, a, o, b=b: self._release(b))
                 layer.register_full_backward_pre_hook(lambda m, g, b=b: self._acquire(b, 1))
+        hooked = range(1, len(self.buckets))   # the layers and the head push their gradients as they are ready
+        for b in hooked:
             for index, p in enumerate(self.buckets[b].params):
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(lambda p, b=b, i=index: self._grad_ready(b, i))
+        if self.layout.head:
+            # [Note: what stays resident on a worker] a head bucket is fetched when its module runs
+            for head in range(self.layout.layers + 1, len(self.buckets)):
+                for module in self._owners(head):
+                    module.register_forward_pre_hook(lambda m, a, b=head: self._acquire(b, 0))
+            owners = self._owners(0)
+            if owners and all(isinstance(m, nn.Embedding) for m in owners):
+                # an embedding's backward needs its indices, not its weights: the root leaves once they ran
+                for module in owners:
+                    module.register_forward_hook(lambda m, a, o, n=len(owners): self._embedded(n))
+
+    def _owners(self, b: int) -> list[nn.Module]:
+        """The modules that hold bucket ``b``'s parameters themselves."""
+        mine = {id(p) for p in self.buckets[b].params}
+        return [m for m in self.model.modules() if any(id(p) in mine for p in m._parameters.values()
+                                                       if p is not None)]
+
+    def _embedded(self, embeddings: int) -> None:
+        self._embeddings_run += 1
+        if self._embeddings_run == embeddings and 0 not in self._released:
+            self._release(0)
 
     # ------------------------------------------------------------ the step
     def begin_step(self, step: int) -> None:
         self._grads_seen = [set() for _ in self.buckets]
         self._pushed = [False] * len(self.buckets)
+        self._acquired.clear()
+        self._released.clear()
+        self._embeddings_run = 0
         self.link.begin_step(step)
-        self._acquire(0, 0)   # root: embeddings first, head last ([Note: what stays resident on a worker])
+        self._acquire(0, 0)   # root: the embeddings first ([Note: what stays resident on a worker])
 
     def finish_step(self) -> None:
         """After ``loss.backward()``: push what the hooks did not (the root bucket), release everything."""
@@ -138,6 +168,10 @@ class ShardedModel:
 
     # ----------------------------------------------------------------- hooks
     def _acquire(self, b: int, phase: int) -> None:
+        if (b, phase) in self._acquired:   # the head's modules each ask; the first waits
+            return
+        self._acquired.add((b, phase))
+        self._released.discard(b)
         slot = self._slot_of[(b, phase)]
         t0 = time.perf_counter()
         self.link.wait_params(slot)
@@ -147,6 +181,7 @@ class ShardedModel:
         trace.interval(f"wait params b{b}" + (" (bwd)" if phase else ""), t0, t1, track="compute")
 
     def _release(self, b: int) -> None:
+        self._released.add(b)
         self.buckets[b].free()
         self.link.released(b)
 
@@ -160,14 +195,18 @@ class ShardedModel:
         """Flatten bucket ``b``'s gradients (zeros for parameters that got none), hand them off, free ``b``."""
         bucket = self.buckets[b]
         grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in bucket.params]
-        flat = torch.cat(grads) if len(grads) > 1 else grads[0].clone()
+        # one parameter: its gradient is the flat vector (autograd made it for this parameter alone)
+        flat = torch.cat(grads) if len(grads) > 1 else grads[0]
+        del grads
         if bucket.numel > flat.numel():
             flat = torch.cat([flat, flat.new_zeros(bucket.numel - flat.numel())])
         for p in bucket.params:
             p.grad = None
         self._pushed[b] = True
-        self.link.push_grad(b, flat)
-        self._release(b)
+        waited = self.link.push_grad(b, flat)   # may wait for earlier gradients to leave ([Note: gradients in flight])
+        self.wait_s += waited or 0.0
+        if b not in self._released:   # a root of embeddings left after the forward; its buffer may be refilled
+            self._release(b)
 
     # --------------------------------------------------------------- queries
     def resident_param_bytes(self) -> int:

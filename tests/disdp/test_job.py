@@ -94,14 +94,26 @@ def test_resume_continues_exactly_with_state_on_ssd(tmp_path):
     (the tiered store): the export equals finetune's 5 straight steps (the constant schedule and the data order
     are the same functions of the step in both). An 8-layer model: a worker holds a few layers at a time, and a
     server's host memory holds a few buckets' state, not its shard."""
+    from terastack.constants import padded_size
+    from terastack.disdp.buckets import Layout
+    from terastack.disdp.server import ParameterServer
+    from terastack.training.hf.model_files import build_skeleton
+    from terastack.training.model_registry import resolve_model
+
     job_file = write_chat_job(tmp_path, workers=2, clip=0.5, model_size=(8, 64), training__lr_schedule="constant",
                               disdp__state="ssd", disdp__servers=1)
+    # the server's store gets exactly its working set ([Note: the server's host memory]): the job's host budget
+    layout = Layout.of(build_skeleton(resolve_model(str(tmp_path / "model"))[0]), 1)
+    budget = ParameterServer.Config(state="ssd", store_root="x", tier_params=True).working_set(
+        padded_size(max(b.numel for b in layout.buckets) * 4))
     ckpt = tmp_path / "ckpt"
-    first = launch_job(resolve_job(file=job_file, flags={}, overrides=[f"checkpoint.dir={ckpt}"], log=None),
+    first = launch_job(resolve_job(file=job_file, flags={}, overrides=[f"checkpoint.dir={ckpt}",
+                                                                       f"store.host_budget={budget}"], log=None),
                        quiet=True)
     assert first["steps"] == 3 and (ckpt / "LATEST").exists()
     job = resolve_job(file=job_file, flags={}, overrides=[f"checkpoint.resume={ckpt}", "training.steps=5",
-                                                          f"output.dir={tmp_path / 'resumed'}"], log=None)
+                                                          f"output.dir={tmp_path / 'resumed'}",
+                                                          f"store.host_budget={budget}"], log=None)
     second = launch_job(job, quiet=True)
     assert second["first_step"] == 3 and second["steps"] == 5 and len(second["losses"]) == 2
     ref = _finetune(job_file, tmp_path / "ref", tmp_path / "store", "--steps", "5")
@@ -110,6 +122,7 @@ def test_resume_continues_exactly_with_state_on_ssd(tmp_path):
     print(second["worker_peak_param_bytes"], second["server_peak_host_state_bytes"], model)
     assert second["worker_peak_param_bytes"] <= model / 2
     assert second["server_peak_host_state_bytes"] <= 3 * model / 2   # params + moments: 3 x model in memory
+    assert 0 < first["server_peak_host_state_bytes"] <= budget and second["server_peak_host_state_bytes"] <= budget
 
 
 def test_refusals(tmp_path):

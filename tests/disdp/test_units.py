@@ -51,7 +51,11 @@ def test_layout_covers_every_parameter_once_and_shards_partition():
     layout = Layout.of(model, servers=3)
     names = [p.name for b in layout.buckets for p in b.params]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())
-    assert [b.name for b in layout.buckets] == ["root", "blocks.0", "blocks.1", "blocks.2"]
+    assert [b.name for b in layout.buckets] == ["root", "blocks.0", "blocks.1", "blocks.2", "head.norm",
+                                                "head.head"]
+    assert [p.name for p in layout.buckets[0].params] == ["embed.weight"]
+    assert [p.name for p in layout.buckets[-2].params] == ["norm.weight", "norm.bias"]
+    assert layout.layers == 3 and layout.tail == 2
     for b in range(len(layout.buckets)):
         cuts = [layout.shard(b, s) for s in range(3)]
         assert cuts[0][0] == 0 and cuts[-1][1] == layout.buckets[b].numel
@@ -60,13 +64,38 @@ def test_layout_covers_every_parameter_once_and_shards_partition():
     assert layout.fingerprint() != Layout.of(model, servers=2).fingerprint()
 
 
+def test_no_bucket_holds_the_embedding_and_the_head_together():
+    # [Note: the root and the head apart] at a 32K vocabulary both are larger than a layer
+    pytest.importorskip("transformers", reason="the example causal LM needs the [dist] extra")
+    from transformers import AutoConfig
+
+    from terastack.training.hf.model_files import build_skeleton
+
+    def llama(tied):
+        return build_skeleton(AutoConfig.for_model("llama", vocab_size=512, hidden_size=32, intermediate_size=64,
+                                                   num_hidden_layers=2, num_attention_heads=2,
+                                                   num_key_value_heads=2, tie_word_embeddings=tied))
+
+    layout = Layout.of(llama(False), servers=1)
+    for b in layout.buckets:
+        names = {p.name for p in b.params}
+        assert not ({"model.embed_tokens.weight", "lm_head.weight"} <= names), b.name
+    # one bucket per module after the layers: the head's gradient leaves without a copy into a flat vector
+    assert [[p.name for p in b.params] for b in layout.buckets[-2:]] == [["model.norm.weight"], ["lm_head.weight"]]
+    # tied: one parameter under both names, used first and last: one root bucket, no head bucket
+    tied = Layout.of(llama(True), servers=1)
+    assert not tied.head and tied.layers == 2
+    assert {p.name for p in tied.buckets[0].params} == {"model.embed_tokens.weight", "model.norm.weight"}
+
+
 def test_schedule_orders():
     layout = Layout.of(build_model(TOY, seed=0), servers=1)
     s = Schedule(layout, reshard=True)
-    assert [(f.bucket, f.phase) for f in s.fetch_order] == [(0, 0), (1, 0), (2, 0), (3, 0), (2, 1), (1, 1)]
-    assert s.grad_order == [3, 2, 1, 0]
+    assert [(f.bucket, f.phase) for f in s.fetch_order] == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0),
+                                                             (2, 1), (1, 1)]
+    assert s.grad_order == [5, 4, 3, 2, 1, 0]
     assert [(f.bucket, f.phase) for f in Schedule(layout, reshard=False).fetch_order] == [(0, 0), (1, 0), (2, 0),
-                                                                                          (3, 0)]
+                                                                                          (3, 0), (4, 0), (5, 0)]
 
 
 class _LocalLink:
@@ -74,6 +103,7 @@ class _LocalLink:
 
     def __init__(self, sharded: ShardedModel, flats):
         self.sharded, self.flats, self.grads, self.delivered = sharded, flats, {}, []
+        self.resident_at = {}   # delivery -> the buckets resident when it was asked for
 
     def begin_step(self, step):
         pass
@@ -82,6 +112,7 @@ class _LocalLink:
         f = self.sharded.schedule.fetch_order[slot]
         bucket = self.sharded.buckets[f.bucket]
         assert not bucket.resident, f"bucket {f.bucket} delivered while still in use"
+        self.resident_at[(f.bucket, f.phase)] = [b.index for b in self.sharded.buckets if b.resident]
         # Raw-memory write, as a network receive does (no autograd version bump).
         src, dst = self.flats[f.bucket].detach().contiguous(), bucket.materialize()
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * 4)
@@ -122,6 +153,12 @@ def test_sharded_model_hooks_give_plain_pytorch_gradients(spec):
     assert link.delivered == [(f.bucket, f.phase) for f in schedule.fetch_order]
     assert sharded.resident_param_bytes() == 0        # nothing stays on the worker after the step
     assert sharded.peak_param_bytes < layout.numel * 4 or layout.layers < 3
+    # [Note: what stays resident on a worker] the head arrives after the last layer, and a root of embedding
+    # tables has left by then: the embedding and the head are never resident together
+    head = layout.layers + 1
+    assert layout.head and layout.buckets[head].name.startswith("head.")
+    assert link.resident_at[(head, 0)] == [layout.layers]
+    assert link.resident_at[(head + 1, 0)] == [layout.layers, head]
     for b in layout.buckets:
         for p in b.params:
             got = link.grads[b.index][p.offset:p.offset + p.numel].view(p.shape)
@@ -219,3 +256,145 @@ def test_failure_message_names_first_dead_rank_and_role(tmp_path):
     assert text.startswith("worker 1 (rank 1) died (SIGKILL); then server 0 (rank 2) failed: TimeoutError")
     assert "1 other rank(s) were stopped" in text
     assert issubclass(JobFailed, RuntimeError)
+
+
+def _small_llama(layers=2):
+    pytest.importorskip("transformers", reason="the example causal LM needs the [dist] extra")
+    return build_model(ModelSpec(name="tiny-llama", dim=16, layers=layers, vocab=64, heads=2, seq_len=8), seed=5)
+
+
+def test_streamed_shard_makes_each_servers_slices_one_bucket_at_a_time():
+    """[Note: a server's starting weights] the slices equal the model's flat buckets cut by Layout.shard, and a
+    stream in bucket order never holds more than the bucket asked for."""
+    from terastack.disdp.initial_weights import StreamedShard
+
+    model = _small_llama(3)
+    layout = Layout.of(model, servers=2)
+    flats = layout.flatten(dict(model.named_parameters()))
+    for server in range(2):
+        shard = StreamedShard(layout, server, iter(list(model.named_parameters())), source="test")
+        for b in range(len(layout.buckets)):
+            lo, hi = layout.shard(b, server)
+            torch.testing.assert_close(shard[b], flats[b][lo:hi], rtol=0, atol=0)
+        assert shard.peak_bytes == max(hi - lo for b in range(len(layout.buckets))
+                                       for lo, hi in [layout.shard(b, server)]) * 4
+    short = StreamedShard(layout, 0, iter([]), source="nowhere")
+    with pytest.raises(ValueError, match="nowhere: no weights for model.embed_tokens.weight"):
+        short[0]
+
+
+def test_random_init_is_made_per_bucket_and_the_same_on_every_server():
+    from terastack.disdp.initial_weights import StreamedShard, random_init
+
+    model = _small_llama(2)
+    meta = build_model(ModelSpec(name="tiny-llama", dim=16, layers=2, vocab=64, heads=2, seq_len=8), seed=5,
+                       meta=True)
+    one, two = Layout.of(meta, servers=1), Layout.of(meta, servers=2)
+    whole = StreamedShard(one, 0, random_init(meta, one, seed=7), source="init")
+    halves = [StreamedShard(two, s, random_init(meta, two, seed=7), source="init") for s in range(2)]
+    std = model.config.initializer_range
+    for b, bucket in enumerate(one.buckets):
+        flat = whole[b]
+        torch.testing.assert_close(torch.cat([halves[0][b], halves[1][b]]), flat, rtol=0, atol=0)
+        for slot in bucket.params:   # the model's own initialization: norms at one, matrices ~ N(0, std)
+            values = flat[slot.offset:slot.offset + slot.numel]
+            if "norm" in slot.name:
+                assert bool((values == 1).all()), slot.name
+            else:
+                assert abs(float(values.std()) - std) < 0.3 * std, slot.name
+        assert whole.peak_bytes <= max(b.numel for b in one.buckets) * 4
+    assert all(p.device.type == "meta" for p in meta.parameters())   # the skeleton is left as it was
+
+
+def test_state_store_stays_within_its_budget_and_reads_ahead_only_into_free_room(tmp_path):
+    """[Note: the server's host memory] takes always succeed within the working set: read-ahead copies are dropped
+    to make room, write-backs are finished first, and the ledger's peak never passes the budget."""
+    from terastack.constants import padded_size
+    from terastack.disdp.server import StateStore
+
+    n = 1000
+    slot = padded_size(n * 4)
+    store = StateStore(tmp_path / "s", 3 * slot)
+    for i in range(6):
+        store.add(f"t{i}", torch.full((n,), float(i)), 60)
+    a = store.take("t0", 60)
+    store.take("t1", 60)
+    store.read_ahead("t2")          # the last free slot
+    store.read_ahead("t3")          # no room: not read
+    assert "t3" not in store._ahead and "t2" in store._ahead
+    a.add_(10)
+    store.put_back("t0", dirty=True)
+    c = store.take("t4", 60)        # room from t0's finished write-back, t2's copy kept
+    assert float(c[0]) == 4
+    d = store.take("t5", 60)        # full: t2's read-ahead copy is dropped
+    assert float(d[0]) == 5 and "t2" not in store._ahead
+    assert store.host_bytes() <= 3 * slot
+    for name in ("t1", "t4", "t5"):
+        store.put_back(name, dirty=False)
+    assert float(store.take("t0", 60)[0]) == 10   # the modified copy was written back
+    store.close()
+
+
+def test_server_refuses_a_host_budget_below_its_working_set():
+    from terastack.disdp.server import ParameterServer
+
+    config = ParameterServer.Config(state="ssd", store_root="x", tier_params=True, host_budget=1 << 20)
+    assert config.working_set(1 << 20) == 7 << 20 and config.host_budget_of(1 << 20) == 1 << 20
+    assert ParameterServer.Config(state="ssd", store_root="x", tier_params=True).host_budget_of(1 << 20) == 7 << 20
+    with pytest.raises(ValueError, match="host_budget"):
+        ParameterServer.Config(state="ssd", store_root="x", host_budget=0)
+
+
+def test_thread_agent_holds_at_most_its_window_of_gradients():
+    """[Note: gradients in flight] the third push waits until the first gradient has left."""
+    import threading
+    from types import SimpleNamespace
+
+    from terastack.disdp.agent import ThreadAgent
+
+    left = [threading.Event() for _ in range(3)]
+    comm = SimpleNamespace(me="worker 0", wait_all=lambda pend: [e.wait(10) for e in pend])
+    core = SimpleNamespace(comm=comm, worker=0, push=lambda b, grad, step: [left[b]])
+    schedule = Schedule(Layout.of(build_model(TOY, seed=0), servers=1), reshard=True)
+    agent = ThreadAgent(core, schedule, [], first_step=0, steps=0, prefetch=1, timeout_s=10, grad_window=2)
+    agent.begin_step(0)
+    agent.push_grad(0, torch.zeros(1))
+    agent.push_grad(1, torch.zeros(1))
+    third = threading.Thread(target=agent.push_grad, args=(2, torch.zeros(1)))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive()            # two gradients have not left: the compute thread waits
+    left[0].set()
+    third.join(5)
+    assert not third.is_alive()
+    left[1].set()
+    left[2].set()
+    agent.close()
+
+
+def test_a_job_without_a_model_directory_starts_its_servers_one_bucket_at_a_time():
+    """job_run.initial_shard: no model directory, a seeded initialization per bucket; a server's slices never
+    stand whole in memory, and two servers' slices put together are one server's."""
+    from types import SimpleNamespace
+
+    from terastack.disdp.job_run import initial_shard
+    from terastack.training.hf.model_files import build_skeleton
+    from terastack.training.model_registry import resolve_model
+
+    pytest.importorskip("transformers", reason="the built-in model is a transformers Llama")
+    hf_config = resolve_model("tiny-llama")[0]
+
+    def shard_of(index, servers):
+        layout = Layout.of(build_skeleton(hf_config), servers)
+        me = SimpleNamespace(layout=layout, index=index, model_dir=None, hf_config=hf_config,
+                             job=SimpleNamespace(training=SimpleNamespace(seed=3), model=SimpleNamespace(path=None)))
+        shard = initial_shard(me)
+        slices = [shard[b] for b in range(len(layout.buckets))]
+        largest = max(hi - lo for b in range(len(layout.buckets)) for lo, hi in [layout.shard(b, index)])
+        assert shard.peak_bytes == largest * 4
+        return slices
+
+    whole = shard_of(0, 1)
+    halves = [shard_of(s, 2) for s in range(2)]
+    for b, flat in enumerate(whole):
+        torch.testing.assert_close(torch.cat([halves[0][b], halves[1][b]]), flat, rtol=0, atol=0)

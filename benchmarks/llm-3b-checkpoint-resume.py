@@ -1,7 +1,7 @@
 """Checkpoint and resume a full fine-tune of an OpenLLaMA-3B-shaped Llama under one 4 GiB budget for the whole
 process, and check that the resumed run continues exactly where the first one was.
 
-    MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=262144 \\
+    MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=4194304 \\
         python benchmarks/llm-3b-checkpoint-resume.py DIR [--layers N] [--steps K] [--model NAME] [--copy]
 
 Run A trains K steps from the built-in model's random initialisation (the 26-layer OpenLLaMA-3B shape,

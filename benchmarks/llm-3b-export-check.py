@@ -2,7 +2,7 @@
 export it (float32, sharded) and check the export without loading the model: keys and shapes on the meta device
 through transformers' conversions, sampled tensors against the trainer's masters.
 
-    MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=262144 python benchmarks/llm-3b-export-check.py DIR [STEPS [MODEL]]
+    MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=4194304 python benchmarks/llm-3b-export-check.py DIR [STEPS [MODEL]]
 
 (MODEL: a built-in name, default openllama-3b; tiny-llama checks the script itself in seconds.)
 

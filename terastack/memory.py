@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 
+#: glibc's mmap threshold under a memory budget ([Note: a memory budget bounds resident memory])
+MMAP_THRESHOLD = 4 << 20
+
 
 def _status_field(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -93,13 +96,17 @@ def return_freed_memory() -> None:
     resident memory, not only about the ledgers. glibc keeps freed blocks in
     its heaps and per-thread arenas and raises its mmap threshold as large
     blocks are freed, so a process whose tensors come and go keeps growing
-    past what it uses. Blocks of 32 MiB and more (whole weights, their
-    gradients, the store's buffers) are therefore always mmapped (returned to
-    the OS when freed) and arenas are capped. Smaller blocks -- a unit's
-    activations and the many small tensors of a step -- stay in the heap and
-    are reused: mmapping them too (the threshold was 256 KiB) made every step
-    fault in fresh pages, which cost the in-memory llama-150m step 1.3x (1.9 s
-    -> 2.45 s; 1.76 s with 32 MiB, on the 2-core bench machine). Set here with mallopt, the settings miss
+    past what it uses. Blocks of 4 MiB and more (weights, their gradients,
+    the store's buffers, the activations of a wide batch) are therefore always
+    mmapped (returned to the OS when freed) and arenas are capped. Smaller
+    blocks -- the many small tensors of a step -- stay in the heap and are
+    reused: mmapping them too (the threshold was 256 KiB) made every step fault
+    in fresh pages, which cost the in-memory llama-150m step 1.3x (1.9 s ->
+    2.45 s, on the 2-core bench machine). A higher threshold keeps too much:
+    with 32 MiB, a vertical step of 8 micro-batches at 1.1B (16 MiB hidden
+    states, in the heap) peaked at 5.30 GiB RSS under a 4 GiB process budget,
+    4.17 GiB with 4 MiB; llama-150m's step was no slower with 4 MiB than with
+    32 MiB. Set here with mallopt, the settings miss
     the arenas threads made before; in the environment at process start
     (``terastack.llm.trainer_config.MEMORY_BUDGET_ENV``) they cover everything:
     measured on the bench model, peak RSS 0.84 GB with mallopt only, 0.56 GB
@@ -114,7 +121,7 @@ def return_freed_memory() -> None:
         return
     try:
         libc = ctypes.CDLL(name)
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (also stops the threshold from growing)
+        libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (also stops the threshold from growing)
         libc.mallopt(-8, 2)          # M_ARENA_MAX
     except (OSError, AttributeError):
         pass  # not glibc: its allocator has its own policy

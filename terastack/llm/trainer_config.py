@@ -16,6 +16,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
+from terastack.memory import MMAP_THRESHOLD
 from terastack.configfile import config_from_dict, read_toml_table
 from terastack.training.job import (SECTIONS, JobConfig, LoraSection, SettingError, build_job,
                                     resolve_job)
@@ -24,7 +25,7 @@ from terastack.training.job.legacy import old_trainer_key
 __all__ = ["MEMORY_BUDGET_ENV", "LoraSpec", "TrainerConfig"]
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
 #: starts its process with them); see [Note: a memory budget bounds resident memory] (terastack.memory)
-MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
 
 
 @dataclass(kw_only=True, slots=True)

@@ -186,3 +186,19 @@ def test_bf16_compute_inline_equals_the_optimizer_thread(tmp_path, trainer_confi
     (inline_losses, inline_weights), (thread_losses, thread_weights) = results
     assert inline_losses == thread_losses and all(l == l for l in inline_losses)
     assert all(torch.equal(inline_weights[n], thread_weights[n]) for n in thread_weights)
+
+
+def test_the_end_of_step_sweep_passes_over_a_compute_copy_being_replaced(tmp_path, trainer_config):
+    """In mixed precision the optimizer thread replaces a unit's compute copy (delete, then put) while the step
+    that ran it sweeps its unused working copies: a record absent for that moment is not an error."""
+    from terastack.llm.engine import records
+
+    make_model("llama", tmp_path / "model")
+    cfg = trainer_config(dtype="bfloat16", state_placement="ssd", inline_updates=False)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        offloaded_train(trainer, batches(1))
+        trainer.synchronize()
+        rt = trainer.runtime
+        name = next(n for n in rt.tensors if rt.compute_record(n) == records.compute(n))
+        rt.store.delete(records.compute(name))            # the moment between the optimizer's delete and put
+        rt.fetcher.sweep()

@@ -169,7 +169,12 @@ class WeightFetcher:
                 record = self.rt.compute_record(cname)
                 if self.rt.read_in_place(record):
                     continue
-                rec = self.store.record(record)
-                if (record not in self._refs and rec.state is State.RESIDENT and rec.tier is Tier.DEVICE
-                        and rec.home is not Tier.DEVICE):
-                    self.rt.track_write(self.store.evict(record))
+                try:
+                    rec = self.store.record(record)
+                    if (record not in self._refs and rec.state is State.RESIDENT and rec.tier is Tier.DEVICE
+                            and rec.home is not Tier.DEVICE):
+                        self.rt.track_write(self.store.evict(record))
+                except KeyError:
+                    # the optimizer thread is replacing this compute copy right now (delete, then put: see
+                    # StepRuntime.write_compute_copy): its new copy rests on the SSD, nothing to evict
+                    continue

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from terastack.disdp.buckets import Bucket, Layout
+from terastack.training.hf.model_files import materialized, seeded
 
 
 class StreamedShard(Mapping):
@@ -93,24 +94,10 @@ def _init_bucket(model: nn.Module, bucket: Bucket, *, seed: int) -> Iterator[tup
             if p is not None and (f"{mname}.{pname}" if mname else pname) in names:
                 owners.append(module)
                 break
-    originals = {}
     out = {}
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            for module in owners:
-                for pname, p in list(module._parameters.items()):
-                    if p is not None:
-                        originals[(module, pname)] = p
-                        module._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=torch.float32),
-                                                                 requires_grad=p.requires_grad)
-            for module in owners:
-                model._init_weights(module)
-            for slot in bucket.params:
-                out[slot.name] = model.get_parameter(slot.name).detach()   # its module lets go of it below
-    finally:
-        torch.random.set_rng_state(state)
-        for (module, pname), p in originals.items():
-            module._parameters[pname] = p
+    with seeded(seed), materialized(owners), torch.no_grad():
+        for module in owners:
+            model._init_weights(module)
+        for slot in bucket.params:
+            out[slot.name] = model.get_parameter(slot.name).detach()   # its module lets go of it below
     yield from out.items()

@@ -98,7 +98,7 @@ class LoraHandle:
             yield name, t
 
     def _peft_init(self, units, names, seed: int):
-        from terastack.llm.model import materialized, seeded
+        from terastack.training.hf.model_files import materialized, seeded
 
         wanted = set(names)
         with seeded(seed):

@@ -19,11 +19,12 @@ gradients are summed before its update.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from terastack.training.hf.model_files import materialized, seeded
 
 #: Families (transformers model_type) whose results are tested against plain PyTorch training
 #: (tests/llm/test_families.py; docs/llm.md lists them).
@@ -156,35 +157,6 @@ def set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------- weights in
-
-
-@contextmanager
-def materialized(modules):
-    """Give the parameters of ``modules`` (not of their children) real, uninitialized CPU fp32 storage for the
-    duration; the original meta parameters (and so every tie between them) come back afterwards."""
-    originals = {}
-    try:
-        for mod in modules:
-            for pname, p in list(mod._parameters.items()):
-                if p is not None:
-                    originals[(mod, pname)] = p
-                    mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=torch.float32),
-                                                          requires_grad=p.requires_grad)
-        yield
-    finally:
-        for (mod, pname), p in originals.items():
-            mod._parameters[pname] = p
-
-
-@contextmanager
-def seeded(seed: int):
-    """Draw from torch's CPU generator seeded with ``seed``; the caller's stream is untouched afterwards."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(state)
 
 
 def random_init(model: nn.Module, units: list[Unit], tensors: dict[str, TensorInfo], seed: int):

@@ -1,6 +1,7 @@
 """Hugging Face model files every language-model engine reads: the config, the model built on the meta device
 (no memory), the safetensors checkpoint read tensor by tensor, and the checks a config must pass before training
-(positions long enough, packed rows exact for its attention)."""
+(positions long enough, packed rows exact for its attention); and, for initializing a skeleton piece by piece,
+its modules given real storage for a while under a seeded generator."""
 from __future__ import annotations
 
 import json
@@ -232,3 +233,33 @@ def load_hf_config(path: str | os.PathLike):
         return AutoConfig.from_pretrained(str(path))
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(f"{path / 'config.json'} is not a usable model config ({exc})") from None
+
+
+# ---------------------------------------------------------------- a skeleton's weights, piece by piece
+@contextmanager
+def materialized(modules):
+    """Give the parameters of ``modules`` (not of their children) real, uninitialized CPU fp32 storage for the
+    duration; the original meta parameters (and so every tie between them) come back afterwards."""
+    originals = {}
+    try:
+        for mod in modules:
+            for pname, p in list(mod._parameters.items()):
+                if p is not None:
+                    originals[(mod, pname)] = p
+                    mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=torch.float32),
+                                                          requires_grad=p.requires_grad)
+        yield
+    finally:
+        for (mod, pname), p in originals.items():
+            mod._parameters[pname] = p
+
+
+@contextmanager
+def seeded(seed: int):
+    """Draw from torch's CPU generator seeded with ``seed``; the caller's stream is untouched afterwards."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)

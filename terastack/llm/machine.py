@@ -23,7 +23,7 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda"):
         # before CUDA initialises (current_device below does): expandable segments unless the user configured the
         # allocator, so that what it reserves stays close to what the device ledger charges ([Note: the device
-        # ledger and the caching allocator] in terastack.tiers.budget)
+        # ledger and the caching allocator] in terastack.allocator)
         prefer_expandable_segments()
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:

@@ -69,6 +69,7 @@ import math
 import dataclasses
 from dataclasses import dataclass
 
+from terastack.allocator import device_held_bytes
 from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, AccumulationSpec, accumulation_spec, candidates
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, searched
 from terastack.plan.hardware import Hardware
@@ -401,8 +402,12 @@ class LLMPlanner:
         cb = profile.compute_bytes
         # ---- device ledger: weights in flight + activations that stay on the device
         window = depth + 1
-        wbytes = [u.weight_bytes for u in units]
-        weights_ws = self._memo(profile, None, ("weights in flight", window),
+        # per tensor, the device bytes its record takes beyond its size: on a GPU, the caching allocator's rounding
+        rounding = self._memo(profile, hw, "rounding", lambda: {t: device_held_bytes(n * cb, cuda=hw.has_gpu)
+                                                                - held_bytes(n * cb)
+                                                                for t, n in profile.tensor_numel.items()})
+        wbytes = [u.weight_bytes + sum(rounding[t] for t in u.tensors) for u in units]
+        weights_ws = self._memo(profile, hw, ("weights in flight", window),
                                 lambda: max(sum(wbytes[i:i + window]) for i in range(len(units))))
         swap_flight = 2 * split.max_swapped
         # working memory of the unit computing (outside the ledger): its activations while its forward runs or is
@@ -411,8 +416,8 @@ class LLMPlanner:
             max(u.act_bytes + u.trainable * cb for u in units) + 3 * profile.logits_bytes))
         resident = 0  # frozen weights resting in the device tier
         if hw.has_gpu and cfg.frozen_on_device:
-            frozen, streamed_ws, _ = self._memo(profile, None, ("frozen on the device", window),
-                                                lambda: self._frozen_on_device(profile, window))
+            frozen, streamed_ws, _ = self._memo(profile, hw, ("frozen on the device", window, "rounded"),
+                                                lambda: self._frozen_on_device(profile, window, rounding))
             if frozen and frozen + streamed_ws + split.on_device + swap_flight + transient <= cfg.device_budget:
                 resident, weights_ws = frozen, streamed_ws
         device_ledger = resident + weights_ws + split.on_device + swap_flight
@@ -436,7 +441,7 @@ class LLMPlanner:
             room = cfg.host_budget - host_fixed if cfg.state_placement == "auto" else 0
             homes = self._homes(profile, room, sizes.chunk, frozen_on_device=bool(resident))
             retention = self._retention(profile, split, homes.state_home, capacity=cfg.device_budget - transient,
-                                        base=resident + weights_ws + swap_flight)
+                                        base=resident + weights_ws + swap_flight, rounding=rounding)
             waits, reread = self._memo(profile, hw, ("state waits", sizes, id(homes.state_home)), lambda: (
                 homes.state_home, self._state_waits(profile, hw, sizes, homes)))[1]
             pred = self._predict(profile, hw, split, homes, homes.ssd_read_bytes - retention.ssd_read_saved + reread,
@@ -470,7 +475,7 @@ class LLMPlanner:
         return exposed_state_io_s(profile, self.schedule, sizes, homes.state_home, read_bw=read_bw,
                                   write_bw=hw.ssd_write_total or 1e9) + reread / read_bw, reread
 
-    def _frozen_on_device(self, profile: ModelProfile, window: int) -> tuple[int, int, int]:
+    def _frozen_on_device(self, profile: ModelProfile, window: int, rounding=None) -> tuple[int, int, int]:
         """[Note: frozen weights on the device]
 
         A frozen weight (the base model of a LoRA fine-tune) never changes, so with an accelerator it need not
@@ -478,16 +483,20 @@ class LLMPlanner:
         link or leaving the SSD. When all of them fit beside the step's working memory they rest there (a 7B
         base in bf16 is 12.6 GiB; streaming it twice a step over PCIe while an 80 GB GPU holds 1.7 GiB is the
         slow answer); otherwise they stream in with the trainable weights. Returns the bytes of the frozen
-        weights, of the weights then in flight (``window`` units') and of those every pass then brings in."""
-        cb = profile.compute_bytes
+        weights and of the weights then in flight (``window`` units'), each tensor's ``rounding`` in the device
+        tier added, and of those every pass then brings in."""
+        cb, extra = profile.compute_bytes, rounding or dict.fromkeys(profile.tensor_numel, 0)
         frozen_of = [sum(held_bytes(profile.tensor_numel[t] * cb) for t in dict.fromkeys(u.tensors)
                          if not profile.tensor_trainable[t]) for u in profile.units]
-        frozen = sum(held_bytes(n * cb) for t, n in profile.tensor_numel.items() if not profile.tensor_trainable[t])
+        frozen = sum(held_bytes(n * cb) + extra[t] for t, n in profile.tensor_numel.items()
+                     if not profile.tensor_trainable[t])
         streamed = [max(u.weight_bytes - f, 0) for u, f in zip(profile.units, frozen_of)]
-        return frozen, max(sum(streamed[i:i + window]) for i in range(len(streamed))), sum(streamed)
+        held = [s + sum(extra[t] for t in u.tensors if profile.tensor_trainable[t])
+                for s, u in zip(streamed, profile.units)]
+        return frozen, max(sum(held[i:i + window]) for i in range(len(held))), sum(streamed)
 
     def _retention(self, profile: ModelProfile, split: _Split, state_home: dict, *, capacity: int,
-                   base: int) -> _Retention:
+                   base: int, rounding: dict) -> _Retention:
         """[Note: weights kept for the next forward]
 
         The first units of the forward are the last ones backward updates. With fp32 compute their updated
@@ -501,7 +510,7 @@ class LLMPlanner:
         units = profile.units
         # per homes (the state_home dict of a cached _Homes: the entry keeps it alive, so its id is not reused)
         held = self._memo(profile, None, ("held", id(state_home)), lambda: (state_home, [
-            sum(held_bytes(profile.tensor_numel[t] * 4) for t in dict.fromkeys(u.tensors)
+            sum(held_bytes(profile.tensor_numel[t] * 4) + rounding[t] for t in dict.fromkeys(u.tensors)
                 if profile.tensor_trainable[t] and state_home.get(t) is Tier.SSD) for u in units]))[1]
         policies = split.policies or (DEFAULT.name,) * len(units)
         stays = [activation_spec(p).device_bytes(u) for u, p in zip(units, policies)]

@@ -17,9 +17,11 @@ the planner does not pick one size; it scores a few, largest first:
 * ``stream``: a fixed window (:data:`STREAM_WINDOW`) each way, large requests
   in flight while the update streams through its unit;
 * ``lean stream``: the stream window with the rest lean (one unit's masters
-  handed over at a time, no slack in the gradient pool);
-* ``lean``: two small chunks (:data:`LEAN_CHUNK`): the least memory, one
-  chunk read, updated and written at a time.
+  handed over at a time, no slack in the gradient pool); and the same
+  holding no unit's masters, which the optimizer then reads again;
+* ``lean``: two small chunks (:data:`LEAN_CHUNK`), one chunk read, updated
+  and written at a time, taking one unit's masters from backward; and, the
+  least memory, the same holding none of them.
 
 and charges each the seconds its window leaves exposed
 (:func:`exposed_state_io_s`): per unit, the state beyond the window read while
@@ -124,9 +126,15 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
         if last is None or window < last:  # equal windows are one candidate
             out.append(sizes(kind, lean=False, window=window))
             last = window
-    # the lean settings (one master, no slack in the pool, small chunks) with the stream window, then without
+    # the lean settings (one master, no slack in the pool, small chunks) with the stream window -- taking one
+    # unit's masters from backward, or taking none and reading them again (``masters_reread`` prices that: at
+    # the largest sizes the unit's masters do not fit beside the window, and re-reading them costs the step less
+    # than a window too small to hide the state's reads) --
+    # then the same without the window
     return out + [sizes("lean stream", lean=True, window=stream, hand_over_one=True),
-                  sizes("lean", lean=True)]
+                  sizes("lean stream, masters re-read", lean=True, window=stream),
+                  sizes("lean", lean=True, hand_over_one=True),
+                  sizes("lean, masters re-read", lean=True)]
 
 
 def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict,

@@ -25,7 +25,7 @@ buffer an asynchronous copy still reads or writes carries that copy's event
 (a *fence*, :meth:`BufferPool.fence`): it is waited on before the buffer is
 handed out again, dropped, or given to a CPU reader (:meth:`BufferPool.settle`).
 Device-tier buffers are charged the caching allocator's size for them
-([Note: the device ledger and the caching allocator] in terastack.tiers.budget).
+([Note: the device ledger and the caching allocator] in terastack.allocator).
 """
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ import warnings
 
 import torch
 
+from terastack.allocator import allocator_bytes, expandable_segments
 from terastack.io.buffers import aligned_empty
 from terastack.io.cuda import pinned_host_empty, to_device, to_host
-from terastack.tiers.budget import BudgetLedger, allocator_bytes, expandable_segments
+from terastack.tiers.budget import BudgetLedger
 from terastack.tiers.record import Tier
 
 

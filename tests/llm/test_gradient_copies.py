@@ -1,13 +1,19 @@
 """Gradients off the GPU ([Note: gradients off the GPU] in terastack.llm.engine.gradient_intake): a held gradient's
 copy event is waited for by whoever reads it on the CPU first -- the optimizer thread reading a chunk, a second
-contribution, its spill -- checked on the CPU with a stand-in event; then on a GPU, with the GPU made to lag."""
+contribution, its spill -- checked on the CPU with a stand-in event; then on a GPU, with the GPU made to lag.
+Their pinned buffers are the gradient pool's, and a host copy of activations charges its pinned block's rounding
+to the host ledger: checked on the CPU with the page-locking stood in for."""
+import gc
 import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from terastack.io.buffers import aligned_empty
+from terastack.llm.engine import gradient_intake as intake_module, runtime as runtime_module
 from terastack.llm.engine.gradient_intake import GradientIntake, HeldGradient
+from terastack.tiers import BudgetLedger, Tier, pool as pool_module
 
 
 class Event:
@@ -43,6 +49,76 @@ def test_a_cpu_gradient_is_held_as_before():
     assert out.ready == ["w"]
     held = intake._grads["w"]
     assert held.ready is None and held.tensor.dtype == torch.float32 and torch.equal(held.tensor, g.float())
+
+
+class OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on a GPU: the accelerator's branches run on the CPU."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+@pytest.fixture
+def pinning(monkeypatch):
+    """Page-locking stood in for: the sizes asked for, plain aligned buffers; copies off the 'GPU' are CPU copies
+    with a stand-in event."""
+    asked = []
+
+    def pinned(nbytes):
+        asked.append(nbytes)
+        return aligned_empty(nbytes, torch.uint8, as_tensor=True)
+
+    def to_host(dst, src):
+        dst.copy_(src.as_subclass(torch.Tensor))
+        return Event()
+
+    monkeypatch.setattr(pool_module, "pinned_host_empty", pinned)
+    monkeypatch.setattr(intake_module, "pinned_host_empty", pinned)
+    monkeypatch.setattr(intake_module, "to_host", to_host)
+    return asked
+
+
+def test_gradients_off_the_gpu_are_held_in_the_pools_pinned_buffers(pinning):
+    intake = _intake()
+    intake.tensors["w"].users = ["u0", "u1"]  # two contributions: the second is copied, added and given back
+    for step in range(2):
+        intake.begin_step(accumulate=False)
+        intake.accept("u0", {"w": torch.arange(8.0).as_subclass(OnGpu)})
+        assert intake.pool.used == 32  # reserved with its buffer, before the copy
+        out = intake.accept("u1", {"w": torch.ones(8).as_subclass(OnGpu)})
+        assert out.ready == ["w"] and intake.pool.used == 32
+        assert torch.equal(intake.chunk("w", 0, 0, 8), torch.arange(8.0) + 1)
+        intake.release("w")
+        assert intake.pool.used == 0 and intake.buffers.pooled(Tier.HOST) == 64  # kept, within the pool's budget
+        assert pinning == [32, 32]  # the second step reuses the first's buffers: nothing pinned anew
+
+
+def test_a_gradient_without_room_in_the_pool_is_pinned_apart_and_charged_nowhere(pinning):
+    intake = _intake()
+    intake.pool = BudgetLedger("host (gradients in flight)", 16)  # less than the gradient's 32 bytes
+    intake.begin_step(accumulate=False)
+    intake.accept("u0", {"w": torch.arange(8.0).as_subclass(OnGpu)})
+    held = intake._grads["w"]
+    assert held.charged == 0 and held.raw is None and intake.pool.used == 0  # spilled once complete
+    assert pinning == [32] and torch.equal(intake.settled(held), torch.arange(8.0))
+
+
+def test_a_pinned_host_copy_charges_its_blocks_rounding_while_it_lives(monkeypatch):
+    """PyTorch's pinned allocator takes a power-of-two block; the caller charges the copy's bytes, host_copy the
+    rest of the block, released when the copy is dropped."""
+    monkeypatch.setattr(runtime_module, "pinned_empty", lambda shape, dtype: torch.empty(shape, dtype=dtype))
+    ledger = BudgetLedger("host", 1 << 20)
+    rt = SimpleNamespace(store=SimpleNamespace(budgets={Tier.HOST: ledger}),
+                         with_room=lambda attempt, what: attempt())
+    raw = torch.arange(5000, dtype=torch.int32).to(torch.uint8)  # 5000 bytes: an 8 KiB block
+    out = runtime_module.StepRuntime.host_copy(rt, raw.as_subclass(OnGpu))
+    assert torch.equal(out, raw) and ledger.used == 8192 - 5000
+    del out
+    gc.collect()
+    assert ledger.used == 0
+    exact = runtime_module.StepRuntime.host_copy(rt, torch.zeros(4096, dtype=torch.uint8).as_subclass(OnGpu))
+    assert ledger.used == 0 and exact.numel() == 4096  # a power of two: nothing beyond the caller's charge
 
 
 @pytest.mark.gpu

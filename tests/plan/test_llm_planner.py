@@ -272,3 +272,31 @@ def test_pinned_staging_is_planned_inside_the_host_budget_on_an_accelerator():
         assert "pinned staging" in str(exc)
     else:
         assert squeezed.prediction.host_peak_bytes <= tight
+
+
+def test_device_weights_are_priced_at_the_caching_allocators_size_on_a_gpu(monkeypatch):
+    """[Note: the device ledger and the caching allocator] (terastack.allocator): on a GPU the store's device
+    ledger charges each record the caching allocator's block, so the plan counts the same: a record just over
+    10 MiB takes a segment of its own rounded up to 2 MiB; with expandable segments only 512-byte rounding."""
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    record = 10 * MiB + 4096                      # a layer's fp32 weights: whole store blocks, awkward to CUDA
+    prof = profile(params=record // 4)           # the embedding and head (8 MiB each) round to themselves
+    gpu = CPU.with_overrides(gpu_flops=1e14, gpu_memory_bytes=8 << 30, pcie_bytes_per_s=2e10)
+    on_cpu = plan(prof, policy="keep", retain_weights=False).prediction
+    on_gpu = plan(prof, gpu, policy="keep", retain_weights=False).prediction
+    window = 2                                    # prefetch depth 1: two layers' weights in flight
+    assert on_gpu.device_peak_bytes - on_cpu.device_peak_bytes == window * (12 * MiB - record)
+    # a device budget that holds the records' bytes but not the allocator's blocks: on a GPU, one layer in
+    # flight instead of two; with no prefetch asked, a refusal
+    budget = on_cpu.device_peak_bytes + on_cpu.transient_bytes
+    assert plan(prof, policy="keep", retain_weights=False, device_budget=budget).prefetch_depth == 1
+    assert plan(prof, gpu, policy="keep", retain_weights=False, device_budget=budget).prefetch_depth == 0
+    alone = plan(prof, policy="keep", retain_weights=False, prefetch_depth=0).prediction
+    budget = alone.device_peak_bytes + alone.transient_bytes
+    plan(prof, policy="keep", retain_weights=False, prefetch_depth=0, device_budget=budget)
+    with pytest.raises(PlanError, match="device budget exceeded"):
+        plan(prof, gpu, policy="keep", retain_weights=False, prefetch_depth=0, device_budget=budget)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    expandable = plan(prof, gpu, policy="keep", retain_weights=False).prediction
+    assert expandable.device_peak_bytes == on_cpu.device_peak_bytes  # whole 4 KiB blocks: no rounding left

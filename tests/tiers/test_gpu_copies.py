@@ -1,17 +1,18 @@
 """The CUDA paths between the host and device tiers, checked on the CPU at the torch.cuda seam: which buffers are
 asked for page-locked, that the host ledger counts them once, that a buffer an asynchronous copy still uses is
-waited for before it is handed out, dropped or read, and the device ledger's charge for the caching allocator's
-rounding (see tests/tiers/test_store_gpu.py for the same paths on a GPU)."""
+waited for before it is handed out, dropped or read, and the request for expandable segments (the caching
+allocator's rounding: tests/test_allocator.py; tests/tiers/test_store_gpu.py for the same paths on a GPU)."""
 import gc
 import mmap
 
 import pytest
 import torch
 
+from terastack.allocator import expandable_segments
 from terastack.io import cuda
 from terastack.io.buffers import aligned_empty
 from terastack.tiers import Tier, TieredStore, pool as pool_module
-from terastack.tiers.budget import BudgetLedger, allocator_bytes, expandable_segments
+from terastack.tiers.budget import BudgetLedger
 from terastack.tiers.pool import BufferPool
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -30,45 +31,7 @@ class FakeEvent:
             self.log.append("synchronize")
 
 
-# ------------------------------------------------------------------ the caching allocator's rounding
-@pytest.mark.parametrize("nbytes, expected", [
-    (0, 0),
-    (1, 512),                           # every block is a multiple of 512 bytes
-    (512, 512),
-    (513, 1024),
-    (4 * KiB, 4 * KiB),
-    (1 * MiB + 1, 1 * MiB + 512),       # a large-pool block carved from a shared 20 MiB segment: its block
-    (10 * MiB - 512, 10 * MiB - 512),
-    (10 * MiB, 10 * MiB),               # from 10 MiB on: a segment of its own, rounded up to 2 MiB
-    (10 * MiB + 1, 12 * MiB),
-    (11 * MiB, 12 * MiB),
-    (64 * MiB, 64 * MiB),
-    (1000 * MiB + 4 * KiB, 1002 * MiB),
-])
-def test_device_charge_follows_the_caching_allocator(nbytes, expected):
-    assert allocator_bytes(nbytes) == expected
-
-
-def test_expandable_segments_leave_only_the_block_rounding():
-    assert allocator_bytes(11 * MiB, expandable=True) == 11 * MiB
-    assert allocator_bytes(10 * MiB + 1, expandable=True) == 10 * MiB + 512
-    with pytest.raises(ValueError, match="nbytes"):
-        allocator_bytes(-1)
-
-
-def test_expandable_segments_read_from_the_allocator_settings(monkeypatch):
-    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    assert not expandable_segments()
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128, expandable_segments:True")
-    assert expandable_segments()
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
-    assert not expandable_segments()
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
-    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:true")
-    assert expandable_segments()
-
-
+# ------------------------------------------------------------------ the caching allocator's settings
 def test_expandable_segments_are_not_asked_for_without_cuda_or_over_the_users_settings(monkeypatch):
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")

@@ -152,7 +152,7 @@ def test_put_of_a_device_tensor_is_staged_after_the_kernels_writing_it(tmp_path)
 
 @pytest.mark.gpu
 def test_device_ledger_charges_what_the_allocator_takes(tmp_path):
-    from terastack.tiers.budget import allocator_bytes, expandable_segments
+    from terastack.allocator import allocator_bytes, expandable_segments
 
     with _store(tmp_path) as store:
         n = (11 << 20) + 8192                        # a segment of its own without expandable segments

@@ -20,9 +20,20 @@ copy's event, and whoever reads it on the CPU first -- a second contribution
 added to it, its norm, its sum, its spill to the SSD, or the optimizer thread
 reading a chunk for its update -- waits on that event (:meth:`GradientIntake.
 settled`). The device gradient records the download stream, so backward may
-free it at once. The buffers come from PyTorch's pinned allocator (cached
-between steps; it rounds a request up to a power of two): the gradient pool
-charges the gradient's bytes.
+free it at once. The pinned buffers are the gradient pool's own
+(:class:`~terastack.tiers.pool.BufferPool` over the pool's ledger, page-locked
+page for page: [Note: pinned host tier] in terastack.tiers.pool): a held
+gradient's buffer is reserved in the pool before its copy starts, and an
+updated one's goes back for the next step's gradient of its size, so the
+pinned bytes -- held or kept for reuse -- stay within the pool's budget
+(PyTorch's pinned allocator would round each request up to a power of two
+and keep the blocks outside any ledger). A second contribution is copied
+into a pooled buffer as well, returned once added; when the pool has no room
+for a gradient that may be spilled (or for a second contribution), its
+buffer is pinned apart (exactly its pages, given back once dropped) and
+charged nowhere, like a spilled gradient without an accelerator. A buffer
+whose bytes a store write may still read (a first micro-batch's sum) is not
+reused: its charge is released and the buffer dropped with its last reader.
 """
 from __future__ import annotations
 
@@ -34,11 +45,12 @@ import torch
 
 from terastack import trace
 from terastack.errors import BudgetError
-from terastack.io.cuda import to_host
+from terastack.io.cuda import pinned_host_empty, to_host
 from terastack.llm.engine import records
 from terastack.llm.engine.accumulate import GradientSums
 from terastack.llm.engine.optimizer_state import read_to_host
 from terastack.tiers import BudgetLedger, Tier
+from terastack.tiers.pool import BufferPool
 
 
 @dataclass(slots=True)
@@ -48,6 +60,7 @@ class HeldGradient:
     records: list = field(default_factory=list)  # spilled to the SSD: one store record per optimizer chunk
     ready: object = None                # the event of its copy off the GPU, until waited for ([Note: gradients off
                                         # the GPU])
+    raw: torch.Tensor | None = None     # its pinned buffer from the gradient pool's buffers (charged: ``charged``)
 
 
 class Intake(NamedTuple):
@@ -79,6 +92,9 @@ class GradientIntake:
         #: 2-norm of each complete gradient of this step (clipping only)
         self._norms: dict[str, torch.Tensor] = {}
         self.accumulating = False
+        #: pinned buffers of gradients off the GPU, reserved in ``pool`` (made on the first; [Note: gradients off
+        #: the GPU])
+        self.buffers: BufferPool | None = None
 
     def begin_step(self, *, accumulate: bool) -> None:
         self.accumulating = accumulate
@@ -94,22 +110,26 @@ class GradientIntake:
                 if name not in self._contrib:
                     continue
                 if g is not None:
-                    copied = None
+                    copied = raw = None
+                    pooled = False
+                    held = self._grads.get(name)
                     if g.device.type == "cuda":
                         # [Note: gradients off the GPU]: copied on the download stream, waited for by its first reader
-                        host = torch.empty(g.shape, dtype=torch.float32, pin_memory=True)
+                        raw, pooled = self._pinned(name, g.numel() * 4, first=held is None)
+                        host = raw[:g.numel() * 4].view(torch.float32).view(g.shape)  # pool buffers are uint8
                         copied, g = to_host(host, g.detach()), host
                     elif g.device.type != "cpu" or g.dtype != torch.float32:
                         g = g.to("cpu", torch.float32)
                     g = g.detach()
-                    held = self._grads.get(name)
                     if held is None:
-                        self._grads[name] = self._hold(name, g)
+                        self._grads[name] = self._hold(name, g, raw if pooled else None, pinned_apart=raw is not None)
                         self._grads[name].ready = copied
                     else:
                         if copied is not None:
                             copied.synchronize()
                         self.settled(held).add_(g)
+                        if pooled:
+                            self.buffers.free(Tier.HOST, raw)  # added: back to the pool for the next copy
                 self._contrib[name] -= 1
                 if self._contrib[name] == 0 and name not in self._grads:
                     if self.accumulating or name not in self.sums:
@@ -149,8 +169,35 @@ class GradientIntake:
             held.ready = None
         return held.tensor
 
-    def _hold(self, name: str, g: torch.Tensor) -> HeldGradient:
+    def _pinned(self, name: str, nbytes: int, *, first: bool) -> tuple[torch.Tensor, bool]:
+        """A pinned uint8 buffer of ``nbytes`` for a gradient off the GPU ([Note: gradients off the GPU]), and
+        whether it is the pool's: reserved in the pool where it has room (with back-pressure a first contribution
+        waits for that), else pinned apart and charged nowhere."""
+        if self.buffers is None:
+            self.buffers = BufferPool({Tier.HOST: self.pool}, torch.device("cuda"), pin=True)
+        what = f"gradient of {name!r}"
+        nbytes = max(nbytes, 1)  # a mapping has at least one byte (charged as the gradient's bytes otherwise)
+        try:
+            if self.backpressure and first:
+                with trace.span(f"wait for room: gradient of {name}", track="stall", cat="gradients"):
+                    raw = self._reserve_pool(nbytes, name, lambda: self.buffers.alloc(Tier.HOST, nbytes, what=what))
+            else:
+                raw = self.buffers.alloc(Tier.HOST, nbytes, what=what)
+        except BudgetError:
+            if self.backpressure and first:
+                raise
+            return pinned_host_empty(nbytes), False
+        return raw, True
+
+    def _hold(self, name: str, g: torch.Tensor, raw: torch.Tensor | None = None, *,
+              pinned_apart: bool = False) -> HeldGradient:
+        """``g`` held in the pool. ``raw``: its buffer from the pool's buffers, reserved already; ``pinned_apart``:
+        its buffer had no room in the pool ([Note: gradients off the GPU])."""
         nbytes = g.numel() * 4
+        if raw is not None:
+            return HeldGradient(g, raw.numel(), raw=raw)
+        if pinned_apart:
+            return HeldGradient(g, 0)  # spilled to the SSD once complete (spill_if_unpooled)
         if self.backpressure:
             # backpressure: backward waits for the optimizer to free room in the pool
             with trace.span(f"wait for room: gradient of {name}", track="stall", cat="gradients"):
@@ -162,13 +209,14 @@ class GradientIntake:
         except BudgetError:
             return HeldGradient(g.contiguous(), 0)  # spilled to the SSD once complete (spill_if_unpooled)
 
-    def _reserve_pool(self, nbytes: int, name: str) -> None:
+    def _reserve_pool(self, nbytes: int, name: str, attempt=None):
+        """``attempt()`` (by default: reserve ``nbytes`` in the pool) once the pool has room; its result."""
         deadline = self.timeout
+        attempt = attempt or (lambda: self.pool.reserve(nbytes, what=f"gradient of {name!r}"))
         with self._cv:
             while True:
                 try:
-                    self.pool.reserve(nbytes, what=f"gradient of {name!r}")
-                    return
+                    return attempt()
                 except BudgetError:
                     self._failure.raise_if_failed()
                     if not self._executor.busy():
@@ -182,7 +230,7 @@ class GradientIntake:
         held = self._grads.pop(name)
         with trace.span(f"accumulate gradient {name}", track="gradients", cat="accumulate"):
             self.sums.add(name, self.settled(held).view(-1))
-        held.tensor = None
+        held.tensor = held.raw = None  # not reused: a store write may still read it (its last reader drops it)
         if held.charged:
             with self._cv:
                 self.pool.release(held.charged)
@@ -223,5 +271,7 @@ class GradientIntake:
         """``name`` is updated: its gradient leaves the pool."""
         held = self._grads.pop(name)
         held.tensor = None
-        if held.charged:
+        if held.raw is not None:
+            self.buffers.free(Tier.HOST, held.raw)  # releases its charge; kept for the next step's gradient
+        elif held.charged:
             self.pool.release(held.charged)

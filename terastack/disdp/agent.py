@@ -35,6 +35,7 @@ from terastack import trace
 from terastack.disdp.comm import Comm, Kind, Pending, PeerError, tag
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.roles import RoleMap
+from terastack.disdp.shutdown import track
 from terastack.disdp.worker import WorkerBucket
 
 
@@ -106,8 +107,10 @@ class ThreadAgent:
         self._stop = False
         self._grads: queue.Queue = queue.Queue()
         self._grad_room = threading.Semaphore(grad_window)   # [Note: gradients in flight]
-        self._fetcher = threading.Thread(target=self._guard(self._fetch_loop), name="agent-fetch", daemon=True)
-        self._pusher = threading.Thread(target=self._guard(self._push_loop), name="agent-push", daemon=True)
+        # joined by close() (or, after abort(), when the rank leaves: [Note: a thread inside the network at exit])
+        self._fetcher = track(threading.Thread(target=self._guard(self._fetch_loop), name="agent-fetch",
+                                               daemon=True))
+        self._pusher = track(threading.Thread(target=self._guard(self._push_loop), name="agent-push", daemon=True))
         self._fetcher.start()
         self._pusher.start()
 
@@ -322,10 +325,11 @@ class AgentProcess:
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 failure.set(exc)
 
-        fetcher = threading.Thread(target=relay_params, name="agent-fetch", daemon=True)
+        fetcher = track(threading.Thread(target=relay_params, name="agent-fetch", daemon=True))
         fetcher.start()
         sends: list[Pending] = []
-        # On an error the relay thread is left behind (a daemon): the error is reported at once.
+        # On an error the relay thread is left behind: the error is reported at once, and the rank waits for the
+        # thread (briefly) when it leaves ([Note: a thread inside the network at exit] in terastack.disdp.shutdown).
         for b in self.schedule.grad_order:
             grad = torch.empty(layout.buckets[b].numel)
             comm.recv(grad, self.worker_rank, tag(Kind.RELAY_GRAD, b), f"gradient of bucket {b} (step {step})")

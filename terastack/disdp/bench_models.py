@@ -4,7 +4,7 @@ under an RSS watchdog; what each system's step takes, what of it waits on commun
 Every system trains the same model from the same initial weights on the same token batches (the same global
 batch, the same number of workers; :mod:`terastack.disdp.bench_spec`), one system after the other, each as child
 processes of this one (torchrun's elastic agent starts the ranks: the job's workers, servers and aggregator for
-terastack, the ranks of the gloo mesh for FSDP2 and ZeRO-3). :class:`~terastack.disdp.bench_watchdog.RssWatchdog`
+terastack, the ranks of the gloo mesh for FSDP2 and ZeRO-3). :class:`~terastack.bench_watchdog.RssWatchdog`
 adds up the peak RSS of every one of them and ends a system whose sum passes ``--rss-limit``: that system "does
 not fit" (``fits_X`` false), it is not a failure of the benchmark. The first ``--warmup`` steps are not timed.
 
@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from terastack.bench_watchdog import RssWatchdog
 from terastack.disdp.bench_spec import SYSTEMS, BenchSpec, read_rank_stats
-from terastack.disdp.bench_watchdog import RssWatchdog
 from terastack.units import format_bytes, parse_bytes
 
 #: the program every rank of a benchmark system runs
@@ -202,7 +202,9 @@ def measure(args: argparse.Namespace) -> dict:
             spec = BenchSpec(system=name, model=args.model, run_dir=str(root / name), workers=args.workers,
                              servers=args.servers, aggregator=args.aggregator, batch_size=batch,
                              seq_len=args.seq_len, steps=args.steps, warmup=args.warmup, state=args.state,
-                             prefetch=args.prefetch, timeout_s=args.timeout)
+                             prefetch=args.prefetch, timeout_s=args.timeout,
+                             trace_dir=str(Path(args.trace).with_suffix("")) + "-ranks"
+                             if getattr(args, "trace", None) and name == "terastack" else "")
             out = run_system(spec, limit=limit)
             for key, value in out.items():
                 result[f"{key}_{name}"] = value

@@ -14,12 +14,15 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from terastack import trace
 from terastack.disdp.bench_spec import BenchSpec, global_batch, init_std, init_tensor, write_rank_stats
 from terastack.disdp.roles import Role
+from terastack.disdp.shutdown import exit_rank
 
 
 class TimedWorker:
@@ -65,11 +68,27 @@ class InitialShard(Mapping):
 
 
 def run_terastack(spec: BenchSpec) -> int:
-    from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
     from terastack.disdp.job_run import join_job
 
     job = spec.job()
+    if spec.trace_dir:
+        trace.tracer.start()
     me, control = join_job(job)
+    try:
+        run_terastack_rank(spec, me, control)
+        if spec.trace_dir:
+            trace.tracer.save(Path(spec.trace_dir) / f"rank-{me.rank}-{me.role.value}{me.index}.json")
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=spec.timeout_s), wait_all_ranks=True)
+    finally:
+        me.liveness.close()   # its thread ends before the group goes ([Note: a thread inside the network at exit])
+    dist.destroy_process_group()
+    return 0
+
+
+def run_terastack_rank(spec: BenchSpec, me, control) -> None:
+    """Rank 0 steps the engine on the benchmark's batches and times them; every other rank follows."""
+    from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
+
     vocab = me.hf_config.vocab_size
     if me.rank == 0:
         worker = TimedWorker(JobWorker(me))
@@ -96,9 +115,6 @@ def run_terastack(spec: BenchSpec) -> int:
                 part.close()
         stats = {"pass_s": timed.pass_s, "wait_s": timed.wait_s} if timed is not None else {}
     write_rank_stats(spec, me.rank, {"rank": me.rank, "role": me.role.value, "index": me.index} | stats)
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=spec.timeout_s), wait_all_ranks=True)
-    dist.destroy_process_group()
-    return 0
 
 
 def run_baseline(spec: BenchSpec) -> int:
@@ -123,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     argv = sys.argv[1:] if argv is None else argv
-    return record(run)(BenchSpec.load(argv[0]))
+    return exit_rank(record(run), BenchSpec.load(argv[0]))   # [Note: a thread inside the network at exit]
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ class BenchSpec:
     reshard: bool = True
     threads: int = 1
     timeout_s: float = 600.0
+    #: with a directory: every rank of the terastack system writes its Chrome trace there (``--trace``)
+    trace_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from terastack.disdp.roles import RoleMap
+from terastack.disdp.shutdown import track
 
 #: how often a rank beats, and how long a rank that suspects a lost peer watches the beats ([Note: a lost node])
 BEAT_S = 0.5
@@ -196,8 +197,8 @@ class Liveness:
         self._store = connect()
         self._store.add(f"beat/{rank}", 1)
         beat_store = connect()
-        self._thread = threading.Thread(target=self._beat, args=(beat_store,), name=f"terastack-beat-{rank}",
-                                        daemon=True)
+        self._thread = track(threading.Thread(target=self._beat, args=(beat_store,), name=f"terastack-beat-{rank}",
+                                              daemon=True))
         self._thread.start()
 
     def _beat(self, store) -> None:
@@ -239,13 +240,18 @@ class Liveness:
             pass
         return True
 
-    def close(self) -> None:
-        """Stop beating, saying this rank leaves on its own (so that nobody takes it for lost)."""
+    def close(self, timeout_s: float = 15.0) -> None:
+        """Stop beating, saying this rank leaves on its own (so that nobody takes it for lost), and wait for the
+        beating thread to end: it calls into the store, and must not be inside it when the process exits
+        ([Note: a thread inside the network at exit] in terastack.disdp.shutdown). ``timeout_s`` bounds the
+        wait (a store that stopped answering times the thread's call out after ``job_store``'s 10 s)."""
         try:
             self._store.add(f"left/{self.rank}", 1)
         except Exception:
             pass
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
 
 
 def short_reason(exc: BaseException) -> str:

@@ -36,6 +36,7 @@ from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
 from terastack.disdp.launch import QUIET_ENV, launch_ranks
 from terastack.disdp.roles import Role, RoleMap, local_node
 from terastack.disdp.run import check_same_layout
+from terastack.disdp.shutdown import exit_rank
 
 #: the program every rank of a job runs
 JOB_RUN_MODULE = "terastack.disdp.job_run"
@@ -179,12 +180,16 @@ def run_torchrun_rank(job) -> int:
     with exit status 1 and, from the first rank to see it, one line ([Note: a lost node])."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    try:
-        return record(run_rank)(job)
-    except NodeLost as exc:
-        if exc.report:
-            print(f"terastack dist: {exc}", file=sys.stderr, flush=True)
-        return 1
+    def recorded(job) -> int:
+        try:
+            return record(run_rank)(job)
+        except NodeLost as exc:
+            if exc.report:
+                print(f"terastack dist: {exc}", file=sys.stderr, flush=True)
+            return 1
+
+    # the process group is destroyed on every path ([Note: a thread inside the network at exit])
+    return exit_rank(recorded, job)
 
 
 def resume_hint(job, *, here: bool = True) -> str:

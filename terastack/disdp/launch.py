@@ -28,6 +28,7 @@ from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.roles import RoleMap
 from terastack.disdp.job_stats import collect_stats, stats_dir
+from terastack.disdp.shutdown import exit_rank
 
 #: the program every rank of the disaggregated job runs (``python -m MODULE JOB.json``)
 JOB_MODULE = "terastack.disdp.run"
@@ -151,4 +152,4 @@ def rank_main(entry, argv: list[str] | None = None) -> int:
     config = TrainConfig.from_dict(json.loads(Path(argv[0]).read_text()), source=argv[0])
     if os.environ.get(QUIET_ENV) == "1":
         config.progress = False
-    return record(entry)(config)
+    return exit_rank(record(entry), config)   # [Note: a thread inside the network at exit]

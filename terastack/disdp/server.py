@@ -37,6 +37,19 @@ holds the next bucket read ahead. Gradients a step keeps past their arrival
 past their arrival]), read back one bucket at a time.
 The gradients being received are outside the store: ``recv_ahead`` buckets per
 worker (or per aggregator), and the sum of the one being applied.
+
+[Note: sends a gradient ahead]
+With tiered parameters a server posts its parameter sends as it goes, at most
+``send_window`` buckets in flight. In the backward a worker needs layer l-1's
+second delivery right after it sent layer l's gradient; posted only once l's
+gradient had arrived and been applied, that delivery waited for the whole update
+of l (moments from the SSD, AdamW, the write-back), and the workers' backward ran
+in lockstep with the server's updates (at 150M: 0.3 of the step waited on
+backward deliveries). So before waiting for gradient b the server posts the
+sends of every delivery the workers need before their *next* gradient too: the
+delivery travels while b's gradient is on its way and b is updated. The window
+is unchanged (the working set counts ``send_window`` sends in flight), and so
+is the order of everything a worker sees.
 """
 from __future__ import annotations
 
@@ -487,7 +500,10 @@ class ParameterServer:
                 self.moments.prefetch(order[i + 1])
             pendings, bufs = posted.pop(b)
             if tiered:
-                pump(last_fetch[b] + 1)   # every delivery the workers need before they can send gradient b
+                # every delivery the workers need before they can send gradient b, and those of the gradient after
+                # it ([Note: sends a gradient ahead])
+                after = order[i + 1] if i + 1 < len(order) else b
+                pump(max(last_fetch[b], last_fetch[after]) + 1)
             with trace.span(f"wait grad b{b}", track=f"server{self.index}"):
                 comm.wait_all(pendings)
             del pendings

@@ -133,6 +133,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "np.memmap contender runs before the batches it is compared on")
     p.add_argument("--mmap-batches", type=int, default=96, help="with --scale or --hetero: batches on which the "
                    "np.memmap contender is compared (its epoch is extrapolated from them)")
+    p.add_argument("--mmap-threads", default="1,32", help="with --scale or --hetero: the gathering threads of each "
+                   "np.memmap contender, comma-separated (1: the pipeline's own thread; k: k faults in flight, as "
+                   "k loader workers give); speedup_vs_mmap is against the fastest")
     p.add_argument("--hetero", action="store_true",
                    help="instead: an IGBH-shaped heterogeneous graph trained out of core vs in-memory features and "
                         "topology and vs np.memmap, each in its own process (see terastack.gnn.bench_hetero)")

@@ -14,17 +14,28 @@ model from the same initial weights on the same batches:
                        (terastack.gnn.hetero_train [Note: one budget over node types and relations])
   in_memory_pipelined  every feature and every relation's topology in RAM, the same pipeline
   mmap                 features (page cache held to the budget, shared by type in proportion to
-                       their files) and topology (page cache left to the kernel) in ``np.memmap``
+                       their files) and topology (page cache left to the kernel) in ``np.memmap``,
+                       gathered by one thread; ``mmap_<k>_threads``: the same by k threads at once
+                       (``--mmap-threads``, [Note: the np.memmap baselines])
 
-The terastack and in-memory epochs take turns (``--epochs`` each); the mmap contender runs the first
+The terastack and in-memory epochs take turns (``--epochs`` each); each mmap contender runs the first
 ``--mmap-warmup-batches + --mmap-batches`` batches of epoch 0 and is compared on the same window
-([Note: comparing the same batches]). Loss curves must be identical (every source gives the file's
-bytes). Headline: ``slowdown_vs_in_memory_pipelined`` (mean terastack epoch / mean in-memory epoch),
-``speedup_vs_mmap``, and ``tpc_error``: the TPC model's prediction (made before training, from
+([Note: comparing the same batches]), then terastack and each mmap contender run that window again with
+the training step left out (``loader_speedup_vs_mmap``: the loader alone, as an accelerator's user sees
+it). Loss curves must be identical (every source gives the file's bytes). Headline:
+``slowdown_vs_in_memory_pipelined`` (mean terastack epoch / mean in-memory epoch), ``speedup_vs_mmap``
+(against the fastest mmap contender), and ``tpc_error``: the TPC model's prediction (made before training, from
 pre-sampled and hold-out batches: terastack.gnn.scale [Note: the scale run] explains the inputs)
 against the mean terastack epoch. The hit rate the model is given is the hold-out's at the split the
 budget made (every type's cache as placed), not a curve over cache sizes. The generated dataset is
 deleted at the end unless ``--keep``.
+
+[Note: why the training figure is compute-bound on a CPU]
+to_hetero(GraphSAGE) aggregates the raw 1024-wide features over every sampled edge of every relation
+before its first linear layer, so the step's time hardly depends on the hidden size (2-core VM, one torch
+thread, 39k nodes a batch: 2.70 s at hidden 128, 2.56 s at 32, 2.29 s at 16). On such a machine every
+contender's epoch is at least the step's, which caps ``speedup_vs_mmap`` at (mmap loader's batch time) /
+(step time) whatever terastack does; the ``loader_*`` figures are the comparison without that cap.
 """
 from __future__ import annotations
 
@@ -41,7 +52,8 @@ import torch
 from terastack.constants import BLOCK
 from terastack.gnn.advise import (calibrate_hetero_compute, measure_gather_costs, miss_blocks, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets)
-from terastack.gnn.bench_workers import Contender, drop_mapped_pages, measure_window, run_epoch, window_seconds
+from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads,
+                                         run_epoch, skip_step, window_seconds)
 from terastack.gnn.cache import InMemoryFeatures, MmapFeatures
 from terastack.gnn.dataset import DatasetError
 from terastack.gnn.gen import HeteroGraphGenerator
@@ -65,7 +77,7 @@ class HeteroContender:
 
     def __init__(self, *, kind: str, root: str, model: str, fanouts: str, hidden: int, lr: float, seed: int,
                  batch_size: int, budget: int, threads: int, presample_nodes: int = 0, holdout_nodes: int = 0,
-                 indptr: str = "auto"):
+                 indptr: str = "auto", mmap_threads: int = 1):
         if threads:
             torch.set_num_threads(threads)
         self.kind, self.batch_size, self.seed = kind, batch_size, seed
@@ -88,7 +100,8 @@ class HeteroContender:
             total = sum(f.num_nodes * f.row_bytes for f in files.values())
             features = HeteroFeatures({t: MmapFeatures(f.features_path, num_rows=f.num_nodes, row_len=f.feat_dim,
                                                        dtype=f.feat_dtype, budget=budget * f.num_nodes * f.row_bytes
-                                                       // total) if t in files else ConstantFeatures()
+                                                       // total, threads=mmap_threads)
+                                       if t in files else ConstantFeatures()
                                        for t, f in ((t, files.get(t)) for t in ds.node_types)})
         self.features = features
         self.pipeline = HeteroPipeline(self.sampler, features, ds.labels[ds.target], device="cpu")
@@ -170,9 +183,10 @@ class HeteroContender:
     def describe(self) -> dict:
         return {"info": self.info, "cache": self.features.describe(), "topology": self.sampler.topology.describe()}
 
-    def run(self, *, epoch: int, limit: int = 0) -> dict:
+    def run(self, *, epoch: int, limit: int = 0, train: bool = True) -> dict:
+        """One epoch (its first ``limit`` batches); ``train=False`` leaves the step out (the loader alone)."""
         return run_epoch(self.pipeline, self.model, self.opt, self.train_ids, batch_size=self.batch_size,
-                         epoch=epoch, step=hetero_train_step, limit=limit)
+                         epoch=epoch, step=hetero_train_step if train else skip_step, limit=limit)
 
     def accuracy(self) -> dict:
         if not len(self.test_ids):
@@ -217,6 +231,7 @@ def measure_hetero(args) -> dict:
     if args.threads < -1:
         raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
     threads = training_threads() if args.threads == -1 else args.threads
+    mmap_threads = parse_mmap_threads(args.mmap_threads)
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = _dataset_dir(args)
     started = time.perf_counter()
@@ -241,10 +256,13 @@ def measure_hetero(args) -> dict:
             kind="terastack", presample_nodes=args.presample_nodes or HETERO_DEFAULTS["presample_nodes"],
             holdout_nodes=args.holdout_nodes or HETERO_DEFAULTS["holdout_nodes"], indptr=args.indptr, **common),
             rss_limit=rss_limit)
-        for name in CONTENDERS[1:]:
-            contenders[name] = Contender(name, "terastack.gnn.bench_hetero:HeteroContender",
-                                         dict(kind=name, **common), rss_limit=rss_limit)
-        results = _race(contenders, args, say)
+        contenders["in_memory_pipelined"] = Contender(
+            "in_memory_pipelined", "terastack.gnn.bench_hetero:HeteroContender",
+            dict(kind="in_memory_pipelined", **common), rss_limit=rss_limit)
+        for k in mmap_threads:
+            contenders[mmap_name(k)] = Contender(mmap_name(k), "terastack.gnn.bench_hetero:HeteroContender",
+                                                 dict(kind="mmap", mmap_threads=k, **common), rss_limit=rss_limit)
+        results = _race(contenders, args, say, mmap_threads)
         accuracy = {name: contenders[name].call("accuracy")["test_acc"] for name in CONTENDERS[:2]}
         described = contenders["terastack"].call("describe")
     finally:
@@ -254,12 +272,14 @@ def measure_hetero(args) -> dict:
             shutil.rmtree(root, ignore_errors=True)
     return _report(results, accuracy, described, contenders, budget=budget, feature_bytes=feature_bytes, nodes=nodes,
                    edges=edges, gen=gen, gen_seconds=gen_seconds, root=root, args=args, fanouts=fanouts,
-                   batch_size=batch_size, threads=threads)
+                   batch_size=batch_size, threads=threads, mmap_threads=mmap_threads)
 
 
-def _race(contenders: dict, args, say) -> dict:
-    """Epochs of terastack and the in-memory pipeline taking turns; the mmap contender's window in epoch 0."""
-    results: dict[str, list] = {name: [] for name in CONTENDERS}
+def _race(contenders: dict, args, say, mmap_threads: list[int]) -> dict:
+    """Epochs of terastack and the in-memory pipeline taking turns; the mmap contenders' window in epoch 0, then
+    the same window with the training step left out ([Note: the np.memmap baselines])."""
+    mmaps = [mmap_name(k) for k in mmap_threads]
+    results: dict[str, list] = {name: [] for name in (*CONTENDERS[:2], *mmaps)}
     for epoch in range(args.epochs):
         for name in CONTENDERS[:2]:
             results[name].append(contenders[name].call("run", epoch=epoch))
@@ -267,38 +287,63 @@ def _race(contenders: dict, args, say) -> dict:
         if epoch == 0:
             total = results["terastack"][0]["batches"]
             first, count = measure_window(total, args.mmap_warmup_batches, args.mmap_batches)
-            results["mmap"].append(contenders["mmap"].call("run", epoch=0, limit=first + count))
             results["window"] = [first, count]
-            say(f"mmap batches 0..{first + count - 1}: {results['mmap'][0]['seconds']:.2f} s")
+            for name in mmaps:
+                results[name].append(contenders[name].call("run", epoch=0, limit=first + count))
+                say(f"{name} batches 0..{first + count - 1}: {results[name][0]['seconds']:.2f} s")
+    first, count = results["window"]
+    results["loader"] = {}
+    for name in ("terastack", *mmaps):  # the same window, epoch 0's batches, no training step
+        results["loader"][name] = contenders[name].call("run", epoch=0, limit=first + count, train=False)
+        say(f"{name} loader alone, batches 0..{first + count - 1}: {results['loader'][name]['seconds']:.2f} s")
     return results
 
 
 def _report(results: dict, accuracy: dict, described: dict, contenders: dict, *, budget, feature_bytes, nodes,
-            edges, gen, gen_seconds, root, args, fanouts, batch_size, threads) -> dict:
-    ts, mem, mm = results["terastack"], results["in_memory_pipelined"], results["mmap"][0]
+            edges, gen, gen_seconds, root, args, fanouts, batch_size, threads, mmap_threads) -> dict:
+    ts, mem = results["terastack"], results["in_memory_pipelined"]
+    mmaps = {k: results[mmap_name(k)][0] for k in mmap_threads}
     first, count = results["window"]
     ts_t, mem_t = [e["seconds"] for e in ts], [e["seconds"] for e in mem]
     tpc = described["info"]["tpc"]
     measured = float(np.mean(ts_t))
-    mm_window, ts_window = window_seconds(mm["marks"], first, count), window_seconds(ts[0]["marks"], first, count)
+    ts_window = window_seconds(ts[0]["marks"], first, count)
+    mm_windows = {k: window_seconds(mm["marks"], first, count) for k, mm in mmaps.items()}
+    loader = {name: window_seconds(r["marks"], first, count) for name, r in results["loader"].items()}
+    loader_mm = {k: loader[mmap_name(k)] for k in mmap_threads}
+    strongest = min(mm_windows, key=mm_windows.get)  # [Note: the np.memmap baselines]
+    loader_strongest = min(loader_mm, key=loader_mm.get)
     identical = (all(a["losses"] == b["losses"] for a, b in zip(ts, mem))
-                 and mm["losses"] == ts[0]["losses"][: len(mm["losses"])])
-    peaks = {name: max(c.setup["peak_rss_bytes"], *(r["peak_rss_bytes"] for r in results[name]))
+                 and all(mm["losses"] == ts[0]["losses"][: len(mm["losses"])] for mm in mmaps.values()))
+    peaks = {name: max(c.setup["peak_rss_bytes"], *(r["peak_rss_bytes"] for r in results[name]),
+                       *([results["loader"][name]["peak_rss_bytes"]] if name in results["loader"] else []))
              for name, c in contenders.items()}
     strip = lambda e: {k: v for k, v in e.items() if k not in ("marks", "losses")}  # noqa: E731
+    mm = mmaps[mmap_threads[0]]
     return {
         "slowdown_vs_in_memory_pipelined": measured / float(np.mean(mem_t)),
-        "speedup_vs_mmap": mm_window / ts_window,
+        "speedup_vs_mmap": mm_windows[strongest] / ts_window,
+        "speedup_vs_mmap_by_threads": {str(k): w / ts_window for k, w in mm_windows.items()},
+        "loader_speedup_vs_mmap": loader_mm[loader_strongest] / loader["terastack"],
+        "loader_speedup_vs_mmap_by_threads": {str(k): w / loader["terastack"] for k, w in loader_mm.items()},
         "tpc_error": abs(tpc["epoch_seconds"] - measured) / measured,
         "loss_curves_identical": identical,
         "feature_to_budget_ratio": feature_bytes["paper"] / budget,
         "terastack_epoch_seconds": ts_t, "in_memory_pipelined_epoch_seconds": mem_t,
-        "mmap": {"window": [first, first + count], "window_seconds": mm_window, "terastack_window_seconds": ts_window,
-                 "epoch_seconds_extrapolated": mm_window / count * ts[0]["batches"],
+        "mmap": {"window": [first, first + count], "window_seconds": mm_windows[strongest],
+                 "terastack_window_seconds": ts_window, "strongest_threads": strongest,
+                 "window_seconds_by_threads": {str(k): w for k, w in mm_windows.items()},
+                 "epoch_seconds_extrapolated": mm_windows[strongest] / count * ts[0]["batches"],
                  "epoch_measured": f"batches {first}..{first + count - 1} of {ts[0]['batches']}, extrapolated",
+                 "loader_window_seconds": {str(k): w for k, w in loader_mm.items()},
+                 "terastack_loader_window_seconds": loader["terastack"],
+                 "loader_strongest_threads": loader_strongest,
+                 "gather_seconds_per_batch_by_threads": {str(k): r["gather_seconds"] / max(r["batches"], 1)
+                                                         for k, r in mmaps.items()},
                  "budget_bytes": budget,
-                 "note": "features held to the budget (shared by type); the mapped topology's page cache left to "
-                         "the kernel"},
+                 "note": "features held to the budget (shared by type) in every mmap contender; the mapped "
+                         "topology's page cache left to the kernel; speedup_vs_mmap is against the fastest "
+                         "contender (--mmap-threads); loader_*: the same window with the training step left out"},
         "tpc_predicted_epoch_seconds": tpc["epoch_seconds"], "tpc": tpc,
         "hit_rates": {"feature": ts[0]["feature_hit_rate"], "topology": ts[0]["topology_hit_rate"],
                       "feature_predicted_from_holdout": described["info"]["holdout_feature_hit_rate"],
@@ -309,6 +354,8 @@ def _report(results: dict, accuracy: dict, described: dict, contenders: dict, *,
         "peak_rss_bytes": peaks,
         "terastack_epochs": [strip(e) for e in ts], "in_memory_pipelined_epochs": [strip(e) for e in mem],
         "mmap_run": strip(mm),
+        "mmap_runs": {str(k): strip(r) for k, r in mmaps.items()},
+        "loader_runs": {name: strip(r) for name, r in results["loader"].items()},
         "cache": described["cache"], "topology": described["topology"],
         "split": described["info"]["split"], "holdout": described["info"]["holdout"],
         "presample": described["info"]["presample"], "terastack_setup_seconds": described["info"]["setup_seconds"],
@@ -318,6 +365,7 @@ def _report(results: dict, accuracy: dict, described: dict, contenders: dict, *,
                     "generation_seconds": gen_seconds, "deleted_after_run": not args.keep},
         "config": {"model": args.hetero_model, "hidden": args.hidden, "fanouts": fanouts, "batch_size": batch_size,
                    "epochs": args.epochs, "lr": args.lr, "seed": args.seed, "torch_threads": threads,
+                   "mmap_threads": mmap_threads,
                    "processes": "one per contender (spawned), RSS watchdog at --rss-limit"},
     }
 

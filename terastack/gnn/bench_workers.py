@@ -17,53 +17,43 @@ contender too slow to run a whole epoch (the ``np.memmap`` baseline at scale) ru
 ``warmup + measured`` batches of the same epoch (same seeds, same random streams: the same batches);
 both contenders are then compared on batches ``warmup .. warmup + measured - 1`` (its page cache has had
 ``warmup`` batches to fill), and its epoch is extrapolated from that window's rate, labelled so.
+
+[Note: the np.memmap baselines]
+What a user runs instead of terastack is PyG's loader over ``np.memmap`` features. Its speed depends on how
+many pages are faulted in at once (terastack.gnn.cache [Note: the mmap baseline's concurrency]): with the
+pipeline's one gathering thread the SSD sees one request at a time; with the several loader workers users
+start (``NeighborLoader(num_workers=k)``) it sees k. Every count in ``--mmap-threads`` is a contender of its
+own (the same pipeline, batches, model and budget; only the gathering threads differ) and
+``speedup_vs_mmap`` is against the fastest of them, the strongest form of the alternative; each one's figure
+is reported beside it (``speedup_vs_mmap_by_threads``). The default, ``1,32``: one thread is the pipeline's
+own; 32 was the fastest of 8, 16, 32 and 64 on a 2-core VM whose disk does 79k random 4 KiB reads/s
+(docs/gnn.md, "The np.memmap baselines", has the sweep). The page cache of the features is held to the
+budget in every one of them (terastack.gnn.cache [Note: the mmap baseline's memory budget]).
+
+The same window is also run with the training step left out, for terastack and every mmap contender alike
+(``loader_*`` keys): the epoch of a user whose accelerator trains a batch faster than the loader delivers one.
+On a CPU-only machine the training step can hide the loader's time (a step slower than either loader makes
+every contender's epoch the step's): the training figure is then at most the loader figure, and the two
+bracket what an accelerator's user would see.
 """
 from __future__ import annotations
 
 import importlib
 import multiprocessing
 import os
-import sys
-import threading
 import time
 import traceback
 
 import numpy as np
 
-from terastack.memory import current_rss, peak_rss
-from terastack.units import format_bytes
-
-
-class RssWatchdog:
-    """Samples this process's RSS; past ``limit`` it prints why and exits (before the OOM killer would)."""
-
-    def __init__(self, limit: int, interval: float = 0.2, *, label: str = "terastack bench gnn"):
-        self.limit, self.interval, self.label = limit, interval, label
-        self.max_sampled = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="terastack-rss-watchdog", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            rss = current_rss()
-            self.max_sampled = max(self.max_sampled, rss)
-            if rss > self.limit:
-                print(f"{self.label}: resident memory {format_bytes(rss)} passed --rss-limit "
-                      f"{format_bytes(self.limit)}; stopping", file=sys.stderr, flush=True)
-                os._exit(3)
-
-    def __enter__(self) -> "RssWatchdog":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+from terastack.bench_watchdog import EXIT_STATUS, RssWatchdog
+from terastack.memory import peak_rss
 
 
 def _serve(conn, factory: str, config: dict, rss_limit: int, name: str) -> None:
     """The child's loop: build the contender, then answer (method, kwargs) requests until told to stop."""
-    with RssWatchdog(rss_limit, label=f"contender {name!r}") as watchdog:
+    with RssWatchdog(RssWatchdog.Config(limit_bytes=rss_limit, interval_s=0.2, include_self=True, on_exceed="exit",
+                                        label=f"contender {name!r}")) as watchdog:
         try:
             module, _, func = factory.partition(":")
             obj = getattr(importlib.import_module(module), func)(**config)
@@ -105,7 +95,7 @@ class Contender:
     def _ended(self, what: str) -> RuntimeError:
         self.process.join(timeout=10)
         code = self.process.exitcode
-        why = " (its RSS passed --rss-limit)" if code == 3 else ""
+        why = " (its RSS passed --rss-limit)" if code == EXIT_STATUS else ""
         return RuntimeError(f"contender {self.name!r}: its process ended with exit code {code} while {what}{why}")
 
     def _answer(self, what: str) -> dict:
@@ -184,6 +174,27 @@ def measure_window(total_batches: int, warmup: int, measured: int) -> tuple[int,
         return warmup, measured
     start = min(warmup, total_batches // 2)
     return start, max(1, total_batches - start)
+
+
+def parse_mmap_threads(text: str | None) -> list[int]:
+    """``--mmap-threads`` ("1,32"): the gathering threads of each np.memmap contender, distinct, in order."""
+    try:
+        counts = [int(x) for x in (text or "1,32").split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"mmap_threads: a comma-separated list of thread counts, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"mmap_threads: every count must be >= 1, got {text!r}")
+    return list(dict.fromkeys(counts))
+
+
+def mmap_name(threads: int) -> str:
+    """The contender's name: ``mmap`` for the pipeline's one gathering thread, ``mmap_<k>_threads`` otherwise."""
+    return "mmap" if threads == 1 else f"mmap_{threads}_threads"
+
+
+def skip_step(model, optimizer, data) -> float:
+    """The training step left out: the loader's own epoch ([Note: the np.memmap baselines])."""
+    return 0.0
 
 
 def drop_mapped_pages(array) -> None:

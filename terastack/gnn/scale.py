@@ -36,15 +36,21 @@ features]), and one epoch over every training seed runs through the pipeline
 (``epoch_seconds``: the whole epoch, measured, not extrapolated). SSD bytes are
 the storage engine's own count over the epoch.
 
-The ``np.memmap`` contender (features held to the same budget, see
+The ``np.memmap`` contenders (features held to the same budget, see
 terastack.gnn.cache [Note: the mmap baseline's memory budget]; topology mapped,
-its page cache left to the kernel, which favours it) runs the same pipeline
-in a child process after the terastack caches are freed
-(terastack.gnn.bench_workers [Note: contenders in child processes]). It runs
-the first ``--mmap-warmup-batches + --mmap-batches`` batches of the same epoch
-and ``speedup_vs_mmap`` compares both on the same window of batches
-([Note: comparing the same batches]); its whole epoch is extrapolated from
-that window and labelled so. Its losses must equal terastack's on those batches.
+its page cache left to the kernel, which favours them) run the same pipeline
+in child processes after the terastack caches are freed
+(terastack.gnn.bench_workers [Note: contenders in child processes]), one per
+count of gathering threads in ``--mmap-threads`` (terastack.gnn.bench_workers
+[Note: the np.memmap baselines]). Each runs the first
+``--mmap-warmup-batches + --mmap-batches`` batches of the same epoch and
+``speedup_vs_mmap`` compares terastack with the fastest of them on the same
+window of batches ([Note: comparing the same batches]); the mmap epoch is
+extrapolated from that window and labelled so (a whole mmap epoch over 1% of
+48M nodes would take hours). Their losses must equal terastack's on those
+batches. The same window is then run with the training step left out, by
+terastack (in this process, after its epoch) and by every mmap contender:
+``loader_speedup_vs_mmap``.
 """
 from __future__ import annotations
 
@@ -61,10 +67,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from terastack.bench_watchdog import RssWatchdog
 from terastack.gnn.advise import (miss_blocks, out_of_sample_curve, probe_feature_file, profile_sampling,
                                   rank_positions, sample_seed_sets, workload)
-from terastack.gnn.bench_workers import (Contender, RssWatchdog, drop_mapped_pages, measure_window, timed_batches,
-                                         window_seconds)
+from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name,
+                                         parse_mmap_threads, skip_step, timed_batches, window_seconds)
 from terastack.gnn.cache import MmapFeatures, UnifiedCache
 from terastack.gnn.dataset import MANIFEST, open_dataset
 from terastack.gnn.hotness import presample
@@ -127,7 +134,8 @@ class MmapContender:
     """The ``np.memmap`` contender: features and topology mapped, the same pipeline and model (built in a child
     process by :class:`terastack.gnn.bench_workers.Contender`)."""
 
-    def __init__(self, *, root: str, fanouts: list, seed: int, budget: int, hidden: int, lr: float, threads: int):
+    def __init__(self, *, root: str, fanouts: list, seed: int, budget: int, hidden: int, lr: float, threads: int,
+                 gather_threads: int = 1):
         if threads:
             torch.set_num_threads(threads)
         self.ds = open_dataset(root, topology="mmap")
@@ -136,16 +144,19 @@ class MmapContender:
         ds = self.ds
         self.sampler = NeighborSampler(topology=ds.topology, fanouts=tuple(fanouts), seed=seed)
         self.source = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim,
-                                   dtype=ds.feat_dtype, budget=budget)
+                                   dtype=ds.feat_dtype, budget=budget, threads=gather_threads)
         torch.manual_seed(seed)  # the same initial weights as the terastack contender
         self.model = GNN("sage", ds.feat_dim, hidden, ds.num_classes, len(fanouts))
         self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.pipeline = Pipeline(self.sampler, self.source, ds.labels, device="cpu")
 
-    def run(self, *, train_ids: list, batch_size: int, epoch: int, limit: int) -> dict:
+    def run(self, *, train_ids: list, batch_size: int, epoch: int, limit: int, train: bool = True) -> dict:
+        """The first ``limit`` batches of ``epoch``; ``train=False`` leaves the step out (the loader alone)."""
         r = timed_batches(self.pipeline, self.model, self.opt, np.asarray(train_ids, np.int64), batch_size=batch_size,
-                          epoch=epoch, step=train_step, limit=limit)
-        return {**r, "evicted_pages": self.source.evicted_pages}
+                          epoch=epoch, step=train_step if train else skip_step, limit=limit)
+        return {**r, "evicted_pages": self.source.evicted_pages,
+                "gather_seconds": self.pipeline.last_stats.gather_seconds,
+                "stall_seconds": self.pipeline.last_stats.stall_seconds}
 
     def close(self) -> None:
         self.source.close()
@@ -163,6 +174,7 @@ def measure_scale(args) -> dict:
     fanouts = parse_fanouts(args.fanouts)
     presample_nodes = args.presample_nodes or SCALE_DEFAULTS["presample_nodes"]
     holdout_nodes = args.holdout_nodes or SCALE_DEFAULTS["holdout_nodes"]
+    mmap_threads = parse_mmap_threads(args.mmap_threads)
     if not 1 <= train_nodes <= nodes:
         raise ValueError(f"train_nodes: must be in 1..nodes ({nodes}), got {train_nodes}")
     if presample_nodes < 1 or holdout_nodes < 1:
@@ -202,7 +214,7 @@ def measure_scale(args) -> dict:
                                 holdout_nodes=holdout_nodes, rss_limit=rss_limit)
         peak = peak_rss()  # the training's: no child ran in this process's lifetime but the generator
         mmap = _mmap_epoch(args, root, ours, fanouts=fanouts, budget=budget, batch_size=batch_size,
-                           rss_limit=rss_limit, say=say)
+                           rss_limit=rss_limit, say=say, mmap_threads=mmap_threads)
     finally:
         if args.cleanup:
             shutil.rmtree(root, ignore_errors=True)
@@ -216,6 +228,9 @@ def measure_scale(args) -> dict:
         "epoch_seconds": epoch["seconds"], "epoch_measured": "whole epoch (every training seed)",
         "seeds_per_s": ours["train_nodes"] / epoch["seconds"],
         "speedup_vs_mmap": mmap["speedup"],
+        "speedup_vs_mmap_by_threads": mmap["by_threads"],
+        "loader_speedup_vs_mmap": mmap["loader_speedup"],
+        "loader_speedup_vs_mmap_by_threads": mmap["loader_by_threads"],
         "peak_rss_bytes": peak, "peak_rss_within_4GiB": peak <= RSS_TARGET,
         "tpc_predicted_epoch_seconds": predicted.epoch_seconds, "tpc_prediction_error": error,
         "ssd_bytes_read": ours["ssd_bytes_read"],
@@ -244,7 +259,7 @@ def measure_scale(args) -> dict:
                     "feat_dim": args.feat_dim, "feat_dtype": args.dtype, "deleted_after_run": bool(args.cleanup)},
         "config": {"model": "sage", "hidden": args.hidden, "fanouts": list(fanouts), "batch_size": batch_size,
                    "lr": args.lr, "seed": args.seed, "indptr": args.indptr, "torch_threads": torch.get_num_threads(),
-                   "presample_nodes": presample_nodes, "holdout_nodes": holdout_nodes},
+                   "presample_nodes": presample_nodes, "holdout_nodes": holdout_nodes, "mmap_threads": mmap_threads},
     }
 
 
@@ -252,7 +267,8 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
                      presample_nodes: int, holdout_nodes: int, rss_limit: int) -> dict:
     """Pre-sample, place the caches, measure the model's inputs on the hold-out, predict, train one epoch."""
     engine = get_engine()
-    with RssWatchdog(rss_limit, label="terastack bench gnn --scale") as watchdog:
+    with RssWatchdog(RssWatchdog.Config(limit_bytes=rss_limit, interval_s=0.2, include_self=True, on_exceed="exit",
+                                        label="terastack bench gnn --scale")) as watchdog:
         t0 = time.perf_counter()
         ds = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget)
         sampler = NeighborSampler(topology=ds.topology, fanouts=fanouts, seed=args.seed)
@@ -306,37 +322,69 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
 
         before = engine.stats.snapshot()
         started[0] = time.perf_counter()
-        epoch = train_epoch(Pipeline(sampler, cache, ds.labels, device="cpu"), model, opt, train_ids,
-                            batch_size=batch_size, epoch=0, progress=not args.quiet, label="scale", step=step)
+        pipeline = Pipeline(sampler, cache, ds.labels, device="cpu")
+        epoch = train_epoch(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
+                            progress=not args.quiet, label="scale", step=step)
         after = engine.stats.snapshot()
+        # the mmap contenders' window again, the training step left out (bench_workers [Note: the np.memmap baselines])
+        first, count = measure_window(epoch["batches"], args.mmap_warmup_batches, args.mmap_batches)
+        loader = timed_batches(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
+                               limit=first + count)
         cache_info, topology_info = cache.describe(), ds.topology.describe()
         cache.close()
         ds.close()
     holdout_info = {k: v for k, v in prof.items()}
     holdout_info["seeds"] = len(holdout)
-    return {"epoch": {**epoch, "marks": marks}, "predicted": predicted, "workload": wl, "train_ids": train_ids,
+    return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "predicted": predicted,
+            "workload": wl, "train_ids": train_ids,
             "train_nodes": len(train_ids), "split": split, "cache": cache_info, "topology": topology_info,
             "ssd": ssd, "holdout": holdout_info, "presample": hot_summary, "presample_seconds": presample_seconds,
             "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
             "ssd_requests": after["requests"] - before["requests"], "max_sampled_rss": watchdog.max_sampled}
 
 
-def _mmap_epoch(args, root: Path, ours: dict, *, fanouts, budget: int, batch_size: int, rss_limit: int, say) -> dict:
-    """The same first batches of the epoch through np.memmap in a child process; see [Note: the scale run]."""
+def _mmap_epoch(args, root: Path, ours: dict, *, fanouts, budget: int, batch_size: int, rss_limit: int, say,
+                mmap_threads: list[int]) -> dict:
+    """The same first batches of the epoch through np.memmap, in a child process per count of gathering threads,
+    trained and then with the step left out; see [Note: the scale run]."""
     total = ours["epoch"]["batches"]
     first, count = measure_window(total, args.mmap_warmup_batches, args.mmap_batches)
-    say(f"np.memmap contender: batches 0..{first + count - 1} of {total} (compared on {first}..{first + count - 1})")
-    config = dict(root=str(root), fanouts=list(fanouts), seed=args.seed, budget=budget, hidden=args.hidden, lr=args.lr,
-                  threads=torch.get_num_threads())
-    with Contender("mmap", "terastack.gnn.scale:MmapContender", config, rss_limit=rss_limit) as mm:
-        r = mm.call("run", train_ids=ours["train_ids"].tolist(), batch_size=batch_size, epoch=0, limit=first + count)
     ts_marks = ours["epoch"]["marks"]
-    theirs, mine = window_seconds(r["marks"], first, count), window_seconds(ts_marks, first, count)
-    identical = r["losses"] == ours["epoch"]["losses"][: len(r["losses"])]
-    report = {"batches_run": r["batches"], "window": [first, first + count], "window_seconds": theirs,
-              "terastack_window_seconds": mine, "epoch_seconds_extrapolated": theirs / count * total,
+    mine, mine_loader = window_seconds(ts_marks, first, count), window_seconds(ours["loader_marks"], first, count)
+    runs = {}
+    for k in mmap_threads:
+        say(f"np.memmap contender, {k} gathering thread(s): batches 0..{first + count - 1} of {total} (compared on "
+            f"{first}..{first + count - 1}), trained and then the loader alone")
+        config = dict(root=str(root), fanouts=list(fanouts), seed=args.seed, budget=budget, hidden=args.hidden,
+                      lr=args.lr, threads=torch.get_num_threads(), gather_threads=k)
+        with Contender(mmap_name(k), "terastack.gnn.scale:MmapContender", config, rss_limit=rss_limit) as mm:
+            ids = ours["train_ids"].tolist()
+            r = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count)
+            loader = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count, train=False)
+        theirs = window_seconds(r["marks"], first, count)
+        runs[k] = {"batches_run": r["batches"], "window_seconds": theirs,
+                   "loader_window_seconds": window_seconds(loader["marks"], first, count),
+                   "epoch_seconds_extrapolated": theirs / count * total,
+                   "losses_identical": r["losses"] == ours["epoch"]["losses"][: len(r["losses"])],
+                   "evicted_pages": r["evicted_pages"], "gather_seconds_per_batch": r["gather_seconds"]
+                   / max(r["batches"], 1), "stall_seconds": r["stall_seconds"],
+                   "peak_rss_bytes": max(r["peak_rss_bytes"], loader["peak_rss_bytes"])}
+    strongest = min(runs, key=lambda k: runs[k]["window_seconds"])  # bench_workers [Note: the np.memmap baselines]
+    loader_strongest = min(runs, key=lambda k: runs[k]["loader_window_seconds"])
+    best = runs[strongest]
+    report = {"batches_run": best["batches_run"], "window": [first, first + count],
+              "window_seconds": best["window_seconds"], "terastack_window_seconds": mine,
+              "strongest_threads": strongest, "loader_strongest_threads": loader_strongest,
+              "terastack_loader_window_seconds": mine_loader,
+              "epoch_seconds_extrapolated": best["epoch_seconds_extrapolated"],
               "epoch_measured": f"batches {first}..{first + count - 1} of {total}, extrapolated to the epoch",
-              "losses_identical": identical, "evicted_pages": r["evicted_pages"],
-              "peak_rss_bytes": r["peak_rss_bytes"], "budget_bytes": budget,
-              "note": "features held to the budget; the mapped topology's page cache left to the kernel"}
-    return {"speedup": theirs / mine, "report": report}
+              "losses_identical": all(r["losses_identical"] for r in runs.values()),
+              "evicted_pages": best["evicted_pages"], "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs.values()),
+              "budget_bytes": budget, "by_threads": {str(k): r for k, r in runs.items()},
+              "note": "features held to the budget in every mmap contender; the mapped topology's page cache left to "
+                      "the kernel; speedup_vs_mmap is against the fastest contender (--mmap-threads); loader_*: the "
+                      "same window with the training step left out"}
+    return {"speedup": best["window_seconds"] / mine, "report": report,
+            "by_threads": {str(k): r["window_seconds"] / mine for k, r in runs.items()},
+            "loader_speedup": runs[loader_strongest]["loader_window_seconds"] / mine_loader,
+            "loader_by_threads": {str(k): r["loader_window_seconds"] / mine_loader for k, r in runs.items()}}

@@ -63,7 +63,7 @@ def test_bench_hetero_smoke(tmp_path, capsys):
     code = main(["bench", "gnn", "--hetero", "--papers", "2000", "--feat-dim", "16", "--train-nodes", "512",
                  "--test-nodes", "128", "--batch-size", "128", "--hidden", "8", "--fanouts", "4,2", "--epochs", "2",
                  "--presample-nodes", "128", "--holdout-nodes", "128", "--mmap-warmup-batches", "1",
-                 "--mmap-batches", "2", "--dir", str(d), "--quiet", "--json"])
+                 "--mmap-batches", "2", "--mmap-threads", "1,3", "--dir", str(d), "--quiet", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
     r = json.loads(out.out)
@@ -72,7 +72,19 @@ def test_bench_hetero_smoke(tmp_path, capsys):
     assert r["slowdown_vs_in_memory_pipelined"] == pytest.approx(np.mean(ts) / np.mean(mem))
     mm = r["mmap"]
     assert mm["window"] == [1, 3] and r["mmap_run"]["batches"] == 3
+    # one contender per thread count, the same batches; the headline is against the fastest
+    windows = mm["window_seconds_by_threads"]
+    assert set(windows) == set(r["mmap_runs"]) == {"1", "3"} and r["mmap_runs"]["3"]["batches"] == 3
+    assert mm["window_seconds"] == min(windows.values()) == windows[str(mm["strongest_threads"])]
     assert r["speedup_vs_mmap"] == pytest.approx(mm["window_seconds"] / mm["terastack_window_seconds"])
+    assert r["speedup_vs_mmap"] == pytest.approx(min(r["speedup_vs_mmap_by_threads"].values()))
+    assert r["speedup_vs_mmap_by_threads"]["1"] == pytest.approx(windows["1"] / mm["terastack_window_seconds"])
+    # the loader alone (no training step) over the same window, for terastack and every mmap contender
+    loader = mm["loader_window_seconds"]
+    assert set(r["loader_runs"]) == {"terastack", "mmap", "mmap_3_threads"}
+    assert all(run["batches"] == 3 for run in r["loader_runs"].values())
+    assert r["loader_speedup_vs_mmap"] == pytest.approx(min(loader.values()) / mm["terastack_loader_window_seconds"])
+    assert set(r["peak_rss_bytes"]) == {"terastack", "in_memory_pipelined", "mmap", "mmap_3_threads"}
     assert r["tpc_error"] == pytest.approx(abs(r["tpc_predicted_epoch_seconds"] - np.mean(ts)) / np.mean(ts))
     assert r["tpc"]["topology_blocks_per_batch"] > 0  # the topology term is in the prediction
     assert r["loss_curves_identical"] is True  # every contender trains on the file's bytes
@@ -80,6 +92,5 @@ def test_bench_hetero_smoke(tmp_path, capsys):
     assert r["feature_to_budget_ratio"] == pytest.approx(4.0, rel=1e-3)
     assert r["train_nodes"] == 512 and r["terastack_epochs"][0]["batches"] == 4
     assert r["topology"]["topology"] == "ssd" and 0 <= r["hit_rates"]["topology"] <= 1
-    assert set(r["peak_rss_bytes"]) == {"terastack", "in_memory_pipelined", "mmap"}
     assert all(v > 0 for v in r["peak_rss_bytes"].values())
     assert not d.exists()  # generated files are deleted at the end

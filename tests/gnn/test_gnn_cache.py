@@ -154,7 +154,8 @@ def test_row_reader_scan_and_block_math(straddle):
     reader.close()
 
 
-def test_baseline_sources_match_and_mmap_stays_in_budget(tiny):
+@pytest.mark.parametrize("threads", [1, 3])  # 3: the gather split over threads, as several loader workers do
+def test_baseline_sources_match_and_mmap_stays_in_budget(tiny, threads):
     ds = open_dataset(tiny)
     ref = torch.from_numpy(ds.read_features())
     ids = np.random.default_rng(2).choice(ds.num_nodes, 900, replace=False)
@@ -163,7 +164,7 @@ def test_baseline_sources_match_and_mmap_stays_in_budget(tiny):
     assert torch.equal(mem.gather(ids, out), ref[torch.from_numpy(ids)])
     budget = 16 * mmap.PAGESIZE
     mm = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim, dtype=ds.feat_dtype,
-                      budget=budget)
+                      budget=budget, threads=threads)
     mm.new_epoch()
     for k in range(3):
         part = ids[k * 300:(k + 1) * 300]

@@ -26,6 +26,7 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
                              "--feat-dim", "32", "--batch-size", "64", "--fanouts", "5,5", "--hidden", "16",
                              "--budget", "300KiB", "--gen-memory", "64MiB", "--presample-nodes", "128",
                              "--holdout-nodes", "128", "--mmap-warmup-batches", "2", "--mmap-batches", "3",
+                             "--mmap-threads", "1,3",
                              "--dir", str(d), "--quiet", "--json", "--cleanup")
     assert code == 0, err
     r = json.loads(out)
@@ -46,9 +47,21 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
         abs(r["tpc_predicted_epoch_seconds"] - r["epoch_seconds"]) / r["epoch_seconds"])
     mm = r["mmap"]
     assert mm["batches_run"] == 5 and mm["window"] == [2, 5] and mm["losses_identical"] is True
+    # one np.memmap contender per count of gathering threads; the headline is against the fastest
+    runs = mm["by_threads"]
+    assert set(runs) == {"1", "3"} and all(run["losses_identical"] and run["batches_run"] == 5 for run in runs.values())
+    assert mm["window_seconds"] == min(run["window_seconds"] for run in runs.values())
     assert r["speedup_vs_mmap"] == pytest.approx(mm["window_seconds"] / mm["terastack_window_seconds"])
+    assert r["speedup_vs_mmap_by_threads"]["1"] == pytest.approx(runs["1"]["window_seconds"]
+                                                                 / mm["terastack_window_seconds"])
     assert mm["epoch_seconds_extrapolated"] == pytest.approx(mm["window_seconds"] / 3 * 7)
+    # the same window with the training step left out, terastack's and every contender's
+    assert r["loader_speedup_vs_mmap"] == pytest.approx(
+        min(run["loader_window_seconds"] for run in runs.values()) / mm["terastack_loader_window_seconds"])
     assert mm["peak_rss_bytes"] > 0 and mm["evicted_pages"] > 0
+    # every key the issue names
+    assert {"train_nodes", "speedup_vs_mmap", "peak_rss_bytes", "tpc_prediction_error", "seeds_per_s",
+            "feature_hit_rate", "topology_hit_rate", "epoch_seconds"} <= set(r)
     assert not d.exists()  # --cleanup
 
 

@@ -1,10 +1,16 @@
-"""The RSS watchdog of ``terastack bench dist --model``: the summed peak RSS of a job's processes, from ``/proc``.
+"""The benchmarks' RSS watchdog: the memory of a process tree, from ``/proc``, held below a limit.
 
-A system of the benchmark runs as child processes of the benchmark (torchrun's elastic agent starts its ranks
-from this process). :class:`RssWatchdog` samples every descendant of this process, keeps each one's peak
-(``VmHWM``, the kernel's own high-water mark of its resident set, so a peak between two samples is not missed)
-and adds them up over every process the job ever had. When that sum passes the limit it kills every descendant:
-the system "does not fit", and the kernel's OOM killer never gets to choose a victim.
+Scale claims are measured on processes that run under a watchdog set below the machine's RAM, so that the
+kernel's OOM killer never decides a result. Two benchmarks use it:
+
+- ``terastack bench dist --model``: a system runs as child processes of the benchmark (torchrun's elastic agent
+  starts its ranks from this process). The watchdog samples every descendant of this process, keeps each one's
+  peak (``VmHWM``, the kernel's own high-water mark of its resident set, so a peak between two samples is not
+  missed) and adds them up over every process the job ever had. When that sum passes the limit it kills every
+  descendant (``on_exceed="kill"``): the system "does not fit".
+- ``terastack bench gnn``: a contender runs in a child process of its own and watches itself (``include_self``:
+  its resident set now, plus its descendants as above); past the limit it kills its descendants, says why on
+  stderr and ends with :data:`EXIT_STATUS` (``on_exceed="exit"``), which its parent reports naming it.
 
 [Note: a sum of peaks]
 The figure is the sum of each process's own peak, not the peak of the sum: the processes need not reach their
@@ -22,8 +28,16 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
+
+from terastack.memory import current_rss
+from terastack.units import format_bytes
+
+#: the exit status of a process that stopped itself past its limit (``on_exceed="exit"``)
+EXIT_STATUS = 3
+ON_EXCEED = ("kill", "exit")
 
 
 def children_of(pid: int) -> list[int]:
@@ -87,23 +101,34 @@ def rank_of(pid: int) -> int | None:
 
 
 class RssWatchdog:
-    """Watches the descendants of this process while a system runs ([Note: a sum of peaks]); a context manager.
+    """Watches the descendants of this process (and with ``include_self`` the process itself) while a system
+    runs ([Note: a sum of peaks]); a context manager.
 
-    After the ``with`` block: ``peak_total`` (bytes), ``peaks`` (pid -> peak bytes), ``exceeded`` (whether it
-    killed the system)."""
+    After the ``with`` block: ``peak_total`` (bytes, the descendants' peaks summed), ``peaks`` (pid -> peak
+    bytes), ``max_sampled`` (the largest figure a sample read, this process included when it is watched) and
+    ``exceeded`` (whether it stopped the system)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config:
-        #: the most bytes the job's processes may hold, summed over their peaks
+        #: the most bytes the watched processes may hold, summed over their peaks
         limit_bytes: int
         #: seconds between two readings of /proc
         interval_s: float = 0.05
+        #: count this process too (its resident set at each reading): a process that runs what is measured
+        include_self: bool = False
+        #: past the limit: "kill" every descendant, or "exit": kill them, say why on stderr and end this process
+        #: with EXIT_STATUS (a process that watches itself)
+        on_exceed: str = "kill"
+        #: who is stopped, in the message on stderr
+        label: str = "terastack bench"
 
         def __post_init__(self) -> None:
             if self.limit_bytes <= 0:
                 raise ValueError(f"limit_bytes: must be > 0, got {self.limit_bytes}")
             if not self.interval_s > 0:
                 raise ValueError(f"interval_s: must be > 0, got {self.interval_s}")
+            if self.on_exceed not in ON_EXCEED:
+                raise ValueError(f"on_exceed: must be one of {', '.join(ON_EXCEED)}; got {self.on_exceed!r}")
 
     def __init__(self, config: "RssWatchdog.Config", *, root: int | None = None):
         self.config = config
@@ -112,6 +137,7 @@ class RssWatchdog:
         self.ranks: dict[int, int | None] = {}
         self._programs: dict[int, bytes] = {}
         self._root_program = program_of(self.root)
+        self.max_sampled = 0
         self.exceeded = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rss-watchdog", daemon=True)
@@ -126,7 +152,8 @@ class RssWatchdog:
                       key=lambda x: (x[0] is None, x[0] or 0))
 
     def sample(self) -> int:
-        """Read every descendant's peak once; the sum over every process seen so far."""
+        """Read every descendant's peak once; the sum over every process seen so far (with ``include_self``,
+        plus this process's resident set now)."""
         for pid in descendants_of(self.root):
             program, peak = program_of(pid), peak_rss_bytes(pid)
             if peak is None or program is None or program == self._root_program:
@@ -136,7 +163,9 @@ class RssWatchdog:
                 self.peaks[pid] = 0
                 self.ranks[pid] = rank_of(pid)
             self.peaks[pid] = max(self.peaks[pid], peak)
-        return self.peak_total
+        total = self.peak_total + (current_rss() if self.config.include_self else 0)
+        self.max_sampled = max(self.max_sampled, total)
+        return total
 
     def kill_all(self) -> None:
         """SIGKILL every descendant, the deepest first (a parent that restarts children finds none)."""
@@ -147,11 +176,17 @@ class RssWatchdog:
                 pass
 
     def _watch(self) -> None:
+        cfg = self.config
         while not self._stop.is_set():
-            if self.sample() > self.config.limit_bytes:
+            total = self.sample()
+            if total > cfg.limit_bytes:
                 self.exceeded = True
                 self.kill_all()
-            self._stop.wait(self.config.interval_s)
+                if cfg.on_exceed == "exit":
+                    print(f"{cfg.label}: resident memory {format_bytes(total)} passed --rss-limit "
+                          f"{format_bytes(cfg.limit_bytes)}; stopping", file=sys.stderr, flush=True)
+                    os._exit(EXIT_STATUS)
+            self._stop.wait(cfg.interval_s)
 
     def __enter__(self) -> "RssWatchdog":
         self._thread.start()

@@ -1,0 +1,85 @@
+"""The benchmarks' RSS watchdog (terastack.bench_watchdog): a process tree's summed peaks held below a limit by
+killing the tree, or a process watching itself that stops past its limit, saying why."""
+import subprocess
+import sys
+
+import pytest
+
+from terastack.bench_watchdog import EXIT_STATUS, RssWatchdog
+from terastack.memory import current_rss
+
+
+def test_watchdog_kills_a_process_tree_past_its_limit():
+    import subprocess
+    import sys
+    import time
+
+    grow = "import time; x = b'1' * (300 << 20); time.sleep(60)"   # written, so resident
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grow!r}]); time.sleep(60)"
+    t0 = time.perf_counter()
+    with RssWatchdog(RssWatchdog.Config(limit_bytes=200 << 20, interval_s=0.02)) as dog:
+        child = subprocess.Popen([sys.executable, "-c", parent])
+        child.wait(timeout=30)
+    assert dog.exceeded and dog.peak_total > 200 << 20
+    assert len(dog.peaks) == 2, dog.peaks              # the child and its own child, both counted
+    assert time.perf_counter() - t0 < 20
+
+
+def test_watchdog_does_not_count_a_fork_of_the_benchmark_before_it_runs_its_program():
+    """Between fork and exec a child reports the benchmark's own RSS, which alone can pass the limit."""
+    import os
+    import time
+
+    pid = os.fork()
+    if pid == 0:                                       # a copy of this process that never runs exec
+        time.sleep(3)
+        os._exit(0)
+    try:
+        dog = RssWatchdog(RssWatchdog.Config(limit_bytes=1 << 20))
+        assert dog.sample() == 0 and pid not in dog.peaks, dog.peaks
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
+
+def test_a_process_watching_itself_counts_its_own_resident_set():
+    alone = RssWatchdog(RssWatchdog.Config(limit_bytes=1 << 40))
+    assert alone.sample() == 0                         # no descendants: nothing of this process counted
+    me = RssWatchdog(RssWatchdog.Config(limit_bytes=1 << 40, include_self=True))
+    before = current_rss()
+    total = me.sample()
+    assert total >= 0.5 * before and total == me.max_sampled and me.peak_total == 0
+
+
+def test_a_process_past_its_limit_stops_its_children_says_why_and_exits():
+    script = (
+        "import subprocess, sys, time\n"
+        "from terastack.bench_watchdog import RssWatchdog\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(0.5)\n"
+        "cfg = RssWatchdog.Config(limit_bytes=1 << 20, interval_s=0.02, include_self=True, on_exceed='exit',\n"
+        "                         label='contender \"small\"')\n"
+        "with RssWatchdog(cfg):\n"
+        "    time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_STATUS, done.stderr
+    assert 'contender "small": resident memory' in done.stderr and "passed --rss-limit 1.00 MiB" in done.stderr
+    child = int(done.stdout.split()[0])
+    assert _state(child) in (None, "Z")                # killed by the watchdog (gone, or a zombie not yet reaped)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(line.split()[1] for line in f if line.startswith("State:"))
+    except OSError:
+        return None
+
+
+def test_config_names_the_field():
+    with pytest.raises(ValueError, match="on_exceed"):
+        RssWatchdog.Config(limit_bytes=1, on_exceed="warn")
+    with pytest.raises(ValueError, match="limit_bytes"):
+        RssWatchdog.Config(limit_bytes=0)

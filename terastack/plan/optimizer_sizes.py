@@ -25,7 +25,10 @@ the planner does not pick one size; it scores a few, largest first:
 
 and charges each the seconds its window leaves exposed
 (:func:`exposed_state_io_s`): per unit, the state beyond the window read while
-compute waits, and beyond the write-back allowance written while it waits.
+compute waits, and beyond the write-back allowance written while it waits;
+and the training thread's own work per request (:data:`STATE_REQUEST_CPU_S`):
+the update reads its state a window at a time and writes it an allowance at a
+time, so a small window issues many more requests for the same bytes.
 With the optimizer on its own thread (an accelerator) updates run beside
 compute, one chunk read ahead; there are two sizes, full and lean.
 """
@@ -42,6 +45,12 @@ from terastack.tier import Tier
 LEAN_CHUNK = 256 << 10
 #: the ``stream`` window: bytes read ahead (and, again, bytes being written back) by an inline update
 STREAM_WINDOW = 128 << 20
+#: CPU seconds the training thread spends per state request an inline update issues, beyond the disk's time
+#: (submitting it, its completion, waking the update): measured from the traces of two 3.4B steps on the 2-core
+#: bench VM, a 4 MiB window against the 128 MiB one in the same run: 12.6k more requests (14.0k reads and 13.8k
+#: writes against 1.4k and 1.1k), 11.5 s more of the step at the same bytes (benchmarks/llm-scale-3b-window_2core-
+#: epyc_2026-12-01.md). The probe does not measure it yet.
+STATE_REQUEST_CPU_S = 4.3e-4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,17 +148,19 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
 
 def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict,
                        *, read_bw: float, write_bw: float) -> float:
-    """Seconds an inline update waits for the disk per step with these sizes: per unit, its state on the SSD
-    beyond the read-ahead window (read while compute waits) and beyond the write-back allowance (written while
-    it waits). See [Note: the optimizer's window]."""
+    """Seconds the state's SSD traffic costs an inline update per step with these sizes: per unit, its state on
+    the SSD beyond the read-ahead window (read while compute waits) and beyond the write-back allowance (written
+    while it waits), and the training thread's work for each request (a window read, an allowance written). See
+    [Note: the optimizer's window]."""
     per_chunk = schedule.records_per_chunk(profile.mixed_precision)
-    read = write = 0
+    read = write = requests = 0
     for mine in completed_by_unit(profile):
         on_ssd = sum(per_chunk * chunked_bytes(profile.tensor_numel[t], 4, sizes.chunk) for t in mine
                      if state_home.get(t) is Tier.SSD)
         read += max(0, on_ssd - sizes.read_ahead)
         write += max(0, on_ssd - sizes.writeback)
-    return read / read_bw + write / write_bw
+        requests += -(-on_ssd // max(sizes.read_ahead, 1)) + -(-on_ssd // max(sizes.writeback, 1))
+    return read / read_bw + write / write_bw + requests * STATE_REQUEST_CPU_S
 
 
 def masters_reread(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict) -> int:

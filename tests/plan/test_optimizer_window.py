@@ -1,4 +1,6 @@
 """Which optimizer window the planner takes when the host budget is tight ([Note: the optimizer's window])."""
+import pytest
+
 from terastack.plan.llm_planner import LLMPlanner
 from terastack.plan.optimizer_sizes import STREAM_WINDOW, size_candidates
 
@@ -29,3 +31,27 @@ def test_a_unit_whose_masters_do_not_fit_beside_the_window_keeps_the_window_and_
     # ... so the optimizer reads every layer's master again, and the prediction counts it
     layers_masters = 4 * (96 << 20) * 4
     assert p.prediction.bytes_by_kind["masters_read"] >= layers_masters
+
+
+def test_a_small_window_pays_for_every_request_it_issues():
+    from terastack.plan.optimizer_sizes import STATE_REQUEST_CPU_S, exposed_state_io_s
+    from terastack.tier import Tier
+
+    prof = profile(layers=4, params=96 << 20, act=MiB, fwd_s=0.05, vocab_params=1 << 20)
+    planner = _planner(1 << 30)
+    sizes = {s.kind: s for s in size_candidates(prof, planner.schedule, inline=True, chunk=1 << 20, passes=1)}
+    homes = {t: Tier.SSD for t in prof.tensor_numel}
+    # with a disk of unbounded speed, only the requests cost: each unit's state a window (read) or an allowance
+    # (written) at a time
+    cost = {k: exposed_state_io_s(prof, planner.schedule, s, homes, read_bw=float("inf"), write_bw=float("inf"))
+            for k, s in sizes.items()}
+    lean, stream = sizes["lean, masters re-read"], sizes["lean stream, masters re-read"]
+    state = [96 << 20] * 4 + [1 << 20, 1 << 20]  # elements whose moments each unit (layers, embedding, head) reads
+    per_chunk = planner.schedule.records_per_chunk(False)
+
+    def requests(s):
+        return sum(-(-per_chunk * 4 * n // s.read_ahead) + -(-per_chunk * 4 * n // s.writeback) for n in state)
+
+    assert cost["lean, masters re-read"] == pytest.approx(requests(lean) * STATE_REQUEST_CPU_S)
+    assert cost["lean, masters re-read"] > 10 * cost["lean stream, masters re-read"]
+    assert cost["lean stream, masters re-read"] == pytest.approx(requests(stream) * STATE_REQUEST_CPU_S)

@@ -32,8 +32,10 @@ def tier_memory(memory_budget: int) -> int:
 def search_budget_split(memory_budget: int, plan_for: Callable[[int, int], tuple[object, P]], *,
                         what: str) -> tuple[object, P]:
     """``plan_for(device_budget, host_budget) -> (planner, plan)`` over every share in :data:`SHARES` of
-    :func:`tier_memory`; the pair whose plan predicts the shortest step (the first of equals). When no split
-    fits, the :class:`PlanError` names the whole budget and the smallest shortfall any split had."""
+    :func:`tier_memory`; the pair whose plan predicts the shortest step (the first of equals) among the plans of
+    the most preferred kind (a plan's ``search_rank``, lower first, 0 when it has none: e.g. the vertical order of
+    micro-batches wherever some split fits it, as the planner's own choice for one split prefers it). When no
+    split fits, the :class:`PlanError` names the whole budget and the smallest shortfall any split had."""
     total = tier_memory(memory_budget)
     best, error = None, None
     for share in SHARES:
@@ -43,9 +45,13 @@ def search_budget_split(memory_budget: int, plan_for: Callable[[int, int], tuple
             if error is None or exc.shortfall < error.shortfall:
                 error = exc
             continue
-        if best is None or plan.prediction.step_s < best[1].prediction.step_s:
+        if best is None or _key(plan) < _key(best[1]):
             best = (planner, plan)
     if best is None:
         raise PlanError("memory", needed=total + error.shortfall, available=total, limit=total,
                         what=f"{what} with the best split between device and host tiers ({error})")
     return best
+
+
+def _key(plan) -> tuple[int, float]:
+    return getattr(plan, "search_rank", 0), plan.prediction.step_s

@@ -149,3 +149,27 @@ def test_the_split_of_a_budget_at_3b_costs_the_planner_little_work(monkeypatch):
     # and every split scores each activation-policy candidate at most once per prefetch depth
     assert counts["split"] <= len(set(LLMPlanner(LLMPlanner.Config(device_budget=GiB, host_budget=GiB))
                                       ._policy_choices(profile, CPU)))
+
+
+def test_a_preferred_kind_of_plan_wins_over_faster_predictions_of_another():
+    # e.g. the vertical order of micro-batches (rank 0) fits only the splits with a large device tier
+    def plan_for(device, host):
+        share = round(100 * device / (device + host))
+        plan = _plan(3.0 - share / 100)
+        plan.search_rank = 0 if share >= 70 else 1
+        plan.prediction.step_s = 5.0 - share / 100 if share >= 70 else 1.0
+        return share, plan
+
+    share, plan = search_budget_split(10 * GiB, plan_for, what="model")
+    assert share == 90 and plan.search_rank == 0    # the fastest of the preferred, not the fastest overall
+
+
+def test_the_horizontal_order_ranks_after_the_vertical_one():
+    from terastack.plan.llm_plan import LLMPlan
+
+    def rank(accumulation, grad_accum):
+        fields = {f: None for f in LLMPlan.__dataclass_fields__}
+        fields.update(accumulation=accumulation, grad_accum=grad_accum)
+        return LLMPlan(**fields).search_rank
+
+    assert rank("vertical", 8) == 0 and rank("horizontal", 1) == 0 and rank("horizontal", 8) == 1

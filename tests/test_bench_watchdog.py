@@ -21,7 +21,10 @@ def test_watchdog_kills_a_process_tree_past_its_limit():
         child = subprocess.Popen([sys.executable, "-c", parent])
         child.wait(timeout=30)
     assert dog.exceeded and dog.peak_total > 200 << 20
-    assert len(dog.peaks) == 2, dog.peaks              # the child and its own child, both counted
+    # the child and its own child (the one holding the 300 MB) both counted; other children of the test process
+    # (a test before this one may have left one behind) may be counted too
+    grown = [pid for pid, peak in dog.peaks.items() if peak > 150 << 20]
+    assert child.pid in dog.peaks and grown and child.pid not in grown, dog.peaks
     assert time.perf_counter() - t0 < 20
 
 

@@ -48,7 +48,7 @@ STREAM_WINDOW = 128 << 20
 #: CPU seconds the training thread spends per state request an inline update issues, beyond the disk's time
 #: (submitting it, its completion, waking the update): measured from the traces of two 3.4B steps on the 2-core
 #: bench VM, a 4 MiB window against the 128 MiB one in the same run: 12.6k more requests (14.0k reads and 13.8k
-#: writes against 1.4k and 1.1k), 11.5 s more of the step at the same bytes (benchmarks/llm-scale-3b-window_2core-
+#: writes against 1.4k and 1.1k), 11.5 s more of the step at fewer bytes (benchmarks/llm-scale-3b-window_2core-
 #: epyc_2026-12-01.md). The probe does not measure it yet.
 STATE_REQUEST_CPU_S = 4.3e-4
 

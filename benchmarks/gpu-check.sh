@@ -47,7 +47,7 @@ RACES="tests/tiers/test_store_gpu.py tests/gnn/test_gnn_cache_gpu.py tests/llm/t
 # 1. every test marked gpu except the race repros (step 2)
 step pytest_gpu 75 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests \
     --ignore=tests/tiers/test_store_gpu.py --ignore=tests/gnn/test_gnn_cache_gpu.py \
-    --ignore=tests/llm/test_gradient_copies.py
+    --ignore=tests/llm/test_gradient_copies.py --ignore=tests/disdp/test_nccl.py
 # 2. the race repros, three times over (a race need not show on every run)
 step races 45 bash -c "for i in 1 2 3; do $PY -m pytest -q -p no:cacheprovider $RACES || exit 1; done"
 # 3. mid-size Llama (vocab 128k, hidden 1024, 8 layers) in bf16: calibration, automatic device budget, 2 GiB host
@@ -66,6 +66,13 @@ step bench_gnn 45 "$PY" -m terastack.cli bench gnn --nodes 400000 --train-nodes 
     --save "$WORK/bench_gnn.json"
 # 8. the out-of-core GEMM with its tiles in GPU memory, and its result check
 step bench_gemm 35 "$PY" -m terastack.cli bench gemm --quick --dir "$WORK" --save "$WORK/bench_gemm.json"
+# 9. terastack dist on NCCL: 2-rank jobs (one GPU per rank), against AdamW and the same job on gloo; one GPU
+#    cannot hold two NCCL ranks, so on one GPU (this script's machine) the step is skipped at once
+if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null)" -ge 2 ] 2>/dev/null; then
+    step dist_nccl 60 "$PY" -m pytest -q -p no:cacheprovider tests/disdp/test_nccl.py -k "2-ranks or two_rank"
+else
+    echo "gpu-check: dist_nccl skipped (one GPU: NCCL needs a GPU per rank; run it where two GPUs are)"
+fi
 
 "$PY" - "$OUT" "$WORK" "$started" "${STEPS[@]}" <<'EOF'
 import json, os, platform, sys, time

@@ -60,12 +60,3 @@ def device_held_bytes(nbytes: int, *, cuda: bool, expandable: bool | None = None
     if not cuda:
         return held  # without an accelerator the device tier is host memory: a buffer is its bytes
     return allocator_bytes(held, expandable=expandable_segments() if expandable is None else expandable)
-
-
-def pinned_bytes(nbytes: int) -> int:
-    """Host memory PyTorch's pinned allocator (``pin_memory=True``, its caching host allocator) takes for a
-    request of ``nbytes``: a block rounded up to a power of two, kept for reuse by later requests once freed
-    (terastack's own page-locked buffers take exactly their pages: ``pinned_host_empty`` in terastack.io.cuda)."""
-    if nbytes < 0:
-        raise ValueError(f"nbytes: must be >= 0, got {nbytes}")
-    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else nbytes

@@ -2,13 +2,13 @@
 the process group, writing their statistics and handing back their final parameters as a checkpoint."""
 from __future__ import annotations
 
-import datetime
 import os
 
 import torch
 import torch.distributed as dist
 
 from terastack.disdp import shard_checkpoint as ckpt
+from terastack.disdp.comm import join_process_group
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.buckets import Layout
 from terastack.disdp.job_stats import optimizer_state_bytes, write_stats
@@ -20,8 +20,7 @@ def init_baseline(config: TrainConfig, system: str) -> tuple[int, int]:
     if world != config.workers:
         raise ValueError(f"the {system} baseline runs one rank per worker: {config.workers} workers, {world} ranks")
     torch.set_num_threads(config.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=config.timeout_s))
+    join_process_group("cpu", rank=rank, world_size=world, timeout_s=config.timeout_s)   # a CPU device mesh
     return rank, world
 
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from terastack import trace
 from terastack.disdp.bench_spec import BenchSpec, global_batch, init_std, init_tensor, write_rank_stats
+from terastack.disdp.comm import join_process_group
 from terastack.disdp.roles import Role
 from terastack.disdp.shutdown import exit_rank
 
@@ -78,7 +79,8 @@ def run_terastack(spec: BenchSpec) -> int:
         run_terastack_rank(spec, me, control)
         if spec.trace_dir:
             trace.tracer.save(Path(spec.trace_dir) / f"rank-{me.rank}-{me.role.value}{me.index}.json")
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=spec.timeout_s), wait_all_ranks=True)
+        dist.monitored_barrier(group=control.group, timeout=datetime.timedelta(seconds=spec.timeout_s),
+                               wait_all_ranks=True)
     finally:
         me.liveness.close()   # its thread ends before the group goes ([Note: a thread inside the network at exit])
     dist.destroy_process_group()
@@ -122,8 +124,7 @@ def run_baseline(spec: BenchSpec) -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(spec.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=spec.timeout_s))
+    join_process_group("cpu", rank=rank, world_size=world, timeout_s=spec.timeout_s)   # the baselines' CPU mesh
     stats = {"fsdp2": fsdp2.run_bench, "zero3": zero3.run_bench}[spec.system](spec, rank, world)
     write_rank_stats(spec, rank, {"rank": rank, "role": "worker", "index": rank} | stats)
     dist.barrier()

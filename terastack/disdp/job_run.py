@@ -29,7 +29,7 @@ from torch import nn
 
 from terastack.atomic import atomic_write_json
 from terastack.disdp.buckets import Layout, Schedule
-from terastack.disdp.comm import Comm
+from terastack.disdp.comm import Comm, backend_for, join_process_group
 from terastack.disdp.control import Control, Liveness, lost_line, short_reason
 from terastack.disdp.initial_weights import StreamedShard, random_init
 from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
@@ -82,6 +82,10 @@ def check_job(job) -> None:
     if job.lora.rank is not None:
         raise SettingError("lora.rank", "the disaggregated engine trains every parameter; LoRA adapters are "
                            "trained by terastack finetune")
+    try:
+        backend_for(job.disdp.device)   # NCCL without CUDA: refused before any rank starts
+    except ValueError as exc:
+        raise SettingError("disdp.device", str(exc).removeprefix("device: ")) from None
     if job.training.batch_size < job.disdp.workers:
         raise SettingError("training.batch_size", f"the global batch of {job.training.batch_size} rows cannot be "
                            f"split among {job.disdp.workers} workers (give at least one row per worker)")
@@ -99,12 +103,15 @@ def join_job(job) -> tuple[JobRank, Control]:
     torch.set_num_threads(d.threads)
     if role is not Role.WORKER and d.helper_nice:
         os.nice(d.helper_nice)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=d.timeout_s))
+    # gloo on the CPU, NCCL on CUDA; the step messages on gloo ([Note: process-group backend] in terastack.disdp.comm)
+    backend = join_process_group(d.device, rank=rank, world_size=world, timeout_s=d.timeout_s)
+    control = Control(roles, rank, timeout_s=d.timeout_s)
     nodes: list = [None] * world
-    dist.all_gather_object(nodes, local_node())   # every rank's node, for messages ([Note: ranks on several nodes])
-    roles = roles.with_nodes(nodes)
+    # every rank's node, for messages ([Note: ranks on several nodes])
+    dist.all_gather_object(nodes, local_node(), group=control.group)
+    roles = control.roles = roles.with_nodes(nodes)
     liveness = Liveness(rank, world)
-    comm = Comm(roles, rank, timeout_s=d.timeout_s)
+    comm = Comm.open(roles, rank, timeout_s=d.timeout_s, backend=backend)
     hf_config, model_dir = resolve_model(job.model.path or DEFAULT_MODEL)
     if job.model.rope_scaling is not None:
         apply_rope_scaling(hf_config, *job.model.rope_scaling)
@@ -112,8 +119,7 @@ def join_job(job) -> tuple[JobRank, Control]:
         check_packing(hf_config)   # packed rows need the attention that position ids restart
     meta_model = build_skeleton(hf_config)
     layout = Layout.of(meta_model, d.servers)
-    check_same_layout(layout, roles, rank)
-    control = Control(roles, rank, timeout_s=d.timeout_s)
+    check_same_layout(layout, roles, rank, group=control.group)
     return JobRank(job=job, rank=rank, role=role, index=index, roles=roles, comm=comm, hf_config=hf_config,
                    model_dir=model_dir, meta_model=meta_model, layout=layout,
                    schedule=Schedule(layout, reshard=d.reshard), liveness=liveness), control
@@ -159,7 +165,8 @@ def run_rank(job) -> int:
             finally:
                 if hasattr(part, "close"):
                     part.close()
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=job.disdp.timeout_s), wait_all_ranks=True)
+        dist.monitored_barrier(group=control.group, timeout=datetime.timedelta(seconds=job.disdp.timeout_s),
+                               wait_all_ranks=True)
     except (RuntimeError, TimeoutError, ConnectionError) as exc:
         # gloo's errors, PeerError, a wait that ran out; a bad setting (ValueError) or a full disk (another
         # OSError) is this rank's own and goes up as it is

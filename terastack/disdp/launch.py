@@ -25,6 +25,7 @@ from pathlib import Path
 
 from terastack.atomic import atomic_write_json
 from terastack.disdp import shard_checkpoint as ckpt
+from terastack.disdp.comm import backend_for
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.roles import RoleMap
 from terastack.disdp.job_stats import collect_stats, stats_dir
@@ -99,6 +100,7 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_
     ``module`` is the program every rank runs (``python -m MODULE JOB.json``):
     the disaggregated job by default, or a baseline that needs only workers.
     """
+    backend_for(config.device)   # NCCL without CUDA is refused here, once, before any rank starts
     roles = config.roles()
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

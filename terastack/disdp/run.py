@@ -35,7 +35,7 @@ from terastack import trace
 from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.agent import AgentCore, AgentProcess, RelayLink, ThreadAgent
 from terastack.disdp.aggregator import Aggregator
-from terastack.disdp.comm import Comm, backend_for
+from terastack.disdp.comm import Comm, gloo_group, join_process_group
 from terastack.disdp.train_config import TrainConfig, parse_kill_at
 from terastack.disdp.launch import rank_main
 from terastack.disdp.buckets import Layout, Schedule
@@ -65,6 +65,9 @@ class Rank:
     first: int
     #: the checkpoint index a server resumes from (None: a fresh start, and on every other role)
     resume_index: dict | None
+    #: the gloo group of start-up, the barrier at the end (None: the default group, gloo;
+    #: [Note: process-group backend] in terastack.disdp.comm)
+    control_group: object = None
 
     @property
     def steps(self) -> range:
@@ -108,16 +111,15 @@ def join(config: TrainConfig) -> Rank | None:
         os.nice(config.helper_nice)
     if config.trace_dir:
         trace.tracer.start()
-    # the roles' buckets are host tensors: gloo ([Note: process-group backend] in terastack.disdp.comm)
-    backend = backend_for("cpu")
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=config.timeout_s))
-    comm = Comm(roles, rank, timeout_s=config.timeout_s, backend=backend)
+    # gloo on the CPU, NCCL on CUDA ([Note: process-group backend] in terastack.disdp.comm)
+    backend = join_process_group(config.device, rank=rank, world_size=world, timeout_s=config.timeout_s)
+    group = gloo_group(config.timeout_s)
+    comm = Comm.open(roles, rank, timeout_s=config.timeout_s, backend=backend)
     spec = config.model_spec()
     meta_model = build_model(spec, seed=config.seed, meta=True)
     layout = Layout.of(meta_model, config.servers)
     schedule = Schedule(layout, reshard=config.reshard)
-    check_same_layout(layout, roles, rank)
+    check_same_layout(layout, roles, rank, group=group)
 
     # Start step: the servers' checkpoint decides, server 0 tells everyone.
     start = torch.zeros(1, dtype=torch.int64)
@@ -126,7 +128,7 @@ def join(config: TrainConfig) -> Rank | None:
         resume_index = ckpt.read_index(config.checkpoint_dir)
     if role is Role.SERVER and index == 0 and resume_index is not None:
         start[0] = int(resume_index["step"])
-    dist.broadcast(start, src=roles.server_rank(0))
+    dist.broadcast(start, src=roles.server_rank(0), group=group)
     first = int(start[0])
     if rank == 0:
         print(f"terastack dist: {world} ranks on {backend}; roles:\n{roles.table()}\n"
@@ -141,13 +143,15 @@ def join(config: TrainConfig) -> Rank | None:
         dist.destroy_process_group()
         return None
     return Rank(config=config, rank=rank, role=role, index=index, roles=roles, comm=comm, spec=spec,
-                meta_model=meta_model, layout=layout, schedule=schedule, first=first, resume_index=resume_index)
+                meta_model=meta_model, layout=layout, schedule=schedule, first=first, resume_index=resume_index,
+                control_group=group)
 
 
-def check_same_layout(layout: Layout, roles: RoleMap, rank: int) -> None:
+def check_same_layout(layout: Layout, roles: RoleMap, rank: int, *, group=None) -> None:
+    """Refuse a rank whose model layout differs from the others' (``group``: a gloo group of every rank)."""
     mine = torch.tensor([int(layout.fingerprint()[:15], 16)], dtype=torch.int64)
     every = [torch.zeros_like(mine) for _ in range(roles.world_size)]
-    dist.all_gather(every, mine)
+    dist.all_gather(every, mine, group=group)
     odd = [r for r in range(roles.world_size) if int(every[r]) != int(every[0])]
     if odd:
         raise ValueError(f"{roles.describe(rank)}: model layout differs on {', '.join(map(roles.describe, odd))} "
@@ -162,7 +166,8 @@ def leave(me: Rank, stats: dict) -> None:
     if config.trace_dir:
         trace.tracer.save(Path(config.trace_dir) / f"rank-{me.rank}-{me.role.value}{me.index}.json")
     # Every rank has finished its sends; wait (bounded) so nobody tears down a connection still in use.
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=config.timeout_s), wait_all_ranks=True)
+    dist.monitored_barrier(group=me.control_group, timeout=datetime.timedelta(seconds=config.timeout_s),
+                           wait_all_ranks=True)
     dist.destroy_process_group()
     if me.rank == 0:
         print(f"terastack dist: trained to step {config.steps}; checkpoint in {config.checkpoint_dir}", flush=True)

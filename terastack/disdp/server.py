@@ -379,7 +379,7 @@ class ParameterServer:
         self.adam_steps = {b: torch.tensor(0.0) for b in self.buckets}
         self.ingress_bytes: list[int] = []
         self.update_s = 0.0
-        #: next step's forward sends, posted as soon as each bucket is updated (bucket -> pendings)
+        #: next step's forward sends, posted once every bucket is updated (bucket -> pendings)
         self._early: dict[int, list[Pending]] = {}
         #: gradient sums of the micro-batches of the step so far (gradient accumulation)
         self._grad_sums: dict[int, torch.Tensor] = {}
@@ -429,9 +429,8 @@ class ParameterServer:
              max_grad_norm: float | None = None, norm_group=None) -> float | None:
         """One pass: send parameters, receive reduced gradients, update bucket by bucket.
 
-        ``more``: another step follows, so each bucket's forward sends for it are
-        posted as soon as the bucket is updated (the next step's first deliveries
-        then wait only for the last bucket's update).
+        ``more``: another step follows, so its forward sends are posted (in fetch
+        order) as soon as the last bucket is updated, before this call returns.
         ``keep=False``: the gradients are received and dropped (a validation pass); ``apply=False``: they are
         added to this shard's sums and the update waits for the last micro-batch (gradient accumulation).
         ``max_grad_norm``: global-norm clipping ([Note: clipping across shards]); ``norm_group`` the process
@@ -535,8 +534,6 @@ class ParameterServer:
                 self._keep(b, grad)
             elif eager:
                 self._update(b, grad)
-                if more:
-                    self._early[b] = self._post_sends(b, 0, step + 1)
             else:
                 squares += torch.linalg.vector_norm(grad).double() ** 2
                 self._keep(b, grad)
@@ -544,6 +541,12 @@ class ParameterServer:
             del grad
         while window:
             drain_one()
+        if more and eager:
+            # the next step's forward deliveries, in fetch order: an agent receives them in that order, and messages
+            # are matched by order ([Note: messages matched by order] in terastack.disdp.comm)
+            for f in fetches:
+                if f.phase == 0:
+                    self._early[f.bucket] = self._post_sends(f.bucket, 0, step + 1)
         norm = None
         if held:
             # [Note: clipping across shards] the clip coefficient needs the norm of the whole gradient: each shard

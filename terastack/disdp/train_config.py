@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from terastack.configfile import config_from_dict, read_toml_table
+from terastack.disdp.comm import DEVICES
 from terastack.disdp.workload import ModelSpec
 from terastack.disdp.roles import AGENT_MODES, Role, RoleMap
 from terastack.disdp.server import STATES, AdamWConfig
@@ -55,6 +56,9 @@ class TrainConfig:
     progress: bool = True
     #: write a Chrome trace per rank into this directory
     trace_dir: str = ""
+    #: where the ranks' messages travel: "cpu" (gloo) or "cuda" (NCCL, each rank on GPU LOCAL_RANK;
+    #: [Note: process-group backend] in terastack.disdp.comm)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for f in ("workers", "servers", "micro_batch", "steps", "prefetch", "threads"):
@@ -70,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device: must be one of {', '.join(DEVICES)}; got {self.device!r}")
         if self.kill_at:
             parse_kill_at(self.kill_at)
         self.model_spec()

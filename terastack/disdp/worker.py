@@ -10,7 +10,10 @@ the rest, so the model's code is untouched:
 - forward hook: release ``b`` (``reshard``), backward pre-hook: wait for its
   second delivery;
 - post-accumulate-grad hooks: once every parameter of ``b`` has its gradient,
-  flatten them, hand the bucket to the agent and free the parameters.
+  flatten them, hand the bucket to the agent and free the parameters. Buckets
+  leave in the schedule's gradient order (a bucket complete before the one
+  ahead of it waits for it): messages are matched by their order
+  ([Note: messages matched by order] in :mod:`terastack.disdp.comm`).
 
 The compute thread never calls into torch.distributed with the thread agent;
 the time it spends blocked waiting for a delivery is its *exposed
@@ -90,6 +93,8 @@ class ShardedModel:
                                                       enumerate(schedule.fetch_order)}
         self._grads_seen: list[set[int]] = [set() for _ in self.buckets]
         self._pushed: list[bool] = [False] * len(self.buckets)
+        self._ready: set[int] = set()   # buckets whose gradients are complete, not yet pushed
+        self._next_push = 0             # index into the schedule's gradient order
         self._acquired: set[tuple[int, int]] = set()   # this step's deliveries waited for
         self._released: set[int] = set()               # buckets released this step
         self._embeddings_run = 0
@@ -153,6 +158,8 @@ class ShardedModel:
     def begin_step(self, step: int) -> None:
         self._grads_seen = [set() for _ in self.buckets]
         self._pushed = [False] * len(self.buckets)
+        self._ready.clear()
+        self._next_push = 0
         self._acquired.clear()
         self._released.clear()
         self._embeddings_run = 0
@@ -161,9 +168,8 @@ class ShardedModel:
 
     def finish_step(self) -> None:
         """After ``loss.backward()``: push what the hooks did not (the root bucket), release everything."""
-        for b in self.schedule.grad_order:
-            if not self._pushed[b]:
-                self._push(b)
+        self._ready.update(self.schedule.grad_order)
+        self._push_ready()
         self.link.end_step()
 
     # ----------------------------------------------------------------- hooks
@@ -189,7 +195,17 @@ class ShardedModel:
         seen = self._grads_seen[b]
         seen.add(index)
         if len(seen) == sum(p.requires_grad for p in self.buckets[b].params) and not self._pushed[b]:
-            self._push(b)
+            self._ready.add(b)
+            self._push_ready()
+
+    def _push_ready(self) -> None:
+        """Push the complete buckets at the head of the gradient order, in that order."""
+        order = self.schedule.grad_order
+        while self._next_push < len(order) and order[self._next_push] in self._ready:
+            b = order[self._next_push]
+            self._next_push += 1
+            if not self._pushed[b]:
+                self._push(b)
 
     def _push(self, b: int) -> None:
         """Flatten bucket ``b``'s gradients (zeros for parameters that got none), hand them off, free ``b``."""

@@ -285,16 +285,6 @@ def pinned_host_empty(nbytes: int):
     return torch.from_numpy(np.asarray(_PinnedRegion(nbytes)))
 
 
-def pinned_empty(shape, dtype):
-    """An empty tensor from PyTorch's pinned allocator (``pin_memory=True``). Its block is rounded up to a power of
-    two (``pinned_bytes`` in terastack.allocator) and cached once freed, but it is not handed out again before
-    the asynchronous copies that used it have run, however early the tensor is dropped: what a buffer needs
-    whose last copy nobody waits for."""
-    import torch
-
-    return torch.empty(shape, dtype=dtype, pin_memory=True)
-
-
 # ------------------------------------------------------------------ copies between the tiers
 def to_device(src, alloc: Callable, device):
     """Upload host tensor ``src`` (pinned: see [Note: copies between the host and device tiers]) into

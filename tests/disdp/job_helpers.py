@@ -58,3 +58,13 @@ def write_chat_job(tmp_path, *, workers: int = 2, clip: float | None = None, ste
     out = out.with_suffix(".yaml")
     out.write_text(json.dumps(job))
     return str(out)
+
+
+def finetune_export(job_file: str, out, store, *more) -> dict:
+    """``terastack finetune`` on the job file: its export's tensors (the reference of the disaggregated jobs)."""
+    from terastack.cli import main
+
+    from ..exported import exported_weights
+
+    assert main(["finetune", "--config", job_file, "--output", str(out), "--store", str(store), *more]) == 0
+    return exported_weights(out)

@@ -18,28 +18,12 @@ from terastack.disdp.job_run import launch_job  # noqa: E402
 from terastack.training.job import resolve_job  # noqa: E402
 
 from ..exported import exported_weights  # noqa: E402
-from .job_helpers import write_chat_job  # noqa: E402
+from .job_helpers import finetune_export, write_chat_job  # noqa: E402
 
 
 def _max_diff(a: dict, b: dict) -> float:
     assert sorted(a) == sorted(b)
     return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
-def _finetune(job_file: str, out, store, *more) -> dict:
-    assert main(["finetune", "--config", job_file, "--output", str(out), "--store", str(store), *more]) == 0
-    return exported_weights(out)
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """``terastack finetune``'s exports of the job, clipping off and on (one process each)."""
-    root = tmp_path_factory.mktemp("reference")
-    out = {}
-    for clip in (None, 0.5):
-        job = write_chat_job(root, clip=clip)
-        out[clip] = _finetune(job, root / f"out-{clip}", root / f"store-{clip}")
-    return out, root
 
 
 @pytest.mark.timeout(150)
@@ -116,7 +100,7 @@ def test_resume_continues_exactly_with_state_on_ssd(tmp_path):
                                                           f"store.host_budget={budget}"], log=None)
     second = launch_job(job, quiet=True)
     assert second["first_step"] == 3 and second["steps"] == 5 and len(second["losses"]) == 2
-    ref = _finetune(job_file, tmp_path / "ref", tmp_path / "store", "--steps", "5")
+    ref = finetune_export(job_file, tmp_path / "ref", tmp_path / "store", "--steps", "5")
     assert _max_diff(exported_weights(tmp_path / "resumed"), ref) <= 1e-5
     model = second["model_param_bytes"]
     print(second["worker_peak_param_bytes"], second["server_peak_host_state_bytes"], model)

@@ -3,7 +3,6 @@ copy event is waited for by whoever reads it on the CPU first -- the optimizer t
 contribution, its spill -- checked on the CPU with a stand-in event; then on a GPU, with the GPU made to lag.
 Their pinned buffers are the gradient pool's, and a host copy of activations charges its pinned block's rounding
 to the host ledger: checked on the CPU with the page-locking stood in for."""
-import gc
 import threading
 from types import SimpleNamespace
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from terastack.io.buffers import aligned_empty
-from terastack.llm.engine import gradient_intake as intake_module, runtime as runtime_module
+from terastack.llm.engine import gradient_intake as intake_module
 from terastack.llm.engine.gradient_intake import GradientIntake, HeldGradient
 from terastack.tiers import BudgetLedger, Tier, pool as pool_module
 
@@ -102,23 +101,6 @@ def test_a_gradient_without_room_in_the_pool_is_pinned_apart_and_charged_nowhere
     held = intake._grads["w"]
     assert held.charged == 0 and held.raw is None and intake.pool.used == 0  # spilled once complete
     assert pinning == [32] and torch.equal(intake.settled(held), torch.arange(8.0))
-
-
-def test_a_pinned_host_copy_charges_its_blocks_rounding_while_it_lives(monkeypatch):
-    """PyTorch's pinned allocator takes a power-of-two block; the caller charges the copy's bytes, host_copy the
-    rest of the block, released when the copy is dropped."""
-    monkeypatch.setattr(runtime_module, "pinned_empty", lambda shape, dtype: torch.empty(shape, dtype=dtype))
-    ledger = BudgetLedger("host", 1 << 20)
-    rt = SimpleNamespace(store=SimpleNamespace(budgets={Tier.HOST: ledger}),
-                         with_room=lambda attempt, what: attempt())
-    raw = torch.arange(5000, dtype=torch.int32).to(torch.uint8)  # 5000 bytes: an 8 KiB block
-    out = runtime_module.StepRuntime.host_copy(rt, raw.as_subclass(OnGpu))
-    assert torch.equal(out, raw) and ledger.used == 8192 - 5000
-    del out
-    gc.collect()
-    assert ledger.used == 0
-    exact = runtime_module.StepRuntime.host_copy(rt, torch.zeros(4096, dtype=torch.uint8).as_subclass(OnGpu))
-    assert ledger.used == 0 and exact.numel() == 4096  # a power of two: nothing beyond the caller's charge
 
 
 @pytest.mark.gpu

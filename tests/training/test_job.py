@@ -32,7 +32,7 @@ SAMPLES = {
     "disdp.workers": 4, "disdp.servers": 2, "disdp.aggregator": False, "disdp.agents": "process",
     "disdp.state": "ssd", "disdp.run_dir": "runs/x", "disdp.prefetch": 3, "disdp.reshard": False,
     "disdp.timeout_s": 60.0, "disdp.threads": 2, "disdp.helper_nice": 5, "disdp.kill_at": "worker:0:3",
-    "disdp.progress": False, "disdp.trace_dir": "traces",
+    "disdp.progress": False, "disdp.trace_dir": "traces", "disdp.device": "cuda",
 }
 GIVEN = {k: v for k, v in SAMPLES.items() if v is not None}
 

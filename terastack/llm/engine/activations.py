@@ -17,6 +17,16 @@ Every tensor autograd saves passes through :meth:`ActivationStash.pack`:
 Byte accounting: kept activations and activations on their way to or from the
 SSD are charged to the device ledger, host copies to the host ledger, so the
 budgets cover them (see the planner's memory model).
+
+[Note: host copies in the store's buffers]
+A storage swapped to host memory is copied into a host-tier buffer of the
+store's pool (:class:`terastack.tiers.pool.BufferPool`: page-locked with an
+accelerator, reserved in the host ledger at its padded size, handed out again
+after the unit's backward), not into a block of PyTorch's pinned allocator,
+which rounds up to a power of two and keeps freed blocks outside the ledger.
+The download runs on the store's download stream; the copy back waits for it,
+and the buffer is fenced by the copy back, so the pool hands it out again only
+once that copy has read it ([Note: pinned host tier] in terastack.tiers.pool).
 """
 from __future__ import annotations
 
@@ -26,6 +36,8 @@ from typing import ClassVar
 
 import torch
 
+from terastack.constants import padded_size
+from terastack.io.cuda import to_host
 from terastack.io.futures import Future
 from terastack.llm.engine import records
 from terastack.tiers import Tier
@@ -51,7 +63,7 @@ class _SavedView:
 class Entry:
     """One saved storage: its bytes in some tier, and what they are charged to."""
 
-    __slots__ = ("nbytes", "tensor", "on_device", "record", "write", "charged")
+    __slots__ = ("nbytes", "tensor", "on_device", "record", "write", "charged", "buffer", "ready")
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
@@ -60,6 +72,8 @@ class Entry:
         self.record: str | None = None              # store record (SSD policy)
         self.write: Future | None = None
         self.charged: list[tuple] = []               # (ledger, nbytes) to release when freed
+        self.buffer: torch.Tensor | None = None      # the pool's host buffer holding the host copy (SwapToHost)
+        self.ready = None                            # the event of the download into ``buffer``
 
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -131,6 +145,9 @@ class ActivationStash:
         rt = self.runtime
         for entry in self.entries.values():
             entry.tensor = entry.on_device = None
+            if entry.buffer is not None:   # back to the pool ([Note: host copies in the store's buffers])
+                rt.store.pool.free(Tier.HOST, entry.buffer)
+                entry.buffer = entry.ready = None
             if entry.record is not None:
                 rt.store.delete(entry.record)
                 entry.record = None
@@ -171,16 +188,36 @@ class KeepOnDevice(Swap):
 
 
 class SwapToHost(Swap):
+    """Host copies in the store's host-tier buffers ([Note: host copies in the store's buffers])."""
+
     def seal(self, stash: ActivationStash) -> None:
         rt = stash.runtime
+        pool = rt.store.pool
+        what = f"activations of {stash.unit.path} swapped to host"
         for entry in stash.entries.values():
             raw, entry.tensor = entry.tensor, None
-            rt.charge(entry, Tier.HOST, entry.nbytes, what=f"activations of {stash.unit.path} swapped to host")
-            entry.tensor = rt.host_copy(raw)
+            padded = padded_size(entry.nbytes)
+            # reserved in the host ledger by the pool; without room, wait for writes in flight as a charge does
+            entry.buffer = rt.with_room(lambda padded=padded: pool.alloc(Tier.HOST, padded, what=what), what)
+            entry.tensor = entry.buffer[:entry.nbytes]
+            if raw.device.type == "cpu":
+                entry.tensor.copy_(raw)
+            else:
+                entry.ready = to_host(entry.tensor, raw)   # on the download stream; raw may be freed at once
+                pool.fence(entry.buffer, entry.ready)
 
     def load(self, stash: ActivationStash, entry: Entry) -> torch.Tensor:
         device = stash.runtime.device
-        return entry.tensor if device.type == "cpu" else entry.tensor.to(device, non_blocking=True)
+        if device.type == "cpu":
+            return entry.tensor
+        stream = torch.cuda.current_stream(device)
+        if entry.ready is not None:
+            stream.wait_event(entry.ready)   # the download has landed before the copy back reads the buffer
+        out = entry.tensor.to(device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+        stash.runtime.store.pool.fence(entry.buffer, done)   # handed out again only after the copy back read it
+        return out
 
 
 class SwapToSsd(Swap):

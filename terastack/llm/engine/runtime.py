@@ -13,14 +13,11 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import weakref
 
 import torch
 
 from terastack import trace
-from terastack.allocator import pinned_bytes
 from terastack.errors import BudgetError
-from terastack.io.cuda import pinned_empty
 from terastack.io.futures import Future
 from terastack.llm.engine import records
 from terastack.llm.engine.byte_ledger import ByteLedger
@@ -245,23 +242,3 @@ class StepRuntime:
     def uncharge_device(charge) -> None:
         ledger, nbytes = charge
         ledger.release(nbytes)
-
-    def host_copy(self, raw: torch.Tensor) -> torch.Tensor:
-        """A host copy of ``raw`` (pinned on an accelerator, so the copy back is asynchronous).
-
-        The caller charges the copy's bytes to the host ledger. Its buffer comes from PyTorch's pinned allocator,
-        which does not hand a block out again before the copies that used it have run (the copy back may still be
-        queued when the copy is dropped), and which takes a block rounded up to a power of two: the rest of that
-        block is charged here to the host ledger for as long as the copy lives (``pinned_bytes`` in
-        terastack.allocator; a freed block the allocator keeps for reuse is not counted)."""
-        if raw.device.type == "cpu":
-            return raw.clone()
-        out = pinned_empty(raw.shape, raw.dtype)
-        nbytes = raw.numel() * raw.element_size()
-        extra = pinned_bytes(nbytes) - nbytes
-        if extra:
-            ledger, what = self.store.budgets[Tier.HOST], "the pinned allocator's rounding of a host copy"
-            self.with_room(lambda: ledger.reserve(extra, what=what), what)
-            weakref.finalize(out, ledger.release, extra)
-        out.copy_(raw, non_blocking=True)
-        return out

@@ -30,6 +30,7 @@ DEFAULT_STEPS = 20
 #: the disaggregated engine's agent modes and server state homes (terastack.disdp.roles / .server)
 DISDP_AGENTS = ("thread", "process")
 DISDP_STATES = ("memory", "ssd")
+DISDP_DEVICES = ("cpu", "cuda")
 
 
 def _check_size(section, name: str, *, keep: bool = False) -> None:
@@ -363,6 +364,9 @@ class DisdpSection:
     kill_at: str = setting("", flag=False, help="fault injection for resilience tests: ROLE:INDEX:STEP[:FAULT]")
     progress: bool = setting(True, flag=False, help="progress lines")
     trace_dir: str = setting("", flag=False, help="write a Chrome trace per rank into this directory")
+    device: str = setting("cpu", flat="dist_device", flag=False, choices=DISDP_DEVICES,
+                          help="where the ranks' messages travel: cpu (gloo) or cuda (NCCL, each rank on the GPU of "
+                          "its LOCAL_RANK)")
 
     def __post_init__(self) -> None:
         read_fields(self)
@@ -370,6 +374,7 @@ class DisdpSection:
             at_least(self, name, 1)
         one_of(self, "agents", DISDP_AGENTS)
         one_of(self, "state", DISDP_STATES)
+        one_of(self, "device", DISDP_DEVICES)
         if not 0 <= self.helper_nice <= 19:
             raise SettingError("disdp.helper_nice", f"must be in [0, 19], got {self.helper_nice}")
         if not self.timeout_s > 0:

@@ -1,35 +1,39 @@
 """Checkpoint and resume a full fine-tune of an OpenLLaMA-3B-shaped Llama under one 4 GiB budget for the whole
-process, and check that the resumed run continues exactly where the first one was.
+process: a process killed with SIGKILL inside a step resumes and continues exactly where a run never killed is.
 
     MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=4194304 \\
-        python benchmarks/llm-3b-checkpoint-resume.py DIR [--layers N] [--steps K] [--model NAME] [--copy]
+        python benchmarks/llm-3b-checkpoint-resume.py DIR [--layers N] [--steps K] [--kill-at F] [--model NAME]
+                                                         [--copy]
 
-Run A trains K steps from the built-in model's random initialisation (the 26-layer OpenLLaMA-3B shape,
-3.43B parameters, by default), writing a checkpoint after step K-1. Run B resumes from that checkpoint and
-trains step K on the same batch. Each run is a process of its own (as a user's resume is), under the same
-4 GiB for the whole process. The figures: step K's loss in A and in B (equal bit for bit when the resume is
-exact), a digest of three parameters after step K in each run, the checkpoint's bytes, write and resume
-times, each process's peak RSS (VmHWM), and ``checkpoint_extra_bytes``: the most disk bytes the checkpoint
-held beyond the store's own, sampled from the file system during both runs (the store's data files'
-allocated blocks plus the checkpoint directory's, less the bytes of the store's records).
+Three processes, each under the same 4 GiB for the whole process (as a user's runs are), on the built-in
+model's random initialisation (the 26-layer OpenLLaMA-3B shape, 3.43B parameters, by default) and one batch:
 
-The checkpoint is written beside the store (``save_checkpoint(beside_store=True)``): the store pins a commit
-and the checkpoint refers to it, so writing it copies nothing, and run B continues in run A's store. What it
-holds beyond the store is the pinned versions of the records rewritten since (``checkpoint_held_bytes``, the
-store's own count): up to the whole state (12 bytes a parameter) after one step, since every master and moment
-is rewritten once a step. ``--copy`` writes the checkpoint as a copy of the state instead (run B then
-resumes in a new store). Either way DIR needs up to twice the state free (82 GB for 3.43B parameters);
-``--layers`` keeps the shape of every layer and takes fewer of them (23 layers: 3.06B parameters, 73 GB).
-The run refuses to start, naming both numbers, when DIR lacks the space. Prints one JSON line; DIR's stores
-and checkpoint are removed at the end.
+* run A trains, writes a checkpoint beside the store after step 1 that follows every later step
+  (``save_checkpoint(beside_store=True, follow=True)``: [Note: a checkpoint that follows the step] in
+  terastack.llm.step_checkpoint), and kills itself with SIGKILL inside step K, once the checkpoint's last point
+  covers ``--kill-at`` (default 0.5) of the state updated in that step;
+* run B resumes from the checkpoint in run A's store, finishes step K from the point and reports its loss;
+* run R trains K steps in a store of its own without a checkpoint: the reference.
+
+The figures: step K's loss in B and in R (equal bit for bit when the resume is exact), a digest of three
+parameters after step K in each, the points written per step and the time they took, A's followed steps beside
+R's, each process's peak RSS (VmHWM), and ``checkpoint_extra_bytes``: the most disk bytes the checkpoint held
+beyond the store's own, sampled from the file system during A and B (the store's data files' allocated blocks
+plus the checkpoint directory's, less the bytes of the store's records). ``--copy`` writes the checkpoint as a
+copy of the state after step K-1 instead (run B resumes in a new store and takes step K; run A, not killed, is
+the reference). DIR needs the state and a quarter more free (53 GB for 3.43B parameters; twice the state with
+``--copy``); ``--layers`` keeps the shape of every layer and takes fewer of them. The run refuses to start,
+naming both numbers, when DIR lacks the space. Prints one JSON line; DIR's stores and checkpoint are removed at
+the end.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import shutil
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -62,31 +66,35 @@ def main() -> int:
     p.add_argument("--model", default="openllama-3b", help="a built-in Llama (default openllama-3b)")
     p.add_argument("--layers", type=int, default=None,
                    help="keep this many of the model's layers (default: all, 26 for openllama-3b)")
-    p.add_argument("--steps", type=int, default=3, help="steps of run A; the checkpoint follows step K-1")
+    p.add_argument("--steps", type=int, default=3, help="K: run A is killed inside step K (default 3)")
+    p.add_argument("--kill-at", type=float, default=0.5,
+                   help="run A is killed once the checkpoint covers this share of step K's updates (default 0.5)")
     p.add_argument("--state-placement", default=None,
                    help="where masters and moments rest (TrainerConfig.state_placement; default: the plan's "
                         "choice); 'ssd' puts a tiny model's state on the SSD, as the 3.4B model's is")
     p.add_argument("--copy", action="store_true", help="copy the state into the checkpoint (not beside the store)")
-    p.add_argument("--phase", choices=["a", "b"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["a", "b", "r"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.layers is not None and args.layers < 1:
         p.error("--layers: at least 1")
     if args.steps < 2:
-        p.error("--steps: at least 2 (a checkpoint after step K-1, then step K)")
+        p.error("--steps: at least 2 (a checkpoint after step 1, then step K)")
+    if not 0 < args.kill_at < 1:
+        p.error("--kill-at: a share between 0 and 1")
     root = Path(args.dir)
     config = hf_config(args.model)
     if args.layers is not None:
         config.num_hidden_layers = args.layers
     if args.phase:
-        result = run_a(root, config, args) if args.phase == "a" else run_b(root, args)
+        result = {"a": run_a, "b": run_b, "r": run_reference}[args.phase](root, config, args)
         result["peak_rss_bytes"] = peak_rss()
         print(json.dumps(result))
         return 0
     root.mkdir(parents=True, exist_ok=True)
     params = _parameters(config)
-    # the store holds an fp32 master and two fp32 moments per parameter, and the checkpoint up to as much again
-    # (a copy, or the pinned versions of what one step rewrites); and room for activations and manifests
-    need = 2 * 12 * params + (2 << 30)
+    # the store holds an fp32 master and two fp32 moments per parameter, and the checkpoint a share of it beyond
+    # (a copy: as much again); and room for activations and manifests
+    need = int((2 if args.copy else 1.25) * 12 * params) + (2 << 30)
     free = shutil.disk_usage(root).free
     if need > free:
         print(f"llm-3b-checkpoint-resume: needs {format_bytes(need)} free in {root} (the store of {params:,} "
@@ -95,33 +103,46 @@ def main() -> int:
               file=sys.stderr)
         return 2
     result: dict = {"model": args.model, "layers": config.num_hidden_layers, "parameters": params,
-                    "state_bytes": 12 * params, "beside_store": not args.copy, "disk_free_bytes": free,
-                    "disk_needed_bytes": need}
+                    "state_bytes": 12 * params, "beside_store": not args.copy, "steps": args.steps,
+                    "disk_free_bytes": free, "disk_needed_bytes": need}
     # each run is a process of its own, as a user's resume is: the budget is the whole process's either way
-    forward = [args.dir, "--model", args.model, "--steps", str(args.steps)]
+    forward = [args.dir, "--model", args.model, "--steps", str(args.steps), "--kill-at", str(args.kill_at)]
     forward += ["--layers", str(args.layers)] if args.layers is not None else []
     forward += ["--copy"] if args.copy else []
     forward += ["--state-placement", args.state_placement] if args.state_placement else []
     try:
-        for phase in ("a", "b"):
+        for phase in ("a", "b") if args.copy else ("a", "b", "r"):
             proc = subprocess.run([sys.executable, __file__, *forward, "--phase", phase], stdout=subprocess.PIPE,
                                   text=True)
-            if proc.returncode != 0:
-                print(f"llm-3b-checkpoint-resume: run {phase.upper()} failed (exit {proc.returncode})",
+            killed = phase == "a" and not args.copy
+            if proc.returncode != (-signal.SIGKILL if killed else 0):
+                print(f"llm-3b-checkpoint-resume: run {phase.upper()} "
+                      f"{'was not killed inside the step' if killed else 'failed'} (exit {proc.returncode})",
                       file=sys.stderr)
                 return 1
-            out = json.loads(proc.stdout.strip().splitlines()[-1])
+            out = json.loads((root / "run-a.json").read_text() if killed else proc.stdout.strip().splitlines()[-1])
             out[f"{phase}_peak_rss_bytes"] = out.pop("peak_rss_bytes")
             result.update(out)
+            if phase == "b":
+                for d in ("store-a", "store-b", "ckpt"):  # the reference's store takes their room
+                    shutil.rmtree(root / d, ignore_errors=True)
     finally:
-        for d in ("store-a", "store-b", "ckpt"):
-            shutil.rmtree(root / d, ignore_errors=True)
-    result["peak_rss_bytes"] = max(result["a_peak_rss_bytes"], result["b_peak_rss_bytes"])
+        for d in ("store-a", "store-b", "store-r", "ckpt", "run-a.json"):
+            target = root / d
+            target.unlink(missing_ok=True) if target.is_file() else shutil.rmtree(target, ignore_errors=True)
+    result["peak_rss_bytes"] = max(v for k, v in result.items() if k.endswith("_peak_rss_bytes"))
     for key in ("checkpoint_extra_bytes", "checkpoint_held_bytes"):
         result[key] = max(result.pop(f"a_{key}"), result.pop(f"b_{key}"))
     result["checkpoint_extra_fraction"] = result["checkpoint_extra_bytes"] / result["state_bytes"]
-    result["resumed_loss_equal"] = result["b_loss"] == result["a_losses"][-1]
-    result["resumed_parameters_equal"] = result["b_digest"] == result["a_digest"]
+    reference = "a" if args.copy else "r"
+    result["resumed_loss_equal"] = result["b_loss"] == result[f"{reference}_losses"][-1]
+    result["resumed_parameters_equal"] = result["b_digest"] == result[f"{reference}_digest"]
+    if not args.copy:
+        # the steps before the kill, A's and R's: the same losses, and what following the checkpoint cost
+        result["a_losses_equal_reference"] = result["a_losses"] == result["r_losses"][:len(result["a_losses"])]
+        followed = result["a_step_s"][1:]
+        result["followed_step_s_ratio"] = (sum(followed) / len(followed)) / result["r_step_s"][-1] if followed \
+            else None
     result["peak_rss_within_4gib"] = result["peak_rss_bytes"] <= PROCESS_BUDGET
     print(json.dumps(result))
     return 0 if result["resumed_loss_equal"] and result["resumed_parameters_equal"] else 1
@@ -172,34 +193,41 @@ class ExtraBytes:
         while not self._stop.wait(self.every):
             self.sample()
 
+    def figures(self, phase: str) -> dict:
+        return {f"{phase}_checkpoint_extra_bytes": self.extra, f"{phase}_checkpoint_held_bytes": self.held}
+
     def stop(self, phase: str) -> dict:
         self._stop.set()
         self._thread.join()
         self.sample()
-        return {f"{phase}_checkpoint_extra_bytes": self.extra, f"{phase}_checkpoint_held_bytes": self.held}
+        return self.figures(phase)
 
 
 def run_a(root: Path, config, args) -> dict:
-    """K steps from the random initialisation, the checkpoint after step K-1. A copied checkpoint's store is
-    removed after; one beside the store keeps it (run B continues in it)."""
+    """Train from the random initialisation. Beside the store: the following checkpoint after step 1, and a
+    SIGKILL inside step K (what the run measured is in DIR/run-a.json by then). With ``--copy``: K steps, the
+    copied checkpoint after step K-1, the store removed after."""
     store, ckpt, batch = root / "store-a", root / "ckpt", _batch()
     result: dict = {"a_losses": []}
     t0 = time.perf_counter()
     try:
-        with Trainer.from_config(config, _trainer_config(store, args.state_placement), name=f"{args.model}-{config.num_hidden_layers}l") as a:
+        with Trainer.from_config(config, _trainer_config(store, args.state_placement),
+                                 name=f"{args.model}-{config.num_hidden_layers}l") as a:
             result["a_setup_s"] = time.perf_counter() - t0
             sampler = ExtraBytes(a, ckpt)
             for k in range(args.steps):
-                if k == args.steps - 1:
+                if k == (args.steps - 1 if args.copy else 1):
                     t1 = time.perf_counter()
-                    a.save_checkpoint(ckpt, beside_store=not args.copy)
+                    a.save_checkpoint(ckpt, beside_store=not args.copy, follow=not args.copy)
                     result["checkpoint_write_s"] = time.perf_counter() - t1
                     result["checkpoint_bytes"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
                     sampler.sample()
+                    if not args.copy:
+                        a._following.on_written.append(_killer(a, args, sampler, result, root))
                 result["a_losses"].append(a.step(batch))
+                result["a_step_s"] = [h.seconds for h in a.history]
                 print(f"run A step {k + 1}: loss {result['a_losses'][-1]:.6f}", file=sys.stderr, flush=True)
             result.update(sampler.stop("a"))
-            result["a_step_s"] = [h.seconds for h in a.history]
             result["a_digest"] = digest(a)
     finally:
         if args.copy:
@@ -207,19 +235,51 @@ def run_a(root: Path, config, args) -> dict:
     return result
 
 
-def run_b(root: Path, args) -> dict:
-    """Resume from run A's checkpoint -- in run A's store when it is beside it, else in a new store -- and take
-    step K on the same batch."""
+def _killer(a: Trainer, args, sampler: "ExtraBytes", result: dict, root: Path):
+    """On the checkpoint's thread: once a point inside step K covers ``--kill-at`` of the step's updates, write
+    what run A measured and kill the process (SIGKILL: nothing of it runs after)."""
+    following = a._following
+    total = sum(following.taker.state_bytes.values())
+
+    def after(point) -> None:
+        covered = sum(following.taker.state_bytes.get(n, 0) for n in point.updated) / total
+        if point.unit is None or point.step != args.steps - 1 or covered < args.kill_at:
+            return
+        sampler.sample()
+        out = {**result, **sampler.figures("a"), "killed_at_share": covered, "killed_at_unit": point.unit,
+               "points_written": following.points_written, "point_write_s": following.write_seconds,
+               "peak_rss_bytes": peak_rss()}
+        (root / "run-a.json").write_text(json.dumps(out))
+        print(f"run A: killed inside step {args.steps} after the point at unit {point.unit} ({covered:.0%} of "
+              "its updates)", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return after
+
+
+def run_b(root: Path, config, args) -> dict:
+    """Resume from run A's checkpoint -- in run A's store when it is beside it (finishing step K from its point
+    inside it), else in a new store (taking step K) -- on the same batch."""
     store, ckpt = root / "store-b", root / "ckpt"
     t0 = time.perf_counter()
     with Trainer.load_checkpoint(ckpt, _trainer_config(store, args.state_placement)) as b:
-        result = {"resume_s": time.perf_counter() - t0}
+        result = {"resume_s": time.perf_counter() - t0, "b_resumed_inside_step": b.step_count + 1}
         sampler = ExtraBytes(b, ckpt)
         result["b_loss"] = b.step(_batch())
         print(f"run B step {args.steps}: loss {result['b_loss']:.6f}", file=sys.stderr, flush=True)
         result.update(sampler.stop("b"))
         result["b_step_s"] = b.history[-1].seconds
         result["b_digest"] = digest(b)
+    return result
+
+
+def run_reference(root: Path, config, args) -> dict:
+    """K steps from the same initialisation in a store of its own, no checkpoint: what A and B must equal."""
+    store, batch = root / "store-r", _batch()
+    with Trainer.from_config(config, _trainer_config(store, args.state_placement),
+                             name=f"{args.model}-{config.num_hidden_layers}l") as r:
+        result = {"r_losses": [r.step(batch) for _ in range(args.steps)]}
+        result["r_step_s"] = [h.seconds for h in r.history]
+        result["r_digest"] = digest(r)
     return result
 
 

@@ -79,6 +79,18 @@ def peak_rss_bytes(pid: int) -> int | None:
     return None
 
 
+def tree_rss_bytes(pid: int) -> int:
+    """Resident bytes (``VmRSS``, now) of ``pid`` and every descendant; 0 for processes that are gone."""
+    total = 0
+    for p in [pid, *descendants_of(pid)]:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def program_of(pid: int) -> bytes | None:
     """``pid``'s command line: what tells a forked copy of its parent from the program it then runs."""
     try:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from terastack.bench_watchdog import EXIT_STATUS, RssWatchdog
+from terastack.bench_watchdog import EXIT_STATUS, RssWatchdog, tree_rss_bytes
 from terastack.memory import current_rss
 
 
@@ -79,6 +79,26 @@ def _state(pid: int) -> str | None:
             return next(line.split()[1] for line in f if line.startswith("State:"))
     except OSError:
         return None
+
+
+def test_tree_rss_counts_a_grandchild_holding_memory(tmp_path):
+    """The resident bytes of a tree: a child whose own child holds 300 MB counts them; a gone pid counts 0."""
+    holder = tmp_path / "holder.py"
+    holder.write_text("import sys\nb = bytearray(300 << 20)\nprint('held', flush=True)\nsys.stdin.read()\n")
+    parent = tmp_path / "parent.py"
+    parent.write_text("import subprocess, sys\n"
+                      f"p = subprocess.Popen([sys.executable, {str(holder)!r}], stdin=subprocess.PIPE, "
+                      "stdout=subprocess.PIPE)\n"
+                      "p.stdout.readline()\nprint('ready', flush=True)\nsys.stdin.read()\np.stdin.close()\n"
+                      "p.wait()\n")
+    child = subprocess.Popen([sys.executable, str(parent)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert tree_rss_bytes(child.pid) >= 300 << 20
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert tree_rss_bytes(child.pid) == 0
 
 
 def test_config_names_the_field():

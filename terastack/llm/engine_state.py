@@ -47,10 +47,12 @@ class EngineState:
     """The model and its training tensors in the store of ``runtime`` (a ``StepRuntime``), as a ``Stateful``.
     ``name``, ``hf_config`` and ``lora`` describe the model so that a checkpoint can rebuild it."""
 
-    def __init__(self, runtime, *, name: str, hf_config, lora=None, beside_store: bool = False):
+    def __init__(self, runtime, *, name: str, hf_config, lora=None, beside_store: bool = False, commit=None):
+        """``commit``: a pinned commit of the store to refer to (beside the store) instead of committing anew."""
         self.rt, self.name, self.hf_config, self.lora = runtime, name, hf_config, lora
         self.tensors = runtime.tensors
-        self.beside_store = beside_store
+        self.beside_store = beside_store or commit is not None
+        self.commit = commit
         self._release: list[int] = []  # pinned commits of earlier snapshots, let go once the new one is in place
 
     def _ordered(self) -> list[str]:
@@ -82,9 +84,11 @@ class EngineState:
     def _referenced(self, out: dict) -> dict:
         """The state beside the store: commit and pin the store, refer to each record's extent."""
         store = self.rt.store
-        self._release = store.pinned_generations()
-        store.commit(pin=True)
-        commit = store.last_commit()
+        commit = self.commit
+        if commit is None:
+            store.commit(pin=True)
+            commit = store.last_commit()
+        self._release = [g for g in store.pinned_generations() if g != commit.generation]
         out["store"] = {"dirs": [str(Path(d).absolute()) for d in store.dirs], "store_id": commit.store_id,
                         "generation": commit.generation}
         files = [str(Path(d).absolute() / data_file_name(i)) for i, d in enumerate(store.dirs)]
@@ -181,11 +185,10 @@ class EngineState:
 # What it holds beyond the store: the pinned versions of the records rewritten since the checkpoint
 # ("held" in the store's usage). Every fp32 master and both moments are rewritten once a step, so one step
 # after the checkpoint that is the whole trainable state (12 bytes a parameter), and it stays there until the
-# next checkpoint lets the commit go: up to the state once more, never a second copy beside it. Less needs a
-# state inside a step that a resume can finish exactly: e.g. with every gradient of the step durable in the
-# store (a schedule that gathers them before updating), commit each group of units as its update lands
-# (``commit(names)``) with the unapplied gradients named by the snapshot; the held bytes are then one group's
-# old versions.
+# next checkpoint lets the commit go: up to the state once more, never a second copy beside it. A checkpoint
+# that follows the steps holds a few units' old versions instead ([Note: a checkpoint that follows the step] in
+# terastack.llm.step_checkpoint): its snapshots name commits of some records (``commit(names, pin=True)``) and
+# a point inside a step, which the resumed trainer's next step finishes.
 def check_referenced_store(ref: dict) -> None:
     """The store a checkpoint was written beside still holds its pinned commit (else an error naming why)."""
     root = Path(ref["dirs"][0])

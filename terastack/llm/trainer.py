@@ -36,7 +36,9 @@ from terastack.llm.engine.profile import profile_model, with_stacked_times
 from terastack.llm.engine.runtime import StepRuntime
 from terastack.llm.engine.accumulate import stack_micro_batches
 from terastack.llm.engine.byte_ledger import difference
-from terastack.llm.engine.step import accumulated_step, eval_loss, train_step
+from terastack.llm.engine.step import accumulated_step, eval_loss, finish_step, train_step
+from terastack.llm.engine.step_points import batch_digest
+from terastack.llm.step_checkpoint import COMPONENT as STEP_IN_PROGRESS, FollowingCheckpoint, PendingStep
 from terastack.training.data.examples import IGNORE
 from terastack.llm.engine.streamed_units import install_units
 from terastack.memory import return_freed_memory
@@ -119,6 +121,8 @@ class Trainer:
         self.history: list[StepStats] = []
         self._closed = False
         self._failed: BaseException | None = None
+        self._following: FollowingCheckpoint | None = None  # save_checkpoint(follow=True)
+        self._pending = PendingStep()  # a resumed checkpoint's point inside a step, finished by the next step
         self.run_dirs: list[Path] = []
         if self.device.type == "cuda":
             for unit in self.units:
@@ -252,7 +256,8 @@ class Trainer:
         trainer = cls(rebuilt.model, rebuilt.hf_config, config, name=rebuilt.name, source=None, lora=rebuilt.lora,
                       empty=True, store_dirs=engine_state.store_dirs(snapshot))
         try:
-            snapshot.load({**trainer.checkpoint_components(), **trainer._more_components(components)})
+            snapshot.load({**trainer.checkpoint_components(), STEP_IN_PROGRESS: trainer._pending,
+                           **trainer._more_components(components)}, optional=(STEP_IN_PROGRESS,))
         except BaseException:
             trainer.close()
             raise
@@ -275,6 +280,10 @@ class Trainer:
         of :data:`terastack.llm.model.PACKING_FAMILIES`). See [Note: the step schedule]."""
         self._check_open()
         inputs = self._inputs(input_ids, labels, attention_mask, position_ids)
+        point = self._pending.point
+        if point is not None and batch_digest(inputs) != point.batch:  # refused before anything runs
+            raise ValueError(f"this trainer resumed inside step {point.step + 1}: give that step's batch again "
+                             "first (this one differs)")
         try:
             return self._step(inputs)
         except BaseException as exc:
@@ -350,25 +359,53 @@ class Trainer:
 
     def _step(self, inputs: dict) -> float:
         start = self._begin_stats()
-        out = train_step(self.model, self.runtime, inputs=inputs, step_index=self.step_count)
-        loss = float(out.loss.detach())
-        del out
+        if self._pending.point is not None:
+            loss = self._finish_pending(inputs)
+        else:
+            self._begin_points(inputs, accumulate=False)
+            out = train_step(self.model, self.runtime, inputs=inputs, step_index=self.step_count)
+            loss = float(out.loss.detach())
+            del out
         self._end_stats(start, loss, inputs["input_ids"].numel())
+        self._step_end_point()
         return loss
 
     def _step_accumulated(self, batches: list[dict], tokens: int) -> float:
+        if self._pending.point is not None:
+            raise ValueError("this trainer resumed inside a step of one batch: give that batch to step() first")
         start = self._begin_stats()
+        # the horizontal order's micro-batches each run a backward: only the step's end is a point
+        self._begin_points({f"{i}:{k}": v for i, b in enumerate(batches) for k, v in b.items()},
+                           accumulate=len(batches) > 1)
         losses = accumulated_step(self.model, self.runtime, batches, step_index=self.step_count)
         # each micro-batch's loss is its sum over target tokens divided by the step's total: they add up
         loss = float(sum(losses))
         self._end_stats(start, loss, tokens)
+        self._step_end_point()
+        return loss
+
+    # ------------------------------------------ a checkpoint that follows the step
+    def _begin_points(self, inputs: dict, *, accumulate: bool) -> None:
+        if self._following is not None:
+            self._following.taker.begin_step(step=self.step_count, batch=batch_digest(inputs), accumulate=accumulate)
+
+    def _step_end_point(self) -> None:
+        if self._following is not None:
+            self._following.offer(self._following.taker.step_end())
+
+    def _finish_pending(self, inputs: dict) -> float:
+        """The first step after resuming inside a step: that step, finished from its point ([Note: a checkpoint
+        that follows the step] in terastack.llm.step_checkpoint)."""
+        point = self._pending.point
+        loss = finish_step(self.model, self.runtime, inputs=inputs, point=point, step_index=self.step_count)
+        self._pending.point = None
         return loss
 
     @torch.no_grad()
     def loss(self, input_ids, labels=None, attention_mask=None, position_ids=None) -> float:
         """The loss of a batch without training on it (weights streamed as in training); the arguments as
         :meth:`step` takes them."""
-        self._check_open()
+        self._check_open(whole_model=True)
         self.synchronize()
         inputs = self._inputs(input_ids, labels, attention_mask, position_ids)
         if inputs.get("attention_mask") is None:
@@ -428,8 +465,10 @@ class Trainer:
 
     # ------------------------------------------------------------- weights
     def synchronize(self) -> None:
-        """Wait for every update and write in flight."""
+        """Wait for every update and write in flight (and a following checkpoint's points)."""
         self.optimizer.synchronize()
+        if self._following is not None:
+            self._following.drain()
         self.store.wait(timeout=self.config.timeout)
 
     def parameter(self, name: str) -> torch.Tensor:
@@ -477,30 +516,50 @@ class Trainer:
         return dict(components or {})
 
     def save_checkpoint(self, path: str | os.PathLike, *, extra: dict | None = None,
-                        components: Mapping[str, Stateful] | None = None, beside_store: bool = False) -> Path:
+                        components: Mapping[str, Stateful] | None = None, beside_store: bool = False,
+                        follow: bool = False) -> Path:
         """A consistent snapshot of weights, optimizer state and step, written atomically into ``path``
         (see [Note: checkpoint layout and atomicity] in terastack.training.checkpoint). ``components``: more
         ``Stateful`` parts saved beside the trainer's (a job's loop state); ``extra`` (JSON): saved as the
         ``extra`` component (``load_checkpoint(..., components={"extra": JSONState()})`` reads it back).
         ``beside_store``: the tensors are not copied; the store pins a commit and the checkpoint refers to it, so
         the store's directories are kept when the trainer closes and a resume opens the store where it is
-        ([Note: resuming beside the store] in terastack.llm.engine_state)."""
+        ([Note: resuming beside the store] in terastack.llm.engine_state). ``follow`` (beside the store): every
+        later step moves the checkpoint forward, from points inside the step, so that it holds a few units' old
+        versions instead of the state's ([Note: a checkpoint that follows the step] in
+        terastack.llm.step_checkpoint); it follows until the trainer closes or saves another checkpoint."""
         self._check_open()
         more = self._more_components(components)
         if extra is not None and "extra" in more:
             raise ValueError("extra: given twice (as extra and as components['extra'])")
+        if follow and (not beside_store or more):
+            raise ValueError("follow: needs beside_store=True and no components of the caller's (their state "
+                             "at each point inside a step is not known)")
+        self._check_open(whole_model=True)
+        self._stop_following()
         self.synchronize()
-        return save_checkpoint(path, {**self.checkpoint_components(beside_store=beside_store),
-                                      # what it was trained with, for whoever reads the checkpoint
-                                      "trainer_config": JSONState(self.config.to_dict()),
-                                      "extra": JSONState(extra), **more}, step=self.step_count)
+        saved = save_checkpoint(path, {**self.checkpoint_components(beside_store=beside_store),
+                                       # what it was trained with, for whoever reads the checkpoint
+                                       "trainer_config": JSONState(self.config.to_dict()),
+                                       "extra": JSONState(extra), STEP_IN_PROGRESS: PendingStep(), **more},
+                                step=self.step_count)
+        if follow:
+            self._following = FollowingCheckpoint(self, path, extra=extra, timeout=self.config.timeout)
+            self.runtime.runner.points = self._following.taker
+        return saved
+
+    def _stop_following(self) -> None:
+        following, self._following = self._following, None
+        if following is not None:
+            self.runtime.runner.points = None
+            following.close()
 
     def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None,
                         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
         """Export a directory ``transformers`` (or, for LoRA, ``peft``) loads: ``model.safetensors``, or above
         ``max_shard_size`` shards named and indexed as transformers' ``save_pretrained`` names them ([Note: sharded
         export]); ``dtype``: float32 (default), bfloat16 or float16."""
-        self._check_open()
+        self._check_open(whole_model=True)
         return export_pretrained(self, path, dtype=dtype, max_shard_size=max_shard_size)
 
     # --------------------------------------------------------------- usage
@@ -519,6 +578,10 @@ class Trainer:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._stop_following()
+        except Exception:  # noqa: BLE001 - closing after a failure still closes the rest
+            pass
         opt = getattr(self, "optimizer", None)
         if opt is not None:
             opt.close()
@@ -539,9 +602,12 @@ class Trainer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def _check_open(self, *, whole_model: bool = False) -> None:
+        """``whole_model``: the caller uses every weight, which a step resumed from inside is still updating."""
         if self._closed:
             raise RuntimeError("this Trainer is closed")
+        if whole_model and self._pending.point is not None:
+            raise ValueError("this trainer resumed inside a step: finish it (step() with its batch) first")
         if self._failed is not None:
             raise RuntimeError(f"a step of this Trainer failed ({type(self._failed).__name__}: {self._failed}); "
                                "start again from its last checkpoint (Trainer.load_checkpoint)")

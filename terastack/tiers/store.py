@@ -393,22 +393,21 @@ class TieredStore:
         """Write back everything modified, make it durable and record it in the manifest (atomically); the
         manifest's path. See [Note: crash consistency] in terastack.tiers.layout.
 
-        ``names``: commit these records only; the others stay as the last commit named them (records deleted
-        since leave it). ``pin``: keep this commit's extents until :meth:`release` of its generation
-        (:meth:`last_commit`), however many commits follow ([Note: versions and commits])."""
+        ``names``: commit these records only (waiting for their writes alone); the others stay as the last commit
+        named them (records deleted since leave it). ``pin``: keep this commit's extents until :meth:`release` of
+        its generation (:meth:`last_commit`), however many commits follow ([Note: versions and commits])."""
         with self._lock:
-            names = list(self._records) if names is None else list(names)
+            whole, names = names is None, list(self._records) if names is None else list(names)
             for name in names:
                 self._record(name)
         for name in names:
             with self._lock:
                 rec = self._record(name)
-                if rec.home is not Tier.SSD and rec.state is State.RESIDENT:
-                    written = self._persist_resident(rec)
-                else:
-                    written = self.writeback(name)
+                resident = rec.home is not Tier.SSD and rec.state is State.RESIDENT
+                written = self._persist_resident(rec) if resident else self.writeback(name)
             written.result()  # outside the lock: the write's completion takes it
-        self.wait()
+        if whole:
+            self.wait()
         with self._lock:
             self._layout.sync()
             head = {n: e for n, e in self._versions.head.items() if n in self._records}

@@ -172,9 +172,17 @@ class JSONState:
 
 
 class RNGState:
-    """The process's torch random number generators (CPU, and CUDA's once initialized): dropout draws."""
+    """The process's torch random number generators (CPU, and CUDA's once initialized): dropout draws.
+    ``states``: save these instead of the current ones (``{"cpu": state, "cuda": [state, ...]}``, as
+    ``torch.get_rng_state`` and ``torch.cuda.get_rng_state_all`` return them), e.g. as they were when a step began."""
+
+    def __init__(self, states: Mapping | None = None):
+        self.states = states
 
     def state_dict(self) -> dict:
+        if self.states is not None:
+            return {"cpu": _b64(self.states["cpu"]), **({"cuda": [_b64(s) for s in self.states["cuda"]]}
+                                                        if self.states.get("cuda") else {})}
         out = {"cpu": _b64(torch.get_rng_state())}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             out["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]

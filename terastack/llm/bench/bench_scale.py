@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from terastack import trace
+from terastack.bench_watchdog import tree_rss_bytes
 from terastack.plan.hardware import save_probe
 from terastack.llm.bench.bench_llm import deepspeed_missing
 from terastack.llm.trainer_config import MEMORY_BUDGET_ENV
@@ -104,25 +105,6 @@ class ChildOutcome:
     stderr_tail: str
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and every descendant (0 for a process that is gone)."""
-    total, stack = 0, [pid]
-    while stack:
-        p = stack.pop()
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    stack.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return total
-
-
 def run_watched(cmd: list[str], *, rss_limit: int, timeout: float, env: dict | None = None,
                 log: Path | None = None, poll_s: float = 0.05) -> ChildOutcome:
     """Run ``cmd`` in its own session; kill its process group when its tree's RSS passes ``rss_limit`` or after
@@ -135,7 +117,7 @@ def run_watched(cmd: list[str], *, rss_limit: int, timeout: float, env: dict | N
         deadline = time.monotonic() + timeout
         try:
             while proc.poll() is None:
-                rss = _tree_rss(proc.pid)
+                rss = tree_rss_bytes(proc.pid)
                 peak = max(peak, rss)
                 if rss > rss_limit:
                     killed = True

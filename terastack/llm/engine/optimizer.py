@@ -124,6 +124,7 @@ class OffloadedAdamW:
         self.rt = runtime
         self.tensors = {name: info for name, info in tensors.items() if info.trainable}
         self.lr = config.lr
+        self._step_lr = config.lr
         self.steps: dict[str, int] = {name: 0 for name in self.tensors}
         self._cv = threading.Condition()  # notified when an update ends, a master leaves or the pool has room
         self._failure = UpdateFailure()
@@ -151,6 +152,11 @@ class OffloadedAdamW:
     def inline(self) -> bool:
         """Updates run on the training thread (see [Note: inline updates without an accelerator])."""
         return self.executor.inline
+
+    @property
+    def step_lr(self) -> float:
+        """The learning rate of the step under way (the last one begun)."""
+        return self._step_lr
 
     @property
     def grad_pool(self):

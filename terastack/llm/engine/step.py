@@ -36,7 +36,10 @@ each schedule runs its updates: :mod:`terastack.llm.engine.schedules`.
 """
 from __future__ import annotations
 
+import torch
+
 from terastack import trace
+from terastack.llm.engine.step_points import StopForward, set_rng_states
 
 
 def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = False, label: str | None = None):
@@ -57,6 +60,8 @@ def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = F
         with trace.span("forward", track="phase"):
             out = model(**inputs, use_cache=False)
         fetcher.end_forward()   # the order units ran in: backward prefetches by it, and the next step
+        if rt.runner.points is not None:  # [Note: points inside a step] in terastack.llm.engine.step_points
+            rt.runner.points.forward_done(out.loss, fetcher.order)
         opt.begin_backward()    # ... and which unit's backward completes which tensor's gradient
         # -- backward: autograd runs each unit's backward in reverse -> UnitRunner.backward
         #    (prefetch previous | opt.prepare: schedule.on_unit_backward | acquire | recompute if planned |
@@ -70,6 +75,42 @@ def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = F
             opt.end_step()
             fetcher.sweep()
     return out
+
+
+def finish_step(model, rt, *, inputs: dict, point, step_index: int) -> float:
+    """Finish a step from a point inside it ([Note: points inside a step] in terastack.llm.engine.step_points):
+    forward until the unit ``point`` stops at, backward from that unit's inputs with the gradient it saved (the
+    units before it compute and update as in the uninterrupted step); the RNG continues as after the step's
+    forward. Returns the step's loss (the point's)."""
+    fetcher, opt, runner = rt.fetcher, rt.optimizer, rt.runner
+    with trace.span(f"step {step_index} (finished from unit {point.unit})", track="step"):
+        opt.begin_step()
+        fetcher.begin_forward()
+        for u in fetcher.first_units():
+            fetcher.prefetch(u)
+        runner.stop_at = point.unit
+        try:
+            with trace.span("forward", track="phase"):
+                model(**inputs, use_cache=False)
+        except StopForward as stop:
+            inputs_at_unit = stop.inputs
+        else:
+            raise RuntimeError(f"finishing a step: the forward never reached unit {point.unit}")
+        finally:
+            runner.stop_at = None
+        fetcher.end_forward()
+        opt.begin_backward()
+        pairs = [(x, g.to(x.device, x.dtype)) for x, g in zip(inputs_at_unit, point.boundary) if g is not None]
+        if len(inputs_at_unit) != len(point.boundary) or not pairs:
+            raise ValueError(f"finishing a step: unit {point.unit} takes {len(inputs_at_unit)} input(s) needing a "
+                             f"gradient, the point saved {len(point.boundary)}")
+        with trace.span("backward", track="phase"):
+            torch.autograd.backward([x for x, _ in pairs], [g for _, g in pairs])
+        with trace.span("epilogue", track="phase"):
+            opt.end_step()
+            fetcher.sweep()
+    set_rng_states(point.rng_after_forward)
+    return point.loss
 
 
 def accumulated_step(model, rt, micro_batches: list[dict], *, step_index: int) -> list[float]:

@@ -25,6 +25,7 @@ from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from terastack import trace
+from terastack.llm.engine.step_points import StopForward
 
 
 class UnitCall:
@@ -148,11 +149,17 @@ class UnitRunner:
         self._dummy = torch.empty(0, requires_grad=True)
         #: unit index -> the stash of its forward, until its backward (to bring swapped activations back early)
         self._stashes: dict[int, object] = {}
+        #: told after each unit's backward (a PointTaker, terastack.llm.engine.step_points), when set
+        self.points = None
+        #: a resumed step's forward stops at this unit (StopForward), when set
+        self.stop_at: int | None = None
 
     def run(self, unit, args: tuple, kwargs: dict):
         """A stand-in was called (see :func:`install_units`)."""
-        self.fetcher.observe(unit)
         call = UnitCall(args, kwargs)
+        if unit.index == self.stop_at:
+            raise StopForward(call.grad_inputs())
+        self.fetcher.observe(unit)
         if not torch.is_grad_enabled() or not (call.grad_idx or unit.has_trainable):
             # evaluation, or nothing to differentiate: plain streamed forward
             weights = self._acquire_forward(unit)
@@ -225,4 +232,6 @@ class UnitRunner:
                 ctx.call = None
                 fetcher.release(unit, handoff=handoff)
             self.optimizer.accept(unit, param_grads)
+            if self.points is not None:
+                self.points.after_unit(unit, result)
             return result

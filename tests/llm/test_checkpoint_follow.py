@@ -11,8 +11,11 @@ import torch
 
 from .llm_helpers import VOCAB, batches, make_model
 from terastack.llm import Trainer
+from terastack.tiers import Tier
 
 STEPS = 4
+#: state on the SSD, weights one unit ahead, activations recomputed: what a step holds on the device is weights
+STREAMED = dict(state_placement="ssd", prefetch_depth=1, activation_policy="recompute", retain_weights=False)
 
 
 def make_llama(path, *, dropout: float = 0.1, layers: int = 6):
@@ -26,11 +29,14 @@ def make_llama(path, *, dropout: float = 0.1, layers: int = 6):
     AutoModelForCausalLM.from_config(cfg).save_pretrained(str(path))
 
 
-def uninterrupted(model_dir, config) -> tuple[list[float], dict]:
+def uninterrupted(model_dir, config) -> tuple[list[float], dict, int]:
+    """Losses, final weights, and the device ledger's peak over the steps from the third on."""
     with Trainer.from_pretrained(model_dir, config) as t:
         torch.manual_seed(5)
-        losses = [t.step(ids) for ids in batches(STEPS)]
-        return losses, t.state_dict()
+        losses = [t.step(ids) for ids in batches(STEPS)[:2]]
+        t.store.budgets[Tier.DEVICE].reset_peak()
+        losses += [t.step(ids) for ids in batches(STEPS)[2:]]
+        return losses, t.state_dict(), t.usage()["device"]["peak"]
 
 
 KILL_DRIVER = r"""
@@ -74,16 +80,16 @@ def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_a
     """Killed after a point inside step 3 was written, or between a point's commit and its snapshot: the resume
     finishes step 3 from the last snapshot's point and reaches the uninterrupted run's losses and weights."""
     make_llama(tmp_path / "model")
-    cfg = trainer_config(state_placement="ssd")
+    cfg = trainer_config(**STREAMED)
     fields = {k: v for k, v in cfg.to_dict().items() if k != "lora"}
     fields["store_dir"] = str(tmp_path / "store-killed")
     script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
                                 ckpt=str(tmp_path / "ckpt"), kill_at=kill_at, steps=STEPS)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-2000:]
-    losses, expected = uninterrupted(tmp_path / "model", trainer_config(state_placement="ssd"))
+    losses, expected, device_peak = uninterrupted(tmp_path / "model", trainer_config(**STREAMED))
     data = batches(STEPS)
-    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(state_placement="ssd")) as resumed:
+    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**STREAMED)) as resumed:
         point = resumed._pending.point
         assert resumed.step_count == 2 and point is not None  # inside step 3
         assert point.updated and point.unit is not None
@@ -91,7 +97,10 @@ def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_a
             resumed.step(data[3])  # refused before anything runs: the trainer stays usable
         with pytest.raises(ValueError, match="resumed inside a step"):
             resumed.loss(data[2])  # some weights are the step's, some the step before's
+        resumed.store.budgets[Tier.DEVICE].reset_peak()
         got_losses = [resumed.step(ids) for ids in data[2:]]
+        # the forward stopped at the point's unit leaves no more weights on the device than a step does
+        assert resumed.usage()["device"]["peak"] <= device_peak
         got = resumed.state_dict()
     assert got_losses == losses[2:]
     assert all(torch.equal(got[k], expected[k]) for k in expected)

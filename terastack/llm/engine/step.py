@@ -99,6 +99,10 @@ def finish_step(model, rt, *, inputs: dict, point, step_index: int) -> float:
         finally:
             runner.stop_at = None
         fetcher.end_forward()
+        # the weights prefetched for the units the forward did not reach: landed, then evicted (a step's
+        # backward would have found the device with them released)
+        rt.store.wait(timeout=rt.timeout)
+        fetcher.sweep()
         opt.begin_backward()
         pairs = [(x, g.to(x.device, x.dtype)) for x, g in zip(inputs_at_unit, point.boundary) if g is not None]
         if len(inputs_at_unit) != len(point.boundary) or not pairs:

@@ -132,7 +132,7 @@ def main() -> int:
             target.unlink(missing_ok=True) if target.is_file() else shutil.rmtree(target, ignore_errors=True)
     result["peak_rss_bytes"] = max(v for k, v in result.items() if k.endswith("_peak_rss_bytes"))
     for key in ("checkpoint_extra_bytes", "checkpoint_held_bytes"):
-        result[key] = max(result.pop(f"a_{key}"), result.pop(f"b_{key}"))
+        result[key] = max(result[f"a_{key}"], result[f"b_{key}"])
     result["checkpoint_extra_fraction"] = result["checkpoint_extra_bytes"] / result["state_bytes"]
     reference = "a" if args.copy else "r"
     result["resumed_loss_equal"] = result["b_loss"] == result[f"{reference}_losses"][-1]
@@ -248,6 +248,7 @@ def _killer(a: Trainer, args, sampler: "ExtraBytes", result: dict, root: Path):
         sampler.sample()
         out = {**result, **sampler.figures("a"), "killed_at_share": covered, "killed_at_unit": point.unit,
                "points_written": following.points_written, "point_write_s": following.write_seconds,
+               "points": following.log,
                "peak_rss_bytes": peak_rss()}
         (root / "run-a.json").write_text(json.dumps(out))
         print(f"run A: killed inside step {args.steps} after the point at unit {point.unit} ({covered:.0%} of "

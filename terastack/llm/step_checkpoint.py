@@ -52,14 +52,15 @@ COMPONENT = "step_in_progress"
 class PendingStep:
     """The ``step_in_progress`` component: a point inside a step (``point``; None between steps)."""
 
-    def __init__(self, point: StepPoint | None = None):
+    def __init__(self, point: StepPoint | None = None, *, follow: bool = False):
         self.point = point
+        self.follow = follow  # written by a following checkpoint: a trainer resumed from it follows it on
 
     def state_dict(self) -> dict:
         p = self.point
         if p is None or p.unit is None:
-            return {"unit": None}
-        out = {"unit": p.unit, "step": p.step, "loss": p.loss, "lr": p.lr, "batch": p.batch,
+            return {"unit": None, "follow": self.follow}
+        out = {"unit": p.unit, "follow": self.follow, "step": p.step, "loss": p.loss, "lr": p.lr, "batch": p.batch,
                "updated": list(p.updated), "boundary": [g is not None for g in p.boundary],
                "rng_cpu": p.rng_after_forward["cpu"], "rng_cuda": len(p.rng_after_forward.get("cuda", []))}
         for i, g in enumerate(p.rng_after_forward.get("cuda", [])):
@@ -70,6 +71,7 @@ class PendingStep:
         return out
 
     def load_state_dict(self, state: dict) -> None:
+        self.follow = bool(state.get("follow"))
         if state.get("unit") is None:
             self.point = None
             return
@@ -102,6 +104,9 @@ class FollowingCheckpoint:
                                 on_point=self.offer, before_backward=self.drain)
         self.points_written = 0
         self.write_seconds = 0.0  # the thread's time spent writing points (commits and snapshots)
+        #: per point written: its step and unit, the tensors it covers, the store's held bytes when the thread
+        #: took it, and the seconds spent waiting for its updates, committing and writing the snapshot
+        self.log: list[dict] = []
         #: called on the thread with each point once its snapshot is in place (e.g. progress, or a test's kill)
         self.on_written: list = []
         self._cv = threading.Condition()
@@ -162,12 +167,15 @@ class FollowingCheckpoint:
         start = time.perf_counter()
         t = self.trainer
         store = t.runtime.store
+        held = store.usage()["ssd"].get("held", 0)
         for gate in point.gates:
             gate.result(self.timeout)
         finished = point.unit is None
         # at the step's end its updates are done and the next step's wait for this thread: the counts are exact
         steps = dict(t.optimizer.steps) if finished else point.adam_steps
+        waited = time.perf_counter()
         store.commit(names=[r for name in point.updated for r in self.records.get(name, ())], pin=True)
+        committed = time.perf_counter()
         components = {
             "model": engine_state.EngineState(t.runtime, name=t.name, hf_config=t.hf_config, lora=t.lora,
                                               commit=store.last_commit()),
@@ -176,9 +184,13 @@ class FollowingCheckpoint:
             "rng": RNGState(point.rng_start),
             "trainer_config": JSONState(t.config.to_dict()),
             "extra": JSONState(self.extra),
-            COMPONENT: PendingStep(None if finished else point)}
+            COMPONENT: PendingStep(None if finished else point, follow=True)}
         save_checkpoint(self.path, components, step=point.step + finished)
         self.points_written += 1
-        self.write_seconds += time.perf_counter() - start
+        done = time.perf_counter()
+        self.write_seconds += done - start
+        self.log.append({"step": point.step + 1, "unit": point.unit, "updated": len(point.updated),
+                         "held_before": held, "wait_s": waited - start, "commit_s": committed - waited,
+                         "snapshot_s": done - committed})
         for listener in self.on_written:
             listener(point)

@@ -258,6 +258,9 @@ class Trainer:
         try:
             snapshot.load({**trainer.checkpoint_components(), STEP_IN_PROGRESS: trainer._pending,
                            **trainer._more_components(components)}, optional=(STEP_IN_PROGRESS,))
+            if trainer._pending.follow:  # the checkpoint followed the steps: it goes on doing so
+                trainer._follow(snapshot.path.parent, extra=snapshot.state("extra") if "extra" in snapshot.names
+                                else None)
         except BaseException:
             trainer.close()
             raise
@@ -544,9 +547,12 @@ class Trainer:
                                        "extra": JSONState(extra), STEP_IN_PROGRESS: PendingStep(), **more},
                                 step=self.step_count)
         if follow:
-            self._following = FollowingCheckpoint(self, path, extra=extra, timeout=self.config.timeout)
-            self.runtime.runner.points = self._following.taker
+            self._follow(path, extra=extra)
         return saved
+
+    def _follow(self, path, *, extra) -> None:
+        self._following = FollowingCheckpoint(self, path, extra=extra, timeout=self.config.timeout)
+        self.runtime.runner.points = self._following.taker
 
     def _stop_following(self) -> None:
         following, self._following = self._following, None

@@ -110,6 +110,12 @@ def accumulation_spec(name: str) -> AccumulationSpec:
     return spec
 
 
+def preference(spec: AccumulationSpec, grad_accum: int) -> int:
+    """How :data:`AUTO` ranks the order ``spec`` for ``grad_accum`` micro-batches, lower first: its place in
+    :data:`AUTO_ORDER`, and 0 for a step run in one pass whatever its order (one micro-batch)."""
+    return 0 if spec.passes(grad_accum) == 1 else AUTO_ORDER.index(spec)
+
+
 def candidates(name: str) -> tuple[AccumulationSpec, ...]:
     """The orders to plan for, first choice first: ``name``'s spec, or :data:`AUTO_ORDER`."""
     return AUTO_ORDER if name == AUTO else (accumulation_spec(name),)

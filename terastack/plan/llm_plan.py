@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from terastack.errors import BudgetError
-from terastack.plan.accumulation_specs import AccumulationSpec, accumulation_spec
+from terastack.plan.accumulation_specs import AccumulationSpec, accumulation_spec, preference
 from terastack.plan.activation_specs import ACTIVATIONS, ActivationSpec, activation_spec
 from terastack.plan.llm_profile import STATE_BYTES, ModelProfile
 from terastack.plan.schedule_specs import ScheduleSpec, schedule_spec
@@ -85,11 +85,11 @@ class LLMPlan:
 
     @property
     def search_rank(self) -> int:
-        """0, or 1 for an accumulated step in passes (horizontal): over the splits of one memory budget
+        """The order of its micro-batches as AUTO ranks it (``preference``): over the splits of one memory budget
         (terastack.plan.budget_search) the vertical order wins wherever a split fits it, as it does for one split
         ([Note: vertical and horizontal accumulation]: it reads the weights once a step, not once a micro-batch;
         at 1.1B with 8 micro-batches the horizontal plan took 171.5 s a step against the vertical's 111.2 s)."""
-        return int(self.accumulation_spec.passes(self.grad_accum) > 1)
+        return preference(self.accumulation_spec, self.grad_accum)
 
     @property
     def sums_gradients(self) -> bool:

@@ -101,9 +101,14 @@ def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_a
         got_losses = [resumed.step(ids) for ids in data[2:]]
         # the forward stopped at the point's unit leaves no more weights on the device than a step does
         assert resumed.usage()["device"]["peak"] <= device_peak
+        # the resumed trainer follows the checkpoint on: points in the rest of step 3, and in step 4
+        assert resumed._following is not None and resumed._following.points_written >= 3
         got = resumed.state_dict()
     assert got_losses == losses[2:]
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**STREAMED)) as again:
+        assert again.step_count == STEPS and again._pending.point is None
+        assert all(torch.equal(again.parameter(k), expected[k]) for k in expected)
 
 
 def test_a_following_checkpoint_holds_a_fraction_of_the_state(tmp_path, trainer_config, monkeypatch):

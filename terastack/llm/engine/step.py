@@ -99,6 +99,8 @@ def finish_step(model, rt, *, inputs: dict, point, step_index: int) -> float:
         finally:
             runner.stop_at = None
         fetcher.end_forward()
+        if runner.points is not None:  # a following checkpoint takes the points of the rest of the step
+            runner.points.resume_step(point, step=step_index)
         # the weights prefetched for the units the forward did not reach: landed, then evicted (a step's
         # backward would have found the device with them released)
         rt.store.wait(timeout=rt.timeout)

@@ -150,6 +150,19 @@ class PointTaker:
         self._step, self._batch = step, batch
         self._rng_start = rng_states()
 
+    def resume_step(self, point: StepPoint, *, step: int) -> None:
+        """A step finished from ``point`` (:func:`terastack.llm.engine.step.finish_step`) begins: its later points
+        continue from that one (the units already updated, the forward's loss and RNG; the chain was checked by
+        the step that took it)."""
+        self.begin_step(step=step, batch=point.batch, accumulate=False)
+        if self.before_backward is not None:
+            self.before_backward()
+        done = set(point.updated)
+        self.updated, self.chain = list(point.updated), self.active
+        self._loss, self._rng = point.loss, point.rng_after_forward
+        self._steps0 = {n: k - (n in done) for n, k in self.opt.steps.items()}
+        self._gates0 = {n: self.opt.update_gate(n) for n in self._steps0}
+
     def forward_done(self, loss: torch.Tensor, order: list[int]) -> None:
         if self.before_backward is not None:
             self.before_backward()
@@ -182,7 +195,7 @@ class PointTaker:
                                                         for g in input_grads],
             updated=tuple(self.updated), adam_steps={n: k + (n in done) for n, k in self._steps0.items()},
             lr=opt.step_lr, loss=self._loss, rng_after_forward=self._rng, rng_start=self._rng_start,
-            batch=self._batch, gates=[opt.update_gate(n) for n in self.updated]))
+            batch=self._batch, gates=[g for g in map(opt.update_gate, self.updated) if g is not None]))
 
     def step_end(self) -> StepPoint:
         """The point after the step (every tensor counts as updated; ``adam_steps`` is read once the updates,

@@ -25,7 +25,8 @@ A kill at any moment leaves a snapshot that names a pinned commit: during a step
 point's commit or snapshot, the point before (a resume reverts the store to it). A resumed trainer whose
 checkpoint is inside a step must be given that step's batch again first (``step`` checks the digest); it then
 finishes the step from the point (:func:`terastack.llm.engine.step.finish_step`) and trains on as if never
-interrupted, bit for bit.
+interrupted, bit for bit. A trainer resumed from a following checkpoint follows it on (its snapshots say so),
+with points in the rest of the finished step too.
 
 Points inside a step need eager updates (with clipping, or in the horizontal order of accumulation, updates
 run after backward and only the step's end is a point); with them, the checkpoint holds up to the state until

@@ -223,7 +223,7 @@ def run_a(root: Path, config, args) -> dict:
                     result["checkpoint_bytes"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
                     sampler.sample()
                     if not args.copy:
-                        a._following.on_written.append(_killer(a, args, sampler, result, root))
+                        a.following.on_written.append(_killer(a, args, sampler, result, root))
                 result["a_losses"].append(a.step(batch))
                 result["a_step_s"] = [h.seconds for h in a.history]
                 print(f"run A step {k + 1}: loss {result['a_losses'][-1]:.6f}", file=sys.stderr, flush=True)
@@ -238,7 +238,7 @@ def run_a(root: Path, config, args) -> dict:
 def _killer(a: Trainer, args, sampler: "ExtraBytes", result: dict, root: Path):
     """On the checkpoint's thread: once a point inside step K covers ``--kill-at`` of the step's updates, write
     what run A measured and kill the process (SIGKILL: nothing of it runs after)."""
-    following = a._following
+    following = a.following
     total = sum(following.taker.state_bytes.values())
 
     def after(point) -> None:

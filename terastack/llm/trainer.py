@@ -554,6 +554,12 @@ class Trainer:
         self._following = FollowingCheckpoint(self, path, extra=extra, timeout=self.config.timeout)
         self.runtime.runner.points = self._following.taker
 
+    @property
+    def following(self) -> FollowingCheckpoint | None:
+        """The checkpoint that follows the steps (``save_checkpoint(follow=True)``, or resumed from one), if any:
+        its points written, their timings (``log``) and listeners (``on_written``)."""
+        return self._following
+
     def _stop_following(self) -> None:
         following, self._following = self._following, None
         if following is not None:

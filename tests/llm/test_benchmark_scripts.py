@@ -26,11 +26,11 @@ def test_checkpoint_resume_script_continues_exactly(tmp_path):
     on the SSD, as the 3.4B model's is), resumes as run B, which finishes step 3 to the loss and parameters of
     run R, never killed; the checkpoint copies none of the state and holds beyond the store (measured on the file
     system) a share of it; the stores and the checkpoint are gone afterwards."""
-    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--model", "tiny-llama", "--layers", "2",
+    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--model", "tiny-llama", "--layers", "4",
                 "--steps", "3", "--state-placement", "ssd")
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = _last_json(proc.stdout)
-    assert r["layers"] == 2 and len(r["a_losses"]) == 2 and len(r["r_losses"]) == 3
+    assert r["layers"] == 4 and len(r["a_losses"]) == 2 and len(r["r_losses"]) == 3
     assert r["r_losses"][2] < r["r_losses"][0] and r["a_losses_equal_reference"]
     assert r["b_resumed_inside_step"] == 3 and 0.5 <= r["killed_at_share"] < 1
     assert r["b_loss"] == r["r_losses"][2] and r["resumed_loss_equal"] and r["resumed_parameters_equal"]

@@ -246,7 +246,11 @@ def _killer(a: Trainer, args, sampler: "ExtraBytes", result: dict, root: Path):
         if point.unit is None or point.step != args.steps - 1 or covered < args.kill_at:
             return
         sampler.sample()
-        out = {**result, **sampler.figures("a"), "killed_at_share": covered, "killed_at_unit": point.unit,
+        # the training thread may have returned from step K already (its points are written behind it): the
+        # losses reported are those of the steps before K, the steps the checkpoint holds as finished
+        out = {**result, **sampler.figures("a"), "a_losses": result["a_losses"][:args.steps - 1],
+               "a_step_s": result.get("a_step_s", [])[:args.steps - 1],
+               "killed_at_share": covered, "killed_at_unit": point.unit,
                "points_written": following.points_written, "point_write_s": following.write_seconds,
                "points": following.log,
                "peak_rss_bytes": peak_rss()}

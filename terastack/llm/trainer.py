@@ -43,7 +43,7 @@ from terastack.training.data.examples import IGNORE
 from terastack.llm.engine.streamed_units import install_units
 from terastack.memory import return_freed_memory
 from terastack.plan.accumulation_specs import candidates as accumulation_candidates
-from terastack.plan.budget_search import search_budget_split
+from terastack.plan.budget_search import plan_memory_budget
 from terastack.plan.llm_planner import LLMPlanner
 from terastack.tiers import TieredStore
 from terastack.training.checkpoint import JSONState, RNGState, Snapshot, Stateful, save_checkpoint
@@ -187,16 +187,9 @@ class Trainer:
         (terastack.plan.budget_search)."""
         config = self.config
 
-        made = []  # the planners of a search share what they remember of the profile (LLMPlanner.for_budgets)
-
-        def planner_for(device_budget: int, host_budget: int) -> LLMPlanner:
-            made[:] = [made[0].for_budgets(device_budget, host_budget) if made else LLMPlanner(
-                config.planner_config(device_budget=device_budget, host_budget=host_budget,
-                                      inline_updates=self.inline_updates))]
-            return made[0]
-
         def plan_for(device_budget: int, host_budget: int):
-            planner = planner_for(device_budget, host_budget)
+            planner = LLMPlanner(config.planner_config(device_budget=device_budget, host_budget=host_budget,
+                                                       inline_updates=self.inline_updates))
             return planner, planner.plan(self.profile, self.hardware)
 
         if config.memory_budget is None:
@@ -208,7 +201,9 @@ class Trainer:
         if missing:
             warnings.warn("memory_budget: for a strict bound on resident memory start the process with "
                           + " ".join(f"{k}={v}" for k, v in MEMORY_BUDGET_ENV.items()), stacklevel=3)
-        return search_budget_split(config.memory_budget, plan_for, what=self.name)
+        return plan_memory_budget(config.planner_config(device_budget=0, host_budget=0,
+                                                        inline_updates=self.inline_updates),
+                                  config.memory_budget, self.profile, self.hardware, what=self.name)
 
     # ------------------------------------------------------------ builders
     @classmethod

@@ -129,3 +129,15 @@ def activation_spec(name: str) -> ActivationSpec:
 def searched() -> list[ActivationSpec]:
     """The policies the automatic search places, in the order they take the forward's layers."""
     return sorted((s for s in ACTIVATIONS.values() if s.search_rank is not None), key=lambda s: s.search_rank)
+
+
+def layer_counts(kinds: int, left: int, counts: list[int]):
+    """Every tuple of ``kinds`` layer counts from ``counts`` that add up to at most ``left`` (the first kind's
+    count varying slowest)."""
+    if not kinds:
+        yield ()
+        return
+    for c in counts:
+        if c <= left:
+            for rest in layer_counts(kinds - 1, left - c, counts):
+                yield (c, *rest)

@@ -47,6 +47,32 @@ class StepPrediction:
     bytes_by_kind: dict = dataclasses.field(default_factory=dict)
 
 
+#: predicted steps within this share of the fastest are a tie ([Note: ties go to the fewest bytes])
+STEP_TIES = 0.02
+
+
+def bytes_moved(pred: StepPrediction) -> int:
+    """What a predicted step moves: SSD reads and writes, device-link bytes, host copies (as bytes at 1 GB/s)."""
+    return pred.ssd_read_bytes + pred.ssd_write_bytes + pred.device_link_bytes + int(pred.host_copy_s * 1e9)
+
+
+def candidate_rank(pred: StepPrediction, step_ceiling: float | None = None) -> tuple:
+    """Sort key of a candidate's prediction, best first. [Note: ties go to the fewest bytes]
+    The step-time model is no finer than its inputs: a machine's calibration of
+    the same units moves by tens of percent between runs, so two candidates
+    predicted a percent or two apart are equally fast as far as anyone can tell.
+    What is not uncertain is the bytes each moves: at a given speed, fewer
+    bytes leave the disk to other work, wear it less, and lose least when it
+    is slower than probed (on an accelerator the step is those bytes). So a
+    search first finds the fastest prediction, then, of the candidates within
+    :data:`STEP_TIES` of it (under ``step_ceiling``), takes the one that moves
+    the fewest bytes; the rest rank by step. Without a ceiling: fastest first,
+    then fewest bytes, then the least device memory."""
+    if step_ceiling is not None and pred.step_s <= step_ceiling:
+        return (0, bytes_moved(pred), pred.step_s, pred.device_peak_bytes)
+    return (1, round(pred.step_s, 6), bytes_moved(pred), pred.device_peak_bytes)
+
+
 @dataclass(frozen=True, slots=True)
 class LLMPlan:
     """A placement: activation policy per unit, home per state tensor, capacities, predicted step."""

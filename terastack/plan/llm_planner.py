@@ -56,7 +56,7 @@ Decoder layers are identical, so a policy is a count per option: ``n_ssd``
 layers swap their saved activations to the SSD, ``n_host`` to host memory,
 ``n_rec`` keep only their input and recompute, the rest keep everything on the
 device. Every split is scored by the step-time model under the device and host
-budgets and the fastest feasible one wins (ties: less device memory). Layers
+budgets and the fastest feasible one wins ([Note: ties go to the fewest bytes]). Layers
 that run first in forward swap first (their activations have the longest
 time to travel and return); the last layers keep theirs (backward needs them
 first). Units outside the decoder stack (embeddings, final norm, head) save
@@ -71,9 +71,9 @@ from dataclasses import dataclass
 
 from terastack.allocator import device_held_bytes
 from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, AccumulationSpec, accumulation_spec, candidates
-from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, searched
+from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, layer_counts, searched
 from terastack.plan.hardware import Hardware
-from terastack.plan.llm_plan import BYTE_KINDS, LLMPlan, PlanError, StepPrediction
+from terastack.plan.llm_plan import BYTE_KINDS, STEP_TIES, LLMPlan, PlanError, StepPrediction, candidate_rank
 from terastack.plan.llm_profile import STATE_BYTES, ModelProfile, UnitProfile, chunked_bytes, held_bytes
 from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, masters_reread, size_candidates
 from terastack.plan.staging import staging_cap
@@ -154,18 +154,6 @@ class _Scored:
     retained_units: tuple  # _Retention.units
 
 
-def _counts(kinds: int, left: int, counts: list[int]):
-    """Every tuple of ``kinds`` layer counts from ``counts`` that add up to at most ``left`` (the first kind's
-    count varying slowest)."""
-    if not kinds:
-        yield ()
-        return
-    for c in counts:
-        if c <= left:
-            for rest in _counts(kinds - 1, left - c, counts):
-                yield (c, *rest)
-
-
 class LLMPlanner:
     """Chooses activation policies and state homes that minimize the predicted step time."""
 
@@ -198,6 +186,10 @@ class LLMPlanner:
         #: the order of the micro-batches: AUTO (vertical when it fits, else horizontal) or a registered name;
         #: see [Note: vertical and horizontal accumulation] (terastack.plan.accumulation_specs)
         accumulation: str = AUTO_ACCUMULATION
+        #: steps predicted within this share of the fastest tie ([Note: ties go to the fewest bytes]); 0: none
+        step_ties: float = STEP_TIES
+        #: under this step (s) candidates rank by bytes moved (set by a search that found the fastest itself)
+        step_ceiling: float | None = None
 
         def __post_init__(self) -> None:
             if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
@@ -243,10 +235,10 @@ class LLMPlanner:
         self._memo_hw: Hardware | None = None
         self._memo_cache: dict = {}
 
-    def for_budgets(self, device_budget: int, host_budget: int) -> "LLMPlanner":
-        """A planner of these settings for other budgets that shares what this one remembers of the profiles it
-        planned (none of it depends on the budgets): a search over budgets plans one profile many times."""
-        other = LLMPlanner(dataclasses.replace(self.config, device_budget=device_budget, host_budget=host_budget))
+    def for_config(self, **changes) -> "LLMPlanner":
+        """A planner of these settings with ``changes`` (budgets, ties, the step ceiling) that shares what this one
+        remembers of the profiles it planned (none of it depends on them): a search plans one profile many times."""
+        other = LLMPlanner(dataclasses.replace(self.config, **changes))
         other._memo_profile, other._memo_hw, other._memo_cache = self._memo_profile, self._memo_hw, self._memo_cache
         other._homes_profile, other._homes_cache = self._homes_profile, self._homes_cache
         other._step_profiles = self._step_profiles
@@ -266,10 +258,15 @@ class LLMPlanner:
 
     # ------------------------------------------------------------------ plan
     def plan(self, profile: ModelProfile, hw: Hardware) -> LLMPlan:
-        """The fastest placement that fits, or :class:`PlanError` naming the budget that is short. With
-        accumulation AUTO, the first order of micro-batches that fits (its error: the last order's)."""
+        """The fastest placement that fits -- of those predicted within ``step_ties`` of it, the one that moves the
+        fewest bytes ([Note: ties go to the fewest bytes]) -- or :class:`PlanError` naming the budget that is
+        short. With accumulation AUTO, the first order of micro-batches that fits (its error: the last order's)."""
         if not profile.units:
             raise ValueError(f"{profile.model}: the profile has no units")
+        cfg = self.config
+        if cfg.step_ceiling is None and cfg.step_ties > 0:
+            fastest = self.for_config(step_ties=0).plan(profile, hw)
+            return self.for_config(step_ceiling=fastest.prediction.step_s * (1 + cfg.step_ties)).plan(profile, hw)
         orders = candidates(self.config.accumulation)
         if self.config.grad_accum == 1:
             orders = orders[:1]  # one micro-batch: every order is the same step
@@ -303,10 +300,7 @@ class LLMPlanner:
                     if shortfall is None or rank < (shortfall.budget != "host", shortfall.shortfall):
                         shortfall = scored
                     continue
-                pred = scored.prediction
-                # fastest first; among equally fast splits the one that moves fewer bytes, then uses less memory
-                key = (round(pred.step_s, 6), pred.ssd_read_bytes + pred.ssd_write_bytes + pred.device_link_bytes
-                       + int(pred.host_copy_s * 1e9), pred.device_peak_bytes)
+                key = candidate_rank(scored.prediction, cfg.step_ceiling)
                 if best is None or key < best[0]:
                     best = (key, policies, scored)
             if best is not None:
@@ -359,7 +353,7 @@ class LLMPlanner:
         stride = max(1, n // 24)
         counts = sorted(set(range(0, n + 1, stride)) | {n})
         kinds = [spec.name for spec in searched()]  # in the order they take the forward's first layers
-        for split in _counts(len(kinds), n, counts):
+        for split in layer_counts(len(kinds), n, counts):
             order = [name for name, c in zip(kinds, split) for _ in range(c)]
             order += [DEFAULT.name] * (n - len(order))
             out = [DEFAULT.name] * len(units)
@@ -448,7 +442,7 @@ class LLMPlanner:
                                  homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
                                  host_peak=host_fixed + homes.host_bytes, transient=transient, state_waits_s=waits,
                                  retained_read_saved=retention.ssd_read_saved, masters_reread=reread)
-            if best is None or pred.step_s < best.prediction.step_s:
+            if best is None or candidate_rank(pred, cfg.step_ceiling) < candidate_rank(best.prediction, cfg.step_ceiling):
                 best = _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
             if not self.inline_updates:
                 break  # the thread's sizes differ in what the model does not price (chunk size, pool slack)
@@ -697,3 +691,4 @@ class LLMPlanner:
                               device_link_bytes=int(link_bytes), device_peak_bytes=int(device_peak),
                               host_peak_bytes=int(host_peak), transient_bytes=int(transient),
                               prediction=not hw.measured, bytes_by_kind={k: int(v) for k, v in by_kind.items()})
+

@@ -3,8 +3,7 @@ made afresh for every split choose."""
 import warnings
 
 from terastack.llm import Trainer
-from terastack.plan.budget_search import search_budget_split
-from terastack.plan.llm_planner import LLMPlanner
+from terastack.plan.budget_search import plan_memory_budget
 
 from .llm_helpers import tiny_config
 
@@ -19,11 +18,8 @@ def test_the_memory_budget_split_equals_a_search_with_fresh_planners(tmp_path, t
         warnings.simplefilter("ignore")  # the memory budget's advice on the allocator's environment
         trainer = Trainer.from_pretrained(tmp_path / "model", cfg)
     with trainer:
-        def fresh(device, host):
-            planner = LLMPlanner(cfg.planner_config(device_budget=device, host_budget=host,
-                                                    inline_updates=trainer.inline_updates))
-            return planner, planner.plan(trainer.profile, trainer.hardware)
-
-        _, expected = search_budget_split(cfg.memory_budget, fresh, what="model")
+        config = cfg.planner_config(device_budget=0, host_budget=0, inline_updates=trainer.inline_updates)
+        _, expected = plan_memory_budget(config, cfg.memory_budget, trainer.profile, trainer.hardware,
+                                         what="model", share=False)
         assert trainer.plan == expected and trainer.plan.prediction == expected.prediction
         assert trainer.plan.state_home == expected.state_home

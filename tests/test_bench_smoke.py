@@ -10,7 +10,8 @@ from terastack.cli import main
 from terastack.commands import available
 
 # Benchmarks whose own smoke test checks every field (and costs tens of seconds) are not run twice here.
-DEDICATED = {"dist": "tests/disdp/test_bench.py"}
+DEDICATED = {"dist": "tests/disdp/test_bench.py", "llm-scale": "tests/llm/test_bench_scale.py",
+             "io": "test_io_smoke_fields_are_ratios below"}
 AVAILABLE = [c.name for c in bench.BENCHMARKS if all(map(available, c.needs)) and c.name not in DEDICATED]
 # Ratios a benchmark must report as positive numbers, beyond its headline fields being present and finite.
 POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial"),
@@ -51,8 +52,11 @@ def _takes_dir(module) -> bool:
 def test_io_smoke_fields_are_ratios(tmp_path, capsys):
     from terastack.io import bench as io_bench
 
-    assert main(["bench", "io", "--json", "--dir", str(tmp_path)] + io_bench.PRESETS["smoke"]) == 0
+    trace = tmp_path / "trace.json"
+    assert main(["bench", "io", "--json", "--dir", str(tmp_path), "--trace", str(trace)] + io_bench.PRESETS["smoke"]) == 0
     r = json.loads(capsys.readouterr().out)
+    assert all(field in r for field in io_bench.HEADLINE) and r["environment"]["versions"]["torch"]
+    assert any(e.get("ph") == "X" for e in json.loads(trace.read_text())["traceEvents"]), "trace has no spans"
     for key in ("seq_read_vs_fio", "seq_write_vs_fio", "rand4k_read_vs_fio"):
         assert 0 < r[key] < 100
     assert r["batch_submit_ops_per_s"] > 1000 and r["backend"] in ("io_uring", "threads", "python")

@@ -37,8 +37,12 @@ def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, ca
 
     from terastack.training.model_registry import hf_config
 
+    trace = tmp_path / "trace.json"
     r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
-                  "--seq-len", "16", "--dir", str(tmp_path), "--hardware", hardware_file)
+                  "--seq-len", "16", "--dir", str(tmp_path), "--hardware", hardware_file, "--trace", str(trace))
+    assert r["environment"]["versions"]["torch"]
+    assert any(e.get("ph") == "X" for e in json.loads(trace.read_text())["traceEvents"]), "trace has no spans"
+    trace.unlink()
     params = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_config("tiny-llama")).parameters())
     rows = {row["system"]: row for row in r["rows"]}
     assert set(rows) == {"terastack", "in_memory"}

@@ -57,7 +57,7 @@ def test_checkpoint_resume_script_copies_the_state_when_asked(tmp_path):
 
 
 def test_checkpoint_resume_script_refuses_a_disk_too_small(tmp_path):
-    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--layers", "4000")
+    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--layers", "400")  # 52B parameters
     assert proc.returncode == 2
     assert "needs" in proc.stderr and "free in" in proc.stderr and "--layers" in proc.stderr
 

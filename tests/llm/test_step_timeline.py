@@ -33,3 +33,33 @@ def test_compute_waits_and_disk_share_of_each_step():
     assert first["stall_s"] == pytest.approx(1)
     assert first["disk_busy_share"] == pytest.approx(0.5)
     assert second["compute_s"] == pytest.approx(3) and second["disk_busy_share"] == 0
+
+
+@pytest.mark.parametrize("order", ["horizontal", "vertical"])
+def test_an_accumulated_step_is_one_step_of_the_timeline(order, tmp_path, trainer_config):
+    """Two optimizer steps of two micro-batches each, traced: two steps in the timeline (the horizontal order's
+    micro-batches are spans inside their step, not steps), each as long as the step the trainer timed."""
+    from terastack import trace
+    from terastack.llm import Trainer
+
+    from .llm_helpers import batches, make_model
+
+    make_model("llama", tmp_path / "model", layers=2)
+    data = batches(4)
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config(grad_accum=2, accumulation=order)) as t:
+        assert t.plan.accumulation == order
+        trace.tracer.start()
+        try:
+            for k in range(2):
+                t.step_accumulated([{"input_ids": ids} for ids in data[2 * k:2 * k + 2]])
+            t.synchronize()
+        finally:
+            trace.tracer.stop()
+            events = trace.tracer.events()
+            trace.tracer.clear()
+        timed = [h.seconds for h in t.history]
+    steps = step_timelines(events)
+    assert len(steps) == 2
+    for step, seconds in zip(steps, timed):
+        assert step["seconds"] == pytest.approx(seconds, rel=0.2, abs=0.05)
+        assert 0 < step["compute_s"] <= step["seconds"]

@@ -42,14 +42,16 @@ from terastack import trace
 from terastack.llm.engine.step_points import StopForward, set_rng_states
 
 
-def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = False, label: str | None = None):
+def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = False, label: str | None = None,
+               track: str = "step"):
     """One forward and backward of ``model`` (its units installed for runtime ``rt``) on ``inputs`` (the model
     call's keyword arguments: ``input_ids``, ``labels``, and any of ``attention_mask``, ``position_ids``,
     ``num_items_in_batch``), and the optimizer step that closes it; returns the model's output (its ``loss`` is
     this step's). ``accumulate``: a micro-batch of an accumulated step other than the last, whose backward only
-    adds to the gradient sums ([Note: gradient accumulation] in terastack.llm.engine.accumulate)."""
+    adds to the gradient sums ([Note: gradient accumulation] in terastack.llm.engine.accumulate). ``label`` and
+    ``track``: its span in the trace (a micro-batch of an accumulated step is not a step of its own)."""
     fetcher, opt = rt.fetcher, rt.optimizer
-    with trace.span(label or f"step {step_index}", track="step"):
+    with trace.span(label or f"step {step_index}", track=track):
         # -- prologue: the first units' weights start travelling (each after its pending update)
         opt.begin_step(accumulate=accumulate)
         fetcher.begin_forward()
@@ -125,12 +127,14 @@ def accumulated_step(model, rt, micro_batches: list[dict], *, step_index: int) -
     gradients, the last one's backward runs the updates. Returns each micro-batch's loss (its share of the step's
     token-weighted loss). See [Note: gradient accumulation] in terastack.llm.engine.accumulate."""
     losses = []
-    for i, inputs in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        out = train_step(model, rt, inputs=inputs, step_index=step_index, accumulate=not last,
-                         label=f"step {step_index} micro-batch {i + 1}/{len(micro_batches)}")
-        losses.append(float(out.loss.detach()))
-        del out
+    # one span on the step track for the whole optimizer step ([Note: the step's timeline] reads one per step)
+    with trace.span(f"step {step_index}", track="step"):
+        for i, inputs in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            out = train_step(model, rt, inputs=inputs, step_index=step_index, accumulate=not last,
+                             label=f"step {step_index} micro-batch {i + 1}/{len(micro_batches)}", track="micro-batch")
+            losses.append(float(out.loss.detach()))
+            del out
     return losses
 
 

@@ -74,6 +74,10 @@ class HostSpec(ActivationSpec):
     rests_in = Tier.HOST
     search_rank = 1
 
+    def host_bytes(self, unit) -> int:
+        # each saved storage a host buffer padded for direct I/O, as a store record
+        return unit.act_bytes + unit.act_tensors * BLOCK
+
     def in_flight_bytes(self, unit) -> int:
         return unit.act_bytes
 

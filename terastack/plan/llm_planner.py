@@ -462,7 +462,7 @@ class LLMPlanner:
         """(seconds inline updates wait for state beyond their window, bytes of masters read again because the
         allowance could not take them from backward). An inline update reads such a master while compute waits;
         on the optimizer thread neither is a wait."""
-        reread = masters_reread(profile, self.schedule, sizes, homes.state_home)
+        reread = masters_reread(profile, self.schedule, sizes, homes.state_home, inline=self.inline_updates)
         if not self.inline_updates:
             return 0.0, reread
         read_bw = hw.ssd_read_total or 1e9

@@ -115,9 +115,10 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
             # at a time, plus, when not lean, those backward hands over before the optimizer gets to them
             masters = held_bytes(4 * largest)
             if not lean:
-                masters = schedule.masters_held(masters, unit_masters)
-            elif hand_over_one and schedule.hands_off_masters:
-                masters += max(unit_masters, default=0)  # one unit's masters handed over at a time
+                masters = schedule.masters_held(masters, unit_masters, inline=inline)
+            elif hand_over_one and schedule.hands_off_masters:  # one unit's masters handed over at a time
+                masters = (max([masters, *unit_masters]) if inline  # the update then reads none of them
+                           else masters + max(unit_masters, default=0))
         # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
         accumulate = 2 * held_bytes(chunk_held * 4) if passes > 1 else 0
         return OptimizerSizes(kind=kind, grad_pool=gradients_in_flight(profile, slack=not lean),
@@ -140,10 +141,18 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
     # the largest sizes the unit's masters do not fit beside the window, and re-reading them costs the step less
     # than a window too small to hide the state's reads) --
     # then the same without the window
-    return out + [sizes("lean stream", lean=True, window=stream, hand_over_one=True),
-                  sizes("lean stream, masters re-read", lean=True, window=stream),
-                  sizes("lean", lean=True, hand_over_one=True),
-                  sizes("lean, masters re-read", lean=True)]
+    out += [sizes("lean stream", lean=True, window=stream, hand_over_one=True),
+            sizes("lean stream, masters re-read", lean=True, window=stream),
+            sizes("lean", lean=True, hand_over_one=True),
+            sizes("lean, masters re-read", lean=True)]
+    # inline, a unit no larger than the largest master is handed over in the room kept for reading one: then
+    # the two lean settings of a window are one candidate
+    seen: set = set()
+    return [s for s in out if _same_sizes(s) not in seen and not seen.add(_same_sizes(s))]
+
+
+def _same_sizes(s: OptimizerSizes) -> tuple:
+    return (s.grad_pool, s.read_ahead, s.writeback, s.masters, s.chunk, s.accumulate)
 
 
 def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict,
@@ -163,17 +172,21 @@ def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: Opt
     return read / read_bw + write / write_bw + requests * STATE_REQUEST_CPU_S
 
 
-def masters_reread(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict) -> int:
+def masters_reread(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict, *,
+                   inline: bool = False) -> int:
     """Bytes of fp32 masters the optimizer reads again per step because backward could not hand them over: a
     unit's masters (of tensors resting on the SSD) beyond what the masters allowance holds besides the one
-    being updated (the engine's hand-over rule, ``OptimizerState.hand_over``). 0 in mixed precision (the
-    optimizer reads its master chunks anyway, counted with the state) and for schedules that hand nothing
-    over (they read every master, counted with the state too)."""
+    being updated (the engine's hand-over rule, ``OptimizerState.hand_over``; inline, a unit's masters that
+    all fit the whole allowance are all handed over). 0 in mixed precision (the optimizer reads its master
+    chunks anyway, counted with the state) and for schedules that hand nothing over (they read every master,
+    counted with the state too)."""
     if profile.mixed_precision or not schedule.hands_off_masters:
         return 0
     room = sizes.masters - held_bytes(4 * max(profile.tensor_numel.values()))
     out = 0
     for mine in completed_by_unit(profile):
+        if inline and sum(held_bytes(4 * profile.tensor_numel[t]) for t in mine) <= sizes.masters:
+            continue
         held = 0
         for t in mine:  # handed over in turn while they fit, as backward does
             nbytes = held_bytes(4 * profile.tensor_numel[t])

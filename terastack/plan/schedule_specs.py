@@ -88,10 +88,14 @@ class ScheduleSpec:
         precision, and the gradient chunk where gradients may have been spilled to the SSD."""
         return 2 + (1 if mixed else 0) + (0 if self.backpressure else 1)
 
-    def masters_held(self, largest: int, unit_masters: list[int]) -> int:
+    def masters_held(self, largest: int, unit_masters: list[int], *, inline: bool = False) -> int:
         """Bytes of whole fp32 masters the optimizer may hold with room to spare: the one being updated
         (``largest``: the largest master's), plus those backward hands over before the optimizer gets to them
-        (two units' worth, of ``unit_masters``: each unit's masters) or, without hand-overs, one read ahead."""
+        (two units' worth, of ``unit_masters``: each unit's masters) or, without hand-overs, one read ahead.
+        Inline updates hand over one unit's masters, whose update comes next and reads none: the larger of
+        those and the one master read (``OptimizerState.hand_over``)."""
+        if self.hands_off_masters and inline:
+            return max([largest, *unit_masters])
         if self.hands_off_masters:
             top = sorted(unit_masters, reverse=True) + [0, 0]
             return largest + top[0] + top[1]

@@ -1,4 +1,6 @@
 """Which optimizer window the planner takes when the host budget is tight ([Note: the optimizer's window])."""
+import dataclasses
+
 import pytest
 
 from terastack.plan.llm_planner import LLMPlanner
@@ -9,24 +11,41 @@ from tests.plan.test_llm_planner import CPU, profile
 MiB = 1 << 20
 
 
+def _split_layers(prof):
+    """``prof`` with each layer's weights in two tensors of half its parameters (a decoder layer has several):
+    a unit's masters then take more than the largest master."""
+    units, numel = [], {}
+    for u in prof.units:
+        if u.kind == "layer":
+            names = tuple(f"{t}.{half}" for t in u.tensors for half in "ab")
+            numel.update({n: u.params // 2 for n in names})
+            u = dataclasses.replace(u, tensors=names)
+        else:
+            numel.update({t: prof.tensor_numel[t] for t in u.tensors})
+        units.append(u)
+    return dataclasses.replace(prof, units=units, tensor_numel=numel, tensor_trainable=dict.fromkeys(numel, True))
+
+
 def _planner(host_budget: int) -> LLMPlanner:
     return LLMPlanner(LLMPlanner.Config(device_budget=4 << 30, host_budget=host_budget, inline_updates=True,
                                         state_placement="ssd"))
 
 
 def test_a_unit_whose_masters_do_not_fit_beside_the_window_keeps_the_window_and_reads_them_again():
-    # layers of 96M parameters: a unit's fp32 masters (384 MiB) take more than the window's two 128 MiB
-    prof = profile(layers=4, params=96 << 20, act=MiB, fwd_s=0.05, vocab_params=1 << 20)
+    # layers of 96M parameters in two tensors: a unit's fp32 masters (384 MiB) take more than the window's two
+    # 128 MiB, and more than the one master (192 MiB) the update keeps room to read
+    prof = _split_layers(profile(layers=4, params=96 << 20, act=MiB, fwd_s=0.05, vocab_params=1 << 20))
     planner = _planner(1 << 30)
     sizes = {s.kind: s for s in size_candidates(prof, planner.schedule, inline=True, chunk=1 << 20, passes=1)}
     handing, rereading = sizes["lean stream"], sizes["lean stream, masters re-read"]
     lean_handing, lean = sizes["lean"], sizes["lean, masters re-read"]
     assert rereading.read_ahead == handing.read_ahead == STREAM_WINDOW > lean.read_ahead == lean_handing.read_ahead
     assert rereading.masters == lean.masters < lean_handing.masters == handing.masters
-    # a budget in which nothing takes a unit's masters from backward: the 128 MiB window or the 4 MiB one
-    assert lean.host_bytes < rereading.host_bytes < lean_handing.host_bytes < handing.host_bytes
-    budget = (rereading.host_bytes + lean_handing.host_bytes) // 2
-    p = _planner(budget).plan(prof, CPU)
+    # a budget in which the 128 MiB window cannot take a unit's masters from backward, the 4 MiB one can
+    assert lean.host_bytes < lean_handing.host_bytes < rereading.host_bytes < handing.host_bytes
+    budget = (rereading.host_bytes + handing.host_bytes) // 2
+    # a disk whose reads are fast beside the 4 MiB window's many requests: reading the masters again is cheaper
+    p = _planner(budget).plan(prof, dataclasses.replace(CPU, ssd_read_bytes_per_s=8e9))
     assert p.read_ahead_bytes == STREAM_WINDOW
     # ... so the optimizer reads every layer's master again, and the prediction counts it
     layers_masters = 4 * (96 << 20) * 4
@@ -37,7 +56,7 @@ def test_a_small_window_pays_for_every_request_it_issues():
     from terastack.plan.optimizer_sizes import STATE_REQUEST_CPU_S, exposed_state_io_s
     from terastack.tier import Tier
 
-    prof = profile(layers=4, params=96 << 20, act=MiB, fwd_s=0.05, vocab_params=1 << 20)
+    prof = _split_layers(profile(layers=4, params=96 << 20, act=MiB, fwd_s=0.05, vocab_params=1 << 20))
     planner = _planner(1 << 30)
     sizes = {s.kind: s for s in size_candidates(prof, planner.schedule, inline=True, chunk=1 << 20, passes=1)}
     homes = {t: Tier.SSD for t in prof.tensor_numel}

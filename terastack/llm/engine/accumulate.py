@@ -20,6 +20,17 @@ one on the SSD is read into a host working buffer, added to, and written
 back, one chunk at a time (the planner budgets two chunks: one being added
 to, one on its way back).
 
+[Note: reading the sums ahead]
+A micro-batch that only accumulates reads no optimizer state, so the
+optimizer's read-ahead window and write-back allowance are free: the sums use
+them. When a unit's backward begins, the sums its gradients will join start
+coming in (within the window), so the reads overlap the unit's backward
+instead of the addition waiting for each chunk's read in turn; the addition
+keeps the window topped up with its tensor's next chunks and lets write-backs
+run up to the allowance. The last micro-batch, whose update reads state in
+that window, reads each sum one chunk ahead into the second working buffer
+(no write-back needs it: the sums are deleted).
+
 Micro-batches 1..N-1 only accumulate: when a tensor's gradient of the
 micro-batch is complete (its last user's backward), it is added to its sum and
 leaves the gradient pool; no update runs, no optimizer state is read. In the
@@ -44,13 +55,19 @@ class GradientSums:
     """The running sums of one accumulated step: ``add`` a micro-batch's complete gradient, ``take_into`` the
     last micro-batch's."""
 
-    def __init__(self, runtime, homes: dict[str, str]):
-        """``homes``: tensor -> the Tier where its sum rests (the plan's ``grad_home``; SSD if absent)."""
+    def __init__(self, runtime, homes: dict[str, str], *, read_ahead_bytes: int = 0, writeback_bytes: int = 0):
+        """``homes``: tensor -> the Tier where its sum rests (the plan's ``grad_home``; SSD if absent).
+        ``read_ahead_bytes`` / ``writeback_bytes``: the optimizer's window and write-back allowance, which a
+        micro-batch that only accumulates uses for the sums ([Note: reading the sums ahead]; 0: one chunk
+        read at a time and one written back)."""
         self.rt = runtime
         self.store = runtime.store
         self.homes = homes
+        self.read_ahead_bytes = read_ahead_bytes
+        self.writeback_bytes = writeback_bytes
         self._names: set[str] = set()
-        self._writes: collections.deque = collections.deque()  # sums on their way back to the SSD
+        self._writes: collections.deque = collections.deque()  # (future, bytes) of sums on their way back
+        self._ahead: dict[str, int] = {}  # records read ahead and not yet added to: bytes
 
     def __contains__(self, name: str) -> bool:
         return name in self._names
@@ -61,38 +78,76 @@ class GradientSums:
     def _home(self, name: str) -> Tier:
         return self.homes.get(name, Tier.SSD)
 
+    def _records(self, name: str) -> list[str]:
+        return [records.accumulated_grad(name, k) for k in range(len(self.rt.chunk_ranges(name)))]
+
+    def read_ahead(self, names) -> None:
+        """A backward that only accumulates begins: start reading the sums on the SSD that ``names``' gradients
+        will join, within the read-ahead window ([Note: reading the sums ahead])."""
+        self._issue([r for name in names if name in self._names and self._home(name) is Tier.SSD
+                     for r in self._records(name)])
+
+    def _issue(self, wanted: list[str], *, window: int | None = None) -> None:
+        """Start reading ``wanted`` (in order) while they fit the window beside those already read ahead."""
+        window = self.read_ahead_bytes if window is None else window
+        start = []
+        for record in wanted:
+            if record in self._ahead:
+                continue
+            nbytes = self.store.padded(record)
+            if sum(self._ahead.values()) + nbytes > window:
+                break
+            self._ahead[record] = nbytes
+            start.append(record)
+        if start:
+            try:
+                self.store.prefetch_many(start, Tier.HOST)
+            except MemoryError:
+                pass  # read when the addition gets to it
+
     def add(self, name: str, grad: torch.Tensor) -> None:
         """Add ``grad`` (flat fp32, host) to the sum of ``name``; the first micro-batch's becomes the sum."""
         rt = self.rt
         home = self._home(name)
+        recs = self._records(name)
         for k, (lo, hi) in enumerate(rt.chunk_ranges(name)):
-            record = records.accumulated_grad(name, k)
+            record = recs[k]
             part = grad[lo:hi]
             if name not in self._names:
                 # an SSD-home put writes from ``part`` directly; the caller drops its gradient afterwards
                 put = (lambda r=record, p=part: self.store.put(r, p, home=home))
                 rt.track_write(rt.with_room(put, f"sum of the gradients of {name!r}"))
                 continue
-            # the planner's two working buffers: this chunk, and the previous one on its way back
-            while len(self._writes) > 1:
-                rt.wait(self._writes.popleft(), f"sum of the gradients of {name!r} written back")
+            if home is Tier.SSD:
+                self._issue(recs[k + 1:])  # the next chunks come in while this one is added to
+            nbytes = self.store.padded(record)
+            # write-backs in flight within the allowance (at least the previous chunk's: the planner's two buffers)
+            while self._writes and (self._writes[0][0].done() or sum(n for _, n in self._writes) + nbytes
+                                    > max(self.writeback_bytes, nbytes)):
+                fut, _ = self._writes.popleft()
+                rt.wait(fut, f"sum of the gradients of {name!r} written back")
             total = self._read(record, name)
             total.add_(part)
             self.store.mark_dirty(record)
-            self._writes.append(rt.track_write(self.store.evict(record)))
+            self._writes.append((rt.track_write(self.store.evict(record)), nbytes))
         self._names.add(name)
 
     def take_into(self, name: str, grad: torch.Tensor) -> None:
         """The last micro-batch: add the sum of ``name`` into its gradient ``grad`` (flat fp32) and forget it."""
+        recs = self._records(name)
         for k, (lo, hi) in enumerate(self.rt.chunk_ranges(name)):
-            record = records.accumulated_grad(name, k)
-            grad[lo:hi].add_(self._read(record, name))
-            self.store.delete(record)
+            if k + 1 < len(recs) and self._home(name) is Tier.SSD:  # the next chunk, into the second buffer
+                self._issue(recs[k + 1:k + 2], window=self.store.padded(recs[k + 1]))
+            grad[lo:hi].add_(self._read(recs[k], name))
+            self.store.delete(recs[k])
         self._names.discard(name)
+        if not self._names:
+            self._ahead.clear()  # the step's sums are all taken (any read ahead for no addition is deleted)
 
     def _read(self, record: str, name: str) -> torch.Tensor:
         rt = self.rt
         what = f"sum of the gradients of {name!r}"
+        self._ahead.pop(record, None)
         return rt.wait(rt.with_room(lambda: self.store.prefetch(record, Tier.HOST), what), what)
 
 

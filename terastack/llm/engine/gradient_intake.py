@@ -75,14 +75,16 @@ class GradientIntake:
     ``failure`` are the optimizer's: backward waiting for room gives up when nothing runs that could free it."""
 
     def __init__(self, rt, tensors: dict, *, pool_bytes: int, backpressure: bool, clipping: bool, sum_homes: dict,
-                 cv: threading.Condition, executor, failure, timeout: float):
+                 cv: threading.Condition, executor, failure, timeout: float, sum_window: tuple[int, int] = (0, 0)):
         self.rt = rt
         self.store = rt.store
         self.tensors = tensors
         self.pool = BudgetLedger("host (gradients in flight)", pool_bytes)
         self.backpressure = backpressure
         self.clipping = clipping
-        self.sums = GradientSums(rt, sum_homes)
+        # ``sum_window``: the optimizer's read-ahead window and write-back allowance, which the sums use while a
+        # micro-batch only accumulates ([Note: reading the sums ahead] in terastack.llm.engine.accumulate)
+        self.sums = GradientSums(rt, sum_homes, read_ahead_bytes=sum_window[0], writeback_bytes=sum_window[1])
         self._cv = cv
         self._executor = executor
         self._failure = failure

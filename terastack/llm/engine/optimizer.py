@@ -146,7 +146,7 @@ class OffloadedAdamW:
         self.grads = GradientIntake(runtime, self.tensors, pool_bytes=grad_pool_bytes, backpressure=spec.backpressure,
                                     clipping=config.max_grad_norm is not None, sum_homes=grad_homes or {},
                                     cv=self._cv, executor=self.executor, failure=self._failure,
-                                    timeout=config.timeout)
+                                    timeout=config.timeout, sum_window=(read_ahead_bytes, writeback_bytes))
 
     @property
     def inline(self) -> bool:
@@ -209,15 +209,18 @@ class OffloadedAdamW:
         return self._gates.get(name)
 
     def prepare(self, unit) -> None:
-        """Backward of ``unit`` begins (the schedule may start reading the state of tensors it completes)."""
+        """Backward of ``unit`` begins (the schedule may start reading the state of tensors it completes; a
+        micro-batch that only accumulates starts reading their gradient sums instead)."""
         if not self.grads.accumulating:
             self.schedule.on_unit_backward(unit)
+        else:
+            self.grads.sums.read_ahead(self._last_users.get(unit.index, ()))
 
     def handoff(self, unit) -> set[str]:
         """Canonical names whose fp32 working copy backward should hand over instead of dropping."""
         if not self.schedule.spec.hands_off_masters or not self.rt.master_is_compute or self.grads.accumulating:
             return set()
-        return self.state.hand_over(self._last_users.get(unit.index, ()))
+        return self.state.hand_over(self._last_users.get(unit.index, ()), alone=self.inline)
 
     def accept(self, unit, grads: dict[str, torch.Tensor | None]) -> None:
         """Gradients of ``unit`` (canonical names), called from backward. Inline: the updates they complete run

@@ -122,14 +122,22 @@ class OptimizerState:
             self._ahead.discard(key)
 
     # ----------------------------------------------------------- fp32 masters
-    def hand_over(self, names) -> set[str]:
+    def hand_over(self, names, *, alone: bool = False) -> set[str]:
         """Of ``names`` (whose last gradient backward is computing), those whose fp32 working copy backward may
-        hand over instead of dropping: as many as fit the masters allowance less the update's reserve."""
+        hand over instead of dropping: as many as fit the masters allowance less the update's reserve.
+
+        ``alone``: no other update runs or waits (inline updates), so the next update is the one of ``names``.
+        When all of them fit the whole allowance they are all handed over: that update then reads no master
+        and needs no reserve (the planner's ``masters_reread`` counts the same rule)."""
         out = set()
         with self._cv:
             held = sum(self._masters.values())
+            sizes = {name: held_bytes(self.tensors[name].numel * 4) for name in names}
+            if alone and held + sum(sizes.values()) <= self.masters_limit:
+                self._masters.update(sizes)
+                return set(sizes)
             for name in names:
-                nbytes = held_bytes(self.tensors[name].numel * 4)
+                nbytes = sizes[name]
                 if held + nbytes <= self.masters_limit - self._master_reserve:
                     self._masters[name] = nbytes
                     held += nbytes

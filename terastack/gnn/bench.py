@@ -124,6 +124,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rss-limit", default="8GiB", help="with --scale or --hetero: stop a contender whose RSS "
                    "passes this")
     p.add_argument("--cleanup", action="store_true", help="with --scale: delete the dataset after the run")
+    p.add_argument("--samplers", type=int, default=0, help="with --scale: sampler threads of terastack's pipeline "
+                   "(0: the trainer's default, 2 with the topology on the SSD; see terastack gnn train --samplers)")
     p.add_argument("--presample-nodes", type=int, default=None, help="with --scale or --hetero: the training "
                    "seeds pre-sampled to place the caches (a random sample; default 32768)")
     p.add_argument("--holdout-nodes", type=int, default=None, help="with --scale or --hetero: training seeds, "

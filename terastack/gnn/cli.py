@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--replace", action="store_true", help="sample neighbours with replacement")
     p.add_argument("--sync", action="store_true", help="no overlap: sample, gather, train one after another")
     p.add_argument("--depth", type=int, default=1, help="batches each pipeline queue holds")
+    p.add_argument("--samplers", type=int, default=0, help="sampler threads, each sampling every N-th batch "
+                   "(batches stay in order and identical); 0: 2 with --topology ssd (a sampler mostly waits for "
+                   "its reads there), else 1")
     p.add_argument("--eval-nodes", type=int, default=4096,
                    help="validation and test nodes (each) scored after every epoch (-1: all, 0: none)")
     p.add_argument("--save-model", metavar="PATH", default="",
@@ -231,7 +234,7 @@ def _train(args) -> int:
     cfg = GnnTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                             device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
-                            replace=args.replace, overlap=not args.sync, depth=args.depth,
+                            replace=args.replace, overlap=not args.sync, depth=args.depth, samplers=args.samplers,
                             eval_nodes=args.eval_nodes, save_model=args.save_model, verify=args.verify,
                             topology=args.topology, indptr=args.indptr, device=args.device,
                             progress=not args.quiet, check_sync=args.check_sync)
@@ -287,7 +290,7 @@ def _train_hetero(args) -> int:
     cfg = HeteroTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
                                batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                                device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
-                               replace=args.replace, overlap=not args.sync, depth=args.depth,
+                               replace=args.replace, overlap=not args.sync, depth=args.depth, samplers=args.samplers,
                                eval_nodes=args.eval_nodes, save_model=args.save_model, verify=args.verify,
                                topology=args.topology, indptr=args.indptr, device=args.device, progress=not args.quiet,
                                check_sync=args.check_sync)

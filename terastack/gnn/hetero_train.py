@@ -28,7 +28,7 @@ from terastack.gnn.hetero_dataset import HeteroDataset, open_hetero_dataset
 from terastack.gnn.hetero_models import HETERO_MODELS, HeteroGNN, hetero_eval_step, hetero_train_step
 from terastack.gnn.hetero_sampler import HeteroNeighborSampler, HeteroSampledBatch, hetero_presample
 from terastack.gnn.models import checkpoint_meta_path, save_model
-from terastack.gnn.pipeline import Pipeline
+from terastack.gnn.pipeline import Pipeline, resolve_samplers
 from terastack.gnn.topology import FeaturePart, ListPart, SsdTopology, split_budget_parts
 from terastack.gnn.train import evaluate, train_epoch
 from terastack.plan.tpc import blocks_per_miss
@@ -198,6 +198,9 @@ class HeteroTrainer:
         replace: bool = False
         overlap: bool = True
         depth: int = 1
+        #: sampler threads of the pipeline (0: 2 with the topology on the SSD, else 1;
+        #: terastack.gnn.pipeline [Note: several sampler threads])
+        samplers: int = 0
         #: train, validation and test nodes (each) scored after every epoch (0: none, -1: all)
         eval_nodes: int = 4096
         save_model: str = ""
@@ -219,6 +222,7 @@ class HeteroTrainer:
             for name in ("hidden", "batch_size", "depth", "presample_epochs"):
                 if getattr(self, name) < 1:
                     raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+            resolve_samplers(self.samplers, None)  # validates
             if self.epochs < 0:
                 raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
             if not self.lr > 0:
@@ -251,7 +255,8 @@ class HeteroTrainer:
             features = build_features(ds, {t: h.order() for t, h in hot.items()}, budgets, device=cfg.device,
                                       engine=self.engine)
             pipeline = HeteroPipeline(sampler, features, ds.labels[ds.target], overlap=cfg.overlap, depth=cfg.depth,
-                                      device=cfg.device, rank=ranks.rank, world_size=ranks.world_size)
+                                      device=cfg.device, rank=ranks.rank, world_size=ranks.world_size,
+                                      samplers=resolve_samplers(cfg.samplers, sampler.topology))
             torch.manual_seed(cfg.seed)
             in_dims = {t: ds.feat_dim[t] or 1 for t in ds.node_types}
             model = HeteroGNN(cfg.model, ds.node_types, ds.edge_types, in_dims, cfg.hidden, ds.num_classes,

@@ -3,8 +3,9 @@
 [Note: pipeline schedule]
 One loop per stage, each in its own thread except training (the caller's loop):
 
-    sampler thread:  for k: sample(k)                -> sampled queue (capacity `depth`)
-    gather thread:   for k: take a free slot, gather(k) into it -> ready queue (capacity `depth`)
+    sampler thread i: for k = i, i+S, ...: sample(k) -> sampled queue i
+    gather thread:   for k: take sampled(k) from queue k mod S, a free slot, gather(k) into it
+                     -> ready queue (capacity `depth`)
     caller:          for k: take ready(k), train(k), give its slot back
 
 Prologue: the sampler runs ahead while the gather thread fills the first slot;
@@ -14,8 +15,26 @@ sampler sends an end marker through the queues; the caller drains and joins.
 
 Memory is bounded: ``depth + 2`` feature slots exist (one trained on, ``depth``
 ready, one being filled), each grown only to the largest batch it has held,
-and at most ``depth`` sampled batches wait. A batch's ``x`` is a view of its
+and at most ``depth + S - 1`` sampled batches wait. A batch's ``x`` is a view of its
 slot and is valid until the caller asks for the next batch (clone it to keep it).
+
+[Note: several sampler threads]
+With the topology on the SSD a sampler waits for one read per hop, so one
+sampler thread spends most of a batch waiting, not computing
+(terastack.plan.tpc [Note: the epoch-time model]). ``samplers`` = S > 1 runs S
+sampler threads, thread i sampling batches i, i+S, i+2S, ...: while one waits
+for its hop's reads another computes, and their reads are in the disk's queue
+together. A batch is the same whichever thread samples it (its random stream
+comes from ``NeighborSampler.batch_rng(epoch, k)``, the global -> local id map is
+per thread, the SSD topology gives each read its own staging buffer, counters
+add under a lock). Order is restored without a reorder buffer: each sampler
+hands its batches to a queue of its own (capacity ``ceil(depth / S)``) and the
+gather thread takes batch k from queue k mod S, so batches reach gathering and
+the caller strictly in order. A sampler that is ahead blocks on its own full
+queue only; the one the gather thread waits on always has room, so nothing
+deadlocks. A failure goes into its sampler's queue in place of that batch and
+so reaches the caller after every earlier batch. The per-node map costs 4 bytes
+per node of the graph per sampler thread (192 MB each at 48M nodes).
 
 Shutdown: an exception in a stage travels down the queues in order, so the
 caller receives every batch before the failed one and then a
@@ -29,6 +48,7 @@ thread: the synchronous baseline.
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -74,6 +94,22 @@ class EpochStats:
     #: seed nodes trained on (this rank's share, with several ranks)
     seeds: int = 0
     slot_bytes: list = field(default_factory=list)
+    #: several sampler threads add to sample_seconds (summed over them: thread time, not wall time) and seeds
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+
+def resolve_samplers(requested: int, topology) -> int:
+    """Sampler threads for a pipeline over ``topology``: ``requested`` if > 0, else 2 with the topology (any of a
+    heterogeneous graph's relations) on the SSD, where a sampler mostly waits for its hop reads, and 1 in memory
+    (where a second one only contends for the interpreter). See [Note: several sampler threads]."""
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+        raise ValueError(f"samplers: must be an integer >= 0 (0: 2 with the topology on the SSD, else 1), "
+                         f"got {requested!r}")
+    if requested:
+        return requested
+    parts = getattr(topology, "parts", None)
+    kinds = {getattr(t, "kind", "memory") for t in parts.values()} if parts else {getattr(topology, "kind", "memory")}
+    return 2 if "ssd" in kinds else 1
 
 
 class Pipeline:
@@ -93,12 +129,16 @@ class Pipeline:
         #: (terastack.gnn.data_parallel [Note: data-parallel GNN training])
         rank: int = 0
         world_size: int = 1
+        #: sampler threads; thread i samples batches i, i+samplers, ... (see [Note: several sampler threads])
+        samplers: int = 1
 
         def __post_init__(self) -> None:
             if not 0 <= self.rank < self.world_size:
                 raise ValueError(f"rank: must be in 0..world_size-1 = {self.world_size - 1}, got {self.rank}")
             if not isinstance(self.depth, int) or self.depth < 1:
                 raise ValueError(f"depth: must be an integer >= 1, got {self.depth!r}")
+            if isinstance(self.samplers, bool) or not isinstance(self.samplers, int) or self.samplers < 1:
+                raise ValueError(f"samplers: must be an integer >= 1, got {self.samplers!r}")
             if not self.wait_timeout_s > 0:
                 raise ValueError(f"wait_timeout_s: must be > 0, got {self.wait_timeout_s}")
 
@@ -154,8 +194,9 @@ class Pipeline:
         started = time.perf_counter()
         with trace.span(f"sample {k}", track="sample", cat="gnn"):
             batch = self.sampler.sample(batch_seeds, self.sampler.batch_rng(epoch, k), index=k, epoch=epoch)
-        stats.sample_seconds += time.perf_counter() - started
-        stats.seeds += batch.batch_size
+        with stats._lock:
+            stats.sample_seconds += time.perf_counter() - started
+            stats.seeds += batch.batch_size
         return batch
 
     def _gather(self, batch: SampledBatch, slot: int, stats: EpochStats) -> torch.Tensor:
@@ -198,13 +239,19 @@ class Pipeline:
         nslots = cfg.depth + 2
         while len(self._slots) < nslots:
             self._slots.append(self._empty_slot())
-        sampled: queue.Queue = queue.Queue(cfg.depth)
+        nsamplers = cfg.samplers
+        # one queue per sampler thread; batch k is in queue k % nsamplers ([Note: several sampler threads])
+        sampled = [queue.Queue(-(-cfg.depth // nsamplers)) for _ in range(nsamplers)]
         ready: queue.Queue = queue.Queue(cfg.depth)
         free: queue.Queue = queue.Queue()
         for k in range(nslots):
             free.put(k)
         stop = threading.Event()
-        failure: list = []  # (stage, batch, exception) of the first failure
+        failure: list = []  # (stage, batch, exception) of every stage that failed
+
+        def first_failure() -> tuple:
+            # the failure of the earliest batch (sampler threads ahead of it may have failed before it did)
+            return min(failure, key=lambda f: -1 if f[1] is None else f[1])
 
         def put(q: queue.Queue, item, what: str) -> bool:
             deadline = time.monotonic() + cfg.wait_timeout_s
@@ -238,25 +285,28 @@ class Pipeline:
                 pass
             stop.set()  # downstream is stuck too: stop everything; the caller's wait reports it
 
-        def sample_loop() -> None:
+        def sample_loop(i: int) -> None:
+            out = sampled[i]
             k = None
             try:
-                for k, seeds in enumerate(batches):
-                    if stop.is_set() or not put(sampled, self._sample(seeds, k, epoch, stats), f"sampled batch {k}"):
+                for k in range(i, len(batches), nsamplers):
+                    if stop.is_set() or not put(out, self._sample(batches[k], k, epoch, stats), f"sampled batch {k}"):
                         return
-                put(sampled, _END, "the end of the epoch")
+                put(out, _END, "the end of the epoch")
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                fail(sampled, "sampling", k, exc)
+                fail(out, "sampling", k, exc)
 
         def gather_loop() -> None:
             k = None
             try:
-                while True:
-                    batch = get(sampled, "the sampling stage")
+                for want in itertools.count():
+                    batch = get(sampled[want % nsamplers], f"the sampling stage (batch {want})")
                     if batch is _END or isinstance(batch, _Failure):
                         put(ready, batch, "the end of the epoch")
                         return
                     k = batch.index
+                    if k != want:  # the queues' invariant; a wrong batch must never be trained on silently
+                        raise RuntimeError(f"pipeline: expected sampled batch {want}, got batch {k}")
                     slot = get(free, f"a free feature slot for batch {k} (training holds them all)")
                     if slot is _END:
                         return
@@ -266,8 +316,10 @@ class Pipeline:
             except BaseException as exc:  # noqa: BLE001
                 fail(ready, "gathering", k, exc)
 
-        threads = [threading.Thread(target=sample_loop, name="terastack-gnn-sample", daemon=True),
-                   threading.Thread(target=gather_loop, name="terastack-gnn-gather", daemon=True)]
+        names = ["terastack-gnn-sample"] if nsamplers == 1 else [f"terastack-gnn-sample-{i}" for i in range(nsamplers)]
+        threads = [threading.Thread(target=sample_loop, args=(i,), name=name, daemon=True)
+                   for i, name in enumerate(names)]
+        threads.append(threading.Thread(target=gather_loop, name="terastack-gnn-gather", daemon=True))
         for t in threads:
             t.start()
         held = None
@@ -284,7 +336,7 @@ class Pipeline:
                     raise PipelineError(item.stage, item.batch, item.exc) from item.exc
                 if item is _END:
                     if failure:
-                        stage, k, exc = failure[0]
+                        stage, k, exc = first_failure()
                         raise PipelineError(stage, k, exc) from exc
                     break
                 batch, x, held = item
@@ -295,7 +347,7 @@ class Pipeline:
         except BaseException as exc:
             error = exc
             if failure and not isinstance(exc, PipelineError):
-                stage, k, first = failure[0]
+                stage, k, first = first_failure()
                 raise PipelineError(stage, k, first) from first
             raise
         finally:

@@ -38,6 +38,25 @@ class RowRequest:
     nbytes: int
 
 
+class Staging:
+    """A grow-only, page-aligned buffer that block reads are packed into (one per reader, or one per thread
+    that reads through a shared reader: a buffer must not be shared by two reads in flight)."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self):
+        self.buffer = np.zeros(0, np.uint8)
+
+    def ensure(self, nbytes: int) -> np.ndarray:
+        # bounded by the largest read seen (reported as `staging_bytes`)
+        if self.buffer.nbytes < nbytes:
+            self.buffer = io.aligned_empty(int(nbytes * 1.25) // BLOCK * BLOCK + BLOCK)
+        return self.buffer
+
+    def release(self) -> None:
+        self.buffer = np.zeros(0, np.uint8)
+
+
 def block_period_rows(row_bytes: int) -> int:
     """Rows in the shortest run of rows that ends on a block boundary: a chunk of a multiple of this many
     rows starts and ends block aligned (what O_DIRECT needs)."""
@@ -71,7 +90,7 @@ class RowReader:
         self.file_size = self.file.size
         if self.file_size != num_rows * self.row_bytes:
             raise ValueError(f"{self.path}: {self.file_size} bytes, expected {num_rows} rows x {self.row_bytes} bytes")
-        self._buffer = np.zeros(0, np.uint8)
+        self._staging = Staging()
 
     @property
     def direct(self) -> bool:
@@ -85,26 +104,24 @@ class RowReader:
         """Sorted unique block numbers covering ``rows``."""
         return covering_blocks(rows, self.row_bytes)
 
-    def _ensure(self, nbytes: int) -> np.ndarray:
-        # Grow-only staging: its size is bounded by the largest miss set seen (reported as `staging_bytes`).
-        if self._buffer.nbytes < nbytes:
-            self._buffer = io.aligned_empty(int(nbytes * 1.25) // BLOCK * BLOCK + BLOCK)
-        return self._buffer
-
     def release_staging(self) -> None:
         """Drop the staging buffer (after a one-off large read, so it is not kept for the rest of the run)."""
-        self._buffer = np.zeros(0, np.uint8)
+        self._staging.release()
 
     @property
     def staging_bytes(self) -> int:
-        return self._buffer.nbytes
+        return self._staging.buffer.nbytes
 
-    def submit(self, rows: np.ndarray, *, buffer: np.ndarray | None = None) -> RowRequest:
-        """Start reading ``rows`` (global row ids); one ``pread_many`` call. See [Note: row reads are block reads]."""
+    def submit(self, rows: np.ndarray, *, buffer: np.ndarray | None = None,
+               staging: Staging | None = None) -> RowRequest:
+        """Start reading ``rows`` (global row ids); one ``pread_many`` call. See [Note: row reads are block reads].
+
+        The blocks land in ``buffer`` if given, else in ``staging`` (default: this reader's own; a thread
+        reading beside others through the same reader passes its own)."""
         rows = np.asarray(rows, dtype=np.int64)
         blocks = self.blocks_for(rows)
         nb = len(blocks)
-        buf = buffer if buffer is not None else self._ensure(nb * BLOCK)
+        buf = buffer if buffer is not None else (staging or self._staging).ensure(nb * BLOCK)
         if nb == 0:
             return RowRequest(io.completed(np.zeros(0, np.int64)), buf, np.zeros(0, np.int64), 0, 0, 0)
         # runs of consecutive blocks -> one extent each

@@ -76,7 +76,7 @@ from terastack.gnn.cache import MmapFeatures, UnifiedCache
 from terastack.gnn.dataset import MANIFEST, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import GNN, train_step
-from terastack.gnn.pipeline import Pipeline
+from terastack.gnn.pipeline import Pipeline, resolve_samplers
 from terastack.gnn.sampler import NeighborSampler, parse_fanouts
 from terastack.gnn.train import share_budget, train_epoch, training_threads
 from terastack.io import get_engine
@@ -259,6 +259,7 @@ def measure_scale(args) -> dict:
                     "feat_dim": args.feat_dim, "feat_dtype": args.dtype, "deleted_after_run": bool(args.cleanup)},
         "config": {"model": "sage", "hidden": args.hidden, "fanouts": list(fanouts), "batch_size": batch_size,
                    "lr": args.lr, "seed": args.seed, "indptr": args.indptr, "torch_threads": torch.get_num_threads(),
+                   "samplers": ours["samplers"],
                    "presample_nodes": presample_nodes, "holdout_nodes": holdout_nodes, "mmap_threads": mmap_threads},
     }
 
@@ -308,8 +309,9 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
         cache = UnifiedCache(ds, ranking, device_budget=0, host_budget=feature_budget, device="cpu")
         del ranking
         hot_summary["expected_feature_hit_rate"] = wl.hit_rate(cache.device_rows + cache.host_rows)
+        samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, ds.topology)
         predicted = predict_epoch(wl, here, device_cache=0, host_cache=feature_budget,
-                                  train_threads=wl.compute_threads)
+                                  train_threads=wl.compute_threads, samplers=samplers)
         torch.manual_seed(args.seed)
         model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -322,7 +324,7 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
 
         before = engine.stats.snapshot()
         started[0] = time.perf_counter()
-        pipeline = Pipeline(sampler, cache, ds.labels, device="cpu")
+        pipeline = Pipeline(sampler, cache, ds.labels, device="cpu", samplers=samplers)
         epoch = train_epoch(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
                             progress=not args.quiet, label="scale", step=step)
         after = engine.stats.snapshot()
@@ -336,7 +338,7 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
     holdout_info = {k: v for k, v in prof.items()}
     holdout_info["seeds"] = len(holdout)
     return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "predicted": predicted,
-            "workload": wl, "train_ids": train_ids,
+            "workload": wl, "train_ids": train_ids, "samplers": samplers,
             "train_nodes": len(train_ids), "split": split, "cache": cache_info, "topology": topology_info,
             "ssd": ssd, "holdout": holdout_info, "presample": hot_summary, "presample_seconds": presample_seconds,
             "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],

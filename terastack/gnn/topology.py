@@ -70,7 +70,7 @@ import numpy as np
 
 from terastack.constants import BLOCK
 from terastack.counters import Counters
-from terastack.gnn.rows import RowReader
+from terastack.gnn.rows import RowReader, Staging
 
 #: bytes a cached list costs beyond its entries: its node id, global start, and offset in the packed lists
 _LIST_OVERHEAD = 24
@@ -127,7 +127,11 @@ class DiskArray:
                                f"{self.length * self.dtype.itemsize} bytes ({what})")
         self.reader = RowReader(self.path, num_rows=self.length, row_len=1, dtype=self.dtype, direct=direct,
                                 engine=engine)
-        self._lock = threading.Lock()  # the reader's staging buffer is shared
+        # Several sampler threads read at once (terastack.gnn.pipeline, ``samplers``): each read takes a staging
+        # buffer of its own from this pool and gives it back, so reads overlap instead of queueing on one buffer;
+        # the pool holds at most as many buffers as reads were ever in flight together.
+        self._lock = threading.Lock()
+        self._pool: list[Staging] = []
 
     @property
     def shape(self) -> tuple[int]:
@@ -181,9 +185,14 @@ class DiskArray:
         if positions.size == 0:
             return np.zeros(0, self.dtype), 0, 0
         with self._lock:
-            request = self.reader.submit(positions)
+            staging = self._pool.pop() if self._pool else Staging()
+        try:
+            request = self.reader.submit(positions, staging=staging)
             request.future.result(timeout=600)
-            values = request.buffer[: request.blocks * BLOCK].view(self.dtype)[request.elem_start]
+            values = request.buffer[: request.blocks * BLOCK].view(self.dtype)[request.elem_start]  # a copy
+        finally:
+            with self._lock:
+                self._pool.append(staging)
         return values, request.nbytes, request.blocks
 
     def chunks(self, chunk: int = _STREAM_ELEMS):
@@ -194,7 +203,8 @@ class DiskArray:
     def release_staging(self) -> None:
         """Free the read buffer a large :meth:`take` grew (the sampler's per-hop reads are far smaller)."""
         with self._lock:
-            self.reader.release_staging()
+            for staging in self._pool:
+                staging.release()
 
     def drop_cache(self) -> None:
         self.reader.drop_cache()

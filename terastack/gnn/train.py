@@ -21,7 +21,7 @@ from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, 
 from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step
-from terastack.gnn.pipeline import Pipeline
+from terastack.gnn.pipeline import Pipeline, resolve_samplers
 from terastack.gnn.sampler import NeighborSampler, parse_fanouts
 from terastack.gnn.topology import SsdTopology, split_budget
 from terastack.plan.tpc import blocks_per_miss
@@ -88,7 +88,7 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
         "ssd_GBps": delta["ssd_bytes"] / seconds / 1e9 if seconds else 0.0,
         "rows_gathered": delta["rows"], "sample_seconds": st.sample_seconds, "gather_seconds": st.gather_seconds,
         "io_wait_seconds": delta["io_wait_seconds"], "stall_seconds": st.stall_seconds,
-        "max_batch_rows": st.max_rows, "seeds": st.seeds,
+        "max_batch_rows": st.max_rows, "seeds": st.seeds, "samplers": pipeline.config.samplers,
         # the sampler's topology: lists served from memory, and what was read from the SSD for the rest
         "topology_hit_rate": topo["hits"] / max(topo["lookups"], 1), "topology_ssd_bytes": topo["ssd_bytes"],
         "topology_calls_per_batch": (topo["indptr_calls"] + topo["indices_calls"]) / max(len(losses), 1),
@@ -159,6 +159,9 @@ class GnnTrainer:
         #: False: sample, gather and train one after another (no overlap)
         overlap: bool = True
         depth: int = 1
+        #: sampler threads of the pipeline (0: 2 with the topology on the SSD, else 1;
+        #: terastack.gnn.pipeline [Note: several sampler threads])
+        samplers: int = 0
         #: validation and test nodes (each) to evaluate on after every epoch (0: none, -1: the whole splits)
         eval_nodes: int = 4096
         #: write the trained model here (weights; its description beside it as PATH.json), "" for nowhere
@@ -187,6 +190,7 @@ class GnnTrainer:
             for name in ("hidden", "batch_size", "depth", "presample_epochs"):
                 if getattr(self, name) < 1:
                     raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+            resolve_samplers(self.samplers, None)  # validates
             if self.epochs < 0:
                 raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
             if not self.lr > 0:
@@ -220,7 +224,8 @@ class GnnTrainer:
         ranks = current_ranks()
         try:
             pipeline = Pipeline(sampler, cache, ds.labels, overlap=cfg.overlap, depth=cfg.depth, device=cfg.device,
-                                rank=ranks.rank, world_size=ranks.world_size)
+                                rank=ranks.rank, world_size=ranks.world_size,
+                                samplers=resolve_samplers(cfg.samplers, ds.topology))
             torch.manual_seed(cfg.seed)
             model = GNN(cfg.model, ds.feat_dim, cfg.hidden, ds.num_classes, len(cfg.fanouts)).to(pipeline.device)
             net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.data_parallel

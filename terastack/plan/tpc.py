@@ -17,9 +17,19 @@ and ``b`` blocks (``BLOCK``, 4 KiB: the store's O_DIRECT block) read per missed 
     compute = measured training step (this machine), or FLOPs / (rate x efficiency)
     pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
     topology: with the topology on the SSD, the sampler reads ``t`` blocks per batch for the
-              neighbour lists (and indptr entries) its list cache misses, waiting for each
-              hop's read: sample += t BLOCK / min(SSD bandwidth, SSD IOPS x BLOCK)
-              + t x (kernel CPU per block), and the SSD stage carries those bytes too
+              neighbour lists (and indptr entries) its list cache misses, one read per hop,
+              waiting for each; the SSD stage carries those bytes too. Its CPU work grows by the
+              kernel's: sample_cpu = measured sampler CPU + t x (kernel CPU per block). Its waits:
+              the gather submits a batch's feature reads (thousands of blocks) in one request,
+              which the storage engine keeps ``queue_depth`` blocks of in flight and queues the
+              rest in order, so the sampler's hop reads wait behind it: over a batch they wait
+              for about one gather read besides their own, i.e. wait = ssd (the batch's whole
+              SSD term). With ``S`` sampler threads
+              (terastack.gnn.pipeline [Note: several sampler threads]) one thread's waits
+              overlap the others' work, and the sampler stage delivers a batch every
+              sample = max(sample_cpu, (sample_cpu + wait) / S)
+              (its CPU work does not divide: the threads share the interpreter and the cores,
+              which the CPU sums below account for). In memory: wait = 0, sample = sample_cpu.
 
 The pipeline overlaps stages that use different resources. Without a GPU,
 sampling, gathering and training share the CPU. When training takes every
@@ -28,20 +38,28 @@ OpenMP team stalls while one of its threads is descheduled), so they add up
 and only the SSD overlaps them: ``batch = max(sample + gather + compute, ssd)``.
 When training leaves cores free (``terastack gnn train`` gives it one core
 less than the machine has), sampling and gathering run on the free cores
-while the step runs: ``batch = max(compute, sample + gather, ssd)`` (the
-pipeline samples and gathers on one thread, so the bound by CPU work over all
-cores, ``(t compute + sample + gather) / cores`` for ``t < cores`` training
-threads, never exceeds that). (On the 2-core development machine, quiet, the
+while the step runs: ``batch = max(compute, sample_cpu + gather, sample, ssd)``
+(``sample`` is the sampler stage's period with its waits, above; the bound by
+CPU work over all cores, ``(t compute + sample_cpu + gather) / cores`` for
+``t < cores`` training threads, never exceeds the CPU terms here). With every
+core training, ``batch = max(sample_cpu + gather + compute, sample, ssd)``. (On the 2-core development machine, quiet, the
 pipelined epoch took 10-15% longer than its training steps alone: the
 interpreter lock and memory bandwidth are still shared; with other work on
 the cores it took the sum, since then no core is free.) With a GPU the training
 step runs on the device and overlaps the CPU stages:
-``batch = max(sample + gather, ssd, pcie, compute)``. The epoch is
+``batch = max(sample_cpu + gather, sample, ssd, pcie, compute)``. The epoch is
 ``batches x batch`` plus a prologue (one batch's sample + gather + ssd before
 the first step). The largest term is the bottleneck.
 
 The model is checked against measured epochs at three cache sizes by
-``terastack bench gnn`` (``prediction_error``).
+``terastack bench gnn`` (``prediction_error``). The sampler's wait term is
+read off two runs with one sampler thread on a 2-core machine, topology and
+features on the SSD, the sampler busy 98-99% of each epoch: 48M nodes (0.237 s
+of sampling a batch; this term, with the epoch's own block counts, 0.203 s:
+-15%) and 4M nodes (0.127 s; this term 0.142 s: +12%). Its own reads at the
+full rate alone (the earlier term) gave 0.099 s and 0.083 s; its own reads at
+half the rate while the gather reads (the two streams served alike) 0.162 s
+and 0.132 s: neither fits both runs better.
 """
 from __future__ import annotations
 
@@ -141,16 +159,18 @@ class Prediction:
 
 def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, host_cache: int,
                   gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None,
-                  train_threads: int = 0) -> Prediction:
+                  train_threads: int = 0, samplers: int = 1) -> Prediction:
     """Epoch time of the pipeline on ``hw``; see [Note: the epoch-time model].
 
     Without a GPU the training step is ``workload.compute_seconds`` (measured
     on the machine whose CPU rate is ``cpu_flops_reference``), scaled by CPU
     FLOP rate when ``hw`` is another machine; ``train_threads`` is how many of
-    ``hw``'s cores the step runs on (0: all of them).
+    ``hw``'s cores the step runs on (0: all of them); ``samplers`` the pipeline's sampler threads.
     """
     if train_threads < 0:
         raise ValueError(f"train_threads: must be >= 0 (0: every core), got {train_threads}")
+    if samplers < 1:
+        raise ValueError(f"samplers: must be >= 1, got {samplers}")
     w = workload
     dev_rows, host_rows = w.cache_rows(device_cache, host_cache)
     hit = w.hit_rate(dev_rows + host_rows)
@@ -166,15 +186,17 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
     # CPU side of gathering: cache copies, cutting missed rows out of blocks, and the kernel's work per block read
     gather = (n * w.gather_seconds_per_row + (1 - hit) * n * w.miss_cpu_seconds_per_row
               + miss_blocks * w.io_cpu_seconds_per_block)
-    # the sampler waits for its list reads (one per hop), and the kernel works for each block
-    sample = (w.sample_seconds + topology_bytes / min(rates)
-              + w.topology_blocks_per_batch * w.io_cpu_seconds_per_block)
+    # the sampler's CPU work (with the kernel's per block read), and its waits for its hop reads, which queue with
+    # the gather's feature reads: several sampler threads overlap their waits (see the Note)
+    sample_cpu = w.sample_seconds + w.topology_blocks_per_batch * w.io_cpu_seconds_per_block
+    wait = ssd if topology_bytes > 0 else 0.0
+    sample = max(sample_cpu, (sample_cpu + wait) / samplers)
     if hw.has_gpu:
         if w.flops_per_batch <= 0:
             raise ValueError("workload.flops_per_batch: needed to predict training on an accelerator")
         compute = w.flops_per_batch / (hw.gpu_flops * gpu_efficiency)
         pcie = (1 - dev_hit) * n * w.row_bytes / hw.pcie_bytes_per_s if hw.pcie_bytes_per_s > 0 else 0.0
-        stages = {"sample+gather": sample + gather, "ssd": ssd, "pcie": pcie, "compute": compute}
+        stages = {"sample+gather": max(sample_cpu + gather, sample), "ssd": ssd, "pcie": pcie, "compute": compute}
         bottleneck = max(stages, key=stages.get)
         batch = stages[bottleneck]
     else:
@@ -186,16 +208,24 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
             compute = w.flops_per_batch / (hw.cpu_flops * 0.25)
         else:
             raise ValueError("workload.compute_seconds or flops_per_batch: needed to predict CPU training")
+        # "sample": the sampler stage's period (its CPU work, or its waits shared among its threads)
         stages = {"sample": sample, "gather": gather, "compute": compute, "ssd": ssd}
         cores = max(1, hw.cores)
         threads = min(train_threads or cores, cores)
         if threads < cores:  # free cores: sampling and gathering run beside the step
-            cpu = max(compute, sample + gather)
+            cpu = max(compute, sample_cpu + gather)
         else:
-            cpu = sample + gather + compute
-        batch = max(cpu, ssd)
-        bottleneck = "ssd" if ssd >= cpu else max(("sample", "gather", "compute"), key=stages.get)
-    epoch = w.batches_per_epoch * batch + sample + gather + ssd  # + prologue: the first batch before any step
+            cpu = sample_cpu + gather + compute
+        batch = max(cpu, sample, ssd)
+        if ssd >= max(cpu, sample):
+            bottleneck = "ssd"
+        elif sample > cpu:
+            bottleneck = "sample"  # the sampler's waits for its hop reads
+        else:
+            work = {"sample": sample_cpu, "gather": gather, "compute": compute}
+            bottleneck = max(work, key=work.get)
+    # + prologue: the first batch (sampled, its reads, gathered) before any step
+    epoch = w.batches_per_epoch * batch + sample_cpu + gather + ssd
     return Prediction(epoch_seconds=epoch, batch_seconds=batch, bottleneck=bottleneck, stages=stages, hit_rate=hit,
                       device_hit_rate=dev_hit, ssd_bytes_per_epoch=(miss_bytes + topology_bytes) * w.batches_per_epoch,
                       device_cache_bytes=dev_rows * w.row_bytes, host_cache_bytes=host_rows * w.row_bytes)

@@ -27,11 +27,35 @@ def test_topology_term_lengthens_sampling_and_loads_the_ssd():
     topo = predict_epoch(_workload(topology_blocks_per_batch=blocks), hw, device_cache=0, host_cache=0,
                          train_threads=1)
     rate = min(1e9, 50_000 * BLOCK)  # random 4 KiB reads: the IOPS bound
-    assert topo.stages["sample"] == pytest.approx(base.stages["sample"] + blocks * BLOCK / rate + blocks * 1e-5)
+    # the hop reads wait behind the gather's read of the batch's 100 missed rows (1 block each) as well as for their
+    # own (tpc [Note: the epoch-time model])
+    wait = (blocks + 100) * BLOCK / rate
+    assert topo.stages["sample"] == pytest.approx(base.stages["sample"] + wait + blocks * 1e-5)
     assert topo.stages["ssd"] == pytest.approx(base.stages["ssd"] + blocks * BLOCK / rate)
     assert topo.ssd_bytes_per_epoch == pytest.approx(base.ssd_bytes_per_epoch + 10 * blocks * BLOCK)
     with pytest.raises(ValueError, match="topology_blocks_per_batch"):
         _workload(topology_blocks_per_batch=-1)
+
+
+def test_sampler_threads_overlap_their_waits_but_not_their_work_nor_the_disk():
+    hw = Hardware(name="t", measured=True, cores=2, ssd_read_bytes_per_s=1e9, ssd_rand4k_iops=50_000)
+    rate = 50_000 * BLOCK
+    w = _workload(topology_blocks_per_batch=1000.0)  # 100 feature blocks a batch (nothing cached), 1000 list blocks
+    cpu = 0.01 + 1000 * 1e-5
+    ssd = 1100 * BLOCK / rate
+    wait = ssd  # the hop reads wait behind the gather's 100 blocks as well as for their own
+    one, two, many = (predict_epoch(w, hw, device_cache=0, host_cache=0, train_threads=1, samplers=s)
+                      for s in (1, 2, 64))
+    assert one.stages["sample"] == pytest.approx(cpu + wait) and one.bottleneck == "sample"
+    assert one.batch_seconds == pytest.approx(cpu + wait)
+    assert two.stages["sample"] == pytest.approx((cpu + wait) / 2)
+    assert two.batch_seconds == pytest.approx(max((cpu + wait) / 2, ssd, 0.02, cpu + 1e-5 * 100 + 2e-7 * 200))
+    assert many.stages["sample"] == pytest.approx(cpu)  # the work does not divide
+    assert many.batch_seconds == pytest.approx(ssd) and many.bottleneck == "ssd"  # nor does the disk
+    in_memory = predict_epoch(_workload(), hw, device_cache=0, host_cache=0, train_threads=1, samplers=3)
+    assert in_memory.stages["sample"] == pytest.approx(0.01)  # nothing to wait for
+    with pytest.raises(ValueError, match="samplers"):
+        predict_epoch(w, hw, device_cache=0, host_cache=0, samplers=0)
 
 
 def test_out_of_sample_curve_and_miss_blocks_match_brute_force():

@@ -92,10 +92,11 @@ def _batches(pipeline, ids, epochs=2):
     return out
 
 
-@pytest.mark.parametrize("indptr", ["memory", "ssd"])
+@pytest.mark.parametrize("indptr,samplers", [("memory", 1), ("ssd", 1), ("ssd", 3)])
 @pytest.mark.parametrize("replace", [False, True])
-def test_ssd_batches_equal_in_memory_batches(hetero, mem, indptr, replace):
-    """Topology and features on the SSD behind one budget: the same batches, bit for bit, as everything in memory."""
+def test_ssd_batches_equal_in_memory_batches(hetero, mem, indptr, replace, samplers):
+    """Topology and features on the SSD behind one budget: the same batches, bit for bit, as everything in memory
+    (and in the same order with several sampler threads)."""
     ref_sampler = HeteroNeighborSampler.for_dataset(mem, fanouts=FANOUTS, replace=replace, seed=5)
     ref = HeteroPipeline(ref_sampler, in_memory_features(mem), mem.labels["paper"])
     ssd = open_hetero_dataset(hetero, topology="ssd", indptr=indptr)
@@ -108,7 +109,7 @@ def test_ssd_batches_equal_in_memory_batches(hetero, mem, indptr, replace):
     assert split["fixed_bytes"] == fixed
     features = build_features(ssd, {t: h.order() for t, h in hot.items()}, budgets, device="cpu")
     try:
-        got = HeteroPipeline(sampler, features, ssd.labels["paper"])
+        got = HeteroPipeline(sampler, features, ssd.labels["paper"], samplers=samplers)
         a, b = _batches(ref, train), _batches(got, train)
         assert len(a) == len(b) == 2 * -(-len(train) // 48)
         for x, y in zip(a, b):

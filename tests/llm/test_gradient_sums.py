@@ -4,7 +4,7 @@ import torch
 
 from terastack.llm.engine import records
 from terastack.llm.engine.accumulate import GradientSums
-from terastack.tiers import State, Tier, TieredStore
+from terastack.tiers import State, TieredStore
 
 CHUNK = 1024  # elements: one 4 KiB record per chunk
 

@@ -2,6 +2,7 @@
 over as read again. Both follow one rule (``OptimizerState.hand_over``, ``optimizer_sizes.masters_reread``)."""
 import dataclasses
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -29,8 +30,17 @@ def test_inline_a_unit_that_fits_the_whole_allowance_is_handed_over_without_the_
     assert state.hand_over(["a", "b"]) == set()
     # inline, the unit's own update comes next and reads none of them
     assert state.hand_over(["a", "b"], alone=True) == {"a", "b"}
-    # ... but never beyond the allowance: the rest of another unit falls back to the reserve rule
-    assert state.hand_over(["big"], alone=True) == set()
+
+
+def test_inline_the_hand_over_waits_for_the_last_units_masters_on_their_way_home():
+    state = _state({"old": BLOCK // 2, "a": BLOCK // 4, "b": BLOCK // 4}, masters_bytes=2 * BLOCK)
+    state.admit_master("old")  # the previous unit's master, being written back
+    # (the write-back's completion callback, as OptimizerState.finish_master sets it)
+    written = threading.Timer(0.3, state._master_gone, ["old"])
+    started = time.monotonic()
+    written.start()
+    assert state.hand_over(["a", "b"], alone=True) == {"a", "b"}
+    assert time.monotonic() - started >= 0.25  # it waited for the write-back rather than leave them to be read
 
 
 def test_a_unit_larger_than_the_allowance_keeps_the_reserve_inline_too():

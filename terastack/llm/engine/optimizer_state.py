@@ -126,16 +126,25 @@ class OptimizerState:
         """Of ``names`` (whose last gradient backward is computing), those whose fp32 working copy backward may
         hand over instead of dropping: as many as fit the masters allowance less the update's reserve.
 
-        ``alone``: no other update runs or waits (inline updates), so the next update is the one of ``names``.
-        When all of them fit the whole allowance they are all handed over: that update then reads no master
-        and needs no reserve (the planner's ``masters_reread`` counts the same rule)."""
+        ``alone``: no other update runs or waits (inline updates), so the next update is the one of ``names``
+        and every master held now is on its way home. When all of ``names`` fit the whole allowance they are
+        all handed over, after waiting for those write-backs where needed (a backward faster than the last
+        unit's write-back: waiting costs less than reading the masters again): that update then reads no
+        master and needs no reserve (the planner's ``masters_reread`` counts the same rule)."""
         out = set()
+        sizes = {name: held_bytes(self.tensors[name].numel * 4) for name in names}
         with self._cv:
-            held = sum(self._masters.values())
-            sizes = {name: held_bytes(self.tensors[name].numel * 4) for name in names}
-            if alone and held + sum(sizes.values()) <= self.masters_limit:
+            if alone and sum(sizes.values()) <= self.masters_limit:
+                def fits() -> bool:
+                    return sum(self._masters.values()) + sum(sizes.values()) <= self.masters_limit
+                if not fits():
+                    with trace.span("wait for masters written back", track="stall", cat="state"):
+                        if not self._cv.wait_for(fits, self.timeout):
+                            raise TimeoutError(f"waited {self.timeout:.0f} s for masters being written back "
+                                               f"before handing over {len(sizes)} masters")
                 self._masters.update(sizes)
                 return set(sizes)
+            held = sum(self._masters.values())
             for name in names:
                 nbytes = sizes[name]
                 if held + nbytes <= self.masters_limit - self._master_reserve:

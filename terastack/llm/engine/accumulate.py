@@ -68,6 +68,8 @@ class GradientSums:
         self._names: set[str] = set()
         self._writes: collections.deque = collections.deque()  # (future, bytes) of sums on their way back
         self._ahead: dict[str, int] = {}  # records read ahead and not yet added to: bytes
+        self._ahead_bytes = 0  # their sum (kept, not recounted: checked once per chunk)
+        self._writing_bytes = 0  # bytes of the sums in self._writes
 
     def __contains__(self, name: str) -> bool:
         return name in self._names
@@ -95,9 +97,10 @@ class GradientSums:
             if record in self._ahead:
                 continue
             nbytes = self.store.padded(record)
-            if sum(self._ahead.values()) + nbytes > window:
+            if self._ahead_bytes + nbytes > window:
                 break
             self._ahead[record] = nbytes
+            self._ahead_bytes += nbytes
             start.append(record)
         if start:
             try:
@@ -122,14 +125,16 @@ class GradientSums:
                 self._issue(recs[k + 1:])  # the next chunks come in while this one is added to
             nbytes = self.store.padded(record)
             # write-backs in flight within the allowance (at least the previous chunk's: the planner's two buffers)
-            while self._writes and (self._writes[0][0].done() or sum(n for _, n in self._writes) + nbytes
+            while self._writes and (self._writes[0][0].done() or self._writing_bytes + nbytes
                                     > max(self.writeback_bytes, nbytes)):
-                fut, _ = self._writes.popleft()
+                fut, written = self._writes.popleft()
+                self._writing_bytes -= written
                 rt.wait(fut, f"sum of the gradients of {name!r} written back")
             total = self._read(record, name)
             total.add_(part)
             self.store.mark_dirty(record)
             self._writes.append((rt.track_write(self.store.evict(record)), nbytes))
+            self._writing_bytes += nbytes
         self._names.add(name)
 
     def take_into(self, name: str, grad: torch.Tensor) -> None:
@@ -143,11 +148,12 @@ class GradientSums:
         self._names.discard(name)
         if not self._names:
             self._ahead.clear()  # the step's sums are all taken (any read ahead for no addition is deleted)
+            self._ahead_bytes = 0
 
     def _read(self, record: str, name: str) -> torch.Tensor:
         rt = self.rt
         what = f"sum of the gradients of {name!r}"
-        self._ahead.pop(record, None)
+        self._ahead_bytes -= self._ahead.pop(record, 0)
         return rt.wait(rt.with_room(lambda: self.store.prefetch(record, Tier.HOST), what), what)
 
 

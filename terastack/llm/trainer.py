@@ -136,11 +136,12 @@ class Trainer:
                        compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size())
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
                                      seq_len=config.seq_len, name=name, calibrate=config.calibrate, **measure)
-        if config.calibrate and config.grad_accum > 1 and any(
-                spec.one_pass for spec in accumulation_candidates(config.accumulation)):
-            # a vertical step runs the micro-batches stacked: its units are timed at that width too
-            self.profile = with_stacked_times(self.profile, model, self.units, self.tensors,
-                                              micro=config.grad_accum, **measure)
+        if config.calibrate:
+            # the vertical and grouped orders run micro-batches stacked: the units are timed at those widths too
+            for width in sorted({spec.group(config.grad_accum)
+                                 for spec in accumulation_candidates(config.accumulation, config.grad_accum)} - {1}):
+                self.profile = with_stacked_times(self.profile, model, self.units, self.tensors, micro=width,
+                                                  **measure)
         self.planner, self.plan = self._make_plan()
         # ---- store
         self._own_dirs = not store_dirs  # an existing store's directories are never removed on close
@@ -325,15 +326,17 @@ class Trainer:
         for b in batches:
             b["num_items_in_batch"] = targets
         tokens = sum(b["input_ids"].numel() for b in batches)
-        if self.plan.accumulation_spec.one_pass and len(batches) > 1:
-            batches = [stack_micro_batches(batches)]  # vertical: one pass over the units for all of them
-            rows, cols = batches[0]["input_ids"].shape
-            planned = self.plan.grad_accum * self.config.batch_size * self.config.seq_len
-            if rows * cols > planned:
-                raise ValueError(f"micro_batches: stacked for the vertical order (padded to the longest) they make "
-                                 f"{rows} x {cols} tokens, more than the planned {self.plan.grad_accum} x "
-                                 f"{self.config.batch_size} x {self.config.seq_len}; give micro-batches of the "
-                                 "planned shape, or set TrainerConfig.accumulation='horizontal'")
+        group = self.plan.accumulation_spec.group(self.plan.grad_accum)
+        if group > 1 and len(batches) > 1:
+            # vertical and grouped orders: one pass over the units for each group of micro-batches, stacked
+            batches = [stack_micro_batches(batches[i:i + group]) for i in range(0, len(batches), group)]
+            for b in batches:
+                rows, cols = b["input_ids"].shape
+                if rows * cols > group * self.config.batch_size * self.config.seq_len:
+                    raise ValueError(f"micro_batches: stacked for the {self.plan.accumulation} order (padded to the "
+                                     f"longest) a pass makes {rows} x {cols} tokens, more than the planned {group} x "
+                                     f"{self.config.batch_size} x {self.config.seq_len}; give micro-batches of the "
+                                     "planned shape, or set TrainerConfig.accumulation='horizontal'")
         try:
             return self._step_accumulated(batches, tokens)
         except BaseException as exc:

@@ -27,8 +27,18 @@ bytes and FLOPs scale with the rows; times are those measured at that width
 when the profile has them (``ModelProfile.stacked_times``: a matmul over N
 times the rows need not take N times as long), else N times a micro-batch's.
 
-:data:`AUTO` is not an order the engine runs: the planner takes the vertical
-order when a plan for it fits the budgets, else the horizontal one. A new
+Between the two, ``grouped-G`` runs the micro-batches in passes of G stacked
+together (the vertical order's single pass, made of G of them): weights are
+read twice per pass, ceil(N / G) passes a step, and the gradients of the passes
+add up in sums as the horizontal order's micro-batches do. It is the order for a
+model whose vertical pass does not fit: at 3.4B with 8 micro-batches of
+256 tokens the stacked working memory was 57 MiB over a 4 GiB budget, and the
+horizontal order read the weights 8 times (219 GB a step, 738 s); groups of 4
+read them twice.
+
+:data:`AUTO` is not an order the engine runs: the planner takes the order with
+the fewest passes whose plan fits the budgets (:func:`candidates`: vertical,
+then groups of the divisors of N from the largest, then horizontal). A new
 order is a subclass here registered with :func:`register_accumulation`.
 """
 from __future__ import annotations
@@ -44,37 +54,40 @@ class AccumulationSpec:
     """One order of the micro-batches of a step: see [Note: vertical and horizontal accumulation]."""
 
     name: ClassVar[str] = ""
-    #: the engine runs the step's micro-batches as one batch (one forward and one backward per step)
-    one_pass: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"<accumulation {self.name}>"
 
+    def group(self, micro: int) -> int:
+        """Micro-batches stacked into one pass (one forward and one backward over the units)."""
+        return 1
+
     def passes(self, micro: int) -> int:
         """Forwards and backwards per step (each reads every unit's weights once forward and once backward)."""
-        return 1 if self.one_pass else micro
+        return -(-micro // self.group(micro))
 
     def sums_gradients(self, micro: int) -> bool:
         """Gradients are summed across passes in sums kept between them (planned as state)."""
         return self.passes(micro) > 1
 
     def step_profile(self, profile, micro: int):
-        """The profile of one pass: a micro-batch's (horizontal), or ``micro`` micro-batches' at once (vertical:
-        activations, working memory, logits, FLOPs and measured times scale with the rows)."""
-        if not self.one_pass or micro == 1:
+        """The profile of one pass: a micro-batch's (horizontal), or ``group(micro)`` micro-batches' at once
+        (vertical, grouped: activations, working memory, logits, FLOPs and measured times scale with the rows)."""
+        width = self.group(micro)
+        if width == 1:
             return profile
-        measured = profile.stacked_times.get(micro)
+        measured = profile.stacked_times.get(width)
         if measured is not None and len(measured) != len(profile.units):
-            raise ValueError(f"stacked_times[{micro}]: {len(measured)} units timed, the profile has "
+            raise ValueError(f"stacked_times[{width}]: {len(measured)} units timed, the profile has "
                              f"{len(profile.units)}")
-        times = measured or [(None if u.fwd_s is None else u.fwd_s * micro,
-                              None if u.bwd_s is None else u.bwd_s * micro) for u in profile.units]
+        times = measured or [(None if u.fwd_s is None else u.fwd_s * width,
+                              None if u.bwd_s is None else u.bwd_s * width) for u in profile.units]
         units = [dataclasses.replace(
-            u, fwd_flops=u.fwd_flops * micro, bwd_flops=u.bwd_flops * micro, act_bytes=u.act_bytes * micro,
-            boundary_bytes=u.boundary_bytes * micro, out_bytes=u.out_bytes * micro, fwd_s=fwd_s, bwd_s=bwd_s)
+            u, fwd_flops=u.fwd_flops * width, bwd_flops=u.bwd_flops * width, act_bytes=u.act_bytes * width,
+            boundary_bytes=u.boundary_bytes * width, out_bytes=u.out_bytes * width, fwd_s=fwd_s, bwd_s=bwd_s)
             for u, (fwd_s, bwd_s) in zip(profile.units, times)]
-        return dataclasses.replace(profile, batch=profile.batch * micro, units=units,
-                                   logits_bytes=profile.logits_bytes * micro, stacked_times={})
+        return dataclasses.replace(profile, batch=profile.batch * width, units=units,
+                                   logits_bytes=profile.logits_bytes * width, stacked_times={})
 
 
 class HorizontalSpec(AccumulationSpec):
@@ -83,7 +96,25 @@ class HorizontalSpec(AccumulationSpec):
 
 class VerticalSpec(AccumulationSpec):
     name = "vertical"
-    one_pass = True
+
+    def group(self, micro: int) -> int:
+        return micro
+
+
+class GroupedSpec(AccumulationSpec):
+    """Passes of ``size`` micro-batches stacked (the last pass takes what is left)."""
+
+    #: the prefix of a grouped order's name: ``grouped-4`` stacks 4 micro-batches a pass
+    PREFIX: ClassVar[str] = "grouped-"
+
+    def __init__(self, size: int):
+        if size < 2:
+            raise ValueError(f"accumulation: a group stacks at least 2 micro-batches, got {size}")
+        self.size = size
+        self.name = f"{self.PREFIX}{size}"
+
+    def group(self, micro: int) -> int:
+        return min(self.size, micro)
 
 
 ACCUMULATIONS: dict[str, AccumulationSpec] = {}
@@ -99,23 +130,26 @@ def register_accumulation(spec: AccumulationSpec) -> AccumulationSpec:
 HORIZONTAL = register_accumulation(HorizontalSpec())
 VERTICAL = register_accumulation(VerticalSpec())
 
-#: the orders :data:`AUTO` tries, first choice first
-AUTO_ORDER = (VERTICAL, HORIZONTAL)
-
-
 def accumulation_spec(name: str) -> AccumulationSpec:
     spec = ACCUMULATIONS.get(name)
+    if spec is None and name.startswith(GroupedSpec.PREFIX) and name[len(GroupedSpec.PREFIX):].isdigit():
+        return GroupedSpec(int(name[len(GroupedSpec.PREFIX):]))
     if spec is None:
-        raise ValueError(f"accumulation: must be {AUTO} or one of {', '.join(ACCUMULATIONS)}, got {name!r}")
+        raise ValueError(f"accumulation: must be {AUTO}, one of {', '.join(ACCUMULATIONS)} or "
+                         f"{GroupedSpec.PREFIX}G (G >= 2 micro-batches a pass), got {name!r}")
     return spec
 
 
 def preference(spec: AccumulationSpec, grad_accum: int) -> int:
-    """How :data:`AUTO` ranks the order ``spec`` for ``grad_accum`` micro-batches, lower first: its place in
-    :data:`AUTO_ORDER`, and 0 for a step run in one pass whatever its order (one micro-batch)."""
-    return 0 if spec.passes(grad_accum) == 1 else AUTO_ORDER.index(spec)
+    """How :data:`AUTO` ranks the order ``spec`` for ``grad_accum`` micro-batches, lower first: its passes a step
+    less one (0 for a step run in one pass, whatever its order): each pass reads every weight twice."""
+    return spec.passes(grad_accum) - 1
 
 
-def candidates(name: str) -> tuple[AccumulationSpec, ...]:
-    """The orders to plan for, first choice first: ``name``'s spec, or :data:`AUTO_ORDER`."""
-    return AUTO_ORDER if name == AUTO else (accumulation_spec(name),)
+def candidates(name: str, micro: int = 1) -> tuple[AccumulationSpec, ...]:
+    """The orders to plan for ``micro`` micro-batches a step, first choice first: ``name``'s spec, or for
+    :data:`AUTO` vertical, groups of each divisor of ``micro`` between, largest first, then horizontal."""
+    if name != AUTO:
+        return (accumulation_spec(name),)
+    groups = tuple(GroupedSpec(g) for g in range(micro - 1, 1, -1) if micro % g == 0)
+    return (VERTICAL, *groups, HORIZONTAL)

@@ -112,9 +112,9 @@ class LLMPlan:
     @property
     def search_rank(self) -> int:
         """The order of its micro-batches as AUTO ranks it (``preference``): over the splits of one memory budget
-        (terastack.plan.budget_search) the vertical order wins wherever a split fits it, as it does for one split
-        ([Note: vertical and horizontal accumulation]: it reads the weights once a step, not once a micro-batch;
-        at 1.1B with 8 micro-batches the horizontal plan took 171.5 s a step against the vertical's 111.2 s)."""
+        (terastack.plan.budget_search) the order with the fewest passes wins wherever a split fits it, as it does
+        for one split ([Note: vertical and horizontal accumulation]: each pass reads every weight twice; at 1.1B
+        with 8 micro-batches the horizontal plan took 171.5 s a step against the vertical's 111.2 s)."""
         return preference(self.accumulation_spec, self.grad_accum)
 
     @property
@@ -187,7 +187,10 @@ class LLMPlan:
         elif self.grad_accum > 1:
             g_host = sum(profile.tensor_numel[n] for n, h in self.grad_home.items() if h is Tier.HOST)
             g_all = sum(profile.tensor_numel[n] for n in self.grad_home)
-            lines.append(f"gradient accumulation: {self.grad_accum} micro-batches per step; gradient sums "
+            spec = self.accumulation_spec
+            passes = (f"{self.accumulation}: {spec.passes(self.grad_accum)} passes of {spec.group(self.grad_accum)} "
+                      "stacked" if spec.group(self.grad_accum) > 1 else self.accumulation)
+            lines.append(f"gradient accumulation: {self.grad_accum} micro-batches per step, {passes}; gradient sums "
                          f"{format_bytes(g_host * 4)} in host memory, {format_bytes((g_all - g_host) * 4)} on SSD")
         lines.append(f"{label} step {p.step_s:.3f} s, {p.tokens_per_s:.1f} tokens/s, bottleneck: {p.bottleneck}")
         lines.append(f"  compute {p.compute_s:.3f} s | device link {p.device_link_s:.3f} s | SSD {p.ssd_s:.3f} s "

@@ -48,8 +48,10 @@ times), and two chunk-sized host buffers are kept for the sums on the SSD
 micro-batch: a micro-batch's gradient leaves the pool as soon as it is in
 its sum. See terastack.llm's [Note: gradient accumulation].
 That is the horizontal order; the vertical one is planned as one pass of a
-profile N times as wide, without sums ([Note: vertical and horizontal
-accumulation] in terastack.plan.accumulation_specs; ``_passes``).
+profile N times as wide, without sums, and ``grouped-G`` as ceil(N / G) passes
+of a profile G times as wide, with sums between the passes (N above is then
+the passes: [Note: vertical and horizontal accumulation] in
+terastack.plan.accumulation_specs; ``_passes``).
 
 [Note: choosing the activation policy]
 Decoder layers are identical, so a policy is a count per option: ``n_ssd``
@@ -183,7 +185,7 @@ class LLMPlanner:
         #: with an accelerator, frozen weights stay in the device tier when they all fit beside the step's working
         #: memory (see [Note: frozen weights on the device]); False: they stream in like the others
         frozen_on_device: bool = True
-        #: the order of the micro-batches: AUTO (vertical when it fits, else horizontal) or a registered name;
+        #: the order of the micro-batches: AUTO (the fewest passes that fit) or an order's name;
         #: see [Note: vertical and horizontal accumulation] (terastack.plan.accumulation_specs)
         accumulation: str = AUTO_ACCUMULATION
         #: steps predicted within this share of the fastest tie ([Note: ties go to the fewest bytes]); 0: none
@@ -228,7 +230,7 @@ class LLMPlanner:
         self._homes_profile: ModelProfile | None = None
         self._homes_cache: dict[tuple[int, int], _Homes] = {}
         #: the order of micro-batches being planned, and each order's profile of one pass (per profile planned)
-        self.accumulation: AccumulationSpec = candidates(config.accumulation)[0]
+        self.accumulation: AccumulationSpec = candidates(config.accumulation, config.grad_accum)[0]
         self._step_profiles: dict[str, tuple[ModelProfile, ModelProfile]] = {}
         # what depends only on the profile and the hardware, not on the candidate: the search scores thousands
         self._memo_profile: ModelProfile | None = None
@@ -267,7 +269,7 @@ class LLMPlanner:
         if cfg.step_ceiling is None and cfg.step_ties > 0:
             fastest = self.for_config(step_ties=0).plan(profile, hw)
             return self.for_config(step_ceiling=fastest.prediction.step_s * (1 + cfg.step_ties)).plan(profile, hw)
-        orders = candidates(self.config.accumulation)
+        orders = candidates(self.config.accumulation, self.config.grad_accum)
         if self.config.grad_accum == 1:
             orders = orders[:1]  # one micro-batch: every order is the same step
         for i, spec in enumerate(orders):
@@ -400,7 +402,8 @@ class LLMPlanner:
         rounding = self._memo(profile, hw, "rounding", lambda: {t: device_held_bytes(n * cb, cuda=hw.has_gpu)
                                                                 - held_bytes(n * cb)
                                                                 for t, n in profile.tensor_numel.items()})
-        wbytes = [u.weight_bytes + sum(rounding[t] for t in u.tensors) for u in units]
+        wbytes = self._memo(profile, hw, "weight bytes held", lambda: [
+            u.weight_bytes + sum(rounding[t] for t in u.tensors) for u in units])
         weights_ws = self._memo(profile, hw, ("weights in flight", window),
                                 lambda: max(sum(wbytes[i:i + window]) for i in range(len(units))))
         swap_flight = 2 * split.max_swapped

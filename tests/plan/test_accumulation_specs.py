@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from terastack.plan.accumulation_specs import (ACCUMULATIONS, AUTO, HORIZONTAL, VERTICAL, accumulation_spec,
-                                               candidates)
+                                               candidates, preference)
 from terastack.plan.hardware import Hardware
 from terastack.plan.llm_planner import LLMPlanner, PlanError
 
@@ -24,13 +24,29 @@ def model_profile(batch: int, layers: int = 4):
 
 def test_registry_and_names():
     assert set(ACCUMULATIONS) == {"horizontal", "vertical"}
-    assert candidates(AUTO) == (VERTICAL, HORIZONTAL) and candidates("horizontal") == (HORIZONTAL,)
-    with pytest.raises(ValueError, match="^accumulation: must be auto or one of horizontal, vertical"):
-        accumulation_spec("diagonal")
+    names = lambda specs: [s.name for s in specs]  # noqa: E731
+    assert names(candidates(AUTO, 8)) == ["vertical", "grouped-4", "grouped-2", "horizontal"]
+    assert names(candidates(AUTO, 6)) == ["vertical", "grouped-3", "grouped-2", "horizontal"]
+    assert names(candidates(AUTO, 1)) == names(candidates(AUTO, 2)) == names(candidates(AUTO, 3)) == \
+        ["vertical", "horizontal"]
+    assert candidates("horizontal", 8) == (HORIZONTAL,) and names(candidates("grouped-3", 8)) == ["grouped-3"]
+    for bad in ("diagonal", "grouped-", "grouped-x", "grouped--2"):
+        with pytest.raises(ValueError, match="^accumulation: must be auto, one of horizontal, vertical or grouped-G"):
+            accumulation_spec(bad)
+    for small in ("grouped-0", "grouped-1"):
+        with pytest.raises(ValueError, match="^accumulation: a group stacks at least 2 micro-batches"):
+            accumulation_spec(small)
     with pytest.raises(ValueError, match="^accumulation:"):
         LLMPlanner.Config(device_budget=GiB, host_budget=GiB, accumulation="diagonal")
     assert VERTICAL.passes(8) == 1 and HORIZONTAL.passes(8) == 8
     assert not VERTICAL.sums_gradients(8) and HORIZONTAL.sums_gradients(8) and not HORIZONTAL.sums_gradients(1)
+    # groups: ceil(N / G) passes, the last one taking what is left; sums only when there is more than one pass
+    three = accumulation_spec("grouped-3")
+    assert [(three.group(n), three.passes(n)) for n in (1, 2, 3, 4, 8)] == [(1, 1), (2, 1), (3, 1), (3, 2), (3, 3)]
+    assert three.sums_gradients(4) and not three.sums_gradients(3)
+    # AUTO ranks the orders by passes: each pass reads every weight twice
+    assert [preference(s, 8) for s in candidates(AUTO, 8)] == [0, 1, 3, 7]
+    assert {preference(s, 1) for s in candidates(AUTO, 1)} == {0}
 
 
 def test_the_vertical_profile_is_the_profile_of_all_rows_at_once():
@@ -69,23 +85,43 @@ def test_a_vertical_step_is_planned_as_one_step_of_all_the_rows(mode):
     assert "vertical" in vertical.describe(model_profile(1)) and vertical.summary()["accumulation"] == "vertical"
 
 
-def test_auto_takes_vertical_when_it_fits_else_horizontal():
+@pytest.mark.parametrize("mode", ["eager", "deferred"])
+def test_a_grouped_step_is_planned_as_horizontal_passes_of_stacked_rows(mode):
+    """``grouped-G`` with N micro-batches of B rows is planned as the horizontal plan of N / G micro-batches of
+    G x B rows: the same prediction, placement and sums."""
+    n, g = 8, 4
+    budgets = dict(device_budget=2 * GiB, host_budget=3 * GiB, mode=mode)
+    grouped = LLMPlanner(LLMPlanner.Config(grad_accum=n, accumulation=f"grouped-{g}", **budgets)).plan(
+        model_profile(1), CPU)
+    reference = LLMPlanner(LLMPlanner.Config(grad_accum=n // g, accumulation="horizontal", **budgets)).plan(
+        VERTICAL.step_profile(model_profile(1), g), CPU)
+    assert grouped.accumulation == "grouped-4" and grouped.grad_accum == n and grouped.sums_gradients
+    assert grouped.prediction == reference.prediction
+    assert (grouped.policies, grouped.state_home, grouped.grad_home) == \
+        (reference.policies, reference.state_home, reference.grad_home)
+    assert "grouped-4: 2 passes of 4 stacked" in grouped.describe(model_profile(1))
+
+
+def test_auto_takes_the_fewest_passes_that_fit():
     profile = model_profile(1)
     config = dict(grad_accum=16, host_budget=4 * GiB)
+    orders = [spec.name for spec in candidates(AUTO, 16)]
+    assert orders == ["vertical", "grouped-8", "grouped-4", "grouped-2", "horizontal"]
     needed = {}
-    for order in ("vertical", "horizontal"):  # the device budget each order needs, from its refusal of 64 MiB
+    for order in orders:  # the device budget each order needs, from its refusal of 64 MiB
         with pytest.raises(PlanError) as info:
             LLMPlanner(LLMPlanner.Config(device_budget=64 << 20, accumulation=order, **config)).plan(profile, CPU)
         needed[order] = info.value.needed
-    assert needed["vertical"] > needed["horizontal"]
-    between = (needed["vertical"] + needed["horizontal"]) // 2
-    with pytest.raises(PlanError):
-        LLMPlanner(LLMPlanner.Config(device_budget=between, accumulation="vertical", **config)).plan(profile, CPU)
-    fallback = LLMPlanner(LLMPlanner.Config(device_budget=between, **config)).plan(profile, CPU)
-    assert fallback.accumulation == "horizontal" and fallback.sums_gradients
+    assert [needed[o] for o in orders] == sorted(needed.values(), reverse=True) and len(set(needed.values())) == 5
+    for wider, order in zip(orders, orders[1:]):
+        between = (needed[wider] + needed[order]) // 2
+        with pytest.raises(PlanError):
+            LLMPlanner(LLMPlanner.Config(device_budget=between, accumulation=wider, **config)).plan(profile, CPU)
+        fallback = LLMPlanner(LLMPlanner.Config(device_budget=between, **config)).plan(profile, CPU)
+        assert fallback.accumulation == order and fallback.sums_gradients
     roomy = LLMPlanner(LLMPlanner.Config(device_budget=needed["vertical"], **config)).plan(profile, CPU)
     assert roomy.accumulation == "vertical" and not roomy.sums_gradients
-    with pytest.raises(PlanError) as info:  # neither fits: the horizontal order's refusal
+    with pytest.raises(PlanError) as info:  # none fits: the horizontal order's refusal
         LLMPlanner(LLMPlanner.Config(device_budget=64 << 20, **config)).plan(profile, CPU)
     assert info.value.needed == needed["horizontal"]
 

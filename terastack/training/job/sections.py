@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from terastack.plan.accumulation_specs import ACCUMULATIONS
+from terastack.plan.accumulation_specs import accumulation_spec
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO
 from terastack.plan import schedule_specs
 from terastack.training.job.setting import SettingError, at_least, flat_name, one_of, read_fields, setting
@@ -188,15 +188,19 @@ class ScheduleSection:
         AUTO, help="auto (the planner chooses per layer), one of keep, host, ssd, recompute for every decoder "
         "layer, or a comma-separated cycle of them over the decoder layers")
     accumulation: str = setting(
-        AUTO, flat="accumulation", choices=(AUTO, *ACCUMULATIONS),
+        AUTO, flat="accumulation", metavar="{auto,vertical,horizontal,grouped-G}",
         help="the order of a step's --grad-accum micro-batches (terastack.plan.accumulation_specs): vertical runs "
              "each layer for all of them at once (its weights read once per step), horizontal one micro-batch "
-             "after another; auto: vertical when the plan fits the budgets")
+             "after another, grouped-G passes of G stacked; auto: the fewest passes whose plan fits the budgets")
 
     def __post_init__(self) -> None:
         read_fields(self)
         one_of(self, "optimizer", (AUTO, *schedule_specs.SCHEDULES))
-        one_of(self, "accumulation", (AUTO, *ACCUMULATIONS))
+        if self.accumulation != AUTO:
+            try:
+                accumulation_spec(self.accumulation)
+            except ValueError as exc:
+                raise SettingError("schedule.accumulation", str(exc).removeprefix("accumulation: ")) from None
         after = schedule_specs.AFTER_BACKWARD.name
         if not self.active_offload and self.optimizer not in (AUTO, after):
             raise SettingError("schedule.optimizer", f"{self.optimizer} contradicts active_offload=false (the "

@@ -74,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="read the CSC topology into memory, map it (pages come from SSD on demand), or leave it "
                         "on the SSD (read per hop through the storage engine, hot lists cached out of --host-cache)")
     p.add_argument("--indptr", default="auto", choices=["auto", "memory", "ssd"],
-                   help="with --topology ssd: indptr (8 bytes per node) in memory, on the SSD, or auto (in memory "
-                        "when it costs at most a quarter of --host-cache)")
+                   help="with --topology ssd: indptr in memory (compact, about 2.1 bytes per node), on the SSD, or "
+                        "auto (in memory when the compact form costs at most a quarter of --host-cache)")
     p.add_argument("--device", default="auto")
     p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks on this machine (DDP; gloo on the CPU): "
                    "each trains on its share of every batch's seeds; under an outer torchrun, one rank per process")

@@ -33,7 +33,7 @@ from terastack.atomic import atomic_write_json, safe_relative
 from terastack.gnn.dataset import (FEATURE_DTYPES, INDEX_DTYPES, MANIFEST, DatasetError,
                                    FileEntry, check_read_modes, file_entry, need_field, parse_file_entry, read_manifest_json,
                                    verify_checksums, write_stamp)
-from terastack.gnn.topology import INDPTR_MODES, ArrayTopology, SsdTopology, stream_chunks
+from terastack.gnn.topology import INDPTR_MODES, ArrayTopology, SsdTopology, indptr_fits, stream_chunks
 
 FORMAT = "terastack-gnn-hetero"
 FORMAT_VERSION = 1
@@ -209,8 +209,8 @@ class HeteroDataset:
         root: str
         verify: str = "stamp"
         topology: str = "memory"
-        #: with topology="ssd": every relation's indptr in RAM, on the SSD, or "auto" (in RAM when all of them
-        #: together cost at most a quarter of ``topology_budget``)
+        #: with topology="ssd": every relation's indptr in RAM (compact, about 2.1 bytes per node), on the SSD,
+        #: or "auto" (in RAM when all of them together cost at most a quarter of ``topology_budget``)
         indptr: str = "auto"
         topology_budget: int = 0
 
@@ -305,9 +305,10 @@ class HeteroDataset:
     def _open_topologies(self) -> dict:
         cfg, m = self.config, self.manifest
         out = {}
-        indptr_bytes = sum((self.num_nodes[et[2]] + 1) * 8 for et in self.edge_types)
-        indptr = cfg.indptr if cfg.indptr != "auto" else \
-            ("memory" if 4 * indptr_bytes <= cfg.topology_budget else "ssd")
+        # one decision for every relation, on the compact bytes of all of them together
+        in_memory = indptr_fits(cfg.indptr, cfg.topology_budget,
+                                [(self.num_nodes[et[2]], m.edge_types[et].num_edges) for et in self.edge_types])
+        indptr = "memory" if in_memory else "ssd"
         for et in self.edge_types:
             base = edge_dir(et)
             if cfg.topology == "ssd":

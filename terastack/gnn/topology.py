@@ -26,10 +26,13 @@ The random draws depend only on the degrees, never on the values, so the
 sampler makes exactly the draws it makes over in-memory arrays and the batches
 are identical (same random stream, same neighbour order).
 
-``indptr`` is 8 bytes per node (~0.9 GB for papers100M's 111M nodes): it is
-held in memory when ``indptr="memory"``, or with ``"auto"`` when it costs at
-most a quarter of the topology's memory budget (it then saves one block read
-per uncached frontier node), and otherwise read out of core like the lists.
+``indptr.bin`` is 8 bytes per node (~0.9 GB for papers100M's 111M nodes); in
+memory it is held compact, about 2.1 bytes per node (~0.24 GB for papers100M;
+terastack.gnn.compact_indptr [Note: the compact indptr]). It is held in memory
+when ``indptr="memory"``, or with ``"auto"`` when the compact form costs at most
+a quarter of the topology's memory budget (it then saves one block read per
+uncached frontier node; the bound :func:`compact_indptr_bytes` is known before
+anything is read), and otherwise read out of core like the lists.
 
 Hot neighbour lists (:class:`HotLists`) are held in memory next to the hot
 feature rows; how the one budget is divided between the two is
@@ -70,6 +73,7 @@ import numpy as np
 
 from terastack.constants import BLOCK
 from terastack.counters import Counters
+from terastack.gnn.compact_indptr import CompactIndptr, compact_indptr_bytes
 from terastack.gnn.rows import RowReader, Staging
 
 #: bytes a cached list costs beyond its entries: its node id, global start, and offset in the packed lists
@@ -222,6 +226,14 @@ def stream_chunks(array, chunk: int = _STREAM_ELEMS):
         yield lo, np.asarray(array[lo:lo + chunk])
 
 
+def indptr_fits(mode: str, budget: int, graphs) -> bool:
+    """Whether indptr is held in memory: ``mode`` "memory", or "auto" when the compact indptrs of all
+    ``graphs`` (``(num_nodes, num_edges)`` pairs, one per relation) cost at most a quarter of ``budget``."""
+    if mode != "auto":
+        return mode == "memory"
+    return 4 * sum(compact_indptr_bytes(n, e) for n, e in graphs) <= budget
+
+
 def appearance_counts(indices, num_nodes: int) -> np.ndarray:
     """How many in-neighbour lists each node appears in (its out-degree), streamed in bounded memory."""
     counts = np.zeros(num_nodes, np.int64)
@@ -295,8 +307,8 @@ class SsdTopology:
 
     @dataclass(kw_only=True, slots=True)
     class Config:
-        #: "memory": read indptr into RAM; "ssd": read its entries per hop; "auto": memory when it costs at most
-        #: a quarter of ``budget``
+        #: "memory": read indptr into RAM (compact, about 2.1 bytes per node); "ssd": read its entries per hop;
+        #: "auto": memory when the compact form costs at most a quarter of ``budget``
         indptr: str = "auto"
         #: the topology's share of the memory budget that "auto" weighs indptr against (bytes)
         budget: int = 0
@@ -316,18 +328,19 @@ class SsdTopology:
         self.stats = TopologyStats()
         self.indices = DiskArray(indices_path, self.index_dtype, num_edges, engine=engine, direct=cfg.direct)
         disk_indptr = DiskArray(indptr_path, np.int64, num_nodes + 1, engine=engine, direct=cfg.direct)
-        indptr_bytes = (num_nodes + 1) * 8
-        self.indptr_in_memory = cfg.indptr == "memory" or (cfg.indptr == "auto" and 4 * indptr_bytes <= cfg.budget)
+        self.indptr_in_memory = indptr_fits(cfg.indptr, cfg.budget, [(num_nodes, num_edges)])
         if self.indptr_in_memory:
-            self.indptr = np.asarray(disk_indptr)
-            disk_indptr.close()
+            try:  # streamed into its compact form: the int64 array is never held whole
+                self.indptr = CompactIndptr(disk_indptr)
+            finally:
+                disk_indptr.close()
         else:
             self.indptr = disk_indptr
         self.hot = HotLists.empty(self.index_dtype)
 
     @property
     def memory_bytes(self) -> int:
-        """Memory the topology holds: indptr if in RAM, and the cached lists."""
+        """Memory the topology holds: indptr if in RAM (its compact bytes), and the cached lists."""
         return (self.indptr.nbytes if self.indptr_in_memory else 0) + self.hot.nbytes
 
     # ------------------------------------------------------------------ sampling

@@ -9,9 +9,10 @@ plans carry ``prediction.step_s`` and whose refusals are :class:`PlanError` can 
 
 Every split is a whole plan (thousands of activation-policy candidates each); what makes that quick is the
 planner's memory of what no candidate changes (per-unit activation bytes and times, the optimizer's sizes,
-state homes per host room): at the 26-layer 3.4B shape the 17 splits, each planned for the fastest step and
-again for the fewest bytes near it, took 5.2 s (one micro-batch) and 11.0 s (eight) on the 2-core development
-machine (2026-12-02).
+state homes per host room, each unit's weight bytes): at the 26-layer 3.4B shape the 17 splits, each planned
+for the fastest step and again for the fewest bytes near it, took 3.6 s (one micro-batch) and 5.5 s (eight:
+the vertical order refused at every split, then groups of 4) on the 2-core development machine (2026-12-02,
+beside a test run).
 """
 from __future__ import annotations
 

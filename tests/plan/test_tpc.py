@@ -62,6 +62,15 @@ def test_cpu_stages_overlap_only_when_training_leaves_cores_free():
     # ... unless they outlast it: then the free core is the bound
     slow_sampler = predict_epoch(workload(sample_seconds=0.030), cpu_box(cores=2), train_threads=1, **cache)
     assert slow_sampler.batch_seconds == pytest.approx(0.030 + gather)
+    # the kernel's work per block read runs in the storage engine's threads, on whichever core is idle: the free
+    # core carries the interpreter's share, and all of it is bounded by the CPU work over both cores
+    io_bound = workload(sample_seconds=0.004, io_cpu_seconds_per_block=2e-5, topology_blocks_per_batch=500)
+    spread = predict_epoch(io_bound, cpu_box(cores=2), train_threads=1, samplers=2, **cache)
+    sample_cpu = 0.004 + 500 * 2e-5                        # 0.014 s
+    gather_io = gather + 0.04 * 10_000 * 2e-5              # 0.00908 s
+    kernel = (500 + 0.04 * 10_000) * 2e-5                  # 0.018 s of it is the kernel's
+    assert sample_cpu + gather_io - kernel < 0.020 < (0.020 + sample_cpu + gather_io) / 2 < sample_cpu + gather_io
+    assert spread.batch_seconds == pytest.approx((0.020 + sample_cpu + gather_io) / 2)
     # three of four cores training: the same overlap
     four = predict_epoch(workload(), cpu_box(cores=4), train_threads=3, **cache)
     assert four.batch_seconds == pytest.approx(0.020)

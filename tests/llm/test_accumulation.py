@@ -456,17 +456,19 @@ def test_vertical_reads_each_unit_once_per_step_and_spills_no_gradient(tmp_path,
     one, vertical, horizontal = stats["one batch"], stats["vertical"], stats["horizontal"]
     assert vertical.device_in_bytes == one.device_in_bytes > 0
     assert horizontal.device_in_bytes == N_MICRO * one.device_in_bytes
-    # groups of 2 of the 3 micro-batches: two passes, one sum written and read back
+    # groups of 2 of the 3 micro-batches: two passes, one set of sums written and read back (counted by the byte
+    # ledger as the writes are issued: the engine's count at the step's end may miss write-backs still on their way)
     grouped = stats["grouped-2"]
     assert grouped.device_in_bytes == 2 * one.device_in_bytes
-    assert grouped.ssd_write_bytes - vertical.ssd_write_bytes >= 4 * trainable
-    assert horizontal.ssd_write_bytes - grouped.ssd_write_bytes >= 4 * trainable
+    sums = {order: stats[order].bytes_by_kind["gradients_written"] for order in ("vertical", "grouped-2",
+                                                                                "horizontal")}
+    assert sums["vertical"] == 0
+    assert 4 * trainable <= sums["grouped-2"] < (N_MICRO - 1) * 4 * trainable <= sums["horizontal"]
     # horizontal: the sums of micro-batches 1..N-1 go to the SSD and come back (4 bytes a parameter each time);
     # vertical: none, and the state is read as in a one-batch step (within the odd 4 KiB master that a hand-over
     # finding the host's room held by a write-back in flight leaves to the optimizer to read: 0.6% each here)
     assert vertical.ssd_read_bytes == pytest.approx(one.ssd_read_bytes, rel=0.02)
     assert horizontal.ssd_read_bytes - vertical.ssd_read_bytes >= (N_MICRO - 1) * 4 * trainable
-    assert horizontal.ssd_write_bytes - vertical.ssd_write_bytes >= (N_MICRO - 1) * 4 * trainable
 
 
 def test_auto_is_the_fewest_passes_that_fit(tmp_path, trainer_config):

@@ -132,10 +132,7 @@ class CompactIndptr:
                 raise IndexError(f"CompactIndptr: index {i} out of range for {self.length} entries")
             i += self.length if i < 0 else 0
             b = int(self.base[i >> self._shift])
-            if b >= 0:
-                return np.int64(b + int(self.local[i]))
-            row = -1 - b
-            return np.int64(int(self.wide_base[row]) + int(self.wide_off[row, i & self._mask]))
+            return np.int64(b + int(self.local[i]) if b >= 0 else self._wide(b, i))
         return self._take(np.asarray(key))
 
     def __array__(self, dtype=None, copy=None):
@@ -163,13 +160,7 @@ class CompactIndptr:
         # np.take: a faster gather than fancy indexing; it raises IndexError past the end, before base is read
         local = np.take(self.local, idx)
         b = np.take(self.base, idx >> self._shift)
-        out = b + local
-        if len(self.wide_base):
-            wide = b < 0
-            if wide.any():
-                row = -1 - b[wide]
-                out[wide] = self.wide_base[row] + self.wide_off[row, idx[wide] & self._mask]
-        return out
+        return self._with_wide(b + local, b, lambda wide: idx[wide])
 
     def _range(self, lo: int, hi: int) -> np.ndarray:
         """Entries ``lo..hi-1`` as a new int64 array."""
@@ -178,13 +169,21 @@ class CompactIndptr:
         g0, g1 = lo >> self._shift, ((hi - 1) >> self._shift) + 1
         skip = lo - (g0 << self._shift)
         b = np.repeat(self.base[g0:g1], self.group)[skip: skip + hi - lo]
-        out = b + self.local[lo:hi]
+        return self._with_wide(b + self.local[lo:hi], b, lambda wide: np.flatnonzero(wide) + lo)
+
+    def _with_wide(self, out: np.ndarray, b: np.ndarray, positions) -> np.ndarray:
+        """``out`` (decoded as narrow from the groups' bases ``b``) with its entries in wide groups read from
+        their rows; ``positions(mask)``: the entry indices of the masked ones."""
         if len(self.wide_base):
             wide = b < 0
             if wide.any():
-                row = -1 - b[wide]
-                out[wide] = self.wide_base[row] + self.wide_off[row, (np.flatnonzero(wide) + lo) & self._mask]
+                out[wide] = self._wide(b[wide], positions(wide))
         return out
+
+    def _wide(self, b, i):
+        """Entries ``i`` of wide groups whose ``base`` holds ``b`` (= -1 - their row); scalars or arrays."""
+        row = -1 - b
+        return self.wide_base[row] + self.wide_off[row, i & self._mask]
 
 
 def _wide_table(rows: list[np.ndarray], group: int) -> tuple[np.ndarray, np.ndarray]:

@@ -200,7 +200,7 @@ class ScheduleSection:
             try:
                 accumulation_spec(self.accumulation)
             except ValueError as exc:
-                raise SettingError("schedule.accumulation", str(exc).removeprefix("accumulation: ")) from None
+                raise SettingError(f"{self.SECTION}.accumulation", str(exc).split(": ", 1)[1]) from None
         after = schedule_specs.AFTER_BACKWARD.name
         if not self.active_offload and self.optimizer not in (AUTO, after):
             raise SettingError("schedule.optimizer", f"{self.optimizer} contradicts active_offload=false (the "

@@ -119,38 +119,57 @@ def workload(ds, hot: Hotness, *, batch_size: int, model: str, hidden: int, laye
                        table_bytes_per_node=4 if ds.num_nodes < 2**31 else 8)
 
 
-def probe_feature_file(ds, *, seconds: float = 1.0, batch_blocks: int = 8192, seq_bytes: int = 256 << 20,
-                       engine=None) -> dict:
+def probe_feature_file(ds, *, seconds: float = 1.5, windows: int = 5, batch_blocks: int = 8192,
+                       seq_bytes: int = 256 << 20, seq_reads: int = 3, engine=None) -> dict:
     """SSD figures measured on the dataset's own feature file: 4 KiB random-read IOPS at the queue depth
-    of one batch's request (``batch_blocks`` blocks per ``pread_many``), and sequential read bandwidth.
-    The page cache is dropped first; reads are O_DIRECT when the file system allows it."""
+    of one batch's request (``batch_blocks`` blocks per ``pread_many``), the kernel's CPU per block, and
+    sequential read bandwidth. The page cache is dropped first; reads are O_DIRECT when the file system
+    allows it.
+
+    A cloud disk's rate moves from second to second (a one-second probe once read a ninth of the rate the
+    epoch after it sustained), so the random reads are timed in ``windows`` windows over ``seconds`` and the
+    sequential reads ``seq_reads`` times at different offsets; each figure is the median, and the windows'
+    own figures are returned beside it. Dirty pages are written back first (``os.sync``): a dataset just
+    written would otherwise share the disk with its own write-back."""
     from terastack import io
 
     blocks_in_file = ds.feature_bytes // BLOCK
     if blocks_in_file < 1:
         raise ValueError(f"{ds.features_path}: too small to measure (under one 4 KiB block)")
+    if windows < 1 or seq_reads < 1:
+        raise ValueError(f"windows and seq_reads must be at least 1 (got {windows}, {seq_reads})")
+    os.sync()
     rng = np.random.default_rng(0)
     with io.open(ds.features_path, "r", direct="auto", engine=engine) as f:
         f.drop_cache()
         n = int(min(batch_blocks, blocks_in_file))
         buf = io.aligned_empty(n * BLOCK)
-        done, start, sys_cpu = 0, time.perf_counter(), 0.0
-        while time.perf_counter() - start < seconds or done == 0:
-            blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
-            before = os.times().system
-            f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
-            sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
-            done += n
-        iops = done / (time.perf_counter() - start)
-        f.drop_cache()
+        iops, cpu_per_block = [], []
+        for _ in range(windows):
+            done, start, sys_cpu = 0, time.perf_counter(), 0.0
+            while time.perf_counter() - start < seconds / windows or done == 0:
+                blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
+                before = os.times().system
+                f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
+                sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
+                done += n
+            iops.append(done / (time.perf_counter() - start))
+            cpu_per_block.append(sys_cpu / done)
         length = int(min(seq_bytes, blocks_in_file * BLOCK))
         seq = io.aligned_empty(length)
-        t0 = time.perf_counter()
-        f.read(seq, 0, length, timeout=300)
-        bandwidth = length / (time.perf_counter() - t0)
+        bandwidth = []
+        span = blocks_in_file * BLOCK - length  # offsets spread over the file, block-aligned
+        for k in range(seq_reads):
+            f.drop_cache()
+            offset = (span * k // max(seq_reads - 1, 1)) // BLOCK * BLOCK
+            t0 = time.perf_counter()
+            f.read(seq, offset, length, timeout=300)
+            bandwidth.append(length / (time.perf_counter() - t0))
         direct = f.direct
-    return {"ssd_rand4k_iops": iops, "ssd_read_bytes_per_s": bandwidth, "direct": direct,
-            "io_cpu_seconds_per_block": sys_cpu / done}
+    return {"ssd_rand4k_iops": float(np.median(iops)), "ssd_read_bytes_per_s": float(np.median(bandwidth)),
+            "direct": direct, "io_cpu_seconds_per_block": float(np.median(cpu_per_block)),
+            "windows": {"ssd_rand4k_iops": iops, "io_cpu_seconds_per_block": cpu_per_block,
+                        "ssd_read_bytes_per_s": bandwidth}}
 
 
 # ------------------------------------------------------------------ a sample of the epoch, the cache in place

@@ -248,7 +248,8 @@ def measure_scale(args) -> dict:
         "budget_bytes": budget, "split": ours["split"], "cache": ours["cache"], "topology": ours["topology"],
         "tpc": {"bottleneck": predicted.bottleneck, "predicted_hit_rate": predicted.hit_rate,
                 "predicted_topology_blocks_per_batch": ours["workload"].topology_blocks_per_batch,
-                "stages_seconds_per_batch": predicted.stages, "ssd": ours["ssd"], "holdout": ours["holdout"],
+                "stages_seconds_per_batch": predicted.stages, "ssd": ours["ssd"],
+                "ssd_after_epoch": ours["ssd_after_epoch"], "holdout": ours["holdout"],
                 "note": "inputs measured on pre-sampled and hold-out batches (never the epoch); topology reads: "
                         "the hold-out's list blocks at the SSD's random-read rate"},
         "epoch": {k: v for k, v in epoch.items() if k not in ("losses", "marks")},
@@ -334,13 +335,15 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
                                limit=first + count)
         cache_info, topology_info = cache.describe(), ds.topology.describe()
         cache.close()
+        # the disk's rates again after the epoch: how far they moved while the prediction's inputs held still
+        ssd_after = probe_feature_file(ds)
         ds.close()
     holdout_info = {k: v for k, v in prof.items()}
     holdout_info["seeds"] = len(holdout)
     return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "predicted": predicted,
             "workload": wl, "train_ids": train_ids, "samplers": samplers,
             "train_nodes": len(train_ids), "split": split, "cache": cache_info, "topology": topology_info,
-            "ssd": ssd, "holdout": holdout_info, "presample": hot_summary, "presample_seconds": presample_seconds,
+            "ssd": ssd, "ssd_after_epoch": ssd_after, "holdout": holdout_info, "presample": hot_summary, "presample_seconds": presample_seconds,
             "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
             "ssd_requests": after["requests"] - before["requests"], "max_sampled_rss": watchdog.max_sampled}
 

@@ -38,11 +38,12 @@ from terastack.llm.engine.accumulate import stack_micro_batches
 from terastack.llm.engine.byte_ledger import difference
 from terastack.llm.engine.step import accumulated_step, eval_loss, finish_step, train_step
 from terastack.llm.engine.step_points import batch_digest
+from terastack.llm.engine.step_points import StepPoint
 from terastack.llm.step_checkpoint import COMPONENT as STEP_IN_PROGRESS, FollowingCheckpoint, PendingStep
 from terastack.training.data.examples import IGNORE
 from terastack.llm.engine.streamed_units import install_units
 from terastack.memory import return_freed_memory
-from terastack.plan.accumulation_specs import candidates as accumulation_candidates
+from terastack.plan.accumulation_specs import accumulation_spec
 from terastack.plan.budget_search import plan_memory_budget
 from terastack.plan.llm_planner import LLMPlanner
 from terastack.tiers import TieredStore
@@ -136,13 +137,12 @@ class Trainer:
                        compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size())
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
                                      seq_len=config.seq_len, name=name, calibrate=config.calibrate, **measure)
-        if config.calibrate:
-            # the vertical and grouped orders run micro-batches stacked: the units are timed at those widths too
-            for width in sorted({spec.group(config.grad_accum)
-                                 for spec in accumulation_candidates(config.accumulation, config.grad_accum)} - {1}):
-                self.profile = with_stacked_times(self.profile, model, self.units, self.tensors, micro=width,
-                                                  **measure)
         self.planner, self.plan = self._make_plan()
+        width = accumulation_spec(self.plan.accumulation).group(config.grad_accum)
+        if config.calibrate and width > 1:
+            # [Note: calibrating the stacked width]
+            self.profile = with_stacked_times(self.profile, model, self.units, self.tensors, micro=width, **measure)
+            self.planner, self.plan = self._make_plan(accumulation=self.plan.accumulation)
         # ---- store
         self._own_dirs = not store_dirs  # an existing store's directories are never removed on close
         self.run_dirs = (list(store_dirs) if store_dirs else
@@ -179,18 +179,25 @@ class Trainer:
         self.progress.steps = value
 
     @property
+    def resumed_point(self) -> StepPoint | None:
+        """The point inside a step that a checkpoint was taken at and this trainer resumed from: some weights are
+        that step's, some the step before's, until the next :meth:`step` (given the same batch) finishes it.
+        None between steps."""
+        return self._pending.point
+
+    @property
     def run_dir(self) -> Path:
         """This run's scratch directory (the first, where the store spans several)."""
         return self.run_dirs[0]
 
-    def _make_plan(self):
+    def _make_plan(self, accumulation: str | None = None):
         """The planner and its plan; a single memory budget is split where the plan predicts the fastest step
-        (terastack.plan.budget_search)."""
+        (terastack.plan.budget_search). ``accumulation``: the order to plan, in place of the configured one."""
         config = self.config
 
         def plan_for(device_budget: int, host_budget: int):
             planner = LLMPlanner(config.planner_config(device_budget=device_budget, host_budget=host_budget,
-                                                       inline_updates=self.inline_updates))
+                                                       inline_updates=self.inline_updates, accumulation=accumulation))
             return planner, planner.plan(self.profile, self.hardware)
 
         if config.memory_budget is None:
@@ -203,7 +210,8 @@ class Trainer:
             warnings.warn("memory_budget: for a strict bound on resident memory start the process with "
                           + " ".join(f"{k}={v}" for k, v in MEMORY_BUDGET_ENV.items()), stacklevel=3)
         return plan_memory_budget(config.planner_config(device_budget=0, host_budget=0,
-                                                        inline_updates=self.inline_updates),
+                                                        inline_updates=self.inline_updates,
+                                                        accumulation=accumulation),
                                   config.memory_budget, self.profile, self.hardware, what=self.name)
 
     # ------------------------------------------------------------ builders

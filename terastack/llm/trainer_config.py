@@ -158,8 +158,10 @@ class TrainerConfig:
                                      max_grad_norm=self.max_grad_norm, mode=self.optimizer_mode,
                                      impl=self.optimizer_impl, timeout=self.timeout)
 
-    def planner_config(self, *, device_budget: int, host_budget: int, inline_updates: bool):
-        """The planner's settings for these budgets (bytes) and this machine's choice of inline updates."""
+    def planner_config(self, *, device_budget: int, host_budget: int, inline_updates: bool,
+                       accumulation: str | None = None):
+        """The planner's settings for these budgets (bytes) and this machine's choice of inline updates
+        (``accumulation``: an order chosen already, in place of the configured one)."""
         from terastack.plan.llm_planner import LLMPlanner
 
         return LLMPlanner.Config(device_budget=device_budget, host_budget=host_budget,
@@ -167,7 +169,7 @@ class TrainerConfig:
                                  prefetch_depth=self.prefetch_depth, state_placement=self.state_placement,
                                  optimizer_chunk=self.optimizer_chunk, retain_weights=self.retain_weights,
                                  inline_updates=inline_updates, grad_accum=self.grad_accum,
-                                 accumulation=self.accumulation)
+                                 accumulation=accumulation or self.accumulation)
 
     @property
     def optimizer_mode(self) -> str:

@@ -536,15 +536,27 @@ def test_a_vertical_plan_is_calibrated_with_the_micro_batches_stacked(order, tmp
         assert t.plan.prediction.compute_s == pytest.approx(sum(f + b for f, b in stacked[2]), rel=1e-9)
 
 
-def test_a_grouped_plan_is_calibrated_at_each_width_auto_may_choose(tmp_path, trainer_config):
-    """With 4 micro-batches, auto may choose the vertical order (4 stacked) or groups of 2: both widths are
-    timed; a grouped order names its own width only, and its plan's compute is two passes at that width."""
+def test_a_calibrated_plan_times_only_the_width_it_runs(tmp_path, trainer_config):
+    """With 4 micro-batches auto may choose the vertical order (4 stacked) or groups of 2; the units are timed at
+    the one width the plan runs ([Note: calibrating the stacked width]), and its compute is its passes at that
+    width: 4 stacked where the budget fits them, 2 where it only fits 2 (the 4-wide pass never timed)."""
+    from terastack.plan.llm_plan import PlanError
+
     save_model(no_dropout_config("llama"), tmp_path / "model")
-    base = dict(calibrate=True, grad_accum=4, batch_size=BATCH // 2, activation_policy="keep")
-    with Trainer.from_pretrained(tmp_path / "model", trainer_config(**base)) as t:
-        assert sorted(t.profile.stacked_times) == [2, 4]
-    with Trainer.from_pretrained(tmp_path / "model", trainer_config(**base, accumulation="grouped-2",
-                                                                    store_dir=str(tmp_path / "g"))) as t:
+    base = dict(grad_accum=4, batch_size=BATCH // 2, activation_policy="keep", seq_len=64)
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config(**base, calibrate=True)) as t:
+        stacked = t.profile.stacked_times
+        assert list(stacked) == [4] and t.plan.accumulation == "vertical"
+        assert t.plan.prediction.compute_s == pytest.approx(sum(f + b for f, b in stacked[4]), rel=1e-9)
+    needed = {}
+    for order in ("vertical", "grouped-2"):
+        with pytest.raises(PlanError) as info:
+            Trainer.from_pretrained(tmp_path / "model", trainer_config(
+                **base, accumulation=order, device_budget="1MiB", store_dir=str(tmp_path / order)))
+        needed[order] = info.value.needed
+    between = (needed["vertical"] + needed["grouped-2"]) // 2
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config(
+            **base, calibrate=True, device_budget=between, store_dir=str(tmp_path / "g"))) as t:
         stacked = t.profile.stacked_times
         assert list(stacked) == [2] and t.plan.accumulation == "grouped-2"
         assert t.plan.prediction.compute_s == pytest.approx(2 * sum(f + b for f, b in stacked[2]), rel=1e-9)

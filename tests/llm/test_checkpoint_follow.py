@@ -90,7 +90,7 @@ def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_a
     losses, expected, device_peak = uninterrupted(tmp_path / "model", trainer_config(**STREAMED))
     data = batches(STEPS)
     with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**STREAMED)) as resumed:
-        point = resumed._pending.point
+        point = resumed.resumed_point
         assert resumed.step_count == 2 and point is not None  # inside step 3
         assert point.updated and point.unit is not None
         with pytest.raises(ValueError, match="give that step's batch again"):
@@ -102,12 +102,12 @@ def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_a
         # the forward stopped at the point's unit leaves no more weights on the device than a step does
         assert resumed.usage()["device"]["peak"] <= device_peak
         # the resumed trainer follows the checkpoint on: points in the rest of step 3, and in step 4
-        assert resumed._following is not None and resumed._following.points_written >= 3
+        assert resumed.following is not None and resumed.following.points_written >= 3
         got = resumed.state_dict()
     assert got_losses == losses[2:]
     assert all(torch.equal(got[k], expected[k]) for k in expected)
     with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**STREAMED)) as again:
-        assert again.step_count == STEPS and again._pending.point is None
+        assert again.step_count == STEPS and again.resumed_point is None
         assert all(torch.equal(again.parameter(k), expected[k]) for k in expected)
 
 
@@ -141,8 +141,8 @@ def test_a_following_checkpoint_holds_a_fraction_of_the_state(tmp_path, trainer_
             monkeypatch.undo()
             peaks[follow] = max(held) / live
             if follow:
-                assert t._following.taker.chain  # a decoder stack: embedding, layers, norm, head in a chain
-                assert t._following.points_written > 2 * len(data[1:])  # points inside each step, and its end
+                assert t.following.taker.chain  # a decoder stack: embedding, layers, norm, head in a chain
+                assert t.following.points_written > 2 * len(data[1:])  # points inside each step, and its end
                 assert t.store.usage()["ssd"]["held"] == 0  # the last snapshot names the step's end
     assert peaks[False] > 0.9
     assert peaks[True] <= 0.25, peaks
@@ -168,13 +168,13 @@ def test_tied_or_clipped_steps_follow_at_their_ends_only(tmp_path, trainer_confi
             for ids in data[1:3]:
                 followed.step(ids)
             followed.synchronize()
-            assert followed._following.points_written == 2  # the ends of steps 2 and 3
+            assert followed.following.points_written == 2  # the ends of steps 2 and 3
             if model == "gpt2":  # its token and position embeddings both feed its first block: no chain
-                assert followed._following.taker.active and not followed._following.taker.chain
+                assert followed.following.taker.active and not followed.following.taker.chain
             else:  # updates after backward: no point inside the step
-                assert not followed._following.taker.active
+                assert not followed.following.taker.active
         with Trainer.load_checkpoint(tmp_path / f"ckpt-{model}", cfg) as resumed:
-            assert resumed.step_count == 3 and resumed._pending.point is None
+            assert resumed.step_count == 3 and resumed.resumed_point is None
             assert resumed.step(data[3]) == losses[3]
             got = resumed.state_dict()
             assert all(torch.equal(got[k], expected[k]) for k in expected)

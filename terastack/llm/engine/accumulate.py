@@ -42,11 +42,10 @@ order, ``((g1 + g2) + ...) + gN``.
 """
 from __future__ import annotations
 
-import collections
-
 import torch
 
 from terastack.llm.engine import records
+from terastack.llm.engine.writeback_window import WritebackWindow
 from terastack.tiers import Tier
 from terastack.training.data.examples import IGNORE
 
@@ -64,12 +63,11 @@ class GradientSums:
         self.store = runtime.store
         self.homes = homes
         self.read_ahead_bytes = read_ahead_bytes
-        self.writeback_bytes = writeback_bytes
         self._names: set[str] = set()
-        self._writes: collections.deque = collections.deque()  # (future, bytes) of sums on their way back
+        self._writes = WritebackWindow(runtime, writeback_bytes, what="a sum of gradients written back",
+                                       cat="accumulate")  # the sums on their way back
         self._ahead: dict[str, int] = {}  # records read ahead and not yet added to: bytes
         self._ahead_bytes = 0  # their sum (kept, not recounted: checked once per chunk)
-        self._writing_bytes = 0  # bytes of the sums in self._writes
 
     def __contains__(self, name: str) -> bool:
         return name in self._names
@@ -124,17 +122,11 @@ class GradientSums:
             if home is Tier.SSD:
                 self._issue(recs[k + 1:])  # the next chunks come in while this one is added to
             nbytes = self.store.padded(record)
-            # write-backs in flight within the allowance (at least the previous chunk's: the planner's two buffers)
-            while self._writes and (self._writes[0][0].done() or self._writing_bytes + nbytes
-                                    > max(self.writeback_bytes, nbytes)):
-                fut, written = self._writes.popleft()
-                self._writing_bytes -= written
-                rt.wait(fut, f"sum of the gradients of {name!r} written back")
+            self._writes.make_room(nbytes)
             total = self._read(record, name)
             total.add_(part)
             self.store.mark_dirty(record)
-            self._writes.append((rt.track_write(self.store.evict(record)), nbytes))
-            self._writing_bytes += nbytes
+            self._writes.add(rt.track_write(self.store.evict(record)), nbytes)
         self._names.add(name)
 
     def take_into(self, name: str, grad: torch.Tensor) -> None:

@@ -11,13 +11,13 @@ the runtime's [Note: optimizer chunks].
 """
 from __future__ import annotations
 
-import collections
 import threading
 
 import torch
 
 from terastack import trace
 from terastack.llm.engine import records
+from terastack.llm.engine.writeback_window import WritebackWindow
 from terastack.plan.llm_profile import held_bytes
 from terastack.tiers import Tier
 
@@ -53,7 +53,8 @@ class OptimizerState:
         self._master_reserve = held_bytes(4 * largest)
         self._masters: dict[str, int] = {}   # whole fp32 masters held: name -> bytes
         self._ahead: set[tuple[str, int]] = set()  # the chunk read ahead (optimizer thread)
-        self._writebacks: collections.deque = collections.deque()  # (future, bytes) of state being written
+        self._writebacks = WritebackWindow(rt, writeback_bytes, what="optimizer state written back to the SSD",
+                                           cat="state")  # updated state on its way home
         self._chunk_bytes: dict[tuple[str, int], int] = {}  # (tensor, chunk) -> bytes of its state, fixed
         self._low: dict[str, torch.Tensor] = {}  # mixed precision: compute copies being rebuilt from masters
 
@@ -233,17 +234,8 @@ class OptimizerState:
     def write_back(self, recs: list[str]) -> None:
         """Send updated records home (SSD: written in one request vector, then their host buffers freed)."""
         for record, fut in zip(recs, self.store.evict_many(recs, dirty=True)):
-            if not self.rt.track_write(fut).done():
-                self._writebacks.append((fut, self.store.padded(record)))
+            self._writebacks.add(self.rt.track_write(fut), self.store.padded(record))
 
     def throttle_writebacks(self, incoming: int) -> None:
         """Make room for ``incoming`` bytes of write-backs within the plan's allowance (waiting for older ones)."""
-        while self._writebacks:
-            if self._writebacks[0][0].done():
-                self._writebacks.popleft()
-                continue
-            if sum(n for _, n in self._writebacks) + incoming <= self.writeback_limit:
-                return
-            fut, _ = self._writebacks.popleft()
-            with trace.span("wait for write-back", track="stall", cat="state"):
-                self.rt.wait(fut, "optimizer state written back to the SSD")
+        self._writebacks.make_room(incoming)

@@ -30,6 +30,7 @@ import torch
 
 from terastack.io.futures import Future
 from terastack.plan.schedule_specs import EAGER
+from terastack.training.checkpoint import rng_states
 
 
 class StopForward(Exception):
@@ -105,19 +106,6 @@ class StepPoint:
     rng_start: dict                    # ... when the step began (at the step's end: after it)
     batch: str                         # batch_digest of the step's inputs
     gates: list[Future] = field(default_factory=list)  # the updates of ``updated`` (the keeper waits for them)
-
-
-def rng_states() -> dict:
-    out = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def set_rng_states(state: dict) -> None:
-    torch.set_rng_state(state["cpu"])
-    for index, saved in enumerate(state.get("cuda", [])[:torch.cuda.device_count()]):
-        torch.cuda.set_rng_state(saved, index)
 
 
 class PointTaker:

@@ -343,7 +343,8 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
     return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "predicted": predicted,
             "workload": wl, "train_ids": train_ids, "samplers": samplers,
             "train_nodes": len(train_ids), "split": split, "cache": cache_info, "topology": topology_info,
-            "ssd": ssd, "ssd_after_epoch": ssd_after, "holdout": holdout_info, "presample": hot_summary, "presample_seconds": presample_seconds,
+            "ssd": ssd, "ssd_after_epoch": ssd_after, "holdout": holdout_info, "presample": hot_summary,
+            "presample_seconds": presample_seconds,
             "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
             "ssd_requests": after["requests"] - before["requests"], "max_sampled_rss": watchdog.max_sampled}
 

@@ -37,8 +37,7 @@ from terastack.llm.engine.runtime import StepRuntime
 from terastack.llm.engine.accumulate import stack_micro_batches
 from terastack.llm.engine.byte_ledger import difference
 from terastack.llm.engine.step import accumulated_step, eval_loss, finish_step, train_step
-from terastack.llm.engine.step_points import batch_digest
-from terastack.llm.engine.step_points import StepPoint
+from terastack.llm.engine.step_points import StepPoint, batch_digest
 from terastack.llm.step_checkpoint import COMPONENT as STEP_IN_PROGRESS, FollowingCheckpoint, PendingStep
 from terastack.training.data.examples import IGNORE
 from terastack.llm.engine.streamed_units import install_units
@@ -206,7 +205,7 @@ class Trainer:
             raise ValueError("memory_budget: only without an accelerator (give device_budget and host_budget)")
         return_freed_memory()  # [Note: a memory budget bounds resident memory] (terastack.memory)
         missing = [k for k in MEMORY_BUDGET_ENV if k not in os.environ]
-        if missing:
+        if missing and accumulation is None:  # said once: planning a chosen order again asks the same
             warnings.warn("memory_budget: for a strict bound on resident memory start the process with "
                           + " ".join(f"{k}={v}" for k, v in MEMORY_BUDGET_ENV.items()), stacklevel=3)
         return plan_memory_budget(config.planner_config(device_budget=0, host_budget=0,

@@ -148,6 +148,44 @@ def test_a_following_checkpoint_holds_a_fraction_of_the_state(tmp_path, trainer_
     assert peaks[True] <= 0.25, peaks
 
 
+def test_a_checkpoint_slower_than_the_step_writes_every_point(tmp_path, trainer_config, monkeypatch):
+    """A disk slower than the step: the thread writes every point offered, in order, and the training thread waits
+    rather than let the checkpoint fall behind, so the old versions held stay a few points' worth, not the state."""
+    from terastack.llm import step_checkpoint
+
+    make_llama(tmp_path / "model", layers=8)
+    data = batches(3)
+    offered, written, held = [], [], []
+    offer, write = step_checkpoint.FollowingCheckpoint.offer, step_checkpoint.FollowingCheckpoint._write
+
+    def slow_write(self, point):
+        time.sleep(0.05)  # far longer than a tiny unit's backward
+        held.append(self.trainer.store.usage()["ssd"]["held"])
+        write(self, point)
+        written.append((point.step, point.unit))
+
+    def counted_offer(self, point):
+        offer(self, point)
+        offered.append((point.step, point.unit))
+        held.append(self.trainer.store.usage()["ssd"]["held"])
+
+    cfg = trainer_config(state_placement="ssd", store_dir=str(tmp_path / "store"))
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+        t.step(data[0])
+        monkeypatch.setattr(step_checkpoint.FollowingCheckpoint, "_write", slow_write)
+        monkeypatch.setattr(step_checkpoint.FollowingCheckpoint, "offer", counted_offer)
+        t.save_checkpoint(tmp_path / "ckpt", beside_store=True, follow=True)
+        live = t.store.usage()["ssd"]["live"]
+        for ids in data[1:]:
+            t.step(ids)
+        t.synchronize()
+    inside = [p for p in offered if p[1] is not None]
+    assert len(inside) >= 2 * len(data[1:])  # several points inside each step
+    assert written == offered  # none skipped
+    # at most three points' updates held at once (one written, one waiting, one the training thread is offering)
+    assert max(held) / live <= 0.5, max(held) / live
+
+
 def test_tied_or_clipped_steps_follow_at_their_ends_only(tmp_path, trainer_config):
     """A tied embedding has gradient still to come until the step's last unit, and clipped updates run after
     backward: no point inside the step, each step's end is one, and a resume from it is exact (GPT-2's dropout

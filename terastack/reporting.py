@@ -47,6 +47,7 @@ def environment() -> dict:
     import torch
 
     import terastack
+    from terastack.io.backend import auto_choice
 
     gpu = None
     if torch.cuda.is_available():
@@ -59,6 +60,7 @@ def environment() -> dict:
                      "torch": torch.__version__, "numpy": numpy.__version__, "fio": fio_version(),
                      "transformers": _version("transformers"), "torch_geometric": _version("torch_geometric"),
                      "deepspeed": _version("deepspeed")},
+        "io_backend": dict(zip(("name", "why"), auto_choice())),
         "command": " ".join(["terastack"] + sys.argv[1:]) if sys.argv and sys.argv[0].endswith("terastack")
         else " ".join(sys.argv),
     }

@@ -19,6 +19,7 @@ contract below with the others.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
@@ -161,11 +162,36 @@ def start_backend(name: str, *, threads: int, queue_depth: int, rings: int) -> t
             else:
                 if name != "auto":
                     return backend, "selected"
-                return backend, "auto chose " + candidate + (" (" + "; ".join(skipped) + ")" if skipped else "")
+                why = "auto chose " + candidate + (" (" + "; ".join(skipped) + ")" if skipped else "")
+                if candidate == "python" and _native.load_error() is not None:
+                    _say_once(f"terastack I/O: {why}. The Python backend costs several times the CPU per "
+                              "request of the native ones; every figure measured with it is terastack's slow path.")
+                return backend, why
         if name != "auto":
             raise RuntimeError(f"I/O backend {candidate!r} is not available here: {reason}")
         skipped.append(f"{candidate} unavailable: {reason}")
     raise RuntimeError("no I/O backend could start here: " + "; ".join(skipped))
+
+
+def auto_choice() -> tuple[str, str]:
+    """The backend ``auto`` starts in this install, and why, without starting one (benchmarks record it: a
+    checkout without the native core's build measures the Python backend)."""
+    skipped = []
+    for candidate in backend_names():
+        reason = _entry(candidate).unavailable()
+        if reason is None:
+            return candidate, "auto chose " + candidate + (" (" + "; ".join(skipped) + ")" if skipped else "")
+        skipped.append(f"{candidate} unavailable: {reason}")
+    return "none", "; ".join(skipped)
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        print(message, file=sys.stderr, flush=True)
 
 
 def set_syscall_limit(limit: int) -> int:

@@ -179,3 +179,26 @@ def test_auto_takes_the_first_that_starts_and_says_why():
         backends.unregister_backend("refusing")
     with pytest.raises(ValueError, match="backend: must be one of auto, io_uring, threads, python; got 'missing'"):
         io.IOEngine(backend="missing")
+
+
+def test_auto_without_the_native_core_says_so_and_benchmarks_record_it(monkeypatch, capsys):
+    """A checkout whose native core was never built (a fresh clone or worktree without ``pip install``) runs the
+    Python backend: the engine says so once on stderr, and every benchmark's environment names the backend."""
+    from terastack.io import _native
+    from terastack.reporting import environment
+
+    missing = "the native core was not built with this install"
+    monkeypatch.setattr(_native, "load_error", lambda: missing)
+    monkeypatch.setattr(backends, "_said", set())
+    assert backends.auto_choice() == ("python", f"auto chose python (io_uring unavailable: {missing}; threads "
+                                                f"unavailable: {missing})")
+    for _ in range(2):
+        with io.IOEngine() as eng:
+            assert eng.backend == "python"
+    err = capsys.readouterr().err
+    assert err.count("terastack I/O: auto chose python") == 1 and "slow path" in err
+    assert environment()["io_backend"]["name"] == "python"
+    monkeypatch.undo()
+    name, why = backends.auto_choice()
+    with io.IOEngine() as eng:
+        assert name == eng.backend and why.startswith(f"auto chose {name}")

@@ -162,7 +162,7 @@ def start_backend(name: str, *, threads: int, queue_depth: int, rings: int) -> t
             else:
                 if name != "auto":
                     return backend, "selected"
-                why = "auto chose " + candidate + (" (" + "; ".join(skipped) + ")" if skipped else "")
+                why = _auto_reason(candidate, skipped)
                 if candidate == "python" and _native.load_error() is not None:
                     _say_once(f"terastack I/O: {why}. The Python backend costs several times the CPU per "
                               "request of the native ones; every figure measured with it is terastack's slow path.")
@@ -180,9 +180,13 @@ def auto_choice() -> tuple[str, str]:
     for candidate in backend_names():
         reason = _entry(candidate).unavailable()
         if reason is None:
-            return candidate, "auto chose " + candidate + (" (" + "; ".join(skipped) + ")" if skipped else "")
+            return candidate, _auto_reason(candidate, skipped)
         skipped.append(f"{candidate} unavailable: {reason}")
     return "none", "; ".join(skipped)
+
+
+def _auto_reason(candidate: str, skipped: list[str]) -> str:
+    return "auto chose " + candidate + (" (" + "; ".join(skipped) + ")" if skipped else "")
 
 
 _said: set[str] = set()

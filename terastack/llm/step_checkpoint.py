@@ -123,7 +123,6 @@ class FollowingCheckpoint:
 
     def offer(self, point: StepPoint) -> None:
         """A new point, written after the one being written; waits while another point is still waiting."""
-        self.raise_if_failed()
         with self._cv:
             if not self._cv.wait_for(lambda: self._waiting is None or self._error is not None, self.timeout):
                 raise TimeoutError(f"checkpoint {self.path}: a point still waiting after {self.timeout:.0f} s")

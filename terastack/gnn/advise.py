@@ -9,6 +9,7 @@ time and for the configuration with the best throughput per cost.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -20,9 +21,10 @@ from terastack.gnn.models import GNN, train_step
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 
 
-def calibrate_compute(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: int, classes: int, layers: int,
-                      steps: int = 5, seed: int = 0) -> tuple[float, float]:
-    """(seconds per training step scaled to the mean batch, FLOPs per batch) measured on this machine's CPU."""
+def _calibration_batches(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: int, classes: int, layers: int,
+                         seed: int) -> tuple:
+    """The model, its optimizer and the pre-sampling's example batches with random features: what a calibration
+    trains on."""
     torch.manual_seed(seed)
     model = GNN(model_kind, feat_dim, hidden, classes, layers)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -35,6 +37,14 @@ def calibrate_compute(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: i
         x = torch.randn(b.num_nodes, feat_dim, generator=gen)
         y = torch.randint(0, classes, (b.num_nodes,), generator=gen)
         datas.append(b.to_data(x, y))
+    return model, opt, datas
+
+
+def calibrate_compute(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: int, classes: int, layers: int,
+                      steps: int = 5, seed: int = 0) -> tuple[float, float]:
+    """(seconds per training step scaled to the mean batch, FLOPs per batch) measured on this machine's CPU."""
+    model, opt, datas = _calibration_batches(model_kind, hot, feat_dim=feat_dim, hidden=hidden, classes=classes,
+                                             layers=layers, seed=seed)
     weights = sum(p.numel() for p in model.parameters() if p.dim() > 1)
     flops = 6.0 * hot.nodes_per_batch * weights + 6.0 * hot.edges_per_batch * hidden * layers
     if steps < 1:
@@ -143,18 +153,8 @@ def probe_feature_file(ds, *, seconds: float = 1.5, windows: int = 5, batch_bloc
     with io.open(ds.features_path, "r", direct="auto", engine=engine) as f:
         f.drop_cache()
         n = int(min(batch_blocks, blocks_in_file))
-        buf = io.aligned_empty(n * BLOCK)
-        iops, cpu_per_block = [], []
-        for _ in range(windows):
-            done, start, sys_cpu = 0, time.perf_counter(), 0.0
-            while time.perf_counter() - start < seconds / windows or done == 0:
-                blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
-                before = os.times().system
-                f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
-                sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
-                done += n
-            iops.append(done / (time.perf_counter() - start))
-            cpu_per_block.append(sys_cpu / done)
+        iops, cpu_per_block = _random_read_windows(f, blocks_in_file, n, rng, window_seconds=seconds / windows,
+                                                   windows=windows)
         length = int(min(seq_bytes, blocks_in_file * BLOCK))
         seq = io.aligned_empty(length)
         bandwidth = []
@@ -170,6 +170,99 @@ def probe_feature_file(ds, *, seconds: float = 1.5, windows: int = 5, batch_bloc
             "direct": direct, "io_cpu_seconds_per_block": float(np.median(cpu_per_block)),
             "windows": {"ssd_rand4k_iops": iops, "io_cpu_seconds_per_block": cpu_per_block,
                         "ssd_read_bytes_per_s": bandwidth}}
+
+
+def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds: float, windows: int | None,
+                         stop: threading.Event | None = None) -> tuple[list, list]:
+    """4 KiB random reads of ``n`` blocks per ``pread_many``, one after another, timed in windows of
+    ``window_seconds``: each window's reads per second and kernel CPU per block. ``windows`` windows, or (None)
+    until ``stop`` is set; a window ``stop`` cuts short is dropped unless no window was complete."""
+    from terastack import io
+
+    buf = io.aligned_empty(n * BLOCK)
+    iops, cpu_per_block, partial = [], [], None
+    while windows is None or len(iops) < windows:
+        done, start, sys_cpu = 0, time.perf_counter(), 0.0
+        while time.perf_counter() - start < window_seconds or done == 0:
+            if stop is not None and stop.is_set() and done:
+                break
+            blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
+            before = os.times().system
+            f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
+            sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
+            done += n
+        rate = (done / (time.perf_counter() - start), sys_cpu / done)
+        if stop is not None and stop.is_set():
+            partial = rate
+            break
+        iops.append(rate[0])
+        cpu_per_block.append(rate[1])
+    if not iops and partial is not None:
+        iops, cpu_per_block = [partial[0]], [partial[1]]
+    return iops, cpu_per_block
+
+
+def probe_while_training(ds, model_kind: str, hot: Hotness, *, hidden: int, layers: int, seconds: float = 8.0,
+                         window_seconds: float = 1.0, min_steps: int = 5, batch_blocks: int = 8192, seed: int = 0,
+                         engine=None) -> dict:
+    """The SSD's 4 KiB random-read rate while the training step runs, and the step's time while the SSD reads.
+
+    [Note: the SSD and the step measured under each other's load]
+    On the 2-core development VM the disk serves fewer reads while the cores compute (idle ~100k reads/s, one
+    busy process ~78k, two ~58k, the kernel's CPU per block unchanged), and the step is slower while the disk
+    reads (SSD traffic slows the CPU's matmuls). An epoch does both at once, so the TPC model's SSD rate and
+    step time measured apart, on idle cores and a quiet disk, were both too fast for it: +22.6% and +14.7% at
+    the 48M-node scale run. Here a thread reads random blocks of the feature file, one batch's request after
+    another as the gather does, in windows of ``window_seconds``, while this thread trains on the
+    pre-sampling's example batches (the calibration's model and shapes, on the torch threads the run trains
+    with) for at least ``seconds`` and ``min_steps`` steps. Returned: the windows' median reads per second, the
+    steps' median seconds per node, and both lists. The kernel's CPU per block is not separable here (the
+    training's system time counts too): take it from :func:`probe_feature_file`."""
+    from terastack import io
+
+    blocks_in_file = ds.feature_bytes // BLOCK
+    if blocks_in_file < 1:
+        raise ValueError(f"{ds.features_path}: too small to measure (under one 4 KiB block)")
+    if seconds <= 0 or window_seconds <= 0 or min_steps < 1:
+        raise ValueError(f"seconds, window_seconds, min_steps: must be > 0, > 0, >= 1 (got {seconds}, "
+                         f"{window_seconds}, {min_steps})")
+    model, opt, datas = _calibration_batches(model_kind, hot, feat_dim=ds.feat_dim, hidden=hidden,
+                                             classes=ds.num_classes, layers=layers, seed=seed)
+    train_step(model, opt, datas[0])  # warm-up (allocator, lazy init), before the reads start
+    os.sync()
+    rng = np.random.default_rng(seed)
+    reading, stop, out = threading.Event(), threading.Event(), {}
+
+    def read() -> None:
+        try:
+            with io.open(ds.features_path, "r", direct="auto", engine=engine) as f:
+                f.drop_cache()
+                reading.set()
+                out["iops"], _ = _random_read_windows(f, blocks_in_file, int(min(batch_blocks, blocks_in_file)),
+                                                      rng, window_seconds=window_seconds, windows=None, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the training thread, which raises it
+            out["error"] = exc
+        finally:
+            reading.set()
+
+    reader = threading.Thread(target=read, name="terastack-probe-reads", daemon=True)
+    reader.start()
+    reading.wait()
+    per_node, started = [], time.perf_counter()
+    try:
+        while "error" not in out and (len(per_node) < min_steps or time.perf_counter() - started < seconds):
+            d = datas[len(per_node) % len(datas)]
+            t0 = time.perf_counter()
+            train_step(model, opt, d)
+            per_node.append((time.perf_counter() - t0) / max(d.num_nodes, 1))
+    finally:
+        stop.set()
+        reader.join()
+    if "error" in out:
+        raise out["error"]
+    return {"ssd_rand4k_iops": float(np.median(out["iops"])), "compute_seconds_per_node": float(np.median(per_node)),
+            "steps": len(per_node), "seconds": time.perf_counter() - started,
+            "windows": {"ssd_rand4k_iops": out["iops"], "compute_seconds_per_node": per_node}}
 
 
 # ------------------------------------------------------------------ a sample of the epoch, the cache in place

@@ -39,7 +39,7 @@ import torch
 
 from terastack.constants import BLOCK
 from terastack.counters import Counters
-from terastack.gnn.rows import RowReader, covering_blocks
+from terastack.gnn.rows import RowReader, Staging, covering_blocks
 from terastack.errors import BudgetError
 from terastack.memory import mem_available
 from terastack.tiers.budget import BudgetLedger
@@ -85,6 +85,25 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
 
 
+#: how long a gather waits for another thread's older gather before it gives up with an error
+IN_FLIGHT_WAIT_S = 300.0
+
+
+class Gathering:
+    """A gather begun by :meth:`FeatureSource.begin`: ``finish()`` completes it (at most once) and returns ``out``."""
+
+    __slots__ = ("_out", "_complete")
+
+    def __init__(self, out, complete=None):
+        self._out, self._complete = out, complete
+
+    def finish(self):
+        if self._complete is not None:
+            complete, self._complete = self._complete, None
+            complete()
+        return self._out
+
+
 class FeatureSource:
     """Fills ``out[i] = features[ids[i]]``. Subclasses: UnifiedCache, InMemoryFeatures, MmapFeatures."""
 
@@ -97,6 +116,12 @@ class FeatureSource:
 
     def gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def begin(self, ids: np.ndarray, out: torch.Tensor) -> "Gathering":
+        """Start filling ``out`` with rows ``ids``; ``finish()`` on the result completes it and returns ``out``.
+        Sources that read from disk return with the reads in flight, so the caller can cut the previous batch's
+        rows meanwhile ([Note: one batch's reads in flight while the last is cut]); the rest gather now."""
+        return Gathering(self.gather(ids, out))
 
     def new_epoch(self) -> None:
         """Called before each epoch (sources reading from disk drop the file's page cache here)."""
@@ -170,7 +195,11 @@ class UnifiedCache(FeatureSource):
         self.budgets["host"].reserve(self.host_rows * self.row_bytes, what="host cache rows")
         self.reader = RowReader(dataset.features_path, num_rows=n, row_len=self.row_len, dtype=self.np_dtype,
                                 direct=cfg.direct, engine=engine)
-        self._gather_lock = threading.Lock()  # one gather at a time: they share the reader's staging buffer
+        # one gather's CPU work at a time; each of the (at most two) gathers whose reads are in flight has its own
+        # staging buffer ([Note: one batch's reads in flight while the last is cut])
+        self._gather_lock = threading.Condition()
+        self._stagings = (Staging(), Staging())
+        self._in_flight: list = []  # the begun, unfinished gathers' staging buffers, oldest first
         from terastack import io
 
         self.host_cache = io.aligned_empty((self.host_rows, self.row_len), self.np_dtype)
@@ -252,30 +281,68 @@ class UnifiedCache(FeatureSource):
                 loc[host_pos].astype(np.int64) - self.device_rows, miss_pos)
 
     def gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
-        with self._gather_lock:
-            return self._gather(ids, out)
+        return self.begin(ids, out).finish()
 
-    def _gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
-        started = time.perf_counter()
-        ids = np.asarray(ids, dtype=np.int64)
-        dev_pos, dev_slot, host_pos, host_slot, miss_pos = self.lookup(ids)
-        request = self.reader.submit(ids[miss_pos])  # the SSD works while the cache copies run
-        if out.device.type == "cuda":
-            io_wait = self._gather_cuda(out, dev_pos, dev_slot, host_pos, host_slot, miss_pos, request)
-        else:
+    def begin(self, ids: np.ndarray, out: torch.Tensor) -> Gathering:
+        """Look the rows up, submit the misses' block reads, copy the hits; ``finish()`` waits for the reads
+        and cuts the missed rows out of the blocks. At most two may be begun and unfinished, finished in the
+        order begun (the pipeline keeps one in flight while it finishes the one before).
+
+        [Note: one batch's reads in flight while the last is cut]
+        A gather that submits its reads, waits, and cuts leaves the disk without feature reads while it cuts
+        and while it looks up and copies the next batch's hits (a tenth of a batch at the 48M-node scale run).
+        The pipeline's gather thread begins batch k+1 (its reads queue behind batch k's) before it finishes
+        batch k, so the disk always has the next batch's reads. Each of the two has its own staging buffer,
+        so the blocks of one are never overwritten by the other's. On a CUDA device the gather runs whole
+        here (its staging copies are ordered by the side stream's event)."""
+        with self._gather_lock:
+            if out.device.type == "cuda":
+                started = time.perf_counter()
+                ids = np.asarray(ids, dtype=np.int64)
+                dev_pos, dev_slot, host_pos, host_slot, miss_pos = self.lookup(ids)
+                request = self.reader.submit(ids[miss_pos])  # the SSD works while the cache copies run
+                io_wait = self._gather_cuda(out, dev_pos, dev_slot, host_pos, host_slot, miss_pos, request)
+                self._count(ids, dev_pos, host_pos, miss_pos, request, time.perf_counter() - started, io_wait)
+                return Gathering(out)
+            # a third waits for the oldest to finish (another thread's; the pipeline never begins a third)
+            if not self._gather_lock.wait_for(lambda: len(self._in_flight) < len(self._stagings), IN_FLIGHT_WAIT_S):
+                raise RuntimeError(f"unified cache: two gathers stayed in flight for {IN_FLIGHT_WAIT_S:g} s; finish "
+                                   "one before beginning another")
+            started = time.perf_counter()
+            ids = np.asarray(ids, dtype=np.int64)
+            dev_pos, dev_slot, host_pos, host_slot, miss_pos = self.lookup(ids)
+            staging = next(s for s in self._stagings if all(s is not f for f in self._in_flight))
+            request = self.reader.submit(ids[miss_pos], staging=staging)  # the SSD works while the copies run
+            self._in_flight.append(staging)
             t = torch.from_numpy
             if len(dev_pos):
                 out.index_copy_(0, t(dev_pos), self._device_t.index_select(0, t(dev_slot)))
             if len(host_pos):
                 out.index_copy_(0, t(host_pos), self._host_t.index_select(0, t(host_slot)))
-            waited = time.perf_counter()
-            self.reader.finish(request, out, t(miss_pos))
-            io_wait = time.perf_counter() - waited
+            begun = time.perf_counter() - started
+
+        def complete() -> None:
+            with self._gather_lock:
+                # in the order begun (another thread's older gather first): their reads completed in that order
+                if not self._gather_lock.wait_for(lambda: self._in_flight[0] is staging, IN_FLIGHT_WAIT_S):
+                    raise RuntimeError(f"unified cache: an older gather stayed unfinished for {IN_FLIGHT_WAIT_S:g} s; "
+                                       "gathers finish in the order they were begun")
+                resumed = time.perf_counter()
+                try:
+                    self.reader.finish(request, out, t(miss_pos))
+                finally:
+                    self._in_flight.remove(staging)
+                    self._gather_lock.notify_all()
+                cut = time.perf_counter() - resumed
+                self._count(ids, dev_pos, host_pos, miss_pos, request, begun + cut, request.waited)
+
+        return Gathering(out, complete)
+
+    def _count(self, ids, dev_pos, host_pos, miss_pos, request, seconds: float, io_wait: float) -> None:
         self.stats.add(rows=len(ids), device_hits=len(dev_pos), host_hits=len(host_pos), misses=len(miss_pos),
                        ssd_bytes=request.nbytes, ssd_blocks=request.blocks, ssd_extents=request.extents,
-                       ssd_calls=1 if request.blocks else 0, batches=1,
-                       gather_seconds=time.perf_counter() - started, io_wait_seconds=io_wait)
-        return out
+                       ssd_calls=1 if request.blocks else 0, batches=1, gather_seconds=seconds,
+                       io_wait_seconds=io_wait)
 
     def _gather_cuda(self, out, dev_pos, dev_slot, host_pos, host_slot, miss_pos, request) -> float:
         """GPU path: host hits and misses staged in pinned memory, copied on a side stream, scattered on device."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.cache import FeatureSource, GatherStats, UnifiedCache
+from terastack.gnn.cache import FeatureSource, Gathering, GatherStats, UnifiedCache
 from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, wrap
 from terastack.gnn.dataset import check_read_modes
 from terastack.gnn.hetero_dataset import HeteroDataset, open_hetero_dataset
@@ -97,16 +97,29 @@ class HeteroPipeline(Pipeline):
     def _slot_bytes(slot) -> int:
         return sum(t.numel() * t.element_size() for t in slot.values())
 
-    def _fill(self, batch: HeteroSampledBatch, k: int) -> dict:
-        slot, x = self._slots[k], {}
+    def _begin_fill(self, batch: HeteroSampledBatch, k: int) -> Gathering:
+        # every type's reads are submitted before any is waited for: they are in the disk's queue together
+        slot, begun = self._slots[k], {}
         for t, ids in batch.n_id.items():
             src = self.source.sources[t]
             buf = slot.get(t)
             if buf is None or buf.shape[0] < len(ids):  # grow-only, per type
                 buf = slot[t] = torch.empty(int(len(ids) * 1.1) + 1, src.row_len, dtype=src.torch_dtype,
                                             device=self.device)
-            x[t] = src.gather(ids, buf[: len(ids)])
-        return x
+            begun[t] = src.begin(ids, buf[: len(ids)])
+        x = {}
+
+        def finish_all() -> None:
+            errors = []
+            for t, g in begun.items():  # every one, so no cache keeps a gather in flight after a failure
+                try:
+                    x[t] = g.finish()
+                except BaseException as exc:  # noqa: BLE001 -- the first is raised below
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+        return Gathering(x, finish_all)
 
     def _data(self, batch: HeteroSampledBatch, x: dict):
         y = self.labels[torch.from_numpy(batch.n_id[batch.target])]

@@ -4,8 +4,8 @@
 One loop per stage, each in its own thread except training (the caller's loop):
 
     sampler thread i: for k = i, i+S, ...: sample(k) -> sampled queue i
-    gather thread:   for k: take sampled(k) from queue k mod S, a free slot, gather(k) into it
-                     -> ready queue (capacity `depth`)
+    gather thread:   for k: take sampled(k) from queue k mod S, a free slot, begin gather(k) into it,
+                     finish gather(k-1) -> ready queue (capacity `depth`)
     caller:          for k: take ready(k), train(k), give its slot back
 
 Prologue: the sampler runs ahead while the gather thread fills the first slot;
@@ -13,8 +13,9 @@ the caller's first ``next()`` waits for batch 0. Steady state: with depth 1 the
 sampler is at k+2 while gather is at k+1 and training is at k. Epilogue: the
 sampler sends an end marker through the queues; the caller drains and joins.
 
-Memory is bounded: ``depth + 2`` feature slots exist (one trained on, ``depth``
-ready, one being filled), each grown only to the largest batch it has held,
+Memory is bounded: ``depth + 3`` feature slots exist (one trained on, ``depth``
+ready, one being cut, one whose reads are in flight: terastack.gnn.cache
+[Note: one batch's reads in flight while the last is cut]), each grown only to the largest batch it has held,
 and at most ``depth + S - 1`` sampled batches wait. A batch's ``x`` is a view of its
 slot and is valid until the caller asks for the next batch (clone it to keep it).
 
@@ -58,7 +59,7 @@ import numpy as np
 import torch
 
 from terastack import trace
-from terastack.gnn.cache import FeatureSource, resolve_device
+from terastack.gnn.cache import FeatureSource, Gathering, resolve_device
 from terastack.gnn.sampler import NeighborSampler, SampledBatch, epoch_batches
 
 _POLL = 0.05
@@ -178,9 +179,10 @@ class Pipeline:
     def _slot_bytes(slot) -> int:
         return slot.numel() * slot.element_size()
 
-    def _fill(self, batch: SampledBatch, k: int):
-        """Gather ``batch``'s feature rows into slot ``k``; returns what ``_data`` takes as ``x``."""
-        return self.source.gather(batch.n_id, self._slot(k, batch.num_nodes))
+    def _begin_fill(self, batch: SampledBatch, k: int) -> Gathering:
+        """Begin gathering ``batch``'s feature rows into slot ``k``; ``finish()`` gives what ``_data`` takes as
+        ``x``."""
+        return self.source.begin(batch.n_id, self._slot(k, batch.num_nodes))
 
     def _slot(self, k: int, rows: int) -> torch.Tensor:
         slot = self._slots[k]
@@ -199,12 +201,19 @@ class Pipeline:
             stats.seeds += batch.batch_size
         return batch
 
-    def _gather(self, batch: SampledBatch, slot: int, stats: EpochStats) -> torch.Tensor:
+    def _begin_gather(self, batch: SampledBatch, slot: int, stats: EpochStats) -> Gathering:
         started = time.perf_counter()
         with trace.span(f"gather {batch.index}", track="gather", cat="gnn", rows=batch.num_nodes):
-            x = self._fill(batch, slot)
+            gathering = self._begin_fill(batch, slot)
         stats.gather_seconds += time.perf_counter() - started
         stats.max_rows = max(stats.max_rows, batch.num_nodes)
+        return gathering
+
+    def _finish_gather(self, batch: SampledBatch, gathering: Gathering, stats: EpochStats):
+        started = time.perf_counter()
+        with trace.span(f"cut {batch.index}", track="gather", cat="gnn"):
+            x = gathering.finish()
+        stats.gather_seconds += time.perf_counter() - started
         return x
 
     def _data(self, batch: SampledBatch, x: torch.Tensor):
@@ -226,7 +235,7 @@ class Pipeline:
         try:
             for k, seeds in enumerate(batches):
                 batch = self._sample(seeds, k, epoch, stats)
-                x = self._gather(batch, 0, stats)
+                x = self._finish_gather(batch, self._begin_gather(batch, 0, stats), stats)
                 stats.batches += 1
                 yield self._data(batch, x)
         finally:
@@ -236,7 +245,7 @@ class Pipeline:
     def _overlapped(self, batches, epoch: int):
         cfg = self.config
         stats = EpochStats()
-        nslots = cfg.depth + 2
+        nslots = cfg.depth + 3  # + the batch whose reads are in flight while the one before is cut
         while len(self._slots) < nslots:
             self._slots.append(self._empty_slot())
         nsamplers = cfg.samplers
@@ -297,24 +306,56 @@ class Pipeline:
                 fail(out, "sampling", k, exc)
 
         def gather_loop() -> None:
-            k = None
+            # One batch's gather in flight while the one before it is finished and handed on
+            # (terastack.gnn.cache [Note: one batch's reads in flight while the last is cut]). The one in flight
+            # is handed on first whenever going on would wait: for a sampled batch or for a free slot (the
+            # caller may need this very batch to give a slot back).
+            k, in_flight = None, []  # (batch, slot, gathering) begun and not handed on, oldest first: at most two
+
+            def hand_on() -> bool:
+                nonlocal k
+                batch, slot, gathering = in_flight.pop(0)
+                k = batch.index
+                return put(ready, (batch, self._finish_gather(batch, gathering, stats), slot), f"gathered batch {k}")
+
             try:
                 for want in itertools.count():
-                    batch = get(sampled[want % nsamplers], f"the sampling stage (batch {want})")
+                    source = sampled[want % nsamplers]
+                    if in_flight and source.empty() and not hand_on():
+                        return
+                    batch = get(source, f"the sampling stage (batch {want})")
                     if batch is _END or isinstance(batch, _Failure):
+                        while in_flight:
+                            if not hand_on():
+                                return
                         put(ready, batch, "the end of the epoch")
                         return
-                    k = batch.index
-                    if k != want:  # the queues' invariant; a wrong batch must never be trained on silently
-                        raise RuntimeError(f"pipeline: expected sampled batch {want}, got batch {k}")
-                    slot = get(free, f"a free feature slot for batch {k} (training holds them all)")
+                    if batch.index != want:  # the queues' invariant; a wrong batch must never be trained on silently
+                        raise RuntimeError(f"pipeline: expected sampled batch {want}, got batch {batch.index}")
+                    if in_flight and free.empty() and not hand_on():
+                        return
+                    slot = get(free, f"a free feature slot for batch {want} (training holds them all)")
                     if slot is _END:
                         return
-                    x = self._gather(batch, slot, stats)
-                    if not put(ready, (batch, x, slot), f"gathered batch {k}"):
+                    k = want
+                    in_flight.append((batch, slot, self._begin_gather(batch, slot, stats)))
+                    if len(in_flight) == 2 and not hand_on():
                         return
             except BaseException as exc:  # noqa: BLE001
-                fail(ready, "gathering", k, exc)
+                error, failed = exc, k
+                try:  # the batches before the failed one reach the caller first
+                    while failed is not None and in_flight and in_flight[0][0].index < failed:
+                        if not hand_on():
+                            return
+                except BaseException as older:  # noqa: BLE001 -- an earlier batch failed: name that one
+                    error, failed = older, k
+                fail(ready, "gathering", failed, error)
+            finally:
+                for _, _, gathering in in_flight:  # stopped early: their reads end before the cache is used again
+                    try:
+                        gathering.finish()
+                    except BaseException:  # noqa: BLE001 -- the stage already stopped or failed
+                        pass
 
         names = ["terastack-gnn-sample"] if nsamplers == 1 else [f"terastack-gnn-sample-{i}" for i in range(nsamplers)]
         threads = [threading.Thread(target=sample_loop, args=(i,), name=name, daemon=True)

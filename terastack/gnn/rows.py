@@ -17,6 +17,7 @@ Rows are cut out of the buffer with one ``index_select`` over a strided view
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,8 @@ class RowRequest:
     blocks: int
     extents: int
     nbytes: int
+    #: seconds :meth:`RowReader.finish` waited for the reads
+    waited: float = 0.0
 
 
 class Staging:
@@ -139,7 +142,9 @@ class RowReader:
     def finish(self, request: RowRequest, out: torch.Tensor, positions: torch.Tensor | None = None,
                *, timeout: float = 300.0) -> None:
         """Wait for ``request`` and write its rows into ``out`` (at ``positions``, or rows 0..n-1)."""
+        waited = time.perf_counter()
         request.future.result(timeout=timeout)
+        request.waited = time.perf_counter() - waited
         n = len(request.elem_start)
         if n == 0:
             return

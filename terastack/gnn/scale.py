@@ -28,6 +28,10 @@ the pre-sampling never saw, as a user's does. A second, disjoint sample
 what the TPC model needs out of sample -- the hit-rate curve of the feature
 ranking, the sampler's CPU time per batch and the 4 KiB blocks it reads for
 the lists the cache misses (the model's topology term, terastack.plan.tpc).
+The SSD's random-read rate and the training step the model takes are each
+measured while the other runs (``--load-probe-seconds``; terastack.gnn.advise
+[Note: the SSD and the step measured under each other's load]), as they run in
+the epoch; the disk's rate alone is reported beside (``tpc.ssd``).
 
 Training: the topology is opened on the SSD (``indptr`` by the ``auto`` rule
 of terastack.gnn.topology), the one cache budget (``--budget``) is split between
@@ -68,8 +72,8 @@ import numpy as np
 import torch
 
 from terastack.bench_watchdog import RssWatchdog
-from terastack.gnn.advise import (miss_blocks, out_of_sample_curve, probe_feature_file, profile_sampling,
-                                  rank_positions, sample_seed_sets, workload)
+from terastack.gnn.advise import (miss_blocks, out_of_sample_curve, probe_feature_file, probe_while_training,
+                                  profile_sampling, rank_positions, sample_seed_sets, workload)
 from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name,
                                          parse_mmap_threads, skip_step, timed_batches, window_seconds)
 from terastack.gnn.cache import MmapFeatures, UnifiedCache
@@ -249,9 +253,11 @@ def measure_scale(args) -> dict:
         "tpc": {"bottleneck": predicted.bottleneck, "predicted_hit_rate": predicted.hit_rate,
                 "predicted_topology_blocks_per_batch": ours["workload"].topology_blocks_per_batch,
                 "stages_seconds_per_batch": predicted.stages, "ssd": ours["ssd"],
+                "ssd_while_training": ours["ssd_while_training"],
                 "ssd_after_epoch": ours["ssd_after_epoch"], "holdout": ours["holdout"],
-                "note": "inputs measured on pre-sampled and hold-out batches (never the epoch); topology reads: "
-                        "the hold-out's list blocks at the SSD's random-read rate"},
+                "note": "inputs measured on pre-sampled and hold-out batches (never the epoch); the SSD's random-"
+                        "read rate and the step's time measured while the other runs (ssd_while_training; ssd: the "
+                        "disk alone); topology reads: the hold-out's list blocks at that rate"},
         "epoch": {k: v for k, v in epoch.items() if k not in ("losses", "marks")},
         "presample_seconds": ours["presample_seconds"], "presample": ours["presample"],
         "generation": {"status": gen["status"], "seconds": gen["wall_seconds"],
@@ -300,8 +306,15 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
                       calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
                       curve=curve)
         rows = prof["rows_per_batch"][""]  # the hold-out's batches, not the pre-sampled ones, set the shape
+        # the rate and the step the model takes: each measured while the other runs, as in the epoch
+        # (advise [Note: the SSD and the step measured under each other's load]); the figures apart are kept
+        loaded = probe_while_training(ds, "sage", hot, hidden=args.hidden, layers=len(fanouts), seed=args.seed,
+                                      seconds=args.load_probe_seconds)
+        loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
+        loaded["compute_seconds_per_batch_apart"] = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
+        here = dataclasses.replace(here, ssd_rand4k_iops=loaded["ssd_rand4k_iops"])
         wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size), nodes_per_batch=rows,
-                                 compute_seconds=wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9),
+                                 compute_seconds=loaded["compute_seconds_per_batch"],
                                  sample_seconds=prof["sample_cpu_seconds_per_batch"],
                                  topology_blocks_per_batch=prof["topology_blocks_per_batch"],
                                  blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
@@ -343,7 +356,8 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
     return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "predicted": predicted,
             "workload": wl, "train_ids": train_ids, "samplers": samplers,
             "train_nodes": len(train_ids), "split": split, "cache": cache_info, "topology": topology_info,
-            "ssd": ssd, "ssd_after_epoch": ssd_after, "holdout": holdout_info, "presample": hot_summary,
+            "ssd": ssd, "ssd_while_training": loaded, "ssd_after_epoch": ssd_after, "holdout": holdout_info,
+            "presample": hot_summary,
             "presample_seconds": presample_seconds,
             "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
             "ssd_requests": after["requests"] - before["requests"], "max_sampled_rss": watchdog.max_sampled}

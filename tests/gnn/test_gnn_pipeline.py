@@ -44,8 +44,9 @@ def test_overlapped_batches_equal_synchronous_and_in_memory(setup):
             assert torch.equal(n1, n2) and torch.equal(e1, e2) and torch.equal(x1, x2) and torch.equal(y1, y2)
             assert torch.equal(x1, features[n1]) and b1 == b2
             assert torch.equal(y1, torch.from_numpy(ds.labels[n1.numpy()]).long())
-        # bounded: depth + 2 feature slots, none larger than ~1.1x the largest batch
-        assert len(over._slots) == 3
+        # bounded: depth + 3 feature slots (one's reads in flight while the last is cut), none larger than ~1.1x
+        # the largest batch
+        assert len(over._slots) == 4
         assert max(s.shape[0] for s in over._slots) <= int(over.last_stats.max_rows * 1.1) + 1
     assert not _pipeline_threads()
 
@@ -150,3 +151,109 @@ def test_config_errors_and_trace_shows_the_three_stages(setup):
         trace.tracer.stop()
     tracks = {e["args"]["name"] for e in trace.tracer.events() if e["ph"] == "M"}
     assert {"sample", "gather", "train"} <= tracks
+
+
+# ------------------------------------------------- one batch's reads in flight while the one before is cut
+class LoggedCache(UnifiedCache):
+    """The unified cache, logging when each batch's gather begins and finishes; finishing is slowed so the
+    samplers run ahead (the steady state of an epoch that waits on the disk)."""
+
+    def __init__(self, *args, fail_begin_at: int | None = None, fail_finish_at: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log, self.begun = [], 0
+        self.fail_begin_at, self.fail_finish_at = fail_begin_at, fail_finish_at
+
+    def begin(self, ids, out):
+        k = self.begun
+        self.begun += 1
+        if k == self.fail_begin_at:
+            raise OSError(5, "simulated EIO submitting the reads")
+        self.log.append(("begin", k, len(self._in_flight) + 1))
+        gathering = super().begin(ids, out)
+        cache = self
+
+        class Logged:
+            def finish(self):
+                import time
+                time.sleep(0.01)
+                if k == cache.fail_finish_at:
+                    gathering.finish()
+                    raise OSError(5, "simulated EIO reading the blocks")
+                out = gathering.finish()
+                cache.log.append(("finish", k, len(cache._in_flight)))
+                return out
+        return Logged()
+
+
+def _logged(setup, **kwargs):
+    ds, sampler, _ = setup
+    hot = presample(sampler, ds.splits["train"], 64)
+    return LoggedCache(ds, hot.order(), device_budget=0, host_budget=ds.num_nodes * 4 + 100 * ds.row_bytes,
+                       **kwargs)
+
+
+def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
+    ds, sampler, features = setup
+    with _logged(setup) as cache:
+        pipe = Pipeline(sampler, cache, ds.labels)
+        got = [(d.n_id.clone(), d.x.clone()) for d in pipe.epoch(ds.splits["train"], 32)]
+        batches = len(got)
+        assert batches == -(-len(ds.splits["train"]) // 32) >= 8
+        for n_id, x in got:  # every row right: the two gathers in flight never shared a staging buffer
+            assert torch.equal(x, features[n_id])
+        events = cache.log
+        assert [k for e, k, _ in events if e == "begin"] == list(range(batches))
+        assert [k for e, k, _ in events if e == "finish"] == list(range(batches))  # handed on in order
+        # batch k+1 was begun (its reads submitted) before batch k was finished, for every batch but the last:
+        # the samplers were ahead, as finishing was slowed
+        position = {(e, k): i for i, (e, k, _) in enumerate(events)}
+        overlapped = [k for k in range(batches - 1) if position[("begin", k + 1)] < position[("finish", k)]]
+        assert overlapped == list(range(batches - 1))
+        assert max(n for e, _, n in events if e == "begin") == 2  # never more than two in flight
+        assert not cache._in_flight
+        assert cache.stats.snapshot()["batches"] == batches
+
+
+def test_a_failed_begin_delivers_the_batch_in_flight_then_names_the_failed_one(setup):
+    ds, sampler, features = setup
+    with _logged(setup, fail_begin_at=3) as cache:
+        pipe = Pipeline(sampler, cache, ds.labels, wait_timeout_s=600)
+        seen = []
+        with pytest.raises(PipelineError, match=r"gathering stage failed at batch 3: OSError.*submitting"):
+            for d in pipe.epoch(ds.splits["train"], 32):
+                seen.append(d.n_id.clone())
+        assert len(seen) == 3  # batch 2, in flight when batch 3's begin failed, reached the caller first
+        assert not cache._in_flight and not _pipeline_threads()
+
+
+def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup):
+    ds, sampler, _ = setup
+    with _logged(setup, fail_finish_at=2) as cache:
+        pipe = Pipeline(sampler, cache, ds.labels, wait_timeout_s=600)
+        seen = 0
+        with pytest.raises(PipelineError, match=r"gathering stage failed at batch 2: OSError.*reading"):
+            for _ in pipe.epoch(ds.splits["train"], 32):
+                seen += 1
+        assert seen == 2
+        # batch 3 was begun before batch 2 failed; the stage ended it, so the cache serves the next epoch
+        assert ("begin", 3, 2) in cache.log and not cache._in_flight and not _pipeline_threads()
+        cache.fail_finish_at = None
+        assert sum(1 for _ in pipe.epoch(ds.splits["train"], 32)) == -(-len(ds.splits["train"]) // 32)
+
+
+def test_two_gathers_begun_by_hand_finish_in_order_into_their_own_rows(setup):
+    ds, sampler, features = setup
+    hot = presample(sampler, ds.splits["train"], 64)
+    rng = np.random.default_rng(3)
+    with UnifiedCache(ds, hot.order(), device_budget=0, host_budget=ds.num_nodes * 4 + 50 * ds.row_bytes) as cache:
+        a, b = (np.sort(rng.choice(ds.num_nodes, 300, replace=False)) for _ in range(2))
+        out_a, out_b = torch.empty(300, ds.feat_dim), torch.empty(300, ds.feat_dim)
+        first, second = cache.begin(a, out_a), cache.begin(b, out_b)
+        done = []
+        finisher = threading.Thread(target=lambda: done.append(second.finish()))
+        finisher.start()  # waits for the older gather to finish first
+        finisher.join(0.2)
+        assert finisher.is_alive() and not done
+        assert torch.equal(first.finish(), features[a])
+        finisher.join(10)
+        assert done and torch.equal(done[0], features[b]) and not cache._in_flight

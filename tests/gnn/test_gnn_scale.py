@@ -26,7 +26,7 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
                              "--feat-dim", "32", "--batch-size", "64", "--fanouts", "5,5", "--hidden", "16",
                              "--budget", "300KiB", "--gen-memory", "64MiB", "--presample-nodes", "128",
                              "--holdout-nodes", "128", "--mmap-warmup-batches", "2", "--mmap-batches", "3",
-                             "--mmap-threads", "1,3",
+                             "--mmap-threads", "1,3", "--load-probe-seconds", "0.3",
                              "--dir", str(d), "--quiet", "--json", "--cleanup")
     assert code == 0, err
     r = json.loads(out)
@@ -43,6 +43,12 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
     assert r["split"]["topology_bytes"] > 0 and r["topology"]["topology"] == "ssd"
     # the TPC model's topology term: the hold-out read list blocks, and the prediction carries them
     assert r["tpc"]["predicted_topology_blocks_per_batch"] > 0 and r["tpc_prediction_error"] >= 0
+    # the model's SSD rate and step: measured while the other ran (the disk alone is reported beside)
+    loaded = r["tpc"]["ssd_while_training"]
+    assert loaded["steps"] >= 5 and loaded["ssd_rand4k_iops"] > 0 and r["tpc"]["ssd"]["ssd_rand4k_iops"] > 0
+    assert loaded["compute_seconds_per_batch"] == pytest.approx(
+        loaded["compute_seconds_per_node"] * r["tpc"]["holdout"]["rows_per_batch"][""])
+    assert r["tpc"]["stages_seconds_per_batch"]["compute"] == pytest.approx(loaded["compute_seconds_per_batch"])
     assert r["tpc_prediction_error"] == pytest.approx(
         abs(r["tpc_predicted_epoch_seconds"] - r["epoch_seconds"]) / r["epoch_seconds"])
     mm = r["mmap"]

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import probe_feature_file
+from terastack.gnn.advise import probe_feature_file, probe_while_training
+from terastack.gnn.dataset import open_dataset
+from terastack.gnn.hotness import presample
+from terastack.gnn.sampler import NeighborSampler
 from terastack.io.file import File
 
 
@@ -53,3 +56,65 @@ def test_sequential_reads_are_spread_over_the_file(feature_file, monkeypatch):
 def test_bad_window_counts_are_refused(feature_file):
     with pytest.raises(ValueError, match="windows and seq_reads"):
         probe_feature_file(feature_file, windows=0)
+
+
+# ----------------------------------------------------------------- the SSD and the step under each other's load
+@pytest.fixture
+def tiny_hot(tiny):
+    ds = open_dataset(tiny)
+    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=(5, 5), seed=0)
+    yield ds, presample(sampler, ds.splits["train"], 64, epochs=1, seed=0)
+    ds.close()
+
+
+def test_reads_run_while_the_steps_run(tiny_hot, monkeypatch):
+    import terastack.gnn.advise as advise
+
+    ds, hot = tiny_hot
+    reads, steps = [], []
+    real_read, real_step = File.pread_many, advise.train_step
+
+    def pread_many(self, *args, **kwargs):
+        reads.append(time.perf_counter())
+        return real_read(self, *args, **kwargs)
+
+    def train_step(*args, **kwargs):
+        t0 = time.perf_counter()
+        time.sleep(0.02)  # a step long enough for the reader to be seen inside it
+        out = real_step(*args, **kwargs)
+        steps.append((t0, time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(File, "pread_many", pread_many)
+    monkeypatch.setattr(advise, "train_step", train_step)
+    out = probe_while_training(ds, "sage", hot, hidden=8, layers=2, seconds=0.3, window_seconds=0.05, min_steps=4,
+                               batch_blocks=8)
+    timed = steps[1:]  # the first is the warm-up, before the reads start
+    assert out["steps"] == len(timed) >= 4 and out["seconds"] >= 0.3
+    # the reads span the timed steps: one began inside the first and one inside the last
+    assert any(timed[0][0] <= t <= timed[0][1] for t in reads)
+    assert any(timed[-1][0] <= t <= timed[-1][1] for t in reads)
+    assert not any(t < timed[0][0] for t in reads[1:])  # the warm-up ran before the first read
+    assert out["ssd_rand4k_iops"] == pytest.approx(float(np.median(out["windows"]["ssd_rand4k_iops"])))
+    assert out["compute_seconds_per_node"] == pytest.approx(
+        float(np.median(out["windows"]["compute_seconds_per_node"])))
+    assert out["compute_seconds_per_node"] > 0.02 / max(b.num_nodes for b in hot.examples)
+
+
+def test_a_failed_read_stops_the_training_and_is_raised(tiny_hot, monkeypatch):
+    ds, hot = tiny_hot
+
+    def pread_many(self, *args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(File, "pread_many", pread_many)
+    started = time.perf_counter()
+    with pytest.raises(OSError, match="Input/output error"):
+        probe_while_training(ds, "sage", hot, hidden=8, layers=2, seconds=30.0, min_steps=1000)
+    assert time.perf_counter() - started < 10  # the steps stopped at the failure, not after 30 s
+
+
+def test_loaded_probe_refuses_bad_durations(tiny_hot):
+    ds, hot = tiny_hot
+    with pytest.raises(ValueError, match="min_steps"):
+        probe_while_training(ds, "sage", hot, hidden=8, layers=2, min_steps=0)

@@ -202,9 +202,22 @@ def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds:
     return iops, cpu_per_block
 
 
-def probe_while_training(ds, model_kind: str, hot: Hotness, *, hidden: int, layers: int, seconds: float = 8.0,
-                         window_seconds: float = 1.0, min_steps: int = 5, batch_blocks: int = 8192, seed: int = 0,
-                         engine=None) -> dict:
+def training_steps(model_kind: str, hot: Hotness, ds, *, hidden: int, layers: int, seed: int = 0):
+    """``train_once(k)``: the calibration's k-th training step (the model and the pre-sampling's example batches,
+    random features); returns the nodes it trained on. The first call also warms the model up."""
+    model, opt, datas = _calibration_batches(model_kind, hot, feat_dim=ds.feat_dim, hidden=hidden,
+                                             classes=ds.num_classes, layers=layers, seed=seed)
+
+    def train_once(k: int) -> int:
+        d = datas[k % len(datas)]
+        train_step(model, opt, d)
+        return d.num_nodes
+
+    return train_once
+
+
+def probe_while_training(features, train_once, *, seconds: float = 8.0, window_seconds: float = 1.0,
+                         min_steps: int = 5, batch_blocks: int = 8192, seed: int = 0, engine=None) -> dict:
     """The SSD's 4 KiB random-read rate while the training step runs, and the step's time while the SSD reads.
 
     [Note: the SSD and the step measured under each other's load]
@@ -213,29 +226,28 @@ def probe_while_training(ds, model_kind: str, hot: Hotness, *, hidden: int, laye
     reads (SSD traffic slows the CPU's matmuls). An epoch does both at once, so the TPC model's SSD rate and
     step time measured apart, on idle cores and a quiet disk, were both too fast for it: +22.6% and +14.7% at
     the 48M-node scale run. Here a thread reads random blocks of the feature file, one batch's request after
-    another as the gather does, in windows of ``window_seconds``, while this thread trains on the
-    pre-sampling's example batches (the calibration's model and shapes, on the torch threads the run trains
-    with) for at least ``seconds`` and ``min_steps`` steps. Returned: the windows' median reads per second, the
-    steps' median seconds per node, and both lists. The kernel's CPU per block is not separable here (the
-    training's system time counts too): take it from :func:`probe_feature_file`."""
+    another as the gather does, in windows of ``window_seconds``, while this thread calls ``train_once(k)``
+    (k = 0, 1, ...: the calibration's steps, e.g. :func:`training_steps`, on the torch threads the run trains
+    with; it returns the nodes it trained on) for at least ``seconds`` and ``min_steps`` steps after one
+    warm-up step. ``features``: the file (``features_path``, ``feature_bytes``). Returned: the windows' median
+    reads per second, the steps' median seconds per node, and both lists. The kernel's CPU per block is not
+    separable here (the training's system time counts too): take it from :func:`probe_feature_file`."""
     from terastack import io
 
-    blocks_in_file = ds.feature_bytes // BLOCK
+    blocks_in_file = features.feature_bytes // BLOCK
     if blocks_in_file < 1:
-        raise ValueError(f"{ds.features_path}: too small to measure (under one 4 KiB block)")
+        raise ValueError(f"{features.features_path}: too small to measure (under one 4 KiB block)")
     if seconds <= 0 or window_seconds <= 0 or min_steps < 1:
         raise ValueError(f"seconds, window_seconds, min_steps: must be > 0, > 0, >= 1 (got {seconds}, "
                          f"{window_seconds}, {min_steps})")
-    model, opt, datas = _calibration_batches(model_kind, hot, feat_dim=ds.feat_dim, hidden=hidden,
-                                             classes=ds.num_classes, layers=layers, seed=seed)
-    train_step(model, opt, datas[0])  # warm-up (allocator, lazy init), before the reads start
+    train_once(0)  # warm-up (allocator, lazy init), before the reads start
     os.sync()
     rng = np.random.default_rng(seed)
     reading, stop, out = threading.Event(), threading.Event(), {}
 
     def read() -> None:
         try:
-            with io.open(ds.features_path, "r", direct="auto", engine=engine) as f:
+            with io.open(features.features_path, "r", direct="auto", engine=engine) as f:
                 f.drop_cache()
                 reading.set()
                 out["iops"], _ = _random_read_windows(f, blocks_in_file, int(min(batch_blocks, blocks_in_file)),
@@ -251,10 +263,9 @@ def probe_while_training(ds, model_kind: str, hot: Hotness, *, hidden: int, laye
     per_node, started = [], time.perf_counter()
     try:
         while "error" not in out and (len(per_node) < min_steps or time.perf_counter() - started < seconds):
-            d = datas[len(per_node) % len(datas)]
             t0 = time.perf_counter()
-            train_step(model, opt, d)
-            per_node.append((time.perf_counter() - t0) / max(d.num_nodes, 1))
+            nodes = train_once(len(per_node) + 1)
+            per_node.append((time.perf_counter() - t0) / max(nodes, 1))
     finally:
         stop.set()
         reader.join()
@@ -329,10 +340,9 @@ def rank_positions(ranking: np.ndarray, num_nodes: int, *, step: int = 1 << 22) 
     return out
 
 
-def calibrate_hetero_compute(model_kind: str, examples: list, ds, *, hidden: int, nodes_per_batch: float,
-                             steps: int = 5, seed: int = 0) -> float:
-    """Seconds per heterogeneous training step on this machine's CPU, scaled to the mean batch (the median of
-    ``steps`` timed steps on sampled ``examples`` with random features)."""
+def hetero_training_steps(model_kind: str, examples: list, ds, *, hidden: int, seed: int = 0):
+    """``train_once(k)`` of :func:`training_steps` for a heterogeneous model: the k-th of the sampled ``examples``
+    with random features; returns the nodes (of every type) it trained on."""
     from terastack.gnn.hetero_models import HeteroGNN, hetero_train_step
 
     torch.manual_seed(seed)
@@ -344,14 +354,13 @@ def calibrate_hetero_compute(model_kind: str, examples: list, ds, *, hidden: int
     datas = [b.to_hetero_data({t: torch.randn(len(v), ds.feat_dim[t] or 1, generator=gen) for t, v in b.n_id.items()},
                               torch.randint(0, ds.num_classes, (len(b.n_id[ds.target]),), generator=gen))
              for b in examples]
-    hetero_train_step(model, opt, datas[0])  # warm-up (lazy modules, allocator)
-    per_node = []
-    for k in range(steps):
+
+    def train_once(k: int) -> int:
         d = datas[k % len(datas)]
-        t0 = time.perf_counter()
         hetero_train_step(model, opt, d)
-        per_node.append((time.perf_counter() - t0) / max(sum(d[t].num_nodes for t in d.node_types), 1))
-    return float(np.median(per_node)) * nodes_per_batch
+        return sum(d[t].num_nodes for t in d.node_types)
+
+    return train_once
 
 
 def miss_blocks(rank_of: np.ndarray, batches: list, cached_rows: int, row_bytes: int) -> tuple[int, int, int]:

@@ -131,7 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holdout-nodes", type=int, default=None, help="with --scale or --hetero: training seeds, "
                    "disjoint from the pre-sampled ones, sampled with the caches in place to measure the TPC "
                    "model's inputs (default 8192)")
-    p.add_argument("--load-probe-seconds", type=float, default=8.0, help="with --scale: how long the SSD's rate and "
+    p.add_argument("--load-probe-seconds", type=float, default=8.0, help="with --scale or --hetero: how long the SSD's rate and "
                    "the training step are measured while the other runs, for the TPC model (see terastack.gnn.advise "
                    "probe_while_training)")
     p.add_argument("--mmap-warmup-batches", type=int, default=32, help="with --scale or --hetero: batches the "

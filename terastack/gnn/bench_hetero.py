@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import (calibrate_hetero_compute, measure_gather_costs, miss_blocks, probe_feature_file,
-                                  profile_sampling, rank_positions, sample_seed_sets)
+from terastack.gnn.advise import (hetero_training_steps, measure_gather_costs, miss_blocks, probe_feature_file,
+                                  probe_while_training, profile_sampling, rank_positions, sample_seed_sets)
 from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads,
                                          run_epoch, skip_step, window_seconds)
 from terastack.gnn.cache import InMemoryFeatures, MmapFeatures
@@ -77,11 +77,11 @@ class HeteroContender:
 
     def __init__(self, *, kind: str, root: str, model: str, fanouts: str, hidden: int, lr: float, seed: int,
                  batch_size: int, budget: int, threads: int, presample_nodes: int = 0, holdout_nodes: int = 0,
-                 indptr: str = "auto", mmap_threads: int = 1):
+                 indptr: str = "auto", mmap_threads: int = 1, load_probe_seconds: float = 8.0):
         if threads:
             torch.set_num_threads(threads)
         self.kind, self.batch_size, self.seed = kind, batch_size, seed
-        self._model_kind, self._hidden = model, hidden
+        self._model_kind, self._hidden, self._load_probe_seconds = model, hidden, load_probe_seconds
         topology = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind]
         ds = self.ds = open_hetero_dataset(root, topology=topology, indptr=indptr, topology_budget=budget)
         self.sampler = HeteroNeighborSampler.for_dataset(ds, fanouts=fanouts, seed=seed)
@@ -150,15 +150,20 @@ class HeteroContender:
             raise ValueError("feat_dim: the benchmark's TPC check needs every featured type to have the same width")
         row_bytes = row_bytes.pop()
         lead = ds.target if ds.target in featured else next(iter(featured))
-        ssd = probe_feature_file(SimpleNamespace(features_path=featured[lead].features_path,
-                                                 feature_bytes=featured[lead].num_nodes * row_bytes))
+        lead_file = SimpleNamespace(features_path=featured[lead].features_path,
+                                    feature_bytes=featured[lead].num_nodes * row_bytes)
+        ssd = probe_feature_file(lead_file)
+        # the SSD's rate and the step, each measured while the other runs (terastack.gnn.advise [Note: the SSD
+        # and the step measured under each other's load]); the disk alone is reported beside
+        steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
+        loaded = probe_while_training(lead_file, steps, seconds=self._load_probe_seconds, seed=self.seed)
         here = Hardware(name="this machine (SSD measured on a feature file)", measured=True, cores=os.cpu_count() or 1,
-                        ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"], ssd_rand4k_iops=ssd["ssd_rand4k_iops"])
+                        ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"], ssd_rand4k_iops=loaded["ssd_rand4k_iops"])
         nodes = sum(f.num_nodes for f in featured.values())
         cached = sum(features.sources[t].device_rows + features.sources[t].host_rows for t in featured)
         rows_per_batch = sum(prof["rows_per_batch"].get(t, 0.0) for t in featured)
-        compute = calibrate_hetero_compute(self._model_kind, examples, ds, hidden=self._hidden,
-                                           nodes_per_batch=sum(prof["rows_per_batch"].values()), seed=self.seed)
+        compute = loaded["compute_seconds_per_node"] * sum(prof["rows_per_batch"].values())
+        loaded["compute_seconds_per_batch"] = compute
         dtype = torch.from_numpy(np.zeros(0, featured[lead].feat_dtype)).dtype
         per_row, per_miss = measure_gather_costs(nodes, featured[lead].feat_dim, dtype, rows_per_batch)
         # the hit rate at the split the budget made (a curve of three points: 0, the cached rows, all rows)
@@ -174,7 +179,8 @@ class HeteroContender:
                          table_bytes_per_node=4, topology_blocks_per_batch=prof["topology_blocks_per_batch"])
         host = cached * row_bytes + nodes * 4
         pred = predict_epoch(wl, here, device_cache=0, host_cache=host, train_threads=wl.compute_threads)
-        self.info["tpc"] = {**pred.to_dict(), "ssd": ssd, "compute_seconds_per_batch": compute,
+        self.info["tpc"] = {**pred.to_dict(), "ssd": ssd, "ssd_while_training": loaded,
+                            "compute_seconds_per_batch": compute,
                             "topology_blocks_per_batch": wl.topology_blocks_per_batch,
                             "topology_read_seconds_per_batch": wl.topology_blocks_per_batch * BLOCK
                             / min(ssd["ssd_read_bytes_per_s"], ssd["ssd_rand4k_iops"] * BLOCK)}
@@ -254,7 +260,8 @@ def measure_hetero(args) -> dict:
                       seed=args.seed, batch_size=batch_size, budget=budget, threads=threads)
         contenders["terastack"] = Contender("terastack", "terastack.gnn.bench_hetero:HeteroContender", dict(
             kind="terastack", presample_nodes=args.presample_nodes or HETERO_DEFAULTS["presample_nodes"],
-            holdout_nodes=args.holdout_nodes or HETERO_DEFAULTS["holdout_nodes"], indptr=args.indptr, **common),
+            holdout_nodes=args.holdout_nodes or HETERO_DEFAULTS["holdout_nodes"], indptr=args.indptr,
+            load_probe_seconds=args.load_probe_seconds, **common),
             rss_limit=rss_limit)
         contenders["in_memory_pipelined"] = Contender(
             "in_memory_pipelined", "terastack.gnn.bench_hetero:HeteroContender",

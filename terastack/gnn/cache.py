@@ -217,6 +217,8 @@ class UnifiedCache(FeatureSource):
         started = time.perf_counter()
         self.fill_bytes_read = self._fill()
         self.fill_seconds = time.perf_counter() - started
+        # the fill's reads (up to 65,536 rows' blocks at once, ~320 MB) are not a batch's: gathers grow their own
+        self.reader.release_staging()
 
     # ------------------------------------------------------------------ setup
     def _check_budgets(self) -> None:
@@ -389,7 +391,7 @@ class UnifiedCache(FeatureSource):
                 "cached_fraction": (self.device_rows + self.host_rows) / max(self.num_nodes, 1),
                 "fill_seconds": self.fill_seconds,
                 "fill_bytes_read": self.fill_bytes_read, "io": self.reader.direct_reason,
-                "staging_bytes": self.reader.staging_bytes}
+                "staging_bytes": self.reader.staging_bytes + sum(st.buffer.nbytes for st in self._stagings)}
 
     def close(self) -> None:
         if getattr(self, "_pinned", False):

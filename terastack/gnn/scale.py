@@ -73,7 +73,7 @@ import torch
 
 from terastack.bench_watchdog import RssWatchdog
 from terastack.gnn.advise import (miss_blocks, out_of_sample_curve, probe_feature_file, probe_while_training,
-                                  profile_sampling, rank_positions, sample_seed_sets, workload)
+                                  profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
 from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name,
                                          parse_mmap_threads, skip_step, timed_batches, window_seconds)
 from terastack.gnn.cache import MmapFeatures, UnifiedCache
@@ -308,8 +308,8 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
         rows = prof["rows_per_batch"][""]  # the hold-out's batches, not the pre-sampled ones, set the shape
         # the rate and the step the model takes: each measured while the other runs, as in the epoch
         # (advise [Note: the SSD and the step measured under each other's load]); the figures apart are kept
-        loaded = probe_while_training(ds, "sage", hot, hidden=args.hidden, layers=len(fanouts), seed=args.seed,
-                                      seconds=args.load_probe_seconds)
+        steps = training_steps("sage", hot, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
+        loaded = probe_while_training(ds, steps, seconds=args.load_probe_seconds, seed=args.seed)
         loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
         loaded["compute_seconds_per_batch_apart"] = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
         here = dataclasses.replace(here, ssd_rand4k_iops=loaded["ssd_rand4k_iops"])

@@ -63,7 +63,8 @@ def test_bench_hetero_smoke(tmp_path, capsys):
     code = main(["bench", "gnn", "--hetero", "--papers", "2000", "--feat-dim", "16", "--train-nodes", "512",
                  "--test-nodes", "128", "--batch-size", "128", "--hidden", "8", "--fanouts", "4,2", "--epochs", "2",
                  "--presample-nodes", "128", "--holdout-nodes", "128", "--mmap-warmup-batches", "1",
-                 "--mmap-batches", "2", "--mmap-threads", "1,3", "--dir", str(d), "--quiet", "--json"])
+                 "--mmap-batches", "2", "--mmap-threads", "1,3", "--load-probe-seconds", "0.3", "--dir", str(d),
+                 "--quiet", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
     r = json.loads(out.out)
@@ -87,6 +88,10 @@ def test_bench_hetero_smoke(tmp_path, capsys):
     assert set(r["peak_rss_bytes"]) == {"terastack", "in_memory_pipelined", "mmap", "mmap_3_threads"}
     assert r["tpc_error"] == pytest.approx(abs(r["tpc_predicted_epoch_seconds"] - np.mean(ts)) / np.mean(ts))
     assert r["tpc"]["topology_blocks_per_batch"] > 0  # the topology term is in the prediction
+    # the model's SSD rate and step: measured while the other ran (the disk alone beside)
+    loaded = r["tpc"]["ssd_while_training"]
+    assert loaded["steps"] >= 5 and loaded["ssd_rand4k_iops"] > 0 and r["tpc"]["ssd"]["ssd_rand4k_iops"] > 0
+    assert r["tpc"]["stages_seconds_per_batch"]["compute"] == pytest.approx(loaded["compute_seconds_per_batch"])
     assert r["loss_curves_identical"] is True  # every contender trains on the file's bytes
     assert r["accuracy"]["terastack"] == r["accuracy"]["in_memory_pipelined"]
     assert r["feature_to_budget_ratio"] == pytest.approx(4.0, rel=1e-3)

@@ -175,7 +175,7 @@ class LoggedCache(UnifiedCache):
         class Logged:
             def finish(self):
                 import time
-                time.sleep(0.01)
+                time.sleep(0.05)
                 if k == cache.fail_finish_at:
                     gathering.finish()
                     raise OSError(5, "simulated EIO reading the blocks")
@@ -204,11 +204,12 @@ def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
         events = cache.log
         assert [k for e, k, _ in events if e == "begin"] == list(range(batches))
         assert [k for e, k, _ in events if e == "finish"] == list(range(batches))  # handed on in order
-        # batch k+1 was begun (its reads submitted) before batch k was finished, for every batch but the last:
-        # the samplers were ahead, as finishing was slowed
+        # batch k+1 was begun (its reads submitted) before batch k was finished, for every batch after the first
+        # (batch 0 may be handed on before the sampler has batch 1) but the last: finishing was slowed, so the
+        # samplers were ahead
         position = {(e, k): i for i, (e, k, _) in enumerate(events)}
         overlapped = [k for k in range(batches - 1) if position[("begin", k + 1)] < position[("finish", k)]]
-        assert overlapped == list(range(batches - 1))
+        assert set(range(1, batches - 1)) <= set(overlapped)
         assert max(n for e, _, n in events if e == "begin") == 2  # never more than two in flight
         assert not cache._in_flight
         assert cache.stats.snapshot()["batches"] == batches

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import probe_feature_file, probe_while_training
+from terastack.gnn.advise import probe_feature_file, probe_while_training, training_steps
 from terastack.gnn.dataset import open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.sampler import NeighborSampler
@@ -87,8 +87,8 @@ def test_reads_run_while_the_steps_run(tiny_hot, monkeypatch):
 
     monkeypatch.setattr(File, "pread_many", pread_many)
     monkeypatch.setattr(advise, "train_step", train_step)
-    out = probe_while_training(ds, "sage", hot, hidden=8, layers=2, seconds=0.3, window_seconds=0.05, min_steps=4,
-                               batch_blocks=8)
+    out = probe_while_training(ds, training_steps("sage", hot, ds, hidden=8, layers=2), seconds=0.3,
+                               window_seconds=0.05, min_steps=4, batch_blocks=8)
     timed = steps[1:]  # the first is the warm-up, before the reads start
     assert out["steps"] == len(timed) >= 4 and out["seconds"] >= 0.3
     # the reads span the timed steps: one began inside the first and one inside the last
@@ -110,11 +110,11 @@ def test_a_failed_read_stops_the_training_and_is_raised(tiny_hot, monkeypatch):
     monkeypatch.setattr(File, "pread_many", pread_many)
     started = time.perf_counter()
     with pytest.raises(OSError, match="Input/output error"):
-        probe_while_training(ds, "sage", hot, hidden=8, layers=2, seconds=30.0, min_steps=1000)
+        probe_while_training(ds, training_steps("sage", hot, ds, hidden=8, layers=2), seconds=30.0, min_steps=1000)
     assert time.perf_counter() - started < 10  # the steps stopped at the failure, not after 30 s
 
 
 def test_loaded_probe_refuses_bad_durations(tiny_hot):
     ds, hot = tiny_hot
     with pytest.raises(ValueError, match="min_steps"):
-        probe_while_training(ds, "sage", hot, hidden=8, layers=2, min_steps=0)
+        probe_while_training(ds, training_steps("sage", hot, ds, hidden=8, layers=2), min_steps=0)

@@ -6,9 +6,10 @@ import pytest
 from .job_helpers import finetune_export, write_chat_job
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def references(tmp_path_factory):
-    """``terastack finetune``'s exports of the job, clipping off and on (one process each)."""
+    """``terastack finetune``'s exports of the job, clipping off and on (one process each); built once for the
+    session: test_job.py and test_order_matching.py compare against the same two exports."""
     pytest.importorskip("transformers", reason="the jobs' model is a transformers Llama")
     root = tmp_path_factory.mktemp("reference")
     out = {}

@@ -125,7 +125,7 @@ def test_two_nodes_train_lose_a_node_and_resume(tmp_path):
 
     One scenario, not two, to start the job's ranks (each imports torch and transformers) as few times as
     possible: a two-node run (until the kill), a two-node resume (to the end)."""
-    steps = 10  # the kill comes at step 2 or 3
+    steps = 6  # the kill comes at step 2 or 3 (a step takes about a second here); the resume trains the rest
     job_file = write_chat_job(tmp_path, workers=3, clip=0.5, steps=steps, training__lr_schedule="constant",
                               disdp__servers=1, disdp__aggregator=False)
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"

@@ -56,10 +56,26 @@ def test_checkpoint_resume_script_copies_the_state_when_asked(tmp_path):
     assert not any((tmp_path / "run").iterdir())
 
 
-def test_checkpoint_resume_script_refuses_a_disk_too_small(tmp_path):
-    proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--layers", "400")  # 52B parameters
-    assert proc.returncode == 2
-    assert "needs" in proc.stderr and "free in" in proc.stderr and "--layers" in proc.stderr
+def test_checkpoint_resume_script_refuses_a_disk_too_small(tmp_path, monkeypatch, capsys):
+    """The script's own main() in this process (no interpreter to start), its directory's free space set to 1 GiB
+    less than it needs for the 3.4B model (26 layers): it refuses before starting a run, naming both numbers."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("llm_3b_checkpoint_resume",
+                                                  ROOT / "benchmarks" / "llm-3b-checkpoint-resume.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    params = script._parameters(script.hf_config("openllama-3b"))
+    need = int(1.25 * 12 * params) + (2 << 30)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=need - (1 << 30)))
+    monkeypatch.setattr(sys, "argv", ["llm-3b-checkpoint-resume.py", str(tmp_path / "run")])
+    monkeypatch.setattr(script.subprocess, "run", None)  # a run started instead of the refusal fails loudly
+    assert script.main() == 2
+    err = capsys.readouterr().err
+    assert "needs" in err and "free in" in err and "--layers" in err
+    assert f"{params:,} parameters" in err and script.format_bytes(need) in err
 
 
 def test_export_check_script_checks_its_export(tmp_path):

@@ -173,25 +173,36 @@ def probe_feature_file(ds, *, seconds: float = 1.5, windows: int = 5, batch_bloc
 
 
 def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds: float, windows: int | None,
-                         stop: threading.Event | None = None) -> tuple[list, list]:
-    """4 KiB random reads of ``n`` blocks per ``pread_many``, one after another, timed in windows of
-    ``window_seconds``: each window's reads per second and kernel CPU per block. ``windows`` windows, or (None)
-    until ``stop`` is set; a window ``stop`` cuts short is dropped unless no window was complete."""
+                         stop: threading.Event | None = None, period: float = 0.0) -> tuple[list, list]:
+    """4 KiB random reads of ``n`` blocks per ``pread_many``, one after another (or, with ``period`` > 0, one
+    request every ``period`` seconds at most, as an epoch's batches ask), timed in windows of ``window_seconds``:
+    each window's reads per second and kernel CPU per block. ``windows`` windows, or (None) until ``stop`` is
+    set; a window ``stop`` cuts short is dropped unless no window was complete."""
     from terastack import io
 
     buf = io.aligned_empty(n * BLOCK)
     iops, cpu_per_block, partial = [], [], None
+    due = start = time.perf_counter()  # paced: when the next request may go; the first window's start
     while windows is None or len(iops) < windows:
-        done, start, sys_cpu = 0, time.perf_counter(), 0.0
+        done, sys_cpu = 0, 0.0
         while time.perf_counter() - start < window_seconds or done == 0:
-            if stop is not None and stop.is_set() and done:
+            if stop is not None and stop.is_set() and (done or iops):
                 break
+            wait = due - time.perf_counter()
+            if wait > 0 and (stop.wait(wait) if stop is not None else time.sleep(wait)) and (done or iops):
+                break  # stopped while waiting for the request's turn
             blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
-            before = os.times().system
+            issued, before = time.perf_counter(), os.times().system
             f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
             sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
             done += n
-        rate = (done / (time.perf_counter() - start), sys_cpu / done)
+            due = max(due, issued) + period  # a late request moves the next one's turn, as a late batch does
+        if not done:
+            break  # stopped before this window's first request
+        # paced, a window runs to its last request's slot end (the next one's turn), so it counts whole slots
+        end = max(time.perf_counter(), due)
+        rate = (done / (end - start), sys_cpu / done)
+        start = end
         if stop is not None and stop.is_set():
             partial = rate
             break
@@ -217,7 +228,8 @@ def training_steps(model_kind: str, hot: Hotness, ds, *, hidden: int, layers: in
 
 
 def probe_while_training(features, train_once, *, seconds: float = 8.0, window_seconds: float = 1.0,
-                         min_steps: int = 5, batch_blocks: int = 8192, seed: int = 0, engine=None) -> dict:
+                         min_steps: int = 5, batch_blocks: int = 8192, rate: float | None = None, seed: int = 0,
+                         engine=None) -> dict:
     """The SSD's 4 KiB random-read rate while the training step runs, and the step's time while the SSD reads.
 
     [Note: the SSD and the step measured under each other's load]
@@ -231,15 +243,23 @@ def probe_while_training(features, train_once, *, seconds: float = 8.0, window_s
     with; it returns the nodes it trained on) for at least ``seconds`` and ``min_steps`` steps after one
     warm-up step. ``features``: the file (``features_path``, ``feature_bytes``). Returned: the windows' median
     reads per second, the steps' median seconds per node, and both lists. The kernel's CPU per block is not
-    separable here (the training's system time counts too): take it from :func:`probe_feature_file`."""
+    separable here (the training's system time counts too): take it from :func:`probe_feature_file`.
+
+    ``rate`` (blocks a second): read no faster, one request of ``batch_blocks`` every ``batch_blocks / rate``
+    seconds, as an epoch that reads at that rate does (0, or ``batch_blocks`` 0: no reads, the step alone);
+    None reads as fast as the disk serves. The reads per second returned are then the rate the disk kept."""
     from terastack import io
 
     blocks_in_file = features.feature_bytes // BLOCK
     if blocks_in_file < 1:
         raise ValueError(f"{features.features_path}: too small to measure (under one 4 KiB block)")
-    if seconds <= 0 or window_seconds <= 0 or min_steps < 1:
-        raise ValueError(f"seconds, window_seconds, min_steps: must be > 0, > 0, >= 1 (got {seconds}, "
-                         f"{window_seconds}, {min_steps})")
+    if seconds <= 0 or window_seconds <= 0 or min_steps < 1 or batch_blocks < 0 or (rate is not None and rate < 0):
+        raise ValueError(f"seconds, window_seconds, min_steps, batch_blocks, rate: must be > 0, > 0, >= 1, >= 0, "
+                         f">= 0 (got {seconds}, {window_seconds}, {min_steps}, {batch_blocks}, {rate})")
+    n = int(min(batch_blocks, blocks_in_file))
+    idle = n == 0 or rate == 0
+    period = 0.0 if rate is None or idle else n / rate
+    window_seconds = max(window_seconds, 2 * period)  # a window spans requests, not the gap before one
     train_once(0)  # warm-up (allocator, lazy init), before the reads start
     os.sync()
     rng = np.random.default_rng(seed)
@@ -247,11 +267,14 @@ def probe_while_training(features, train_once, *, seconds: float = 8.0, window_s
 
     def read() -> None:
         try:
+            if idle:
+                out["iops"] = [0.0]
+                return
             with io.open(features.features_path, "r", direct="auto", engine=engine) as f:
                 f.drop_cache()
                 reading.set()
-                out["iops"], _ = _random_read_windows(f, blocks_in_file, int(min(batch_blocks, blocks_in_file)),
-                                                      rng, window_seconds=window_seconds, windows=None, stop=stop)
+                out["iops"], _ = _random_read_windows(f, blocks_in_file, n, rng, window_seconds=window_seconds,
+                                                      windows=None, stop=stop, period=period)
         except BaseException as exc:  # noqa: BLE001 -- handed to the training thread, which raises it
             out["error"] = exc
         finally:
@@ -272,8 +295,40 @@ def probe_while_training(features, train_once, *, seconds: float = 8.0, window_s
     if "error" in out:
         raise out["error"]
     return {"ssd_rand4k_iops": float(np.median(out["iops"])), "compute_seconds_per_node": float(np.median(per_node)),
-            "steps": len(per_node), "seconds": time.perf_counter() - started,
-            "windows": {"ssd_rand4k_iops": out["iops"], "compute_seconds_per_node": per_node}}
+            "steps": len(per_node), "seconds": time.perf_counter() - started, "rate_limit": rate,
+            "request_blocks": n, "windows": {"ssd_rand4k_iops": out["iops"], "compute_seconds_per_node": per_node}}
+
+
+def measure_under_epoch_load(features, train_once, predict, *, seconds: float = 8.0, rounds: int = 2,
+                             busy: float = 0.9, seed: int = 0, engine=None, **probe) -> dict:
+    """The TPC model's SSD rate and training step, measured under the load the predicted epoch puts on the
+    machine.
+
+    [Note: the step measured beside the epoch's own read rate]
+    The step is slower while the disk reads, by how much depends on how fast it reads: beside reads at the
+    disk's full rate a 3-6 s heterogeneous step took 6.4 s, while its epoch, reading far less, ran at 3.5 s a
+    batch. So the load is the epoch's own: first the disk's full rate while the steps run (the SSD figure the
+    model takes, and a first step); then ``predict(ssd_rand4k_iops, compute_seconds_per_node)`` (a
+    :class:`terastack.plan.tpc.Prediction`) gives the epoch's read rate and each batch's request, and the steps
+    are timed again beside reads at that rate, one request a predicted batch, for up to ``rounds`` rounds (each
+    prediction from the last round's step). An epoch predicted to keep the disk at least ``busy`` of its rate is
+    measured at the full rate. ``probe``: further arguments of :func:`probe_while_training`. Returned: the SSD
+    rate, the step, each round's figures, and the last prediction."""
+    full = probe_while_training(features, train_once, seconds=seconds, seed=seed, engine=engine, **probe)
+    iops, per_node, measured = full["ssd_rand4k_iops"], full["compute_seconds_per_node"], []
+    prediction = predict(iops, per_node)
+    for k in range(rounds):
+        read_rate = prediction.ssd_bytes_per_epoch / BLOCK / max(prediction.epoch_seconds, 1e-12)
+        if read_rate >= busy * iops:
+            break
+        request = int(round(read_rate * prediction.batch_seconds))
+        at_rate = probe_while_training(features, train_once, seconds=seconds, seed=seed + k + 1, engine=engine,
+                                       **{**probe, "rate": read_rate, "batch_blocks": request})
+        measured.append(at_rate)
+        per_node = at_rate["compute_seconds_per_node"]
+        prediction = predict(iops, per_node)
+    return {"ssd_rand4k_iops": iops, "compute_seconds_per_node": per_node, "full_rate": full, "at_epoch_rate": measured,
+            "prediction": prediction}
 
 
 # ------------------------------------------------------------------ a sample of the epoch, the cache in place

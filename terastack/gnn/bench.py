@@ -131,9 +131,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holdout-nodes", type=int, default=None, help="with --scale or --hetero: training seeds, "
                    "disjoint from the pre-sampled ones, sampled with the caches in place to measure the TPC "
                    "model's inputs (default 8192)")
-    p.add_argument("--load-probe-seconds", type=float, default=8.0, help="with --scale or --hetero: how long the SSD's rate and "
-                   "the training step are measured while the other runs, for the TPC model (see terastack.gnn.advise "
-                   "probe_while_training)")
+    p.add_argument("--load-probe-seconds", type=float, default=8.0, help="with --scale or --hetero: how long each round of the TPC "
+                   "model's calibration runs: the SSD's rate while the training steps run, then the step beside reads "
+                   "at the predicted epoch's rate (see terastack.gnn.advise measure_under_epoch_load)")
     p.add_argument("--mmap-warmup-batches", type=int, default=32, help="with --scale or --hetero: batches the "
                    "np.memmap contender runs before the batches it is compared on")
     p.add_argument("--mmap-batches", type=int, default=96, help="with --scale or --hetero: batches on which the "

@@ -39,6 +39,7 @@ contender's epoch is at least the step's, which caps ``speedup_vs_mmap`` at (mma
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -50,8 +51,8 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import (hetero_training_steps, measure_gather_costs, miss_blocks, probe_feature_file,
-                                  probe_while_training, profile_sampling, rank_positions, sample_seed_sets)
+from terastack.gnn.advise import (hetero_training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
+                                  probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
 from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads,
                                          run_epoch, skip_step, window_seconds)
 from terastack.gnn.cache import InMemoryFeatures, MmapFeatures
@@ -153,17 +154,10 @@ class HeteroContender:
         lead_file = SimpleNamespace(features_path=featured[lead].features_path,
                                     feature_bytes=featured[lead].num_nodes * row_bytes)
         ssd = probe_feature_file(lead_file)
-        # the SSD's rate and the step, each measured while the other runs (terastack.gnn.advise [Note: the SSD
-        # and the step measured under each other's load]); the disk alone is reported beside
-        steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
-        loaded = probe_while_training(lead_file, steps, seconds=self._load_probe_seconds, seed=self.seed)
-        here = Hardware(name="this machine (SSD measured on a feature file)", measured=True, cores=os.cpu_count() or 1,
-                        ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"], ssd_rand4k_iops=loaded["ssd_rand4k_iops"])
         nodes = sum(f.num_nodes for f in featured.values())
         cached = sum(features.sources[t].device_rows + features.sources[t].host_rows for t in featured)
         rows_per_batch = sum(prof["rows_per_batch"].get(t, 0.0) for t in featured)
-        compute = loaded["compute_seconds_per_node"] * sum(prof["rows_per_batch"].values())
-        loaded["compute_seconds_per_batch"] = compute
+        trained_per_batch = sum(prof["rows_per_batch"].values())
         dtype = torch.from_numpy(np.zeros(0, featured[lead].feat_dtype)).dtype
         per_row, per_miss = measure_gather_costs(nodes, featured[lead].feat_dim, dtype, rows_per_batch)
         # the hit rate at the split the budget made (a curve of three points: 0, the cached rows, all rows)
@@ -173,12 +167,26 @@ class HeteroContender:
                          batches_per_epoch=-(-len(self.train_ids) // self.batch_size), nodes_per_batch=rows_per_batch,
                          curve_rows=curve_rows, curve_hits=curve_hits,
                          blocks_per_miss=prof["feature_blocks_per_missed_row"] or blocks_per_miss(row_bytes),
-                         sample_seconds=prof["sample_cpu_seconds_per_batch"], compute_seconds=compute,
+                         sample_seconds=prof["sample_cpu_seconds_per_batch"], compute_seconds=None,
                          compute_threads=torch.get_num_threads(), gather_seconds_per_row=per_row,
                          miss_cpu_seconds_per_row=per_miss, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
                          table_bytes_per_node=4, topology_blocks_per_batch=prof["topology_blocks_per_batch"])
         host = cached * row_bytes + nodes * 4
-        pred = predict_epoch(wl, here, device_cache=0, host_cache=host, train_threads=wl.compute_threads)
+
+        def predict(iops: float, seconds_per_node: float):
+            here = Hardware(name="this machine (SSD measured on a feature file)", measured=True,
+                            cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
+                            ssd_rand4k_iops=iops)
+            return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * trained_per_batch), here,
+                                 device_cache=0, host_cache=host, train_threads=wl.compute_threads)
+
+        # the SSD's rate and the step under the epoch's own load (terastack.gnn.advise [Note: the step measured
+        # beside the epoch's own read rate]); the disk alone is reported beside
+        steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
+        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed)
+        pred = loaded.pop("prediction")
+        compute = loaded["compute_seconds_per_node"] * trained_per_batch
+        loaded["compute_seconds_per_batch"] = compute
         self.info["tpc"] = {**pred.to_dict(), "ssd": ssd, "ssd_while_training": loaded,
                             "compute_seconds_per_batch": compute,
                             "topology_blocks_per_batch": wl.topology_blocks_per_batch,

@@ -28,10 +28,11 @@ the pre-sampling never saw, as a user's does. A second, disjoint sample
 what the TPC model needs out of sample -- the hit-rate curve of the feature
 ranking, the sampler's CPU time per batch and the 4 KiB blocks it reads for
 the lists the cache misses (the model's topology term, terastack.plan.tpc).
-The SSD's random-read rate and the training step the model takes are each
-measured while the other runs (``--load-probe-seconds``; terastack.gnn.advise
-[Note: the SSD and the step measured under each other's load]), as they run in
-the epoch; the disk's rate alone is reported beside (``tpc.ssd``).
+The SSD's random-read rate the model takes is measured while the training
+steps run, and the step beside reads at the rate the model predicts the epoch
+reads at (``--load-probe-seconds`` a round; terastack.gnn.advise [Note: the step
+measured beside the epoch's own read rate]), as they run in the epoch; the
+disk's rate alone is reported beside (``tpc.ssd``).
 
 Training: the topology is opened on the SSD (``indptr`` by the ``auto`` rule
 of terastack.gnn.topology), the one cache budget (``--budget``) is split between
@@ -72,7 +73,7 @@ import numpy as np
 import torch
 
 from terastack.bench_watchdog import RssWatchdog
-from terastack.gnn.advise import (miss_blocks, out_of_sample_curve, probe_feature_file, probe_while_training,
+from terastack.gnn.advise import (measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
 from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name,
                                          parse_mmap_threads, skip_step, timed_batches, window_seconds)
@@ -256,8 +257,9 @@ def measure_scale(args) -> dict:
                 "ssd_while_training": ours["ssd_while_training"],
                 "ssd_after_epoch": ours["ssd_after_epoch"], "holdout": ours["holdout"],
                 "note": "inputs measured on pre-sampled and hold-out batches (never the epoch); the SSD's random-"
-                        "read rate and the step's time measured while the other runs (ssd_while_training; ssd: the "
-                        "disk alone); topology reads: the hold-out's list blocks at that rate"},
+                        "read rate measured while the steps run, the step's time beside reads at the predicted "
+                        "epoch's rate (ssd_while_training: full_rate, at_epoch_rate; ssd: the disk alone); "
+                        "topology reads: the hold-out's list blocks at that rate"},
         "epoch": {k: v for k, v in epoch.items() if k not in ("losses", "marks")},
         "presample_seconds": ours["presample_seconds"], "presample": ours["presample"],
         "generation": {"status": gen["status"], "seconds": gen["wall_seconds"],
@@ -306,26 +308,32 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
                       calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
                       curve=curve)
         rows = prof["rows_per_batch"][""]  # the hold-out's batches, not the pre-sampled ones, set the shape
-        # the rate and the step the model takes: each measured while the other runs, as in the epoch
-        # (advise [Note: the SSD and the step measured under each other's load]); the figures apart are kept
-        steps = training_steps("sage", hot, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
-        loaded = probe_while_training(ds, steps, seconds=args.load_probe_seconds, seed=args.seed)
-        loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
-        loaded["compute_seconds_per_batch_apart"] = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
-        here = dataclasses.replace(here, ssd_rand4k_iops=loaded["ssd_rand4k_iops"])
+        apart_per_batch = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
         wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size), nodes_per_batch=rows,
-                                 compute_seconds=loaded["compute_seconds_per_batch"],
                                  sample_seconds=prof["sample_cpu_seconds_per_batch"],
                                  topology_blocks_per_batch=prof["topology_blocks_per_batch"],
                                  blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
+        samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, ds.topology)
+
+        def predict(iops: float, seconds_per_node: float):
+            return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows),
+                                 dataclasses.replace(here, ssd_rand4k_iops=iops), device_cache=0,
+                                 host_cache=feature_budget, train_threads=wl.compute_threads, samplers=samplers)
+
+        # the rate and the step the model takes, measured under the epoch's own load (advise [Note: the step
+        # measured beside the epoch's own read rate]); the figures apart are kept for the report
+        steps = training_steps("sage", hot, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
+        loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed)
+        predicted = loaded.pop("prediction")
+        loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
+        loaded["compute_seconds_per_batch_apart"] = apart_per_batch
+        here = dataclasses.replace(here, ssd_rand4k_iops=loaded["ssd_rand4k_iops"])
+        wl = dataclasses.replace(wl, compute_seconds=loaded["compute_seconds_per_batch"])
         hot_summary = {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch, "seeds": len(placed_from)}
         del hot
         cache = UnifiedCache(ds, ranking, device_budget=0, host_budget=feature_budget, device="cpu")
         del ranking
         hot_summary["expected_feature_hit_rate"] = wl.hit_rate(cache.device_rows + cache.host_rows)
-        samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, ds.topology)
-        predicted = predict_epoch(wl, here, device_cache=0, host_cache=feature_budget,
-                                  train_threads=wl.compute_threads, samplers=samplers)
         torch.manual_seed(args.seed)
         model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)

@@ -15,8 +15,9 @@ and ``b`` blocks (``BLOCK``, 4 KiB: the store's O_DIRECT block) read per missed 
               + (1 - h) n b x (kernel CPU per block read)                    (measured costs)
     sample  = measured sampler time per batch
     compute = measured training step (this machine), or FLOPs / (rate x efficiency)
-              (the benchmarks measure the step and the SSD's rate each while the other runs, as in an
-              epoch: terastack.gnn.advise [Note: the SSD and the step measured under each other's load])
+              (the benchmarks measure the SSD's rate while the steps run, and the step beside reads at the
+              predicted epoch's rate: terastack.gnn.advise [Note: the step measured beside the epoch's own
+              read rate])
     pcie    = (1 - h_device) n x row_bytes / PCIe bandwidth                (with a GPU)
     topology: with the topology on the SSD, the sampler reads ``t`` blocks per batch for the
               neighbour lists (and indptr entries) its list cache misses, one read per hop,

@@ -45,7 +45,13 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
     assert r["tpc"]["predicted_topology_blocks_per_batch"] > 0 and r["tpc_prediction_error"] >= 0
     # the model's SSD rate and step: measured while the other ran (the disk alone is reported beside)
     loaded = r["tpc"]["ssd_while_training"]
-    assert loaded["steps"] >= 5 and loaded["ssd_rand4k_iops"] > 0 and r["tpc"]["ssd"]["ssd_rand4k_iops"] > 0
+    full = loaded["full_rate"]
+    assert full["steps"] >= 5 and loaded["ssd_rand4k_iops"] == full["ssd_rand4k_iops"] > 0
+    assert r["tpc"]["ssd"]["ssd_rand4k_iops"] > 0
+    # the step: timed beside reads at the predicted epoch's rate, below the full rate (or at it, when the epoch
+    # keeps the disk busy)
+    assert all(0 <= k["rate_limit"] < full["ssd_rand4k_iops"] for k in loaded["at_epoch_rate"])
+    assert loaded["compute_seconds_per_node"] == (loaded["at_epoch_rate"] or [full])[-1]["compute_seconds_per_node"]
     assert loaded["compute_seconds_per_batch"] == pytest.approx(
         loaded["compute_seconds_per_node"] * r["tpc"]["holdout"]["rows_per_batch"][""])
     assert r["tpc"]["stages_seconds_per_batch"]["compute"] == pytest.approx(loaded["compute_seconds_per_batch"])

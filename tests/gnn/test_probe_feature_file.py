@@ -118,3 +118,90 @@ def test_loaded_probe_refuses_bad_durations(tiny_hot):
     ds, hot = tiny_hot
     with pytest.raises(ValueError, match="min_steps"):
         probe_while_training(ds, training_steps("sage", hot, ds, hidden=8, layers=2), min_steps=0)
+
+
+# ----------------------------------------------------------------- the step beside the epoch's own read rate
+def counting_reads(monkeypatch) -> list:
+    """Patches File.pread_many to log each request's time; returns the log."""
+    log, real = [], File.pread_many
+
+    def pread_many(self, *args, **kwargs):
+        log.append(time.perf_counter())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(File, "pread_many", pread_many)
+    return log
+
+
+def load_sensitive_step(reads: list, *, base: float = 0.01, per_read: float = 0.002):
+    """A step that takes ``base`` s plus ``per_read`` for every read request that began during its first ``base``
+    seconds: slower the harder the disk is driven, as the CPU's matmuls are beside SSD traffic."""
+    def train_once(k: int) -> int:
+        t0 = time.perf_counter()
+        time.sleep(base)
+        time.sleep(per_read * sum(1 for t in reads if t >= t0))
+        return 10
+    return train_once
+
+
+def test_paced_reads_keep_to_the_rate(feature_file, monkeypatch):
+    reads = counting_reads(monkeypatch)
+    out = probe_while_training(feature_file, lambda k: time.sleep(0.01) or 10, seconds=0.6, window_seconds=0.1,
+                               min_steps=1, batch_blocks=8, rate=200.0)  # one request of 8 blocks every 0.04 s
+    span = reads[-1] - reads[0]
+    assert out["rate_limit"] == 200.0 and out["request_blocks"] == 8
+    assert len(reads) >= 10 and span >= (len(reads) - 1) * 0.04 * 0.95  # never ahead of the pace
+    assert out["ssd_rand4k_iops"] == pytest.approx(200.0, rel=0.1)  # the disk kept it
+    unpaced = probe_while_training(feature_file, lambda k: time.sleep(0.01) or 10, seconds=0.3, window_seconds=0.1,
+                                   min_steps=1, batch_blocks=8)
+    assert unpaced["ssd_rand4k_iops"] > 2 * 200.0
+
+
+def test_a_zero_rate_reads_nothing(feature_file, monkeypatch):
+    reads = counting_reads(monkeypatch)
+    out = probe_while_training(feature_file, lambda k: time.sleep(0.01) or 10, seconds=0.1, min_steps=3, rate=0.0)
+    assert reads == [] and out["steps"] >= 3 and out["ssd_rand4k_iops"] == 0.0
+    assert out["compute_seconds_per_node"] == pytest.approx(0.001, rel=0.5)
+
+
+def test_the_step_is_timed_beside_the_predicted_epochs_reads(feature_file, monkeypatch):
+    import terastack.gnn.advise as advise
+
+    reads = counting_reads(monkeypatch)
+    calls, probes, real_probe = [], [], advise.probe_while_training
+
+    def probe(*args, **kwargs):
+        probes.append(kwargs)
+        return real_probe(*args, **kwargs)
+
+    monkeypatch.setattr(advise, "probe_while_training", probe)
+
+    def predict(iops, seconds_per_node):  # 10 batches of ten steps' time (compute-bound), 16 blocks read a batch
+        calls.append((iops, seconds_per_node))
+        batch = seconds_per_node * 100
+        return SimpleNamespace(epoch_seconds=10 * batch, batch_seconds=batch, ssd_bytes_per_epoch=10 * 16 * BLOCK)
+
+    out = advise.measure_under_epoch_load(feature_file, load_sensitive_step(reads), predict, seconds=0.4, rounds=2,
+                                          window_seconds=0.1, min_steps=3, batch_blocks=8)
+    full, paced = out["full_rate"], out["at_epoch_rate"]
+    assert len(paced) == 2 and "rate" not in probes[0]
+    for k, (before, probed) in enumerate(zip(calls, paced)):  # each round reads at the rate the last step predicts
+        batch = before[1] * 100
+        assert probes[k + 1]["rate"] == pytest.approx(16 / batch)
+        assert probes[k + 1]["batch_blocks"] == 16 and probed["request_blocks"] == 16
+    # the reads at the epoch's rate slow the step far less than the full rate did, and the model takes that step
+    assert paced[-1]["compute_seconds_per_node"] < 0.5 * full["compute_seconds_per_node"]
+    assert out["compute_seconds_per_node"] == paced[-1]["compute_seconds_per_node"] == calls[-1][1]
+    assert out["ssd_rand4k_iops"] == full["ssd_rand4k_iops"] == calls[-1][0]
+
+
+def test_an_epoch_that_keeps_the_disk_busy_is_timed_at_the_full_rate(feature_file):
+    def predict(iops, seconds_per_node):  # reads at the disk's whole rate
+        return SimpleNamespace(epoch_seconds=1.0, batch_seconds=0.1, ssd_bytes_per_epoch=iops * BLOCK)
+
+    from terastack.gnn.advise import measure_under_epoch_load
+
+    out = measure_under_epoch_load(feature_file, lambda k: time.sleep(0.01) or 10, predict, seconds=0.2,
+                                   window_seconds=0.05, min_steps=2, batch_blocks=8)
+    assert out["at_epoch_rate"] == [] and out["compute_seconds_per_node"] == out["full_rate"]["compute_seconds_per_node"]
+    assert out["prediction"].ssd_bytes_per_epoch == out["ssd_rand4k_iops"] * BLOCK

@@ -49,15 +49,31 @@ def calibrate_compute(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: i
     flops = 6.0 * hot.nodes_per_batch * weights + 6.0 * hot.edges_per_batch * hidden * layers
     if steps < 1:
         return float("nan"), flops
-    train_step(model, opt, datas[0])  # warm-up (allocator, lazy init)
-    per_node = []
-    for k in range(steps):
-        d = datas[k % len(datas)]
-        t0 = time.perf_counter()
-        train_step(model, opt, d)
-        per_node.append((time.perf_counter() - t0) / max(d.num_nodes, 1))
-    per_node = float(np.median(per_node))  # the median resists a step slowed by other work on the machine
+    train_once = _stepper(model, opt, datas)
+    train_once(0)  # warm-up (allocator, lazy init)
+    per_node = float(np.median(_timed_steps(train_once, min_steps=steps)))  # the median resists a slowed step
     return per_node * hot.nodes_per_batch, flops
+
+
+def _stepper(model, opt, datas: list):
+    """``train_once(k)``: one training step on the k-th of ``datas`` (cyclically); returns the nodes it trained."""
+    def train_once(k: int) -> int:
+        d = datas[k % len(datas)]
+        train_step(model, opt, d)
+        return d.num_nodes
+
+    return train_once
+
+
+def _timed_steps(train_once, *, min_steps: int, seconds: float = 0.0, going=lambda: True) -> list[float]:
+    """Seconds per node of ``train_once(1)``, ``train_once(2)``, ...: at least ``min_steps`` steps and ``seconds``,
+    while ``going()``."""
+    per_node, started = [], time.perf_counter()
+    while going() and (len(per_node) < min_steps or time.perf_counter() - started < seconds):
+        t0 = time.perf_counter()
+        nodes = train_once(len(per_node) + 1)
+        per_node.append((time.perf_counter() - t0) / max(nodes, 1))
+    return per_node
 
 
 def measure_gather_costs(num_nodes: int, row_len: int, dtype: torch.dtype, rows_per_batch: float, *,
@@ -216,15 +232,8 @@ def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds:
 def training_steps(model_kind: str, hot: Hotness, ds, *, hidden: int, layers: int, seed: int = 0):
     """``train_once(k)``: the calibration's k-th training step (the model and the pre-sampling's example batches,
     random features); returns the nodes it trained on. The first call also warms the model up."""
-    model, opt, datas = _calibration_batches(model_kind, hot, feat_dim=ds.feat_dim, hidden=hidden,
-                                             classes=ds.num_classes, layers=layers, seed=seed)
-
-    def train_once(k: int) -> int:
-        d = datas[k % len(datas)]
-        train_step(model, opt, d)
-        return d.num_nodes
-
-    return train_once
+    return _stepper(*_calibration_batches(model_kind, hot, feat_dim=ds.feat_dim, hidden=hidden,
+                                          classes=ds.num_classes, layers=layers, seed=seed))
 
 
 def probe_while_training(features, train_once, *, seconds: float = 8.0, window_seconds: float = 1.0,
@@ -283,12 +292,9 @@ def probe_while_training(features, train_once, *, seconds: float = 8.0, window_s
     reader = threading.Thread(target=read, name="terastack-probe-reads", daemon=True)
     reader.start()
     reading.wait()
-    per_node, started = [], time.perf_counter()
+    started = time.perf_counter()
     try:
-        while "error" not in out and (len(per_node) < min_steps or time.perf_counter() - started < seconds):
-            t0 = time.perf_counter()
-            nodes = train_once(len(per_node) + 1)
-            per_node.append((time.perf_counter() - t0) / max(nodes, 1))
+        per_node = _timed_steps(train_once, min_steps=min_steps, seconds=seconds, going=lambda: "error" not in out)
     finally:
         stop.set()
         reader.join()

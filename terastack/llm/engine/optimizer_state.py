@@ -47,7 +47,6 @@ class OptimizerState:
         self._failure = failure
         self.timeout = timeout
         self.masters_limit = masters_bytes
-        self.writeback_limit = writeback_bytes
         self.read_ahead_limit = read_ahead_bytes
         largest = max((i.numel for i in tensors.values()), default=0)
         self._master_reserve = held_bytes(4 * largest)
@@ -57,6 +56,11 @@ class OptimizerState:
                                            cat="state")  # updated state on its way home
         self._chunk_bytes: dict[tuple[str, int], int] = {}  # (tensor, chunk) -> bytes of its state, fixed
         self._low: dict[str, torch.Tensor] = {}  # mixed precision: compute copies being rebuilt from masters
+
+    @property
+    def writeback_limit(self) -> int:
+        """Bytes of updated state allowed on their way home at once (the write-back window's allowance)."""
+        return self._writebacks.limit
 
     # ------------------------------------------------------------ records
     def records(self, name: str, k: int) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -154,14 +155,41 @@ def test_config_errors_and_trace_shows_the_three_stages(setup):
 
 
 # ------------------------------------------------- one batch's reads in flight while the one before is cut
+class SampledLog:
+    """A sampler that records which batches it has sampled, so a test can wait until the samplers are ahead."""
+
+    def __init__(self, sampler):
+        self._inner = sampler
+        self._done: set = set()
+        self._cv = threading.Condition()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def sample(self, *args, index=None, **kwargs):
+        batch = self._inner.sample(*args, index=index, **kwargs)
+        with self._cv:
+            self._done.add(index)
+            self._cv.notify_all()
+        return batch
+
+    def wait_for(self, k: int, timeout: float = 30.0) -> None:
+        with self._cv:
+            assert self._cv.wait_for(lambda: k in self._done, timeout), f"batch {k} was never sampled"
+
+
 class LoggedCache(UnifiedCache):
     """The unified cache, logging when each batch's gather begins and finishes; finishing is slowed so the
-    samplers run ahead (the steady state of an epoch that waits on the disk)."""
+    samplers run ahead (the steady state of an epoch that waits on the disk). With ``sampled`` (a
+    :class:`SampledLog`) and ``batches``, ``begin(k)`` returns only once batch k+1 has been sampled and handed
+    to the gather thread's queue, whatever the machine's load."""
 
-    def __init__(self, *args, fail_begin_at: int | None = None, fail_finish_at: int | None = None, **kwargs):
+    def __init__(self, *args, fail_begin_at: int | None = None, fail_finish_at: int | None = None,
+                 sampled: SampledLog | None = None, batches: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.log, self.begun = [], 0
         self.fail_begin_at, self.fail_finish_at = fail_begin_at, fail_finish_at
+        self.sampled, self.batches = sampled, batches
 
     def begin(self, ids, out):
         k = self.begun
@@ -170,11 +198,13 @@ class LoggedCache(UnifiedCache):
             raise OSError(5, "simulated EIO submitting the reads")
         self.log.append(("begin", k, len(self._in_flight) + 1))
         gathering = super().begin(ids, out)
+        if self.sampled is not None and k + 1 < self.batches:
+            self.sampled.wait_for(k + 1)
+            time.sleep(0.1)  # its sampler thread puts it in the queue right after sampling it
         cache = self
 
         class Logged:
             def finish(self):
-                import time
                 time.sleep(0.05)
                 if k == cache.fail_finish_at:
                     gathering.finish()
@@ -194,22 +224,22 @@ def _logged(setup, **kwargs):
 
 def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
     ds, sampler, features = setup
-    with _logged(setup) as cache:
-        pipe = Pipeline(sampler, cache, ds.labels)
+    batches = -(-len(ds.splits["train"]) // 32)
+    sampled = SampledLog(sampler)
+    with _logged(setup, sampled=sampled, batches=batches) as cache:
+        pipe = Pipeline(sampled, cache, ds.labels)
         got = [(d.n_id.clone(), d.x.clone()) for d in pipe.epoch(ds.splits["train"], 32)]
-        batches = len(got)
-        assert batches == -(-len(ds.splits["train"]) // 32) >= 8
+        assert len(got) == batches >= 8
         for n_id, x in got:  # every row right: the two gathers in flight never shared a staging buffer
             assert torch.equal(x, features[n_id])
         events = cache.log
         assert [k for e, k, _ in events if e == "begin"] == list(range(batches))
         assert [k for e, k, _ in events if e == "finish"] == list(range(batches))  # handed on in order
-        # batch k+1 was begun (its reads submitted) before batch k was finished, for every batch after the first
-        # (batch 0 may be handed on before the sampler has batch 1) but the last: finishing was slowed, so the
-        # samplers were ahead
+        # batch k+1 was begun (its reads submitted) before batch k was finished, for every batch but the last:
+        # each was sampled before the gather thread looked for it
         position = {(e, k): i for i, (e, k, _) in enumerate(events)}
         overlapped = [k for k in range(batches - 1) if position[("begin", k + 1)] < position[("finish", k)]]
-        assert set(range(1, batches - 1)) <= set(overlapped)
+        assert overlapped == list(range(batches - 1))
         assert max(n for e, _, n in events if e == "begin") == 2  # never more than two in flight
         assert not cache._in_flight
         assert cache.stats.snapshot()["batches"] == batches

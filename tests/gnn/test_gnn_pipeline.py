@@ -247,20 +247,23 @@ def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
 
 def test_a_failed_begin_delivers_the_batch_in_flight_then_names_the_failed_one(setup):
     ds, sampler, features = setup
-    with _logged(setup, fail_begin_at=3) as cache:
-        pipe = Pipeline(sampler, cache, ds.labels, wait_timeout_s=600)
+    sampled = SampledLog(sampler)
+    with _logged(setup, fail_begin_at=3, sampled=sampled, batches=-(-len(ds.splits["train"]) // 32)) as cache:
+        pipe = Pipeline(sampled, cache, ds.labels, wait_timeout_s=600)
         seen = []
         with pytest.raises(PipelineError, match=r"gathering stage failed at batch 3: OSError.*submitting"):
             for d in pipe.epoch(ds.splits["train"], 32):
                 seen.append(d.n_id.clone())
         assert len(seen) == 3  # batch 2, in flight when batch 3's begin failed, reached the caller first
+        assert cache.begun == 4 and [k for e, k, _ in cache.log if e == "finish"] == [0, 1, 2]
         assert not cache._in_flight and not _pipeline_threads()
 
 
 def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup):
     ds, sampler, _ = setup
-    with _logged(setup, fail_finish_at=2) as cache:
-        pipe = Pipeline(sampler, cache, ds.labels, wait_timeout_s=600)
+    sampled = SampledLog(sampler)
+    with _logged(setup, fail_finish_at=2, sampled=sampled, batches=-(-len(ds.splits["train"]) // 32)) as cache:
+        pipe = Pipeline(sampled, cache, ds.labels, wait_timeout_s=600)
         seen = 0
         with pytest.raises(PipelineError, match=r"gathering stage failed at batch 2: OSError.*reading"):
             for _ in pipe.epoch(ds.splits["train"], 32):
@@ -268,7 +271,7 @@ def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup):
         assert seen == 2
         # batch 3 was begun before batch 2 failed; the stage ended it, so the cache serves the next epoch
         assert ("begin", 3, 2) in cache.log and not cache._in_flight and not _pipeline_threads()
-        cache.fail_finish_at = None
+        cache.fail_finish_at = cache.sampled = None
         assert sum(1 for _ in pipe.epoch(ds.splits["train"], 32)) == -(-len(ds.splits["train"]) // 32)
 
 

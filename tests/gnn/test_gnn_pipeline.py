@@ -215,19 +215,22 @@ class LoggedCache(UnifiedCache):
         return Logged()
 
 
-def _logged(setup, **kwargs):
+def _logged(setup, *, ahead: bool = False, **kwargs):
+    """A :class:`LoggedCache` over the tiny dataset; ``ahead``: with a :class:`SampledLog` (``cache.sampled``, the
+    sampler to give the pipeline) so each batch of 32 is sampled before the gather thread looks for it."""
     ds, sampler, _ = setup
     hot = presample(sampler, ds.splits["train"], 64)
+    if ahead:
+        kwargs.update(sampled=SampledLog(sampler), batches=-(-len(ds.splits["train"]) // 32))
     return LoggedCache(ds, hot.order(), device_budget=0, host_budget=ds.num_nodes * 4 + 100 * ds.row_bytes,
                        **kwargs)
 
 
 def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
     ds, sampler, features = setup
-    batches = -(-len(ds.splits["train"]) // 32)
-    sampled = SampledLog(sampler)
-    with _logged(setup, sampled=sampled, batches=batches) as cache:
-        pipe = Pipeline(sampled, cache, ds.labels)
+    with _logged(setup, ahead=True) as cache:
+        batches = cache.batches
+        pipe = Pipeline(cache.sampled, cache, ds.labels)
         got = [(d.n_id.clone(), d.x.clone()) for d in pipe.epoch(ds.splits["train"], 32)]
         assert len(got) == batches >= 8
         for n_id, x in got:  # every row right: the two gathers in flight never shared a staging buffer
@@ -247,9 +250,8 @@ def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
 
 def test_a_failed_begin_delivers_the_batch_in_flight_then_names_the_failed_one(setup):
     ds, sampler, features = setup
-    sampled = SampledLog(sampler)
-    with _logged(setup, fail_begin_at=3, sampled=sampled, batches=-(-len(ds.splits["train"]) // 32)) as cache:
-        pipe = Pipeline(sampled, cache, ds.labels, wait_timeout_s=600)
+    with _logged(setup, ahead=True, fail_begin_at=3) as cache:
+        pipe = Pipeline(cache.sampled, cache, ds.labels, wait_timeout_s=600)
         seen = []
         with pytest.raises(PipelineError, match=r"gathering stage failed at batch 3: OSError.*submitting"):
             for d in pipe.epoch(ds.splits["train"], 32):
@@ -261,9 +263,8 @@ def test_a_failed_begin_delivers_the_batch_in_flight_then_names_the_failed_one(s
 
 def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup):
     ds, sampler, _ = setup
-    sampled = SampledLog(sampler)
-    with _logged(setup, fail_finish_at=2, sampled=sampled, batches=-(-len(ds.splits["train"]) // 32)) as cache:
-        pipe = Pipeline(sampled, cache, ds.labels, wait_timeout_s=600)
+    with _logged(setup, ahead=True, fail_finish_at=2) as cache:
+        pipe = Pipeline(cache.sampled, cache, ds.labels, wait_timeout_s=600)
         seen = 0
         with pytest.raises(PipelineError, match=r"gathering stage failed at batch 2: OSError.*reading"):
             for _ in pipe.epoch(ds.splits["train"], 32):

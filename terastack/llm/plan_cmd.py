@@ -127,7 +127,7 @@ def plan_model(args, hw):
         device_budget = args.device_budget or mem // 4
         host_budget = args.host_budget or mem // 2
     planner = LLMPlanner(LLMPlanner.Config(device_budget=device_budget, host_budget=host_budget,
-                                           policy=args.policy, mode="deferred" if args.clip else "eager"))
+                                           policy=args.policy, optimizer_schedule="deferred" if args.clip else "eager"))
     try:
         return profile, planner.plan(profile, hw), None
     except PlanError as exc:

@@ -27,6 +27,7 @@ from terastack.llm import engine_state
 from terastack.llm.export import export_pretrained
 from terastack.llm.engine import records, store_layout as layout
 from terastack.llm.trainer_config import MEMORY_BUDGET_ENV, TrainerConfig
+from terastack.training.job_runner import default_lr
 from terastack.llm.machine import budgets, discover_hardware, resolve_device, resolve_dtype, store_settings
 from terastack.training.hf.keys import CheckpointKeys
 from terastack.llm.model import TESTED_FAMILIES, find_units, random_init
@@ -159,7 +160,8 @@ class Trainer:
                 policies={u.name: p for u, p in zip(self.profile.units, self.plan.policies)},
                 order=[next(u.index for u in self.units if u.path == p.name) for p in self.profile.units],
                 compute_dtype=self.compute_dtype, timeout=config.timeout,
-                optimizer_config=config.optimizer_config(), inline_updates=self.inline_updates)
+                optimizer_config=config.optimizer_config(lr=self._initial_lr(source)),
+                inline_updates=self.inline_updates)
             self.optimizer = self.runtime.optimizer
             install_units(model, self.units, self.runtime.runner)
             if not empty:
@@ -268,6 +270,13 @@ class Trainer:
             trainer.close()
             raise
         return trainer
+
+    def _initial_lr(self, source) -> float:
+        """The job's learning rate, else the default for this model ([Note: default learning rates]); a job's loop
+        sets each step's from its schedule, a resumed optimizer its checkpoint's."""
+        if self.config.lr is not None:
+            return self.config.lr
+        return default_lr(pretrained=source is not None, lora=self.lora is not None)
 
     # ---------------------------------------------------------------- step
     @property

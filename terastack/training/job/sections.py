@@ -357,7 +357,9 @@ class DisdpSection:
                           "threads or processes")
     state: str = setting("memory", flag=False, choices=DISDP_STATES, help="where the servers keep their fp32 "
                          "weights and AdamW moments: memory, or ssd (the tiered store: a few buckets in memory)")
-    run_dir: str = setting("runs/dist", flag=False, help="the job's directory (statistics, checkpoints)")
+    run_dir: str | None = setting(None, flag=False, path="path", help="the job's directory (statistics, the "
+                                  "servers' SSD state, traces); default: terastack-dist under the store's first "
+                                  "directory (--store), else a temporary directory removed at the end")
     prefetch: int = setting(2, flag=False, help="bucket deliveries an agent may run ahead of its worker's compute")
     reshard: bool = setting(True, flag=False, help="release each layer after its forward and fetch it again for "
                             "its backward")
@@ -460,6 +462,27 @@ class JobConfig:
 
 #: section name -> its class, in the job's order
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}
+
+
+def with_settings(job: JobConfig, changes: dict) -> JobConfig:
+    """``job`` with ``changes`` (``section.field`` -> value) made, each changed section checked again (and the
+    job's checks across sections)."""
+    if not changes:
+        return job
+    by_section: dict[str, dict] = {}
+    for path, value in changes.items():
+        section, name = path.split(".", 1)
+        by_section.setdefault(section, {})[name] = value
+    sections = {}
+    for name, values in by_section.items():
+        current = getattr(job, name)
+        known = {f.name for f in dataclasses.fields(current)}
+        unknown = [k for k in values if k not in known]
+        if unknown:
+            raise SettingError(f"{name}.{unknown[0]}", f"unknown setting (the {name} settings: "
+                               f"{', '.join(sorted(known))})")
+        sections[name] = dataclasses.replace(current, **values)
+    return dataclasses.replace(job, **sections)
 
 
 def build_section(cls, values: dict):

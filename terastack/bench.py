@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
             trace.tracer.stop()
             path = trace.tracer.save(args.trace)
             print(f"trace written to {path}", file=sys.stderr)
-    result["environment"] = environment()
+    from terastack.io.backend import backend_record
+
+    result["environment"] = environment(io_backend=backend_record())
     if args.save:
         Path(args.save).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save).write_text(dumps(result) + "\n")

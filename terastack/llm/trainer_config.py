@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 from terastack.memory import MMAP_THRESHOLD
 from terastack.configfile import read_toml_table
-from terastack.training.job import FLAT, SECTIONS, JobConfig, LoraSection, SettingError, resolve_job
+from terastack.training.job import FLAT, SECTIONS, JobConfig, LoraSection, SettingError, resolve_job, with_settings
 from terastack.training.job.legacy import old_trainer_key
-from terastack.training.job.sections import with_settings
 
 __all__ = ["MEMORY_BUDGET_ENV", "LoraSpec", "TrainerConfig"]
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run

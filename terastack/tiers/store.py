@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from terastack.io import IOEngine, completed, get_engine
-from terastack.io.cuda import PinnedStaging, staged_transfer
+from terastack.io.cuda import PinnedStaging
+from terastack.io.staged import staged_transfer
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, OP_WRITE
 from terastack.tiers.budget import BudgetLedger

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 
 from terastack.io import completed
-from terastack.io.cuda import event_future, staged_transfer
+from terastack.io.cuda import event_future
+from terastack.io.staged import staged_transfer
 from terastack.io.futures import Future
 from terastack.io.requests import OP_WRITE
 from terastack.tiers.record import State, TensorRecord, Tier

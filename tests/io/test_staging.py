@@ -10,7 +10,8 @@ import torch
 
 from terastack import io
 from terastack.errors import BudgetError
-from terastack.io.cuda import MIN_CHUNK, PinnedStaging, chunked_read, chunked_write, staging_chunk
+from terastack.io.cuda import MIN_CHUNK, PinnedStaging, staging_chunk
+from terastack.io.staged import chunked_read, chunked_write
 from terastack.tiers.budget import BudgetLedger
 
 

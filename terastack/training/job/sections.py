@@ -464,27 +464,6 @@ class JobConfig:
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}
 
 
-def with_settings(job: JobConfig, changes: dict) -> JobConfig:
-    """``job`` with ``changes`` (``section.field`` -> value) made, each changed section checked again (and the
-    job's checks across sections)."""
-    if not changes:
-        return job
-    by_section: dict[str, dict] = {}
-    for path, value in changes.items():
-        section, name = path.split(".", 1)
-        by_section.setdefault(section, {})[name] = value
-    sections = {}
-    for name, values in by_section.items():
-        current = getattr(job, name)
-        known = {f.name for f in dataclasses.fields(current)}
-        unknown = [k for k in values if k not in known]
-        if unknown:
-            raise SettingError(f"{name}.{unknown[0]}", f"unknown setting (the {name} settings: "
-                               f"{', '.join(sorted(known))})")
-        sections[name] = dataclasses.replace(current, **values)
-    return dataclasses.replace(job, **sections)
-
-
 def build_section(cls, values: dict):
     """``cls(**values)``, an unknown field named with the section's known ones."""
     known = [f.name for f in dataclasses.fields(cls)]

@@ -1,5 +1,5 @@
 """The package's shape, read from its source with ``ast``: no import cycles, no private names taken
-across modules, and the dependency directions DESIGN.md gives (engines never import each other;
+across modules, and the dependency directions docs/design.md gives (engines never import each other;
 the layers below them never import an engine)."""
 from __future__ import annotations
 

@@ -138,6 +138,7 @@ def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: in
     by ``resume_hint()``. ``interruptible``: the ranks stop in order on SIGINT ([Note: Ctrl-C on a job]): the
     launcher passes it on to them and waits; True if a SIGINT came (False: none, or ``interruptible`` is not
     set)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -148,27 +149,21 @@ def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: in
         rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
         start_method="spawn", shutdown_timeout=2)
     env = {QUIET_ENV: "1" if quiet else "0", _AGENT_SIGNALS_ENV: os.environ.get(_AGENT_SIGNALS_ENV)}
-    interrupted = threading.Event()
-    previous = None
+    relay, previous = _InterruptRelay(module), None
     if interruptible and threading.current_thread() is threading.main_thread():
         # torchrun's launcher sets the variable from its config (older ones read only the variable)
         launch.signals_to_handle = env[_AGENT_SIGNALS_ENV] = _AGENT_SIGNALS_BUT_SIGINT
-
-        def on_sigint(signum, frame) -> None:
-            if not interrupted.is_set():   # the first: the ranks stop; more change nothing
-                interrupted.set()
-                for pid in _child_ranks(module):   # a SIGINT sent to the launcher alone reaches rank 0 too
-                    try:
-                        os.kill(pid, signal.SIGINT)
-                    except ProcessLookupError:
-                        pass
-        previous = signal.signal(signal.SIGINT, on_sigint)
+        previous = signal.signal(signal.SIGINT, relay)
     env_before = {name: os.environ.get(name) for name in env}
     os.environ.update({name: value for name, value in env.items() if value is not None})
     try:
         elastic_launch(launch, sys.executable)("-m", module, *args)
     except ChildFailedError as exc:
         raise JobFailed(describe_failures(roles, exc.failures, resume_hint())) from None
+    except SignalException:
+        if not relay.seen.is_set():
+            raise
+        return True   # a second Ctrl-C: torchrun's agent has stopped the ranks
     finally:
         for name, value in env_before.items():
             if value is None:
@@ -177,7 +172,30 @@ def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: in
                 os.environ[name] = value
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    return interrupted.is_set()
+    return relay.seen.is_set()
+
+
+class _InterruptRelay:
+    """The launcher's SIGINT handler ([Note: Ctrl-C on a job]): the first SIGINT is passed on to the ranks (a
+    SIGINT sent to the launcher alone reaches rank 0 too; one sent to the process group reaches it twice, which
+    changes nothing) and the launcher waits for them to leave; a second one has torchrun's agent stop them as it
+    stops them on SIGTERM (the signal, then SIGKILL after its shutdown timeout)."""
+
+    def __init__(self, module: str):
+        self.module = module
+        self.seen = threading.Event()
+
+    def __call__(self, signum, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if self.seen.is_set():
+            raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+        self.seen.set()
+        for pid in _child_ranks(self.module):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
 
 def _child_ranks(module: str) -> list[int]:

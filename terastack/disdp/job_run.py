@@ -33,13 +33,14 @@ from torch import nn
 from terastack.atomic import atomic_write_json
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.comm import Comm, backend_for, join_process_group
-from terastack.disdp.control import Control, Liveness, lost_line, short_reason
+from terastack.disdp.control import Command, Control, Liveness, Op, lost_line, short_reason
 from terastack.disdp.initial_weights import StreamedShard, random_init
 from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
 from terastack.disdp.launch import QUIET_ENV, launch_ranks
 from terastack.disdp.roles import Role, RoleMap, local_node
 from terastack.disdp.run import check_same_layout
-from terastack.disdp.shutdown import exit_rank
+from terastack.disdp.shutdown import defer_interrupts, exit_rank, follow_interrupts
+from terastack.training.interrupt import JobInterrupted
 
 #: the program every rank of a job runs
 JOB_RUN_MODULE = "terastack.disdp.job_run"
@@ -156,7 +157,11 @@ def run_rank(job) -> int:
     me, control = join_job(job)
     try:
         if me.rank == 0:
-            drive(me, control)
+            try:
+                drive(me, control)
+            except KeyboardInterrupt:   # raised between two commands: every rank stops ([Note: Ctrl-C on a job])
+                control.announce(Command(op=Op.STOP))
+                control.max_of([0.0, 0.0])   # the followers' figures, not reported
         else:
             shard = initial_shard(me) if me.role is Role.SERVER else None
             try:
@@ -200,6 +205,11 @@ def run_torchrun_rank(job) -> int:
                 print(f"terastack dist: {exc}", file=sys.stderr, flush=True)
             return 1
 
+    # Ctrl-C: rank 0 stops every rank between two commands ([Note: Ctrl-C on a job])
+    if os.environ.get("RANK") == "0":
+        defer_interrupts()
+    else:
+        follow_interrupts()
     # the process group is destroyed on every path ([Note: a thread inside the network at exit])
     return exit_rank(recorded, job)
 
@@ -292,8 +302,11 @@ def job_run_dir(job) -> tuple[str, bool]:
     return os.path.join(tempfile.gettempdir(), f"terastack-dist-{run_id}"), True
 
 
-def launch_job(job, *, quiet: bool = False) -> dict:
-    """Run ``job`` on this machine: every rank under torchrun's elastic agent on loopback; rank 0's result."""
+def launch_job(job, *, quiet: bool = False, argv: list[str] | None = None) -> dict:
+    """Run ``job`` on this machine: every rank under torchrun's elastic agent on loopback; rank 0's result.
+    Ctrl-C raises :class:`~terastack.training.interrupt.JobInterrupted` once every rank has left, with the line
+    naming the last checkpoint and the command (``argv``: the words after ``terastack``) that resumes from it."""
+    from terastack.training.interrupt import interrupted_line, latest_checkpoint
     from terastack.training.job import write_job_file
 
     check_job(job)
@@ -306,8 +319,13 @@ def launch_job(job, *, quiet: bool = False) -> dict:
         (run_dir / RESULT).unlink(missing_ok=True)
         job_file = run_dir / "job.yaml"
         write_job_file(job.with_absolute_paths(), job_file, command=COMMAND)   # the ranks may start elsewhere
-        launch_ranks(roles, JOB_RUN_MODULE, [str(job_file)], world_size=roles.world_size,
-                     timeout_s=job.disdp.timeout_s, quiet=quiet, resume_hint=lambda: resume_hint(job))
+        interrupted = launch_ranks(roles, JOB_RUN_MODULE, [str(job_file)], world_size=roles.world_size,
+                                   timeout_s=job.disdp.timeout_s, quiet=quiet,
+                                   resume_hint=lambda: resume_hint(job), interruptible=True)
+        if interrupted and not (run_dir / RESULT).exists():   # a Ctrl-C after the job's end changes nothing
+            d = job.checkpoint.dir
+            raise JobInterrupted(interrupted_line(step=None, total=None, where="", last=latest_checkpoint(d),
+                                                  argv=argv, checkpoint_dir=d, command=("dist", "train")))
         return json.loads((run_dir / RESULT).read_text())
     finally:
         if scratch:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from contextlib import contextmanager
 
 from terastack.units import format_bytes
@@ -55,6 +53,7 @@ class OffloadedEngine:
         built-in model's host budget (a quarter of its training state: most of it on the SSD) and a scratch
         store removed at the end."""
         from terastack.llm.trainer_config import TrainerConfig
+        from terastack.training.scratch_store import ScratchStore
 
         job, given = self.job, {}
         if job.model.path is None and job.store.host_budget is None and job.store.memory_budget is None:
@@ -62,9 +61,9 @@ class OffloadedEngine:
 
             n = sum(p.numel() for p in build_skeleton(start.model.hf_config).parameters())
             given["host_budget"] = max(4 << 20, n * 16 // 4)
-        if job.store.dirs is None:
-            self.scratch = tempfile.mkdtemp(prefix="terastack-finetune-")
-            given["store_dir"] = self.scratch
+        if job.store.dirs is None:  # [Note: a scratch store's owner]: stale ones of dead jobs go first
+            self.scratch = ScratchStore(prefix="terastack-finetune-", log=self.log)
+            given["store_dir"] = str(self.scratch.open())
         return TrainerConfig(job, lr=start.lr, **given)
 
     @contextmanager
@@ -85,8 +84,8 @@ class OffloadedEngine:
                 self.announce(start, trainer)
                 yield trainer
         finally:
-            if self.scratch:
-                shutil.rmtree(self.scratch, ignore_errors=True)
+            if self.scratch is not None:
+                self.scratch.close()
 
     def announce(self, start, trainer) -> None:
         state = trainer.profile.state_bytes() + trainer.profile.trainable_params * 4
@@ -108,7 +107,8 @@ class OffloadedEngine:
 def run(args: argparse.Namespace) -> int:
     from terastack import trace
     from terastack.training.job import job_flags, resolve_job
-    from terastack.training.job_runner import JobInterrupted, JobRunner, summary_lines
+    from terastack.training.interrupt import INTERRUPTED_EXIT, JobInterrupted
+    from terastack.training.job_runner import JobRunner, summary_lines
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     log = sys.stderr
@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = runner.run()
     except JobInterrupted as exc:
-        print(exc, file=log)  # [Note: an interrupted run]: where the run stood and how to go on; exit 130
-        return 130
+        print(exc, file=log)  # [Note: an interrupted run]: where the run stood and how to go on
+        return INTERRUPTED_EXIT
     finally:
         if args.trace:
             trace.tracer.stop()

@@ -19,19 +19,19 @@ One run, top to bottom in :meth:`JobRunner.run`:
                     learning rate and seed spelled out, files absolute, no resume) inside
     the result      one dictionary: the job's figures, then the engine's own (``EngineChoice.result``)
 
-Ctrl-C anywhere raises :class:`JobInterrupted` carrying one line: the step reached, the newest checkpoint and
-the command that resumes from it ([Note: an interrupted run]).
+Ctrl-C anywhere raises :class:`~terastack.training.interrupt.JobInterrupted` carrying one line: the step
+reached, the newest checkpoint and the command that resumes from it ([Note: an interrupted run]).
 """
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import sys
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from terastack.training.interrupt import JobInterrupted, interrupted_line
 from terastack.units import format_bytes
 
 #: the peak learning rate when the job gives none ([Note: default learning rates])
@@ -110,44 +110,6 @@ class EngineChoice(Protocol):
         """The engine's own figures for the result (after the loop, the engine still open)."""
 
 
-class JobInterrupted(Exception):
-    """Ctrl-C: the message is the one line to print ([Note: an interrupted run]); exit status 130."""
-
-    def __init__(self, line: str, *, step: int | None):
-        super().__init__(line)
-        self.step = step
-
-
-def resume_command(argv: list[str] | None, checkpoint: str, *, command: str = "finetune") -> str:
-    """The command line that continues this run from ``checkpoint``: the same words (``argv``: the words after
-    ``terastack``), any ``--resume`` among them replaced."""
-    words, skip = [], False
-    for word in argv or command.split():
-        if skip:
-            skip = False
-        elif word == "--resume":
-            skip = True
-        elif not (word.startswith("--resume=") or word.split("=", 1)[0] in ("resume", "checkpoint.resume")):
-            words.append(word)
-    return shlex.join(["terastack", *words, "--resume", checkpoint])
-
-
-def interrupted_line(*, step: int | None, total: int | None, last, argv: list[str] | None,
-                     checkpoint_dir: str | None = None, command: str = "finetune") -> str:
-    """[Note: an interrupted run]
-    Ctrl-C anywhere in a job ends it with exit status 130 and one line: the step reached, the newest checkpoint
-    of the job (``last``: a loop's ``LastCheckpoint``, the resumed one until this run writes one; None: none)
-    and the exact command that resumes from it -- or that there is none to resume from. The optimizer's updates
-    let a KeyboardInterrupt through as itself (terastack.llm.engine.schedules)."""
-    where = "before training started" if step is None else f"at step {step}" + (f" of {total}" if total else "")
-    if last is None:
-        how = (f"none was written to {checkpoint_dir} yet" if checkpoint_dir else
-               "--checkpoint DIR --checkpoint-every N keeps one")
-        return f"interrupted {where}; no checkpoint to resume from ({how})"
-    return (f"interrupted {where}; last checkpoint {last.path} (step {last.step}); resume with: "
-            f"{resume_command(argv, last.path, command=command)}")
-
-
 class JobRunner:
     """Runs ``job`` on the engine of ``choice`` ([Note: the job runner]). ``log``: the job's own lines;
     ``loop_log``: the loop's progress and validation lines (None: quiet); ``argv``: the command's words after
@@ -197,7 +159,7 @@ class JobRunner:
 
     # ----------------------------------------------------------------------------- the run
     def run(self, model: JobModel | None = None) -> dict:
-        """The whole job ([Note: the job runner]); the result dictionary. Ctrl-C raises :class:`JobInterrupted`."""
+        """The whole job ([Note: the job runner]); the result dictionary. Ctrl-C raises ``JobInterrupted``."""
         from terastack.memory import PeakRSS
 
         try:
@@ -330,8 +292,8 @@ class JobRunner:
         total = self.start.steps_total if self.start is not None else None
         line = interrupted_line(step=step, total=total, last=last, argv=self.argv,
                                 checkpoint_dir=self.job.checkpoint.dir,
-                                command=self.choice.command.removeprefix("terastack "))
-        return JobInterrupted(line, step=step)
+                                command=tuple(self.choice.command.split()[1:]))
+        return JobInterrupted(line)
 
 
 def summary_lines(result: dict) -> list[str]:

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from terastack.training.data.record_files import decode_text
+
 BOS, EOS, PAD = 256, 257, 258
 BYTE_VOCAB = 259
 
@@ -78,6 +80,8 @@ def load_tokens(data: str | None, model_dir: str | None, *, max_bytes: int = 16 
             text = f.read(max_bytes)
         if not text:
             raise ValueError(f"data file {path} is empty")
+        # a file of binary bytes would train on them without a word: refused, naming the first bad byte
+        decode_text(path, text, final=len(text) < max_bytes)
         what = f"{path} ({len(text)} bytes{', truncated' if path.stat().st_size > max_bytes else ''})"
     tokenizer = "bytes"
     tok = load_tokenizer(model_dir)

@@ -364,3 +364,23 @@ def test_repro_smoke_lists_every_revised_and_new_claim(tmp_path, monkeypatch, ca
     sources = text.split("## Sources")[1]
     assert "arxiv.org/abs/2409.00918" in sources and "Abstract not found" in sources
     assert "REPORT:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suite, bench, module, cid", [
+    ("io", "io-cpu", "terastack.io.bench_cpu", "hyperion.cpu_per_disk_rate"),
+    ("dist", "dist-interference", "terastack.disdp.bench_interference", "disdp.collective_interference"),
+])
+def test_a_new_claim_is_measured_at_smoke_through_the_harness(suite, bench, module, cid, tmp_path):
+    """The real benchmark at preset smoke in its own process: the row reports a finite ratio beside the paper's
+    figure, with its baseline (the ratio's value depends on the machine and is not checked)."""
+    import math
+
+    data = Harness(Harness.Config(suites=(suite,), preset="smoke", out_dir=str(tmp_path),
+                                  bench_suites={suite: ((bench, module),)})).run()
+    ran = data["suites"][0]["benchmarks"][0]
+    assert ran["status"] == "ok", ran["reason"]
+    v = next(v for v in data["verdicts"] if v["claim"] == cid)
+    assert v["status"] == REPORTED and math.isfinite(v["measured"]) and v["measured"] > 0, v
+    row = next(line for line in (tmp_path / "REPORT.md").read_text().splitlines()
+               if line.startswith("|") and f"`{cid}`" in line)
+    assert BY_ID[cid].baseline in row.replace("\\|", "|")

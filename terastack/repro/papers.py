@@ -55,7 +55,8 @@ PAPERS = {
                    reference="Changyue Liao, Mo Sun, Zihan Yang, Jun Xie, Kaiqi Chen, Binhang Yuan, Fei Wu, Zeke "
                              "Wang. Ratel: Optimizing Holistic Data Movement to Fine-tune 100B Model on a Consumer "
                              "GPU. IEEE ICDE 2025, pp. 292-306. doi:10.1109/ICDE65448.2025.00029; preprint "
-                             "arXiv:2403.06504 (v1 titled Fuyou, v2 LoHan)",
+                             "arXiv:2403.06504 (v1: Adding NVMe SSDs to Enable and Accelerate 100B Model "
+                             "Fine-tuning on a Single GPU, its system named Fuyou; v2: LoHan)",
                    abstract_at="https://arxiv.org/abs/2403.06504 (v2, LoHan; v1, Fuyou, for the baseline it "
                                "names)"),
     "Hyperion": Paper(short="Hyperion (ICDE 2025)",

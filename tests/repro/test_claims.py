@@ -384,3 +384,22 @@ def test_a_new_claim_is_measured_at_smoke_through_the_harness(suite, bench, modu
     row = next(line for line in (tmp_path / "REPORT.md").read_text().splitlines()
                if line.startswith("|") and f"`{cid}`" in line)
     assert BY_ID[cid].baseline in row.replace("\\|", "|")
+
+
+def test_the_committed_run_rejudged_with_the_revised_table(tmp_path):
+    """The revised rows read the fields a real run wrote (the committed report of 2026-11-29, re-judged
+    without measuring): CAM's and DaCe's "up to" rows are reported beside the paper's figure, and the new
+    rows say which benchmark that run did not have."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(BENCHMARKS_DIR / "repro_2core-epyc_2026-11-29", copy)
+    data = Harness(Harness.Config(out_dir=str(copy))).render()
+    verdicts = {v["claim"]: v for v in data["verdicts"]}
+    assert verdicts["cam.gemm"]["status"] == REPORTED and verdicts["cam.gemm"]["measured"] == pytest.approx(1.78, abs=0.01)
+    assert "(paper: 1.84x)" in verdicts["cam.gemm"]["reason"]
+    weak = verdicts["dace.weak_scaling"]
+    assert weak["status"] == REPORTED and "(paper: 93.16%)" in weak["reason"]
+    assert verdicts["disdp.fsdp2"]["status"] == REPORTED and "reported only" in verdicts["disdp.fsdp2"]["reason"]
+    assert "no benchmark 'io-cpu'" in verdicts["hyperion.cpu_per_disk_rate"]["reason"]
+    assert "ps_scaling_efficiency" in verdicts["disdp.ps_linear"]["reason"]

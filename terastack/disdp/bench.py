@@ -7,7 +7,9 @@ communication] in terastack.disdp.job_stats for the worker it is taken from),
 ``worker_optimizer_bytes`` (optimizer state held in a worker process,
 measured from its live optimizers) and the max abs difference of the final
 parameters from single-process AdamW. Then the parameter servers' ingress per
-step for 1, 2 and 4 workers, with and without the aggregator.
+step for 1, 2 and 4 workers, with and without the aggregator; the runs without
+it are also read as one server's throughput as the workers grow (``ps_scaling``,
+see :mod:`terastack.disdp.bench_ps`).
 
 With ``--model NAME`` (a built-in model such as ``llama-550m``, a model directory or a config.json) or
 ``--systems`` it measures instead the job on that model against FSDP2 and ZeRO-3, each system under an RSS
@@ -17,11 +19,13 @@ fits. ``--model toy`` / ``tiny-llama`` without ``--systems`` are the mechanism b
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 
 from terastack.disdp import bench_models
+from terastack.disdp.bench_ps import ps_scaling
 from terastack.disdp.shard_checkpoint import load_parameters
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import JOB_MODULE, launch_local
@@ -30,7 +34,8 @@ from terastack.disdp.workload import BUILTIN
 
 HEADLINE = ["speedup_vs_fsdp2", "exposed_comm_fraction_ratio_vs_fsdp2", "terastack_exposed_comm_fraction",
             "fsdp2_exposed_comm_fraction", "zero3_exposed_comm_fraction", "worker_optimizer_bytes",
-            "max_abs_diff_vs_single_process", "server_ingress_flat_with_aggregator"] + bench_models.HEADLINE
+            "max_abs_diff_vs_single_process", "server_ingress_flat_with_aggregator",
+            "ps_scaling_efficiency"] + bench_models.HEADLINE
 
 _MODEL = ["--model", "tiny-llama", "--heads", "4", "--vocab", "512", "--seq-len", "64"]
 PRESETS = {
@@ -156,6 +161,7 @@ def measure(args: argparse.Namespace) -> dict:
         result["correct_within_1e-5"] = all(result[f"{k}_max_abs_diff"] <= 1e-5 for k in systems)
 
         ingress: dict = {"with_aggregator": {}, "without_aggregator": {}}
+        single_server_runs: dict[int, dict] = {}
         for w in (int(x) for x in args.ingress_workers.split(",")):
             for agg in (True, False):
                 if agg and w == args.workers:   # the main run above is this configuration
@@ -166,11 +172,17 @@ def measure(args: argparse.Namespace) -> dict:
                 out = launch_local(cfg, quiet=True)
                 ingress["with_aggregator" if agg else "without_aggregator"][str(w)] = \
                     out["server_ingress_bytes_per_step"]
+                if not agg:
+                    single_server_runs[w] = out
         result["server_ingress_bytes_per_step"] = ingress
         flat = list(ingress["with_aggregator"].values())
         result["server_ingress_flat_with_aggregator"] = len(set(flat)) == 1
         grows = list(ingress["without_aggregator"].values())
         result["server_ingress_grows_without_aggregator"] = all(b > a for a, b in zip(grows, grows[1:]))
+        # the same runs read as the server's throughput as the workers grow (terastack.disdp.bench_ps)
+        scaling = ps_scaling(single_server_runs, servers=args.servers, cores=len(os.sched_getaffinity(0)))
+        result["ps_scaling"] = scaling
+        result["ps_scaling_efficiency"] = scaling["efficiency_at_largest"]
         result["note"] = ("all systems share this machine's cores: the disaggregated job runs its workers, agent "
                           "threads, aggregator and servers on the same CPUs that FSDP2 uses for its workers alone")
     return result

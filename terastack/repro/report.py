@@ -82,7 +82,7 @@ def claims_section(suite: dict, verdicts: list[dict], claims: dict[str, Claim]) 
         c = claims[v["claim"]]
         target = f"{c.comparison} {fmt(c.target, c.unit)}" if c.target is not None else "—"
         lines.append(f"| {_cell(c.title)} (`{c.id}`) | {_cell(c.source_text())} | {_cell(c.paper_hardware or '—')} | "
-                     f"{fmt(v['measured'], c.unit)} | {_cell(c.baseline or '—')} | {target} | {MARK[v['status']]} |")
+                     f"{fmt(v['measured'], c.unit)} | {_cell(c.baseline_text() or '—')} | {target} | {MARK[v['status']]} |")
         if v["status"] not in ("reproduced", "reported") and (v["status"], v["reason"]) not in seen:
             # claims of a benchmark that did not run share one reason: say it once
             seen.add((v["status"], v["reason"]))
@@ -96,13 +96,20 @@ def claims_section(suite: dict, verdicts: list[dict], claims: dict[str, Claim]) 
 
 def sources_section(verdicts: list[dict], claims: dict[str, Claim]) -> list[str]:
     """The papers the judged claims quote, in full, so that a reader can look each figure up."""
-    cited = sorted({claims[v["claim"]].paper for v in verdicts if claims[v["claim"]].source == "paper"})
+    judged = [claims[v["claim"]] for v in verdicts]
+    cited = sorted({c.paper for c in judged if c.source == "paper"} | {k for c in judged for k in c.related})
     if not cited:
         return []
     lines = ["## Sources", "", "Rows marked \"terastack's target\" are targets terastack set itself, each with its "
-             "reason in the row; the others quote these papers:", ""]
-    lines += [f"- **{PAPERS[key].short}**: {PAPERS[key].reference}" for key in cited]
+             "reason in the row; the others quote these works (a figure whose abstract was not found is marked in "
+             "its row as read for terastack, not quoted):", ""]
+    lines += [f"- **{PAPERS[key].short}**{' (related work)' if PAPERS[key].role == 'related' else ''}: "
+              f"{PAPERS[key].reference}. {_sentence(PAPERS[key].where_quoted())}" for key in cited]
     return lines + [""]
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 def not_run_section(suites: list[dict]) -> list[str]:
@@ -220,7 +227,9 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
               "barriers suffer most from preemption; the previous best here is the faster of NumPy and Numba only "
               "(no Pythran, CuPy or Legate); 15 kernels rather than NPBench's 52; and at most 2 MPI processes, "
               "with DaCe compiling each rank's local kernel while communication goes through mpi4py, not DaCe's "
-              "own distributed code generation.", ""]
+              "own distributed code generation. terastack's seed for this part is a student team's reproduction "
+              "of the paper in the SC22 Student Cluster Competition (Azure CycleCloud, up to 32 nodes / 64 "
+              "processes); that report was not found to quote, so its figures are not compared here.", ""]
     return lines
 
 

@@ -61,7 +61,8 @@ from terastack.gnn.gen import GraphGenerator
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import GNN, eval_step, train_step
 from terastack.gnn.pipeline import Pipeline
-from terastack.gnn.sampler import NeighborSampler, epoch_batches, parse_fanouts
+from terastack.gnn.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
+from terastack.gnn.sampler import NeighborSampler, epoch_batches
 from terastack.gnn.train import EVAL_EPOCH, evaluate, share_budget, train_epoch, training_threads
 from terastack.memory import peak_rss
 from terastack.plan.hardware import Hardware
@@ -98,8 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-nodes", type=int, default=4096, help="test nodes evaluated after training")
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--fanouts", default=None, help="neighbours sampled per hop (default 15,10; with --hetero: "
-                   "10,5 for every relation, or per relation as `terastack gnn train` takes them)")
+    accept_negative_lists(p)
+    p.add_argument("--fanouts", default=None, type=fanouts_argument, help="neighbours sampled per hop (default "
+                   "15,10; with --hetero: 10,5 for every relation, or per relation as `terastack gnn train` takes them)")
     p.add_argument("--batch-size", type=int, default=None, help="default 1024 (with --scale: 512)")
     p.add_argument("--epochs", type=int, default=2, help="epochs of the in-memory and terastack runs")
     p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the mmap and sync-gather runs")

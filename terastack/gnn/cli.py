@@ -137,13 +137,23 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
+def fanouts_option(p: argparse.ArgumentParser, default: str | None = "15,10") -> None:
+    """``--fanouts``, read the same way wherever it is taken (terastack.gnn.fanouts), ``-1,5`` included."""
+    from terastack.gnn.fanouts import accept_negative_lists, fanouts_argument
+
+    accept_negative_lists(p)
+    p.add_argument("--fanouts", default=default, type=fanouts_argument,
+                   help="neighbours sampled per hop, e.g. 15,10 (-1: every neighbour); heterogeneous: one list for "
+                        "every relation, or per relation, e.g. 'cites=15,10;writes=10,5;*=5,5' (0: none from that "
+                        "relation at that hop)")
+
+
 def _training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="dataset directory")
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat", "rgcn"],
                    help="sage, gcn, gat (homogeneous); sage (to_hetero(GraphSAGE)) or rgcn (heterogeneous)")
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--fanouts", default="15,10", help="neighbours sampled per hop, e.g. 15,10; heterogeneous: one "
-                   "list for every relation, or per relation, e.g. 'cites=15,10;writes=10,5;*=5,5' (0: skip, -1: all)")
+    fanouts_option(p)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--device-cache", default="0", help="device-tier cache budget (e.g. 4GiB)")
     p.add_argument("--host-cache", default="256MiB", help="host-tier cache budget (e.g. 32GiB)")
@@ -367,7 +377,8 @@ def _advise(args) -> int:
     from terastack.gnn.advise import probe_feature_file, workload
     from terastack.gnn.dataset import open_dataset
     from terastack.gnn.hotness import presample
-    from terastack.gnn.sampler import NeighborSampler, parse_fanouts
+    from terastack.gnn.fanouts import parse_fanouts
+    from terastack.gnn.sampler import NeighborSampler
     from terastack.plan.hardware import Hardware
     from terastack.plan.tpc import PriceTable, advise, predict_epoch
     from terastack.units import parse_bytes

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from terastack.gnn.fanouts import parse_relation_fanouts
 from terastack.gnn.hotness import PRESAMPLE_SEED_OFFSET, Hotness
 from terastack.gnn.sampler import epoch_batches, sample_hop
 from terastack.gnn.topology import TopologyStats, appearance_counts
@@ -28,60 +29,8 @@ from terastack.gnn.topology import TopologyStats, appearance_counts
 EdgeType = tuple[str, str, str]
 
 
-def parse_hetero_fanouts(spec, edge_types: list[EdgeType]) -> dict[EdgeType, tuple[int, ...]]:
-    """Per-relation fanouts from one list for all (``"15,10"``, ``(15, 10)``) or per relation.
-
-    Per relation: a dict keyed by edge type tuples or names, or text ``"cites=15,10;writes=10,5;*=5,5"``,
-    where a name is ``src___rel___dst`` or a relation name that is unique, and ``*`` covers the rest.
-    Every list has the same number of hops; a fanout is a positive integer, 0 (skip) or -1 (all).
-    """
-    if isinstance(spec, str) and "=" not in spec:
-        spec = _fanout_list(spec, "fanouts")
-    if isinstance(spec, str):
-        items = {}
-        for part in spec.split(";"):
-            if part.strip():
-                name, _, values = part.partition("=")
-                items[name.strip()] = _fanout_list(values, name)
-        spec = items
-    if not isinstance(spec, dict):
-        hops = _fanout_list(spec, "fanouts")
-        return {et: hops for et in edge_types}
-    by_name: dict[str, list[EdgeType]] = {}
-    for et in edge_types:
-        by_name.setdefault(et[1], []).append(et)
-        by_name["___".join(et)] = [et]
-    out: dict[EdgeType, tuple[int, ...]] = {}
-    for key, values in spec.items():
-        if key == "*":
-            continue
-        matches = [tuple(key)] if isinstance(key, tuple) else by_name.get(key, [])
-        if len(matches) != 1 or matches[0] not in edge_types:
-            raise ValueError(f"fanouts: {key!r} names no single relation of the dataset (relations: "
-                             f"{', '.join('___'.join(et) for et in edge_types)})")
-        out[matches[0]] = _fanout_list(values, key)
-    for et in edge_types:
-        if et not in out:
-            if "*" not in spec:
-                raise ValueError(f"fanouts: no fanouts for relation {'___'.join(et)} (give it, or '*' for the rest)")
-            out[et] = _fanout_list(spec["*"], "*")
-    if len({len(v) for v in out.values()}) > 1:
-        raise ValueError("fanouts: every relation needs the same number of hops; got "
-                         + ", ".join(f"{'___'.join(k)}={list(v)}" for k, v in out.items()))
-    return out
-
-
-def _fanout_list(values, name) -> tuple[int, ...]:
-    if isinstance(values, str):
-        try:
-            values = [int(v) for v in values.split(",") if v.strip()]
-        except ValueError:
-            raise ValueError(f"fanouts: {name}: expected comma-separated integers, got {values!r}") from None
-    values = tuple(values)
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < -1 for v in values):
-        raise ValueError(f"fanouts: {name}: every fanout must be a positive integer, 0 (skip) or -1 (all); "
-                         f"got {list(values)}")
-    return tuple(int(v) for v in values)
+#: per-relation fanouts (the name this module gave terastack.gnn.fanouts.parse_relation_fanouts)
+parse_hetero_fanouts = parse_relation_fanouts
 
 
 @dataclass(slots=True)

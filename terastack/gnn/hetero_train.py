@@ -24,6 +24,7 @@ from terastack.constants import BLOCK
 from terastack.gnn.cache import FeatureSource, Gathering, GatherStats, UnifiedCache
 from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, wrap
 from terastack.gnn.dataset import check_read_modes
+from terastack.gnn.fanouts import largest_draw
 from terastack.gnn.hetero_dataset import HeteroDataset, open_hetero_dataset
 from terastack.gnn.hetero_models import HETERO_MODELS, HeteroGNN, hetero_eval_step, hetero_train_step
 from terastack.gnn.hetero_sampler import HeteroNeighborSampler, HeteroSampledBatch, hetero_presample
@@ -33,10 +34,6 @@ from terastack.gnn.topology import FeaturePart, ListPart, SsdTopology, split_bud
 from terastack.gnn.train import evaluate, train_epoch
 from terastack.plan.tpc import blocks_per_miss
 from terastack.units import parse_bytes
-
-#: a fanout of -1 ("every neighbour") counts as this many draws when a list's saving is estimated
-_ALL = 1 << 20
-
 
 class ConstantFeatures(FeatureSource):
     """A featureless node type's feature: 1.0, width 1 (nothing is read)."""
@@ -146,7 +143,7 @@ def hetero_share_budget(ds: HeteroDataset, hot: dict, sampler: HeteroNeighborSam
     features = {t: FeaturePart(hot[t].counts, f.row_bytes, blocks_per_miss(f.row_bytes) * BLOCK)
                 for t, f in featured.items()}
     lists = {et: ListPart(hot[et[2]].expansions, topo.degrees, topo.index_dtype.itemsize,
-                          max(f if f >= 0 else _ALL for f in sampler.fanouts[et]), not topo.indptr_in_memory)
+                          largest_draw(sampler.fanouts[et]), not topo.indptr_in_memory)
              for et, topo in topos.items()}
     host = split_budget_parts(max(0, host_budget - fixed), lists=lists, features=features)
     device = split_budget_parts(device_budget, lists={}, features=features)

@@ -82,7 +82,8 @@ from terastack.gnn.dataset import MANIFEST, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import GNN, train_step
 from terastack.gnn.pipeline import Pipeline, resolve_samplers
-from terastack.gnn.sampler import NeighborSampler, parse_fanouts
+from terastack.gnn.fanouts import parse_fanouts
+from terastack.gnn.sampler import NeighborSampler
 from terastack.gnn.train import share_budget, train_epoch, training_threads
 from terastack.io import get_engine
 from terastack.memory import mem_total, peak_rss

@@ -22,7 +22,8 @@ from terastack.gnn.dataset import GraphDataset, open_dataset
 from terastack.gnn.hotness import presample
 from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step
 from terastack.gnn.pipeline import Pipeline, resolve_samplers
-from terastack.gnn.sampler import NeighborSampler, parse_fanouts
+from terastack.gnn.fanouts import largest_draw, parse_fanouts
+from terastack.gnn.sampler import NeighborSampler
 from terastack.gnn.topology import SsdTopology, split_budget
 from terastack.plan.tpc import blocks_per_miss
 from terastack.progress import Progress
@@ -113,7 +114,7 @@ def share_budget(ds, hot, host_budget: int, fanouts) -> tuple[dict, int]:
     split = split_budget(max(0, host_budget - held - table), feature_counts=hot.counts, expansions=hot.expansions,
                          degrees_of=topo.degrees, row_bytes=ds.row_bytes,
                          feature_read_bytes=blocks_per_miss(ds.row_bytes) * BLOCK,
-                         index_itemsize=topo.index_dtype.itemsize, max_fanout=max(fanouts),
+                         index_itemsize=topo.index_dtype.itemsize, max_fanout=largest_draw(fanouts),
                          indptr_on_ssd=not topo.indptr_in_memory)
     started = time.perf_counter()
     read = topo.fill(split.topology_nodes)

@@ -75,7 +75,7 @@ def test_without_replacement_is_uniform():
     assert np.allclose(freq, 1 / 3, atol=0.03), freq
 
 
-@pytest.mark.parametrize("bad", ["0,5", "-1", "a,b", ""])
+@pytest.mark.parametrize("bad", ["0,5", "-2", "a,b", "", "5,,5"])
 def test_fanouts_must_be_positive(bad):
     with pytest.raises(ValueError, match="fanouts"):
         parse_fanouts(bad)

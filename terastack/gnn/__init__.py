@@ -42,7 +42,7 @@ from the shell with ``terastack gnn train`` (``--save-model``), predict every no
 neighbourhoods, layer by layer out of core, with ``terastack gnn infer``; ask which hardware gives the most
 epochs per dollar with ``terastack gnn advise``. Heterogeneous graphs (ogbn-mag, MAG240M, IGBH, a PyG
 ``HeteroData``) import into a heterogeneous dataset (``open_hetero_dataset``) and train with
-``HeteroTrainer`` (R-GCN or ``to_hetero(GraphSAGE)``; per-relation fanouts) through the same commands. PyG's own ``NodeLoader`` runs
+the same ``GnnTrainer`` (R-GCN or ``to_hetero(GraphSAGE)``; per-relation fanouts) through the same commands. PyG's own ``NodeLoader`` runs
 over the same storage through :mod:`terastack.gnn.pyg`.
 """
 from __future__ import annotations
@@ -70,7 +70,6 @@ _EXPORTS = {
     "HeteroDataset": "terastack.gnn.hetero_dataset", "open_hetero_dataset": "terastack.gnn.hetero_dataset",
     "HeteroNeighborSampler": "terastack.gnn.hetero_sampler", "hetero_presample": "terastack.gnn.hetero_sampler",
     "HeteroGNN": "terastack.gnn.hetero_models", "HeteroPipeline": "terastack.gnn.hetero_train",
-    "HeteroTrainer": "terastack.gnn.hetero_train", "HeteroInference": "terastack.gnn.hetero_infer",
 }
 
 __all__ = sorted(_EXPORTS)

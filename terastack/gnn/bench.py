@@ -63,7 +63,8 @@ from terastack.gnn.models import GNN, eval_step, train_step
 from terastack.gnn.pipeline import Pipeline
 from terastack.gnn.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
 from terastack.gnn.sampler import NeighborSampler, epoch_batches
-from terastack.gnn.train import EVAL_EPOCH, evaluate, share_budget, train_epoch, training_threads
+from terastack.gnn.graph_kinds import share_budget
+from terastack.gnn.train import EVAL_EPOCH, evaluate, train_epoch, training_threads
 from terastack.memory import peak_rss
 from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import predict_epoch

@@ -123,15 +123,31 @@ def largest_draw(fanouts) -> int:
     return max((ALL_NEIGHBOURS_DRAWS if f < 0 else f) for f in fanouts)
 
 
+def parse_fanout_spec(spec):
+    """The fanouts setting read before the dataset is open: one list (``"15,10"`` -> ``(15, 10)``, checked as
+    fully as the one-relation case) or per relation (text or dict -> ``{name: (15, 10), ...}``, each list
+    checked; which relations exist is checked by :func:`parse_relation_fanouts` once the dataset is open)."""
+    if isinstance(spec, str) and "=" in spec:
+        items = {}
+        for part in spec.split(";"):
+            if part.strip():
+                name, _, values = part.partition("=")
+                items[name.strip()] = fanout_list(values, name.strip())
+        if not items:
+            raise ValueError(f"fanouts: expected name=list items such as cites=15,10;*=5,5; got {spec!r}")
+        return items
+    if isinstance(spec, dict):
+        return {key: fanout_list(values, key if isinstance(key, str) else "___".join(key))
+                for key, values in spec.items()}
+    return parse_fanouts(spec)
+
+
 def fanouts_argument(text: str):
-    """argparse ``type`` of ``--fanouts``: the text checked for syntax (which relations exist is known only
-    once the dataset is open) and returned as given."""
+    """argparse ``type`` of ``--fanouts``: the text's syntax checked (each list strictly; what the lists mean is
+    checked by the command's config, with the other settings), and returned as given."""
     try:
         if "=" in text:
-            for part in text.split(";"):
-                if part.strip():
-                    name, _, values = part.partition("=")
-                    fanout_list(values, name.strip())
+            parse_fanout_spec(text)
         else:
             fanout_list(text)
     except ValueError as exc:

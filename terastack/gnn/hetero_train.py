@@ -14,26 +14,18 @@ The device budget is divided the same way among feature rows only (lists stay in
 """
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from terastack.constants import BLOCK
 from terastack.gnn.cache import FeatureSource, Gathering, GatherStats, UnifiedCache
-from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, wrap
-from terastack.gnn.dataset import check_read_modes
 from terastack.gnn.fanouts import largest_draw
-from terastack.gnn.hetero_dataset import HeteroDataset, open_hetero_dataset
-from terastack.gnn.hetero_models import HETERO_MODELS, HeteroGNN, hetero_eval_step, hetero_train_step
-from terastack.gnn.hetero_sampler import HeteroNeighborSampler, HeteroSampledBatch, hetero_presample
-from terastack.gnn.models import checkpoint_meta_path, save_model
-from terastack.gnn.pipeline import Pipeline, resolve_samplers
+from terastack.gnn.hetero_dataset import HeteroDataset
+from terastack.gnn.hetero_sampler import HeteroNeighborSampler, HeteroSampledBatch
+from terastack.gnn.pipeline import Pipeline
 from terastack.gnn.topology import FeaturePart, ListPart, SsdTopology, split_budget_parts
-from terastack.gnn.train import evaluate, train_epoch
 from terastack.plan.tpc import blocks_per_miss
-from terastack.units import parse_bytes
 
 class ConstantFeatures(FeatureSource):
     """A featureless node type's feature: 1.0, width 1 (nothing is read)."""
@@ -187,134 +179,3 @@ def build_features(ds: HeteroDataset, rankings: dict, budgets: dict, *, device: 
             s.close()
         raise
     return HeteroFeatures(sources)
-
-
-class HeteroTrainer:
-    """Trains ``sage`` (to_hetero) or ``rgcn`` on a heterogeneous dataset out of core; ``run()`` returns the result."""
-
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        data: str
-        model: str = "sage"
-        hidden: int = 64
-        #: one list for every relation ("15,10") or per relation ("cites=15,10;*=5,5"); see parse_hetero_fanouts
-        fanouts: object = (15, 10)
-        batch_size: int = 1024
-        epochs: int = 1
-        lr: float = 3e-3
-        device_cache: int | str = 0
-        host_cache: int | str = "256MiB"
-        seed: int = 0
-        replace: bool = False
-        overlap: bool = True
-        depth: int = 1
-        #: sampler threads of the pipeline (0: 2 with the topology on the SSD, else 1;
-        #: terastack.gnn.pipeline [Note: several sampler threads])
-        samplers: int = 0
-        #: train, validation and test nodes (each) scored after every epoch (0: none, -1: all)
-        eval_nodes: int = 4096
-        save_model: str = ""
-        presample_epochs: int = 2
-        verify: str = "stamp"
-        topology: str = "memory"
-        indptr: str = "auto"
-        device: str = "auto"
-        progress: bool = True
-        #: with several ranks: gather every rank's parameters after every step and report the largest difference
-        check_sync: bool = False
-
-        def __post_init__(self) -> None:
-            if not self.data:
-                raise ValueError("data: a dataset directory is required")
-            if self.model not in HETERO_MODELS:
-                raise ValueError(f"model: heterogeneous graphs train one of {', '.join(HETERO_MODELS)}; "
-                                 f"got {self.model!r}")
-            for name in ("hidden", "batch_size", "depth", "presample_epochs"):
-                if getattr(self, name) < 1:
-                    raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-            resolve_samplers(self.samplers, None)  # validates
-            if self.epochs < 0:
-                raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
-            if not self.lr > 0:
-                raise ValueError(f"lr: must be > 0, got {self.lr}")
-            check_read_modes(verify=self.verify, topology=self.topology)
-            if self.save_model:
-                checkpoint_meta_path(self.save_model)
-            self.device_cache = parse_bytes(self.device_cache, field="device_cache")
-            self.host_cache = parse_bytes(self.host_cache, field="host_cache")
-
-    def __init__(self, config: "HeteroTrainer.Config", *, engine=None):
-        self.config, self.engine = config, engine
-
-    def run(self) -> dict:
-        cfg = self.config
-        t0 = time.perf_counter()
-        ds = open_hetero_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, indptr=cfg.indptr,
-                                 topology_budget=cfg.host_cache, engine=self.engine)
-        features, ranks = None, current_ranks()
-        try:
-            sampler = HeteroNeighborSampler.for_dataset(ds, fanouts=cfg.fanouts, replace=cfg.replace, seed=cfg.seed)
-            train_ids = ds.splits["train"]
-            if len(train_ids) == 0:
-                raise ValueError(f"{ds.root}: the training split of {ds.target!r} is empty")
-            opened = time.perf_counter()
-            hot = hetero_presample(sampler, train_ids, cfg.batch_size, epochs=cfg.presample_epochs, seed=cfg.seed)
-            presampled = time.perf_counter()
-            budgets, split = hetero_share_budget(ds, hot, sampler, host_budget=cfg.host_cache,
-                                                 device_budget=cfg.device_cache)
-            features = build_features(ds, {t: h.order() for t, h in hot.items()}, budgets, device=cfg.device,
-                                      engine=self.engine)
-            pipeline = HeteroPipeline(sampler, features, ds.labels[ds.target], overlap=cfg.overlap, depth=cfg.depth,
-                                      device=cfg.device, rank=ranks.rank, world_size=ranks.world_size,
-                                      samplers=resolve_samplers(cfg.samplers, sampler.topology))
-            torch.manual_seed(cfg.seed)
-            in_dims = {t: ds.feat_dim[t] or 1 for t in ds.node_types}
-            model = HeteroGNN(cfg.model, ds.node_types, ds.edge_types, in_dims, cfg.hidden, ds.num_classes,
-                              sampler.hops, ds.target).to(pipeline.device)
-            net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.data_parallel
-            sync = SyncCheck(model) if cfg.check_sync and ranks.active else None
-            step = checked_step(hetero_train_step, sync)
-            optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-            held_out = {name: ds.splits[name] if cfg.eval_nodes < 0 else ds.splits[name][: cfg.eval_nodes]
-                        for name in ("train", "val", "test") if cfg.eval_nodes and len(ds.splits[name])}
-
-            def scores() -> dict:
-                return {f"{k}_acc": evaluate(pipeline, model, ids, batch_size=cfg.batch_size, step=hetero_eval_step)
-                        for k, ids in held_out.items()}
-
-            epochs = []
-            for epoch in range(cfg.epochs):
-                result = train_epoch(pipeline, net, optimizer, train_ids, batch_size=cfg.batch_size, epoch=epoch,
-                                     progress=cfg.progress and ranks.leader, step=step)
-                epochs.append({**result, "train_acc": None, "val_acc": None, "test_acc": None, **scores()})
-            final = {k: epochs[-1][k] for k in ("train_acc", "val_acc", "test_acc")} if epochs else \
-                {"train_acc": None, "val_acc": None, "test_acc": None, **scores()}
-            cache_info = features.describe()
-            topology_info = {**sampler.topology.describe(), "split": split}
-        finally:
-            if features is not None:
-                features.close()
-            ds.close()
-        checkpoint = None
-        if cfg.save_model and ranks.leader:
-            checkpoint = str(save_model(model.cpu(), cfg.save_model, dataset={
-                "root": str(ds.root), "nodes": ds.num_nodes, "classes": ds.num_classes, "target": ds.target},
-                training={"fanouts": {"___".join(et): list(v) for et, v in sampler.fanouts.items()},
-                          "epochs": cfg.epochs, "lr": cfg.lr, "seed": cfg.seed}, **final))
-        return {
-            "dataset": {"root": str(ds.root), "target": ds.target, "nodes": ds.num_nodes,
-                        "edges": {"___".join(et): n for et, n in ds.num_edges.items()},
-                        "feat_dim": ds.feat_dim, "verified": ds.verified},
-            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-            "fanouts": {"___".join(et): list(v) for et, v in sampler.fanouts.items()},
-            "cache": cache_info, "topology": topology_info,
-            "presample": {"batches": hot[ds.target].batches,
-                          "nodes_per_batch": {t: h.nodes_per_batch for t, h in hot.items()}},
-            "setup_seconds": {"open": opened - t0, "presample": presampled - opened},
-            "epochs": [{k: v for k, v in e.items() if k != "losses"} for e in epochs],
-            "loss_curve": [loss for e in epochs for loss in e["losses"]],
-            **final, "accuracy": final["test_acc"],
-            **{f"{k}_acc_per_epoch": [e[f"{k}_acc"] for e in epochs] for k in ("train", "val", "test")},
-            "epoch_seconds": [e["seconds"] for e in epochs], "checkpoint": checkpoint,
-            "ranks": {"world_size": ranks.world_size, **(sync.to_dict() if sync else {})},
-        }

@@ -84,7 +84,8 @@ from terastack.gnn.models import GNN, train_step
 from terastack.gnn.pipeline import Pipeline, resolve_samplers
 from terastack.gnn.fanouts import parse_fanouts
 from terastack.gnn.sampler import NeighborSampler
-from terastack.gnn.train import share_budget, train_epoch, training_threads
+from terastack.gnn.graph_kinds import share_budget
+from terastack.gnn.train import train_epoch, training_threads
 from terastack.io import get_engine
 from terastack.memory import mem_total, peak_rss
 from terastack.plan.hardware import Hardware

@@ -1,10 +1,12 @@
-"""``terastack gnn train``: out-of-core training of a PyG model over an on-disk dataset.
+"""``terastack gnn train``: out-of-core training of a PyG model over an on-disk dataset, either graph kind.
 
 The steps are the Python API's, in order: open (and verify) the dataset, build
 the sampler, pre-sample to count hotness, place and fill the unified cache,
-then train epochs through the pipeline, scoring each on the validation and
-test splits (sampled inference, at most ``eval_nodes`` nodes of each), and
-optionally save the model (see terastack.gnn.models [Note: model checkpoints]).
+then train epochs through the pipeline, scoring each on the held-out splits
+(sampled inference, at most ``eval_nodes`` nodes of each), and optionally save
+the model (see terastack.gnn.models [Note: model checkpoints]). A homogeneous
+and a heterogeneous dataset run the same recipe; what differs is a graph kind
+(terastack.gnn.graph_kinds [Note: one training recipe for both graph kinds]).
 """
 from __future__ import annotations
 
@@ -15,17 +17,13 @@ import numpy as np
 import torch
 
 from terastack import trace
-from terastack.constants import BLOCK
-from terastack.gnn.cache import UnifiedCache
 from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, wrap
-from terastack.gnn.dataset import GraphDataset, open_dataset
-from terastack.gnn.hotness import presample
-from terastack.gnn.models import MODELS, GNN, checkpoint_meta_path, eval_step, save_model, train_step
+from terastack.gnn.dataset import GraphDataset
+from terastack.gnn.fanouts import parse_fanout_spec
+from terastack.gnn.graph_kinds import open_graph
+from terastack.gnn.hetero_models import HETERO_MODELS
+from terastack.gnn.models import MODELS, checkpoint_meta_path, eval_step, train_step
 from terastack.gnn.pipeline import Pipeline, resolve_samplers
-from terastack.gnn.fanouts import largest_draw, parse_fanouts
-from terastack.gnn.sampler import NeighborSampler
-from terastack.gnn.topology import SsdTopology, split_budget
-from terastack.plan.tpc import blocks_per_miss
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 
@@ -96,33 +94,6 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
     }
 
 
-def share_budget(ds, hot, host_budget: int, fanouts) -> tuple[dict, int]:
-    """With the topology on the SSD: cache hot neighbour lists out of ``host_budget``, by SSD bytes saved per
-    byte (terastack.gnn.topology [Note: splitting one budget between topology and features]).
-
-    Returns (a description of the split, the host budget left for feature rows). indptr, when the topology
-    holds it in memory, is paid for first; the feature cache's lookup table (4 bytes per node) is set aside.
-    """
-    topo = ds.topology
-    if not isinstance(topo, SsdTopology):
-        return {}, host_budget
-    held = topo.memory_bytes  # indptr, if in memory
-    if held > host_budget:
-        raise ValueError(f"host_cache: {host_budget} bytes cannot hold indptr in memory ({held} bytes for "
-                         f"{ds.num_nodes} nodes); raise host_cache or read indptr from the SSD (indptr='ssd')")
-    table = ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)
-    split = split_budget(max(0, host_budget - held - table), feature_counts=hot.counts, expansions=hot.expansions,
-                         degrees_of=topo.degrees, row_bytes=ds.row_bytes,
-                         feature_read_bytes=blocks_per_miss(ds.row_bytes) * BLOCK,
-                         index_itemsize=topo.index_dtype.itemsize, max_fanout=largest_draw(fanouts),
-                         indptr_on_ssd=not topo.indptr_in_memory)
-    started = time.perf_counter()
-    read = topo.fill(split.topology_nodes)
-    info = {**split.to_dict(), "indptr": "memory" if topo.indptr_in_memory else "ssd", "indptr_bytes": held,
-            "fill_bytes_read": read, "fill_seconds": time.perf_counter() - started}
-    return info, max(0, host_budget - topo.memory_bytes)
-
-
 def fit(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray, *,
         batch_size: int, epochs: int, first_epoch: int = 0, progress: bool = True, label: str = "train") -> list[dict]:
     """Train ``epochs`` epochs; one :func:`train_epoch` dict per epoch."""
@@ -142,14 +113,17 @@ def evaluate(pipeline: Pipeline, model: torch.nn.Module, ids: np.ndarray, *, bat
 
 
 class GnnTrainer:
-    """Trains a GNN (``sage``, ``gcn``, ``gat``) out of core; ``run()`` returns the result dict."""
+    """Trains a GNN out of core on a homogeneous (``sage``, ``gcn``, ``gat``) or heterogeneous (``sage`` as
+    ``to_hetero(GraphSAGE)``, ``rgcn``) dataset; ``run()`` returns the result dict."""
 
     @dataclass(kw_only=True, slots=True)
     class Config:
         data: str
         model: str = "sage"
         hidden: int = 128
-        fanouts: tuple[int, ...] | str = (15, 10)
+        #: one list for every relation ("15,10"; -1: every neighbour), or per relation on a heterogeneous
+        #: dataset ("cites=15,10;*=5,5"; 0: none from that relation at that hop); see terastack.gnn.fanouts
+        fanouts: tuple[int, ...] | dict | str = (15, 10)
         batch_size: int = 1024
         epochs: int = 1
         lr: float = 3e-3
@@ -163,7 +137,8 @@ class GnnTrainer:
         #: sampler threads of the pipeline (0: 2 with the topology on the SSD, else 1;
         #: terastack.gnn.pipeline [Note: several sampler threads])
         samplers: int = 0
-        #: validation and test nodes (each) to evaluate on after every epoch (0: none, -1: the whole splits)
+        #: nodes of each held-out split (validation and test; on a heterogeneous dataset train too) scored after
+        #: every epoch (0: none, -1: the whole splits)
         eval_nodes: int = 4096
         #: write the trained model here (weights; its description beside it as PATH.json), "" for nowhere
         save_model: str = ""
@@ -182,12 +157,10 @@ class GnnTrainer:
         def __post_init__(self) -> None:
             if not self.data:
                 raise ValueError("data: a dataset directory is required")
-            if self.model not in MODELS:
-                raise ValueError(f"model: must be one of {', '.join(MODELS)}; got {self.model!r}")
-            if isinstance(self.fanouts, str):
-                self.fanouts = parse_fanouts(self.fanouts)
-            NeighborSampler.Config(fanouts=self.fanouts)  # validates
-            self.fanouts = tuple(self.fanouts)
+            if self.model not in MODELS + HETERO_MODELS:
+                raise ValueError(f"model: must be one of {', '.join(dict.fromkeys(MODELS + HETERO_MODELS))}; "
+                                 f"got {self.model!r}")
+            self.fanouts = parse_fanout_spec(self.fanouts)  # the relations are checked once the dataset is open
             for name in ("hidden", "batch_size", "depth", "presample_epochs"):
                 if getattr(self, name) < 1:
                     raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -210,73 +183,66 @@ class GnnTrainer:
     def run(self) -> dict:
         cfg = self.config
         t0 = time.perf_counter()
-        ds = open_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, indptr=cfg.indptr,
-                          topology_budget=cfg.host_cache, engine=self.engine)
-        opened = time.perf_counter()
-        sampler = NeighborSampler(topology=ds.topology, fanouts=cfg.fanouts, replace=cfg.replace, seed=cfg.seed)
-        train_ids = ds.splits["train"]
-        if len(train_ids) == 0:
-            raise ValueError(f"{ds.paths['train_idx']}: the training split is empty")
-        hot = presample(sampler, train_ids, cfg.batch_size, epochs=cfg.presample_epochs, seed=cfg.seed)
-        presampled = time.perf_counter()
-        split, feature_host = share_budget(ds, hot, cfg.host_cache, cfg.fanouts)
-        cache = UnifiedCache(ds, hot.order(), device_budget=cfg.device_cache, host_budget=feature_host,
-                             device=cfg.device, engine=self.engine)
+        graph = open_graph(cfg, self.engine)
         ranks = current_ranks()
         try:
-            pipeline = Pipeline(sampler, cache, ds.labels, overlap=cfg.overlap, depth=cfg.depth, device=cfg.device,
-                                rank=ranks.rank, world_size=ranks.world_size,
-                                samplers=resolve_samplers(cfg.samplers, ds.topology))
+            graph.make_sampler()
+            train_ids = graph.train_ids()
+            opened = time.perf_counter()
+            graph.presample(train_ids)
+            presampled = time.perf_counter()
+            graph.place()
+            pipeline = graph.pipeline(ranks)
             torch.manual_seed(cfg.seed)
-            model = GNN(cfg.model, ds.feat_dim, cfg.hidden, ds.num_classes, len(cfg.fanouts)).to(pipeline.device)
-            net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.data_parallel
-            sync = SyncCheck(model) if cfg.check_sync and ranks.active else None
-            step = checked_step(train_step, sync)
-            optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-            # Evaluation nodes: the first eval_nodes of each split, the same ones after every epoch.
-            held_out = {name: ds.splits[name] if cfg.eval_nodes < 0 else ds.splits[name][: cfg.eval_nodes]
-                        for name in ("val", "test") if cfg.eval_nodes and len(ds.splits[name])}
-
-            def scores() -> dict:
-                return {f"{k}_acc": evaluate(pipeline, model, ids, batch_size=cfg.batch_size)
-                        for k, ids in held_out.items()}
-
-            epochs = []
-            for epoch in range(cfg.epochs):  # train an epoch, then score it on the validation and test nodes
-                result = train_epoch(pipeline, net, optimizer, train_ids, batch_size=cfg.batch_size, epoch=epoch,
-                                     progress=cfg.progress and ranks.leader, step=step)
-                epochs.append({**result, "val_acc": None, "test_acc": None, **scores()})
-            final = {k: epochs[-1][k] for k in ("val_acc", "test_acc")} if epochs else \
-                {"val_acc": None, "test_acc": None, **scores()}
-            cache_info = cache.describe()
-            topology_info = {**ds.topology.describe(), "split": split}
+            model = graph.model().to(pipeline.device)
+            trained = _train(cfg, graph, pipeline, model, train_ids, ranks)
+            caches = graph.describe_caches()
         finally:
-            cache.close()
-            ds.close()
-        checkpoint = None
-        if cfg.save_model and ranks.leader:
-            checkpoint = str(save_model(model, cfg.save_model, dataset={
-                "root": str(ds.root), "nodes": ds.num_nodes, "feat_dim": ds.feat_dim, "classes": ds.num_classes},
-                training={"fanouts": list(cfg.fanouts), "epochs": cfg.epochs, "lr": cfg.lr, "seed": cfg.seed},
-                val_acc=final["val_acc"], test_acc=final["test_acc"]))
-        losses = [loss for e in epochs for loss in e["losses"]]
-        return {
-            "dataset": {"root": str(ds.root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
-                        "feat_dtype": ds.feat_dtype.name, "feature_bytes": ds.feature_bytes,
-                        "verified": ds.verified},
-            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-            "cache": cache_info,
-            "topology": topology_info,
-            "presample": {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
-                          "sample_seconds_per_batch": hot.sample_seconds_per_batch,
-                          "expected_hit_rate": hot.hit_rate(cache.device_rows + cache.host_rows)},
-            "setup_seconds": {"open": opened - t0, "presample": presampled - opened, "cache_fill": cache.fill_seconds},
-            "epochs": [{k: v for k, v in e.items() if k != "losses"} for e in epochs],
-            "loss_curve": losses,
-            "accuracy": final["test_acc"],  # the last epoch's test accuracy (the older name of test_acc)
-            "val_acc": final["val_acc"], "test_acc": final["test_acc"],
-            "val_acc_per_epoch": [e["val_acc"] for e in epochs], "test_acc_per_epoch": [e["test_acc"] for e in epochs],
-            "epoch_seconds": [e["seconds"] for e in epochs],
-            "checkpoint": checkpoint,
-            "ranks": {"world_size": ranks.world_size, **(sync.to_dict() if sync else {})},
-        }
+            graph.close()
+        checkpoint = graph.save(model, trained["final"]) if cfg.save_model and ranks.leader else None
+        return _result(cfg, graph, trained, caches, checkpoint, ranks,
+                       setup={"open": opened - t0, "presample": presampled - opened})
+
+
+def _train(cfg: "GnnTrainer.Config", graph, pipeline: Pipeline, model: torch.nn.Module, train_ids: np.ndarray,
+           ranks) -> dict:
+    """Train ``cfg.epochs`` epochs, scoring each on the held-out nodes; the epochs, the final scores, the check."""
+    net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.data_parallel
+    sync = SyncCheck(model) if cfg.check_sync and ranks.active else None
+    step = checked_step(graph.train_step, sync)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    # Evaluation nodes: the first eval_nodes of each split, the same ones after every epoch.
+    ds = graph.ds
+    held_out = {name: ds.splits[name] if cfg.eval_nodes < 0 else ds.splits[name][: cfg.eval_nodes]
+                for name in graph.scored if cfg.eval_nodes and len(ds.splits[name])}
+    unscored = {f"{k}_acc": None for k in graph.scored}
+
+    def scores() -> dict:
+        return {f"{k}_acc": evaluate(pipeline, model, ids, batch_size=cfg.batch_size, step=graph.eval_step)
+                for k, ids in held_out.items()}
+
+    epochs = []
+    for epoch in range(cfg.epochs):  # train an epoch, then score it on the held-out nodes
+        result = train_epoch(pipeline, net, optimizer, train_ids, batch_size=cfg.batch_size, epoch=epoch,
+                             progress=cfg.progress and ranks.leader, step=step)
+        epochs.append({**result, **unscored, **scores()})
+    final = {k: epochs[-1][k] for k in unscored} if epochs else {**unscored, **scores()}
+    return {"epochs": epochs, "final": final, "sync": sync}
+
+
+def _result(cfg: "GnnTrainer.Config", graph, trained: dict, caches: tuple[dict, dict], checkpoint: str | None,
+            ranks, *, setup: dict) -> dict:
+    epochs, final, sync = trained["epochs"], trained["final"], trained["sync"]
+    return {
+        **graph.report(setup),
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "cache": caches[0], "topology": caches[1],
+        "epochs": [{k: v for k, v in e.items() if k != "losses"} for e in epochs],
+        "loss_curve": [loss for e in epochs for loss in e["losses"]],
+        **final,
+        "accuracy": final["test_acc"],  # the last epoch's test accuracy (the older name of test_acc)
+        **{f"{k}_acc_per_epoch": [e[f"{k}_acc"] for e in epochs] for k in graph.scored},
+        "epoch_seconds": [e["seconds"] for e in epochs],
+        "checkpoint": checkpoint,
+        "ranks": {"world_size": ranks.world_size, **(sync.to_dict() if sync else {})},
+    }

@@ -136,9 +136,9 @@ def check_undirected(ds, rel, reference_csc):
 
 
 def train_a_little(root, **extra):
-    from terastack.gnn.hetero_train import HeteroTrainer
+    from terastack.gnn.train import GnnTrainer
 
-    result = HeteroTrainer(HeteroTrainer.Config(data=str(root), fanouts="4,3", batch_size=8, epochs=2, hidden=8,
+    result = GnnTrainer(GnnTrainer.Config(data=str(root), fanouts="4,3", batch_size=8, epochs=2, hidden=8,
                                                 host_cache="64KiB", progress=False, **extra)).run()
     losses = result["loss_curve"]
     assert len(losses) == 2 * 4 and np.isfinite(losses).all()  # 30 training papers, batches of 8, two epochs
@@ -171,10 +171,10 @@ def test_ogb_mag_layout(tmp_path, capsys, reference_csc):
     for et, (s, d) in rel.items():
         check_relation(ds, et, s, d, reference_csc)
     # to_hetero(GraphSAGE) needs every sending type to receive: refused by name, with the remedy
-    from terastack.gnn.hetero_train import HeteroTrainer
+    from terastack.gnn.train import GnnTrainer
 
     with pytest.raises(ValueError, match="author.*--undirected"):
-        HeteroTrainer(HeteroTrainer.Config(data=str(plain), fanouts="2,2", progress=False)).run()
+        GnnTrainer(GnnTrainer.Config(data=str(plain), fanouts="2,2", progress=False)).run()
 
 
 @pytest.mark.parametrize("numpy_split", [True, False])

@@ -11,9 +11,9 @@ import torch
 from terastack.gnn.cache import InMemoryFeatures
 from terastack.gnn.hetero_dataset import open_hetero_dataset
 from terastack.gnn.hetero_sampler import HeteroNeighborSampler, hetero_presample, parse_hetero_fanouts
-from terastack.gnn.hetero_train import (ConstantFeatures, HeteroFeatures, HeteroPipeline, HeteroTrainer,
-                                        build_features, hetero_share_budget)
+from terastack.gnn.hetero_train import ConstantFeatures, HeteroFeatures, HeteroPipeline, build_features, hetero_share_budget
 from terastack.gnn.topology import FeaturePart, ListPart, split_budget_parts
+from terastack.gnn.train import GnnTrainer
 
 FANOUTS = "cites=4,3;written_by=3,0;rev_written_by=2,2;*=2,1"
 
@@ -214,8 +214,8 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
 def test_loss_curve_with_everything_on_the_ssd_equals_in_memory(hetero):
     common = dict(data=str(hetero), fanouts="3,2", batch_size=96, epochs=1, hidden=8, eval_nodes=64, progress=False,
                   model="rgcn")
-    a = HeteroTrainer(HeteroTrainer.Config(**common, topology="memory", host_cache="8MiB")).run()
-    b = HeteroTrainer(HeteroTrainer.Config(**common, topology="ssd", indptr="ssd", host_cache="48KiB")).run()
+    a = GnnTrainer(GnnTrainer.Config(**common, topology="memory", host_cache="8MiB")).run()
+    b = GnnTrainer(GnnTrainer.Config(**common, topology="ssd", indptr="ssd", host_cache="48KiB")).run()
     assert a["loss_curve"] == b["loss_curve"] and len(a["loss_curve"]) == 7
     assert a["val_acc"] == b["val_acc"] and a["test_acc"] == b["test_acc"]
     assert b["epochs"][0]["topology_ssd_bytes"] > 0 and b["epochs"][0]["miss_rate"] > 0

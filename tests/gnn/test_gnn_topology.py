@@ -118,7 +118,7 @@ def test_one_budget_is_split_between_lists_and_rows_on_a_power_law_graph(tiny):
     cached = np.zeros(ds.num_nodes, bool)
     assert r["topology"]["cached_lists"] == split["topology_lists"]
     hot = presample(sampler, ds.splits["train"], 64, epochs=2, seed=5)
-    from terastack.gnn.train import share_budget
+    from terastack.gnn.graph_kinds import share_budget
 
     ssd = open_dataset(tiny, topology="ssd", topology_budget=budget)
     try:

@@ -129,7 +129,7 @@ def _set_threads(threads: int) -> None:
     if threads:
         import torch
 
-        from terastack.gnn.train import training_threads
+        from terastack.gnn.training.train import training_threads
 
         torch.set_num_threads(training_threads() if threads == -1 else threads)
 
@@ -140,8 +140,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def fanouts_option(p: argparse.ArgumentParser, default: str | None = "15,10") -> None:
-    """``--fanouts``, read the same way wherever it is taken (terastack.gnn.fanouts), ``-1,5`` included."""
-    from terastack.gnn.fanouts import accept_negative_lists, fanouts_argument
+    """``--fanouts``, read the same way wherever it is taken (terastack.gnn.sampling.fanouts), ``-1,5`` included."""
+    from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument
 
     accept_negative_lists(p)
     p.add_argument("--fanouts", default=default, type=fanouts_argument,
@@ -175,7 +175,7 @@ def _emit(result: dict, as_json: bool, lines) -> None:
 
 
 def _gen(args) -> int:
-    from terastack.gnn.gen import GraphGenerator
+    from terastack.gnn.storage.gen import GraphGenerator
 
     return _build(GraphGenerator, args, nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
                   classes=args.classes, dtype=args.dtype, seed=args.seed, train_fraction=args.train_fraction,
@@ -215,8 +215,8 @@ def _import(args) -> int:
 
 
 def _verify(args) -> int:
-    from terastack.gnn.dataset import open_dataset
-    from terastack.gnn.hetero_dataset import is_hetero_dataset, open_hetero_dataset
+    from terastack.gnn.storage.dataset import open_dataset
+    from terastack.gnn.storage.hetero_dataset import is_hetero_dataset, open_hetero_dataset
 
     if is_hetero_dataset(args.data):
         hd = open_hetero_dataset(args.data, verify="full")
@@ -237,8 +237,8 @@ def _verify(args) -> int:
 
 def _train(args) -> int:
     from terastack import trace
-    from terastack.gnn.multi_process import run_training
-    from terastack.gnn.train import GnnTrainer
+    from terastack.gnn.training.multi_process import run_training
+    from terastack.gnn.training.train import GnnTrainer
 
     cfg = GnnTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
@@ -316,7 +316,7 @@ def _accuracies(r: dict) -> str:
 
 
 def _infer(args) -> int:
-    from terastack.gnn.infer import GnnInference
+    from terastack.gnn.training.infer import GnnInference
 
     cfg = GnnInference.Config(data=args.data, checkpoint=args.checkpoint, out=args.out, embeddings=args.embeddings,
                               chunk_nodes=args.chunk_nodes, device_cache=args.device_cache,
@@ -341,10 +341,10 @@ def _infer(args) -> int:
 
 def _advise(args) -> int:
     from terastack.gnn.advise import probe_feature_file, workload
-    from terastack.gnn.dataset import open_dataset
-    from terastack.gnn.hotness import presample
-    from terastack.gnn.fanouts import parse_fanouts
-    from terastack.gnn.sampler import NeighborSampler
+    from terastack.gnn.storage.dataset import open_dataset
+    from terastack.gnn.storage.hotness import presample
+    from terastack.gnn.sampling.fanouts import parse_fanouts
+    from terastack.gnn.sampling.sampler import NeighborSampler
     from terastack.plan.hardware import Hardware
     from terastack.plan.tpc import PriceTable, advise, predict_epoch
     from terastack.units import parse_bytes

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from terastack.cli import build_parser, main
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.fanouts import parse_fanouts, parse_relation_fanouts
-from terastack.gnn.sampler import NeighborSampler
-from terastack.gnn.train import GnnTrainer
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.sampling.fanouts import parse_fanouts, parse_relation_fanouts
+from terastack.gnn.sampling.sampler import NeighborSampler
+from terastack.gnn.training.train import GnnTrainer
 
 ETS = [("paper", "cites", "paper"), ("paper", "written_by", "author")]
 

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from terastack.gnn.cache import InMemoryFeatures
-from terastack.gnn.hetero_dataset import open_hetero_dataset
-from terastack.gnn.hetero_sampler import HeteroNeighborSampler, hetero_presample, parse_hetero_fanouts
-from terastack.gnn.hetero_train import ConstantFeatures, HeteroFeatures, HeteroPipeline, build_features, hetero_share_budget
-from terastack.gnn.topology import FeaturePart, ListPart, split_budget_parts
-from terastack.gnn.train import GnnTrainer
+from terastack.gnn.storage.baselines import InMemoryFeatures
+from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample, parse_hetero_fanouts
+from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
+from terastack.gnn.sampling.pipeline import HeteroPipeline
+from terastack.gnn.storage.budget_split import hetero_share_budget
+from terastack.gnn.storage.budget_split import FeaturePart, ListPart, split_budget_parts
+from terastack.gnn.training.train import GnnTrainer
 
 FANOUTS = "cites=4,3;written_by=3,0;rev_written_by=2,2;*=2,1"
 
@@ -186,7 +188,7 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
     user would build it; R-GCN is terastack's RGCNConv model."""
     from torch_geometric.nn import GraphSAGE, to_hetero
 
-    from terastack.gnn.hetero_models import HeteroGNN
+    from terastack.gnn.training.hetero_models import HeteroGNN
 
     torch.manual_seed(0)
     in_dims = {t: mem.feat_dim[t] or 1 for t in mem.node_types}

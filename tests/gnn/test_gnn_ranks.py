@@ -8,8 +8,8 @@ import json
 import pytest
 
 from terastack.cli import main
-from terastack.gnn.train import GnnTrainer
-from terastack.gnn.multi_process import run_training
+from terastack.gnn.training.train import GnnTrainer
+from terastack.gnn.training.multi_process import run_training
 
 
 def test_two_ranks_heterogeneous(hetero):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.sampler import NeighborSampler, epoch_batches, parse_fanouts
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches, parse_fanouts
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,14 @@
 """Full-neighbourhood predictions for every node of a heterogeneous dataset's target type (the heterogeneous kind
-of terastack.gnn.infer.GnnInference).
+of terastack.gnn.training.infer.GnnInference).
 
 [Note: heterogeneous inference]
 The target's nodes are taken in chunks of consecutive ids; each chunk is sampled with every neighbour
 (fanout -1) for as many hops as the model has layers, over every relation
-(terastack.gnn.hetero_sampler), its rows gathered through the per-type caches, and the model applied to
+(terastack.gnn.sampling.hetero_sampler), its rows gathered through the per-type caches, and the model applied to
 the subgraph. That subgraph holds every in-edge of every node whose output the seeds' outputs depend on
 (nodes first reached at hop h < L have all their in-edges, added at hop h+1), so the seeds' logits equal
 the model's on the whole graph in memory. Unlike the homogeneous layer-wise inference
-(terastack.gnn.layerwise) the cost grows with the L-hop neighbourhood of a chunk: ``chunk_nodes`` bounds the
+(terastack.gnn.training.layerwise) the cost grows with the L-hop neighbourhood of a chunk: ``chunk_nodes`` bounds the
 seeds per subgraph and so its memory. Outputs are ``.npy`` files, each committed atomically: the
 predictions (int64, one per target node) and the logits (float32, target nodes x classes).
 """
@@ -17,11 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from terastack.gnn.hetero_dataset import open_hetero_dataset
-from terastack.gnn.hetero_models import load_hetero_model
-from terastack.gnn.hetero_sampler import HeteroNeighborSampler
-from terastack.gnn.hetero_train import HeteroPipeline, build_features
-from terastack.gnn.topology import appearance_counts
+from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
+from terastack.gnn.training.hetero_models import load_hetero_model
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
+from terastack.gnn.sampling.pipeline import HeteroPipeline
+from terastack.gnn.storage.hetero_cache import build_features
+from terastack.gnn.storage.topology import appearance_counts
 from terastack.progress import Progress
 
 

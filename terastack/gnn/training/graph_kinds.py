@@ -1,7 +1,7 @@
 """What differs between training on a homogeneous and on a heterogeneous graph, as two small strategies.
 
 [Note: one training recipe for both graph kinds]
-terastack.gnn.train.GnnTrainer runs one recipe: open the dataset, build the sampler, pre-sample to count
+terastack.gnn.training.train.GnnTrainer runs one recipe: open the dataset, build the sampler, pre-sample to count
 hotness, share the cache budget and fill the caches, build the pipeline and the model, train epochs and
 score them, save the model. A graph kind supplies the steps whose data differ: which dataset class opens
 the directory, which sampler, which budget split (one feature file and one topology, or one per node type
@@ -11,55 +11,26 @@ shared fields) is written once in the recipe.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
-from terastack.constants import BLOCK
-from terastack.gnn.cache import UnifiedCache
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.fanouts import largest_draw, parse_fanouts
-from terastack.gnn.hetero_dataset import is_hetero_dataset, open_hetero_dataset
-from terastack.gnn.hetero_models import HETERO_MODELS, HeteroGNN, hetero_eval_step, hetero_train_step
-from terastack.gnn.hetero_sampler import HeteroNeighborSampler, hetero_presample
-from terastack.gnn.hetero_train import HeteroPipeline, build_features, hetero_share_budget
-from terastack.gnn.hotness import presample
-from terastack.gnn.models import MODELS, GNN, eval_step, save_model, train_step
-from terastack.gnn.pipeline import Pipeline, resolve_samplers
-from terastack.gnn.sampler import NeighborSampler
-from terastack.gnn.topology import SsdTopology, split_budget
-from terastack.plan.tpc import blocks_per_miss
-
-
-def share_budget(ds, hot, host_budget: int, fanouts) -> tuple[dict, int]:
-    """With the topology on the SSD: cache hot neighbour lists out of ``host_budget``, by SSD bytes saved per
-    byte (terastack.gnn.topology [Note: splitting one budget between topology and features]).
-
-    Returns (a description of the split, the host budget left for feature rows). indptr, when the topology
-    holds it in memory, is paid for first; the feature cache's lookup table (4 bytes per node) is set aside.
-    """
-    topo = ds.topology
-    if not isinstance(topo, SsdTopology):
-        return {}, host_budget
-    held = topo.memory_bytes  # indptr, if in memory
-    if held > host_budget:
-        raise ValueError(f"host_cache: {host_budget} bytes cannot hold indptr in memory ({held} bytes for "
-                         f"{ds.num_nodes} nodes); raise host_cache or read indptr from the SSD (indptr='ssd')")
-    table = ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)
-    split = split_budget(max(0, host_budget - held - table), feature_counts=hot.counts, expansions=hot.expansions,
-                         degrees_of=topo.degrees, row_bytes=ds.row_bytes,
-                         feature_read_bytes=blocks_per_miss(ds.row_bytes) * BLOCK,
-                         index_itemsize=topo.index_dtype.itemsize, max_fanout=largest_draw(fanouts),
-                         indptr_on_ssd=not topo.indptr_in_memory)
-    started = time.perf_counter()
-    read = topo.fill(split.topology_nodes)
-    info = {**split.to_dict(), "indptr": "memory" if topo.indptr_in_memory else "ssd", "indptr_bytes": held,
-            "fill_bytes_read": read, "fill_seconds": time.perf_counter() - started}
-    return info, max(0, host_budget - topo.memory_bytes)
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.sampling.fanouts import parse_fanouts
+from terastack.gnn.storage.hetero_dataset import is_hetero_dataset, open_hetero_dataset
+from terastack.gnn.training.hetero_models import HETERO_MODELS, HeteroGNN, hetero_eval_step, hetero_train_step
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample
+from terastack.gnn.sampling.pipeline import HeteroPipeline
+from terastack.gnn.storage.hetero_cache import build_features
+from terastack.gnn.storage.budget_split import hetero_share_budget, share_budget
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.training.models import MODELS, GNN, eval_step, save_model, train_step
+from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
+from terastack.gnn.sampling.sampler import NeighborSampler
 
 
 class HomogeneousGraph:
-    """One node type, one relation: one feature cache (terastack.gnn.cache) and one topology."""
+    """One node type, one relation: one feature cache (terastack.gnn.storage.cache) and one topology."""
 
     name = "homogeneous"
     scored = ("val", "test")
@@ -176,7 +147,7 @@ class HeterogeneousGraph:
         return self.hot
 
     def place(self) -> None:
-        """One budget over every type's rows and every relation's lists (terastack.gnn.hetero_train [Note: one
+        """One budget over every type's rows and every relation's lists (terastack.gnn.storage.budget_split [Note: one
         budget over node types and relations]), then a cache per featured type."""
         cfg = self.cfg
         budgets, self.split = hetero_share_budget(self.ds, self.hot, self.sampler, host_budget=cfg.host_cache,

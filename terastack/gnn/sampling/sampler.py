@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terastack.gnn.fanouts import parse_fanouts
-from terastack.gnn.topology import ArrayTopology
+from terastack.gnn.sampling.fanouts import parse_fanouts
+from terastack.gnn.storage.topology import ArrayTopology
 
 
 @dataclass(slots=True)
@@ -88,7 +88,7 @@ class NeighborSampler:
     def __init__(self, indptr: np.ndarray | None = None, indices: np.ndarray | None = None,
                  config: "NeighborSampler.Config | None" = None, *, topology=None, **fields):
         """Sample over CSC arrays ``indptr``/``indices``, or over a ``topology``
-        (terastack.gnn.topology: arrays, or files on the SSD with hot lists cached)."""
+        (terastack.gnn.storage.topology: arrays, or files on the SSD with hot lists cached)."""
         self.config = config or NeighborSampler.Config(**fields)
         if topology is None:
             if indptr is None or indices is None:
@@ -166,7 +166,7 @@ def sample_hop(topology, frontier: np.ndarray, fanout: int, rng: np.random.Gener
 
     The draws depend only on the list lengths; the topology is asked for the
     values at the drawn positions once per hop (one SSD submission when it is
-    on the SSD; see terastack.gnn.topology [Note: topology on the SSD]). A
+    on the SSD; see terastack.gnn.storage.topology [Note: topology on the SSD]). A
     negative ``fanout`` takes every neighbour (no draws).
     """
     hop = topology.lookup(frontier)

@@ -5,7 +5,7 @@ As PyG's ``NeighborLoader`` on a ``HeteroData`` (``num_neighbors`` a dict per ed
 of the target type; at hop i, for every relation (src, rel, dst) in sorted order, each node of type dst
 first reached at hop i-1 (the seeds at hop 1) gets up to ``fanouts[relation][i-1]`` sampled in-neighbours
 of type src, drawn over that relation's CSC exactly as the homogeneous sampler draws
-(terastack.gnn.sampler [Note: sampling semantics]; 0 skips the relation at that hop, -1 takes every
+(terastack.gnn.sampling.sampler [Note: sampling semantics]; 0 skips the relation at that hop, -1 takes every
 neighbour). Nodes are numbered per type in order of discovery, seeds first. Every relation's draws come
 from the one generator of the batch, in a fixed order, and depend only on list lengths, so batches with
 topology on the SSD equal batches with it in memory.
@@ -21,15 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terastack.gnn.fanouts import parse_relation_fanouts
-from terastack.gnn.hotness import PRESAMPLE_SEED_OFFSET, Hotness
-from terastack.gnn.sampler import epoch_batches, sample_hop
-from terastack.gnn.topology import TopologyStats, appearance_counts
+from terastack.gnn.sampling.fanouts import parse_relation_fanouts
+from terastack.gnn.storage.hotness import PRESAMPLE_SEED_OFFSET, Hotness
+from terastack.gnn.sampling.sampler import epoch_batches, sample_hop
+from terastack.gnn.storage.topology import TopologyStats, appearance_counts
 
 EdgeType = tuple[str, str, str]
 
 
-#: per-relation fanouts (the name this module gave terastack.gnn.fanouts.parse_relation_fanouts)
+#: per-relation fanouts (the name this module gave terastack.gnn.sampling.fanouts.parse_relation_fanouts)
 parse_hetero_fanouts = parse_relation_fanouts
 
 
@@ -197,7 +197,7 @@ class HeteroNeighborSampler:
 def hetero_presample(sampler: HeteroNeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,
                      seed: int = 0, keep_examples: int = 2) -> dict[str, Hotness]:
     """Per node type: feature gathers and list expansions counted over ``epochs`` pre-sampled epochs
-    (terastack.gnn.hotness, one :class:`Hotness` per type; its ``expansions`` count for every relation
+    (terastack.gnn.storage.hotness, one :class:`Hotness` per type; its ``expansions`` count for every relation
     into the type, whose lists a frontier node has sampled)."""
     if epochs < 1:
         raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")

@@ -4,9 +4,9 @@ The steps are the Python API's, in order: open (and verify) the dataset, build
 the sampler, pre-sample to count hotness, place and fill the unified cache,
 then train epochs through the pipeline, scoring each on the held-out splits
 (sampled inference, at most ``eval_nodes`` nodes of each), and optionally save
-the model (see terastack.gnn.models [Note: model checkpoints]). A homogeneous
+the model (see terastack.gnn.training.models [Note: model checkpoints]). A homogeneous
 and a heterogeneous dataset run the same recipe; what differs is a graph kind
-(terastack.gnn.graph_kinds [Note: one training recipe for both graph kinds]).
+(terastack.gnn.training.graph_kinds [Note: one training recipe for both graph kinds]).
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from terastack import trace
-from terastack.gnn.data_parallel import SyncCheck, checked_step, current_ranks, wrap
-from terastack.gnn.dataset import GraphDataset
-from terastack.gnn.fanouts import parse_fanout_spec
-from terastack.gnn.graph_kinds import open_graph
-from terastack.gnn.hetero_models import HETERO_MODELS
-from terastack.gnn.models import MODELS, checkpoint_meta_path, eval_step, train_step
-from terastack.gnn.pipeline import Pipeline, resolve_samplers
+from terastack.gnn.training.data_parallel import SyncCheck, checked_step, current_ranks, wrap
+from terastack.gnn.storage.dataset import GraphDataset
+from terastack.gnn.sampling.fanouts import parse_fanout_spec
+from terastack.gnn.training.graph_kinds import open_graph
+from terastack.gnn.training.hetero_models import HETERO_MODELS
+from terastack.gnn.training.models import MODELS, checkpoint_meta_path, eval_step, train_step
+from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 
@@ -48,7 +48,7 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
     """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic.
 
     ``step(model, optimizer, batch) -> loss`` trains one batch (heterogeneous batches take
-    terastack.gnn.hetero_models.hetero_train_step)."""
+    terastack.gnn.training.hetero_models.hetero_train_step)."""
     source = pipeline.source
     topology = pipeline.sampler.topology
     before = source.stats.snapshot()
@@ -122,7 +122,7 @@ class GnnTrainer:
         model: str = "sage"
         hidden: int = 128
         #: one list for every relation ("15,10"; -1: every neighbour), or per relation on a heterogeneous
-        #: dataset ("cites=15,10;*=5,5"; 0: none from that relation at that hop); see terastack.gnn.fanouts
+        #: dataset ("cites=15,10;*=5,5"; 0: none from that relation at that hop); see terastack.gnn.sampling.fanouts
         fanouts: tuple[int, ...] | dict | str = (15, 10)
         batch_size: int = 1024
         epochs: int = 1
@@ -135,7 +135,7 @@ class GnnTrainer:
         overlap: bool = True
         depth: int = 1
         #: sampler threads of the pipeline (0: 2 with the topology on the SSD, else 1;
-        #: terastack.gnn.pipeline [Note: several sampler threads])
+        #: terastack.gnn.sampling.pipeline [Note: several sampler threads])
         samplers: int = 0
         #: nodes of each held-out split (validation and test; on a heterogeneous dataset train too) scored after
         #: every epoch (0: none, -1: the whole splits)
@@ -145,7 +145,7 @@ class GnnTrainer:
         presample_epochs: int = 2
         verify: str = "stamp"
         #: "memory": topology read into RAM; "mmap": topology pages read from SSD on demand; "ssd": topology
-        #: read per hop through the storage engine, hot lists cached out of host_cache (terastack.gnn.topology)
+        #: read per hop through the storage engine, hot lists cached out of host_cache (terastack.gnn.storage.topology)
         topology: str = "memory"
         #: with topology="ssd": indptr in memory, on the SSD, or "auto" (memory when <= a quarter of host_cache)
         indptr: str = "auto"
@@ -207,7 +207,7 @@ class GnnTrainer:
 def _train(cfg: "GnnTrainer.Config", graph, pipeline: Pipeline, model: torch.nn.Module, train_ids: np.ndarray,
            ranks) -> dict:
     """Train ``cfg.epochs`` epochs, scoring each on the held-out nodes; the epochs, the final scores, the check."""
-    net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.data_parallel
+    net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.training.data_parallel
     sync = SyncCheck(model) if cfg.check_sync and ranks.active else None
     step = checked_step(graph.train_step, sync)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)

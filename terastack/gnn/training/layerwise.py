@@ -1,5 +1,5 @@
 """Layer-wise full-graph inference on a homogeneous graph, out of core (the homogeneous kind of
-terastack.gnn.infer.GnnInference).
+terastack.gnn.training.infer.GnnInference).
 
 [Note: layer-wise inference]
 Running an L-layer model node by node over full neighbourhoods needs each
@@ -43,9 +43,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from terastack.gnn.cache import UnifiedCache
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.models import load_model
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.training.models import load_model
 from terastack.progress import Progress
 
 

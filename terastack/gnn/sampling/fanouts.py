@@ -9,9 +9,8 @@ or a number that is not an integer is an error naming the item, never silently d
 from __future__ import annotations
 
 import argparse
+import numbers
 import re
-
-import numpy as np
 
 EdgeType = tuple[str, str, str]
 
@@ -46,7 +45,7 @@ def fanout_list(values, name: str = "") -> tuple[int, ...]:
     if not values:
         raise ValueError(f"fanouts: {where}at least one hop is required")
     for hop, v in enumerate(values, 1):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < -1:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < -1:
             raise ValueError(f"fanouts: {where}hop {hop} has fanout {v!r}; each fanout is {_ALLOWED}")
     return tuple(int(v) for v in values)
 

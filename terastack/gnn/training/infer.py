@@ -4,8 +4,8 @@ One recipe writes the outputs: the predictions (argmax, int64, one per node of t
 logits (float32, nodes x classes), ``.npy`` files numpy can memory-map, each committed atomically
 (temporary name beside it, fsync, rename, fsync of the directory), and the full-neighbourhood accuracy on
 the labelled splits. How the logits are computed is the graph kind's: layer by layer over a homogeneous
-graph (terastack.gnn.layerwise [Note: layer-wise inference]), or on every-neighbour subgraphs of chunks
-of target nodes over a heterogeneous one (terastack.gnn.hetero_infer [Note: heterogeneous inference]).
+graph (terastack.gnn.training.layerwise [Note: layer-wise inference]), or on every-neighbour subgraphs of chunks
+of target nodes over a heterogeneous one (terastack.gnn.training.hetero_infer [Note: heterogeneous inference]).
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terastack.gnn.dataset import GraphDataset
-from terastack.gnn.hetero_dataset import is_hetero_dataset
-from terastack.gnn.hetero_infer import SampledHeteroInference
-from terastack.gnn.layerwise import LayerwiseInference
+from terastack.gnn.storage.dataset import GraphDataset
+from terastack.gnn.storage.hetero_dataset import is_hetero_dataset
+from terastack.gnn.training.hetero_infer import SampledHeteroInference
+from terastack.gnn.training.layerwise import LayerwiseInference
 from terastack.units import parse_bytes
 
 

@@ -3,9 +3,9 @@
 :func:`run_training` is the one entry: under an outer ``torchrun`` (``RANK`` and ``WORLD_SIZE`` > 1 in the
 environment) this process is one rank and trains as such; with ``nproc`` > 1 it starts ``nproc`` ranks under
 torchrun's elastic agent (c10d rendezvous on loopback, every wait bounded by ``timeout_s``), each running
-``python -m terastack.gnn.multi_process JOB.json``, and returns rank 0's result; otherwise it trains in this
+``python -m terastack.gnn.training.multi_process JOB.json``, and returns rank 0's result; otherwise it trains in this
 process. A rank that fails ends the job: torchrun stops the others and the error is one line naming the first
-rank that failed and its last error line. See terastack.gnn.data_parallel [Note: data-parallel GNN training].
+rank that failed and its last error line. See terastack.gnn.training.data_parallel [Note: data-parallel GNN training].
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from terastack.atomic import atomic_write_json
-from terastack.gnn.train import GnnTrainer
+from terastack.gnn.training.train import GnnTrainer
 RESULT = "result.json"
 
 
@@ -134,7 +134,7 @@ def describe_failures(failures: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank: ``python -m terastack.gnn.multi_process JOB.json`` (written by :func:`run_training`)."""
+    """One rank: ``python -m terastack.gnn.training.multi_process JOB.json`` (written by :func:`run_training`)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     argv = sys.argv[1:] if argv is None else argv

@@ -26,7 +26,7 @@ BENCHMARKS = [
             needs=("transformers",)),
     Command("llm-scale", "terastack.llm.bench.bench_scale",
             "the largest model each system fine-tunes in a fixed memory budget", needs=("transformers",)),
-    Command("gnn", "terastack.gnn.bench", "out-of-core GNN training vs in-memory, mmap and synchronous gathering",
+    Command("gnn", "terastack.gnn.bench.measure", "out-of-core GNN training vs in-memory, mmap and synchronous gathering",
             needs=("torch_geometric",)),
     Command("dist", "terastack.disdp.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3",
             needs=("transformers",), extra="dist"),

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.dataset import DatasetError, write_manifest
+from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.storage.dataset import DatasetError, write_manifest
 from terastack.gnn.formats.source import BuildOptions
 from terastack.progress import Progress
 

@@ -10,7 +10,7 @@ A heterogeneous dataset is a directory::
     edges/<src>___<rel>___<dst>/indptr.bin    int64 [N_dst + 1]   the in-neighbours (of type src) of node v of
     edges/<src>___<rel>___<dst>/indices.bin   int32|int64 [E]     type dst: indices[indptr[v]:indptr[v+1]]
 
-Each relation is the homogeneous format's CSC (terastack.gnn.dataset) between two id spaces, so the
+Each relation is the homogeneous format's CSC (terastack.gnn.storage.dataset) between two id spaces, so the
 sampler, the topology on the SSD and its hot-list cache work per relation unchanged. Files are raw
 little-endian bytes (nothing is unpickled); opening checks every file's size against the manifest,
 the checksums (the homogeneous format's [Note: verification], stamp included) and the invariants
@@ -30,10 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json, safe_relative
-from terastack.gnn.dataset import (FEATURE_DTYPES, INDEX_DTYPES, MANIFEST, DatasetError,
-                                   FileEntry, check_read_modes, file_entry, need_field, parse_file_entry, read_manifest_json,
-                                   verify_checksums, write_stamp)
-from terastack.gnn.topology import INDPTR_MODES, ArrayTopology, SsdTopology, indptr_fits, stream_chunks
+from terastack.gnn.storage.dataset import FEATURE_DTYPES, INDEX_DTYPES, MANIFEST, DatasetError, FileEntry, check_read_modes, file_entry, need_field, parse_file_entry, read_manifest_json, verify_checksums, write_stamp
+from terastack.gnn.storage.topology import INDPTR_MODES, ArrayTopology, SsdTopology, indptr_fits, stream_chunks
 
 FORMAT = "terastack-gnn-hetero"
 FORMAT_VERSION = 1
@@ -184,7 +182,7 @@ def is_hetero_dataset(root: str | os.PathLike) -> bool:
 
 @dataclass(slots=True)
 class NodeFeatures:
-    """One node type's feature file, in the shape :class:`terastack.gnn.cache.UnifiedCache` reads."""
+    """One node type's feature file, in the shape :class:`terastack.gnn.storage.cache.UnifiedCache` reads."""
 
     num_nodes: int
     feat_dim: int
@@ -200,7 +198,7 @@ class HeteroDataset:
     """An opened, verified heterogeneous dataset directory (see the module docstring).
 
     ``topologies[edge_type]`` is the relation's CSC topology: in memory, memory-mapped or on the SSD
-    (terastack.gnn.topology), as ``topology`` says; labels and the target's splits are in memory;
+    (terastack.gnn.storage.topology), as ``topology`` says; labels and the target's splits are in memory;
     features stay in their files (:meth:`node_features` describes one type's file for the cache).
     """
 

@@ -55,14 +55,18 @@ import numpy as np
 import torch
 
 from terastack.gnn.advise import calibrate_compute, probe_feature_file, workload
-from terastack.gnn.cache import MmapFeatures, UnifiedCache, resolve_device
-from terastack.gnn.dataset import DatasetError, open_dataset
-from terastack.gnn.gen import GraphGenerator
-from terastack.gnn.hotness import presample
-from terastack.gnn.models import GNN, eval_step, train_step
-from terastack.gnn.pipeline import Pipeline
-from terastack.gnn.sampler import NeighborSampler, epoch_batches, parse_fanouts
-from terastack.gnn.train import EVAL_EPOCH, evaluate, share_budget, train_epoch, training_threads
+from terastack.gnn.storage.baselines import MmapFeatures
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.gen import GraphGenerator
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.training.models import train_step
+from terastack.gnn.sampling.pipeline import Pipeline
+from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
+from terastack.gnn.bench.reference import bench_model, on_model, plain_epoch, plain_eval
+from terastack.gnn.sampling.sampler import NeighborSampler
+from terastack.gnn.storage.budget_split import share_budget
+from terastack.gnn.training.train import evaluate, train_epoch, training_threads
 from terastack.memory import peak_rss
 from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import predict_epoch
@@ -98,8 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-nodes", type=int, default=4096, help="test nodes evaluated after training")
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--fanouts", default=None, help="neighbours sampled per hop (default 15,10; with --hetero: "
-                   "10,5 for every relation, or per relation as `terastack gnn train` takes them)")
+    accept_negative_lists(p)
+    p.add_argument("--fanouts", default=None, type=fanouts_argument, help="neighbours sampled per hop (default "
+                   "15,10; with --hetero: 10,5 for every relation, or per relation as `terastack gnn train` takes them)")
     p.add_argument("--batch-size", type=int, default=None, help="default 1024 (with --scale: 512)")
     p.add_argument("--epochs", type=int, default=2, help="epochs of the in-memory and terastack runs")
     p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the mmap and sync-gather runs")
@@ -120,7 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with the topology on the SSD: where indptr lives (see terastack gnn train --indptr)")
     p.add_argument("--scale", action="store_true",
                    help="instead: one epoch of GraphSAGE on a generated graph larger than RAM, topology and "
-                        "features on the SSD, peak RSS reported (see terastack.gnn.scale)")
+                        "features on the SSD, peak RSS reported (see terastack.gnn.bench.scale)")
     p.add_argument("--rss-limit", default="8GiB", help="with --scale or --hetero: stop a contender whose RSS "
                    "passes this")
     p.add_argument("--cleanup", action="store_true", help="with --scale: delete the dataset after the run")
@@ -143,7 +148,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "k loader workers give); speedup_vs_mmap is against the fastest")
     p.add_argument("--hetero", action="store_true",
                    help="instead: an IGBH-shaped heterogeneous graph trained out of core vs in-memory features and "
-                        "topology and vs np.memmap, each in its own process (see terastack.gnn.bench_hetero)")
+                        "topology and vs np.memmap, each in its own process (see terastack.gnn.bench.hetero)")
     p.add_argument("--papers", type=int, default=None, help="with --hetero: paper nodes (default 250000; "
                    "authors 1.9x, fos 0.19x, institutes 0.015x)")
     p.add_argument("--hetero-model", default="sage", choices=["sage", "rgcn"], help="with --hetero: the model")
@@ -163,72 +168,12 @@ def _dataset_dir(args) -> Path:
     return Path(base) / "bench-gnn"
 
 
-def _plain_epoch(sampler, source, labels, model, optimizer, train_ids, *, batch_size: int, epoch: int,
-                 progress: bool, label: str) -> dict:
-    """The reference PyG training loop (no pipeline): sample, fetch features, train; one batch at a time."""
-    from terastack.progress import Progress
-
-    y_all = torch.from_numpy(labels).long()
-    batches = epoch_batches(train_ids, batch_size, seed=sampler.config.seed, epoch=epoch)
-    bar = Progress(len(batches), label=f"{label} epoch {epoch}", unit="batches", enabled=progress)
-    source.new_epoch()
-    losses = []
-    sampling = gathering = 0.0
-    started = time.perf_counter()
-    for k, seeds in enumerate(batches):
-        t0 = time.perf_counter()
-        batch = sampler.sample(seeds, sampler.batch_rng(epoch, k), index=k, epoch=epoch)
-        n_id = torch.from_numpy(batch.n_id)
-        t1 = time.perf_counter()
-        x = source.gather(batch.n_id, torch.empty(len(n_id), source.row_len, dtype=source.torch_dtype))
-        t2 = time.perf_counter()
-        losses.append(train_step(model, optimizer, _on_model(model, batch.to_data(x, y_all[n_id]))))
-        sampling, gathering = sampling + t1 - t0, gathering + t2 - t1
-        bar.update(1, loss=losses[-1])
-    bar.close()
-    return {"epoch": epoch, "seconds": time.perf_counter() - started, "losses": losses,
-            "sample_seconds": sampling, "gather_seconds": gathering}
-
-
-def _plain_eval(sampler, gather, labels, model, ids, batch_size: int) -> float:
-    y_all = torch.from_numpy(labels).long()
-    correct = total = 0
-    for k, seeds in enumerate(epoch_batches(ids, batch_size, seed=sampler.config.seed, epoch=EVAL_EPOCH,
-                                            shuffle=False)):
-        batch = sampler.sample(seeds, sampler.batch_rng(EVAL_EPOCH, k))
-        n_id = torch.from_numpy(batch.n_id)
-        x = gather.gather(batch.n_id, torch.empty(len(n_id), gather.row_len, dtype=gather.torch_dtype))
-        c, t = eval_step(model, _on_model(model, batch.to_data(x, y_all[n_id])))
-        correct, total = correct + c, total + t
-    return correct / max(total, 1)
-
-
-def bench_device() -> torch.device:
-    """Where every contender's model and batches live: the device the pipelines and the cache resolve "auto"
-    to (a GPU when there is one), so that no contender mixes a CPU model with CUDA batches."""
-    return resolve_device("auto")
-
-
-def _model(args, ds, device: torch.device | None = None):
-    torch.manual_seed(args.seed)  # same initial weights for every contender, on any device
-    model = GNN(args.model, ds.feat_dim, args.hidden, ds.num_classes, len(parse_fanouts(args.fanouts)))
-    model = model.to(bench_device() if device is None else device)
-    return model, torch.optim.Adam(model.parameters(), lr=args.lr)
-
-
-def _on_model(model: torch.nn.Module, data):
-    """``data`` (a PyG batch) on the device of ``model``'s parameters."""
-    device = next(model.parameters()).device
-    return data if data.x.device == device else data.to(device)
-
-
-#: defaults of the flags whose default differs with --scale (terastack.gnn.scale.SCALE_DEFAULTS)
+#: defaults of the flags whose default differs with --scale (terastack.gnn.bench.scale.SCALE_DEFAULTS)
 _DEFAULTS = {"nodes": 4_000_000, "avg_degree": 10.0, "train_nodes": 65536, "batch_size": 1024, "gen_memory": "1GiB"}
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from terastack.gnn.cache import InMemoryFeatures
-
+    """One ``terastack bench gnn`` run (``--scale`` and ``--hetero`` are their own modules); see the Notes above."""
     if args.fanouts is None and not args.hetero:
         args.fanouts = "15,10"
     if args.feat_dim is None:
@@ -236,21 +181,39 @@ def measure(args: argparse.Namespace) -> dict:
     if args.scale and args.hetero:
         raise ValueError("scale, hetero: choose one of --scale and --hetero")
     if args.scale:
-        from terastack.gnn.scale import measure_scale
+        from terastack.gnn.bench.scale import measure_scale
 
         return measure_scale(args)
     if args.hetero:
-        from terastack.gnn.bench_hetero import measure_hetero
+        from terastack.gnn.bench.hetero import measure_hetero
 
         return measure_hetero(args)
-    for name, default in _DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
+    _settle(args)
     fanouts = parse_fanouts(args.fanouts)
-    progress = not args.quiet
     root = _dataset_dir(args)
     if args.fresh and root.exists():
         shutil.rmtree(root)
+    gen, gen_seconds = _generate(args, root)
+    ds = open_dataset(root)
+    budget = parse_bytes(args.budget, field="budget") if args.budget else ds.feature_bytes // 4
+    if budget * 4 > ds.feature_bytes:
+        raise ValueError(f"budget: {format_bytes(budget)} is more than a quarter of the "
+                         f"{format_bytes(ds.feature_bytes)} feature file; the benchmark is out-of-core only below that")
+    if not 0 <= args.device_share <= 1:
+        raise ValueError(f"device_share: must be in [0, 1], got {args.device_share}")
+    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=fanouts, seed=args.seed)
+    _warm_up(args, ds, sampler)
+    run = _contest(args, ds, root, sampler, fanouts, budget)
+    check = _tpc_check(args, ds, sampler, run["hot"], budget, fanouts, run["results"]["in_memory"])
+    return _summary(args, ds, run, check, fanouts, budget, dataset={
+        "dir": str(root), "generation": gen["status"], "generation_seconds": gen_seconds})
+
+
+def _settle(args: argparse.Namespace) -> None:
+    """The defaults that depend on other flags, and the checks of the flags."""
+    for name, default in _DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.train_nodes < 1 or args.train_nodes + args.test_nodes > args.nodes:
         raise ValueError(f"train_nodes, test_nodes: must be >= 1 and fit in {args.nodes} nodes")
     if args.threads < -1:
@@ -261,11 +224,16 @@ def measure(args: argparse.Namespace) -> dict:
         raise ValueError(f"tpc_rounds: must be >= 1, got {args.tpc_rounds}")
     if not 1 <= args.baseline_epochs <= args.epochs:
         raise ValueError(f"baseline_epochs: must be in 1..epochs ({args.epochs}), got {args.baseline_epochs}")
+
+
+def _generate(args: argparse.Namespace, root: Path) -> tuple[dict, float]:
+    """The benchmark's dataset (kept between runs; regenerated when its parameters changed) and the seconds."""
     t0 = time.perf_counter()
     gen_config = dict(out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
                       classes=args.classes, dtype=args.dtype, seed=args.seed,
                       train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
-                      test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory, progress=progress)
+                      test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory,
+                      progress=not args.quiet)
     try:
         gen = GraphGenerator(GraphGenerator.Config(**gen_config)).run()
     except DatasetError as exc:
@@ -273,28 +241,33 @@ def measure(args: argparse.Namespace) -> dict:
             raise
         # the benchmark's own dataset directory, made for other sizes: replace it
         gen = GraphGenerator(GraphGenerator.Config(force=True, **gen_config)).run()
-    gen_seconds = time.perf_counter() - t0
-    ds = open_dataset(root)
-    budget = parse_bytes(args.budget, field="budget") if args.budget else ds.feature_bytes // 4
-    if budget * 4 > ds.feature_bytes:
-        raise ValueError(f"budget: {format_bytes(budget)} is more than a quarter of the "
-                         f"{format_bytes(ds.feature_bytes)} feature file; the benchmark is out-of-core only below that")
-    if not 0 <= args.device_share <= 1:
-        raise ValueError(f"device_share: must be in [0, 1], got {args.device_share}")
-    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=fanouts, seed=args.seed)
-    train_ids, test_ids = ds.splits["train"], ds.splits["test"]
-    common = dict(batch_size=args.batch_size, progress=progress)
+    return gen, time.perf_counter() - t0
 
-    # Warm-up: the first steps of a process pay one-off costs (allocator, lazy init); none of the timed runs should.
-    warm = presample(sampler, train_ids[: args.batch_size * 2], args.batch_size, epochs=1, seed=args.seed + 1)
-    model, opt = _model(args, ds)
+
+def _warm_up(args: argparse.Namespace, ds, sampler: NeighborSampler) -> None:
+    """The first steps of a process pay one-off costs (allocator, lazy init); none of the timed runs should."""
+    warm = presample(sampler, ds.splits["train"][: args.batch_size * 2], args.batch_size, epochs=1,
+                     seed=args.seed + 1)
+    model, opt = bench_model(args, ds)
     for b in warm.examples[:2]:
-        train_step(model, opt, _on_model(model, b.to_data(torch.randn(b.num_nodes, ds.feat_dim),
+        train_step(model, opt, on_model(model, b.to_data(torch.randn(b.num_nodes, ds.feat_dim),
                                                           torch.zeros(b.num_nodes, dtype=torch.long))))
 
-    # Contenders, each with its own model (same initial weights) and feature source. The in-memory (serial and
-    # pipelined), terastack and sync epochs run round-robin (epoch 0 of each, then epoch 1 of each) so that
-    # interference from other work on the machine falls on all of them alike.
+
+def _build_cache(args: argparse.Namespace, ds, hot, total: int) -> UnifiedCache:
+    dev = int(total * args.device_share)
+    return UnifiedCache(ds, hot.order(), device_budget=dev, host_budget=total - dev)
+
+
+def _contest(args: argparse.Namespace, ds, root: Path, sampler: NeighborSampler, fanouts, budget: int) -> dict:
+    """Every contender's epochs and accuracy, each with its own model (same initial weights) and feature source.
+
+    The in-memory (serial and pipelined), terastack and sync epochs run round-robin (epoch 0 of each, then
+    epoch 1 of each) so that interference from other work on the machine falls on all of them alike."""
+    from terastack.gnn.storage.baselines import InMemoryFeatures
+
+    train_ids, test_ids = ds.splits["train"], ds.splits["test"]
+    common = dict(batch_size=args.batch_size, progress=not args.quiet)
     t0 = time.perf_counter()
     features = InMemoryFeatures(ds.read_features())
     load_seconds = time.perf_counter() - t0
@@ -302,11 +275,6 @@ def measure(args: argparse.Namespace) -> dict:
     hot = presample(sampler, train_ids, args.batch_size, epochs=2, seed=args.seed, keep_examples=8)
     presample_seconds = time.perf_counter() - t0
     device_cache = int(budget * args.device_share)
-
-    def build_cache(total: int) -> UnifiedCache:
-        dev = int(total * args.device_share)
-        return UnifiedCache(ds, hot.order(), device_budget=dev, host_budget=total - dev)
-
     ts_sampler, split, ds_ssd = sampler, {}, None
     if args.topology == "ssd":  # same batches (same draws), lists read per hop, hot ones cached from the budget
         ds_ssd = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget - device_cache)
@@ -314,7 +282,7 @@ def measure(args: argparse.Namespace) -> dict:
         split, host_left = share_budget(ds_ssd, hot, budget - device_cache, fanouts)
         cache = UnifiedCache(ds, hot.order(), device_budget=device_cache, host_budget=host_left)
     else:
-        cache = build_cache(budget)
+        cache = _build_cache(args, ds, hot, budget)
     mm = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim, dtype=ds.feat_dtype,
                       budget=budget)
     # The pipelined in-memory contender differs from terastack's only in its feature source.
@@ -326,7 +294,7 @@ def measure(args: argparse.Namespace) -> dict:
                "terastack": "terastack", "sync": "sync gather", "mmap": "mmap"}
     planned = {"in_memory": args.epochs, "in_memory_pipelined": args.epochs, "terastack": args.epochs,
                "sync": args.baseline_epochs, "mmap": args.baseline_epochs}
-    models = {name: _model(args, ds) for name in planned}
+    models = {name: bench_model(args, ds) for name in planned}
     results: dict[str, list[dict]] = {name: [] for name in planned}
 
     def run(name: str, epoch: int) -> None:
@@ -334,7 +302,7 @@ def measure(args: argparse.Namespace) -> dict:
         if name in pipes:
             r = train_epoch(pipes[name], model, opt, train_ids, epoch=epoch, label=labels_[name], **common)
         else:
-            r = _plain_epoch(sampler, sources[name], ds.labels, model, opt, train_ids, epoch=epoch,
+            r = plain_epoch(sampler, sources[name], ds.labels, model, opt, train_ids, epoch=epoch,
                              label=labels_[name], **common)
         results[name].append(r)
 
@@ -342,15 +310,15 @@ def measure(args: argparse.Namespace) -> dict:
         for name in ("in_memory", "in_memory_pipelined", "terastack", "sync"):
             if epoch < planned[name]:
                 run(name, epoch)
-    mem_acc = _plain_eval(sampler, features, ds.labels, models["in_memory"][0], test_ids, args.batch_size)
-    pipe_acc = evaluate(pipes["in_memory_pipelined"], models["in_memory_pipelined"][0], test_ids,
-                        batch_size=args.batch_size)
+    acc = {"in_memory": plain_eval(sampler, features, ds.labels, models["in_memory"][0], test_ids, args.batch_size),
+           "in_memory_pipelined": evaluate(pipes["in_memory_pipelined"], models["in_memory_pipelined"][0], test_ids,
+                                           batch_size=args.batch_size)}
     # The mmap runs come after the in-memory copy is freed: its page cache (up to the budget) is mapped
     # into this process, and both together would double-count memory the benchmark is meant to bound.
     del features, sources["in_memory"], pipes["in_memory_pipelined"]
     for epoch in range(planned["mmap"]):
         run("mmap", epoch)
-    ts_acc = evaluate(pipes["terastack"], models["terastack"][0], test_ids, batch_size=args.batch_size)
+    acc["terastack"] = evaluate(pipes["terastack"], models["terastack"][0], test_ids, batch_size=args.batch_size)
     cache_info = cache.describe()
     cache.close()
     mm.close()
@@ -359,10 +327,18 @@ def measure(args: argparse.Namespace) -> dict:
         ds_ssd.close()
     sources.clear()  # the models and sources go; run() above still names the dicts
     models.clear()
-    mem_epochs, pipe_epochs, ts_epochs, sync_epochs, mm_epochs = (
-        results[k] for k in ("in_memory", "in_memory_pipelined", "terastack", "sync", "mmap"))
+    return {"results": results, "accuracy": acc, "hot": hot, "cache_info": cache_info, "topology": topology_info,
+            "cached_rows": cache.device_rows + cache.host_rows, "evicted_pages": mm.evicted_pages,
+            "slot_bytes": sum(pipes["terastack"].last_stats.slot_bytes), "device_cache": device_cache,
+            "setup_seconds": {"in_memory_load": load_seconds, "presample": presample_seconds,
+                              "cache_fill": cache_info["fill_seconds"]}}
 
-    # TPC model vs measured epochs at three cache sizes. [Note: checking the TPC model] explains the inputs.
+
+def _tpc_check(args: argparse.Namespace, ds, sampler: NeighborSampler, hot, budget: int, fanouts,
+               mem_epochs: list[dict]) -> dict:
+    """The TPC model vs measured epochs at several cache sizes. [Note: checking the TPC model] explains the inputs."""
+    train_ids = ds.splits["train"]
+    common = dict(batch_size=args.batch_size, progress=not args.quiet)
     ssd = probe_feature_file(ds)
     here = Hardware(name="this machine (SSD measured on the feature file)", measured=True,
                     cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
@@ -370,7 +346,7 @@ def measure(args: argparse.Namespace) -> dict:
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
                   calibrate=False, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
     fractions = [float(f) for f in args.tpc_fractions.split(",")]
-    caches = [build_cache(int(budget * f)) for f in fractions]
+    caches = [_build_cache(args, ds, hot, int(budget * f)) for f in fractions]
     measured: list[list[dict]] = [[] for _ in fractions]
     steps: list[float] = []
     small_sync: list[dict] = []  # the CAM comparison where the SSD has the most to do: the smallest cache
@@ -378,11 +354,11 @@ def measure(args: argparse.Namespace) -> dict:
         steps.append(calibrate_compute(args.model, hot, feat_dim=ds.feat_dim, hidden=args.hidden,
                                        classes=ds.num_classes, layers=len(fanouts), steps=12)[0])
         for i, (frac, c) in enumerate(zip(fractions, caches)):
-            model, opt = _model(args, ds)
+            model, opt = bench_model(args, ds)
             measured[i].append(train_epoch(Pipeline(sampler, c, ds.labels), model, opt, train_ids, epoch=0,
                                            label=f"terastack {frac:g}x budget (round {rnd})", **common))
             if i == 0:
-                model, opt = _model(args, ds)
+                model, opt = bench_model(args, ds)
                 small_sync.append(train_epoch(Pipeline(sampler, c, ds.labels, overlap=False), model, opt,
                                               train_ids, epoch=0, label=f"sync gather {frac:g}x budget", **common))
     wl_run = dataclasses.replace(wl, compute_seconds=float(np.mean(steps)))
@@ -390,89 +366,108 @@ def measure(args: argparse.Namespace) -> dict:
     wl_mem = dataclasses.replace(
         wl, compute_seconds=sum(e["seconds"] - e["sample_seconds"] - e["gather_seconds"] for e in mem_epochs)
         / mem_batches)
-    tpc = []
-    for frac, c, runs in zip(fractions, caches, measured):
-        total = int(budget * frac)
-        dev = int(total * args.device_share)
-        split = dict(device_cache=dev, host_cache=total - dev, train_threads=wl.compute_threads)
-        pred = predict_epoch(wl_run, here, **split)
-        alt = predict_epoch(wl_mem, here, **split)
-        seconds = float(np.mean([r["seconds"] for r in runs]))
-        tpc.append({"cache_bytes": total, "predicted_epoch_seconds": pred.epoch_seconds,
-                    "measured_epoch_seconds": seconds, "measured_rounds": [r["seconds"] for r in runs],
-                    "prediction_error": abs(pred.epoch_seconds - seconds) / seconds,
-                    "predicted_with_in_memory_step": alt.epoch_seconds,
-                    "prediction_error_in_memory_step": abs(alt.epoch_seconds - seconds) / seconds,
-                    "predicted_hit_rate": pred.hit_rate,
-                    "measured_hit_rate": float(np.mean([r["device_hit_rate"] + r["host_hit_rate"] for r in runs])),
-                    "bottleneck": pred.bottleneck, "stages_seconds_per_batch": pred.stages})
+    tpc = [_tpc_row(args, here, wl_run, wl_mem, int(budget * frac), runs, wl.compute_threads)
+           for frac, runs in zip(fractions, measured)]
+    for c in caches:
         c.close()
     calibration = {"step_seconds_per_round": steps, "step_seconds_from_in_memory_run": wl_mem.compute_seconds,
                    "io_cpu_seconds_per_block": wl.io_cpu_seconds_per_block,
                    "gather_seconds_per_row": wl.gather_seconds_per_row,
                    "miss_cpu_seconds_per_row": wl.miss_cpu_seconds_per_row}
+    return {"tpc": tpc, "calibration": calibration, "small_sync": small_sync, "ssd": ssd}
 
-    mem_t = [e["seconds"] for e in mem_epochs]
-    pipe_t = [e["seconds"] for e in pipe_epochs]
-    ts_t = [e["seconds"] for e in ts_epochs]
+
+def _tpc_row(args: argparse.Namespace, here: Hardware, wl_run, wl_mem, total: int, runs: list[dict],
+             threads: int) -> dict:
+    """One cache size: the predicted epoch (step calibrated two ways) against the measured rounds."""
+    dev = int(total * args.device_share)
+    split = dict(device_cache=dev, host_cache=total - dev, train_threads=threads)
+    pred = predict_epoch(wl_run, here, **split)
+    alt = predict_epoch(wl_mem, here, **split)
+    seconds = float(np.mean([r["seconds"] for r in runs]))
+    return {"cache_bytes": total, "predicted_epoch_seconds": pred.epoch_seconds,
+            "measured_epoch_seconds": seconds, "measured_rounds": [r["seconds"] for r in runs],
+            "prediction_error": abs(pred.epoch_seconds - seconds) / seconds,
+            "predicted_with_in_memory_step": alt.epoch_seconds,
+            "prediction_error_in_memory_step": abs(alt.epoch_seconds - seconds) / seconds,
+            "predicted_hit_rate": pred.hit_rate,
+            "measured_hit_rate": float(np.mean([r["device_hit_rate"] + r["host_hit_rate"] for r in runs])),
+            "bottleneck": pred.bottleneck, "stages_seconds_per_batch": pred.stages}
+
+
+def _speeds(run: dict, check: dict) -> dict:
+    """terastack's epoch time against each contender's, and whether every loss curve is the same."""
+    r = run["results"]
+    mem_epochs, pipe_epochs, ts_epochs, sync_epochs, mm_epochs = (
+        r[k] for k in ("in_memory", "in_memory_pipelined", "terastack", "sync", "mmap"))
+    mem_t, pipe_t, ts_t = ([e["seconds"] for e in r[k]] for k in ("in_memory", "in_memory_pipelined", "terastack"))
     paired = lambda other: float(np.mean([e["seconds"] for e in other]) / np.mean(ts_t[: len(other)]))
     mem_losses = [l for e in mem_epochs for l in e["losses"]]
     ts_losses = [l for e in ts_epochs for l in e["losses"]]
     identical = (ts_losses == mem_losses and all(e["losses"] == mem_epochs[e["epoch"]]["losses"]
                                                  for e in pipe_epochs + sync_epochs + mm_epochs))
-    max_diff = max(abs(a - b) for a, b in zip(ts_losses, mem_losses)) if mem_losses else 0.0
     serial = float(np.mean(ts_t) / np.mean(mem_t))
+    tpc = check["tpc"]
     return {
         "slowdown_vs_in_memory_pipelined": float(np.mean(ts_t) / np.mean(pipe_t)),
         "slowdown_vs_in_memory_serial": serial,
         "slowdown_vs_in_memory": serial,  # the serial figure under its older name, kept for compatibility
         "speedup_vs_mmap": paired(mm_epochs),
         "speedup_vs_sync_gather": paired(sync_epochs),
-        "speedup_vs_sync_gather_smallest_cache": float(np.mean([e["seconds"] for e in small_sync])
+        "speedup_vs_sync_gather_smallest_cache": float(np.mean([e["seconds"] for e in check["small_sync"]])
                                                        / np.mean(tpc[0]["measured_rounds"])),
         "prediction_error": [round(t["prediction_error"], 4) for t in tpc],
         # the TPC model's error (absolute) as --scale and --hetero report it (the last round's: calibrated on the
         # most epochs)
         "tpc_prediction_error": tpc[-1]["prediction_error"] if tpc else None,
         "tpc_error": abs(tpc[-1]["prediction_error"]) if tpc else None,
-        "train_nodes": len(train_ids), "seeds_per_s": len(train_ids) / float(np.mean(ts_t)),
-        "peak_rss_bytes": peak_rss(),
-        "accuracy_diff_points": 100 * abs(ts_acc - mem_acc),
         "loss_curves_identical": identical,
-        "feature_to_budget_ratio": ds.feature_bytes / budget,
+        "max_loss_diff": max(abs(a - b) for a, b in zip(ts_losses, mem_losses)) if mem_losses else 0.0,
+        "final_loss": ts_losses[-1] if ts_losses else None,
         "in_memory_pipelined_epoch_seconds": pipe_t, "in_memory_epoch_seconds": mem_t,
         "terastack_epoch_seconds": ts_t,
         "sync_gather_epoch_seconds": [e["seconds"] for e in sync_epochs],
         "mmap_epoch_seconds": [e["seconds"] for e in mm_epochs],
-        "in_memory_accuracy": mem_acc, "in_memory_pipelined_accuracy": pipe_acc, "terastack_accuracy": ts_acc,
-        "max_loss_diff": max_diff,
-        "final_loss": ts_losses[-1] if ts_losses else None,
+    }
+
+
+def _summary(args: argparse.Namespace, ds, run: dict, check: dict, fanouts, budget: int, *, dataset: dict) -> dict:
+    train_ids, test_ids = ds.splits["train"], ds.splits["test"]
+    ts_epochs, sync_epochs = run["results"]["terastack"], run["results"]["sync"]
+    acc, cache_info, topology_info, hot = run["accuracy"], run["cache_info"], run["topology"], run["hot"]
+    speeds = _speeds(run, check)
+    return {
+        **speeds,
+        "train_nodes": len(train_ids), "seeds_per_s": len(train_ids) / float(np.mean(speeds["terastack_epoch_seconds"])),
+        "peak_rss_bytes": peak_rss(),
+        "accuracy_diff_points": 100 * abs(acc["terastack"] - acc["in_memory"]),
+        "feature_to_budget_ratio": ds.feature_bytes / budget,
+        "in_memory_accuracy": acc["in_memory"], "in_memory_pipelined_accuracy": acc["in_memory_pipelined"],
+        "terastack_accuracy": acc["terastack"],
         "hit_rates": {"device": ts_epochs[0]["device_hit_rate"], "host": ts_epochs[0]["host_hit_rate"],
                       "miss": ts_epochs[0]["miss_rate"], "topology": ts_epochs[0]["topology_hit_rate"],
-                      "predicted_from_presampling": hot.hit_rate(cache.device_rows + cache.host_rows)},
+                      "predicted_from_presampling": hot.hit_rate(run["cached_rows"])},
         "ssd": {"GBps_per_epoch": [e["ssd_GBps"] for e in ts_epochs],
                 "bytes_per_epoch": [e["ssd_bytes"] for e in ts_epochs],
                 "calls_per_batch": ts_epochs[0]["ssd_calls_per_batch"], "io": cache_info["io"],
-                "measured_on_feature_file": ssd},
+                "measured_on_feature_file": check["ssd"]},
         "terastack_epochs": [{k: v for k, v in e.items() if k != "losses"} for e in ts_epochs],
         "sync_gather_epochs": [{k: v for k, v in e.items() if k != "losses"} for e in sync_epochs],
-        "mmap": {"budget_bytes": budget, "evicted_pages": mm.evicted_pages},
-        "tpc": tpc, "tpc_calibration": calibration,
+        "mmap": {"budget_bytes": budget, "evicted_pages": run["evicted_pages"]},
+        "tpc": check["tpc"], "tpc_calibration": check["calibration"],
         "cache": cache_info,
         "topology": topology_info,
         "memory_bytes": {"in_memory_features": ds.feature_bytes,
                          "terastack_cache": cache_info["device_bytes"] + cache_info["host_bytes"]
                          + cache_info["table_bytes"] + topology_info.get("memory_bytes", 0),
-                         "terastack_staging": cache_info["staging_bytes"]
-                         + sum(pipes["terastack"].last_stats.slot_bytes),
+                         "terastack_staging": cache_info["staging_bytes"] + run["slot_bytes"],
                          "process_peak_rss": peak_rss()},
-        "dataset": {"dir": str(root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
+        "dataset": {"dir": dataset["dir"], "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
                     "feat_dtype": ds.feat_dtype.name, "feature_bytes": ds.feature_bytes,
-                    "train_nodes": len(train_ids), "test_nodes": len(test_ids), "generation": gen["status"],
-                    "generation_seconds": gen_seconds},
-        "budget_bytes": budget, "device_cache_bytes": device_cache,
-        "setup_seconds": {"in_memory_load": load_seconds, "presample": presample_seconds,
-                          "cache_fill": cache_info["fill_seconds"]},
+                    "train_nodes": len(train_ids), "test_nodes": len(test_ids), "generation": dataset["generation"],
+                    "generation_seconds": dataset["generation_seconds"]},
+        "budget_bytes": budget, "device_cache_bytes": run["device_cache"],
+        "setup_seconds": run["setup_seconds"],
         "presample": {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
                       "sample_seconds_per_batch": hot.sample_seconds_per_batch},
         "config": {"model": args.model, "hidden": args.hidden, "fanouts": list(fanouts), "batch_size": args.batch_size,

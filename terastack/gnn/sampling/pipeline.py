@@ -14,7 +14,7 @@ sampler is at k+2 while gather is at k+1 and training is at k. Epilogue: the
 sampler sends an end marker through the queues; the caller drains and joins.
 
 Memory is bounded: ``depth + 3`` feature slots exist (one trained on, ``depth``
-ready, one being cut, one whose reads are in flight: terastack.gnn.cache
+ready, one being cut, one whose reads are in flight: terastack.gnn.storage.cache
 [Note: one batch's reads in flight while the last is cut]), each grown only to the largest batch it has held,
 and at most ``depth + S - 1`` sampled batches wait. A batch's ``x`` is a view of its
 slot and is valid until the caller asks for the next batch (clone it to keep it).
@@ -59,8 +59,9 @@ import numpy as np
 import torch
 
 from terastack import trace
-from terastack.gnn.cache import FeatureSource, Gathering, resolve_device
-from terastack.gnn.sampler import NeighborSampler, SampledBatch, epoch_batches
+from terastack.gnn.storage.cache import FeatureSource, Gathering, resolve_device
+from terastack.gnn.sampling.hetero_sampler import HeteroSampledBatch
+from terastack.gnn.sampling.sampler import NeighborSampler, SampledBatch, epoch_batches
 
 _POLL = 0.05
 _END = object()
@@ -127,7 +128,7 @@ class Pipeline:
         #: where batches go ("auto": CUDA if available, else CPU)
         device: str = "auto"
         #: data parallelism: this rank trains on seeds rank, rank + world_size, ... of every global batch
-        #: (terastack.gnn.data_parallel [Note: data-parallel GNN training])
+        #: (terastack.gnn.training.data_parallel [Note: data-parallel GNN training])
         rank: int = 0
         world_size: int = 1
         #: sampler threads; thread i samples batches i, i+samplers, ... (see [Note: several sampler threads])
@@ -170,7 +171,7 @@ class Pipeline:
         return self._synchronous(batches, epoch)
 
     # ------------------------------------------------------------- helpers
-    # A feature slot is one tensor here; terastack.gnn.hetero_train's pipeline keeps one per node type by
+    # A feature slot is one tensor here; the heterogeneous pipeline below keeps one per node type by
     # overriding _empty_slot, _fill, _slot_bytes and _data.
     def _empty_slot(self):
         return torch.empty(0, self.source.row_len, dtype=self.source.torch_dtype, device=self.device)
@@ -307,7 +308,7 @@ class Pipeline:
 
         def gather_loop() -> None:
             # One batch's gather in flight while the one before it is finished and handed on
-            # (terastack.gnn.cache [Note: one batch's reads in flight while the last is cut]). The one in flight
+            # (terastack.gnn.storage.cache [Note: one batch's reads in flight while the last is cut]). The one in flight
             # is handed on first whenever going on would wait: for a sampled batch or for a free slot (the
             # caller may need this very batch to give a slot back).
             k, in_flight = None, []  # (batch, slot, gathering) begun and not handed on, oldest first: at most two
@@ -399,3 +400,46 @@ class Pipeline:
             self._finish_stats(stats)
             if alive and error is None:  # never mask the error that is already propagating
                 raise TimeoutError(f"pipeline: stage threads {alive} did not stop within {cfg.wait_timeout_s:g} s")
+
+
+class HeteroPipeline(Pipeline):
+    """:class:`~terastack.gnn.sampling.pipeline.Pipeline` over heterogeneous batches: a slot holds one tensor per type."""
+
+    def _empty_slot(self):
+        return {}
+
+    @staticmethod
+    def _slot_bytes(slot) -> int:
+        return sum(t.numel() * t.element_size() for t in slot.values())
+
+    def _begin_fill(self, batch: HeteroSampledBatch, k: int) -> Gathering:
+        # every type's reads are submitted before any is waited for: they are in the disk's queue together
+        slot, begun = self._slots[k], {}
+        for t, ids in batch.n_id.items():
+            src = self.source.sources[t]
+            buf = slot.get(t)
+            if buf is None or buf.shape[0] < len(ids):  # grow-only, per type
+                buf = slot[t] = torch.empty(int(len(ids) * 1.1) + 1, src.row_len, dtype=src.torch_dtype,
+                                            device=self.device)
+            begun[t] = src.begin(ids, buf[: len(ids)])
+        x = {}
+
+        def finish_all() -> None:
+            errors = []
+            for t, g in begun.items():  # every one, so no cache keeps a gather in flight after a failure
+                try:
+                    x[t] = g.finish()
+                except BaseException as exc:  # noqa: BLE001 -- the first is raised below
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+        return Gathering(x, finish_all)
+
+    def _data(self, batch: HeteroSampledBatch, x: dict):
+        y = self.labels[torch.from_numpy(batch.n_id[batch.target])]
+        data = batch.to_hetero_data(x, y.to(self.device, non_blocking=True))
+        if self.device.type != "cpu":
+            for store in data.edge_stores:
+                store.edge_index = store.edge_index.to(self.device, non_blocking=True)
+        return data

@@ -2,16 +2,16 @@
 pipelined loader over in-memory features and topology, and vs ``np.memmap``.
 
 [Note: the heterogeneous benchmark]
-One generated graph (terastack.gnn.gen.HeteroGraphGenerator: paper, author, institute and field-of-study
+One generated graph (terastack.gnn.storage.gen.HeteroGraphGenerator: paper, author, institute and field-of-study
 nodes, IGBH's relations plus their reverses, every type with features of the same width) in the
 heterogeneous dataset layout. The one memory budget (``--budget``, default a quarter of the paper
 features, so the paper features alone are 4x the budget and all features together about 12x) pays for
 every type's cached rows, every relation's cached lists and the lookup tables. Three contenders, each
-in its own process (terastack.gnn.bench_workers [Note: contenders in child processes]), train the same
+in its own process (terastack.gnn.bench.workers [Note: contenders in child processes]), train the same
 model from the same initial weights on the same batches:
 
   terastack            features and topology on the SSD, one budget over rows and lists
-                       (terastack.gnn.hetero_train [Note: one budget over node types and relations])
+                       (terastack.gnn.storage.budget_split [Note: one budget over node types and relations])
   in_memory_pipelined  every feature and every relation's topology in RAM, the same pipeline
   mmap                 features (page cache held to the budget, shared by type in proportion to
                        their files) and topology (page cache left to the kernel) in ``np.memmap``,
@@ -25,7 +25,7 @@ the training step left out (``loader_speedup_vs_mmap``: the loader alone, as an 
 it). Loss curves must be identical (every source gives the file's bytes). Headline:
 ``slowdown_vs_in_memory_pipelined`` (mean terastack epoch / mean in-memory epoch), ``speedup_vs_mmap``
 (against the fastest mmap contender), and ``tpc_error``: the TPC model's prediction (made before training, from
-pre-sampled and hold-out batches: terastack.gnn.scale [Note: the scale run] explains the inputs)
+pre-sampled and hold-out batches: terastack.gnn.bench.scale [Note: the scale run] explains the inputs)
 against the mean terastack epoch. The hit rate the model is given is the hold-out's at the split the
 budget made (every type's cache as placed), not a curve over cache sizes. The generated dataset is
 deleted at the end unless ``--keep``.
@@ -53,17 +53,17 @@ import torch
 from terastack.constants import BLOCK
 from terastack.gnn.advise import (hetero_training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
                                   probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
-from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads,
-                                         run_epoch, skip_step, window_seconds)
-from terastack.gnn.cache import InMemoryFeatures, MmapFeatures
-from terastack.gnn.dataset import DatasetError
-from terastack.gnn.gen import HeteroGraphGenerator
-from terastack.gnn.hetero_dataset import open_hetero_dataset
-from terastack.gnn.hetero_models import HeteroGNN, hetero_eval_step, hetero_train_step
-from terastack.gnn.hetero_sampler import HeteroNeighborSampler, hetero_presample
-from terastack.gnn.hetero_train import (ConstantFeatures, HeteroFeatures, HeteroPipeline, build_features,
-                                        hetero_share_budget)
-from terastack.gnn.train import evaluate, training_threads
+from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
+from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
+from terastack.gnn.storage.dataset import DatasetError
+from terastack.gnn.storage.gen import HeteroGraphGenerator
+from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
+from terastack.gnn.training.hetero_models import HeteroGNN, hetero_eval_step, hetero_train_step
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample
+from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
+from terastack.gnn.sampling.pipeline import HeteroPipeline
+from terastack.gnn.storage.budget_split import hetero_share_budget
+from terastack.gnn.training.train import evaluate, training_threads
 from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss, predict_epoch
 from terastack.units import format_bytes, parse_bytes
@@ -266,16 +266,16 @@ def measure_hetero(args) -> dict:
             f"{format_bytes(feature_bytes['paper'])}), budget {format_bytes(budget)}")
         common = dict(root=str(root), model=args.hetero_model, fanouts=fanouts, hidden=args.hidden, lr=args.lr,
                       seed=args.seed, batch_size=batch_size, budget=budget, threads=threads)
-        contenders["terastack"] = Contender("terastack", "terastack.gnn.bench_hetero:HeteroContender", dict(
+        contenders["terastack"] = Contender("terastack", "terastack.gnn.bench.hetero:HeteroContender", dict(
             kind="terastack", presample_nodes=args.presample_nodes or HETERO_DEFAULTS["presample_nodes"],
             holdout_nodes=args.holdout_nodes or HETERO_DEFAULTS["holdout_nodes"], indptr=args.indptr,
             load_probe_seconds=args.load_probe_seconds, **common),
             rss_limit=rss_limit)
         contenders["in_memory_pipelined"] = Contender(
-            "in_memory_pipelined", "terastack.gnn.bench_hetero:HeteroContender",
+            "in_memory_pipelined", "terastack.gnn.bench.hetero:HeteroContender",
             dict(kind="in_memory_pipelined", **common), rss_limit=rss_limit)
         for k in mmap_threads:
-            contenders[mmap_name(k)] = Contender(mmap_name(k), "terastack.gnn.bench_hetero:HeteroContender",
+            contenders[mmap_name(k)] = Contender(mmap_name(k), "terastack.gnn.bench.hetero:HeteroContender",
                                                  dict(kind="mmap", mmap_threads=k, **common), rss_limit=rss_limit)
         results = _race(contenders, args, say, mmap_threads)
         accuracy = {name: contenders[name].call("accuracy")["test_acc"] for name in CONTENDERS[:2]}

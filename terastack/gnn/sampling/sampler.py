@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terastack.gnn.topology import ArrayTopology
+from terastack.gnn.sampling.fanouts import parse_fanouts
+from terastack.gnn.storage.topology import ArrayTopology
 
 
 @dataclass(slots=True)
@@ -82,19 +83,12 @@ class NeighborSampler:
         seed: int = 0
 
         def __post_init__(self) -> None:
-            if isinstance(self.fanouts, str):
-                self.fanouts = parse_fanouts(self.fanouts)
-            self.fanouts = tuple(self.fanouts)
-            if not self.fanouts:
-                raise ValueError("fanouts: at least one hop is required")
-            for i, f in enumerate(self.fanouts):
-                if isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1:
-                    raise ValueError(f"fanouts: hop {i + 1} has fanout {f!r}; every fanout must be a positive integer")
+            self.fanouts = parse_fanouts(self.fanouts)  # strict; -1 takes every neighbour
 
     def __init__(self, indptr: np.ndarray | None = None, indices: np.ndarray | None = None,
                  config: "NeighborSampler.Config | None" = None, *, topology=None, **fields):
         """Sample over CSC arrays ``indptr``/``indices``, or over a ``topology``
-        (terastack.gnn.topology: arrays, or files on the SSD with hot lists cached)."""
+        (terastack.gnn.storage.topology: arrays, or files on the SSD with hot lists cached)."""
         self.config = config or NeighborSampler.Config(**fields)
         if topology is None:
             if indptr is None or indices is None:
@@ -172,7 +166,7 @@ def sample_hop(topology, frontier: np.ndarray, fanout: int, rng: np.random.Gener
 
     The draws depend only on the list lengths; the topology is asked for the
     values at the drawn positions once per hop (one SSD submission when it is
-    on the SSD; see terastack.gnn.topology [Note: topology on the SSD]). A
+    on the SSD; see terastack.gnn.storage.topology [Note: topology on the SSD]). A
     negative ``fanout`` takes every neighbour (no draws).
     """
     hop = topology.lookup(frontier)
@@ -203,17 +197,6 @@ def sample_hop(topology, frontier: np.ndarray, fanout: int, rng: np.random.Gener
     owner = np.concatenate([rep_small, np.repeat(big, fanout)])  # the frontier node each position belongs to
     pos = np.concatenate([pos_small, pos_big])
     return frontier[owner], topology.neighbours(hop, owner, pos)
-
-
-def parse_fanouts(text: str) -> tuple[int, ...]:
-    """"15,10" -> (15, 10); raises ValueError naming the field on anything else."""
-    try:
-        values = tuple(int(v) for v in str(text).split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"fanouts: expected comma-separated positive integers such as 15,10; got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"fanouts: every fanout must be a positive integer; got {text!r}")
-    return values
 
 
 def epoch_batches(ids: np.ndarray, batch_size: int, *, seed: int, epoch: int, shuffle: bool = True) -> list[np.ndarray]:

@@ -35,18 +35,18 @@ measured beside the epoch's own read rate]), as they run in the epoch; the
 disk's rate alone is reported beside (``tpc.ssd``).
 
 Training: the topology is opened on the SSD (``indptr`` by the ``auto`` rule
-of terastack.gnn.topology), the one cache budget (``--budget``) is split between
-hot lists and feature rows ([Note: splitting one budget between topology and
+of terastack.gnn.storage.topology), the one cache budget (``--budget``) is split between
+hot lists and feature rows (terastack.gnn.storage.budget_split [Note: splitting one budget between topology and
 features]), and one epoch over every training seed runs through the pipeline
 (``epoch_seconds``: the whole epoch, measured, not extrapolated). SSD bytes are
 the storage engine's own count over the epoch.
 
 The ``np.memmap`` contenders (features held to the same budget, see
-terastack.gnn.cache [Note: the mmap baseline's memory budget]; topology mapped,
+terastack.gnn.storage.cache [Note: the mmap baseline's memory budget]; topology mapped,
 its page cache left to the kernel, which favours them) run the same pipeline
 in child processes after the terastack caches are freed
-(terastack.gnn.bench_workers [Note: contenders in child processes]), one per
-count of gathering threads in ``--mmap-threads`` (terastack.gnn.bench_workers
+(terastack.gnn.bench.workers [Note: contenders in child processes]), one per
+count of gathering threads in ``--mmap-threads`` (terastack.gnn.bench.workers
 [Note: the np.memmap baselines]). Each runs the first
 ``--mmap-warmup-batches + --mmap-batches`` batches of the same epoch and
 ``speedup_vs_mmap`` compares terastack with the fastest of them on the same
@@ -75,15 +75,17 @@ import torch
 from terastack.bench_watchdog import RssWatchdog
 from terastack.gnn.advise import (measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
-from terastack.gnn.bench_workers import (Contender, drop_mapped_pages, measure_window, mmap_name,
-                                         parse_mmap_threads, skip_step, timed_batches, window_seconds)
-from terastack.gnn.cache import MmapFeatures, UnifiedCache
-from terastack.gnn.dataset import MANIFEST, open_dataset
-from terastack.gnn.hotness import presample
-from terastack.gnn.models import GNN, train_step
-from terastack.gnn.pipeline import Pipeline, resolve_samplers
-from terastack.gnn.sampler import NeighborSampler, parse_fanouts
-from terastack.gnn.train import share_budget, train_epoch, training_threads
+from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, skip_step, timed_batches, window_seconds
+from terastack.gnn.storage.baselines import MmapFeatures
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import MANIFEST, open_dataset
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.training.models import GNN, train_step
+from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
+from terastack.gnn.sampling.fanouts import parse_fanouts
+from terastack.gnn.sampling.sampler import NeighborSampler
+from terastack.gnn.storage.budget_split import share_budget
+from terastack.gnn.training.train import train_epoch, training_threads
 from terastack.io import get_engine
 from terastack.memory import mem_total, peak_rss
 from terastack.plan.hardware import Hardware
@@ -117,7 +119,7 @@ def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int,
                   dtype=args.dtype, seed=args.seed, train_fraction=train_nodes / nodes, val_fraction=0.0,
                   test_fraction=0.0, memory_budget=gen_memory, progress=not args.quiet, force=bool(args.fresh))
     # What `terastack gnn gen` runs, without building the whole command line (imports only the generator).
-    child = ("import json, sys; from terastack.gnn.gen import GraphGenerator; "
+    child = ("import json, sys; from terastack.gnn.storage.gen import GraphGenerator; "
              "print(json.dumps(GraphGenerator(GraphGenerator.Config(**json.loads(sys.argv[1]))).run()))")
     cmd = [sys.executable, "-c", child, json.dumps(config)]
     env = dict(os.environ)
@@ -137,7 +139,7 @@ def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int,
 
 class MmapContender:
     """The ``np.memmap`` contender: features and topology mapped, the same pipeline and model (built in a child
-    process by :class:`terastack.gnn.bench_workers.Contender`)."""
+    process by :class:`terastack.gnn.bench.workers.Contender`)."""
 
     def __init__(self, *, root: str, fanouts: list, seed: int, budget: int, hidden: int, lr: float, threads: int,
                  gather_threads: int = 1):
@@ -385,7 +387,7 @@ def _mmap_epoch(args, root: Path, ours: dict, *, fanouts, budget: int, batch_siz
             f"{first}..{first + count - 1}), trained and then the loader alone")
         config = dict(root=str(root), fanouts=list(fanouts), seed=args.seed, budget=budget, hidden=args.hidden,
                       lr=args.lr, threads=torch.get_num_threads(), gather_threads=k)
-        with Contender(mmap_name(k), "terastack.gnn.scale:MmapContender", config, rss_limit=rss_limit) as mm:
+        with Contender(mmap_name(k), "terastack.gnn.bench.scale:MmapContender", config, rss_limit=rss_limit) as mm:
             ids = ours["train_ids"].tolist()
             r = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count)
             loader = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count, train=False)

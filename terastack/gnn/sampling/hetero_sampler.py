@@ -5,7 +5,7 @@ As PyG's ``NeighborLoader`` on a ``HeteroData`` (``num_neighbors`` a dict per ed
 of the target type; at hop i, for every relation (src, rel, dst) in sorted order, each node of type dst
 first reached at hop i-1 (the seeds at hop 1) gets up to ``fanouts[relation][i-1]`` sampled in-neighbours
 of type src, drawn over that relation's CSC exactly as the homogeneous sampler draws
-(terastack.gnn.sampler [Note: sampling semantics]; 0 skips the relation at that hop, -1 takes every
+(terastack.gnn.sampling.sampler [Note: sampling semantics]; 0 skips the relation at that hop, -1 takes every
 neighbour). Nodes are numbered per type in order of discovery, seeds first. Every relation's draws come
 from the one generator of the batch, in a fixed order, and depend only on list lengths, so batches with
 topology on the SSD equal batches with it in memory.
@@ -21,67 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terastack.gnn.hotness import PRESAMPLE_SEED_OFFSET, Hotness
-from terastack.gnn.sampler import epoch_batches, sample_hop
-from terastack.gnn.topology import TopologyStats, appearance_counts
+from terastack.gnn.sampling.fanouts import parse_relation_fanouts
+from terastack.gnn.storage.hotness import PRESAMPLE_SEED_OFFSET, Hotness
+from terastack.gnn.sampling.sampler import epoch_batches, sample_hop
+from terastack.gnn.storage.topology import TopologyStats, appearance_counts
 
 EdgeType = tuple[str, str, str]
 
 
-def parse_hetero_fanouts(spec, edge_types: list[EdgeType]) -> dict[EdgeType, tuple[int, ...]]:
-    """Per-relation fanouts from one list for all (``"15,10"``, ``(15, 10)``) or per relation.
-
-    Per relation: a dict keyed by edge type tuples or names, or text ``"cites=15,10;writes=10,5;*=5,5"``,
-    where a name is ``src___rel___dst`` or a relation name that is unique, and ``*`` covers the rest.
-    Every list has the same number of hops; a fanout is a positive integer, 0 (skip) or -1 (all).
-    """
-    if isinstance(spec, str) and "=" not in spec:
-        spec = _fanout_list(spec, "fanouts")
-    if isinstance(spec, str):
-        items = {}
-        for part in spec.split(";"):
-            if part.strip():
-                name, _, values = part.partition("=")
-                items[name.strip()] = _fanout_list(values, name)
-        spec = items
-    if not isinstance(spec, dict):
-        hops = _fanout_list(spec, "fanouts")
-        return {et: hops for et in edge_types}
-    by_name: dict[str, list[EdgeType]] = {}
-    for et in edge_types:
-        by_name.setdefault(et[1], []).append(et)
-        by_name["___".join(et)] = [et]
-    out: dict[EdgeType, tuple[int, ...]] = {}
-    for key, values in spec.items():
-        if key == "*":
-            continue
-        matches = [tuple(key)] if isinstance(key, tuple) else by_name.get(key, [])
-        if len(matches) != 1 or matches[0] not in edge_types:
-            raise ValueError(f"fanouts: {key!r} names no single relation of the dataset (relations: "
-                             f"{', '.join('___'.join(et) for et in edge_types)})")
-        out[matches[0]] = _fanout_list(values, key)
-    for et in edge_types:
-        if et not in out:
-            if "*" not in spec:
-                raise ValueError(f"fanouts: no fanouts for relation {'___'.join(et)} (give it, or '*' for the rest)")
-            out[et] = _fanout_list(spec["*"], "*")
-    if len({len(v) for v in out.values()}) > 1:
-        raise ValueError("fanouts: every relation needs the same number of hops; got "
-                         + ", ".join(f"{'___'.join(k)}={list(v)}" for k, v in out.items()))
-    return out
-
-
-def _fanout_list(values, name) -> tuple[int, ...]:
-    if isinstance(values, str):
-        try:
-            values = [int(v) for v in values.split(",") if v.strip()]
-        except ValueError:
-            raise ValueError(f"fanouts: {name}: expected comma-separated integers, got {values!r}") from None
-    values = tuple(values)
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < -1 for v in values):
-        raise ValueError(f"fanouts: {name}: every fanout must be a positive integer, 0 (skip) or -1 (all); "
-                         f"got {list(values)}")
-    return tuple(int(v) for v in values)
+#: per-relation fanouts (the name this module gave terastack.gnn.sampling.fanouts.parse_relation_fanouts)
+parse_hetero_fanouts = parse_relation_fanouts
 
 
 @dataclass(slots=True)
@@ -248,7 +197,7 @@ class HeteroNeighborSampler:
 def hetero_presample(sampler: HeteroNeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,
                      seed: int = 0, keep_examples: int = 2) -> dict[str, Hotness]:
     """Per node type: feature gathers and list expansions counted over ``epochs`` pre-sampled epochs
-    (terastack.gnn.hotness, one :class:`Hotness` per type; its ``expansions`` count for every relation
+    (terastack.gnn.storage.hotness, one :class:`Hotness` per type; its ``expansions`` count for every relation
     into the type, whose lists a frontier node has sampled)."""
     if epochs < 1:
         raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terastack.gnn.sampler import NeighborSampler, epoch_batches
+from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
 
 #: added to the training seed for the pre-sampling pass
 PRESAMPLE_SEED_OFFSET = 7_919
@@ -46,7 +46,7 @@ class Hotness:
     # pass itself holds); counts are bounded by the batches sampled
     counts: np.ndarray          # int32 [num_nodes]: times each row was gathered, all pre-sampled epochs
     #: int32 [num_nodes]: times each node's in-neighbour list was sampled (it was in a hop's frontier),
-    #: all pre-sampled epochs (what a cached list saves; terastack.gnn.topology)
+    #: all pre-sampled epochs (what a cached list saves; terastack.gnn.storage.topology)
     expansions: np.ndarray
     degree: np.ndarray          # int32 [num_nodes] (int64 past 2^31): in-neighbour lists each node appears in
     holdout_counts: np.ndarray | None  # the last epoch's counts (the curve is scored on them)

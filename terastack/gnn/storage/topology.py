@@ -1,6 +1,6 @@
 """Where the sampler's topology comes from: CSC arrays in memory, or the CSC files on SSD with hot lists cached.
 
-The sampler asks a topology two things per hop (see terastack.gnn.sampler):
+The sampler asks a topology two things per hop (see terastack.gnn.sampling.sampler):
 ``lookup(frontier)`` -- where each frontier node's in-neighbour list starts and
 how long it is -- and, after it has drawn positions in those lists,
 ``neighbours(lookup, owner, positions)`` -- the neighbour ids at those
@@ -10,7 +10,7 @@ memory (or memory-mapped); :class:`SsdTopology` answers from the files.
 [Note: topology on the SSD]
 ``SsdTopology`` keeps ``indices.bin`` (and, unless it is in memory, ``indptr.bin``)
 in their files and reads them through the storage engine as block reads (the
-method of terastack.gnn.rows [Note: row reads are block reads], with a row of
+method of terastack.gnn.storage.rows [Note: row reads are block reads], with a row of
 one element): the positions a hop needs are mapped to the 4 KiB blocks that
 cover them, runs of consecutive blocks become one extent, and every extent of
 the hop goes to the engine in ONE ``pread_many``; the values are then sliced
@@ -28,7 +28,7 @@ are identical (same random stream, same neighbour order).
 
 ``indptr.bin`` is 8 bytes per node (~0.9 GB for papers100M's 111M nodes); in
 memory it is held compact, about 2.1 bytes per node (~0.24 GB for papers100M;
-terastack.gnn.compact_indptr [Note: the compact indptr]). It is held in memory
+terastack.gnn.storage.compact_indptr [Note: the compact indptr]). It is held in memory
 when ``indptr="memory"``, or with ``"auto"`` when the compact form costs at most
 a quarter of the topology's memory budget (it then saves one block read per
 uncached frontier node; the bound :func:`compact_indptr_bytes` is known before
@@ -36,32 +36,7 @@ anything is read), and otherwise read out of core like the lists.
 
 Hot neighbour lists (:class:`HotLists`) are held in memory next to the hot
 feature rows; how the one budget is divided between the two is
-[Note: splitting one budget between topology and features].
-
-[Note: splitting one budget between topology and features]
-Both caches exist to save SSD reads, so memory goes where a byte of it saves
-the most bytes read per epoch, measured by the pre-sampling pass
-(terastack.gnn.hotness): ``c_v`` = times node v's feature row was gathered,
-``x_v`` = times v was expanded (its in-neighbour list sampled), ``d_v`` its
-in-degree, ``s`` the index itemsize, ``F`` the largest fanout::
-
-    feature row of v:  density_f(v) = c_v * B_row / row_bytes
-                       B_row = blocks_per_miss(row_bytes) * 4096    (one row miss reads its covering blocks)
-    list of v:         density_t(v) = x_v * (B_list(d_v) + B_ptr) / (d_v * s + 24)
-                       B_list(d) = 4096 * min(1 + (d - 1) * s / 4096, min(d, F))
-                                   (blocks a list of d entries spans, at most one per drawn entry)
-                       B_ptr = 4096 if indptr is on the SSD else 0  (the list's indptr entries; so
-                               with indptr on the SSD even an empty list is worth caching)
-                       24 bytes: the cached list's id, start and offset
-
-Candidates of both kinds are merged by density, highest first, and taken while
-they fit the budget (the greedy answer to this fractional knapsack, and the
-reasoning of the TPC model: throughput per unit of cost, here SSD bytes saved
-per byte of memory); whatever the lists leave goes to feature rows in hotness
-order. Block sharing between misses of one request makes both savings upper
-bounds, biased alike. Short lists of often-expanded nodes come first (a 10-entry
-list costs 64 bytes and saves a whole 4 KiB block per expansion); hub lists,
-thousands of entries for two or three blocks saved, come last.
+terastack.gnn.storage.budget_split [Note: splitting one budget between topology and features].
 """
 from __future__ import annotations
 
@@ -73,11 +48,11 @@ import numpy as np
 
 from terastack.constants import BLOCK
 from terastack.counters import Counters
-from terastack.gnn.compact_indptr import CompactIndptr, compact_indptr_bytes
-from terastack.gnn.rows import RowReader, Staging
+from terastack.gnn.storage.compact_indptr import CompactIndptr, compact_indptr_bytes
+from terastack.gnn.storage.rows import RowReader, Staging
 
 #: bytes a cached list costs beyond its entries: its node id, global start, and offset in the packed lists
-_LIST_OVERHEAD = 24
+LIST_OVERHEAD = 24
 #: elements per sequential chunk when a whole file is streamed (checks, counts, fills)
 _STREAM_ELEMS = 1 << 23
 INDPTR_MODES = ("auto", "memory", "ssd")
@@ -131,7 +106,7 @@ class DiskArray:
                                f"{self.length * self.dtype.itemsize} bytes ({what})")
         self.reader = RowReader(self.path, num_rows=self.length, row_len=1, dtype=self.dtype, direct=direct,
                                 engine=engine)
-        # Several sampler threads read at once (terastack.gnn.pipeline, ``samplers``): each read takes a staging
+        # Several sampler threads read at once (terastack.gnn.sampling.pipeline, ``samplers``): each read takes a staging
         # buffer of its own from this pool and gives it back, so reads overlap instead of queueing on one buffer;
         # the pool holds at most as many buffers as reads were ever in flight together.
         self._lock = threading.Lock()
@@ -444,126 +419,3 @@ class SsdTopology:
         self.indices.close()
         if not self.indptr_in_memory:
             self.indptr.close()
-
-
-# ----------------------------------------------------------------- the split
-@dataclass(slots=True)
-class CacheSplit:
-    """How one memory budget is divided; see [Note: splitting one budget between topology and features]."""
-
-    topology_nodes: np.ndarray
-    topology_bytes: int
-    feature_bytes: int
-    #: predicted SSD bytes saved per pre-sampled pass by each part (upper bounds)
-    topology_saved_bytes: float
-    feature_saved_bytes: float
-
-    def to_dict(self) -> dict:
-        return {"topology_lists": int(len(self.topology_nodes)), "topology_bytes": int(self.topology_bytes),
-                "feature_bytes": int(self.feature_bytes), "topology_saved_bytes": float(self.topology_saved_bytes),
-                "feature_saved_bytes": float(self.feature_saved_bytes)}
-
-
-def list_read_bytes(deg: np.ndarray, itemsize: int, max_fanout: int) -> np.ndarray:
-    """SSD bytes one expansion of a node with in-degree ``deg`` reads for its list (``B_list`` of the Note)."""
-    deg = np.asarray(deg, dtype=np.float64)
-    spanned = 1.0 + np.maximum(deg - 1, 0) * itemsize / BLOCK
-    return np.where(deg > 0, BLOCK * np.minimum(spanned, np.minimum(deg, max_fanout)), 0.0)
-
-
-@dataclass(slots=True)
-class ListPart:
-    """One relation's candidate lists for :func:`split_budget_parts` (see the Note for the terms)."""
-
-    expansions: np.ndarray
-    degrees_of: object
-    index_itemsize: int
-    max_fanout: int
-    indptr_on_ssd: bool
-
-
-@dataclass(slots=True)
-class FeaturePart:
-    """One node type's candidate feature rows for :func:`split_budget_parts`."""
-
-    counts: np.ndarray
-    row_bytes: int
-    read_bytes: int
-
-
-@dataclass(slots=True)
-class PartsSplit:
-    """Per list part: the nodes whose lists are cached and their bytes; per feature part: the bytes its rows
-    won; and the predicted SSD bytes each part saves per pre-sampled pass."""
-
-    lists: dict
-    list_bytes: dict
-    feature_bytes: dict
-    list_saved: dict
-    feature_saved: dict
-
-
-def split_budget_parts(budget: int, *, lists: dict, features: dict) -> PartsSplit:
-    """Divide ``budget`` bytes among the lists of several relations and the feature rows of several node types
-    by SSD bytes saved per byte, one greedy over all of them together
-    (see [Note: splitting one budget between topology and features])."""
-    dens, costs, index, saved_all = [], [], [], []
-    for name, part in lists.items():
-        expanded = np.flatnonzero(part.expansions > 0)
-        deg = np.asarray(part.degrees_of(expanded), np.int64) if len(expanded) else np.zeros(0, np.int64)
-        # an empty list saves nothing unless indptr is on the SSD: then caching it (24 bytes) saves its indptr read
-        keep = (deg > 0) | part.indptr_on_ssd
-        expanded, deg = expanded[keep], deg[keep]
-        saved = part.expansions[expanded] * (list_read_bytes(deg, part.index_itemsize, part.max_fanout)
-                                             + (BLOCK if part.indptr_on_ssd else 0))
-        cost = deg * part.index_itemsize + _LIST_OVERHEAD
-        dens.append(saved / cost)
-        costs.append(cost)
-        index.append(("list", name, expanded))
-        saved_all.append(saved)
-    for name, part in features.items():
-        rows = np.flatnonzero(part.counts > 0)
-        saved = part.counts[rows] * float(part.read_bytes)
-        dens.append(saved / part.row_bytes)
-        costs.append(np.full(len(rows), part.row_bytes, np.int64))
-        index.append(("features", name, rows))
-        saved_all.append(saved)
-    empty = np.zeros(0)
-    density = np.concatenate(dens) if dens else empty
-    cost = np.concatenate(costs) if costs else empty.astype(np.int64)
-    saved = np.concatenate(saved_all) if saved_all else empty
-    order = np.argsort(-density, kind="stable")
-    taken = np.zeros(len(cost), bool)
-    taken[order[np.cumsum(cost[order]) <= budget]] = True
-    out = PartsSplit(lists={}, list_bytes={}, feature_bytes={}, list_saved={}, feature_saved={})
-    offset = 0
-    for kind, name, ids in index:
-        sel = taken[offset: offset + len(ids)]
-        part_cost, part_saved = cost[offset: offset + len(ids)], saved[offset: offset + len(ids)]
-        if kind == "list":
-            out.lists[name] = np.sort(ids[sel])
-            out.list_bytes[name] = int(part_cost[sel].sum())
-            out.list_saved[name] = float(part_saved[sel].sum())
-        else:
-            out.feature_bytes[name] = int(part_cost[sel].sum())
-            out.feature_saved[name] = float(part_saved[sel].sum())
-        offset += len(ids)
-    return out
-
-
-def split_budget(budget: int, *, feature_counts: np.ndarray, expansions: np.ndarray, degrees_of, row_bytes: int,
-                 feature_read_bytes: int, index_itemsize: int, max_fanout: int, indptr_on_ssd: bool) -> CacheSplit:
-    """Divide ``budget`` bytes between cached lists and feature rows by SSD bytes saved per byte.
-
-    ``feature_counts``/``expansions``: per-node gathers and expansions from pre-sampling;
-    ``degrees_of(nodes)``: in-degrees of those nodes; ``feature_read_bytes``: bytes one row miss reads.
-    See [Note: splitting one budget between topology and features]. Whatever the lists leave goes to the
-    feature rows (the cache places them in hotness order).
-    """
-    parts = split_budget_parts(budget, lists={"": ListPart(expansions, degrees_of, index_itemsize, max_fanout,
-                                                            indptr_on_ssd)},
-                               features={"": FeaturePart(feature_counts, row_bytes, feature_read_bytes)})
-    topo_bytes = parts.list_bytes[""]
-    return CacheSplit(topology_nodes=parts.lists[""], topology_bytes=topo_bytes,
-                      feature_bytes=max(0, budget - topo_bytes), topology_saved_bytes=parts.list_saved[""],
-                      feature_saved_bytes=parts.feature_saved[""])

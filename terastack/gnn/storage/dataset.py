@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json, safe_relative
-from terastack.gnn.topology import ArrayTopology, SsdTopology, stream_chunks
+from terastack.gnn.storage.topology import ArrayTopology, SsdTopology, stream_chunks
 
 FORMAT = "terastack-gnn"
 FORMAT_VERSION = 1
@@ -287,9 +287,9 @@ class GraphDataset:
 
     Topology is loaded into host memory (``topology="memory"``), memory-mapped
     (``"mmap"``) or left in its files and read through the storage engine
-    (``"ssd"``; ``self.topology`` is then a :class:`terastack.gnn.topology.SsdTopology`);
+    (``"ssd"``; ``self.topology`` is then a :class:`terastack.gnn.storage.topology.SsdTopology`);
     labels and splits are loaded into memory; features stay on disk and are read by row
-    extents (:class:`terastack.gnn.cache.UnifiedCache`).
+    extents (:class:`terastack.gnn.storage.cache.UnifiedCache`).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -298,7 +298,7 @@ class GraphDataset:
         #: "stamp" (full hash unless an unchanged, already verified dataset), "full", or "size"
         verify: str = "stamp"
         #: "memory": read indptr/indices into RAM; "mmap": map them (pages come from disk on demand);
-        #: "ssd": leave them in their files, read through the storage engine per hop (terastack.gnn.topology)
+        #: "ssd": leave them in their files, read through the storage engine per hop (terastack.gnn.storage.topology)
         topology: str = "memory"
         #: with topology="ssd": indptr in RAM ("memory"), on the SSD ("ssd"), or "auto" (RAM when it costs at
         #: most a quarter of ``topology_budget``)

@@ -3,11 +3,11 @@ DistributedDataParallel averages the gradients.
 
 [Note: data-parallel GNN training]
 ``terastack gnn train --nproc N`` starts N ranks on this machine under torchrun's elastic agent
-(terastack.gnn.multi_process); the same command run by an outer ``torchrun --nnodes M --nproc-per-node K``
+(terastack.gnn.training.multi_process); the same command run by an outer ``torchrun --nnodes M --nproc-per-node K``
 finds the rank torchrun gave it (``RANK``/``WORLD_SIZE`` in the environment) and runs as that rank.
 Every rank opens the same dataset directory, pre-samples with the same seeds and fills its own cache from
 ``--host-cache`` (the budget is per rank), so every rank cuts the epoch into the same global batches;
-rank r of W samples and trains on seeds r, r+W, ... of each (terastack.gnn.pipeline; a last global
+rank r of W samples and trains on seeds r, r+W, ... of each (terastack.gnn.sampling.pipeline; a last global
 batch with fewer than W seeds is dropped, so every rank makes the same number of steps). The model is
 wrapped in ``DistributedDataParallel`` (gloo on the CPU, NCCL when every rank has a GPU of its own): a
 step's gradients are averaged over the ranks, so with equal shares the update is the one a single process

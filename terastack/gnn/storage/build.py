@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json
-from terastack.gnn.dataset import FILES, MANIFEST, DatasetError
-from terastack.gnn.rows import block_period_rows
+from terastack.gnn.storage.dataset import FILES, MANIFEST, DatasetError
+from terastack.gnn.storage.rows import block_period_rows
 from terastack.progress import Progress
 
 STATE = ".build-state.json"

@@ -12,14 +12,14 @@ seam: any module with that ``forward`` and a ``config`` dict (what rebuilds it) 
   graph made homogeneous (types concatenated in sorted order, one relation id per edge type), as PyG's
   R-GCN examples do; a type that receives nothing keeps its own (root) term.
 
-Types without stored features get a constant feature of width 1 (terastack.gnn.hetero_dataset).
+Types without stored features get a constant feature of width 1 (terastack.gnn.storage.hetero_dataset).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from terastack.gnn.models import checkpoint_meta_path, read_checkpoint
+from terastack.gnn.training.models import checkpoint_meta_path, read_checkpoint
 
 HETERO_MODELS = ("sage", "rgcn")
 
@@ -117,7 +117,7 @@ def hetero_eval_step(model: HeteroGNN, data) -> tuple[int, int]:
 
 def load_hetero_model(path) -> tuple[HeteroGNN, dict]:
     """A heterogeneous model saved by ``terastack gnn train --save-model`` (checked as
-    terastack.gnn.models [Note: model checkpoints] says), on the CPU, in eval mode, and its description."""
+    terastack.gnn.training.models [Note: model checkpoints] says), on the CPU, in eval mode, and its description."""
     state, meta = read_checkpoint(path)
     cfg = meta.get("model")
     keys = ("kind", "node_types", "edge_types", "in_dims", "hidden", "out_dim", "num_layers", "target", "dropout",

@@ -20,7 +20,7 @@ both contenders are then compared on batches ``warmup .. warmup + measured - 1``
 
 [Note: the np.memmap baselines]
 What a user runs instead of terastack is PyG's loader over ``np.memmap`` features. Its speed depends on how
-many pages are faulted in at once (terastack.gnn.cache [Note: the mmap baseline's concurrency]): with the
+many pages are faulted in at once (terastack.gnn.storage.cache [Note: the mmap baseline's concurrency]): with the
 pipeline's one gathering thread the SSD sees one request at a time; with the several loader workers users
 start (``NeighborLoader(num_workers=k)``) it sees k. Every count in ``--mmap-threads`` is a contender of its
 own (the same pipeline, batches, model and budget; only the gathering threads differ) and
@@ -28,7 +28,7 @@ own (the same pipeline, batches, model and budget; only the gathering threads di
 is reported beside it (``speedup_vs_mmap_by_threads``). The default, ``1,32``: one thread is the pipeline's
 own; 32 was the fastest of 8, 16, 32 and 64 on a 2-core VM whose disk does 79k random 4 KiB reads/s
 (docs/gnn.md, "The np.memmap baselines", has the sweep). The page cache of the features is held to the
-budget in every one of them (terastack.gnn.cache [Note: the mmap baseline's memory budget]).
+budget in every one of them (terastack.gnn.storage.cache [Note: the mmap baseline's memory budget]).
 
 The same window is also run with the training step left out, for terastack and every mmap contender alike
 (``loader_*`` keys): the epoch of a user whose accelerator trains a batch faster than the loader delivers one.

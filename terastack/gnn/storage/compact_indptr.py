@@ -1,7 +1,7 @@
 """A CSC ``indptr`` held in memory in about 2.1 bytes per entry instead of 8, read like an int64 array.
 
 [Note: the compact indptr]
-The in-memory ``indptr`` of a topology on the SSD (terastack.gnn.topology [Note: topology on the SSD]) is
+The in-memory ``indptr`` of a topology on the SSD (terastack.gnn.storage.topology [Note: topology on the SSD]) is
 consulted once per uncached frontier node, and when it does not fit in memory each of those lookups costs a
 4 KiB block read. Its 8 bytes per entry are mostly zeros: consecutive entries differ by one node's in-degree.
 :class:`CompactIndptr` keeps the same values in groups of ``G`` = 64 entries:
@@ -23,7 +23,7 @@ is kept exactly (a corrupt file is encoded faithfully, so the dataset's checks s
 less compactly.
 
 The build streams its source in chunks of a multiple of ``G`` entries (an ndarray, a memmap, or anything with
-``read_range(lo, hi)`` such as terastack.gnn.topology.DiskArray): the int64 array is never held whole.
+``read_range(lo, hi)`` such as terastack.gnn.storage.topology.DiskArray): the int64 array is never held whole.
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 :func:`run_training` is the one entry: under an outer ``torchrun`` (``RANK`` and ``WORLD_SIZE`` > 1 in the
 environment) this process is one rank and trains as such; with ``nproc`` > 1 it starts ``nproc`` ranks under
 torchrun's elastic agent (c10d rendezvous on loopback, every wait bounded by ``timeout_s``), each running
-``python -m terastack.gnn.multi_process JOB.json``, and returns rank 0's result; otherwise it trains in this
+``python -m terastack.gnn.training.multi_process JOB.json``, and returns rank 0's result; otherwise it trains in this
 process. A rank that fails ends the job: torchrun stops the others and the error is one line naming the first
-rank that failed and its last error line. See terastack.gnn.data_parallel [Note: data-parallel GNN training].
+rank that failed and its last error line. See terastack.gnn.training.data_parallel [Note: data-parallel GNN training].
 """
 from __future__ import annotations
 
@@ -22,10 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from terastack.atomic import atomic_write_json
-from terastack.gnn.hetero_train import HeteroTrainer
-from terastack.gnn.train import GnnTrainer
-
-TRAINERS = {"homogeneous": GnnTrainer, "heterogeneous": HeteroTrainer}
+from terastack.gnn.training.train import GnnTrainer
 RESULT = "result.json"
 
 
@@ -54,19 +51,19 @@ def _fields(config) -> dict:
     return fields
 
 
-def run_training(kind: str, config, *, nproc: int = 1, timeout_s: float = 600.0) -> dict | None:
-    """Train ``config`` (a :data:`TRAINERS` ``kind``'s Config) in one process, as a torchrun rank, or on ``nproc``
+def run_training(config: GnnTrainer.Config, *, nproc: int = 1, timeout_s: float = 600.0) -> dict | None:
+    """Train ``config`` (either graph kind) in one process, as a torchrun rank, or on ``nproc``
     ranks started here; returns the result (None on ranks other than 0 under an outer torchrun)."""
     if nproc < 1:
         raise ValueError(f"nproc: must be >= 1, got {nproc}")
     if under_torchrun():
-        return _as_rank(kind, config, timeout_s)
+        return _as_rank(config, timeout_s)
     if nproc == 1:
-        return TRAINERS[kind](config).run()
-    return _launch(kind, config, nproc, timeout_s)
+        return GnnTrainer(config).run()
+    return _launch(config, nproc, timeout_s)
 
 
-def _as_rank(kind: str, config, timeout_s: float) -> dict | None:
+def _as_rank(config: GnnTrainer.Config, timeout_s: float) -> dict | None:
     import torch
     import torch.distributed as dist
 
@@ -80,7 +77,7 @@ def _as_rank(kind: str, config, timeout_s: float) -> dict | None:
         nccl = cuda and torch.cuda.device_count() >= per_node
         dist.init_process_group("nccl" if nccl else "gloo", timeout=timedelta(seconds=timeout_s))
     try:
-        result = TRAINERS[kind](config).run()
+        result = GnnTrainer(config).run()
         dist.barrier()  # every rank done before any leaves the group
     finally:
         if owned:
@@ -92,13 +89,13 @@ def dist_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _launch(kind: str, config, nproc: int, timeout_s: float) -> dict:
+def _launch(config: GnnTrainer.Config, nproc: int, timeout_s: float) -> dict:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     run_dir = Path(tempfile.mkdtemp(prefix="terastack-gnn-ranks-"))
     try:
-        job = atomic_write_json(run_dir / "job.json", {"kind": kind, "config": _fields(config),
+        job = atomic_write_json(run_dir / "job.json", {"config": _fields(config),
                                                        "timeout_s": timeout_s})
         launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                               run_id=f"terastack-gnn-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
@@ -137,17 +134,16 @@ def describe_failures(failures: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank: ``python -m terastack.gnn.multi_process JOB.json`` (written by :func:`run_training`)."""
+    """One rank: ``python -m terastack.gnn.training.multi_process JOB.json`` (written by :func:`run_training`)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     argv = sys.argv[1:] if argv is None else argv
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
-    trainer = TRAINERS[job["kind"]]
-    config = trainer.Config(**{**job["config"], "progress": job["config"]["progress"] and dist_rank() == 0})
+    config = GnnTrainer.Config(**{**job["config"], "progress": job["config"]["progress"] and dist_rank() == 0})
 
     def entry() -> int:
-        result = _as_rank(job["kind"], config, job["timeout_s"])
+        result = _as_rank(config, job["timeout_s"])
         if result is not None:
             atomic_write_json(job_path.parent / RESULT, json.loads(json.dumps(result, default=str)))
         return 0

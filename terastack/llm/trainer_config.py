@@ -74,6 +74,9 @@ class TrainerConfig:
     #: without an accelerator, one budget for both tiers (both are host memory); the planner splits it
     memory_budget: int | str | None = None
     lr: float = 1e-4
+    #: the optimizer state format: "adamw", "adamw8bit" or "adafactor" ([Note: optimizer state formats] in
+    #: terastack.plan.optimizer_formats)
+    optimizer: str = "adamw"
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
@@ -125,8 +128,11 @@ class TrainerConfig:
     timeout: float = 600.0
 
     def __post_init__(self) -> None:
+        from terastack.plan.optimizer_formats import optimizer_format
+
         if isinstance(self.lora, dict):
             self.lora = LoraSpec(**self.lora)
+        optimizer_format(self.optimizer)  # ValueError naming the field
         try:  # [Note: the trainer's settings are the job's]
             job = build_job(self._job_settings())
         except SettingError as exc:
@@ -156,7 +162,7 @@ class TrainerConfig:
 
         return OffloadedAdamW.Config(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                      max_grad_norm=self.max_grad_norm, mode=self.optimizer_mode,
-                                     impl=self.optimizer_impl, timeout=self.timeout)
+                                     impl=self.optimizer_impl, timeout=self.timeout, format=self.optimizer)
 
     def planner_config(self, *, device_budget: int, host_budget: int, inline_updates: bool,
                        accumulation: str | None = None):
@@ -203,8 +209,11 @@ class TrainerConfig:
             raise ValueError(f"{path}: {exc}") from None
 
 
-#: TrainerConfig field -> the job setting it is (every field but lora: the lora section)
-_SETTING_OF = {f.name: old_trainer_key(f.name) for f in dataclasses.fields(TrainerConfig) if f.name != "lora"}
+#: fields that are no job setting: lora (the lora section), and the optimizer until the job has its setting
+_NOT_SETTINGS = {"lora"} | ({"optimizer"} if old_trainer_key("optimizer") is None else set())
+#: TrainerConfig field -> the job setting it is (every field but those)
+_SETTING_OF = {f.name: old_trainer_key(f.name) for f in dataclasses.fields(TrainerConfig)
+               if f.name not in _NOT_SETTINGS}
 if not all(_SETTING_OF.values()):  # a new field is a new job setting first
     raise TypeError(f"TrainerConfig fields without a job setting: {[n for n, p in _SETTING_OF.items() if not p]}")
 _FIELD_OF = {path: name for name, path in _SETTING_OF.items()}

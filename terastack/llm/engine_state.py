@@ -81,7 +81,8 @@ class EngineState:
     def state_dict(self) -> dict:
         lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path}
         out = {"name": self.name, "model_type": getattr(self.hf_config, "model_type", "?"),
-               "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora}
+               "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora,
+               "optimizer": self.rt.format.name}
         if self.beside_store:
             return self._referenced(out)
         for pname in self._ordered():
@@ -124,6 +125,10 @@ class EngineState:
         if state.get("fingerprint") != model_fingerprint(self.tensors):
             raise ValueError("checkpoint: its model fingerprint differs from the rebuilt model's (another "
                              "architecture)")
+        written = state.get("optimizer", "adamw")  # checkpoints before the formats hold AdamW's state
+        if written != self.rt.format.name:
+            raise ValueError(f"checkpoint: its optimizer state is {written}; this run's optimizer is "
+                             f"{self.rt.format.name} (resume with optimizer {written})")
         ref = state.get("store")
         if ref is not None:
             if ref.get("store_id") == self.rt.store.store_id and self._resume_in_place(ref):

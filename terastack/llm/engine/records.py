@@ -44,12 +44,12 @@ STATE_KINDS = (EXP_AVG, EXP_AVG_SQ, OPTIMIZER_STATE)
 
 class Record(NamedTuple):
     """A parsed record name: ``kind`` (one of :data:`KINDS`), ``name`` (a parameter; for an activation
-    ``"U:S"``), ``chunk`` (None for a whole tensor) and, for an optimizer state part, its ``part``."""
+    ``"U:S"``) and ``chunk`` (None for a whole tensor). An ``o`` record's part is not kept (nothing reads it
+    back from the name: the runtime knows each parameter's parts)."""
 
     kind: str
     name: str
     chunk: int | None
-    part: str | None = None
 
 
 def _build(kind: str, name: str, chunk: int | None) -> str:
@@ -112,8 +112,8 @@ def parse(record: str) -> Record:
         return Record(kind, rest, None)
     name, sep, chunk = rest.rpartition("#")
     if not sep:
-        return Record(kind, rest, None, part or None)
-    return Record(kind, name, int(chunk), part or None)
+        return Record(kind, rest, None)
+    return Record(kind, name, int(chunk))
 
 
 def kind(record: str) -> str:

@@ -59,26 +59,38 @@ class EngineState:
         return sorted(self.tensors, key=lambda n: self.tensors[n].index)
 
     def _parts(self, name: str) -> dict[str, list[str]]:
-        """The store records holding each part (master/exp_avg/exp_avg_sq/weight) of parameter ``name``."""
+        """The store records holding each part (master, the optimizer format's state parts -- AdamW's exp_avg and
+        exp_avg_sq --, or weight) of parameter ``name``."""
         rt = self.rt
         if self.tensors[name].trainable:
-            return {"master": rt.master_records(name), "exp_avg": rt.moment_records(name, 1),
-                    "exp_avg_sq": rt.moment_records(name, 2)}
+            out = {"master": rt.master_records(name)}
+            out.update((part.key, recs) for part, recs in rt.state_parts(name).items())
+            return out
         return {"weight": [rt.compute_record(name)]}
+
+    def _layout(self, name: str, part: str) -> tuple[tuple, torch.dtype]:
+        """Shape and dtype of part ``part`` of parameter ``name`` as a checkpoint holds it."""
+        info = self.tensors[name]
+        if part == "weight":
+            return tuple(info.shape), self.rt.compute_dtype
+        for spec in self.rt.state_parts(name):
+            if spec.key == part:
+                return spec.shape(info.shape), spec.dtype
+        return tuple(info.shape), torch.float32  # the master
 
     def state_dict(self) -> dict:
         lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path}
         out = {"name": self.name, "model_type": getattr(self.hf_config, "model_type", "?"),
-               "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora}
+               "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora,
+               "optimizer": self.rt.format.name}
         if self.beside_store:
             return self._referenced(out)
         for pname in self._ordered():
             for part, recs in self._parts(pname).items():
                 # the dtype of the records, known before they are read: what the checkpoint's size is counted from
-                dtype = self.rt.compute_dtype if part == "weight" else torch.float32
+                shape, dtype = self._layout(pname, part)
                 out[f"{part}:{pname}"] = manager.StreamedTensor(
-                    tuple(self.tensors[pname].shape), lambda recs=recs: (self.rt.read_record(r) for r in recs),
-                    dtype=dtype)
+                    shape, lambda recs=recs: (self.rt.read_record(r) for r in recs), dtype=dtype)
         return out
 
     def _referenced(self, out: dict) -> dict:
@@ -97,7 +109,7 @@ class EngineState:
                 infos = [store.record(r) for r in recs]
                 pieces = tuple((files[commit.extents[r].dir], commit.extents[r].offset, info.nbytes)
                                for r, info in zip(recs, infos))
-                out[f"{part}:{pname}"] = manager.ReferencedTensor(tuple(self.tensors[pname].shape), infos[0].dtype,
+                out[f"{part}:{pname}"] = manager.ReferencedTensor(self._layout(pname, part)[0], infos[0].dtype,
                                                                   pieces)
         return out
 
@@ -113,23 +125,28 @@ class EngineState:
         if state.get("fingerprint") != model_fingerprint(self.tensors):
             raise ValueError("checkpoint: its model fingerprint differs from the rebuilt model's (another "
                              "architecture)")
+        written = state.get("optimizer", "adamw")  # checkpoints before the formats hold AdamW's state
+        if written != self.rt.format.name:
+            raise ValueError(f"checkpoint: its optimizer state is {written}; this run's optimizer is "
+                             f"{self.rt.format.name} (resume with optimizer {written})")
         ref = state.get("store")
         if ref is not None:
             if ref.get("store_id") == self.rt.store.store_id and self._resume_in_place(ref):
                 return
             check_referenced_store(ref)
         for pname in self._ordered():
-            info = self.tensors[pname]
             for part, recs in self._parts(pname).items():
                 key = f"{part}:{pname}"
                 stored = state.get(key)
                 if not isinstance(stored, manager.StoredTensor):
                     raise ValueError(f"checkpoint has no {part} for parameter {pname!r}: it was written for another "
-                                     "model (or with other trainable parameters)")
-                if list(stored.shape) != list(info.shape) or not stored.dtype.is_floating_point:
+                                     "model (or with other trainable parameters, or another optimizer format)")
+                shape, dtype = self._layout(pname, part)
+                floating = dtype.is_floating_point
+                if list(stored.shape) != list(shape) or stored.dtype.is_floating_point != floating:
                     raise ValueError(f"checkpoint: {key} has shape {list(stored.shape)} "
                                      f"({str(stored.dtype).removeprefix('torch.')}); the model expects "
-                                     f"{list(info.shape)}")
+                                     f"{list(shape)} ({str(dtype).removeprefix('torch.')})")
                 self._put(pname, part, recs, stored.read().reshape(-1))
         self.rt.store.wait(timeout=self.rt.timeout)
 
@@ -168,7 +185,7 @@ class EngineState:
                     f"{low!r} reaching the store")
         for record in recs:
             spec = homes[record]
-            data = flat.view(info.shape) if spec.span is None else flat[spec.span[0]:spec.span[1]]
+            data = flat.view(spec.shape) if spec.span is None else flat[spec.span[0]:spec.span[1]]
             data = data.to(spec.dtype)
             rt.wait(rt.store.put(record, data.contiguous(), home=spec.home), f"{record!r} reaching the store")
 

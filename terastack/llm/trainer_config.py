@@ -142,7 +142,7 @@ class TrainerConfig:
 
         return OffloadedAdamW.Config(lr=lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                      max_grad_norm=self.max_grad_norm, optimizer_schedule=self.optimizer_schedule,
-                                     impl=self.optimizer_impl, timeout=self.timeout)
+                                     impl=self.optimizer_impl, timeout=self.timeout, format=self.optimizer)
 
     def planner_config(self, *, device_budget: int, host_budget: int, inline_updates: bool,
                        accumulation: str | None = None):

@@ -1,10 +1,10 @@
-"""The offloaded optimizer's math: AdamW over gathered chunks in one call, and global-norm clipping.
+"""The offloaded optimizer's math besides the format's update: a gathered chunk, torch's AdamW flags, and
+global-norm clipping.
 
-Everything here is torch's own arithmetic (``torch.optim.adam.adam`` with
-``decoupled_weight_decay=True`` is AdamW; the clip coefficient is computed as
-``torch.nn.utils.clip_grad_norm_`` does), so that results equal plain PyTorch
-training; where the tensors come from and go to is
-:mod:`terastack.llm.engine.optimizer_state`'s.
+The update itself is the optimizer format's (:mod:`terastack.plan.optimizer_formats`: AdamW is
+``torch.optim.adam.adam`` with ``decoupled_weight_decay=True``); the clip coefficient is computed as
+``torch.nn.utils.clip_grad_norm_`` does, so that results equal plain PyTorch training; where the tensors come
+from and go to is :mod:`terastack.llm.engine.optimizer_state`'s.
 """
 from __future__ import annotations
 
@@ -14,17 +14,18 @@ import torch
 
 
 class ChunkState(NamedTuple):
-    """One optimizer chunk gathered for its update: the flat range ``[lo, hi)`` of tensor ``name`` (chunk
-    ``chunk``) and its host tensors, updated in place."""
+    """One optimizer chunk gathered for its update: the flat range ``[lo, hi)`` of tensor ``name`` (of ``shape``;
+    chunk ``chunk``) and its host tensors, updated in place. ``state``: the optimizer format's state part key ->
+    its tensor for this chunk (a part kept for the whole parameter: with the first chunk only)."""
 
     name: str
     chunk: int
     lo: int
     hi: int
+    shape: tuple
     param: torch.Tensor       # fp32 master (a view of the whole master, or the master chunk)
     grad: torch.Tensor
-    exp_avg: torch.Tensor
-    exp_avg_sq: torch.Tensor
+    state: dict
 
 
 def adamw_kwargs(impl: str, device: torch.device) -> dict:
@@ -52,19 +53,6 @@ def _fused_supported(device: torch.device) -> bool:
         except (RuntimeError, TypeError):
             _FUSED[device.type] = False
     return _FUSED[device.type]
-
-
-def adamw_update(chunks: list[ChunkState], steps: list[int], *, lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float, impl: dict) -> None:
-    """One AdamW step over ``chunks`` in one call (``steps``: each chunk's tensor's step count before it;
-    ``impl``: :func:`adamw_kwargs`)."""
-    from torch.optim.adam import adam
-
-    with torch.no_grad():
-        adam([c.param for c in chunks], [c.grad for c in chunks], [c.exp_avg for c in chunks],
-             [c.exp_avg_sq for c in chunks], [], [torch.tensor(float(s)) for s in steps],
-             decoupled_weight_decay=True, amsgrad=False, beta1=betas[0], beta2=betas[1], lr=lr,
-             weight_decay=weight_decay, eps=eps, maximize=False, **impl)
 
 
 def total_norm(norms: list[torch.Tensor]) -> torch.Tensor:

@@ -16,7 +16,8 @@ Kinds, each read and written:
 ``weights_forward``   compute weights read for forward
 ``weights_backward``  compute weights read for backward
 ``masters``           fp32 masters read and written by the optimizer
-``moments``           AdamW's two moments
+``moments``           the optimizer format's state: AdamW's two moments; the 8-bit
+                      moments with their block scales; Adafactor's statistics
 ``compute_copies``    mixed precision: compute copies rebuilt after updates
 ``gradients``         gradients spilled for the norm, and accumulation sums
 ``activations``       activations swapped to the SSD
@@ -34,7 +35,8 @@ from contextlib import contextmanager
 from terastack.llm.engine import records
 from terastack.plan.llm_plan import BYTE_KINDS as KINDS  # one list for the plan's prediction and the engine
 
-_BY_RECORD = {records.EXP_AVG: "moments", records.EXP_AVG_SQ: "moments", records.SPILLED_GRAD: "gradients",
+_BY_RECORD = {records.EXP_AVG: "moments", records.EXP_AVG_SQ: "moments", records.OPTIMIZER_STATE: "moments",
+              records.SPILLED_GRAD: "gradients",
               records.ACCUMULATED_GRAD: "gradients", records.ACTIVATION: "activations"}
 
 

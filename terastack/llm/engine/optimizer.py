@@ -68,10 +68,11 @@ import torch
 
 from terastack import trace
 from terastack.io.futures import Future
-from terastack.llm.engine.adamw import ChunkState, adamw_kwargs, adamw_update, clip_coefficient, total_norm
+from terastack.llm.engine.adamw import ChunkState, adamw_kwargs, clip_coefficient, total_norm
 from terastack.llm.engine.gradient_intake import GradientIntake
 from terastack.llm.engine.optimizer_state import OptimizerState
 from terastack.llm.engine.schedules import UpdateFailure, make_schedule
+from terastack.plan.optimizer_formats import ADAMW, optimizer_format
 from terastack.plan.schedule_specs import EAGER, schedule_spec
 
 
@@ -101,6 +102,8 @@ class OffloadedAdamW:
         #: "auto" (fused when torch supports it on the device), "fused", "foreach" or "single"
         impl: str = "auto"
         timeout: float = 600.0
+        #: the optimizer state format's name ([Note: optimizer state formats] in terastack.plan.optimizer_formats)
+        format: str = ADAMW.name
 
         def __post_init__(self) -> None:
             if not self.lr >= 0:
@@ -116,12 +119,14 @@ class OffloadedAdamW:
             schedule_spec(self.optimizer_schedule).check_clipping(self.max_grad_norm)
             if self.impl not in ("auto", "fused", "foreach", "single"):
                 raise ValueError(f"impl: must be auto, fused, foreach or single; got {self.impl!r}")
+            optimizer_format(self.format)
 
     def __init__(self, config: "OffloadedAdamW.Config", runtime, tensors: dict, *, grad_pool_bytes: int,
                  masters_bytes: int = 1 << 62, writeback_bytes: int = 1 << 62, read_ahead_bytes: int = 0,
                  inline: bool = False, grad_homes: dict | None = None):
         self.config = config
         self.rt = runtime
+        self.format = optimizer_format(config.format)
         self.tensors = {name: info for name, info in tensors.items() if info.trainable}
         self.lr = config.lr
         self._step_lr = config.lr
@@ -174,11 +179,15 @@ class OffloadedAdamW:
 
     # ------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        """What a checkpoint needs besides the records in the store: the learning rate and per-tensor AdamW
-        step counts (masters and moments are streamed from the store record by record)."""
-        return {"lr": self.lr, "adam_steps": dict(self.steps)}
+        """What a checkpoint needs besides the records in the store: the learning rate, the state format and
+        per-tensor step counts (masters and the format's state are streamed from the store record by record)."""
+        return {"lr": self.lr, "adam_steps": dict(self.steps), "format": self.format.name}
 
     def load_state_dict(self, state: dict) -> None:
+        written = state.get("format", ADAMW.name)  # checkpoints before the formats were AdamW's
+        if written != self.format.name:
+            raise ValueError(f"checkpoint: its optimizer state is {written}; this run's optimizer is "
+                             f"{self.format.name} (resume with optimizer {written})")
         self.lr = float(state["lr"])
         for name, steps in state["adam_steps"].items():
             if name in self.steps:
@@ -344,6 +353,7 @@ class OffloadedAdamW:
                 return
             state = self.state
             whole: dict[str, torch.Tensor] = {}
+            group: list[ChunkState] = []  # one chunk; a whole parameter where the format needs it
             for j, (name, k, lo, hi) in enumerate(jobs):
                 if j + 1 < len(jobs):
                     self.prefetch_chunk(jobs[j + 1][0], jobs[j + 1][1])
@@ -351,7 +361,10 @@ class OffloadedAdamW:
                     self.prefetch_chunk(nxt.names[0], 0)
                 state.reached((name, k))
                 state.throttle_writebacks(state.chunk_bytes(name, k))
-                self._apply(task, [self._gather(task, name, k, lo, hi, whole)], whole)
+                group.append(self._gather(task, name, k, lo, hi, whole))
+                if self._divisible(group):
+                    self._apply(task, group, whole)
+                    group = []
 
     def _update_streamed(self, task: UpdateTask, jobs: list) -> None:
         """[Note: streaming a unit's state through the update]
@@ -382,8 +395,9 @@ class OffloadedAdamW:
                 issued += 1
             if wanted:
                 state.read_ahead([wanted], bounded=False)
-            # a master that must wait for room may be waiting for those the group holds: update them first
-            if group and (group_bytes + sizes[j] > group_limit or not state.master_fits(name, whole)):
+            # a master that must wait for room may be waiting for those the group holds: update them first (a
+            # group holding part of a parameter the format updates whole goes on: the master is the group's)
+            if self._divisible(group) and (group_bytes + sizes[j] > group_limit or not state.master_fits(name, whole)):
                 self._apply(task, group, whole)
                 ahead -= group_bytes
                 group, group_bytes = [], 0
@@ -391,6 +405,11 @@ class OffloadedAdamW:
             group.append(self._gather(task, name, k, lo, hi, whole))
             group_bytes += sizes[j]
         self._apply(task, group, whole)
+
+    def _divisible(self, group: list[ChunkState]) -> bool:
+        """Whether ``group`` may be updated now: it is not empty and, for a format that updates a parameter as one
+        group ([Note: whole-matrix updates]), its last chunk completes its parameter."""
+        return bool(group) and (not self.format.whole_tensor or group[-1].hi == self.tensors[group[-1].name].numel)
 
     def _gather(self, task: UpdateTask, name: str, k: int, lo: int, hi: int, whole: dict) -> ChunkState:
         """One chunk with its state read (``whole``: the whole fp32 masters read for this task, by name)."""
@@ -401,20 +420,20 @@ class OffloadedAdamW:
             p = whole[name][lo:hi]
         else:
             p = state.read(rt.master_records(name)[k], "master", name, k)
-        m = state.read(rt.moment_records(name, 1)[k], "exp_avg", name, k)
-        v = state.read(rt.moment_records(name, 2)[k], "exp_avg_sq", name, k)
+        parts = {key: state.read(record, key, name, k) for key, record in state.parts(name, k)}
         g = self.grads.chunk(name, k, lo, hi)
         if task.coef is not None:
             g.mul_(task.coef)
-        return ChunkState(name=name, chunk=k, lo=lo, hi=hi, param=p, grad=g, exp_avg=m, exp_avg_sq=v)
+        return ChunkState(name=name, chunk=k, lo=lo, hi=hi, shape=self.tensors[name].shape, param=p, grad=g,
+                          state=parts)
 
     def _apply(self, task: UpdateTask, group: list[ChunkState], whole: dict) -> None:
-        """One AdamW call over the gathered chunks; their state goes home, finished tensors open their gates."""
+        """One update of the format over the gathered chunks; their state goes home, finished tensors open their
+        gates."""
         if not group:
             return
-        cfg = self.config
-        adamw_update(group, [self.steps[c.name] for c in group], lr=task.lr, betas=cfg.betas, eps=cfg.eps,
-                     weight_decay=cfg.weight_decay, impl=self._adam)
+        self.format.update(group, [self.steps[c.name] for c in group], lr=task.lr, hyper=self.config,
+                           impl=self._adam)
         done = []
         for c in group:
             done += self.state.records(c.name, c.chunk)

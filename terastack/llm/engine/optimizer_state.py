@@ -1,4 +1,4 @@
-"""The offloaded optimizer's state I/O: fp32 masters and AdamW moments read from the store and written back.
+"""The offloaded optimizer's state I/O: fp32 masters and the format's state read from the store and written back.
 
 What an update holds stays within the plan's allowances: whole fp32 masters --
 handed over by backward, read for an update, or on their way back -- within
@@ -63,11 +63,18 @@ class OptimizerState:
         return self._writebacks.limit
 
     # ------------------------------------------------------------ records
+    def parts(self, name: str, k: int) -> list[tuple[str, str]]:
+        """(part key, record) of the optimizer format's state optimizer chunk ``k`` of ``name`` reads: its chunk of
+        every chunked part, and with the first chunk the parts kept for the whole parameter."""
+        return [(part.key, recs[k] if part.chunked else recs[0])
+                for part, recs in self.rt.state_parts(name).items() if part.chunked or k == 0]
+
     def records(self, name: str, k: int) -> list[str]:
-        """The state records of optimizer chunk ``k`` of ``name``: moments, and the master chunk in mixed
-        precision (with fp32 compute the whole master is handled apart: it is the compute weight)."""
+        """The state records of optimizer chunk ``k`` of ``name``: the format's state (:meth:`parts`), and the
+        master chunk in mixed precision (with fp32 compute the whole master is handled apart: it is the compute
+        weight)."""
         rt = self.rt
-        recs = [rt.moment_records(name, 1)[k], rt.moment_records(name, 2)[k]]
+        recs = [r for _, r in self.parts(name, k)]
         if not rt.master_is_compute:
             recs.append(rt.master_records(name)[k])
         return recs

@@ -26,6 +26,7 @@ from terastack.llm.engine.optimizer import OffloadedAdamW
 from terastack.llm.engine.streamed_units import UnitRunner
 from terastack.llm.engine.unit_policies import unit_policy
 from terastack.plan.activation_specs import DEFAULT
+from terastack.plan.optimizer_formats import StatePart, optimizer_format
 from terastack.tiers import State, Tier
 
 
@@ -45,7 +46,9 @@ class StepRuntime:
         self.compute_dtype = compute_dtype
         self.device = store.device
         self.timeout = timeout
-        self.chunk = plan.optimizer_chunk
+        #: what the optimizer keeps per parameter and how it updates it ([Note: optimizer state formats])
+        self.format = optimizer_format(optimizer_config.format)
+        self.chunk = self.format.chunk_elements(plan.optimizer_chunk)
         #: canonical names whose updated masters stay in the device tier for the next forward (the planner's
         #: [Note: weights kept for the next forward])
         kept_units = set(plan.retained_units)
@@ -89,7 +92,13 @@ class StepRuntime:
         return self._master_recs[name]
 
     def moment_records(self, name: str, which: int) -> list[str]:
+        """The records of the format's first (``which`` 1) or second (2) moment of ``name``, one per chunk."""
         return self._moment_recs[which][name]
+
+    def state_parts(self, name: str) -> dict[StatePart, list[str]]:
+        """The optimizer format's state parts of trainable ``name``, each with its records (one per chunk, or
+        one for the whole parameter)."""
+        return self._state_recs[name]
 
     def compute_record(self, name: str) -> str:
         return self._compute_rec[name]
@@ -99,13 +108,19 @@ class StepRuntime:
         few thousand times)."""
         self._ranges, self._master_recs, self._compute_rec = {}, {}, {}
         self._moment_recs = {1: {}, 2: {}}
+        self._state_recs = {}
         for name, info in self.tensors.items():
             n = info.numel
             ranges = self._ranges[name] = [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
             self._master_recs[name] = ([records.master(name)] if self.master_is_compute
                                        else [records.master(name, k) for k in range(len(ranges))])
-            for which in (1, 2):
-                self._moment_recs[which][name] = [records.moment(name, which, k) for k in range(len(ranges))]
+            parts = self._state_recs[name] = {
+                part: ([records.state_part(name, part.kind, part.key, k) for k in range(len(ranges))]
+                       if part.chunked else [records.state_part(name, part.kind, part.key, None)])
+                for part in self.format.parts(info.shape)}
+            for which, kind in ((1, records.EXP_AVG), (2, records.EXP_AVG_SQ)):
+                self._moment_recs[which][name] = next((recs for part, recs in parts.items() if part.kind == kind),
+                                                      [])
             self._compute_rec[name] = (records.master(name) if info.trainable and self.master_is_compute
                                        else records.compute(name))
 

@@ -123,7 +123,8 @@ class RecordSpec(NamedTuple):
 
 
 def records_for(rt, name: str) -> list[RecordSpec]:
-    """Every record of parameter ``name`` under runtime ``rt``'s plan, masters first, then moments."""
+    """Every record of parameter ``name`` under runtime ``rt``'s plan, masters first, then the optimizer state
+    (``span``: for a state part, the range of the part's own elements)."""
     info = rt.tensors[name]
     plan = rt.plan
     if not info.trainable:
@@ -136,9 +137,13 @@ def records_for(rt, name: str) -> list[RecordSpec]:
         out = [RecordSpec(r, torch.float32, home, (hi - lo,), (lo, hi))
                for r, (lo, hi) in zip(rt.master_records(name), ranges)]
         out.append(_compute_spec(rt, name))
-    for which in (1, 2):
-        out += [RecordSpec(r, torch.float32, home, (hi - lo,), (lo, hi))
-                for r, (lo, hi) in zip(rt.moment_records(name, which), ranges)]
+    for part, recs in rt.state_parts(name).items():  # the optimizer format's state ([Note: optimizer state formats])
+        if not part.chunked:
+            out.append(RecordSpec(recs[0], part.dtype, home, part.shape(info.shape), None))
+            continue
+        for r, (lo, hi) in zip(recs, ranges):
+            a, b = part.span(lo, hi)
+            out.append(RecordSpec(r, part.dtype, home, (b - a,), (a, b)))
     return out
 
 
@@ -148,7 +153,7 @@ def _compute_spec(rt, name: str) -> RecordSpec:
 
 
 def put_initial(rt, name: str, tensor: torch.Tensor, in_flight: list) -> None:
-    """Write parameter ``name``'s initial weights into every record of it (zero moments), keeping at most
+    """Write parameter ``name``'s initial weights into every record of it (zero optimizer state), keeping at most
     :data:`FILL_IN_FLIGHT` bytes in flight (``in_flight``: (future, bytes) the caller waits for at the end)."""
     info = rt.tensors[name]
     if tuple(tensor.shape) != info.shape:
@@ -156,7 +161,7 @@ def put_initial(rt, name: str, tensor: torch.Tensor, in_flight: list) -> None:
                          f"expects {info.shape}")
     flat = tensor.reshape(-1)
     for spec in records_for(rt, name):
-        if records.kind(spec.record) in (records.EXP_AVG, records.EXP_AVG_SQ):
+        if records.kind(spec.record) in records.STATE_KINDS:
             rt.store.create(spec.record, spec.shape, spec.dtype, home=spec.home)
             continue
         data = (tensor if spec.span is None else flat[spec.span[0]:spec.span[1]]).to(spec.dtype).contiguous()

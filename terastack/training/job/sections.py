@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from terastack.plan.accumulation_specs import accumulation_spec
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO
 from terastack.plan import schedule_specs
+from terastack.plan.optimizer_names import OPTIMIZER_NAMES
 from terastack.training.job.setting import SettingError, at_least, flat_name, one_of, read_fields, setting
 from terastack.training.lr_schedule import SCHEDULES
 from terastack.units import parse_bytes
@@ -129,6 +130,10 @@ class TrainingSection:
                               "their target tokens")
     lr: float | None = setting(None, help="peak learning rate (default 3e-4; 1e-5 for a pretrained model; 1e-4 "
                                "with --lora)")
+    optimizer: str = setting("adamw", choices=OPTIMIZER_NAMES, help="the optimizer and its state format: adamw "
+                             "(exact, fp32 moments: 8 bytes a parameter beside the fp32 master), adamw8bit "
+                             "(bitsandbytes' blockwise 8-bit moments: 2 bytes), adafactor (torch's, a factored "
+                             "second moment: kilobytes a matrix)")
     betas: tuple[float, float] = setting((0.9, 0.999), metavar=("BETA1", "BETA2"), help="AdamW's beta1 and beta2")
     eps: float = setting(1e-8, help="AdamW's epsilon")
     weight_decay: float = setting(0.0, help="AdamW's decoupled weight decay")
@@ -163,6 +168,7 @@ class TrainingSection:
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise SettingError("training.max_grad_norm", f"must be > 0 or null, got {self.max_grad_norm}")
         one_of(self, "lr_schedule", SCHEDULES)
+        one_of(self, "optimizer", OPTIMIZER_NAMES)
         if self.warmup_ratio is not None and not 0 <= self.warmup_ratio <= 1:
             raise SettingError("training.warmup_ratio", f"must be in [0, 1], got {self.warmup_ratio}")
 

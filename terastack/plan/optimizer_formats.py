@@ -1,0 +1,304 @@
+"""Optimizer state formats: what rests in the store per trainable parameter, and how a chunk of it is updated.
+
+[Note: optimizer state formats]
+A format is one spec object, registered by name (``TrainerConfig.optimizer``), that the planner, the store
+layout, the byte ledger, the optimizer and the checkpoint all read; nothing branches on its name:
+
+* :attr:`OptimizerFormat.parts`: the state tensors a parameter's update keeps beside its fp32 master, each a
+  :class:`StatePart` (its dtype, how many of its elements cover a chunk of the parameter, whether it is stored
+  per optimizer chunk or as one record for the whole parameter);
+* :meth:`OptimizerFormat.chunk_elements`: the optimizer chunk the format can work in (a multiple of its block);
+* :meth:`OptimizerFormat.update`: one update over gathered chunks, equal to the reference implementation;
+* :attr:`OptimizerFormat.whole_tensor`: the update needs every chunk of a parameter at once (statistics over
+  the whole matrix); the optimizer then gathers all chunks of a parameter before updating any of them.
+
+The formats:
+
+``adamw`` (the default)
+    ``torch.optim.AdamW`` through torch's own functional ``adam``: two fp32 moments per element, exact.
+``adamw8bit``
+    ``bitsandbytes.optim.AdamW8bit``: both moments in 8 bits (the signed and unsigned dynamic maps) with one
+    fp32 absmax per block of 256 elements; parameters smaller than ``min_8bit_size`` (4096) keep fp32 moments
+    and the library's 32-bit update, as bitsandbytes does. Each chunk is updated by bitsandbytes' own
+    ``optimizer_update_8bit_blockwise`` / ``optimizer_update_32bit``: quantization is local to a block, so
+    chunks that start on a block boundary give the library's bytes ([Note: 8-bit chunks]).
+``adafactor``
+    ``torch.optim.Adafactor`` through torch's own functional ``adafactor``: for a parameter of two or more
+    dimensions a row and a column second-moment statistic (the last two dimensions), for a vector a full one;
+    no first moment. Its step reads the parameter's norm, the gradient's row and column sums and the norm of
+    the whole update, so a parameter is updated as one group ([Note: whole-matrix updates]).
+
+Global-norm clipping is the same for every format: the clip coefficient (``clip_grad_norm_``'s) scales each
+gradient chunk before the format's update, as ``clip_grad_norm_`` followed by ``optimizer.step()`` does; the
+libraries' own clipping (bitsandbytes' ``percentile_clipping``, ``max_unorm``; Adafactor's update clipping
+``d``, which is part of its step) is left at the reference's defaults.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from terastack.plan.optimizer_names import OPTIMIZER_NAMES
+
+#: record kinds of state parts (the names of :mod:`terastack.llm.engine.records`): AdamW's two moments keep
+#: their own kinds; every other part is an "o" record named by its key
+EXP_AVG_KIND, EXP_AVG_SQ_KIND, OTHER_KIND = "m", "v", "o"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatePart:
+    """One state tensor a format keeps per parameter. ``per``: parameter elements one element of the part
+    covers (1: elementwise; 256: one scale per block); ``chunked`` False: one record for the whole parameter
+    (its shape :meth:`shape` gives), read and written with the parameter's first chunk."""
+
+    key: str                       # its name in checkpoints ("exp_avg", "state1", "absmax1", "row_var"...)
+    dtype: torch.dtype
+    kind: str = OTHER_KIND
+    per: int = 1
+    chunked: bool = True
+    factored: int = 0              # unchunked: 0 the full shape, -1 the row statistic, -2 the column statistic
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        """The elements of this part that chunk ``[lo, hi)`` of the parameter uses."""
+        return lo // self.per, -(-hi // self.per)
+
+    def shape(self, shape: tuple) -> tuple:
+        """The part's whole shape for a parameter of ``shape``."""
+        numel = math.prod(shape)
+        if self.chunked:
+            return (-(-numel // self.per),)
+        if self.factored == -1:
+            return (*shape[:-1], 1)
+        if self.factored == -2:
+            return (*shape[:-2], 1, shape[-1])
+        return tuple(shape)
+
+    def nbytes(self, shape: tuple) -> int:
+        return math.prod(self.shape(shape)) * self.dtype.itemsize
+
+
+class OptimizerFormat:
+    """One optimizer state format: see [Note: optimizer state formats]. Subclasses set the class attributes and
+    implement :meth:`parts` and :meth:`update`."""
+
+    name: ClassVar[str] = ""
+    #: what the format equals (for messages and docs)
+    reference: ClassVar[str] = ""
+    #: the update needs all chunks of a parameter at once ([Note: whole-matrix updates])
+    whole_tensor: ClassVar[bool] = False
+    #: optimizer chunks start on multiples of this many elements
+    block: ClassVar[int] = 1
+
+    def __repr__(self) -> str:
+        return f"<optimizer format {self.name}>"
+
+    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
+        """The state tensors a trainable parameter of ``shape`` keeps beside its fp32 master."""
+        raise NotImplementedError
+
+    def chunk_elements(self, chunk: int) -> int:
+        """The optimizer chunk (elements) used for a configured ``chunk``: a multiple of :attr:`block`."""
+        return max(self.block, chunk - chunk % self.block)
+
+    def state_bytes(self, shape: tuple) -> int:
+        """Bytes of state (not counting the fp32 master) a parameter of ``shape`` keeps, unpadded."""
+        return sum(p.nbytes(shape) for p in self.parts(shape))
+
+    def chunk_state_bytes(self, shape: tuple, lo: int, hi: int) -> int:
+        """Bytes of state the chunk ``[lo, hi)`` reads (unchunked parts counted with the first chunk)."""
+        out = 0
+        for p in self.parts(shape):
+            if p.chunked:
+                a, b = p.span(lo, hi)
+                out += (b - a) * p.dtype.itemsize
+            elif lo == 0:
+                out += p.nbytes(shape)
+        return out
+
+    def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
+        """One update over ``chunks`` (each with ``name``, ``lo``, ``hi``, ``shape``, ``param``, ``grad`` and
+        ``state``: part key -> tensor, updated in place); ``steps``: each chunk's parameter's step count before
+        it; ``hyper``: betas, eps and weight_decay; ``impl``: torch's foreach/fused flags (AdamW)."""
+        raise NotImplementedError
+
+
+class AdamWFormat(OptimizerFormat):
+    name = "adamw"
+    reference = "torch.optim.AdamW"
+
+    _PARTS = (StatePart(key="exp_avg", dtype=torch.float32, kind=EXP_AVG_KIND),
+              StatePart(key="exp_avg_sq", dtype=torch.float32, kind=EXP_AVG_SQ_KIND))
+
+    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
+        return self._PARTS
+
+    def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
+        from torch.optim.adam import adam
+
+        with torch.no_grad():
+            adam([c.param for c in chunks], [c.grad for c in chunks], [c.state["exp_avg"] for c in chunks],
+                 [c.state["exp_avg_sq"] for c in chunks], [], [torch.tensor(float(s)) for s in steps],
+                 decoupled_weight_decay=True, amsgrad=False, beta1=hyper.betas[0], beta2=hyper.betas[1], lr=lr,
+                 weight_decay=hyper.weight_decay, eps=hyper.eps, maximize=False, **impl)
+
+
+class AdamW8bitFormat(OptimizerFormat):
+    """[Note: 8-bit chunks]
+    bitsandbytes' blockwise update (its CPU kernel) dequantizes each block of 256 elements with the block's
+    absmax, updates it in fp32 and quantizes it again with the block's new absmax: nothing crosses a block.
+    So an optimizer chunk that starts on a multiple of 256 elements, updated with the absmax entries of its
+    blocks, gives exactly the bytes the library gives the whole tensor (the last block of a tensor may be
+    short, as in the library). The optimizer chunk is rounded down to a multiple of the block. The chunks of
+    one update call are put together into runs for the library (:meth:`_runs`): its CPU kernels cost tens of
+    milliseconds per call on a busy 2-core machine whatever the size."""
+
+    name = "adamw8bit"
+    reference = "bitsandbytes.optim.AdamW8bit"
+    block = 256
+    #: parameters with fewer elements keep fp32 moments (bitsandbytes' ``min_8bit_size`` default)
+    min_8bit_size = 4096
+
+    _PARTS_8BIT = (StatePart(key="state1", dtype=torch.uint8, kind=EXP_AVG_KIND),
+                   StatePart(key="state2", dtype=torch.uint8, kind=EXP_AVG_SQ_KIND),
+                   StatePart(key="absmax1", dtype=torch.float32, per=256),
+                   StatePart(key="absmax2", dtype=torch.float32, per=256))
+    _PARTS_32BIT = (StatePart(key="state1", dtype=torch.float32, kind=EXP_AVG_KIND),
+                    StatePart(key="state2", dtype=torch.float32, kind=EXP_AVG_SQ_KIND))
+
+    def __init__(self) -> None:
+        self._qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
+        return self._PARTS_8BIT if math.prod(shape) >= self.min_8bit_size else self._PARTS_32BIT
+
+    def qmaps(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The signed and unsigned dynamic quantization maps of the two moments (the library's ``fill_qmap``)."""
+        if self._qmaps is None:
+            import bitsandbytes.functional as F
+
+            self._qmaps = (F.create_dynamic_map(signed=True), F.create_dynamic_map(signed=False))
+        return self._qmaps
+
+    def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
+        import bitsandbytes.functional as F
+
+        (b1, b2), eps, wd = hyper.betas, hyper.eps, hyper.weight_decay
+        with torch.no_grad():
+            eight = []
+            for c, step in zip(chunks, steps):
+                s = c.state
+                if s["state1"].dtype == torch.uint8:
+                    eight.append((c, step))
+                    continue
+                F.optimizer_update_32bit("adam", c.grad, c.param, s["state1"], b1, eps, step + 1, lr, s["state2"],
+                                         b2, 0.0, 0.0, wd, 1.0, None, max_unorm=0.0, skip_zeros=False)
+            q1, q2 = self.qmaps() if eight else (None, None)
+            for run, step in self._runs(eight):
+                joined = {key: _joined([c.state[key] for c in run]) for key in run[0].state}
+                param = _joined([c.param for c in run])
+                F.optimizer_update_8bit_blockwise("adam", _joined([c.grad for c in run]), param, joined["state1"],
+                                                  joined["state2"], b1, b2, 0.0, 0.0, eps, step + 1, lr, q1, q2,
+                                                  joined["absmax1"], joined["absmax2"], wd, gnorm_scale=1.0,
+                                                  skip_zeros=False)
+                if len(run) > 1:  # the joined copies back into the chunks
+                    _scatter(param, [c.param for c in run])
+                    for key, value in joined.items():
+                        _scatter(value, [c.state[key] for c in run])
+
+    def _runs(self, items: list) -> list[tuple[list, int]]:
+        """``items`` ((chunk, step) of 8-bit chunks) in runs updated by one call each: the library's CPU update
+        costs a fixed time per call besides its elements, and a run of chunks that each (but the last) hold
+        whole blocks, at one step count, is blockwise the same as the chunks one by one."""
+        out: list[tuple[list, int]] = []
+        for c, step in items:
+            if out and out[-1][1] == step and (out[-1][0][-1].hi - out[-1][0][-1].lo) % self.block == 0:
+                out[-1][0].append(c)
+            else:
+                out.append(([c], step))
+        return out
+
+
+class AdafactorFormat(OptimizerFormat):
+    """[Note: whole-matrix updates]
+    ``torch.optim.Adafactor``'s step for one parameter reads three things of the whole parameter: its norm
+    (the relative step size), its gradient's row and column mean squares (the factored statistics, from which
+    every element's estimate follows) and the norm of the whole update (the update clipping ``d``). A chunk
+    cannot be updated before all three are known, and the last is known only when every element's update is.
+    So the optimizer gathers all optimizer chunks of a parameter (its master and gradient chunks; the state is
+    one small record per parameter, read with the first chunk) and updates the parameter as one group with
+    torch's own functional ``adafactor`` over the whole tensor, then writes the chunks back: the result equals
+    the library's bit for bit. The group's gradient and, in mixed precision, its master are put together in
+    one piece for the call (one parameter's size of host memory beyond the plan's window; the largest is the
+    embedding). The state is what the format saves: a matrix keeps rows + columns fp32 values, a vector its
+    elements."""
+
+    name = "adafactor"
+    reference = "torch.optim.Adafactor"
+    whole_tensor = True
+    #: torch.optim.Adafactor's defaults (its lr comes from the job; AdamW's betas and eps do not apply)
+    beta2_decay = -0.8
+    eps = (None, 1e-3)
+    d = 1.0
+
+    _FACTORED = (StatePart(key="row_var", dtype=torch.float32, chunked=False, factored=-1),
+                 StatePart(key="col_var", dtype=torch.float32, chunked=False, factored=-2))
+    _FULL = (StatePart(key="variance", dtype=torch.float32, chunked=False),)
+
+    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
+        return self._FACTORED if len(shape) > 1 else self._FULL
+
+    def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
+        from torch.optim._adafactor import adafactor
+
+        groups: dict[str, list] = {}
+        for c, step in zip(chunks, steps):
+            groups.setdefault(c.name, []).append((c, step))
+        with torch.no_grad():
+            for name, members in groups.items():
+                parts = sorted(members, key=lambda m: m[0].lo)
+                first, step = parts[0]
+                numel = math.prod(first.shape)
+                if first.lo != 0 or parts[-1][0].hi != numel:
+                    raise RuntimeError(f"adafactor: the update of {name!r} was given part of its chunks")
+                param = _joined([c.param for c, _ in parts]).view(first.shape)
+                grad = _joined([c.grad for c, _ in parts]).view(first.shape)
+                s = first.state
+                factored = len(first.shape) > 1
+                adafactor([param], [grad], [s["row_var"] if factored else None],
+                          [s["col_var"] if factored else None], [None if factored else s["variance"]],
+                          [torch.tensor(float(step))], foreach=False, d=self.d, lr=lr, beta2_decay=self.beta2_decay,
+                          weight_decay=hyper.weight_decay, eps1=self.eps[0], eps2=self.eps[1], maximize=False)
+                if len(parts) > 1:  # the joined copy back into the chunks
+                    flat = param.view(-1)
+                    for c, _ in parts:
+                        c.param.copy_(flat[c.lo:c.hi])
+
+
+def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:
+    """One flat tensor of ``pieces`` (the piece itself when there is one)."""
+    return pieces[0].reshape(-1) if len(pieces) == 1 else torch.cat([p.reshape(-1) for p in pieces])
+
+
+def _scatter(joined: torch.Tensor, pieces: list[torch.Tensor]) -> None:
+    """Copy ``joined`` (made by :func:`_joined`) back into its ``pieces``."""
+    at = 0
+    for p in pieces:
+        p.view(-1).copy_(joined[at:at + p.numel()])
+        at += p.numel()
+
+
+FORMATS: dict[str, OptimizerFormat] = {f.name: f for f in (AdamWFormat(), AdamW8bitFormat(), AdafactorFormat())}
+if tuple(FORMATS) != OPTIMIZER_NAMES:   # the names a job may give are the specs registered here
+    raise TypeError(f"optimizer formats {tuple(FORMATS)} differ from the job's names {OPTIMIZER_NAMES}")
+ADAMW = FORMATS["adamw"]
+
+
+def optimizer_format(name: str) -> OptimizerFormat:
+    """The registered format ``name`` (ValueError naming ``optimizer`` and the choices otherwise)."""
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"optimizer: must be one of {', '.join(FORMATS)}; got {name!r}") from None

@@ -1,0 +1,272 @@
+"""Optimizer state formats equal their reference libraries: ``adamw8bit`` bitsandbytes' AdamW8bit (the 8-bit
+state bytes and block scales too), ``adafactor`` torch.optim.Adafactor; chunked updates over state on the SSD,
+through the real trainer, and a checkpoint resumed bit for bit."""
+import pytest
+import torch
+
+from .llm_helpers import BATCH, SEQ, VOCAB, batches, offloaded_train
+from terastack.llm import Trainer
+from terastack.llm.engine import records
+from terastack.llm.engine.adamw import ChunkState
+from terastack.plan import optimizer_formats as formats
+from terastack.plan.optimizer_formats import FORMATS, optimizer_format
+
+bnb = pytest.importorskip("bitsandbytes")
+
+STEPS = 3
+LR, WD = 1e-2, 0.01
+
+
+class Hyper:
+    betas, eps, weight_decay = (0.9, 0.999), 1e-8, WD
+
+
+def chunked_update(fmt, params, states, grads, steps, chunk):
+    """One update of ``fmt`` over every parameter in chunks of ``chunk`` elements (the state: views of the
+    parts' whole tensors, as the engine's chunk records hold them)."""
+    group = []
+    for name, p in params.items():
+        flat, g = p.view(-1), grads[name].reshape(-1)
+        for k, lo in enumerate(range(0, p.numel(), chunk)):
+            hi = min(lo + chunk, p.numel())
+            st = {}
+            for part in fmt.parts(tuple(p.shape)):
+                if part.chunked:
+                    a, b = part.span(lo, hi)
+                    st[part.key] = states[name][part.key][a:b]
+                elif k == 0:
+                    st[part.key] = states[name][part.key]
+            group.append(ChunkState(name=name, chunk=k, lo=lo, hi=hi, shape=tuple(p.shape), param=flat[lo:hi],
+                                    grad=g[lo:hi], state=st))
+    fmt.update(group, [steps[c.name] for c in group], lr=LR, hyper=Hyper, impl={})
+    for name in params:
+        steps[name] += 1
+
+
+def zero_state(fmt, params):
+    return {name: {part.key: torch.zeros(part.shape(tuple(p.shape)), dtype=part.dtype)
+                   for part in fmt.parts(tuple(p.shape))} for name, p in params.items()}
+
+
+SHAPES = {"w": (80, 70), "v": (5003,), "small": (30, 9), "bias": (100,)}
+
+
+def random_params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=g) for name, shape in SHAPES.items()}
+
+
+def test_adamw8bit_chunks_give_bitsandbytes_bytes():
+    """Chunks of 1024 elements (4 blocks): parameters, 8-bit moments and absmax equal AdamW8bit's bytes; a
+    parameter under min_8bit_size keeps fp32 moments, as the library does."""
+    fmt = optimizer_format("adamw8bit")
+    params = random_params()
+    ref = {n: torch.nn.Parameter(p.clone()) for n, p in params.items()}
+    opt = bnb.optim.AdamW8bit(list(ref.values()), lr=LR, weight_decay=WD)
+    states, steps = zero_state(fmt, params), dict.fromkeys(params, 0)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        grads = {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+        for n, p in ref.items():
+            p.grad = grads[n].clone()
+        opt.step()
+        chunked_update(fmt, params, states, grads, steps, fmt.chunk_elements(1100))
+    for n, p in ref.items():
+        st = opt.state[p]
+        assert torch.equal(params[n], p.detach()), n
+        assert states[n]["state1"].dtype == st["state1"].dtype
+        assert states[n]["state1"].dtype == (torch.uint8 if p.numel() >= 4096 else torch.float32), n
+        for key, value in states[n].items():
+            assert torch.equal(value.view(-1), st[key].view(-1)), (n, key)
+        if p.numel() >= 4096:  # the qmaps are the library's
+            assert torch.equal(fmt.qmaps()[0], st["qmap1"]) and torch.equal(fmt.qmaps()[1], st["qmap2"])
+
+
+def test_adamw8bit_is_not_fp32_adamw():
+    """The check above can fail: AdamW with fp32 moments (the default format) gives other weights."""
+    params = random_params()
+    fmt = optimizer_format("adamw")
+    ref = {n: torch.nn.Parameter(p.clone()) for n, p in params.items()}
+    opt = bnb.optim.AdamW8bit(list(ref.values()), lr=LR, weight_decay=WD)
+    states, steps = zero_state(fmt, params), dict.fromkeys(params, 0)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        grads = {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+        for n, p in ref.items():
+            p.grad = grads[n].clone()
+        opt.step()
+        chunked_update(fmt, params, states, grads, steps, 1024)
+    assert not torch.equal(params["w"], ref["w"].detach())
+
+
+def test_adamw8bit_chunk_is_a_whole_number_of_blocks():
+    fmt = optimizer_format("adamw8bit")
+    assert [fmt.chunk_elements(c) for c in (1024, 1100, 100, 1 << 20)] == [1024, 1024, 256, 1 << 20]
+    assert optimizer_format("adamw").chunk_elements(1100) == 1100
+
+
+def test_adafactor_whole_matrix_groups_equal_torch():
+    """Chunks of 512 elements cut rows of the matrix: gathered per parameter, the update is torch's."""
+    fmt = optimizer_format("adafactor")
+    params = random_params()
+    ref = {n: torch.nn.Parameter(p.clone()) for n, p in params.items()}
+    opt = torch.optim.Adafactor(list(ref.values()), lr=LR, weight_decay=WD)
+    states, steps = zero_state(fmt, params), dict.fromkeys(params, 0)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        grads = {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+        for n, p in ref.items():
+            p.grad = grads[n].clone()
+        opt.step()
+        chunked_update(fmt, params, states, grads, steps, 512)
+    for n, p in ref.items():
+        assert torch.equal(params[n], p.detach()), n
+        st = opt.state[p]
+        for key, value in states[n].items():
+            assert torch.equal(value, st[key]), (n, key)
+
+
+def test_adafactor_refuses_part_of_a_matrix():
+    fmt = optimizer_format("adafactor")
+    p, grad = torch.randn(8, 8), torch.randn(8, 8)
+    st = {part.key: torch.zeros(part.shape((8, 8))) for part in fmt.parts((8, 8))}
+    c = ChunkState(name="w", chunk=0, lo=0, hi=32, shape=(8, 8), param=p.view(-1)[:32], grad=grad.view(-1)[:32],
+                   state=st)
+    with pytest.raises(RuntimeError, match="part of its chunks"):
+        fmt.update([c], [0], lr=LR, hyper=Hyper, impl={})
+
+
+def test_state_bytes_per_format():
+    shape = (4096, 1024)
+    n = 4096 * 1024
+    assert optimizer_format("adamw").state_bytes(shape) == 8 * n
+    assert optimizer_format("adamw8bit").state_bytes(shape) == 2 * n + 2 * 4 * (n // 256)
+    assert optimizer_format("adafactor").state_bytes(shape) == 4 * (4096 + 1024)
+    assert optimizer_format("adafactor").state_bytes((1024,)) == 4 * 1024
+    assert optimizer_format("adamw8bit").state_bytes((100,)) == 8 * 100  # under min_8bit_size: fp32
+    with pytest.raises(ValueError, match="optimizer: must be one of adamw, adamw8bit, adafactor"):
+        optimizer_format("sgd")
+
+
+def test_state_part_record_names():
+    assert (formats.EXP_AVG_KIND, formats.EXP_AVG_SQ_KIND, formats.OTHER_KIND) == \
+        (records.EXP_AVG, records.EXP_AVG_SQ, records.OPTIMIZER_STATE)
+    r = records.state_part("model.layers.0.w", records.OPTIMIZER_STATE, "absmax1", 3)
+    assert r == "o.absmax1:model.layers.0.w#3"
+    assert records.parse(r) == ("o", "model.layers.0.w", 3)
+    assert records.parse("o.row_var:x.weight") == ("o", "x.weight", None)
+    assert records.state_part("x", records.EXP_AVG, "state1", 0) == records.moment("x", 1, 0)
+    for bad in ("o:x#1", "m.state1:x#1", "o.:x"):
+        with pytest.raises(ValueError):
+            records.parse(bad)
+
+
+# ----------------------------------------------------------------- through the trainer
+def make_wide_model(path, seed=0):
+    """A tiny llama whose larger matrices reach bitsandbytes' min_8bit_size (4096) and whose norms, k and v do
+    not: both of the library's paths in one model."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0,
+                      eos_token_id=1)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(str(path))
+    model.train()
+    return model
+
+
+def reference_optimizer(fmt: str, params):
+    if fmt == "adamw8bit":
+        return bnb.optim.AdamW8bit(params, lr=LR, weight_decay=WD)
+    return torch.optim.Adafactor(params, lr=LR, weight_decay=WD)
+
+
+def reference_train(model, data, fmt, *, max_grad_norm=None, seed=5):
+    opt = reference_optimizer(fmt, list(model.parameters()))
+    torch.manual_seed(seed)
+    losses = []
+    for ids in data:
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        opt.step()
+        opt.zero_grad()
+        losses.append(out.loss.item())
+    return losses, opt
+
+
+def stored_state(trainer, name):
+    """part key -> the whole part of ``name`` read back from the store (all its chunk records)."""
+    rt = trainer.runtime
+    trainer.synchronize()
+    return {part.key: torch.cat([rt.read_record(r).reshape(-1) for r in recs])
+            for part, recs in rt.state_parts(name).items()}
+
+
+def config(trainer_config, fmt, **kw):
+    kw.setdefault("state_placement", "ssd")
+    kw.setdefault("optimizer_chunk", 1024)  # several chunks per matrix (a 64x128 matrix: 8)
+    return trainer_config(optimizer=fmt, lr=LR, weight_decay=WD, batch_size=BATCH, seq_len=SEQ, **kw)
+
+
+@pytest.mark.parametrize("fmt,clip,inline", [("adamw8bit", None, None), ("adamw8bit", 0.5, False),
+                                             ("adafactor", None, None), ("adafactor", 0.5, False)],
+                         ids=["8bit", "8bit-clip-thread", "adafactor", "adafactor-clip-thread"])
+def test_trainer_equals_reference_library(fmt, clip, inline, tmp_path, trainer_config):
+    """State on the SSD in chunks, updated inline (as on a CPU) or on the optimizer thread, with and without
+    a global-norm clip: weights and state equal the library's after several steps."""
+    ref = make_wide_model(tmp_path / "model")
+    data = batches(STEPS)
+    cfg = config(trainer_config, fmt, max_grad_norm=clip, inline_updates=inline)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        assert trainer.runtime.format.name == fmt
+        assert any(len(trainer.runtime.chunk_ranges(n)) > 1 for n in trainer.tensors)
+        losses = offloaded_train(trainer, data)
+        ref_losses, opt = reference_train(ref, data, fmt, max_grad_norm=clip)
+        assert losses == pytest.approx(ref_losses, abs=1e-6)
+        for name, p in ref.named_parameters():
+            assert torch.equal(trainer.parameter(name), p.detach()), name
+            st = opt.state[p]
+            assert trainer.optimizer.steps[name] == int(st["step"]) == STEPS
+            for key, value in stored_state(trainer, name).items():
+                assert torch.equal(value, st[key].reshape(-1)), (name, key)
+        used = {r.dtype for n in trainer.tensors for r in (trainer.store.record(x) for recs in
+                trainer.runtime.state_parts(n).values() for x in recs)}
+        assert used == ({torch.uint8, torch.float32} if fmt == "adamw8bit" else {torch.float32})
+        moved = trainer.history[-1]
+        assert moved.ssd_read_bytes > 0  # the state really travelled through the SSD
+
+
+@pytest.mark.parametrize("fmt", ["adamw8bit", "adafactor"])
+def test_checkpoint_resumes_bit_equal(fmt, tmp_path, trainer_config):
+    make_wide_model(tmp_path / "model")
+    data = batches(4)
+    cfg = config(trainer_config, fmt, optimizer_chunk=2048)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as full:
+        offloaded_train(full, data[:2])
+        full.save_checkpoint(tmp_path / "ckpt")
+        for ids in data[2:]:
+            full.step(ids)
+        expected = full.state_dict()
+        expected_state = {n: stored_state(full, n) for n in full.tensors}
+    with Trainer.load_checkpoint(tmp_path / "ckpt", cfg) as resumed:
+        assert resumed.step_count == 2
+        for ids in data[2:]:
+            resumed.step(ids)
+        got = resumed.state_dict()
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+        for n in resumed.tensors:
+            state = stored_state(resumed, n)
+            assert all(torch.equal(state[k], expected_state[n][k]) for k in state), n
+    other = config(trainer_config, "adamw")
+    with pytest.raises(ValueError, match=f"optimizer state is {fmt}"):
+        Trainer.load_checkpoint(tmp_path / "ckpt", other)
+
+
+def test_unknown_optimizer_is_refused(trainer_config):
+    with pytest.raises(ValueError, match="optimizer: must be one of"):
+        trainer_config(optimizer="lion")
+    assert sorted(FORMATS) == ["adafactor", "adamw", "adamw8bit"]

@@ -27,9 +27,10 @@ from torch import nn
 from terastack.training.hf.model_files import materialized, seeded
 
 #: Families (transformers model_type) whose results are tested against plain PyTorch training
-#: (tests/llm/test_families.py; docs/llm.md lists them).
+#: (tests/llm/test_families.py, whose test_verified_families_are_the_tested_ones keeps the two lists equal; docs/llm.md
+#: lists them). Any other family is checked before its first step (terastack.llm.engine.family_check).
 TESTED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-                   "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "starcoder2")
+                   "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "starcoder2", "llama4_text")
 
 
 @dataclass(eq=False, slots=True)

@@ -123,8 +123,13 @@ class TrainerConfig:
     lora: LoraSpec | None = None
     #: every wait (a transfer, an update) gives up after this many seconds, naming what it waited for
     timeout: float = 600.0
+    #: the check before the first step that streamed units equal the model's own ([Note: the family check] in
+    #: terastack.llm.engine.family_check): "auto" (families the tests do not verify), "always" or "never"
+    check_family: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.check_family not in ("auto", "always", "never"):
+            raise ValueError(f"check_family: must be auto, always or never; got {self.check_family!r}")
         if isinstance(self.lora, dict):
             self.lora = LoraSpec(**self.lora)
         try:  # [Note: the trainer's settings are the job's]
@@ -203,8 +208,10 @@ class TrainerConfig:
             raise ValueError(f"{path}: {exc}") from None
 
 
-#: TrainerConfig field -> the job setting it is (every field but lora: the lora section)
-_SETTING_OF = {f.name: old_trainer_key(f.name) for f in dataclasses.fields(TrainerConfig) if f.name != "lora"}
+#: fields that are no job setting: lora (the lora section), and check_family until the job has a setting of that name
+_NOT_SETTINGS = ("lora",) if old_trainer_key("check_family") else ("lora", "check_family")
+#: TrainerConfig field -> the job setting it is (every field but those)
+_SETTING_OF = {f.name: old_trainer_key(f.name) for f in dataclasses.fields(TrainerConfig) if f.name not in _NOT_SETTINGS}
 if not all(_SETTING_OF.values()):  # a new field is a new job setting first
     raise TypeError(f"TrainerConfig fields without a job setting: {[n for n, p in _SETTING_OF.items() if not p]}")
 _FIELD_OF = {path: name for name, path in _SETTING_OF.items()}

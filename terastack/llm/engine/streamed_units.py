@@ -159,7 +159,7 @@ def check_real_arguments(unit, call: "UnitCall") -> None:
     """Refuse a unit call with a meta tensor among its arguments ([Note: the skeleton's meta device])."""
     for i, a in enumerate(call.flat):
         if isinstance(a, torch.Tensor) and a.device.type == "meta":
-            raise RuntimeError(f"{unit.path} was called with a meta tensor (argument {i}, shape {tuple(a.shape)}): "
+            raise RuntimeError(f"{unit.family}: {unit.path} was called with a meta tensor (argument {i}, shape {tuple(a.shape)}): "
                                "the model's code made it from a parameter of the skeleton, whose weights are "
                                "streamed; terastack cannot stream this family's forward as written")
 

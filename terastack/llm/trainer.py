@@ -41,6 +41,7 @@ from terastack.llm.engine.step import accumulated_step, eval_loss, finish_step, 
 from terastack.llm.engine.step_points import StepPoint, batch_digest
 from terastack.llm.step_checkpoint import COMPONENT as STEP_IN_PROGRESS, FollowingCheckpoint, PendingStep
 from terastack.training.data.examples import IGNORE
+from terastack.llm.engine.family_check import check_family, needs_check
 from terastack.llm.engine.streamed_units import install_units
 from terastack.memory import return_freed_memory
 from terastack.plan.accumulation_specs import accumulation_spec
@@ -166,6 +167,13 @@ class Trainer:
             install_units(model, self.units, self.runtime.runner)
             if not empty:
                 self._fill(source)
+            #: what the check before training compared ([Note: the family check]); None: not checked (a resumed
+            #: run was checked when it started)
+            self.family_check = None
+            if not empty and needs_check(self.family, config.check_family, TESTED_FAMILIES):
+                self.family_check = check_family(model, self.units, self.runtime, family=self.family,
+                                                 vocab_size=hf_config.get_text_config().vocab_size,
+                                                 seq_len=config.seq_len, seed=config.seed)
         except BaseException:
             self.close()
             raise

@@ -32,6 +32,8 @@ DEFAULT_STEPS = 20
 DISDP_AGENTS = ("thread", "process")
 DISDP_STATES = ("memory", "ssd")
 DISDP_DEVICES = ("cpu", "cuda")
+#: when the offloaded engine checks a model family before training ([Note: the family check])
+FAMILY_CHECKS = ("auto", "always", "never")
 
 
 def _check_size(section, name: str, *, keep: bool = False) -> None:
@@ -338,6 +340,9 @@ class OffloadSection:
                                    "for the next forward, where they fit")
     timeout: float = setting(600.0, metavar="SECONDS", help="every wait (a transfer, an update) gives up after "
                              "this long, naming what it waited for")
+    check_family: str = setting("auto", choices=FAMILY_CHECKS, help="before the first step, compare each streamed "
+                                "layer's outputs and gradients with the model's own on a probe batch: auto (model "
+                                "families the tests do not verify), always, or never")
 
     def __post_init__(self) -> None:
         read_fields(self)
@@ -345,6 +350,7 @@ class OffloadSection:
         at_least(self, "optimizer_chunk", 1024)
         one_of(self, "state_placement", ("auto", "ssd"))
         one_of(self, "optimizer_impl", ("auto", "fused", "foreach", "single"))
+        one_of(self, "check_family", FAMILY_CHECKS)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise SettingError("offload.device", f"must be auto, cpu or cuda[:N]; got {self.device!r}")
         if not self.timeout > 0:

@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 
 from terastack.disdp.roles import RoleMap
-from terastack.training.job.sections import DISDP_DEVICES
+from terastack.training.job.engine_sections import DISDP_DEVICES
 
 
 class Kind(enum.IntEnum):

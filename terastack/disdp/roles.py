@@ -26,7 +26,7 @@ import enum
 import os
 import socket
 from dataclasses import dataclass
-from terastack.training.job.sections import DISDP_AGENTS
+from terastack.training.job.engine_sections import DISDP_AGENTS
 
 
 class Role(str, enum.Enum):

@@ -72,7 +72,7 @@ from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.roles import RoleMap
 from terastack.tiers import Tier, TieredStore
 from terastack.units import format_bytes
-from terastack.training.job.sections import DISDP_STATES
+from terastack.training.job.engine_sections import DISDP_STATES
 
 #: where the servers keep their state: the job's choices (one copy, in the job's disdp section)
 STATES = DISDP_STATES

@@ -2,8 +2,9 @@
 the command-line flags, the YAML/TOML file keys and the ``key=value`` overrides are derived.
 
     setting.py    one setting = one dataclass field ([Note: a job setting is one field]); SettingError
-    sections.py   the sections (model, data, validation, training, schedule, store, checkpoint, output, lora,
-                  and one per engine: offload, disdp) and JobConfig
+    sections.py   the sections (model, data, validation, training, schedule, store, checkpoint, output, lora)
+                  and JobConfig
+    engine_sections.py   one section per engine (offload, disdp) and the choices those engines import
     layers.py     file < flags < overrides ([Note: job config resolution]); finetune.yaml
     legacy.py     old spellings of keys, read as the settings they name now
     flags.py      the flags, derived from the fields

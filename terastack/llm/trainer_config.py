@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from terastack.memory import MMAP_THRESHOLD
 from terastack.configfile import read_toml_table
 from terastack.training.job import FLAT, SECTIONS, JobConfig, LoraSection, SettingError, resolve_job, with_settings
-from terastack.training.job.legacy import old_trainer_key
+from terastack.training.job.legacy import OLD_TRAINER_KEYS, old_trainer_key
 
 __all__ = ["MEMORY_BUDGET_ENV", "LoraSpec", "TrainerConfig"]
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
@@ -66,8 +66,12 @@ class LoraSpec:
                 "lora.target_modules": self.target_modules, "lora.init_from": self.init_from}
 
 
+#: ``section.field`` -> its flat name
+FLAT_OF = {path: flat for flat, path in FLAT.items()}
+
+
 def _setting_path(name: str) -> str:
-    path = old_trainer_key(name)
+    path = OLD_TRAINER_KEYS.get(name) or FLAT.get(name)
     if path is None:
         raise TypeError(f"TrainerConfig: unknown setting {name!r} (the job's settings by their flat names: "
                         f"{', '.join(FLAT)}; or lora)")
@@ -83,7 +87,7 @@ class TrainerConfig:
     def __init__(self, job: JobConfig | None = None, /, **settings):
         changes = {}
         for name, value in settings.items():
-            if name == "lora":
+            if name == "lora" and isinstance(value, (dict, LoraSpec)) or (name == "lora" and value is None):
                 spec = LoraSpec(**value) if isinstance(value, dict) else value
                 changes.update(spec.section_values() if spec is not None else {"lora.rank": None})
             else:
@@ -158,8 +162,10 @@ class TrainerConfig:
                                  accumulation=accumulation or self.accumulation)
 
     def to_dict(self) -> dict:
-        """The job's settings that differ from their defaults, by section (what a checkpoint records)."""
-        return self.job.to_dict()
+        """The job's settings that differ from their defaults, by their flat names (what a checkpoint records;
+        ``TrainerConfig(**config.to_dict())`` is the same config). Tuples become lists, as in job files."""
+        return {FLAT_OF[f"{section}.{name}"]: value for section, fields in self.job.to_dict().items()
+                for name, value in fields.items()}
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike) -> "TrainerConfig":

@@ -108,3 +108,26 @@ def test_finetune_without_store_removes_a_stale_default_store_and_its_own(tmp_pa
         f"removed {stale}, the default store of a job that no longer runs (pid {os.getpid()}): "
         f"{format_bytes(5000)} freed"]
     assert not list(tmp_path.glob("terastack-finetune-*"))
+
+
+TERMINATED_CHILD = """
+import sys
+from terastack.training.interrupt import terminate_as_exit
+from terastack.training.scratch_store import ScratchStore
+with terminate_as_exit(), ScratchStore(prefix=sys.argv[2], root=sys.argv[1]) as d:
+    print(d, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_sigterm_under_terminate_as_exit_removes_the_store(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, "-c", TERMINATED_CHILD, str(tmp_path), PREFIX], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=env)
+    store = p.stdout.readline().strip()
+    assert os.path.isdir(store)
+    p.send_signal(signal.SIGTERM)
+    p.wait()
+    p.stdin.close()
+    assert p.returncode == 143
+    assert not os.path.exists(store) and list(tmp_path.iterdir()) == []

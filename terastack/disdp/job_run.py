@@ -1,11 +1,11 @@
 """``terastack dist train --config job.yaml``: the job file ``terastack finetune`` runs, on the disaggregated engine.
 
 :func:`launch_job` starts every rank on this machine (torchrun's elastic agent, loopback); under torchrun each
-rank runs :func:`run_rank` (``python -m terastack.disdp.job_run JOB.yaml``). Rank 0 (worker 0) reads the data,
-builds the job's schedule and runs the shared loop (:class:`terastack.training.loop.FinetuneLoop`) on a
-:class:`~terastack.disdp.job_engine.DisdpEngine`; the other ranks follow its step messages
-([Note: step messages] in :mod:`terastack.disdp.control`). The job's ``batch_size`` is the global batch:
-every micro-batch is split by rows among the workers.
+rank runs :func:`run_rank` (``python -m terastack.disdp.job_rank JOB.yaml``: it takes SIGINT over, then imports
+this module). Rank 0 (worker 0) reads the data, builds the job's schedule and runs the shared loop
+(:class:`terastack.training.loop.FinetuneLoop`) on a :class:`~terastack.disdp.job_engine.DisdpEngine`; the
+other ranks follow its step messages ([Note: step messages] in :mod:`terastack.disdp.control`). The job's
+``batch_size`` is the global batch: every micro-batch is split by rows among the workers.
 
 On several nodes each node runs one torchrun (``torchrun --nnodes N ... -m terastack dist train --config
 job.yaml``) and every rank runs :func:`run_torchrun_rank`: roles follow the global rank ([Note: ranks on several
@@ -42,8 +42,8 @@ from terastack.disdp.run import check_same_layout
 from terastack.disdp.shutdown import defer_interrupts, exit_rank, follow_interrupts
 from terastack.training.interrupt import JobInterrupted
 
-#: the program every rank of a job runs
-JOB_RUN_MODULE = "terastack.disdp.job_run"
+#: the program every rank of a job runs (it imports this module once it has taken SIGINT over)
+JOB_RUN_MODULE = "terastack.disdp.job_rank"
 RESULT = "result.json"
 COMMAND = "terastack dist train"
 
@@ -191,10 +191,11 @@ def run_rank(job) -> int:
     return 0
 
 
-def run_torchrun_rank(job) -> int:
-    """One rank under torchrun (``-m terastack dist train``, or ``-m terastack.disdp.job_run`` as
+def run_torchrun_rank(job, *, early_interrupts: list | None = None) -> int:
+    """One rank under torchrun (``-m terastack dist train``, or ``-m terastack.disdp.job_rank`` as
     :func:`launch_job` starts it): :func:`run_rank` under torchrun's error record; a lost node ends this rank
-    with exit status 1 and, from the first rank to see it, one line ([Note: a lost node])."""
+    with exit status 1 and, from the first rank to see it, one line ([Note: a lost node]). ``early_interrupts``:
+    the SIGINTs rank 0 noted before this module was imported (:mod:`terastack.disdp.job_rank`)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     def recorded(job) -> int:
@@ -207,7 +208,7 @@ def run_torchrun_rank(job) -> int:
 
     # Ctrl-C: rank 0 stops every rank between two commands ([Note: Ctrl-C on a job])
     if os.environ.get("RANK") == "0":
-        defer_interrupts()
+        defer_interrupts(early_interrupts)
     else:
         follow_interrupts()
     # the process group is destroyed on every path ([Note: a thread inside the network at exit])
@@ -332,13 +333,14 @@ def launch_job(job, *, quiet: bool = False, argv: list[str] | None = None) -> di
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m terastack.disdp.job_run JOB.yaml`` under torchrun."""
+def main(argv: list[str] | None = None, *, early_interrupts: list | None = None) -> int:
+    """``python -m terastack.disdp.job_run JOB.yaml`` under torchrun (``early_interrupts``:
+    :func:`run_torchrun_rank`)."""
     from terastack.training.job import resolve_job
 
     argv = sys.argv[1:] if argv is None else argv
     job = resolve_job(file=argv[0], flags={}, overrides=list(argv[1:]), log=None)
-    return run_torchrun_rank(job)
+    return run_torchrun_rank(job, early_interrupts=early_interrupts)
 
 
 if __name__ == "__main__":

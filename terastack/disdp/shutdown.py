@@ -87,11 +87,15 @@ def destroy_group() -> None:
         pass
 
 
-def defer_interrupts() -> None:
-    """Rank 0: SIGINT is noted, and raised as KeyboardInterrupt at the next :func:`stop_point`."""
+def defer_interrupts(earlier: list | None = None) -> None:
+    """Rank 0: SIGINT is noted, and raised as KeyboardInterrupt at the next :func:`stop_point`. ``earlier``: the
+    SIGINTs an earlier handler noted (non-empty: one is pending), read once this handler is in place so that
+    none is lost between the two."""
     _interrupt.clear()
     _raised.clear()
     signal.signal(signal.SIGINT, lambda signum, frame: _interrupt.set())
+    if earlier:
+        _interrupt.set()
 
 
 def follow_interrupts() -> None:

@@ -3,8 +3,11 @@ that continues from it ([Note: an interrupted run]). Every command that runs a j
 ``terastack dist train``) ends an interrupted run with exit status :data:`INTERRUPTED_EXIT` and this line."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import signal
+import threading
 from pathlib import Path
 
 #: the exit status of an interrupted job (128 + SIGINT, as a shell reports it)
@@ -63,3 +66,28 @@ def interrupted_line(*, step: int | None, total: int | None, last, argv: list[st
         return f"{head}; no checkpoint to resume from ({how})"
     return (f"{head}; last checkpoint {last.path} (step {last.step}); resume with: "
             f"{resume_command(argv, last.path, command=command)}")
+
+
+#: the exit status of a job ended by SIGTERM (128 + SIGTERM, as a shell reports it)
+TERMINATED_EXIT = 143
+
+
+@contextlib.contextmanager
+def terminate_as_exit():
+    """While the block runs, SIGTERM (``kill PID``, a scheduler's stop, a container's shutdown) raises
+    ``SystemExit(143)`` in the main thread instead of ending the process on the spot, so every ``finally`` and
+    ``with`` of the job runs: its scratch store is removed, its output lock and files are released
+    ([Note: a scratch store's owner] in :mod:`terastack.training.scratch_store`). The handler before is put back
+    after the block. Outside the main thread (where Python cannot set handlers) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        raise SystemExit(TERMINATED_EXIT)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -69,3 +69,27 @@ def test_interrupted_line_and_resume_command(tmp_path):
     assert interrupted_line(step=None, total=None, last=None, argv=None) == (
         "interrupted before training started; no checkpoint to resume from (--checkpoint DIR --checkpoint-every N "
         "keeps one)")
+
+
+@pytest.fixture
+def sigint_handler_kept():
+    previous = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_rank_zero_raises_a_noted_sigint_once_at_the_next_stop_point(sigint_handler_kept):
+    from terastack.disdp.shutdown import defer_interrupts, follow_interrupts, stop_point
+
+    defer_interrupts()
+    stop_point()                        # nothing noted: nothing raised
+    signal.raise_signal(signal.SIGINT)  # noted, not raised here
+    with pytest.raises(KeyboardInterrupt):
+        stop_point()
+    signal.raise_signal(signal.SIGINT)
+    stop_point()                        # once: the stop that follows is not interrupted again
+    defer_interrupts([signal.SIGINT])   # one noted before the job's modules were imported (job_rank)
+    with pytest.raises(KeyboardInterrupt):
+        stop_point()
+    follow_interrupts()
+    signal.raise_signal(signal.SIGINT)  # every other rank ignores it

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from terastack.cli import main
-from terastack.gnn.dataset import DatasetError
+from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.importer import load_npy
 
 

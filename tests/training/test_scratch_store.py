@@ -89,3 +89,45 @@ def test_close_is_idempotent_and_open_returns_the_same_directory(tmp_path):
     assert not d.exists()
     with pytest.raises(ValueError, match="prefix"):
         ScratchStore(prefix="run-7")
+
+
+def test_finetune_without_store_removes_a_stale_default_store_and_its_own(tmp_path, monkeypatch, capsys):
+    """``terastack finetune`` with no ``--store``: a default store left by a job that no longer runs (here: this
+    pid with another start time, as after a reuse of the pid) goes first, in one line; its own goes at the end."""
+    import tempfile
+
+    from terastack.cli import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / f"terastack-finetune-{os.getpid()}-{process_start(os.getpid()) + 1}-abcd1234"
+    (stale / "run-0").mkdir(parents=True)
+    (stale / "run-0" / "state.bin").write_bytes(bytes(5000))
+    assert main(["finetune", "--steps", "1", "--seq-len", "32", "offload.calibrate=false"]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("removed ")] == [
+        f"removed {stale}, the default store of a job that no longer runs (pid {os.getpid()}): "
+        f"{format_bytes(5000)} freed"]
+    assert not list(tmp_path.glob("terastack-finetune-*"))
+
+
+TERMINATED_CHILD = """
+import sys
+from terastack.training.interrupt import terminate_as_exit
+from terastack.training.scratch_store import ScratchStore
+with terminate_as_exit(), ScratchStore(prefix=sys.argv[2], root=sys.argv[1]) as d:
+    print(d, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_sigterm_under_terminate_as_exit_removes_the_store(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, "-c", TERMINATED_CHILD, str(tmp_path), PREFIX], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=env)
+    store = p.stdout.readline().strip()
+    assert os.path.isdir(store)
+    p.send_signal(signal.SIGTERM)
+    p.wait()
+    p.stdin.close()
+    assert p.returncode == 143
+    assert not os.path.exists(store) and list(tmp_path.iterdir()) == []

@@ -107,7 +107,7 @@ class OffloadedEngine:
 def run(args: argparse.Namespace) -> int:
     from terastack import trace
     from terastack.training.job import job_flags, resolve_job
-    from terastack.training.interrupt import INTERRUPTED_EXIT, JobInterrupted
+    from terastack.training.interrupt import INTERRUPTED_EXIT, JobInterrupted, terminate_as_exit
     from terastack.training.job_runner import JobRunner, summary_lines
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         trace.tracer.start()
     try:
-        result = runner.run()
+        with terminate_as_exit():   # a plain kill still removes the default store ([Note: a scratch store's owner])
+            result = runner.run()
     except JobInterrupted as exc:
         print(exc, file=log)  # [Note: an interrupted run]: where the run stood and how to go on
         return INTERRUPTED_EXIT

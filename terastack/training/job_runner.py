@@ -221,7 +221,7 @@ class JobRunner:
                                      LoopConfig.from_job(job, total_steps=start.steps_total,
                                                          rows_per_epoch=start.data.rows),
                                      val_batches=start.data.val, metrics=metrics, log=self.loop_log,
-                                     data_info=start.data.info)
+                                     data_info=start.data.info, label=self.choice.command.removeprefix("terastack "))
             if start.snapshot is not None:
                 self.loop.resume(start.snapshot, path=resume)
             return self.loop.run()

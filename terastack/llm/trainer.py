@@ -14,7 +14,6 @@ The step itself reads top to bottom in :func:`terastack.llm.engine.step.train_st
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
@@ -48,38 +47,10 @@ from terastack.plan.budget_search import plan_memory_budget
 from terastack.plan.llm_planner import LLMPlanner
 from terastack.tiers import TieredStore
 from terastack.training.checkpoint import JSONState, RNGState, Snapshot, Stateful, save_checkpoint
+from terastack.training.engine_protocol import StepCount, StepStats
 
 #: the keys a batch (``step``'s arguments, a micro-batch of ``step_accumulated``) may have
 BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
-
-
-@dataclasses.dataclass(slots=True)
-class StepStats:
-    """One optimizer step (all micro-batches of an accumulated one)."""
-
-    step: int
-    loss: float
-    seconds: float
-    tokens: int
-    ssd_read_bytes: int
-    ssd_write_bytes: int
-    device_in_bytes: int
-    grad_norm: float | None
-    #: SSD bytes by kind, read and written ([Note: the byte ledger] in terastack.llm.engine.byte_ledger)
-    bytes_by_kind: dict = dataclasses.field(default_factory=dict)
-
-
-class StepCount:
-    """Optimizer steps a trainer has taken: its progress, as a checkpoint component."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def state_dict(self) -> dict:
-        return {"step": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = int(state["step"])
 
 
 #: names of a trainer checkpoint's components that a caller's components may not take (``extra`` they may)
@@ -173,11 +144,11 @@ class Trainer:
     @property
     def step_count(self) -> int:
         """Optimizer steps taken (a resumed trainer counts its checkpoint's)."""
-        return self.progress.steps
+        return self.progress.step
 
     @step_count.setter
     def step_count(self, value: int) -> None:
-        self.progress.steps = value
+        self.progress.step = value
 
     @property
     def resumed_point(self) -> StepPoint | None:

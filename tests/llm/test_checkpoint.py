@@ -117,6 +117,7 @@ KILL_DRIVER = r"""
 import os, signal, sys, torch
 sys.path.insert(0, {tests!r})
 from llm_helpers import batches
+from terastack.training.job import JobConfig
 from terastack.llm import Trainer, TrainerConfig
 from terastack.llm import engine_state
 from terastack.tiers import TieredStore
@@ -142,7 +143,7 @@ def killed_release(self, snap):  # LATEST names the new snapshot; the previous c
 TieredStore.commit, checkpoint.atomic_write_json = killed_commit, killed_pointer
 engine_state.EngineState.checkpoint_saved = killed_release
 
-cfg = TrainerConfig(**{cfg!r})
+cfg = TrainerConfig(JobConfig(**{cfg!r}))
 data = batches(8)
 with Trainer.from_pretrained({model!r}, cfg) as t:
     torch.manual_seed(5)
@@ -180,8 +181,7 @@ def test_kill_9_loses_only_steps_since_the_checkpoint(tmp_path, trainer_config, 
     the store), resumes from its last checkpoint to the same weights as a run never killed."""
     make_model("llama", tmp_path / "model")
     cfg = trainer_config()
-    fields = {k: v for k, v in cfg.to_dict().items() if k != "lora"}
-    fields["store_dir"] = str(tmp_path / "store-killed")
+    fields = cfg.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the job, by section
     script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
                                 ckpt=str(tmp_path / "ckpt"), beside=beside, kill_at=kill_at)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -43,6 +43,7 @@ KILL_DRIVER = r"""
 import os, signal, sys, torch
 sys.path.insert(0, {tests!r})
 from llm_helpers import batches
+from terastack.training.job import JobConfig
 from terastack.llm import Trainer, TrainerConfig, step_checkpoint
 from terastack.tiers import TieredStore
 kill_at, inside, current = {kill_at!r}, [0], [None]
@@ -64,7 +65,7 @@ def killed_commit(self, *a, **k):  # the store names the point's pinned commit; 
     return out
 step_checkpoint.FollowingCheckpoint._write, TieredStore.commit = killed_write, killed_commit
 
-cfg = TrainerConfig(**{cfg!r})
+cfg = TrainerConfig(JobConfig(**{cfg!r}))
 with Trainer.from_pretrained({model!r}, cfg) as t:
     torch.manual_seed(5)
     for i, ids in enumerate(batches({steps})):
@@ -81,8 +82,7 @@ def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_a
     finishes step 3 from the last snapshot's point and reaches the uninterrupted run's losses and weights."""
     make_llama(tmp_path / "model")
     cfg = trainer_config(**STREAMED)
-    fields = {k: v for k, v in cfg.to_dict().items() if k != "lora"}
-    fields["store_dir"] = str(tmp_path / "store-killed")
+    fields = cfg.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the job, by section
     script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
                                 ckpt=str(tmp_path / "ckpt"), kill_at=kill_at, steps=STEPS)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

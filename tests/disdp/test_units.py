@@ -209,7 +209,8 @@ def _server(layout, index):
 
 def test_checkpoint_round_trip_and_damage_detection(tmp_path):
     """The servers' state through the checkpoint manager: the parameters read back by name, each server's
-    slices of parameters and moments by its resume, a damaged byte caught by the checksum."""
+    slices of parameters and moments by its resume (on another number of servers), a damaged byte caught by the
+    checksum."""
     from terastack.disdp.server_state import ServerState, load_parameters, resume_server
     from terastack.training.checkpoint import save_checkpoint
     from terastack.training.engine_protocol import StepCount
@@ -226,11 +227,12 @@ def test_checkpoint_round_trip_and_damage_detection(tmp_path):
     assert step == 3 and loaded.keys() == params.keys()
     for name, p in params.items():
         assert torch.equal(loaded[name], p.detach())
-    for s in range(2):
-        server = _server(layout, s)
+    three = Layout.of(model, servers=3)   # the state is unsharded: any number of servers resumes it
+    for s in range(3):
+        server = _server(three, s)
         assert resume_server(server, tmp_path) == 3
-        for b in range(len(layout.buckets)):
-            lo, hi = layout.shard(b, s)
+        for b in range(len(three.buckets)):
+            lo, hi = three.shard(b, s)
             assert torch.equal(server.params.get(b), flats[b][lo:hi])
             m, v = server.moments.get(b, 1.0)
             assert torch.equal(m, moments[b][0][lo:hi]) and torch.equal(v, moments[b][1][lo:hi])

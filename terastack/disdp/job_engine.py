@@ -32,6 +32,7 @@ from terastack.disdp.worker import ShardedModel
 from terastack.training.engine_protocol import StepCount, StepStats
 from terastack.units import parse_bytes
 
+
 class JobWorker:
     """Worker i's part of every pass: the unmodified model, parameters arriving and gradients leaving per
     bucket through its agent (a thread pair per pass, or the agent process)."""

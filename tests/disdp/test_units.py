@@ -188,6 +188,26 @@ def test_train_config_validation_and_shipped_toml():
         assert cfg.roles().world_size >= 3
 
 
+def test_demo_role_settings_are_the_jobs_disdp_section(tmp_path):
+    """The demo's role settings are the job's disdp section (its defaults, its checks), read by flat names."""
+    import pickle
+
+    from terastack.training.job.sections import DisdpSection
+
+    assert TrainConfig().disdp == DisdpSection()
+    cfg = TrainConfig(workers=3, state="ssd", steps=2, run_dir=str(tmp_path))
+    assert cfg.disdp == DisdpSection(workers=3, state="ssd", run_dir=str(tmp_path)) and cfg.workers == 3
+    assert cfg.steps == 2 and cfg.checkpoint_dir == str(tmp_path / "checkpoints")
+    assert TrainConfig().run_dir == "runs/dist"
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg and pickle.loads(pickle.dumps(cfg)) == cfg
+    cfg.progress = False
+    assert cfg.disdp.progress is False
+    with pytest.raises(ValueError, match="threads"):
+        cfg.threads = 0
+    with pytest.raises(TypeError, match="wokers"):
+        TrainConfig(wokers=3)
+
+
 def test_bad_toml_field_is_named(tmp_path):
     path = tmp_path / "job.toml"
     path.write_text("[train]\nworkers = 2\nwokers = 3\n")

@@ -7,11 +7,11 @@ import os
 import torch
 import torch.distributed as dist
 
-from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.comm import join_process_group
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.buckets import Layout
 from terastack.disdp.job_stats import optimizer_state_bytes, write_stats
+from terastack.disdp.server_state import save_parameters
 
 
 def init_baseline(config: TrainConfig, system: str) -> tuple[int, int]:
@@ -33,7 +33,6 @@ def finish_baseline(config: TrainConfig, rank: int, stats: dict) -> int:
 
 
 def save_final(config: TrainConfig, layout: Layout, flats: list[torch.Tensor], step: int) -> None:
-    """Write full parameters as a one-shard checkpoint (how the baselines hand back their result)."""
-    one = Layout(layout.buckets, 1)
-    ckpt.write_shard(config.checkpoint_dir, step, 0, {f"b{b}.param": f for b, f in enumerate(flats)}, {})
-    ckpt.commit_index(config.checkpoint_dir, step, one, {"model": config.model_spec().to_dict()})
+    """Write full parameters as a checkpoint of the servers' state without moments (how the baselines hand back
+    their result)."""
+    save_parameters(config.checkpoint_dir, layout, flats, step)

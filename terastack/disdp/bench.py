@@ -26,7 +26,7 @@ from pathlib import Path
 
 from terastack.disdp import bench_models
 from terastack.disdp.bench_ps import ps_scaling
-from terastack.disdp.shard_checkpoint import load_parameters
+from terastack.disdp.server_state import load_parameters
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import JOB_MODULE, launch_local
 from terastack.disdp.reference import max_abs_diff, train_single_process

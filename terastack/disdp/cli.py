@@ -12,7 +12,6 @@ step-time model).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -90,8 +89,7 @@ def config_from_args(args: argparse.Namespace):
     from terastack.disdp.train_config import TrainConfig
 
     base = TrainConfig.from_toml(args.config).to_dict() if args.config else {}
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    for name in fields:
+    for name in TrainConfig.FIELDS:
         value = getattr(args, name, None)
         if value is not None:
             base[name] = value

@@ -25,8 +25,8 @@ from A to B waits until B posts its receive. A worker's agent receives
 parameters from a server on one thread while it sends gradients to the same
 server on another, in an interleaving that depends on timing; on one group
 the two ranks could post them in different orders and wait on each other. So
-parameters (server -> agent, agent process -> worker, a server's checkpoint
-confirmation) travel on the ``PARAMS`` channel and gradients (agent ->
+parameters (server -> agent, agent process -> worker, a server's slices of a
+checkpoint) travel on the ``PARAMS`` channel and gradients (agent ->
 aggregator or server, aggregator -> server, worker -> agent process) on the
 ``GRADS`` channel: on each channel a pair of ranks has one sender and one
 receiver, each posting from one thread in schedule order.
@@ -74,7 +74,7 @@ class Kind(enum.IntEnum):
     AGG_GRAD = 3     # aggregator -> server: the reduced gradient chunk
     RELAY_PARAM = 4  # agent process -> its worker: a whole bucket of parameters
     RELAY_GRAD = 5   # worker -> its agent process: a whole bucket of gradients
-    CKPT = 6         # server -> server 0: "my shard of step k is durable"
+    CKPT = 6         # server -> server 0: its slices of a checkpoint (terastack.disdp.server_state)
     STATS = 7        # worker -> its agent process: the loss of a step
 
 
@@ -183,7 +183,7 @@ def talking_pairs(roles: RoleMap) -> list[tuple[Channel, int, int]]:
     agents = roles.agent_ranks()
     for s in servers:
         if s != servers[0]:
-            add(Channel.PARAMS, s, servers[0])   # a checkpoint's confirmation
+            add(Channel.PARAMS, s, servers[0])   # a checkpoint's slices
         for a in agents:
             add(Channel.PARAMS, s, a)
             if not roles.aggregator:

@@ -27,11 +27,10 @@ from terastack.disdp.aggregator import Aggregator
 from terastack.disdp.control import Command, Control, Op, split_rows, target_tokens
 from terastack.disdp.roles import Role
 from terastack.disdp.server import AdamWConfig, ParameterServer, scratch_dir
+from terastack.disdp.server_state import COMPONENT, KINDS, ServerState
 from terastack.disdp.worker import ShardedModel
-from terastack.training.engine_protocol import StepStats  # one optimizer step as rank 0 saw it
+from terastack.training.engine_protocol import StepCount, StepStats
 from terastack.units import parse_bytes
-
-KINDS = ("param", "exp_avg", "exp_avg_sq")
 
 
 class JobWorker:
@@ -67,53 +66,6 @@ class JobWorker:
         if self.relay is None:
             link.close()
         return float(loss.detach())
-
-
-class ServerState:
-    """The servers' state as a checkpoint holds it, unsharded (a job resumes on any number of servers): per
-    bucket the fp32 parameters and AdamW's moments, and AdamW's step. Saving streams it bucket by bucket from
-    the servers (``pull(b)``: the bucket's three tensors); loading keeps the snapshot's handles, read one tensor
-    at a time ([Note: what a component's state holds] in terastack.training.checkpoint)."""
-
-    def __init__(self, layout, *, pull=None, adam_step: float = 0.0):
-        self.layout = layout
-        self.pull = pull
-        self.adam_step = adam_step
-        self.stored: dict = {}
-
-    def state_dict(self) -> dict:
-        from terastack.training.checkpoint import StreamedTensor
-
-        out = {"buckets": [b.name for b in self.layout.buckets], "adam_step": self.adam_step,
-               "numel": self.layout.numel}
-        for b, bucket in enumerate(self.layout.buckets):
-            for kind in KINDS:
-                out[f"b{b}.{kind}"] = StreamedTensor(shape=(bucket.numel,), dtype=torch.float32,
-                                                     pieces=lambda b=b, kind=kind: [self.pull(b)[kind]])
-        return out
-
-    def load_state_dict(self, state: dict) -> None:
-        names = [b.name for b in self.layout.buckets]
-        if state.get("buckets") != names or int(state.get("numel", -1)) != self.layout.numel:
-            raise ValueError("--resume: the checkpoint's model differs from this job's (other buckets or sizes)")
-        self.adam_step = float(state["adam_step"])
-        self.stored = {k: v for k, v in state.items() if k.startswith("b")}
-
-    def read(self, b: int, kind: str) -> torch.Tensor:
-        return self.stored[f"b{b}.{kind}"].read().reshape(-1).float()
-
-
-class StepCount:
-    """Optimizer steps taken (a component of the checkpoint)."""
-
-    def __init__(self, step: int = 0):
-        self.step = step
-
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
 
 
 class DisdpEngine:
@@ -210,16 +162,9 @@ class DisdpEngine:
 
         self.control.announce(Command(op=Op.SAVE))
         adam_step = float(self.control.recv(torch.zeros(1, dtype=torch.float64), self.me.roles.server_rank(0)))
-        last: dict = {}
-
-        def pull(b: int) -> dict:   # the manager writes a bucket's three tensors one after the other
-            if last.get("b") != b:
-                last.clear()
-                last.update(b=b, tensors=self._pull(b, moments=True))
-            return last["tensors"]
-
+        state = ServerState(self.me.layout, pull=lambda b: self._pull(b, moments=True), adam_step=adam_step)
         try:
-            return save_checkpoint(path, {"servers": ServerState(self.me.layout, pull=pull, adam_step=adam_step),
+            return save_checkpoint(path, {COMPONENT: state,
                                           "progress": self.progress, "job": JSONState(self.me.job.to_dict()),
                                           **(components or {})}, step=self.step_count)
         finally:
@@ -229,7 +174,7 @@ class DisdpEngine:
         """Load the servers' state and the step from ``snapshot`` (the loop loads its own parts after)."""
         me = self.me
         state = ServerState(me.layout)
-        snapshot.load({"servers": state, "progress": self.progress})
+        snapshot.load({COMPONENT: state, "progress": self.progress})
         self.control.announce(Command(op=Op.LOAD, adam_step=state.adam_step))
         for b in range(len(me.layout.buckets)):   # one tensor in memory at a time
             for k in KINDS:

@@ -25,12 +25,12 @@ import uuid
 from pathlib import Path
 
 from terastack.atomic import atomic_write_json
-from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.comm import backend_for
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.roles import RoleMap
 from terastack.disdp.job_stats import collect_stats, stats_dir
 from terastack.disdp.shutdown import exit_rank
+from terastack.training.checkpoint import latest_step
 
 #: the program every rank of the disaggregated job runs (``python -m MODULE JOB.json``)
 JOB_MODULE = "terastack.disdp.run"
@@ -117,9 +117,9 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_
     job_file = atomic_write_json(run_dir / "job.json", config.to_dict())
 
     def resume_hint() -> str:
-        index = ckpt.read_index(config.checkpoint_dir) if os.path.isdir(config.checkpoint_dir) else None
-        return (f"; the last checkpoint is step {index['step']} in {config.checkpoint_dir}: rerun with --resume to "
-                "continue" if index else "; no checkpoint was completed")
+        step = latest_step(config.checkpoint_dir)
+        return (f"; the last checkpoint is step {step} in {config.checkpoint_dir}: rerun with --resume to "
+                "continue" if step is not None else "; no checkpoint was completed")
 
     launch_ranks(roles, module, [str(job_file)], world_size=world_size or roles.world_size,
                  timeout_s=config.timeout_s, quiet=quiet, resume_hint=resume_hint)

@@ -32,7 +32,6 @@ import torch.distributed as dist
 from torch import nn
 
 from terastack import trace
-from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.agent import AgentCore, AgentProcess, RelayLink, ThreadAgent
 from terastack.disdp.aggregator import Aggregator
 from terastack.disdp.comm import Comm, gloo_group, join_process_group
@@ -42,9 +41,11 @@ from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.workload import ModelSpec, build_model, loss_of, worker_batch
 from terastack.disdp.roles import Role, RoleMap
 from terastack.disdp.server import ParameterServer, scratch_dir
+from terastack.disdp.server_state import resume_server, save_servers
 from terastack.disdp.job_stats import optimizer_state_bytes, write_stats
 from terastack.disdp.worker import ShardedModel
 from terastack.progress import Progress
+from terastack.training.checkpoint import JSONState, latest_step
 
 
 @dataclass(kw_only=True, slots=True)
@@ -63,8 +64,6 @@ class Rank:
     schedule: Schedule
     #: the first step to run (the servers' checkpoint decides when resuming)
     first: int
-    #: the checkpoint index a server resumes from (None: a fresh start, and on every other role)
-    resume_index: dict | None
     #: the gloo group of start-up, the barrier at the end (None: the default group, gloo;
     #: [Note: process-group backend] in terastack.disdp.comm)
     control_group: object = None
@@ -123,11 +122,8 @@ def join(config: TrainConfig) -> Rank | None:
 
     # Start step: the servers' checkpoint decides, server 0 tells everyone.
     start = torch.zeros(1, dtype=torch.int64)
-    resume_index = None
-    if config.resume and role is Role.SERVER:
-        resume_index = ckpt.read_index(config.checkpoint_dir)
-    if role is Role.SERVER and index == 0 and resume_index is not None:
-        start[0] = int(resume_index["step"])
+    if config.resume and role is Role.SERVER and index == 0:
+        start[0] = latest_step(config.checkpoint_dir) or 0
     dist.broadcast(start, src=roles.server_rank(0), group=group)
     first = int(start[0])
     if rank == 0:
@@ -143,8 +139,7 @@ def join(config: TrainConfig) -> Rank | None:
         dist.destroy_process_group()
         return None
     return Rank(config=config, rank=rank, role=role, index=index, roles=roles, comm=comm, spec=spec,
-                meta_model=meta_model, layout=layout, schedule=schedule, first=first, resume_index=resume_index,
-                control_group=group)
+                meta_model=meta_model, layout=layout, schedule=schedule, first=first, control_group=group)
 
 
 def check_same_layout(layout: Layout, roles: RoleMap, rank: int, *, group=None) -> None:
@@ -215,7 +210,7 @@ def run_worker(me: Rank) -> dict:
 def run_server(me: Rank) -> dict:
     """AdamW on this shard's slice of every bucket; checkpoints every ``checkpoint_every`` steps and at the end."""
     config, layout = me.config, me.layout
-    if me.resume_index is not None:
+    if me.first:   # resumed: the checkpoint's state replaces these
         initial = [torch.zeros(b.numel) for b in layout.buckets]
     else:
         initial = layout.flatten(dict(build_model(me.spec, seed=config.seed).named_parameters()))
@@ -224,9 +219,13 @@ def run_server(me: Rank) -> dict:
                              index=me.index, roles=me.roles, comm=me.comm, layout=layout, schedule=me.schedule,
                              adamw_config=config.adamw(), initial=initial)
     del initial
-    if me.resume_index is not None:
-        server.resume(config.checkpoint_dir, me.resume_index)
-    extra = {"model": me.spec.to_dict(), "seed": config.seed}
+    if me.first:
+        resumed = resume_server(server, config.checkpoint_dir)
+        if resumed != me.first:   # another job wrote a checkpoint meanwhile
+            raise ValueError(f"checkpoint {config.checkpoint_dir}: server {me.index} found step {resumed}, server 0 "
+                             f"step {me.first}")
+    # the demo's settings beside the servers' state (the model and the seed say what the state is of)
+    config_state = JSONState(config.to_dict())
     step_s = []
     try:
         for step in me.steps:
@@ -236,7 +235,7 @@ def run_server(me: Rank) -> dict:
             step_s.append(time.perf_counter() - t0)
             done = step + 1
             if done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0):
-                server.checkpoint(config.checkpoint_dir, done, extra=extra)
+                save_servers(server, config.checkpoint_dir, done, components={"config": config_state})
     finally:
         server.close()
     return dict(step_s=step_s, ingress_bytes=server.ingress_bytes, update_s=server.update_s,

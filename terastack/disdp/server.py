@@ -66,7 +66,6 @@ from torch.optim.adamw import adamw
 
 from terastack import trace
 from terastack.constants import padded_size
-from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.comm import Comm, Kind, Pending, tag
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.roles import RoleMap
@@ -391,28 +390,6 @@ class ParameterServer:
     def optimizer_bytes(self) -> int:
         return sum(self.params.numel(b) for b in self.buckets) * 8
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        out = {}
-        # Early sends of the next step may be in flight: they only read the parameters, as this does.
-        for b in self.buckets:
-            m, v = self.moments.get(b, self.comm.timeout_s)
-            out[f"b{b}.param"] = self.params.get(b).clone()
-            self.params.release(b)
-            out[f"b{b}.exp_avg"] = m.clone()
-            out[f"b{b}.exp_avg_sq"] = v.clone()
-            self.moments.release(b)
-        self.moments.flush()
-        return out
-
-    def load_state(self, tensors: dict[str, torch.Tensor], adam_step: float) -> None:
-        for b in self.buckets:
-            name = f"b{b}.param"
-            if name not in tensors or tensors[name].numel() != self.params.numel(b):
-                raise ValueError(f"checkpoint shard of server {self.index} does not match the model: "
-                                 f"tensor {name!r} missing or of the wrong size")
-            self.load_bucket(b, tensors[name], tensors[f"b{b}.exp_avg"], tensors[f"b{b}.exp_avg_sq"], adam_step)
-        self.moments.flush()
-
     def load_bucket(self, b: int, param: torch.Tensor, m: torch.Tensor, v: torch.Tensor, adam_step: float) -> None:
         """Bucket ``b``'s slice of a checkpoint (its parameters, moments and AdamW's step)."""
         self.params.get(b).copy_(param)
@@ -607,31 +584,6 @@ class ParameterServer:
             self.params.release(b, dirty=True)
             self.moments.release(b)
         self.update_s += time.perf_counter() - t0
-
-    # ----------------------------------------------------------- checkpoint
-    def checkpoint(self, root: str, step: int, *, extra: dict) -> None:
-        """Write this shard of the state after ``step`` steps; server 0 indexes it once all shards are durable."""
-        with trace.span(f"checkpoint step {step}", track=f"server{self.index}"):
-            ckpt.write_shard(root, step, self.index, self.state_dict(),
-                             {"adam_step": float(self.adam_steps[0].item())})
-            done = torch.tensor([step], dtype=torch.int64)
-            if self.index == 0:
-                for s in range(1, self.roles.servers):
-                    got = self.comm.recv(torch.zeros(1, dtype=torch.int64), self.roles.server_rank(s),
-                                         tag(Kind.CKPT, 0), f"checkpoint confirmation of step {step}")
-                    if int(got.item()) != step:
-                        raise RuntimeError(f"server {s} confirmed checkpoint step {int(got.item())}, expected {step}")
-                ckpt.commit_index(root, step, self.layout, extra)
-            else:
-                self.comm.send(done, self.roles.server_rank(0), tag(Kind.CKPT, 0),
-                               f"checkpoint confirmation of step {step}")
-
-    def resume(self, root: str, index: dict) -> None:
-        if int(index["servers"]) != self.roles.servers or index["fingerprint"] != self.layout.fingerprint():
-            raise ValueError(f"checkpoint in {root} was written by {index['servers']} servers for a different "
-                             "model layout; resume with the same model and --servers")
-        tensors, meta = ckpt.read_shard(root, index, self.index)
-        self.load_state(tensors, float(meta.get("adam_step", index["step"])))
 
     def host_state_bytes(self) -> int:
         """The most host bytes this shard's state took: its tensors in memory, or its store's peak."""

@@ -1,83 +1,61 @@
-"""A training job's settings: :class:`TrainConfig` (from flags, TOML or the job file every rank reads) and
-the fault-injection spec ``--kill-at`` that resilience tests use."""
+"""The demo's settings: :class:`TrainConfig` (from flags, TOML or the job file every rank reads), and the
+fault-injection spec ``--kill-at`` that resilience tests use.
+
+[Note: the demo's settings are the job's where they are the same]
+The roles and their processes (workers, servers, agents, the state's place, timeouts, ...) are the job's
+``disdp`` section (:class:`~terastack.training.job.sections.DisdpSection`): one name, one default and one check
+per setting, whether ``terastack dist train`` or ``terastack dist demo`` runs them. What only the demo has -- its
+model of random tokens, its steps, the servers' AdamW and its checkpoints -- is :class:`DemoSettings`, whose
+defaults are those of the model spec and of the servers' AdamW. A :class:`TrainConfig` is the two, read and
+written by their flat names (``TrainConfig(workers=2, steps=3)``, ``config.workers``, the ``[train]`` table);
+``run_dir``, which the job leaves unset for the engine to choose, is ``runs/dist`` for the demo.
+"""
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass
 
-from terastack.configfile import config_from_dict, read_toml_table
-from terastack.disdp.comm import DEVICES
+from terastack.configfile import read_toml_table
+from terastack.disdp.roles import Role, RoleMap
+from terastack.disdp.server import AdamWConfig
 from terastack.disdp.workload import ModelSpec
-from terastack.disdp.roles import AGENT_MODES, Role, RoleMap
-from terastack.disdp.server import STATES, AdamWConfig
+from terastack.training.job.sections import DisdpSection
+from terastack.training.job.setting import SettingError
+
+#: the demo's run directory when ``run_dir`` is not given (the job leaves it unset: the engine chooses)
+DEFAULT_RUN_DIR = "runs/dist"
+_SPEC, _ADAMW = ModelSpec(), AdamWConfig()
 
 
 @dataclass(kw_only=True, slots=True)
-class TrainConfig:
-    workers: int = 2
-    servers: int = 1
-    aggregator: bool = True
-    agents: str = "thread"
-    model: str = "tiny-llama"
-    dim: int = 64
-    layers: int = 2
-    vocab: int = 256
-    heads: int = 4
-    seq_len: int = 32
+class DemoSettings:
+    """What only the demo has ([Note: the demo's settings are the job's where they are the same])."""
+
+    model: str = _SPEC.name
+    dim: int = _SPEC.dim
+    layers: int = _SPEC.layers
+    vocab: int = _SPEC.vocab
+    heads: int = _SPEC.heads
+    seq_len: int = _SPEC.seq_len
     micro_batch: int = 4
     steps: int = 10
     seed: int = 0
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    #: where the servers keep optimizer state: "memory" or "ssd" (through terastack.tiers)
-    state: str = "memory"
-    run_dir: str = "runs/dist"
+    lr: float = _ADAMW.lr
+    beta1: float = _ADAMW.beta1
+    beta2: float = _ADAMW.beta2
+    eps: float = _ADAMW.eps
+    weight_decay: float = _ADAMW.weight_decay
     #: checkpoint every N steps (0: only after the last step)
     checkpoint_every: int = 0
     resume: bool = False
-    #: bucket deliveries an agent may run ahead of its worker's compute
-    prefetch: int = 2
-    #: release each layer after its forward and fetch it again for its backward (ZeRO-3 / FSDP behaviour)
-    reshard: bool = True
-    #: bound on every wait (seconds); a peer silent for longer is reported by rank and role
-    timeout_s: float = 120.0
-    #: torch intra-op threads per process
-    threads: int = 1
-    #: niceness added to servers, the aggregator and agent processes: roles that stand in for separate
-    #: hardware (SmartNIC, switch, storage servers) yield the CPU to the workers when they share a machine
-    helper_nice: int = 10
-    #: fault injection for resilience tests: "ROLE:INDEX:STEP[:FAULT]" kills that rank with SIGKILL (FAULT
-    #: "kill", the default) or makes it stop answering ("hang") at the start of that step
-    kill_at: str = ""
-    progress: bool = True
-    #: write a Chrome trace per rank into this directory
-    trace_dir: str = ""
-    #: where the ranks' messages travel: "cpu" (gloo) or "cuda" (NCCL, each rank on GPU LOCAL_RANK;
-    #: [Note: process-group backend] in terastack.disdp.comm)
-    device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for f in ("workers", "servers", "micro_batch", "steps", "prefetch", "threads"):
+        for f in ("micro_batch", "steps"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f}: must be >= 1, got {getattr(self, f)}")
-        if self.agents not in AGENT_MODES:
-            raise ValueError(f"agents: must be one of {', '.join(AGENT_MODES)}; got {self.agents!r}")
-        if self.state not in STATES:
-            raise ValueError(f"state: must be one of {', '.join(STATES)}; got {self.state!r}")
-        if not 0 <= self.helper_nice <= 19:
-            raise ValueError(f"helper_nice: must be in [0, 19], got {self.helper_nice}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every: must be >= 0, got {self.checkpoint_every}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
-        if self.device not in DEVICES:
-            raise ValueError(f"device: must be one of {', '.join(DEVICES)}; got {self.device!r}")
-        if self.kill_at:
-            parse_kill_at(self.kill_at)
         self.model_spec()
         self.adamw()
 
@@ -89,6 +67,64 @@ class TrainConfig:
         return AdamWConfig(lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
                            weight_decay=self.weight_decay)
 
+
+SECTION_FIELDS = tuple(f.name for f in dataclasses.fields(DisdpSection))
+DEMO_FIELDS = tuple(f.name for f in dataclasses.fields(DemoSettings))
+
+
+class TrainConfig:
+    """The demo's settings by their flat names: the job's ``disdp`` section and :class:`DemoSettings` ([Note:
+    the demo's settings are the job's where they are the same])."""
+
+    __slots__ = ("disdp", "demo")
+    #: every setting's name
+    FIELDS = SECTION_FIELDS + DEMO_FIELDS
+
+    def __init__(self, **settings):
+        unknown = sorted(set(settings) - set(self.FIELDS))
+        if unknown:
+            raise TypeError(f"TrainConfig: unknown setting {', '.join(unknown)} (known: {', '.join(self.FIELDS)})")
+        try:
+            section = DisdpSection(**{k: v for k, v in settings.items() if k in SECTION_FIELDS})
+        except SettingError as exc:   # named as the demo names it
+            raise ValueError(f"{exc.path.partition('.')[2]}: {exc.reason}") from None
+        if section.kill_at:
+            parse_kill_at(section.kill_at)
+        object.__setattr__(self, "disdp", section)
+        object.__setattr__(self, "demo", DemoSettings(**{k: v for k, v in settings.items() if k in DEMO_FIELDS}))
+
+    def __getattr__(self, name: str):
+        if name in DEMO_FIELDS:
+            return getattr(self.demo, name)
+        if name == "run_dir":
+            return self.disdp.run_dir or DEFAULT_RUN_DIR
+        if name in SECTION_FIELDS:
+            return getattr(self.disdp, name)
+        raise AttributeError(f"TrainConfig has no setting {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        changed = self.replace(**{name: value})   # checked as at construction
+        object.__setattr__(self, "disdp", changed.disdp)
+        object.__setattr__(self, "demo", changed.demo)
+
+    def __reduce__(self):
+        return TrainConfig.from_dict, (self.to_dict(),)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TrainConfig) and other.to_dict() == self.to_dict()
+
+    def __repr__(self) -> str:
+        return f"TrainConfig({self.to_dict()!r})"
+
+    def replace(self, **settings) -> "TrainConfig":
+        return TrainConfig(**(self.to_dict() | settings))
+
+    def model_spec(self) -> ModelSpec:
+        return self.demo.model_spec()
+
+    def adamw(self) -> AdamWConfig:
+        return self.demo.adamw()
+
     def roles(self) -> RoleMap:
         return RoleMap(workers=self.workers, servers=self.servers, aggregator=self.aggregator, agents=self.agents)
 
@@ -97,12 +133,17 @@ class TrainConfig:
         return os.path.join(self.run_dir, "checkpoints")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every setting by its flat name (``run_dir`` as the demo reads it)."""
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "config") -> "TrainConfig":
+        unknown = sorted(set(data) - set(cls.FIELDS))
+        if unknown:
+            raise ValueError(f"{source}: unknown dist config fields: {', '.join(unknown)} (known: "
+                             f"{', '.join(sorted(cls.FIELDS))})")
         try:
-            return config_from_dict(cls, data, what="dist config")
+            return cls(**data)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
 

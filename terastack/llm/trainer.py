@@ -14,7 +14,6 @@ The step itself reads top to bottom in :func:`terastack.llm.engine.step.train_st
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
@@ -47,38 +46,10 @@ from terastack.llm.engine.family_check import check_family, needs_check
 from terastack.llm.engine.streamed_units import install_units
 from terastack.plan.accumulation_specs import accumulation_spec
 from terastack.tiers import TieredStore
+from terastack.training.engine_protocol import StepCount, StepStats
 
 #: the keys a batch (``step``'s arguments, a micro-batch of ``step_accumulated``) may have
 BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
-
-
-@dataclasses.dataclass(slots=True)
-class StepStats:
-    """One optimizer step (all micro-batches of an accumulated one)."""
-
-    step: int
-    loss: float
-    seconds: float
-    tokens: int
-    ssd_read_bytes: int
-    ssd_write_bytes: int
-    device_in_bytes: int
-    grad_norm: float | None
-    #: SSD bytes by kind, read and written ([Note: the byte ledger] in terastack.llm.engine.byte_ledger)
-    bytes_by_kind: dict = dataclasses.field(default_factory=dict)
-
-
-class StepCount:
-    """Optimizer steps a trainer has taken: its progress, as a checkpoint component."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def state_dict(self) -> dict:
-        return {"step": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = int(state["step"])
 
 
 class Trainer(TrainerCheckpoints):
@@ -189,11 +160,11 @@ class Trainer(TrainerCheckpoints):
     @property
     def step_count(self) -> int:
         """Optimizer steps taken (a resumed trainer counts its checkpoint's)."""
-        return self.progress.steps
+        return self.progress.step
 
     @step_count.setter
     def step_count(self, value: int) -> None:
-        self.progress.steps = value
+        self.progress.step = value
 
     @property
     def resumed_point(self) -> StepPoint | None:

@@ -346,6 +346,16 @@ def _latest_name(root: Path) -> str | None:
         return None
 
 
+def latest_step(path: str | os.PathLike) -> int | None:
+    """The step of checkpoint ``path``'s LATEST snapshot; None when it has none (no directory, no pointer)."""
+    try:
+        return int(json.loads((Path(path) / LATEST).read_text())["step"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"checkpoint pointer {Path(path) / LATEST} is unreadable ({exc})") from None
+
+
 def _write_tensor(f, offset: int, value, key: str) -> dict:
     pieces = [value] if isinstance(value, torch.Tensor) else value.pieces()
     shape = list(value.shape)

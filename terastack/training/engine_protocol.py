@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
@@ -46,8 +46,9 @@ class StepRecord(Protocol):
 
 @dataclass(slots=True)
 class StepStats:
-    """A :class:`StepRecord` as a plain record, for an engine with nothing more to say about a step (the byte
-    counters stay 0 where the engine moves no bytes between tiers; ``grad_norm`` None where it is not measured)."""
+    """One optimizer step (all micro-batches of an accumulated one), the :class:`StepRecord` of every engine (the
+    byte counters stay 0 where the engine moves no bytes between tiers; ``grad_norm`` None where it is not
+    measured)."""
 
     step: int
     loss: float
@@ -57,6 +58,23 @@ class StepStats:
     ssd_write_bytes: int = 0
     device_in_bytes: int = 0
     grad_norm: float | None = None
+    #: SSD bytes by kind, read and written, where the engine keeps a ledger ([Note: the byte ledger] in
+    #: terastack.llm.engine.byte_ledger)
+    bytes_by_kind: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepCount:
+    """Optimizer steps taken, as a checkpoint component (``{"step": n}``): an engine's progress (its ``progress``
+    component) and the loop's (its ``loop`` component) are both one of these."""
+
+    step: int = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
 
 
 class ParameterCounts(Protocol):

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from terastack.training.data.epochs import DataOrder
-from terastack.training.engine_protocol import TrainingEngine
+from terastack.training.engine_protocol import StepCount, TrainingEngine
 from terastack.training.lr_schedule import LRSchedule, warmup_from_ratio
 from terastack.training.metrics import MetricsLog, count_tokens, eval_record, model_flops_per_token, step_record
 from terastack.training.data.examples import validation_loss
@@ -68,19 +68,6 @@ def job_schedule(job, *, lr: float, total_steps: int) -> LRSchedule:
     warmup = t.warmup_steps if t.warmup_steps is not None else warmup_from_ratio(t.warmup_ratio or 0.0, total_steps)
     return LRSchedule(LRSchedule.Config(kind=t.lr_schedule, lr=lr, total_steps=total_steps, warmup_steps=warmup,
                                         min_lr=t.min_lr))
-
-
-@dataclass(slots=True)
-class LoopState:
-    """Where the job stands: optimizer steps taken (the micro-batches consumed: :class:`DataOrder`)."""
-
-    step: int = 0
-
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
 
 
 class DataSource:
@@ -157,7 +144,7 @@ class FinetuneLoop:
         self.data_source = DataSource(data_info)
         self.flops_per_token = model_flops_per_token(trainer.profile.total_params, trainer.profile.trainable_params)
         step = trainer.step_count
-        self.state = LoopState(step=step)
+        self.state = StepCount(step)  # the step of the loop (its "loop" component)
         #: the newest checkpoint of this job (the resumed one until this run writes one); None: none yet
         self.last_checkpoint: LastCheckpoint | None = None
         #: (real, target) tokens of the last optimizer step

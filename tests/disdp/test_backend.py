@@ -96,7 +96,7 @@ def test_on_each_channel_a_pair_of_roles_talks_one_way():
             sa, da = route[a][0], set(route[a][1].split("|"))
             sb, db = route[b][0], set(route[b][1].split("|"))
             # b in the reverse direction of a: b's sender is among a's receivers and a's sender among b's
-            # (server -> server is the checkpoint confirmation, always to server 0: one way)
+            # (server -> server is a checkpoint's slices, always to server 0: one way)
             reverse = sb in da and sa in db and not (a == b == Kind.CKPT)
             assert not reverse, (a, b)
 
@@ -106,7 +106,7 @@ def test_on_each_channel_a_pair_of_roles_talks_one_way():
                                    RoleMap(workers=1, servers=2, aggregator=False, agents="process")],
                          ids=["agg", "noagg", "agentproc", "agentproc-noagg"])
 def test_the_pairs_connected_at_start_are_those_that_talk(roles):
-    """Every route of a step (and of a checkpoint's confirmation) is among the pairs :meth:`Comm.connect` makes at
+    """Every route of a step (and of a checkpoint's slices) is among the pairs :meth:`Comm.connect` makes at
     start-up, and nothing else is."""
     from terastack.disdp.comm import talking_pairs
 

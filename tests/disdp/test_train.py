@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from terastack.disdp.shard_checkpoint import load_parameters
+from terastack.disdp.server_state import load_parameters
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import JobFailed, launch_local
 from terastack.disdp.reference import max_abs_diff, train_single_process

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from terastack.disdp import shard_checkpoint as ckpt
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import JobFailed, describe_failures
 from terastack.disdp.buckets import Layout, Schedule
@@ -189,6 +188,26 @@ def test_train_config_validation_and_shipped_toml():
         assert cfg.roles().world_size >= 3
 
 
+def test_demo_role_settings_are_the_jobs_disdp_section(tmp_path):
+    """The demo's role settings are the job's disdp section (its defaults, its checks), read by flat names."""
+    import pickle
+
+    from terastack.training.job.sections import DisdpSection
+
+    assert TrainConfig().disdp == DisdpSection()
+    cfg = TrainConfig(workers=3, state="ssd", steps=2, run_dir=str(tmp_path))
+    assert cfg.disdp == DisdpSection(workers=3, state="ssd", run_dir=str(tmp_path)) and cfg.workers == 3
+    assert cfg.steps == 2 and cfg.checkpoint_dir == str(tmp_path / "checkpoints")
+    assert TrainConfig().run_dir == "runs/dist"
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg and pickle.loads(pickle.dumps(cfg)) == cfg
+    cfg.progress = False
+    assert cfg.disdp.progress is False
+    with pytest.raises(ValueError, match="threads"):
+        cfg.threads = 0
+    with pytest.raises(TypeError, match="wokers"):
+        TrainConfig(wokers=3)
+
+
 def test_bad_toml_field_is_named(tmp_path):
     path = tmp_path / "job.toml"
     path.write_text("[train]\nworkers = 2\nwokers = 3\n")
@@ -196,44 +215,72 @@ def test_bad_toml_field_is_named(tmp_path):
         TrainConfig.from_toml(path)
 
 
-def _write_checkpoint(root, layout, step, per_server):
-    for s in range(layout.servers):
-        ckpt.write_shard(root, step, s, per_server[s], {"adam_step": float(step)})
-    ckpt.commit_index(root, step, layout, {})
+def _server(layout, index):
+    """A memory-state server of ``layout`` (nothing sent: its endpoint is never connected)."""
+    from terastack.disdp.comm import Comm
+    from terastack.disdp.server import AdamWConfig, ParameterServer
+
+    roles = RoleMap(workers=1, servers=layout.servers)
+    return ParameterServer(ParameterServer.Config(state="memory", store_root=""), index=index, roles=roles,
+                           comm=Comm(roles, roles.server_rank(index), timeout_s=1.0), layout=layout,
+                           schedule=Schedule(layout, reshard=True), adamw_config=AdamWConfig(),
+                           initial=[torch.zeros(b.numel) for b in layout.buckets])
 
 
 def test_checkpoint_round_trip_and_damage_detection(tmp_path):
+    """The servers' state through the checkpoint manager: the parameters read back by name, each server's
+    slices of parameters and moments by its resume (on another number of servers), a damaged byte caught by the
+    checksum."""
+    from terastack.disdp.server_state import ServerState, load_parameters, resume_server
+    from terastack.training.checkpoint import save_checkpoint
+    from terastack.training.engine_protocol import StepCount
+
     model = build_model(TOY, seed=0)
     layout = Layout.of(model, servers=2)
     params = dict(model.named_parameters())
-    flats = [torch.cat([params[p.name].detach().reshape(-1) for p in b.params]) for b in layout.buckets]
-    per_server = []
-    for s in range(2):
-        tensors = {}
-        for b in range(len(layout.buckets)):
-            lo, hi = layout.shard(b, s)
-            tensors[f"b{b}.param"] = flats[b][lo:hi]
-            tensors[f"b{b}.exp_avg"] = torch.full((hi - lo,), 0.5)
-            tensors[f"b{b}.exp_avg_sq"] = torch.full((hi - lo,), 0.25)
-        per_server.append(tensors)
-    _write_checkpoint(tmp_path, layout, 3, per_server)
-    loaded, step = ckpt.load_parameters(tmp_path)
-    assert step == 3
+    flats = layout.flatten(params)
+    moments = [(torch.randn(b.numel), torch.rand(b.numel)) for b in layout.buckets]
+    state = ServerState(layout, pull=lambda b: {"param": flats[b], "exp_avg": moments[b][0],
+                                                "exp_avg_sq": moments[b][1]}, adam_step=3.0)
+    save_checkpoint(tmp_path, {"servers": state, "progress": StepCount(3)}, step=3)
+    loaded, step = load_parameters(tmp_path)
+    assert step == 3 and loaded.keys() == params.keys()
     for name, p in params.items():
         assert torch.equal(loaded[name], p.detach())
+    three = Layout.of(model, servers=3)   # the state is unsharded: any number of servers resumes it
+    for s in range(3):
+        server = _server(three, s)
+        assert resume_server(server, tmp_path) == 3
+        for b in range(len(three.buckets)):
+            lo, hi = three.shard(b, s)
+            assert torch.equal(server.params.get(b), flats[b][lo:hi])
+            m, v = server.moments.get(b, 1.0)
+            assert torch.equal(m, moments[b][0][lo:hi]) and torch.equal(v, moments[b][1][lo:hi])
+            assert float(server.adam_steps[b]) == 3.0
     # A damaged byte is caught by the checksum, naming the file.
-    data = tmp_path / "step-00000003" / "server-1.bin"
+    data = tmp_path / "step-00000003" / "state.bin"
     raw = bytearray(data.read_bytes())
     raw[10] ^= 0xFF
     data.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match="server-1.bin.*checksum"):
-        ckpt.load_parameters(tmp_path)
-    # An index may not point outside its directory.
-    index = json.loads((tmp_path / ckpt.INDEX).read_text())
-    index["dir"] = "../elsewhere"
-    (tmp_path / ckpt.INDEX).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="state.bin.*checksum"):
+        load_parameters(tmp_path)
+    # A pointer may not point outside its directory.
+    (tmp_path / "LATEST").write_text(json.dumps({"checkpoint": "../elsewhere", "step": 3}))
     with pytest.raises(ValueError, match="escapes"):
-        ckpt.load_parameters(tmp_path)
+        load_parameters(tmp_path)
+
+
+def test_a_baselines_parameters_do_not_resume_a_job(tmp_path):
+    """The parameters alone (a baseline's result) read back, and are refused as a job's state."""
+    from terastack.disdp.server_state import load_parameters, resume_server, save_parameters
+
+    model = build_model(TOY, seed=1)
+    layout = Layout.of(model, servers=1)
+    save_parameters(tmp_path, layout, layout.flatten(dict(model.named_parameters())), 4)
+    loaded, step = load_parameters(tmp_path)
+    assert step == 4 and all(torch.equal(loaded[n], p.detach()) for n, p in model.named_parameters())
+    with pytest.raises(ValueError, match="holds no b0.param|holds no b0.exp_avg"):
+        resume_server(_server(layout, 0), tmp_path)
 
 
 def test_failure_message_names_first_dead_rank_and_role(tmp_path):

@@ -180,8 +180,7 @@ def test_kill_9_loses_only_steps_since_the_checkpoint(tmp_path, trainer_config, 
     the store), resumes from its last checkpoint to the same weights as a run never killed."""
     make_model("llama", tmp_path / "model")
     cfg = trainer_config()
-    fields = {k: v for k, v in cfg.to_dict().items() if k != "lora"}
-    fields["store_dir"] = str(tmp_path / "store-killed")
+    fields = cfg.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the settings, by flat name
     script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
                                 ckpt=str(tmp_path / "ckpt"), beside=beside, kill_at=kill_at)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -81,8 +81,7 @@ def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_a
     finishes step 3 from the last snapshot's point and reaches the uninterrupted run's losses and weights."""
     make_llama(tmp_path / "model")
     cfg = trainer_config(**STREAMED)
-    fields = {k: v for k, v in cfg.to_dict().items() if k != "lora"}
-    fields["store_dir"] = str(tmp_path / "store-killed")
+    fields = cfg.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the settings, by flat name
     script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
                                 ckpt=str(tmp_path / "ckpt"), kill_at=kill_at, steps=STEPS)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ from terastack.llm import Trainer
 from terastack.llm.engine_state import open_checkpoint
 from terastack.training.checkpoint import JSONState
 from terastack.training.data.epochs import DataOrder
-from terastack.training.loop import LoopState
+from terastack.training.engine_protocol import StepCount
 from terastack.training.lr_schedule import LRSchedule
 
 from .llm_helpers import batches
@@ -79,7 +79,7 @@ def test_old_checkpoint_resaved_resumes_alike(tmp_path, trainer_config):
 def test_old_checkpoint_loop_state_continues_the_job():
     """The loop state the old format kept in ``extra`` loads into the loop's own components."""
     snap = open_checkpoint(OLD)
-    state, order = LoopState(), DataOrder(seed=0, batch_size=2, rows_per_epoch=8)
+    state, order = StepCount(), DataOrder(seed=0, batch_size=2, rows_per_epoch=8)
     schedule = LRSchedule(LRSchedule.Config(kind="constant", lr=1e-3, total_steps=4))
     assert snap.load({"loop": state, "data_order": order, "lr_schedule": schedule}) == \
         ["loop", "data_order", "lr_schedule"]

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +68,7 @@ from terastack.constants import padded_size
 from terastack.disdp.comm import Comm, Kind, Pending, tag
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.roles import RoleMap
-from terastack.tiers import Tier, TieredStore
+from terastack.disdp.server_memory import HostParams, MemoryMoments, StateStore, TieredMoments, TieredParams
 from terastack.units import format_bytes
 from terastack.training.job.engine_sections import DISDP_STATES
 
@@ -95,209 +94,6 @@ class AdamWConfig:
                 raise ValueError(f"{f}: must be in [0, 1), got {getattr(self, f)}")
         if self.eps <= 0 or self.weight_decay < 0:
             raise ValueError("eps: must be > 0 and weight_decay >= 0")
-
-
-class _MemoryMoments:
-    def __init__(self, shapes: dict[int, int]):
-        self.m = {b: torch.zeros(n) for b, n in shapes.items()}
-        self.v = {b: torch.zeros(n) for b, n in shapes.items()}
-
-    def load(self, b: int, m: torch.Tensor, v: torch.Tensor) -> None:
-        self.m[b].copy_(m)
-        self.v[b].copy_(v)
-
-    def prefetch(self, b: int) -> None:
-        pass
-
-    def get(self, b: int, timeout: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.m[b], self.v[b]
-
-    def release(self, b: int) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def host_bytes(self) -> int:
-        return sum(t.numel() * 4 for t in (*self.m.values(), *self.v.values()))
-
-    def close(self) -> None:
-        pass
-
-
-class StateStore:
-    """The tiered store a server's state rests in, under one host-memory budget ([Note: the server's host
-    memory]): what a bucket's update or send needs is *taken* (read in, making room first), what may be needed
-    next is *read ahead* only into free room, and what was taken is *put back* (written back when modified,
-    then evicted)."""
-
-    def __init__(self, root: Path, budget: int):
-        if root.exists():
-            shutil.rmtree(root)   # scratch space: the durable state is in the checkpoints
-        self.store = TieredStore(TieredStore.Config(root=str(root), host_budget=budget, device_budget=0))
-        self.ledger = self.store.budgets[Tier.HOST]
-        self._ahead: dict[str, object] = {}    # read ahead and not taken yet: name -> future
-        self._writing: list = []               # write-backs under way
-
-    def read_ahead(self, name: str) -> None:
-        if name in self._ahead or self.store.resident(name, Tier.HOST) is not None:
-            return
-        if self.ledger.free >= self.store.padded(name):   # only into free room: never at a take's expense
-            self._ahead[name] = self.store.prefetch(name, Tier.HOST)
-
-    def take(self, name: str, timeout: float) -> torch.Tensor:
-        fut = self._ahead.pop(name, None)
-        if fut is None:
-            if self.store.resident(name, Tier.HOST) is None:
-                self._room(self.store.padded(name), timeout)
-            fut = self.store.prefetch(name, Tier.HOST)
-        return fut.result(timeout)
-
-    def put_back(self, name: str, *, dirty: bool) -> None:
-        if dirty:
-            self.store.mark_dirty(name)
-        self._writing = [f for f in self._writing if not f.done()]
-        self._writing.append(self.store.evict(name))
-
-    def _room(self, nbytes: int, timeout: float) -> None:
-        """Free ``nbytes`` of the budget for a take: finish the write-backs, then drop what was read ahead."""
-        if self.ledger.free >= nbytes:
-            return
-        for f in self._writing:
-            f.result(timeout)
-        self._writing.clear()
-        while self.ledger.free < nbytes and self._ahead:
-            name, fut = self._ahead.popitem()
-            fut.result(timeout)
-            self.store.evict(name).result(timeout)   # unmodified: dropped at once
-
-    def add(self, name: str, tensor: torch.Tensor, timeout: float) -> None:
-        """A new tensor resting on the SSD, written from ``tensor`` itself (no host copy)."""
-        self.store.put(name, tensor, home=Tier.SSD).result(timeout)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.store
-
-    def delete(self, name: str) -> None:
-        self.store.delete(name)
-
-    def wait(self, timeout: float) -> None:
-        for f in self._writing:
-            f.result(timeout)
-        self._writing.clear()
-        self.store.wait(timeout)
-
-    def host_bytes(self) -> int:
-        return self.ledger.peak
-
-    def close(self) -> None:
-        self.store.wait(600)
-        self.store.close()
-
-
-class _TieredMoments:
-    """Moments resting on SSD through the server's state store ([Note: where the optimizer state lives])."""
-
-    def __init__(self, shapes: dict[int, int], store: StateStore):
-        self.store = store
-        for b, n in shapes.items():
-            store.store.create(f"m{b}", (n,), torch.float32, home=Tier.SSD)
-            store.store.create(f"v{b}", (n,), torch.float32, home=Tier.SSD)
-
-    def load(self, b: int, m: torch.Tensor, v: torch.Tensor) -> None:
-        mm, vv = self.get(b, 600)
-        mm.copy_(m)
-        vv.copy_(v)
-        self.release(b)
-
-    def prefetch(self, b: int) -> None:
-        self.store.read_ahead(f"m{b}")
-        self.store.read_ahead(f"v{b}")
-
-    def get(self, b: int, timeout: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.store.take(f"m{b}", timeout), self.store.take(f"v{b}", timeout)
-
-    def release(self, b: int) -> None:
-        for name in (f"m{b}", f"v{b}"):
-            self.store.put_back(name, dirty=True)
-
-    def flush(self) -> None:
-        self.store.wait(600)
-
-    def host_bytes(self) -> int:
-        return self.store.host_bytes()
-
-    def close(self) -> None:
-        pass   # the server closes its store
-
-
-class _HostParams:
-    """fp32 parameter slices in host memory (``state="memory"``)."""
-
-    tiered = False
-
-    def __init__(self, params: dict[int, torch.Tensor]):
-        self.t = params
-
-    def get(self, b: int, timeout: float = 0) -> torch.Tensor:
-        return self.t[b]
-
-    def prefetch(self, b: int) -> None:
-        pass
-
-    def release(self, b: int, *, dirty: bool = False) -> None:
-        pass
-
-    def numel(self, b: int) -> int:
-        return self.t[b].numel()
-
-    def host_bytes(self) -> int:
-        return sum(t.numel() * 4 for t in self.t.values())
-
-    def close(self) -> None:
-        pass
-
-
-class _TieredParams:
-    """fp32 parameter slices resting on SSD through the server's state store (``state="ssd"``): a bucket's slice
-    is resident only while it is being sent or updated ([Note: where the optimizer state lives]); holders count,
-    and the last release writes it back (when modified) and evicts it."""
-
-    tiered = True
-
-    def __init__(self, params, store: StateStore, *, sizes: dict[int, int]):
-        """``params``: bucket -> this shard's slice, read one bucket at a time (a mapping that makes each slice when
-        asked never holds them all); ``sizes``: bucket -> the slice's elements."""
-        self.store = store
-        self.sizes = dict(sizes)
-        for b in sizes:
-            store.add(f"p{b}", params[b], 600)
-        self._holds: dict[int, int] = {}
-
-    def get(self, b: int, timeout: float = 600) -> torch.Tensor:
-        self._holds[b] = self._holds.get(b, 0) + 1
-        return self.store.take(f"p{b}", timeout)
-
-    def prefetch(self, b: int) -> None:
-        if self._holds.get(b, 0) == 0:
-            self.store.read_ahead(f"p{b}")
-
-    def release(self, b: int, *, dirty: bool = False) -> None:
-        if dirty:
-            self.store.store.mark_dirty(f"p{b}")
-        self._holds[b] -= 1
-        if self._holds[b] == 0:
-            del self._holds[b]
-            self.store.put_back(f"p{b}", dirty=False)   # marked above: a modified slice is written back
-
-    def numel(self, b: int) -> int:
-        return self.sizes[b]
-
-    def host_bytes(self) -> int:
-        return self.store.host_bytes()
-
-    def close(self) -> None:
-        pass   # the server closes its store
 
 
 class ParameterServer:
@@ -364,7 +160,7 @@ class ParameterServer:
         self.buckets = list(shapes)
         self.store: StateStore | None = None
         if config.state == "memory":
-            self.params, self.moments = _HostParams(dict(params)), _MemoryMoments(shapes)
+            self.params, self.moments = HostParams(dict(params)), MemoryMoments(shapes)
         else:
             largest = padded_size(max(shapes.values()) * 4)
             budget = config.host_budget_of(largest)
@@ -373,9 +169,9 @@ class ParameterServer:
                                  f"{format_bytes(config.working_set(largest))} (its largest bucket slice is "
                                  f"{format_bytes(largest)}; [Note: the server's host memory])")
             self.store = StateStore(Path(config.store_root), budget)
-            self.moments = _TieredMoments(shapes, self.store)
-            self.params = (_TieredParams(params, self.store, sizes=shapes)
-                           if config.tier_params else _HostParams(dict(params)))
+            self.moments = TieredMoments(shapes, self.store)
+            self.params = (TieredParams(params, self.store, sizes=shapes)
+                           if config.tier_params else HostParams(dict(params)))
         del params
         self.adam_steps = {b: torch.tensor(0.0) for b in self.buckets}
         self.ingress_bytes: list[int] = []
@@ -415,7 +211,7 @@ class ParameterServer:
         ``max_grad_norm``: global-norm clipping ([Note: clipping across shards]); ``norm_group`` the process
         group of the servers. Returns the gradient's global norm when clipping, else None.
         """
-        comm, roles = self.comm, self.roles
+        comm = self.comm
         in_before, _ = comm.counters()
         eager = keep and apply and max_grad_norm is None
         # Prologue: post every parameter send of this step in fetch order. Sends complete as agents
@@ -431,43 +227,11 @@ class ParameterServer:
         # Tiered parameters rest on the SSD: a bucket is read in, sent, and released once its sends complete,
         # at most `send_window` buckets at a time, posted as far as the next gradient needs them.
         more = more and not tiered
-        window: collections.deque = collections.deque()   # (bucket, pendings), oldest first
-        last_fetch = {f.bucket: i for i, f in enumerate(fetches)}
-        cursor = 0
-
-        def drain_one() -> None:
-            b0, pend = window.popleft()
-            comm.wait_all(pend)
-            self.params.release(b0)
-
-        def pump(upto: int) -> None:
-            nonlocal cursor
-            while cursor < upto:
-                while len(window) >= self.config.send_window:
-                    drain_one()
-                f = fetches[cursor]
-                if cursor + 1 < len(fetches):
-                    self.params.prefetch(fetches[cursor + 1].bucket)
-                window.append((f.bucket, self._post_sends(f.bucket, f.phase, step)))
-                cursor += 1
-
+        window = _SendWindow(self, fetches, step)
         order = self.schedule.grad_order
         posted: dict[int, tuple[list[Pending], list[torch.Tensor]]] = {}
-
-        def post(b: int) -> None:
-            n = self.params.numel(b)
-            if roles.aggregator:
-                buf = [torch.empty(n)]
-                posted[b] = ([comm.irecv(buf[0], roles.aggregator_rank, tag(Kind.AGG_GRAD, b),
-                                         f"reduced gradient of bucket {b} (step {step})")], buf)
-            else:
-                bufs = [torch.empty(n) for _ in range(roles.workers)]
-                posted[b] = ([comm.irecv(bufs[w], roles.agent_rank(w), tag(Kind.GRAD, b),
-                                         f"gradient of bucket {b} (step {step}) from worker {w}")
-                              for w in range(roles.workers)], bufs)
-
         for b in order[:self.config.recv_ahead]:
-            post(b)
+            posted[b] = self._post_receives(b, step)
         if eager:
             self.moments.prefetch(order[0])
         held: list[int] = []   # buckets whose update waits for the whole gradient's norm (clipping)
@@ -476,74 +240,92 @@ class ParameterServer:
         for i, b in enumerate(order):
             if eager and i + 1 < len(order):
                 self.moments.prefetch(order[i + 1])
-            pendings, bufs = posted.pop(b)
             if tiered:
                 # every delivery the workers need before they can send gradient b, and those of the gradient after
                 # it ([Note: sends a gradient ahead])
-                after = order[i + 1] if i + 1 < len(order) else b
-                pump(max(last_fetch[b], last_fetch[after]) + 1)
-            with trace.span(f"wait grad b{b}", track=f"server{self.index}"):
-                comm.wait_all(pendings)
-            del pendings
-            grad = bufs[0]
-            if not roles.aggregator:
-                # Without the aggregator this shard reduces the workers' gradients itself (ingress grows with W).
-                for other in bufs[1:]:
-                    grad.add_(other)
-                if self.config.mean:
-                    grad.div_(roles.workers)
-            del bufs
+                window.pump_for(b, order[i + 1] if i + 1 < len(order) else b)
+            grad = self._receive_gradient(b, *posted.pop(b))
             # the next receives are posted once this bucket's have landed and been added up: W buffers of the
             # next bucket and this one's sum are what the gradients take while this bucket is updated (an agent
             # sends its buckets one after the other, so posting earlier would gain little)
             if i + self.config.recv_ahead < len(order):
-                post(order[i + self.config.recv_ahead])
+                nxt = order[i + self.config.recv_ahead]
+                posted[nxt] = self._post_receives(nxt, step)
             if tiered:
-                while any(b0 == b for b0, _ in window):
-                    drain_one()
+                window.drain_bucket(b)
             else:
                 comm.wait_all(sends.pop(b))
-            if not keep:
-                continue
-            earlier = self._take_kept(b)
-            if earlier is not None:   # the sum of the step's earlier micro-batches (addition commutes exactly)
-                grad = grad.add_(earlier)
-                self._drop_kept(b)
-            if not apply:
-                self._keep(b, grad)
-            elif eager:
-                self._update(b, grad)
-            else:
-                squares += torch.linalg.vector_norm(grad).double() ** 2
-                self._keep(b, grad)
-                held.append(b)
+            if keep:
+                squares += self._take_gradient(b, grad, apply=apply, eager=eager, held=held)
             del grad
-        while window:
-            drain_one()
+        window.drain()
         if more and eager:
             # the next step's forward deliveries, in fetch order: an agent receives them in that order, and messages
             # are matched by order ([Note: messages matched by order] in terastack.disdp.comm)
             for f in fetches:
                 if f.phase == 0:
                     self._early[f.bucket] = self._post_sends(f.bucket, 0, step + 1)
-        norm = None
-        if held:
-            # [Note: clipping across shards] the clip coefficient needs the norm of the whole gradient: each shard
-            # adds its slices' squares (as they arrived), the servers add theirs up, and every shard scales by the
-            # same factor.
-            if norm_group is not None and roles.servers > 1:
-                dist.all_reduce(squares, group=norm_group)
-            total = squares.sqrt().float()
-            coef = torch.clamp(max_grad_norm / (total + 1e-6), max=1.0)
-            for b in held:
-                self._update(b, self._take_kept(b).mul_(coef))
-                self._drop_kept(b)
-            norm = float(total)
+        norm = self._clip_held(held, squares, max_grad_norm, norm_group) if held else None
         # Epilogue: every send of this step has completed (each bucket's were waited before its update);
         # the next step's forward sends may be in flight.
         in_after, _ = comm.counters()
         self.ingress_bytes.append(in_after - in_before)
         return norm
+
+    def _post_receives(self, b: int, step: int) -> tuple[list[Pending], list[torch.Tensor]]:
+        """The receives of bucket ``b``'s gradient: the aggregator's sum, or each worker's slice."""
+        comm, roles, n = self.comm, self.roles, self.params.numel(b)
+        if roles.aggregator:
+            buf = [torch.empty(n)]
+            return [comm.irecv(buf[0], roles.aggregator_rank, tag(Kind.AGG_GRAD, b),
+                               f"reduced gradient of bucket {b} (step {step})")], buf
+        bufs = [torch.empty(n) for _ in range(roles.workers)]
+        return [comm.irecv(bufs[w], roles.agent_rank(w), tag(Kind.GRAD, b),
+                           f"gradient of bucket {b} (step {step}) from worker {w}")
+                for w in range(roles.workers)], bufs
+
+    def _receive_gradient(self, b: int, pendings: list[Pending], bufs: list[torch.Tensor]) -> torch.Tensor:
+        """Bucket ``b``'s gradient once it has landed; without the aggregator this shard reduces the workers'
+        gradients itself (its ingress grows with W)."""
+        with trace.span(f"wait grad b{b}", track=f"server{self.index}"):
+            self.comm.wait_all(pendings)
+        grad = bufs[0]
+        if not self.roles.aggregator:
+            for other in bufs[1:]:
+                grad.add_(other)
+            if self.config.mean:
+                grad.div_(self.roles.workers)
+        return grad
+
+    def _take_gradient(self, b: int, grad: torch.Tensor, *, apply: bool, eager: bool, held: list[int]):
+        """Add the step's earlier micro-batches' sum, then update now (eager), keep the sum (accumulation), or
+        keep it for the clipped update (``held``); the squares this bucket adds to the gradient's norm."""
+        earlier = self._take_kept(b)
+        if earlier is not None:   # the sum of the step's earlier micro-batches (addition commutes exactly)
+            grad = grad.add_(earlier)
+            self._drop_kept(b)
+        if not apply:
+            self._keep(b, grad)
+        elif eager:
+            self._update(b, grad)
+        else:
+            self._keep(b, grad)
+            held.append(b)
+            return torch.linalg.vector_norm(grad).double() ** 2
+        return 0.0
+
+    def _clip_held(self, held: list[int], squares: torch.Tensor, max_grad_norm: float, norm_group) -> float:
+        """[Note: clipping across shards] the clip coefficient needs the norm of the whole gradient: each shard
+        adds its slices' squares (as they arrived), the servers add theirs up, and every shard scales by the same
+        factor. The norm."""
+        if norm_group is not None and self.roles.servers > 1:
+            dist.all_reduce(squares, group=norm_group)
+        total = squares.sqrt().float()
+        coef = torch.clamp(max_grad_norm / (total + 1e-6), max=1.0)
+        for b in held:
+            self._update(b, self._take_kept(b).mul_(coef))
+            self._drop_kept(b)
+        return float(total)
 
     # [Note: gradients kept past their arrival] with gradient accumulation a bucket's sum waits for the step's last
     # micro-batch, and with clipping its update waits for the norm of the whole gradient: 4P/S bytes a shard would
@@ -600,3 +382,42 @@ class ParameterServer:
 
 def scratch_dir(run_dir: str, index: int) -> str:
     return os.path.join(run_dir, f"server-{index}-store")
+
+
+class _SendWindow:
+    """A tiered server's parameter sends: a bucket is read in, sent, and released once its sends complete, at
+    most ``send_window`` buckets at a time, posted in fetch order as far as the gradients need them."""
+
+    def __init__(self, server: ParameterServer, fetches, step: int):
+        self.server, self.fetches, self.step = server, fetches, step
+        self.window: collections.deque = collections.deque()   # (bucket, pendings), oldest first
+        self.last_fetch = {f.bucket: i for i, f in enumerate(fetches)}
+        self.cursor = 0
+
+    def drain_one(self) -> None:
+        b0, pend = self.window.popleft()
+        self.server.comm.wait_all(pend)
+        self.server.params.release(b0)
+
+    def pump(self, upto: int) -> None:
+        server, fetches = self.server, self.fetches
+        while self.cursor < upto:
+            while len(self.window) >= server.config.send_window:
+                self.drain_one()
+            f = fetches[self.cursor]
+            if self.cursor + 1 < len(fetches):
+                server.params.prefetch(fetches[self.cursor + 1].bucket)
+            self.window.append((f.bucket, server._post_sends(f.bucket, f.phase, self.step)))
+            self.cursor += 1
+
+    def pump_for(self, b: int, after: int) -> None:
+        """Every delivery the workers need before they send gradient ``b``, and those before gradient ``after``."""
+        self.pump(max(self.last_fetch[b], self.last_fetch[after]) + 1)
+
+    def drain_bucket(self, b: int) -> None:
+        while any(b0 == b for b0, _ in self.window):
+            self.drain_one()
+
+    def drain(self) -> None:
+        while self.window:
+            self.drain_one()

@@ -357,7 +357,7 @@ def test_state_store_stays_within_its_budget_and_reads_ahead_only_into_free_room
     """[Note: the server's host memory] takes always succeed within the working set: read-ahead copies are dropped
     to make room, write-backs are finished first, and the ledger's peak never passes the budget."""
     from terastack.constants import padded_size
-    from terastack.disdp.server import StateStore
+    from terastack.disdp.server_memory import StateStore
 
     n = 1000
     slot = padded_size(n * 4)

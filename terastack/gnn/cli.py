@@ -10,7 +10,15 @@ from terastack.units import format_bytes
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="gnn_command", metavar="ACTION", required=True)
+    _gen_args(sub)
+    _import_args(sub)
+    _verify_args(sub)
+    _train_args(sub)
+    _infer_args(sub)
+    _advise_args(sub)
 
+
+def _gen_args(sub) -> None:
     p = sub.add_parser("gen", help="generate a power-law (R-MAT) graph dataset in bounded memory (resumable)")
     p.add_argument("--out", required=True, help="dataset directory to write")
     p.add_argument("--nodes", type=int, required=True)
@@ -28,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing dataset or interrupted build")
     _common(p)
 
+
+def _import_args(sub) -> None:
     p = sub.add_parser("import", help="import an OGB / IGB / MAG240M dataset directory or .npy arrays into a dataset "
                                       "(resumable)")
     p.add_argument("--out", required=True)
@@ -49,10 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true")
     _common(p)
 
+
+def _verify_args(sub) -> None:
     p = sub.add_parser("verify", help="check a dataset: sizes, structure and every checksum")
     p.add_argument("--data", required=True)
     p.add_argument("--json", action="store_true")
 
+
+def _train_args(sub) -> None:
     p = sub.add_parser("train", help="train a GNN out of core (unified cache + SSD, pipelined)")
     _training_args(p)
     p.add_argument("--epochs", type=int, default=1)
@@ -85,6 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the pipeline (open in Perfetto)")
     _common(p)
 
+
+def _infer_args(sub) -> None:
     p = sub.add_parser("infer", help="predict every node with a trained model: layer-wise, full neighbourhoods, "
                                      "out of core")
     p.add_argument("--data", required=True, help="dataset directory")
@@ -105,6 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _threads_arg(p)
     _common(p)
 
+
+def _advise_args(sub) -> None:
     p = sub.add_parser("advise", help="predict epoch time and recommend hardware by throughput per cost (TPC)")
     _training_args(p)
     p.add_argument("--prices", help="price table (TOML; default: the one shipped in terastack/plan/prices.toml)")

@@ -10,6 +10,16 @@ With these, PyG's own loader runs over terastack's storage::
 PyG asks the feature store for a batch's rows with one ``multi_get_tensor``
 call, which becomes one gather (cache hits + one batched SSD read).
 :class:`terastack.gnn.sampling.pipeline.Pipeline` does the same work overlapped.
+
+[Note: why terastack's own training does not read through this seam]
+``terastack gnn train`` gathers through :class:`~terastack.gnn.storage.cache.FeatureSource` and samples over a
+topology object, not through ``FeatureStore`` / ``GraphStore``, for three reasons the PyG interfaces cannot
+carry: a gather is begun and finished in two steps, so one batch's SSD reads are in flight while the batch
+before it is cut (``multi_get_tensor`` returns only when the rows are there); the sampler asks the topology
+for the lists of one hop at a time, read from the SSD with the hot lists cached (``GraphStore`` hands over
+whole edge indices, which with the topology on the SSD would mean reading all of it); and a heterogeneous
+batch's rows come from one cache per node type under one budget. This seam reads the same caches and
+files, so a PyG loader over it sees the same rows.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import torch
 
 from terastack.constants import BLOCK
 from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
-from terastack.gnn.storage.cache import UnifiedCache, _mincore
+from terastack.gnn.storage.baselines import _mincore
+from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.storage.hotness import presample, rank_nodes
 from terastack.gnn.storage.rows import RowReader

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from terastack.gnn import build as build_mod
+from terastack.gnn.storage import build as build_mod
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter
 from terastack.gnn.storage.dataset import FILES, MANIFEST, DatasetError, open_dataset, write_manifest
 from terastack.gnn.storage.gen import generate

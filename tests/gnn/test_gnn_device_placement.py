@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from terastack.gnn.bench import reference as bench
+from terastack.gnn.bench import plain_loop as bench
 from terastack.gnn.storage.baselines import InMemoryFeatures
 
 

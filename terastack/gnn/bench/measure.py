@@ -63,7 +63,7 @@ from terastack.gnn.storage.hotness import presample
 from terastack.gnn.training.models import train_step
 from terastack.gnn.sampling.pipeline import Pipeline
 from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
-from terastack.gnn.bench.reference import bench_model, on_model, plain_epoch, plain_eval
+from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch, plain_eval
 from terastack.gnn.sampling.sampler import NeighborSampler
 from terastack.gnn.storage.budget_split import share_budget
 from terastack.gnn.training.train import evaluate, train_epoch, training_threads

@@ -198,17 +198,7 @@ def measure_scale(args) -> dict:
         print(f"terastack bench gnn --scale: the dataset ({format_bytes(sizes['total'])}) fits in RAM "
               f"({format_bytes(ram)}): not a scale run, the 'larger than RAM' claim is skipped", file=sys.stderr)
 
-    root = Path(args.dir) if args.dir else Path(os.environ.get("TERASTACK_CACHE") or os.path.expanduser(
-        "~/.cache/terastack")) / "bench-gnn-scale"
-    complete = (root / MANIFEST).is_file() and not args.fresh
-    existing = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
-    needed = 0 if complete else max(0, sizes["total"] + sizes["scratch"] - existing)
-    probe_dir = root if root.exists() else next(p for p in [root, *root.parents] if p.exists())
-    free = shutil.disk_usage(probe_dir).free
-    if needed > free:
-        raise ValueError(f"disk: the scale dataset needs {needed} bytes ({format_bytes(needed)}: "
-                         f"{format_bytes(sizes['total'])} of dataset + {format_bytes(sizes['scratch'])} of "
-                         f"generation scratch) in {root}, and {free} bytes ({format_bytes(free)}) are free")
+    root = _scale_root(args, sizes)
     root.parent.mkdir(parents=True, exist_ok=True)
     try:
         gen = _generate(args, root, nodes, avg_degree, train_nodes, gen_memory)
@@ -225,6 +215,31 @@ def measure_scale(args) -> dict:
     finally:
         if args.cleanup:
             shutil.rmtree(root, ignore_errors=True)
+    return _scale_report(args, ours, mmap, gen, sizes, peak=peak, ram=ram, exceeds=exceeds, root=root, nodes=nodes,
+                         avg_degree=avg_degree, fanouts=fanouts, batch_size=batch_size, budget=budget,
+                         gen_memory=gen_memory, rss_limit=rss_limit, presample_nodes=presample_nodes,
+                         holdout_nodes=holdout_nodes, mmap_threads=mmap_threads)
+
+
+def _scale_root(args, sizes: dict) -> Path:
+    """The scale dataset's directory, once the disk is known to hold what is still to be written."""
+    root = Path(args.dir) if args.dir else Path(os.environ.get("TERASTACK_CACHE") or os.path.expanduser(
+        "~/.cache/terastack")) / "bench-gnn-scale"
+    complete = (root / MANIFEST).is_file() and not args.fresh
+    existing = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+    needed = 0 if complete else max(0, sizes["total"] + sizes["scratch"] - existing)
+    probe_dir = root if root.exists() else next(p for p in [root, *root.parents] if p.exists())
+    free = shutil.disk_usage(probe_dir).free
+    if needed > free:
+        raise ValueError(f"disk: the scale dataset needs {needed} bytes ({format_bytes(needed)}: "
+                         f"{format_bytes(sizes['total'])} of dataset + {format_bytes(sizes['scratch'])} of "
+                         f"generation scratch) in {root}, and {free} bytes ({format_bytes(free)}) are free")
+    return root
+
+
+def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak: int, ram: int, exceeds: bool,
+                  root: Path, nodes: int, avg_degree: float, fanouts, batch_size: int, budget: int, gen_memory,
+                  rss_limit: int, presample_nodes: int, holdout_nodes: int, mmap_threads: list[int]) -> dict:
     epoch, predicted = ours["epoch"], ours["predicted"]
     error = abs(predicted.epoch_seconds - epoch["seconds"]) / epoch["seconds"]
     return {
@@ -336,41 +351,52 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
         cache = UnifiedCache(ds, ranking, device_budget=0, host_budget=feature_budget, device="cpu")
         del ranking
         hot_summary["expected_feature_hit_rate"] = wl.hit_rate(cache.device_rows + cache.host_rows)
-        torch.manual_seed(args.seed)
-        model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
-        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-        marks, started = [], [0.0]
-
-        def step(m, o, data):
-            loss = train_step(m, o, data)
-            marks.append(time.perf_counter() - started[0])
-            return loss
-
-        before = engine.stats.snapshot()
-        started[0] = time.perf_counter()
-        pipeline = Pipeline(sampler, cache, ds.labels, device="cpu", samplers=samplers)
-        epoch = train_epoch(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
-                            progress=not args.quiet, label="scale", step=step)
-        after = engine.stats.snapshot()
-        # the mmap contenders' window again, the training step left out (bench_workers [Note: the np.memmap baselines])
-        first, count = measure_window(epoch["batches"], args.mmap_warmup_batches, args.mmap_batches)
-        loader = timed_batches(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
-                               limit=first + count)
-        cache_info, topology_info = cache.describe(), ds.topology.describe()
-        cache.close()
-        # the disk's rates again after the epoch: how far they moved while the prediction's inputs held still
-        ssd_after = probe_feature_file(ds)
+        run = _train_one_epoch(args, ds, sampler, cache, train_ids, fanouts=fanouts, batch_size=batch_size,
+                               samplers=samplers, engine=engine)
         ds.close()
     holdout_info = {k: v for k, v in prof.items()}
     holdout_info["seeds"] = len(holdout)
-    return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "predicted": predicted,
+    epoch = run["epoch"]
+    return {"epoch": epoch, "loader_marks": run["loader_marks"], "predicted": predicted,
             "workload": wl, "train_ids": train_ids, "samplers": samplers,
-            "train_nodes": len(train_ids), "split": split, "cache": cache_info, "topology": topology_info,
-            "ssd": ssd, "ssd_while_training": loaded, "ssd_after_epoch": ssd_after, "holdout": holdout_info,
+            "train_nodes": len(train_ids), "split": split, "cache": run["cache"], "topology": run["topology"],
+            "ssd": ssd, "ssd_while_training": loaded, "ssd_after_epoch": run["ssd_after"], "holdout": holdout_info,
             "presample": hot_summary,
             "presample_seconds": presample_seconds,
-            "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
-            "ssd_requests": after["requests"] - before["requests"], "max_sampled_rss": watchdog.max_sampled}
+            "ssd_bytes_read": run["ssd_bytes_read"], "ssd_requests": run["ssd_requests"],
+            "max_sampled_rss": watchdog.max_sampled}
+
+
+def _train_one_epoch(args, ds, sampler, cache, train_ids, *, fanouts, batch_size: int, samplers: int, engine) -> dict:
+    """One epoch over every training seed through the pipeline, the loader alone over the mmap window, and the
+    disk's rates after it; closes ``cache``."""
+    torch.manual_seed(args.seed)
+    model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    marks, started = [], [0.0]
+
+    def step(m, o, data):
+        loss = train_step(m, o, data)
+        marks.append(time.perf_counter() - started[0])
+        return loss
+
+    before = engine.stats.snapshot()
+    started[0] = time.perf_counter()
+    pipeline = Pipeline(sampler, cache, ds.labels, device="cpu", samplers=samplers)
+    epoch = train_epoch(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
+                        progress=not args.quiet, label="scale", step=step)
+    after = engine.stats.snapshot()
+    # the mmap contenders' window again, the training step left out (bench_workers [Note: the np.memmap baselines])
+    first, count = measure_window(epoch["batches"], args.mmap_warmup_batches, args.mmap_batches)
+    loader = timed_batches(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
+                           limit=first + count)
+    cache_info, topology_info = cache.describe(), ds.topology.describe()
+    cache.close()
+    # the disk's rates again after the epoch: how far they moved while the prediction's inputs held still
+    ssd_after = probe_feature_file(ds)
+    return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "cache": cache_info,
+            "topology": topology_info, "ssd_after": ssd_after, "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
+            "ssd_requests": after["requests"] - before["requests"]}
 
 
 def _mmap_epoch(args, root: Path, ours: dict, *, fanouts, budget: int, batch_size: int, rss_limit: int, say,

@@ -3,8 +3,10 @@ batch by batch.
 
 [Note: contenders in child processes]
 A contender whose memory matters (all features in RAM, an ``np.memmap`` whose page cache grows, the
-out-of-core run whose peak is claimed) is built in a child process of its own (``spawn``: nothing of the
-parent's memory or threads is inherited) and kept there: the parent asks it, through a pipe, to run an
+out-of-core run whose peak is claimed) is built in a child process of its own and kept there (started by a fork server, a clean
+process that imported torch and PyG once: nothing of the parent's memory or threads is inherited, and a
+child does not pay the import again -- each spawned child did, about 6 s of CPU apiece; its peak RSS
+counts the imported modules, as a spawned child's did once it had imported them): the parent asks it, through a pipe, to run an
 epoch, evaluate or describe itself, one contender at a time, so that the contenders' epochs can take
 turns (noise on a shared machine falls on all of them alike) while each one's peak RSS (``VmHWM``) is its
 own. A watchdog thread in each child stops it with a message naming the contender when its RSS passes
@@ -77,6 +79,17 @@ def _serve(conn, factory: str, config: dict, rss_limit: int, name: str) -> None:
             close()
 
 
+#: what the fork server imports before it forks a contender (every contender needs them)
+PRELOAD = ["torch", "torch_geometric", "terastack.gnn.bench.hetero", "terastack.gnn.bench.scale"]
+
+
+def _context():
+    """The fork server of [Note: contenders in child processes] (started with the first contender)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
 class Contender:
     """A contender built by ``factory`` (``"module:function"``, called with ``config``) in a child process;
     see [Note: contenders in child processes]. ``call(method, **kwargs)`` returns the method's dict plus the
@@ -84,7 +97,7 @@ class Contender:
 
     def __init__(self, name: str, factory: str, config: dict, *, rss_limit: int, timeout_s: float = 3600.0):
         self.name, self.timeout_s = name, timeout_s
-        ctx = multiprocessing.get_context("spawn")
+        ctx = _context()
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, factory, config, rss_limit, name),
                                    name=f"terastack-bench-{name}", daemon=True)

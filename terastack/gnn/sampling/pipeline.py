@@ -249,119 +249,8 @@ class Pipeline:
         nslots = cfg.depth + 3  # + the batch whose reads are in flight while the one before is cut
         while len(self._slots) < nslots:
             self._slots.append(self._empty_slot())
-        nsamplers = cfg.samplers
-        # one queue per sampler thread; batch k is in queue k % nsamplers ([Note: several sampler threads])
-        sampled = [queue.Queue(-(-cfg.depth // nsamplers)) for _ in range(nsamplers)]
-        ready: queue.Queue = queue.Queue(cfg.depth)
-        free: queue.Queue = queue.Queue()
-        for k in range(nslots):
-            free.put(k)
-        stop = threading.Event()
-        failure: list = []  # (stage, batch, exception) of every stage that failed
-
-        def first_failure() -> tuple:
-            # the failure of the earliest batch (sampler threads ahead of it may have failed before it did)
-            return min(failure, key=lambda f: -1 if f[1] is None else f[1])
-
-        def put(q: queue.Queue, item, what: str) -> bool:
-            deadline = time.monotonic() + cfg.wait_timeout_s
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=_POLL)
-                    return True
-                except queue.Full:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"pipeline: waited {cfg.wait_timeout_s:g} s to hand on {what}") from None
-            return False
-
-        def get(q: queue.Queue, what: str):
-            deadline = time.monotonic() + cfg.wait_timeout_s
-            while not stop.is_set():
-                try:
-                    return q.get(timeout=_POLL)
-                except queue.Empty:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"pipeline: waited {cfg.wait_timeout_s:g} s for {what}") from None
-            return _END
-
-        def fail(q: queue.Queue, stage: str, k, exc: BaseException) -> None:
-            # The failure travels down the queues in order, like the end marker: the caller first gets
-            # every batch before the failed one, then the error.
-            failure.append((stage, k, exc))
-            try:
-                if put(q, _Failure(stage, k, exc), f"the {stage} stage's error"):
-                    return
-            except TimeoutError:
-                pass
-            stop.set()  # downstream is stuck too: stop everything; the caller's wait reports it
-
-        def sample_loop(i: int) -> None:
-            out = sampled[i]
-            k = None
-            try:
-                for k in range(i, len(batches), nsamplers):
-                    if stop.is_set() or not put(out, self._sample(batches[k], k, epoch, stats), f"sampled batch {k}"):
-                        return
-                put(out, _END, "the end of the epoch")
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                fail(out, "sampling", k, exc)
-
-        def gather_loop() -> None:
-            # One batch's gather in flight while the one before it is finished and handed on
-            # (terastack.gnn.storage.cache [Note: one batch's reads in flight while the last is cut]). The one in flight
-            # is handed on first whenever going on would wait: for a sampled batch or for a free slot (the
-            # caller may need this very batch to give a slot back).
-            k, in_flight = None, []  # (batch, slot, gathering) begun and not handed on, oldest first: at most two
-
-            def hand_on() -> bool:
-                nonlocal k
-                batch, slot, gathering = in_flight.pop(0)
-                k = batch.index
-                return put(ready, (batch, self._finish_gather(batch, gathering, stats), slot), f"gathered batch {k}")
-
-            try:
-                for want in itertools.count():
-                    source = sampled[want % nsamplers]
-                    if in_flight and source.empty() and not hand_on():
-                        return
-                    batch = get(source, f"the sampling stage (batch {want})")
-                    if batch is _END or isinstance(batch, _Failure):
-                        while in_flight:
-                            if not hand_on():
-                                return
-                        put(ready, batch, "the end of the epoch")
-                        return
-                    if batch.index != want:  # the queues' invariant; a wrong batch must never be trained on silently
-                        raise RuntimeError(f"pipeline: expected sampled batch {want}, got batch {batch.index}")
-                    if in_flight and free.empty() and not hand_on():
-                        return
-                    slot = get(free, f"a free feature slot for batch {want} (training holds them all)")
-                    if slot is _END:
-                        return
-                    k = want
-                    in_flight.append((batch, slot, self._begin_gather(batch, slot, stats)))
-                    if len(in_flight) == 2 and not hand_on():
-                        return
-            except BaseException as exc:  # noqa: BLE001
-                error, failed = exc, k
-                try:  # the batches before the failed one reach the caller first
-                    while failed is not None and in_flight and in_flight[0][0].index < failed:
-                        if not hand_on():
-                            return
-                except BaseException as older:  # noqa: BLE001 -- an earlier batch failed: name that one
-                    error, failed = older, k
-                fail(ready, "gathering", failed, error)
-            finally:
-                for _, _, gathering in in_flight:  # stopped early: their reads end before the cache is used again
-                    try:
-                        gathering.finish()
-                    except BaseException:  # noqa: BLE001 -- the stage already stopped or failed
-                        pass
-
-        names = ["terastack-gnn-sample"] if nsamplers == 1 else [f"terastack-gnn-sample-{i}" for i in range(nsamplers)]
-        threads = [threading.Thread(target=sample_loop, args=(i,), name=name, daemon=True)
-                   for i, name in enumerate(names)]
-        threads.append(threading.Thread(target=gather_loop, name="terastack-gnn-gather", daemon=True))
+        stages = _Stages(self, batches, epoch, stats, nslots)
+        threads = stages.threads()
         for t in threads:
             t.start()
         held = None
@@ -369,16 +258,16 @@ class Pipeline:
         try:
             while True:
                 waited = time.perf_counter()
-                item = get(ready, f"batch {stats.batches} from the gather stage")
+                item = stages.get(stages.ready, f"batch {stats.batches} from the gather stage")
                 stats.stall_seconds += time.perf_counter() - waited
                 if held is not None:
-                    free.put(held)  # the caller is done with the previous batch's slot
+                    stages.free.put(held)  # the caller is done with the previous batch's slot
                     held = None
                 if isinstance(item, _Failure):
                     raise PipelineError(item.stage, item.batch, item.exc) from item.exc
                 if item is _END:
-                    if failure:
-                        stage, k, exc = first_failure()
+                    if stages.failure:
+                        stage, k, exc = stages.first_failure()
                         raise PipelineError(stage, k, exc) from exc
                     break
                 batch, x, held = item
@@ -388,18 +277,152 @@ class Pipeline:
             raise  # the caller closed the iterator early: just stop the stages (finally)
         except BaseException as exc:
             error = exc
-            if failure and not isinstance(exc, PipelineError):
-                stage, k, first = first_failure()
+            if stages.failure and not isinstance(exc, PipelineError):
+                stage, k, first = stages.first_failure()
                 raise PipelineError(stage, k, first) from first
             raise
         finally:
-            stop.set()
+            stages.stop.set()
             for t in threads:
                 t.join(timeout=cfg.wait_timeout_s)
             alive = [t.name for t in threads if t.is_alive()]
             self._finish_stats(stats)
             if alive and error is None:  # never mask the error that is already propagating
                 raise TimeoutError(f"pipeline: stage threads {alive} did not stop within {cfg.wait_timeout_s:g} s")
+
+
+class _Stages:
+    """The overlapped epoch's stage threads and what they share: the queues, the stop flag, the failures.
+
+    Sampler thread i samples batches i, i + S, ... into queue i; the gather thread takes them in order,
+    keeps one batch's reads in flight while the one before it is finished, and hands batches on in a free
+    slot; the caller (:meth:`Pipeline._overlapped`) trains them and gives the slots back. A failure travels
+    down the queues in batch order, like the end marker."""
+
+    def __init__(self, pipeline: "Pipeline", batches, epoch: int, stats: EpochStats, nslots: int):
+        cfg = pipeline.config
+        self.pipeline, self.batches, self.epoch, self.stats = pipeline, batches, epoch, stats
+        self.timeout_s = cfg.wait_timeout_s
+        self.nsamplers = cfg.samplers
+        # one queue per sampler thread; batch k is in queue k % nsamplers ([Note: several sampler threads])
+        self.sampled = [queue.Queue(-(-cfg.depth // self.nsamplers)) for _ in range(self.nsamplers)]
+        self.ready: queue.Queue = queue.Queue(cfg.depth)
+        self.free: queue.Queue = queue.Queue()
+        for k in range(nslots):
+            self.free.put(k)
+        self.stop = threading.Event()
+        self.failure: list = []  # (stage, batch, exception) of every stage that failed
+
+    def first_failure(self) -> tuple:
+        # the failure of the earliest batch (sampler threads ahead of it may have failed before it did)
+        return min(self.failure, key=lambda f: -1 if f[1] is None else f[1])
+
+    def put(self, q: queue.Queue, item, what: str) -> bool:
+        deadline = time.monotonic() + self.timeout_s
+        while not self.stop.is_set():
+            try:
+                q.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"pipeline: waited {self.timeout_s:g} s to hand on {what}") from None
+        return False
+
+    def get(self, q: queue.Queue, what: str):
+        deadline = time.monotonic() + self.timeout_s
+        while not self.stop.is_set():
+            try:
+                return q.get(timeout=_POLL)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"pipeline: waited {self.timeout_s:g} s for {what}") from None
+        return _END
+
+    def fail(self, q: queue.Queue, stage: str, k, exc: BaseException) -> None:
+        # The failure travels down the queues in order, like the end marker: the caller first gets
+        # every batch before the failed one, then the error.
+        self.failure.append((stage, k, exc))
+        try:
+            if self.put(q, _Failure(stage, k, exc), f"the {stage} stage's error"):
+                return
+        except TimeoutError:
+            pass
+        self.stop.set()  # downstream is stuck too: stop everything; the caller's wait reports it
+
+    def threads(self) -> list[threading.Thread]:
+        n = self.nsamplers
+        names = ["terastack-gnn-sample"] if n == 1 else [f"terastack-gnn-sample-{i}" for i in range(n)]
+        threads = [threading.Thread(target=self.sample_loop, args=(i,), name=name, daemon=True)
+                   for i, name in enumerate(names)]
+        threads.append(threading.Thread(target=self.gather_loop, name="terastack-gnn-gather", daemon=True))
+        return threads
+
+    def sample_loop(self, i: int) -> None:
+        out, batches = self.sampled[i], self.batches
+        k = None
+        try:
+            for k in range(i, len(batches), self.nsamplers):
+                if self.stop.is_set() or not self.put(
+                        out, self.pipeline._sample(batches[k], k, self.epoch, self.stats), f"sampled batch {k}"):
+                    return
+            self.put(out, _END, "the end of the epoch")
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            self.fail(out, "sampling", k, exc)
+
+    def gather_loop(self) -> None:
+        # One batch's gather in flight while the one before it is finished and handed on
+        # (terastack.gnn.storage.cache [Note: one batch's reads in flight while the last is cut]). The one in
+        # flight is handed on first whenever going on would wait: for a sampled batch or for a free slot (the
+        # caller may need this very batch to give a slot back).
+        self._k, self._in_flight = None, []  # (batch, slot, gathering) begun, not handed on, oldest first: <= 2
+        try:
+            self._gather_all()
+        except BaseException as exc:  # noqa: BLE001
+            error, failed = exc, self._k
+            try:  # the batches before the failed one reach the caller first
+                while failed is not None and self._in_flight and self._in_flight[0][0].index < failed:
+                    if not self._hand_on():
+                        return
+            except BaseException as older:  # noqa: BLE001 -- an earlier batch failed: name that one
+                error, failed = older, self._k
+            self.fail(self.ready, "gathering", failed, error)
+        finally:
+            for _, _, gathering in self._in_flight:  # stopped early: their reads end before the cache is used again
+                try:
+                    gathering.finish()
+                except BaseException:  # noqa: BLE001 -- the stage already stopped or failed
+                    pass
+
+    def _hand_on(self) -> bool:
+        batch, slot, gathering = self._in_flight.pop(0)
+        self._k = batch.index
+        return self.put(self.ready, (batch, self.pipeline._finish_gather(batch, gathering, self.stats), slot),
+                        f"gathered batch {self._k}")
+
+    def _gather_all(self) -> None:
+        in_flight = self._in_flight
+        for want in itertools.count():
+            source = self.sampled[want % self.nsamplers]
+            if in_flight and source.empty() and not self._hand_on():
+                return
+            batch = self.get(source, f"the sampling stage (batch {want})")
+            if batch is _END or isinstance(batch, _Failure):
+                while in_flight:
+                    if not self._hand_on():
+                        return
+                self.put(self.ready, batch, "the end of the epoch")
+                return
+            if batch.index != want:  # the queues' invariant; a wrong batch must never be trained on silently
+                raise RuntimeError(f"pipeline: expected sampled batch {want}, got batch {batch.index}")
+            if in_flight and self.free.empty() and not self._hand_on():
+                return
+            slot = self.get(self.free, f"a free feature slot for batch {want} (training holds them all)")
+            if slot is _END:
+                return
+            self._k = want
+            in_flight.append((batch, slot, self.pipeline._begin_gather(batch, slot, self.stats)))
+            if len(in_flight) == 2 and not self._hand_on():
+                return
 
 
 class HeteroPipeline(Pipeline):

@@ -46,7 +46,8 @@ import torch
 from terastack.llm import engine_state
 from terastack.llm.engine.step_points import PointTaker, StepPoint
 from terastack.llm.engine.store_layout import records_for
-from terastack.training.checkpoint import JSONState, RNGState, StoredTensor, save_checkpoint
+from terastack.training.checkpoint import JSONState, StoredTensor, save_checkpoint
+from terastack.training.rng_state import RNGState
 
 #: points offered per step at most (one after each 1/POINTS_PER_STEP of the state was updated)
 POINTS_PER_STEP = 16

@@ -10,7 +10,8 @@ from pathlib import Path
 from terastack.llm import engine_state
 from terastack.llm.step_checkpoint import COMPONENT as STEP_IN_PROGRESS, FollowingCheckpoint, PendingStep
 from terastack.llm.trainer_config import TrainerConfig
-from terastack.training.checkpoint import JSONState, RNGState, Snapshot, Stateful, save_checkpoint
+from terastack.training.checkpoint import JSONState, Snapshot, Stateful, save_checkpoint
+from terastack.training.rng_state import RNGState
 
 #: the components of a trainer's checkpoint; a caller's own components take other names
 TRAINER_COMPONENTS = ("model", "optimizer", "progress", "rng", "trainer_config")

@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 
-from terastack.training.checkpoint import (FORMAT, JSONState, RNGState, StoredTensor, StreamedTensor, open_checkpoint,
+from terastack.training.checkpoint import (FORMAT, JSONState, StoredTensor, StreamedTensor, open_checkpoint,
                                            save_checkpoint)
+from terastack.training.rng_state import RNGState
 
 
 class Weights:

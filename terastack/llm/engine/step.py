@@ -40,7 +40,7 @@ import torch
 
 from terastack import trace
 from terastack.llm.engine.step_points import StopForward
-from terastack.training.checkpoint import set_rng_states
+from terastack.training.rng_state import set_rng_states
 
 
 def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = False, label: str | None = None,

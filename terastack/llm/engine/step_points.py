@@ -30,7 +30,7 @@ import torch
 
 from terastack.io.futures import Future
 from terastack.plan.schedule_specs import EAGER
-from terastack.training.checkpoint import rng_states
+from terastack.training.rng_state import rng_states
 
 
 class StopForward(Exception):

@@ -175,6 +175,22 @@ def _ids(value, where: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ ogbn-mag
+def _ogb_split_name(base: Path, split: str | None) -> str:
+    """The split directory to train on: the one asked for, the only one, or ogbn-mag's own ``time``."""
+    names = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    if split:
+        if split not in names:
+            raise DatasetError(f"{base / split}: split directory does not exist")
+        return split
+    if len(names) == 1:
+        return names[0]
+    if "time" in names:  # ogbn-mag's own (master.csv)
+        return "time"
+    if not names:
+        raise DatasetError(f"{base}: no split directory (expected split/<name>/<type>/train.csv.gz)")
+    raise DatasetError(f"{base}: several splits ({', '.join(names)}); choose one with --split")
+
+
 def ogb_mag_source(root: str | Path, *, split: str | None = None, memory_budget: int = 1 << 30) -> HeteroSource:
     """``<root>/ogbn_mag`` in OGB's raw heterogeneous layout (see the module docstring)."""
     root = Path(root)
@@ -234,20 +250,8 @@ def ogb_mag_source(root: str | Path, *, split: str | None = None, memory_budget:
             src.labels_where = str(label)
             files[f"raw/node-label/{t}/node-label.csv.gz"] = file_record(need_file(label, "node labels"))
         node_types[t] = src
-    base = root / "split"
-    names = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
-    if split:
-        if split not in names:
-            raise DatasetError(f"{base / split}: split directory does not exist")
-    elif len(names) == 1:
-        split = names[0]
-    elif "time" in names:  # ogbn-mag's own (master.csv)
-        split = "time"
-    elif not names:
-        raise DatasetError(f"{base}: no split directory (expected split/<name>/<type>/train.csv.gz)")
-    else:
-        raise DatasetError(f"{base}: several splits ({', '.join(names)}); choose one with --split")
-    folder = base / split
+    split = _ogb_split_name(root / "split", split)
+    folder = root / "split" / split
     has_split = _flags(folder / "nodetype-has-split.csv.gz", "node types with a split")
     targets = [t for t, v in has_split.items() if v]
     if len(targets) != 1:

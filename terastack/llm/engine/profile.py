@@ -261,11 +261,67 @@ def _read_times(path: Path | None) -> dict:
         if isinstance(data, dict) else {}
 
 
+def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: torch.dtype, compute_bytes: int,
+               gen: torch.Generator, reps: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one unit on random weights and inputs of the recorded call's shapes."""
+    from torch.utils import _pytree as pytree
+
+    shapes = [(n, p.shape) for n, p in unit.module.named_parameters(remove_duplicate=False)]
+    # [Note: calibrating with weights from memory] In a step every unit's weights come from memory, not
+    # from a cache the previous run of the same unit warmed; on a CPU the unit is timed over copies of
+    # its weights in turn (measured on llama-150m's layer: 70 ms on one copy, 81 ms over six, the
+    # latter within 5% of the layer's time inside the step). Units too big for any cache need one.
+    unit_bytes = sum(math.prod(shape) for _, shape in shapes) * compute_bytes
+    copies = 3 if device.type == "cpu" and unit_bytes < _CACHE_COLD_BYTES else 1
+    weight_sets = [{n: (torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02).to(device, dtype)
+                    .requires_grad_(unit.trainable[n]) for n, shape in shapes} for _ in range(copies)]
+    buffers = {n: b.to(device) for n, b in unit.buffers.items()}
+    real = [a.to(device) if isinstance(a, torch.Tensor) else a for a in flat]
+    for j in floating_in:
+        real[j] = torch.randn(real[j].shape, generator=gen, dtype=torch.float32).to(device, dtype)
+        real[j].requires_grad_(True)
+    args, kwargs = pytree.tree_unflatten(real, spec)
+    fwds, fbs = [], []
+    spent = 0.0
+
+    def more() -> bool:
+        """Two warm-up runs first, then at least `reps` timed runs and _MIN_TIMED_S ([Note: stable
+        calibrated times]); a slow unit (a second per run) is timed once. The warm-ups do not count
+        against the time: a first call can take long (lazy kernels, a cold allocator)."""
+        if len(fwds) < 3:
+            return True
+        timed = spent - sum(fwds[:2]) - sum(fbs[:2])
+        return len(fwds) < _MAX_RUNS + 2 and timed < 1.0 and (len(fwds) < reps + 2 or timed < _MIN_TIMED_S)
+
+    while more():
+        weights = weight_sets[len(fwds) % copies]
+        grad_in = [real[j] for j in floating_in] + [w for n, w in weights.items() if unit.trainable[n]]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
+                                       tie_weights=False, strict=False)
+        _sync(device)
+        t1 = time.perf_counter()
+        o = torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
+                                       tie_weights=False, strict=False)
+        diff = [x for x in pytree.tree_leaves(o) if isinstance(x, torch.Tensor) and x.requires_grad]
+        if diff and grad_in:
+            torch.autograd.grad(diff, grad_in, [torch.ones_like(x) for x in diff], allow_unused=True)
+        _sync(device)
+        t2 = time.perf_counter()
+        fwds.append(t1 - t0)
+        fbs.append(t2 - t1)
+        spent += t2 - t0
+    # the fastest run: on a shared machine the others measure the neighbours, not the unit
+    fwd = min(fwds[2:])
+    fb = min(fbs[2:])
+    return fwd, max(fb - fwd, 0.0)
+
+
 def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5, *,
                times_file: Path | None = None, recalibrate: bool = False) -> dict:
     """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}.
     ``times_file``: read times kept there (unless ``recalibrate``) and keep new ones there."""
-    from torch.utils import _pytree as pytree
 
     dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
     done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
@@ -286,56 +342,8 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
             elif key in kept:
                 done[sig] = kept[key]  # the times this machine gave before: the same question, the same answer
         if sig not in done:
-            shapes = [(n, p.shape) for n, p in unit.module.named_parameters(remove_duplicate=False)]
-            # [Note: calibrating with weights from memory] In a step every unit's weights come from memory, not
-            # from a cache the previous run of the same unit warmed; on a CPU the unit is timed over copies of
-            # its weights in turn (measured on llama-150m's layer: 70 ms on one copy, 81 ms over six, the
-            # latter within 5% of the layer's time inside the step). Units too big for any cache need one.
-            unit_bytes = sum(math.prod(shape) for _, shape in shapes) * compute_bytes
-            copies = 3 if device.type == "cpu" and unit_bytes < _CACHE_COLD_BYTES else 1
-            weight_sets = [{n: (torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02).to(device, dtype)
-                            .requires_grad_(unit.trainable[n]) for n, shape in shapes} for _ in range(copies)]
-            buffers = {n: b.to(device) for n, b in unit.buffers.items()}
-            real = [a.to(device) if isinstance(a, torch.Tensor) else a for a in flat]
-            for j in floating_in:
-                real[j] = torch.randn(real[j].shape, generator=gen, dtype=torch.float32).to(device, dtype)
-                real[j].requires_grad_(True)
-            args, kwargs = pytree.tree_unflatten(real, spec)
-            fwds, fbs = [], []
-            spent = 0.0
-
-            def more() -> bool:
-                """Two warm-up runs first, then at least `reps` timed runs and _MIN_TIMED_S ([Note: stable
-                calibrated times]); a slow unit (a second per run) is timed once. The warm-ups do not count
-                against the time: a first call can take long (lazy kernels, a cold allocator)."""
-                if len(fwds) < 3:
-                    return True
-                timed = spent - sum(fwds[:2]) - sum(fbs[:2])
-                return len(fwds) < _MAX_RUNS + 2 and timed < 1.0 and (len(fwds) < reps + 2 or timed < _MIN_TIMED_S)
-
-            while more():
-                weights = weight_sets[len(fwds) % copies]
-                grad_in = [real[j] for j in floating_in] + [w for n, w in weights.items() if unit.trainable[n]]
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
-                                               tie_weights=False, strict=False)
-                _sync(device)
-                t1 = time.perf_counter()
-                o = torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
-                                               tie_weights=False, strict=False)
-                diff = [x for x in pytree.tree_leaves(o) if isinstance(x, torch.Tensor) and x.requires_grad]
-                if diff and grad_in:
-                    torch.autograd.grad(diff, grad_in, [torch.ones_like(x) for x in diff], allow_unused=True)
-                _sync(device)
-                t2 = time.perf_counter()
-                fwds.append(t1 - t0)
-                fbs.append(t2 - t1)
-                spent += t2 - t0
-            # the fastest run: on a shared machine the others measure the neighbours, not the unit
-            fwd = min(fwds[2:])
-            fb = min(fbs[2:])
-            done[sig] = (fwd, max(fb - fwd, 0.0))
+            done[sig] = _time_unit(unit, flat, spec, floating_in, device=device, dtype=dtype,
+                                   compute_bytes=compute_bytes, gen=gen, reps=reps)
         if kept.get(key) != done[sig]:
             kept[key] = done[sig]
             changed = True

@@ -41,6 +41,8 @@ from typing import ClassVar
 
 import torch
 
+from terastack.constants import padded_size
+
 #: record kinds of state parts (the names of :mod:`terastack.llm.engine.records`): AdamW's two moments keep
 #: their own kinds; every other part is an "o" record named by its key
 EXP_AVG_KIND, EXP_AVG_SQ_KIND, OTHER_KIND = "m", "v", "o"
@@ -115,6 +117,29 @@ class OptimizerFormat:
             elif lo == 0:
                 out += p.nbytes(shape)
         return out
+
+    def held_bytes(self, shape: tuple, chunk: int) -> int:
+        """Bytes a parameter of ``shape``'s state records take in a tier of the store (each record padded as the
+        store pads it), in optimizer chunks of ``chunk`` elements (:meth:`chunk_elements` applied here)."""
+        chunk = self.chunk_elements(chunk)  # a multiple of every chunked part's ``per``
+        full, rest = divmod(max(math.prod(shape), 1), chunk)
+        out = 0
+        for p in self.parts(shape):
+            if not p.chunked:
+                out += padded_size(p.nbytes(shape))
+                continue
+            out += full * padded_size(-(-chunk // p.per) * p.dtype.itemsize)
+            out += padded_size(-(-rest // p.per) * p.dtype.itemsize) if rest else 0
+        return out
+
+    def chunk_held_bytes(self, shape: tuple, elements: int) -> int:
+        """Bytes one chunk of ``elements`` takes in the store, chunked parts only (what an update holds per chunk
+        besides its master and gradient chunks)."""
+        return sum(padded_size(-(-elements // p.per) * p.dtype.itemsize) for p in self.parts(shape) if p.chunked)
+
+    def bytes_per_param(self, shape: tuple) -> float:
+        """State bytes per element of a parameter of ``shape``, unpadded (AdamW: 8)."""
+        return self.state_bytes(shape) / max(math.prod(shape), 1)
 
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
         """One update over ``chunks`` (each with ``name``, ``lo``, ``hi``, ``shape``, ``param``, ``grad`` and

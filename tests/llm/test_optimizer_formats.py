@@ -270,3 +270,56 @@ def test_unknown_optimizer_is_refused(trainer_config):
     with pytest.raises(ValueError, match="optimizer: must be one of"):
         trainer_config(optimizer="lion")
     assert sorted(FORMATS) == ["adafactor", "adamw", "adamw8bit"]
+
+
+# --------------------------------------------------------------------- the planner
+def synthetic_profile(layers=6, rows=1024, cols=1024):
+    from terastack.plan.llm_profile import ModelProfile, UnitProfile
+
+    units, numel, shapes = [], {}, {}
+    for i in range(layers):
+        name = f"l{i}"
+        numel[name], shapes[name] = rows * cols, (rows, cols)
+        units.append(UnitProfile(name=f"layers.{i}", kind="layer", tensors=(name,), params=rows * cols,
+                                 trainable=rows * cols, weight_bytes=4 * rows * cols, fwd_flops=1e9, bwd_flops=2e9,
+                                 act_bytes=1 << 20, boundary_bytes=1 << 19, act_tensors=4, fwd_s=0.01, bwd_s=0.02))
+    return ModelProfile(model="synthetic", batch=1, seq_len=64, compute_bytes=4, units=units, tensor_numel=numel,
+                        tensor_trainable=dict.fromkeys(numel, True), tensor_shape=shapes)
+
+
+@pytest.mark.parametrize("fmt", ["adamw", "adamw8bit", "adafactor"])
+def test_planner_places_and_predicts_the_formats_state(fmt):
+    """The planner's state bytes are the format's: at one host budget a smaller state leaves more of it in host
+    memory, and the predicted moment bytes on the SSD are the format's records (padded as the store pads)."""
+    from terastack.plan.hardware import Hardware
+    from terastack.plan.llm_planner import LLMPlanner
+
+    hw = Hardware(name="cpu", measured=True, cores=2, host_memory_bytes=16 << 30, cpu_flops=5e10,
+                  memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9, ssd_write_bytes_per_s=1e9,
+                  cpu_adam_params_per_s=3e8)
+    prof = synthetic_profile()
+    plans = {f: LLMPlanner(LLMPlanner.Config(device_budget=1 << 30, host_budget=56 << 20, optimizer=f,
+                                             inline_updates=True)).plan(prof, hw) for f in FORMATS}
+    p = plans[fmt]
+    assert p.optimizer == fmt and p.summary()["optimizer"] == fmt
+    on_host = {f: sum(1 for h in q.state_home.values() if h.value == "host") for f, q in plans.items()}
+    assert on_host["adamw"] < on_host["adamw8bit"] <= on_host["adafactor"]
+    spec = optimizer_format(fmt)
+    on_ssd = [n for n, h in p.state_home.items() if h.value == "ssd"]
+    expected = sum(spec.held_bytes(prof.shape(n), p.optimizer_chunk) for n in on_ssd)
+    assert p.prediction.bytes_by_kind["moments_read"] == expected
+    assert p.placement_bytes(prof)["state_ssd"] == sum(4 * prof.tensor_numel[n] + spec.state_bytes(prof.shape(n))
+                                                       for n in on_ssd)
+    assert prof.state_bytes(spec) == sum(4 * n for n in prof.tensor_numel.values()) + \
+        sum(spec.state_bytes(s) for s in prof.tensor_shape.values())
+
+
+@pytest.mark.parametrize("fmt", ["adamw", "adamw8bit", "adafactor"])
+def test_plan_counts_the_records_the_store_holds(fmt, tmp_path, trainer_config):
+    """The format's held bytes (what the planner counts) are the padded sizes of the records the engine makes."""
+    make_wide_model(tmp_path / "model")
+    with Trainer.from_pretrained(tmp_path / "model", config(trainer_config, fmt, optimizer_chunk=1100)) as trainer:
+        rt, spec = trainer.runtime, optimizer_format(fmt)
+        for name, info in trainer.tensors.items():
+            held = sum(trainer.store.padded(r) for recs in rt.state_parts(name).values() for r in recs)
+            assert held == spec.held_bytes(tuple(info.shape), 1100), name

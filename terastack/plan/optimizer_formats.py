@@ -99,6 +99,9 @@ class OptimizerFormat:
         """The state tensors a trainable parameter of ``shape`` keeps beside its fp32 master."""
         raise NotImplementedError
 
+    def require(self) -> None:
+        """Refuse (ImportError naming the setting) when what the update needs is not installed."""
+
     def chunk_elements(self, chunk: int) -> int:
         """The optimizer chunk (elements) used for a configured ``chunk``: a multiple of :attr:`block`."""
         return max(self.block, chunk - chunk % self.block)
@@ -196,6 +199,13 @@ class AdamW8bitFormat(OptimizerFormat):
 
     def parts(self, shape: tuple) -> tuple[StatePart, ...]:
         return self._PARTS_8BIT if math.prod(shape) >= self.min_8bit_size else self._PARTS_32BIT
+
+    def require(self) -> None:
+        try:
+            import bitsandbytes.functional  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(f"optimizer: {self.name} needs bitsandbytes >= 0.50 (pip install bitsandbytes): "
+                              f"{exc}") from None
 
     def qmaps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The signed and unsigned dynamic quantization maps of the two moments (the library's ``fill_qmap``)."""

@@ -66,10 +66,11 @@ class StatePart:
         return lo // self.per, -(-hi // self.per)
 
     def shape(self, shape: tuple) -> tuple:
-        """The part's whole shape for a parameter of ``shape``."""
+        """The part's whole shape for a parameter of ``shape`` (an elementwise part: the parameter's own, as
+        checkpoints have always held AdamW's moments)."""
         numel = math.prod(shape)
         if self.chunked:
-            return (-(-numel // self.per),)
+            return tuple(shape) if self.per == 1 else (-(-numel // self.per),)
         if self.factored == -1:
             return (*shape[:-1], 1)
         if self.factored == -2:

@@ -33,7 +33,7 @@ def chunked_update(fmt, params, states, grads, steps, chunk):
             for part in fmt.parts(tuple(p.shape)):
                 if part.chunked:
                     a, b = part.span(lo, hi)
-                    st[part.key] = states[name][part.key][a:b]
+                    st[part.key] = states[name][part.key].view(-1)[a:b]
                 elif k == 0:
                     st[part.key] = states[name][part.key]
             group.append(ChunkState(name=name, chunk=k, lo=lo, hi=hi, shape=tuple(p.shape), param=flat[lo:hi],
@@ -323,3 +323,22 @@ def test_plan_counts_the_records_the_store_holds(fmt, tmp_path, trainer_config):
         for name, info in trainer.tensors.items():
             held = sum(trainer.store.padded(r) for recs in rt.state_parts(name).values() for r in recs)
             assert held == spec.held_bytes(tuple(info.shape), 1100), name
+
+
+@pytest.mark.parametrize("fmt", ["adamw8bit", "adafactor"])
+def test_mixed_precision_inline_equals_thread(fmt, tmp_path, trainer_config):
+    """bf16 compute: master chunks are records of their own (joined for a run or a whole matrix and written
+    back); updates inline and on the optimizer thread give the same masters and state bytes."""
+    make_wide_model(tmp_path / "model")
+    data = batches(STEPS)
+    results = []
+    for inline in (True, False):
+        cfg = config(trainer_config, fmt, dtype="bfloat16", inline_updates=inline, optimizer_chunk=4096)
+        with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+            assert trainer.compute_dtype == torch.bfloat16 and not trainer.runtime.master_is_compute
+            losses = offloaded_train(trainer, data)
+            results.append((losses, trainer.state_dict(), {n: stored_state(trainer, n) for n in trainer.tensors}))
+    (l1, w1, s1), (l2, w2, s2) = results
+    assert l1 == l2 and all(s1[n][k].any() for n in s1 for k in s1[n])  # every state part was written
+    assert all(torch.equal(w1[n], w2[n]) for n in w1)
+    assert all(torch.equal(s1[n][k], s2[n][k]) for n in s1 for k in s1[n])

@@ -266,8 +266,9 @@ class AdafactorFormat(OptimizerFormat):
     torch's own functional ``adafactor`` over the whole tensor, then writes the chunks back: the result equals
     the library's bit for bit. The group's gradient and, in mixed precision, its master are put together in
     one piece for the call (one parameter's size of host memory beyond the plan's window; the largest is the
-    embedding). The state is what the format saves: a matrix keeps rows + columns fp32 values, a vector its
-    elements."""
+    embedding). The planner does not budget that yet: in mixed precision the master chunks of the largest
+    parameter must fit the host ledger together (with fp32 compute the whole master is held anyway). The
+    state is what the format saves: a matrix keeps rows + columns fp32 values, a vector its elements."""
 
     name = "adafactor"
     reference = "torch.optim.Adafactor"

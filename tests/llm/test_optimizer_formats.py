@@ -347,3 +347,35 @@ def test_mixed_precision_inline_equals_thread(fmt, tmp_path, trainer_config):
     assert l1 == l2 and all(s1[n][k].any() for n in s1 for k in s1[n])  # every state part was written
     assert all(torch.equal(w1[n], w2[n]) for n in w1)
     assert all(torch.equal(s1[n][k], s2[n][k]) for n in s1 for k in s1[n])
+
+
+@pytest.mark.parametrize("fmt", ["adamw8bit", "adafactor"])
+def test_horizontal_accumulation_equals_reference_library(fmt, tmp_path, trainer_config):
+    """Two micro-batches a step, their gradient sums kept by the engine: the reference adds each micro-batch's
+    gradient of the token-weighted loss into ``.grad`` and steps its library's optimizer: equal bit for bit."""
+    import torch.nn.functional as F
+
+    ref = make_wide_model(tmp_path / "model")
+    g = torch.Generator().manual_seed(7)
+    steps = [[{"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)} for _ in range(2)]
+             for _ in range(2)]
+    cfg = config(trainer_config, fmt, grad_accum=2, accumulation="horizontal", optimizer_chunk=4096)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        torch.manual_seed(5)
+        for mbs in steps:
+            trainer.step_accumulated(mbs)
+        opt = reference_optimizer(fmt, list(ref.parameters()))
+        for mbs in steps:
+            total = sum(mb["input_ids"][:, 1:].numel() for mb in mbs)
+            for mb in mbs:
+                ids = mb["input_ids"]
+                logits = ref(input_ids=ids, use_cache=False).logits
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+                                       reduction="sum") / total
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+        for name, p in ref.named_parameters():  # bit for bit: the same sums in the same order
+            assert torch.equal(trainer.parameter(name), p.detach()), name
+            for key, value in stored_state(trainer, name).items():
+                assert torch.equal(value, opt.state[p][key].reshape(-1)), (name, key)

@@ -42,12 +42,14 @@ def fio_version() -> str | None:
         return None
 
 
-def environment() -> dict:
+def environment(**extra) -> dict:
+    """The machine, the versions and the command of a result; ``extra``: what the caller adds (a benchmark its
+    I/O backend: :func:`terastack.io.backend.backend_record`). This module sits below every part, so it names
+    none of them."""
     import numpy
     import torch
 
     import terastack
-    from terastack.io.backend import auto_choice
 
     gpu = None
     if torch.cuda.is_available():
@@ -60,9 +62,9 @@ def environment() -> dict:
                      "torch": torch.__version__, "numpy": numpy.__version__, "fio": fio_version(),
                      "transformers": _version("transformers"), "torch_geometric": _version("torch_geometric"),
                      "deepspeed": _version("deepspeed")},
-        "io_backend": dict(zip(("name", "why"), auto_choice())),
         "command": " ".join(["terastack"] + sys.argv[1:]) if sys.argv and sys.argv[0].endswith("terastack")
         else " ".join(sys.argv),
+        **extra,
     }
 
 

@@ -4,6 +4,13 @@ import pytest
 
 # Tests never read a probe cached by the user's own runs.
 os.environ.setdefault("TERASTACK_CACHE", os.path.join(os.path.dirname(__file__), ".cache-never-written"))
+# [Note: one intra-op thread]
+# The tests' shapes are tiny: an op gains nothing from a second OpenMP thread, and on a machine whose cores are
+# busy an OpenMP team waits for its descheduled member at every op (a budget-contract case: 2-3x slower with two
+# threads on a loaded 2-core machine; tests/gnn measured 10x for its steps). Set before torch is imported, so
+# that every process the tests start (ranks, benchmark scripts, the CLI) runs one thread too; a test or a
+# command that sets its own count (dist's --threads, gnn's threads) still does.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

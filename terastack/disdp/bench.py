@@ -7,7 +7,9 @@ communication] in terastack.disdp.job_stats for the worker it is taken from),
 ``worker_optimizer_bytes`` (optimizer state held in a worker process,
 measured from its live optimizers) and the max abs difference of the final
 parameters from single-process AdamW. Then the parameter servers' ingress per
-step for 1, 2 and 4 workers, with and without the aggregator.
+step for 1, 2 and 4 workers, with and without the aggregator; the runs without
+it are also read as one server's throughput as the workers grow (``ps_scaling``,
+see :mod:`terastack.disdp.bench_ps`).
 
 With ``--model NAME`` (a built-in model such as ``llama-550m``, a model directory or a config.json) or
 ``--systems`` it measures instead the job on that model against FSDP2 and ZeRO-3, each system under an RSS
@@ -17,11 +19,13 @@ fits. ``--model toy`` / ``tiny-llama`` without ``--systems`` are the mechanism b
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 
 from terastack.disdp import bench_models
+from terastack.disdp.bench_ps import ps_scaling
 from terastack.disdp.shard_checkpoint import load_parameters
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import JOB_MODULE, launch_local
@@ -30,7 +34,8 @@ from terastack.disdp.workload import BUILTIN
 
 HEADLINE = ["speedup_vs_fsdp2", "exposed_comm_fraction_ratio_vs_fsdp2", "terastack_exposed_comm_fraction",
             "fsdp2_exposed_comm_fraction", "zero3_exposed_comm_fraction", "worker_optimizer_bytes",
-            "max_abs_diff_vs_single_process", "server_ingress_flat_with_aggregator"] + bench_models.HEADLINE
+            "max_abs_diff_vs_single_process", "server_ingress_flat_with_aggregator",
+            "ps_scaling_efficiency"] + bench_models.HEADLINE
 
 _MODEL = ["--model", "tiny-llama", "--heads", "4", "--vocab", "512", "--seq-len", "64"]
 PRESETS = {
@@ -102,75 +107,90 @@ def measure(args: argparse.Namespace) -> dict:
         root = Path(args.run_dir or tmp)
         common = dict(model=args.model, dim=args.dim, layers=args.layers, heads=args.heads, vocab=args.vocab,
                       seq_len=args.seq_len, micro_batch=args.micro_batch, timeout_s=args.timeout, progress=False)
-        # With --trace, every rank of the terastack job also writes its own Chrome trace beside it.
-        rank_traces = str(Path(args.trace).with_suffix("")) + "-ranks" if getattr(args, "trace", None) else ""
-        main = TrainConfig(**common, workers=args.workers, servers=args.servers, steps=args.steps,
-                           prefetch=args.prefetch, run_dir=str(root / "terastack"), trace_dir=rank_traces)
-        rows = main.micro_batch * main.workers
-        # [Note: fp32 noise floor] in terastack.disdp.reference: the check is against single-process AdamW
-        # with the global batch as W accumulated micro-batches; the one-backward reference is reported too.
-        ref, _ = train_single_process(main.model_spec(), steps=main.steps, seed=main.seed, rows=rows, lr=main.lr,
-                                      micro_batches=main.workers)
-        ref_full, _ = train_single_process(main.model_spec(), steps=main.steps, seed=main.seed, rows=rows,
-                                           lr=main.lr)
-        result: dict = {"workers": args.workers, "servers": args.servers, "model": args.model,
-                        "parameters": sum(t.numel() for t in ref.values()), "steps": args.steps}
-        systems = {
-            "terastack": (main, JOB_MODULE, None),
-            "fsdp2": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "fsdp2"), "trace_dir": ""})),
-                      "terastack.disdp.fsdp2", args.workers),
-            "zero3": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "zero3"), "trace_dir": ""})),
-                      "terastack.disdp.zero3", args.workers),
-        }
-        # Systems run one after another, `repeats` rounds in turn, so that load from anything else on the
-        # machine falls on all of them alike; each system's figures come from its fastest round.
-        best: dict[str, tuple[dict, float]] = {}
-        for _ in range(args.repeats):
-            for name, (cfg, module, world) in systems.items():
-                t0 = time.perf_counter()
-                out = launch_local(cfg, quiet=True, module=module, world_size=world)
-                params, _ = load_parameters(cfg.checkpoint_dir)
-                out["max_abs_diff"] = max_abs_diff(params, ref)
-                out["max_abs_diff_vs_one_backward"] = max_abs_diff(params, ref_full)
-                if name not in best or out["step_s"] < best[name][0]["step_s"]:
-                    best[name] = (out, time.perf_counter() - t0)
-        for name, (out, wall) in best.items():
-            for key in ("step_s", "exposed_comm_fraction", "exposed_comm_fraction_incl_imbalance", "max_abs_diff",
-                        "max_abs_diff_vs_one_backward"):
-                result[f"{name}_{key}"] = out[key]
-            result[f"{name}_worker_optimizer_bytes"] = out["worker_optimizer_bytes"]
-            result[f"{name}_wall_s"] = wall
-            if name == "terastack":
-                result["terastack_server_update_s"] = out.get("server_update_s")
-                result["worker_peak_param_bytes"] = out.get("worker_peak_param_bytes")
-                result["model_param_bytes"] = out.get("model_param_bytes")
-        result["step_s"] = {k: result[f"{k}_step_s"] for k in systems}
-        result["exposed_comm_fraction"] = {k: result[f"{k}_exposed_comm_fraction"] for k in systems}
-        result["speedup_vs_fsdp2"] = result["fsdp2_step_s"] / result["terastack_step_s"]
-        result["speedup_vs_zero3"] = result["zero3_step_s"] / result["terastack_step_s"]
-        result["exposed_comm_fraction_ratio_vs_fsdp2"] = (result["terastack_exposed_comm_fraction"]
-                                                          / max(result["fsdp2_exposed_comm_fraction"], 1e-12))
-        result["worker_optimizer_bytes"] = result["terastack_worker_optimizer_bytes"]
-        result["max_abs_diff_vs_single_process"] = result["terastack_max_abs_diff"]
-        result["reference_accumulated_vs_one_backward"] = max_abs_diff(ref, ref_full)
-        result["correct_within_1e-5"] = all(result[f"{k}_max_abs_diff"] <= 1e-5 for k in systems)
-
-        ingress: dict = {"with_aggregator": {}, "without_aggregator": {}}
-        for w in (int(x) for x in args.ingress_workers.split(",")):
-            for agg in (True, False):
-                if agg and w == args.workers:   # the main run above is this configuration
-                    ingress["with_aggregator"][str(w)] = best["terastack"][0]["server_ingress_bytes_per_step"]
-                    continue
-                cfg = TrainConfig(**common, workers=w, servers=args.servers, aggregator=agg, steps=args.ingress_steps,
-                                  run_dir=str(root / f"ingress-w{w}-{'agg' if agg else 'noagg'}"))
-                out = launch_local(cfg, quiet=True)
-                ingress["with_aggregator" if agg else "without_aggregator"][str(w)] = \
-                    out["server_ingress_bytes_per_step"]
-        result["server_ingress_bytes_per_step"] = ingress
-        flat = list(ingress["with_aggregator"].values())
-        result["server_ingress_flat_with_aggregator"] = len(set(flat)) == 1
-        grows = list(ingress["without_aggregator"].values())
-        result["server_ingress_grows_without_aggregator"] = all(b > a for a, b in zip(grows, grows[1:]))
+        result, main_run = _compare_systems(args, root, common)
+        result.update(_ingress_sweep(args, root, common, main_run))
         result["note"] = ("all systems share this machine's cores: the disaggregated job runs its workers, agent "
                           "threads, aggregator and servers on the same CPUs that FSDP2 uses for its workers alone")
     return result
+
+
+def _compare_systems(args, root: Path, common: dict) -> tuple[dict, dict]:
+    """terastack, FSDP2 and ZeRO-3 on the same job, ``repeats`` rounds in turn; the figures and terastack's
+    fastest run."""
+    # With --trace, every rank of the terastack job also writes its own Chrome trace beside it.
+    rank_traces = str(Path(args.trace).with_suffix("")) + "-ranks" if getattr(args, "trace", None) else ""
+    main = TrainConfig(**common, workers=args.workers, servers=args.servers, steps=args.steps,
+                       prefetch=args.prefetch, run_dir=str(root / "terastack"), trace_dir=rank_traces)
+    rows = main.micro_batch * main.workers
+    # [Note: fp32 noise floor] in terastack.disdp.reference: the check is against single-process AdamW
+    # with the global batch as W accumulated micro-batches; the one-backward reference is reported too.
+    ref, _ = train_single_process(main.model_spec(), steps=main.steps, seed=main.seed, rows=rows, lr=main.lr,
+                                  micro_batches=main.workers)
+    ref_full, _ = train_single_process(main.model_spec(), steps=main.steps, seed=main.seed, rows=rows,
+                                       lr=main.lr)
+    result: dict = {"workers": args.workers, "servers": args.servers, "model": args.model,
+                    "parameters": sum(t.numel() for t in ref.values()), "steps": args.steps}
+    systems = {
+        "terastack": (main, JOB_MODULE, None),
+        "fsdp2": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "fsdp2"), "trace_dir": ""})),
+                  "terastack.disdp.fsdp2", args.workers),
+        "zero3": (TrainConfig(**(main.to_dict() | {"run_dir": str(root / "zero3"), "trace_dir": ""})),
+                  "terastack.disdp.zero3", args.workers),
+    }
+    # Systems run one after another, `repeats` rounds in turn, so that load from anything else on the
+    # machine falls on all of them alike; each system's figures come from its fastest round.
+    best: dict[str, tuple[dict, float]] = {}
+    for _ in range(args.repeats):
+        for name, (cfg, module, world) in systems.items():
+            t0 = time.perf_counter()
+            out = launch_local(cfg, quiet=True, module=module, world_size=world)
+            params, _ = load_parameters(cfg.checkpoint_dir)
+            out["max_abs_diff"] = max_abs_diff(params, ref)
+            out["max_abs_diff_vs_one_backward"] = max_abs_diff(params, ref_full)
+            if name not in best or out["step_s"] < best[name][0]["step_s"]:
+                best[name] = (out, time.perf_counter() - t0)
+    for name, (out, wall) in best.items():
+        for key in ("step_s", "exposed_comm_fraction", "exposed_comm_fraction_incl_imbalance", "max_abs_diff",
+                    "max_abs_diff_vs_one_backward"):
+            result[f"{name}_{key}"] = out[key]
+        result[f"{name}_worker_optimizer_bytes"] = out["worker_optimizer_bytes"]
+        result[f"{name}_wall_s"] = wall
+        if name == "terastack":
+            result["terastack_server_update_s"] = out.get("server_update_s")
+            result["worker_peak_param_bytes"] = out.get("worker_peak_param_bytes")
+            result["model_param_bytes"] = out.get("model_param_bytes")
+    result["step_s"] = {k: result[f"{k}_step_s"] for k in systems}
+    result["exposed_comm_fraction"] = {k: result[f"{k}_exposed_comm_fraction"] for k in systems}
+    result["speedup_vs_fsdp2"] = result["fsdp2_step_s"] / result["terastack_step_s"]
+    result["speedup_vs_zero3"] = result["zero3_step_s"] / result["terastack_step_s"]
+    result["exposed_comm_fraction_ratio_vs_fsdp2"] = (result["terastack_exposed_comm_fraction"]
+                                                      / max(result["fsdp2_exposed_comm_fraction"], 1e-12))
+    result["worker_optimizer_bytes"] = result["terastack_worker_optimizer_bytes"]
+    result["max_abs_diff_vs_single_process"] = result["terastack_max_abs_diff"]
+    result["reference_accumulated_vs_one_backward"] = max_abs_diff(ref, ref_full)
+    result["correct_within_1e-5"] = all(result[f"{k}_max_abs_diff"] <= 1e-5 for k in systems)
+    return result, best["terastack"][0]
+
+
+def _ingress_sweep(args, root: Path, common: dict, main_run: dict) -> dict:
+    """The servers' ingress per step as workers grow, with and without the aggregator; the runs without it read
+    as the server's throughput as the workers grow (terastack.disdp.bench_ps)."""
+    ingress: dict = {"with_aggregator": {}, "without_aggregator": {}}
+    single_server_runs: dict[int, dict] = {}
+    for w in (int(x) for x in args.ingress_workers.split(",")):
+        for agg in (True, False):
+            if agg and w == args.workers:   # the main run is this configuration
+                ingress["with_aggregator"][str(w)] = main_run["server_ingress_bytes_per_step"]
+                continue
+            cfg = TrainConfig(**common, workers=w, servers=args.servers, aggregator=agg, steps=args.ingress_steps,
+                              run_dir=str(root / f"ingress-w{w}-{'agg' if agg else 'noagg'}"))
+            out = launch_local(cfg, quiet=True)
+            ingress["with_aggregator" if agg else "without_aggregator"][str(w)] = out["server_ingress_bytes_per_step"]
+            if not agg:
+                single_server_runs[w] = out
+    flat = list(ingress["with_aggregator"].values())
+    grows = list(ingress["without_aggregator"].values())
+    scaling = ps_scaling(single_server_runs, servers=args.servers, cores=len(os.sched_getaffinity(0)))
+    return {"server_ingress_bytes_per_step": ingress, "server_ingress_flat_with_aggregator": len(set(flat)) == 1,
+            "server_ingress_grows_without_aggregator": all(b > a for a, b in zip(grows, grows[1:])),
+            "ps_scaling": scaling, "ps_scaling_efficiency": scaling["efficiency_at_largest"]}

@@ -134,13 +134,18 @@ def run(args: argparse.Namespace) -> int:
 def run_job(args: argparse.Namespace) -> int:
     """``dist train``: the job of the file, flags and overrides; launched here, or one rank under torchrun."""
     from terastack.disdp.job_run import check_job, launch_job, run_torchrun_rank
+    from terastack.training.interrupt import INTERRUPTED_EXIT, JobInterrupted
     from terastack.training.job import job_flags, resolve_job
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     check_job(job)
     if _under_torchrun():   # one rank of a job torchrun started, on this node or several
         return run_torchrun_rank(job)
-    result = launch_job(job)
+    try:
+        result = launch_job(job, argv=getattr(args, "_argv", None))
+    except JobInterrupted as exc:   # every rank has left in order; where to continue from, in one line
+        print(exc, file=sys.stderr)
+        return INTERRUPTED_EXIT
     if args.json:
         print(dumps(result))
     elif result["losses"]:

@@ -65,6 +65,7 @@ import torch
 import torch.distributed as dist
 
 from terastack.disdp.roles import RoleMap
+from terastack.training.job.engine_sections import DISDP_DEVICES
 
 
 class Kind(enum.IntEnum):
@@ -89,7 +90,8 @@ CHANNEL_OF = {Kind.PARAM: Channel.PARAMS, Kind.RELAY_PARAM: Channel.PARAMS, Kind
               Kind.STATS: Channel.GRADS}
 #: a kind of message on each channel (to name the channel)
 _KIND_ON = {Channel.PARAMS: Kind.PARAM, Channel.GRADS: Kind.GRAD}
-DEVICES = ("cpu", "cuda")
+#: where ranks' messages travel: the job's choices (one copy, in the job's disdp section)
+DEVICES = DISDP_DEVICES
 
 
 def backend_for(device) -> str:

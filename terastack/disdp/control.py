@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from terastack.disdp.roles import RoleMap
-from terastack.disdp.shutdown import track
+from terastack.disdp.shutdown import stop_point, track
 
 #: how often a rank beats, and how long a rank that suspects a lost peer watches the beats ([Note: a lost node])
 BEAT_S = 0.5
@@ -107,6 +107,7 @@ class Control:
 
     # ------------------------------------------------------------- commands
     def announce(self, command: Command) -> None:
+        stop_point()   # Ctrl-C stops rank 0 here, between commands ([Note: Ctrl-C on a job])
         dist.broadcast(command.encode(), src=0, group=self.group)
 
     def next(self) -> Command:

@@ -1,11 +1,11 @@
 """``terastack dist train --config job.yaml``: the job file ``terastack finetune`` runs, on the disaggregated engine.
 
 :func:`launch_job` starts every rank on this machine (torchrun's elastic agent, loopback); under torchrun each
-rank runs :func:`run_rank` (``python -m terastack.disdp.job_run JOB.yaml``). Rank 0 (worker 0) reads the data,
-builds the job's schedule and runs the shared loop (:class:`terastack.training.loop.FinetuneLoop`) on a
-:class:`~terastack.disdp.job_engine.DisdpEngine`; the other ranks follow its step messages
-([Note: step messages] in :mod:`terastack.disdp.control`). The job's ``batch_size`` is the global batch:
-every micro-batch is split by rows among the workers.
+rank runs :func:`run_rank` (``python -m terastack.disdp.job_rank JOB.yaml``: it takes SIGINT over, then imports
+this module). Rank 0 (worker 0) reads the data, builds the job's schedule and runs the shared loop
+(:class:`terastack.training.loop.FinetuneLoop`) on a :class:`~terastack.disdp.job_engine.DisdpEngine`; the
+other ranks follow its step messages ([Note: step messages] in :mod:`terastack.disdp.control`). The job's
+``batch_size`` is the global batch: every micro-batch is split by rows among the workers.
 
 On several nodes each node runs one torchrun (``torchrun --nnodes N ... -m terastack dist train --config
 job.yaml``) and every rank runs :func:`run_torchrun_rank`: roles follow the global rank ([Note: ranks on several
@@ -18,8 +18,11 @@ import dataclasses
 import datetime
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,16 +33,17 @@ from torch import nn
 from terastack.atomic import atomic_write_json
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.comm import Comm, backend_for, join_process_group
-from terastack.disdp.control import Control, Liveness, lost_line, short_reason
+from terastack.disdp.control import Command, Control, Liveness, Op, lost_line, short_reason
 from terastack.disdp.initial_weights import StreamedShard, random_init
 from terastack.disdp.job_engine import DisdpEngine, JobWorker, follow, part_of
 from terastack.disdp.launch import QUIET_ENV, launch_ranks
 from terastack.disdp.roles import Role, RoleMap, local_node
 from terastack.disdp.run import check_same_layout
-from terastack.disdp.shutdown import exit_rank
+from terastack.disdp.shutdown import defer_interrupts, exit_rank, follow_interrupts
+from terastack.training.interrupt import JobInterrupted
 
-#: the program every rank of a job runs
-JOB_RUN_MODULE = "terastack.disdp.job_run"
+#: the program every rank of a job runs (it imports this module once it has taken SIGINT over)
+JOB_RUN_MODULE = "terastack.disdp.job_rank"
 RESULT = "result.json"
 COMMAND = "terastack dist train"
 
@@ -96,6 +100,8 @@ def join_job(job) -> tuple[JobRank, Control]:
     from terastack.training.model_registry import DEFAULT_MODEL, resolve_model
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # every role writes under the job's directory (job_run_dir), resolved once for all of them
+    job = dataclasses.replace(job, disdp=dataclasses.replace(job.disdp, run_dir=job_run_dir(job)[0]))
     d = job.disdp
     roles = roles_of(job)
     roles.check_world(world)
@@ -151,7 +157,11 @@ def run_rank(job) -> int:
     me, control = join_job(job)
     try:
         if me.rank == 0:
-            drive(me, control)
+            try:
+                drive(me, control)
+            except KeyboardInterrupt:   # raised between two commands: every rank stops ([Note: Ctrl-C on a job])
+                control.announce(Command(op=Op.STOP))
+                control.max_of([0.0, 0.0])   # the followers' figures, not reported
         else:
             shard = initial_shard(me) if me.role is Role.SERVER else None
             try:
@@ -181,10 +191,11 @@ def run_rank(job) -> int:
     return 0
 
 
-def run_torchrun_rank(job) -> int:
-    """One rank under torchrun (``-m terastack dist train``, or ``-m terastack.disdp.job_run`` as
+def run_torchrun_rank(job, *, early_interrupts: list | None = None) -> int:
+    """One rank under torchrun (``-m terastack dist train``, or ``-m terastack.disdp.job_rank`` as
     :func:`launch_job` starts it): :func:`run_rank` under torchrun's error record; a lost node ends this rank
-    with exit status 1 and, from the first rank to see it, one line ([Note: a lost node])."""
+    with exit status 1 and, from the first rank to see it, one line ([Note: a lost node]). ``early_interrupts``:
+    the SIGINTs rank 0 noted before this module was imported (:mod:`terastack.disdp.job_rank`)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     def recorded(job) -> int:
@@ -195,6 +206,11 @@ def run_torchrun_rank(job) -> int:
                 print(f"terastack dist: {exc}", file=sys.stderr, flush=True)
             return 1
 
+    # Ctrl-C: rank 0 stops every rank between two commands ([Note: Ctrl-C on a job])
+    if os.environ.get("RANK") == "0":
+        defer_interrupts(early_interrupts)
+    else:
+        follow_interrupts()
     # the process group is destroyed on every path ([Note: a thread inside the network at exit])
     return exit_rank(recorded, job)
 
@@ -216,112 +232,115 @@ def resume_hint(job, *, here: bool = True) -> str:
     return f"; the last checkpoint is step {step} in {d}: rerun with --resume {d} to continue"
 
 
+class DisaggregatedEngine:
+    """The disaggregated engine on rank 0 as the job runner uses it
+    (:class:`terastack.training.job_runner.EngineChoice`)."""
+
+    command = COMMAND
+
+    def __init__(self, me: JobRank, control: Control, *, log=sys.stderr):
+        self.me, self.control, self.log = me, control, log
+        self.memory: dict = {}
+
+    @contextmanager
+    def open(self, start):
+        me = self.me
+        engine = DisdpEngine(me, self.control, JobWorker(me), lr=start.lr, hf_config=me.hf_config,
+                             model_dir=me.model_dir)
+        if start.snapshot is not None:
+            engine.resume(start.snapshot)
+        self.announce(start)
+        yield engine
+        self.memory = engine.stop()   # only after a whole run: the other ranks' way out of a failure is theirs
+
+    def announce(self, start) -> None:
+        me, job, log = self.me, self.me.job, self.log
+        print(f"{COMMAND}: {start.model.name} ({me.layout.numel / 1e6:.2f}M parameters in "
+              f"{len(me.layout.buckets)} buckets) on {start.data.info['source']}; {me.roles.workers} workers, "
+              f"{me.roles.servers} servers (state in {job.disdp.state})"
+              + (", an aggregator" if me.roles.aggregator else ""), file=log, flush=True)
+        if me.roles.multi_node:
+            roles = me.roles
+            print(f"{COMMAND}: ranks on {len({n for n, _ in roles.nodes})} nodes\n{roles.table()}", file=log,
+                  flush=True)
+            apart = [w for w in range(roles.workers) if roles.nodes[roles.agent_rank(w)][0] != roles.nodes[w][0]]
+            if apart:   # every bucket crosses the network twice: agent <-> worker, then agent <-> servers
+                print(f"{COMMAND}: the agents of workers {', '.join(map(str, apart))} run on other nodes than "
+                      "their workers; across nodes keep disdp.agents=thread", file=log, flush=True)
+
+    def result(self, start, engine, done) -> dict:
+        return {"workers": self.me.roles.workers, "servers": self.me.roles.servers}
+
+
 def drive(me: JobRank, control: Control) -> dict:
-    """Rank 0: the job's data, schedule and loop on the engine; the export; ``result.json`` in the run dir."""
-    from terastack.training.checkpoint import open_checkpoint
-    from terastack.training.data.epochs import total_steps
-    from terastack.training.data.job_data import JobData
-    from terastack.training.data.stdlib_corpus import load_tokenizer
-    from terastack.training.job import write_job_file
-    from terastack.training.loop import DataSource, FinetuneLoop, LoopConfig, job_schedule, perplexity
-    from terastack.training.metrics import MetricsLog
-    from terastack.training.output_dir import OutputDir
+    """Rank 0: the job on the one job runner (terastack.training.job_runner) with this engine; ``result.json``
+    in the run dir."""
+    from terastack.training.job_runner import JobModel, JobRunner
 
     job, log = me.job, sys.stderr
     quiet = os.environ.get(QUIET_ENV) == "1" or not job.disdp.progress
-    t = job.training
-    Path(job.disdp.run_dir).mkdir(parents=True, exist_ok=True)   # under an outer torchrun nothing made it yet
-    lr = t.lr if t.lr is not None else (1e-5 if me.model_dir is not None else 3e-4)
-    tokenizer = load_tokenizer(me.model_dir)
-    data = JobData(job, tokenizer, me.model_dir, seed=t.seed)
-    steps_total = total_steps(steps=t.step_count, epochs=t.epochs, rows=data.rows, batch_size=t.batch_size,
-                              grad_accum=t.grad_accum)
-    schedule = job_schedule(job, lr=lr, total_steps=steps_total)
-    # finetune.yaml: the job as run (its learning rate spelled out, its files absolute), to be run again
-    absolute = job.with_absolute_paths()
-    resolved = dataclasses.replace(absolute, training=dataclasses.replace(absolute.training, lr=lr),
-                                   checkpoint=dataclasses.replace(absolute.checkpoint, resume=None))
-    output = OutputDir(job.output.dir) if job.output.dir else None
-    engine = DisdpEngine(me, control, JobWorker(me), lr=lr, hf_config=me.hf_config, model_dir=me.model_dir)
-    resume = job.checkpoint.resume
-    snapshot = None
-    if resume:
-        snapshot = open_checkpoint(resume)
-        snapshot.load({"data": DataSource(data.info)}, optional=["data"])  # other data: refused first
-        engine.resume(snapshot)
-    vocab = getattr(me.hf_config, "vocab_size", None)
-    if vocab is not None and data.max_token >= vocab:
-        raise ValueError(f"the tokens of {data.info['source']} reach id {data.max_token} but the model has a "
-                         f"vocabulary of {vocab}")
-    print(f"{COMMAND}: {job.model.path or 'tiny-llama'} ({me.layout.numel / 1e6:.2f}M parameters in "
-          f"{len(me.layout.buckets)} buckets) on {data.info['source']}; {me.roles.workers} workers, "
-          f"{me.roles.servers} servers (state in {job.disdp.state})"
-          + (", an aggregator" if me.roles.aggregator else "")
-          + f"; {steps_total} steps of {t.grad_accum} x {t.batch_size} rows, lr {lr:g}", file=log, flush=True)
-    if me.roles.multi_node:
-        roles = me.roles
-        print(f"{COMMAND}: ranks on {len({n for n, _ in roles.nodes})} nodes\n{roles.table()}", file=log, flush=True)
-        apart = [w for w in range(roles.workers) if roles.nodes[roles.agent_rank(w)][0] != roles.nodes[w][0]]
-        if apart:   # every bucket crosses the network twice: agent <-> worker, then agent <-> servers
-            print(f"{COMMAND}: the agents of workers {', '.join(map(str, apart))} run on other nodes than their "
-                  "workers; across nodes keep disdp.agents=thread", file=log, flush=True)
-    if output is not None:
-        output.start(resuming=bool(resume))
-    metrics_path = job.output.metrics or (output.metrics_path if output is not None else None)
-    with MetricsLog(metrics_path, resume_step=engine.step_count if resume else None) as metrics:
-        loop = FinetuneLoop(engine, data.train, schedule,
-                            LoopConfig.from_job(job, total_steps=steps_total, rows_per_epoch=data.rows),
-                            val_batches=data.val, metrics=metrics, log=None if quiet else log,
-                            data_info=data.info)
-        if snapshot is not None:
-            loop.resume(snapshot)
-        done = loop.run()
-    if output is not None:
-        output.finish(engine, tokenizer, max_shard_size=job.output.max_shard_size,
-                      write_job=lambda path: write_job_file(resolved, path, command=COMMAND))
-        print(f"exported to {output.path}", file=log, flush=True)
-    memory = engine.stop()
-    losses, evals = done.losses, done.evaluations
-    result = {
-        "model": job.model.path or "tiny-llama", "parameters": me.layout.numel, "data": data.info,
-        "workers": me.roles.workers, "servers": me.roles.servers, "steps": engine.step_count,
-        "first_step": done.first_step, "total_steps": steps_total, "losses": losses,
-        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-        "evaluations": [{"step": s, "val_loss": v} for s, v in evals],
-        "val_loss_last": evals[-1][1] if evals else None,
-        "val_ppl_last": perplexity(evals[-1][1]) if evals else None,
-        "step_s_mean": done.train_seconds / len(losses) if losses else None,
-        "grad_norms": [h.grad_norm for h in engine.history[-len(losses):]] if losses else [],
-        "checkpoint": job.checkpoint.dir, "exported": job.output.dir, "finished": time.time(), **memory,
-    }
-    atomic_write_json(Path(job.disdp.run_dir) / RESULT, result)
+    run_dir = Path(job.disdp.run_dir)   # resolved by join_job
+    run_dir.mkdir(parents=True, exist_ok=True)   # under an outer torchrun nothing made it yet
+    choice = DisaggregatedEngine(me, control, log=log)
+    runner = JobRunner(job, choice, log=log, loop_log=None if quiet else log)
+    model = JobModel(name=job.model.path or "tiny-llama", hf_config=me.hf_config, model_dir=me.model_dir)
+    result = runner.run(model)
+    result.update(finished=time.time(), **choice.memory)
+    atomic_write_json(run_dir / RESULT, result)
     return result
 
 
-def launch_job(job, *, quiet: bool = False) -> dict:
-    """Run ``job`` on this machine: every rank under torchrun's elastic agent on loopback; rank 0's result."""
+def job_run_dir(job) -> tuple[str, bool]:
+    """The job's directory (statistics, the servers' SSD state, traces) and whether it is a scratch directory of
+    this run: ``disdp.run_dir``; else ``terastack-dist`` under the store's first directory; else a temporary
+    directory (named by torchrun's run id, so every rank of a node finds the same one). Never the working
+    directory: a job writes where its settings say."""
+    if job.disdp.run_dir:
+        return job.disdp.run_dir, False
+    if job.store.dirs:
+        return os.path.join(job.store.dirs.split(",")[0].strip(), "terastack-dist"), False
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"{os.getpid()}"
+    return os.path.join(tempfile.gettempdir(), f"terastack-dist-{run_id}"), True
+
+
+def launch_job(job, *, quiet: bool = False, argv: list[str] | None = None) -> dict:
+    """Run ``job`` on this machine: every rank under torchrun's elastic agent on loopback; rank 0's result.
+    Ctrl-C raises :class:`~terastack.training.interrupt.JobInterrupted` once every rank has left, with the line
+    naming the last checkpoint and the command (``argv``: the words after ``terastack``) that resumes from it."""
+    from terastack.training.interrupt import interrupted_line, latest_checkpoint
     from terastack.training.job import write_job_file
 
     check_job(job)
     roles = roles_of(job)
-    run_dir = Path(job.disdp.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RESULT).unlink(missing_ok=True)
-    job_file = run_dir / "job.yaml"
-    write_job_file(job.with_absolute_paths(), job_file, command=COMMAND)   # the ranks may start elsewhere
+    path, scratch = job_run_dir(job)
+    run_dir = Path(path)
+    job = dataclasses.replace(job, disdp=dataclasses.replace(job.disdp, run_dir=str(run_dir)))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RESULT).unlink(missing_ok=True)
+        job_file = run_dir / "job.yaml"
+        write_job_file(job.with_absolute_paths(), job_file, command=COMMAND)   # the ranks may start elsewhere
+        interrupted = launch_ranks(roles, JOB_RUN_MODULE, [str(job_file)], world_size=roles.world_size,
+                                   timeout_s=job.disdp.timeout_s, quiet=quiet,
+                                   resume_hint=lambda: resume_hint(job), interruptible=True)
+        if interrupted and not (run_dir / RESULT).exists():   # a Ctrl-C after the job's end changes nothing
+            d = job.checkpoint.dir
+            raise JobInterrupted(interrupted_line(step=None, total=None, where="", last=latest_checkpoint(d),
+                                                  argv=argv, checkpoint_dir=d, command=("dist", "train")))
+        return json.loads((run_dir / RESULT).read_text())
+    finally:
+        if scratch:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
-    launch_ranks(roles, JOB_RUN_MODULE, [str(job_file)], world_size=roles.world_size,
-                 timeout_s=job.disdp.timeout_s, quiet=quiet, resume_hint=lambda: resume_hint(job))
-    return json.loads((run_dir / RESULT).read_text())
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m terastack.disdp.job_run JOB.yaml`` under torchrun."""
+def main(argv: list[str] | None = None, *, early_interrupts: list | None = None) -> int:
+    """``python -m terastack.disdp.job_run JOB.yaml`` under torchrun (``early_interrupts``:
+    :func:`run_torchrun_rank`)."""
     from terastack.training.job import resolve_job
 
     argv = sys.argv[1:] if argv is None else argv
     job = resolve_job(file=argv[0], flags={}, overrides=list(argv[1:]), log=None)
-    return run_torchrun_rank(job)
+    return run_torchrun_rank(job, early_interrupts=early_interrupts)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -39,6 +40,12 @@ QUIET_ENV = "TERASTACK_DIST_QUIET"
 
 class JobFailed(RuntimeError):
     """A rank of the job died or failed; the message names the first one, its role and how to resume."""
+
+
+#: torchrun's agent answers these signals by stopping the ranks; SIGINT is left to the ranks of a job
+#: ([Note: Ctrl-C on a job])
+_AGENT_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+_AGENT_SIGNALS_BUT_SIGINT = "SIGTERM,SIGHUP,SIGQUIT"
 
 
 def free_port() -> int:
@@ -120,10 +127,13 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_
 
 
 def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: int, timeout_s: float,
-                 quiet: bool = False, resume_hint=lambda: "") -> None:
+                 quiet: bool = False, resume_hint=lambda: "", interruptible: bool = False) -> bool:
     """Start ``world_size`` ranks of ``python -m MODULE ARGS...`` under torchrun's elastic agent (c10d rendezvous
     on loopback) and wait for them; a failed rank raises :class:`JobFailed` ([Note: failures]), its message ended
-    by ``resume_hint()``."""
+    by ``resume_hint()``. ``interruptible``: the ranks stop in order on SIGINT ([Note: Ctrl-C on a job]): the
+    launcher passes it on to them and waits; True if a SIGINT came (False: none, or ``interruptible`` is not
+    set)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -133,17 +143,73 @@ def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: in
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
         rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
         start_method="spawn", shutdown_timeout=2)
-    env_before = os.environ.get(QUIET_ENV)
-    os.environ[QUIET_ENV] = "1" if quiet else "0"
+    env = {QUIET_ENV: "1" if quiet else "0", _AGENT_SIGNALS_ENV: os.environ.get(_AGENT_SIGNALS_ENV)}
+    relay, previous = _InterruptRelay(module), None
+    if interruptible and threading.current_thread() is threading.main_thread():
+        # torchrun's launcher sets the variable from its config (older ones read only the variable)
+        launch.signals_to_handle = env[_AGENT_SIGNALS_ENV] = _AGENT_SIGNALS_BUT_SIGINT
+        previous = signal.signal(signal.SIGINT, relay)
+    env_before = {name: os.environ.get(name) for name in env}
+    os.environ.update({name: value for name, value in env.items() if value is not None})
     try:
         elastic_launch(launch, sys.executable)("-m", module, *args)
     except ChildFailedError as exc:
         raise JobFailed(describe_failures(roles, exc.failures, resume_hint())) from None
+    except SignalException:
+        if not relay.seen.is_set():
+            raise
+        return True   # a second Ctrl-C: torchrun's agent has stopped the ranks
     finally:
-        if env_before is None:
-            os.environ.pop(QUIET_ENV, None)
-        else:
-            os.environ[QUIET_ENV] = env_before
+        for name, value in env_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return relay.seen.is_set()
+
+
+class _InterruptRelay:
+    """The launcher's SIGINT handler ([Note: Ctrl-C on a job]): the first SIGINT is passed on to the ranks (a
+    SIGINT sent to the launcher alone reaches rank 0 too; one sent to the process group reaches it twice, which
+    changes nothing) and the launcher waits for them to leave; a second one has torchrun's agent stop them as it
+    stops them on SIGTERM (the signal, then SIGKILL after its shutdown timeout)."""
+
+    def __init__(self, module: str):
+        self.module = module
+        self.seen = threading.Event()
+
+    def __call__(self, signum, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if self.seen.is_set():
+            raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+        self.seen.set()
+        for pid in _child_ranks(self.module):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+
+def _child_ranks(module: str) -> list[int]:
+    """The pids of this process's children that run ``python -m MODULE`` (Linux ``/proc``; [] elsewhere)."""
+    pids = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    ranks = []
+    for pid in pids:
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if module.encode() in words:
+            ranks.append(pid)
+    return ranks
 
 
 def rank_main(entry, argv: list[str] | None = None) -> int:

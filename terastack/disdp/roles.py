@@ -26,6 +26,7 @@ import enum
 import os
 import socket
 from dataclasses import dataclass
+from terastack.training.job.engine_sections import DISDP_AGENTS
 
 
 class Role(str, enum.Enum):
@@ -35,7 +36,8 @@ class Role(str, enum.Enum):
     AGENT = "agent"
 
 
-AGENT_MODES = ("thread", "process")
+#: the communication agents' modes: the job's choices (one copy, in the job's disdp section)
+AGENT_MODES = DISDP_AGENTS
 
 
 def local_node() -> tuple[int, str]:

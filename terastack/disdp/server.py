@@ -72,8 +72,10 @@ from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.roles import RoleMap
 from terastack.tiers import Tier, TieredStore
 from terastack.units import format_bytes
+from terastack.training.job.engine_sections import DISDP_STATES
 
-STATES = ("memory", "ssd")
+#: where the servers keep their state: the job's choices (one copy, in the job's disdp section)
+STATES = DISDP_STATES
 #: elements of a bucket's slice updated at once (AdamW's temporaries: 16 MiB)
 UPDATE_CHUNK = 4 << 20
 

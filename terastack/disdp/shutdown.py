@@ -17,10 +17,26 @@ exception", after its work was done. torchrun then reports a rank killed by a si
   wake it: a pending receive keeps its connection alive). :func:`exit_rank` waits for such threads a short
   while, destroys the group and, if one is still inside the network, ends the process with ``os._exit`` once
   the error has been printed and recorded (by torchrun's ``record``), so that no finalization runs under it.
+
+[Note: Ctrl-C on a job]
+A terminal's Ctrl-C sends SIGINT to every process of the job: the launcher and every rank. A rank that raised
+KeyboardInterrupt wherever it stood would leave its peers waiting inside a pass for messages that never come
+(and torchrun would kill them: per-rank tracebacks, exit 1). So the ranks hand the interrupt to rank 0, which
+stops them all between two commands:
+
+- every rank but rank 0 ignores SIGINT (:func:`follow_interrupts`): it ends when rank 0 says STOP;
+- rank 0 notes it (:func:`defer_interrupts`) and raises KeyboardInterrupt at the next :func:`stop_point`, which
+  rank 0 reaches before it announces each command ([Note: step messages] in :mod:`terastack.disdp.control`):
+  there every rank has finished the command before, so rank 0 announces STOP and every rank leaves in order,
+  with exit status 0;
+- the launcher (:func:`terastack.disdp.launch.launch_ranks`) keeps torchrun's agent from answering SIGINT by
+  killing the ranks, passes the signal on to its ranks (a SIGINT sent to the launcher alone), waits for them,
+  and reports one line ([Note: an interrupted run] in :mod:`terastack.training.interrupt`), exit status 130.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -31,6 +47,9 @@ import torch.distributed as dist
 
 #: how long a failing rank waits for its network threads to end before it exits without finalizing
 STRANDED_WAIT_S = 2.0
+
+_interrupt = threading.Event()    # a SIGINT was noted and not yet raised ([Note: Ctrl-C on a job])
+_raised = threading.Event()       # raised once: the stop that follows must not be interrupted again
 
 _threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 _lock = threading.Lock()
@@ -66,6 +85,29 @@ def destroy_group() -> None:
             dist.destroy_process_group()
     except Exception:   # noqa: BLE001 - leaving anyway; the rank's own error is the one to report
         pass
+
+
+def defer_interrupts(earlier: list | None = None) -> None:
+    """Rank 0: SIGINT is noted, and raised as KeyboardInterrupt at the next :func:`stop_point`. ``earlier``: the
+    SIGINTs an earlier handler noted (non-empty: one is pending), read once this handler is in place so that
+    none is lost between the two."""
+    _interrupt.clear()
+    _raised.clear()
+    signal.signal(signal.SIGINT, lambda signum, frame: _interrupt.set())
+    if earlier:
+        _interrupt.set()
+
+
+def follow_interrupts() -> None:
+    """Every rank but rank 0: SIGINT is ignored (rank 0 ends the job on it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_point() -> None:
+    """Raise KeyboardInterrupt here if a SIGINT was noted ([Note: Ctrl-C on a job]); once per process."""
+    if _interrupt.is_set() and not _raised.is_set():
+        _raised.set()
+        raise KeyboardInterrupt
 
 
 def exit_rank(entry, *args) -> int:

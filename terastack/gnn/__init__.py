@@ -42,7 +42,7 @@ from the shell with ``terastack gnn train`` (``--save-model``), predict every no
 neighbourhoods, layer by layer out of core, with ``terastack gnn infer``; ask which hardware gives the most
 epochs per dollar with ``terastack gnn advise``. Heterogeneous graphs (ogbn-mag, MAG240M, IGBH, a PyG
 ``HeteroData``) import into a heterogeneous dataset (``open_hetero_dataset``) and train with
-``HeteroTrainer`` (R-GCN or ``to_hetero(GraphSAGE)``; per-relation fanouts) through the same commands. PyG's own ``NodeLoader`` runs
+the same ``GnnTrainer`` (R-GCN or ``to_hetero(GraphSAGE)``; per-relation fanouts) through the same commands. PyG's own ``NodeLoader`` runs
 over the same storage through :mod:`terastack.gnn.pyg`.
 """
 from __future__ import annotations
@@ -50,27 +50,26 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "open_dataset": "terastack.gnn.dataset", "GraphDataset": "terastack.gnn.dataset",
-    "DatasetError": "terastack.gnn.dataset",
-    "GraphGenerator": "terastack.gnn.gen", "generate": "terastack.gnn.gen",
+    "open_dataset": "terastack.gnn.storage.dataset", "GraphDataset": "terastack.gnn.storage.dataset",
+    "DatasetError": "terastack.gnn.storage.dataset",
+    "GraphGenerator": "terastack.gnn.storage.gen", "generate": "terastack.gnn.storage.gen",
     "GraphImporter": "terastack.gnn.importer", "import_arrays": "terastack.gnn.importer",
-    "NeighborSampler": "terastack.gnn.sampler", "SampledBatch": "terastack.gnn.sampler",
-    "SsdTopology": "terastack.gnn.topology", "ArrayTopology": "terastack.gnn.topology",
-    "DiskArray": "terastack.gnn.topology",
-    "presample": "terastack.gnn.hotness", "Hotness": "terastack.gnn.hotness",
-    "UnifiedCache": "terastack.gnn.cache", "InMemoryFeatures": "terastack.gnn.cache",
-    "MmapFeatures": "terastack.gnn.cache", "FeatureSource": "terastack.gnn.cache",
-    "Pipeline": "terastack.gnn.pipeline", "PipelineError": "terastack.gnn.pipeline",
-    "GNN": "terastack.gnn.models", "GnnTrainer": "terastack.gnn.train", "GnnInference": "terastack.gnn.infer",
-    "save_model": "terastack.gnn.models", "load_model": "terastack.gnn.models",
+    "NeighborSampler": "terastack.gnn.sampling.sampler", "SampledBatch": "terastack.gnn.sampling.sampler",
+    "SsdTopology": "terastack.gnn.storage.topology", "ArrayTopology": "terastack.gnn.storage.topology",
+    "DiskArray": "terastack.gnn.storage.topology",
+    "presample": "terastack.gnn.storage.hotness", "Hotness": "terastack.gnn.storage.hotness",
+    "UnifiedCache": "terastack.gnn.storage.cache", "InMemoryFeatures": "terastack.gnn.storage.baselines",
+    "MmapFeatures": "terastack.gnn.storage.baselines", "FeatureSource": "terastack.gnn.storage.cache",
+    "Pipeline": "terastack.gnn.sampling.pipeline", "PipelineError": "terastack.gnn.sampling.pipeline",
+    "GNN": "terastack.gnn.training.models", "GnnTrainer": "terastack.gnn.training.train", "GnnInference": "terastack.gnn.training.infer",
+    "save_model": "terastack.gnn.training.models", "load_model": "terastack.gnn.training.models",
     "TerastackFeatureStore": "terastack.gnn.pyg", "CSCGraphStore": "terastack.gnn.pyg",
     "PygNeighborSampler": "terastack.gnn.pyg",
     "from_pyg": "terastack.gnn.formats.pyg_data", "import_directory": "terastack.gnn.formats.detect",
     "detect_layout": "terastack.gnn.formats.detect",
-    "HeteroDataset": "terastack.gnn.hetero_dataset", "open_hetero_dataset": "terastack.gnn.hetero_dataset",
-    "HeteroNeighborSampler": "terastack.gnn.hetero_sampler", "hetero_presample": "terastack.gnn.hetero_sampler",
-    "HeteroGNN": "terastack.gnn.hetero_models", "HeteroPipeline": "terastack.gnn.hetero_train",
-    "HeteroTrainer": "terastack.gnn.hetero_train", "HeteroInference": "terastack.gnn.hetero_infer",
+    "HeteroDataset": "terastack.gnn.storage.hetero_dataset", "open_hetero_dataset": "terastack.gnn.storage.hetero_dataset",
+    "HeteroNeighborSampler": "terastack.gnn.sampling.hetero_sampler", "hetero_presample": "terastack.gnn.sampling.hetero_sampler",
+    "HeteroGNN": "terastack.gnn.training.hetero_models", "HeteroPipeline": "terastack.gnn.sampling.pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.hotness import Hotness
-from terastack.gnn.models import GNN, train_step
+from terastack.gnn.storage.hotness import Hotness
+from terastack.gnn.training.models import GNN, train_step
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 
 
@@ -84,7 +84,7 @@ def measure_gather_costs(num_nodes: int, row_len: int, dtype: torch.dtype, rows_
     lookup-table read and tier split, the cache copy, and for misses the block
     planning and the cut of rows out of a block buffer (the SSD wait excluded).
     """
-    from terastack.gnn.rows import covering_blocks
+    from terastack.gnn.storage.rows import covering_blocks
 
     gen = np.random.default_rng(seed)
     rows = max(1, int(rows_per_batch))
@@ -358,7 +358,7 @@ def profile_sampling(sampler, seeds: np.ndarray, batch_size: int, *, seed: int) 
     CPU time (``time.thread_time``: without the waits for its reads), the 4 KiB blocks its topology read,
     and the rows each node type gathers; plus every gathered id (per type for heterogeneous batches), to
     score a cache ranking out of sample (:func:`out_of_sample_curve`)."""
-    from terastack.gnn.sampler import epoch_batches
+    from terastack.gnn.sampling.sampler import epoch_batches
 
     topo = sampler.topology
     before = topo.stats.snapshot()
@@ -386,7 +386,7 @@ def out_of_sample_curve(rank_of: np.ndarray, accessed: np.ndarray, points: int =
                         ) -> tuple[np.ndarray, np.ndarray]:
     """(rows cached, fraction of ``accessed`` they serve) for a cache of the top-ranked rows, where
     ``rank_of[v]`` is node v's place in the ranking and ``accessed`` ids gathered by batches the ranking was
-    not made from (terastack.gnn.hotness [Note: hotness ranking and its hit-rate curve])."""
+    not made from (terastack.gnn.storage.hotness [Note: hotness ranking and its hit-rate curve])."""
     ranks = np.sort(rank_of[accessed])
     ks = np.unique(np.linspace(0, len(rank_of), points).astype(np.int64))
     return ks, np.searchsorted(ranks, ks, side="left") / max(len(ranks), 1)
@@ -404,7 +404,7 @@ def rank_positions(ranking: np.ndarray, num_nodes: int, *, step: int = 1 << 22) 
 def hetero_training_steps(model_kind: str, examples: list, ds, *, hidden: int, seed: int = 0):
     """``train_once(k)`` of :func:`training_steps` for a heterogeneous model: the k-th of the sampled ``examples``
     with random features; returns the nodes (of every type) it trained on."""
-    from terastack.gnn.hetero_models import HeteroGNN, hetero_train_step
+    from terastack.gnn.training.hetero_models import HeteroGNN, hetero_train_step
 
     torch.manual_seed(seed)
     hops = len(examples[0].num_sampled_nodes[ds.target]) - 1
@@ -427,8 +427,8 @@ def hetero_training_steps(model_kind: str, examples: list, ds, *, hidden: int, s
 def miss_blocks(rank_of: np.ndarray, batches: list, cached_rows: int, row_bytes: int) -> tuple[int, int, int]:
     """(rows gathered, rows missed, 4 KiB blocks read for the misses) over sampled ``batches`` (arrays of ids)
     for a cache of the ``cached_rows`` top-ranked rows: misses of one batch that share a block read it once
-    (one request per batch, terastack.gnn.rows [Note: row reads are block reads])."""
-    from terastack.gnn.rows import covering_blocks
+    (one request per batch, terastack.gnn.storage.rows [Note: row reads are block reads])."""
+    from terastack.gnn.storage.rows import covering_blocks
 
     rows = missed = blocks = 0
     for ids in batches:

@@ -91,7 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="weights saved by `terastack gnn train --save-model`")
     p.add_argument("--out", default="", help="predictions (argmax, int64, one per node) as .npy")
     p.add_argument("--embeddings", default="", help="the last layer's output (logits, float32) as .npy")
-    p.add_argument("--chunk-nodes", type=int, default=8192, help="destination nodes computed at a time")
+    p.add_argument("--chunk-nodes", type=int, default=0, help="destination nodes computed at a time (0: 8192 on a "
+                   "homogeneous graph, 1024 target nodes on a heterogeneous one, whose chunks hold their L-hop "
+                   "neighbourhoods)")
     p.add_argument("--device-cache", default="0", help="device-tier cache budget for the input features")
     p.add_argument("--host-cache", default="256MiB", help="host-tier cache budget for the input features")
     p.add_argument("--work-dir", default="", help="where layer outputs are written between layers "
@@ -127,7 +129,7 @@ def _set_threads(threads: int) -> None:
     if threads:
         import torch
 
-        from terastack.gnn.train import training_threads
+        from terastack.gnn.training.train import training_threads
 
         torch.set_num_threads(training_threads() if threads == -1 else threads)
 
@@ -137,13 +139,23 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
+def fanouts_option(p: argparse.ArgumentParser, default: str | None = "15,10") -> None:
+    """``--fanouts``, read the same way wherever it is taken (terastack.gnn.sampling.fanouts), ``-1,5`` included."""
+    from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument
+
+    accept_negative_lists(p)
+    p.add_argument("--fanouts", default=default, type=fanouts_argument,
+                   help="neighbours sampled per hop, e.g. 15,10 (-1: every neighbour); heterogeneous: one list for "
+                        "every relation, or per relation, e.g. 'cites=15,10;writes=10,5;*=5,5' (0: none from that "
+                        "relation at that hop)")
+
+
 def _training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="dataset directory")
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat", "rgcn"],
                    help="sage, gcn, gat (homogeneous); sage (to_hetero(GraphSAGE)) or rgcn (heterogeneous)")
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--fanouts", default="15,10", help="neighbours sampled per hop, e.g. 15,10; heterogeneous: one "
-                   "list for every relation, or per relation, e.g. 'cites=15,10;writes=10,5;*=5,5' (0: skip, -1: all)")
+    fanouts_option(p)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--device-cache", default="0", help="device-tier cache budget (e.g. 4GiB)")
     p.add_argument("--host-cache", default="256MiB", help="host-tier cache budget (e.g. 32GiB)")
@@ -163,7 +175,7 @@ def _emit(result: dict, as_json: bool, lines) -> None:
 
 
 def _gen(args) -> int:
-    from terastack.gnn.gen import GraphGenerator
+    from terastack.gnn.storage.gen import GraphGenerator
 
     return _build(GraphGenerator, args, nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
                   classes=args.classes, dtype=args.dtype, seed=args.seed, train_fraction=args.train_fraction,
@@ -203,8 +215,8 @@ def _import(args) -> int:
 
 
 def _verify(args) -> int:
-    from terastack.gnn.dataset import open_dataset
-    from terastack.gnn.hetero_dataset import is_hetero_dataset, open_hetero_dataset
+    from terastack.gnn.storage.dataset import open_dataset
+    from terastack.gnn.storage.hetero_dataset import is_hetero_dataset, open_hetero_dataset
 
     if is_hetero_dataset(args.data):
         hd = open_hetero_dataset(args.data, verify="full")
@@ -225,12 +237,9 @@ def _verify(args) -> int:
 
 def _train(args) -> int:
     from terastack import trace
-    from terastack.gnn.hetero_dataset import is_hetero_dataset
-    from terastack.gnn.multi_process import run_training
-    from terastack.gnn.train import GnnTrainer
+    from terastack.gnn.training.multi_process import run_training
+    from terastack.gnn.training.train import GnnTrainer
 
-    if is_hetero_dataset(args.data):
-        return _train_hetero(args)
     cfg = GnnTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
                             batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
                             device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
@@ -242,7 +251,7 @@ def _train(args) -> int:
     if args.trace:
         trace.tracer.start()
     try:
-        result = run_training("homogeneous", cfg, nproc=args.nproc)
+        result = run_training(cfg, nproc=args.nproc)
     finally:
         if args.trace:
             trace.tracer.stop()
@@ -250,6 +259,15 @@ def _train(args) -> int:
             print(f"trace written to {path}", file=sys.stderr)
     if result is None:  # a rank other than 0 of an outer torchrun: rank 0 reports
         return 0
+    lines = _hetero_lines(result) if "target" in result["dataset"] else _homogeneous_lines(result)
+    lines += _rank_lines(result)
+    if result["checkpoint"]:
+        lines.append(f"model saved to {result['checkpoint']}")
+    _emit(result, args.json, lines)
+    return 0
+
+
+def _homogeneous_lines(result: dict) -> list[str]:
     c = result["cache"]
     lines = [f"dataset {result['dataset']['root']}: {result['dataset']['nodes']} nodes, "
              f"features {format_bytes(result['dataset']['feature_bytes'])} ({result['dataset']['verified']})",
@@ -266,11 +284,21 @@ def _train(args) -> int:
                      f"topology hits {e['topology_hit_rate']:.1%}{_accuracies(e)}")
     if not result["epochs"] and (result["val_acc"] is not None or result["test_acc"] is not None):
         lines.append(f"untrained model:{_accuracies(result)}")
-    lines += _rank_lines(result)
-    if result["checkpoint"]:
-        lines.append(f"model saved to {result['checkpoint']}")
-    _emit(result, args.json, lines)
-    return 0
+    return lines
+
+
+def _hetero_lines(result: dict) -> list[str]:
+    d, split = result["dataset"], result["topology"]["split"]
+    lines = [f"dataset {d['root']}: target {d['target']}, nodes {d['nodes']}, {len(d['edges'])} relations "
+             f"({d['verified']})",
+             "cache: rows " + ", ".join(f"{t} {format_bytes(b)}" for t, b in split["feature_bytes"].items())
+             + "; lists " + format_bytes(sum(split["list_bytes"].values())) + f" (topology {result['topology']['topology']})"]
+    for e in result["epochs"]:
+        lines.append(f"epoch {e['epoch']}: {e['seconds']:.2f} s, loss {e['loss_mean']:.4f}, feature misses "
+                     f"{e['miss_rate']:.1%}, topology hits {e['topology_hit_rate']:.1%}"
+                     + "".join(f", {k} acc {e[k + '_acc']:.4f}" for k in ("train", "val", "test")
+                               if e[k + "_acc"] is not None))
+    return lines
 
 
 def _rank_lines(result: dict) -> list[str]:
@@ -282,80 +310,28 @@ def _rank_lines(result: dict) -> list[str]:
     return [f"{r['world_size']} ranks (DistributedDataParallel), each on its share of every batch{synced}"]
 
 
-def _train_hetero(args) -> int:
-    from terastack import trace
-    from terastack.gnn.hetero_train import HeteroTrainer
-    from terastack.gnn.multi_process import run_training
-
-    cfg = HeteroTrainer.Config(data=args.data, model=args.model, hidden=args.hidden, fanouts=args.fanouts,
-                               batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
-                               device_cache=args.device_cache, host_cache=args.host_cache, seed=args.seed,
-                               replace=args.replace, overlap=not args.sync, depth=args.depth, samplers=args.samplers,
-                               eval_nodes=args.eval_nodes, save_model=args.save_model, verify=args.verify,
-                               topology=args.topology, indptr=args.indptr, device=args.device, progress=not args.quiet,
-                               check_sync=args.check_sync)
-    _set_threads(args.threads)
-    if args.trace:
-        trace.tracer.start()
-    try:
-        result = run_training("heterogeneous", cfg, nproc=args.nproc)
-    finally:
-        if args.trace:
-            trace.tracer.stop()
-            print(f"trace written to {trace.tracer.save(args.trace)}", file=sys.stderr)
-    if result is None:  # a rank other than 0 of an outer torchrun: rank 0 reports
-        return 0
-    d, split = result["dataset"], result["topology"]["split"]
-    lines = [f"dataset {d['root']}: target {d['target']}, nodes {d['nodes']}, {len(d['edges'])} relations "
-             f"({d['verified']})",
-             "cache: rows " + ", ".join(f"{t} {format_bytes(b)}" for t, b in split["feature_bytes"].items())
-             + "; lists " + format_bytes(sum(split["list_bytes"].values())) + f" (topology {result['topology']['topology']})"]
-    for e in result["epochs"]:
-        lines.append(f"epoch {e['epoch']}: {e['seconds']:.2f} s, loss {e['loss_mean']:.4f}, feature misses "
-                     f"{e['miss_rate']:.1%}, topology hits {e['topology_hit_rate']:.1%}"
-                     + "".join(f", {k} acc {e[k + '_acc']:.4f}" for k in ("train", "val", "test")
-                               if e[k + "_acc"] is not None))
-    lines += _rank_lines(result)
-    if result["checkpoint"]:
-        lines.append(f"model saved to {result['checkpoint']}")
-    _emit(result, args.json, lines)
-    return 0
-
-
 def _accuracies(r: dict) -> str:
     return "".join(f", {name} acc {r[key]:.4f}" for name, key in (("val", "val_acc"), ("test", "test_acc"))
                    if r.get(key) is not None)
 
 
 def _infer(args) -> int:
-    from terastack.gnn.hetero_dataset import is_hetero_dataset
-    from terastack.gnn.infer import GnnInference
+    from terastack.gnn.training.infer import GnnInference
 
-    if is_hetero_dataset(args.data):
-        from terastack.gnn.hetero_infer import HeteroInference
-
-        cfg = HeteroInference.Config(data=args.data, checkpoint=args.checkpoint, out=args.out,
-                                     embeddings=args.embeddings, chunk_nodes=args.chunk_nodes,
-                                     device_cache=args.device_cache, host_cache=args.host_cache,
-                                     topology=args.topology, verify=args.verify, progress=not args.quiet)
-        _set_threads(args.threads)
-        result = HeteroInference(cfg).run()
-        lines = [f"{result['dataset']['nodes'][result['dataset']['target']]} {result['dataset']['target']} nodes "
-                 f"in {result['seconds']:.2f} s; input rows from the cache {1 - result['input_reads']['miss_rate']:.1%}"]
-        lines += [f"{name} written to {result[name]}" for name in ("out", "embeddings") if result[name]]
-        if result["out"]:
-            lines.append(f"full-neighbourhood accuracy:{_accuracies(result)[1:]}")
-        _emit(result, args.json, lines)
-        return 0
     cfg = GnnInference.Config(data=args.data, checkpoint=args.checkpoint, out=args.out, embeddings=args.embeddings,
                               chunk_nodes=args.chunk_nodes, device_cache=args.device_cache,
                               host_cache=args.host_cache, work_dir=args.work_dir, topology=args.topology,
                               verify=args.verify, progress=not args.quiet)
     _set_threads(args.threads)
     result = GnnInference(cfg).run()
-    per_layer = ", ".join(f"{la['seconds']:.2f} s" for la in result["layers"])
-    lines = [f"{result['dataset']['nodes']} nodes, {len(result['layers'])} layers in {result['seconds']:.2f} s "
-             f"({per_layer}); input rows from the cache {1 - result['input_reads']['miss_rate']:.1%}"]
+    d = result["dataset"]
+    if "target" in d:
+        lines = [f"{d['nodes'][d['target']]} {d['target']} nodes in {result['seconds']:.2f} s; input rows from the "
+                 f"cache {1 - result['input_reads']['miss_rate']:.1%}"]
+    else:
+        per_layer = ", ".join(f"{la['seconds']:.2f} s" for la in result["layers"])
+        lines = [f"{d['nodes']} nodes, {len(result['layers'])} layers in {result['seconds']:.2f} s "
+                 f"({per_layer}); input rows from the cache {1 - result['input_reads']['miss_rate']:.1%}"]
     lines += [f"{name} written to {result[name]}" for name in ("out", "embeddings") if result[name]]
     if result["out"]:
         lines.append(f"full-neighbourhood accuracy:{_accuracies(result)[1:]}")
@@ -365,9 +341,10 @@ def _infer(args) -> int:
 
 def _advise(args) -> int:
     from terastack.gnn.advise import probe_feature_file, workload
-    from terastack.gnn.dataset import open_dataset
-    from terastack.gnn.hotness import presample
-    from terastack.gnn.sampler import NeighborSampler, parse_fanouts
+    from terastack.gnn.storage.dataset import open_dataset
+    from terastack.gnn.storage.hotness import presample
+    from terastack.gnn.sampling.fanouts import parse_fanouts
+    from terastack.gnn.sampling.sampler import NeighborSampler
     from terastack.plan.hardware import Hardware
     from terastack.plan.tpc import PriceTable, advise, predict_epoch
     from terastack.units import parse_bytes

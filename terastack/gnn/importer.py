@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.dataset import DatasetError, write_manifest
+from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.storage.dataset import DatasetError, write_manifest
 from terastack.gnn.formats.source import BuildOptions
 from terastack.progress import Progress
 
@@ -36,13 +36,42 @@ def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
         raise DatasetError(f"{path}: {what} file does not exist")
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        raise DatasetError(f"{path}: cannot read {what} as a numpy array without unpickling ({exc})") from None
+    except (ValueError, EOFError) as exc:
+        # numpy calls a file cut short "pickled data" (too short for the magic) or an mmap error: say which
+        raise DatasetError(npy_truncation(path, what) or f"{path}: cannot read {what} as a numpy array without "
+                           f"unpickling ({exc})") from None
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read {what} ({exc})") from None
     if not isinstance(arr, np.ndarray):
         raise DatasetError(f"{path}: {what} must be a single .npy array")
     return arr
+
+
+def npy_truncation(path: Path, what: str) -> str | None:
+    """The message for an ``.npy`` file shorter than its header says it is (expected and actual bytes), or None
+    if it is not one."""
+    from numpy.lib import format as npformat
+
+    size = path.stat().st_size
+    magic = b"\x93NUMPY"
+    with open(path, "rb") as f:
+        head = f.read(len(magic))
+        if len(head) < len(magic) and magic.startswith(head):   # cut inside the magic string (or empty)
+            return f"{path}: {what} is truncated: {size} bytes, too short for a .npy header"
+        f.seek(0)
+        try:
+            version = npformat.read_magic(f)
+            read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+            shape, _, dtype = read(f)
+        except ValueError as exc:
+            if "EOF" in str(exc):   # numpy's words for a header cut short
+                return f"{path}: {what} is truncated: {size} bytes, inside its .npy header"
+            return None
+        expected = f.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < expected:
+        return (f"{path}: {what} is truncated: its header says {shape} {dtype} ({expected} bytes with the header), "
+                f"the file has {size} bytes")
+    return None
 
 
 def _need_int(arr: np.ndarray, path, what: str) -> None:

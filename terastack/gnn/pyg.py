@@ -9,7 +9,7 @@ With these, PyG's own loader runs over terastack's storage::
 
 PyG asks the feature store for a batch's rows with one ``multi_get_tensor``
 call, which becomes one gather (cache hits + one batched SSD read).
-:class:`terastack.gnn.pipeline.Pipeline` does the same work overlapped.
+:class:`terastack.gnn.sampling.pipeline.Pipeline` does the same work overlapped.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import torch
 from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-from terastack.gnn.cache import FeatureSource
-from terastack.gnn.sampler import NeighborSampler
+from terastack.gnn.storage.cache import FeatureSource
+from terastack.gnn.sampling.sampler import NeighborSampler
 
 
 def _ids(index, num_nodes: int) -> np.ndarray:

@@ -244,3 +244,8 @@ register_backend("io_uring", _native_factory("io_uring"), order=10, unavailable=
 register_backend("threads", _native_factory("threads"), order=20, unavailable=_native_unavailable("threads"),
                  set_syscall_limit=_native.set_syscall_limit)
 register_backend("python", _start_python, order=30, set_syscall_limit=_python_backend.set_syscall_limit)
+
+
+def backend_record() -> dict:
+    """The backend ``backend="auto"`` chooses on this machine and why, for a benchmark's record."""
+    return dict(zip(("name", "why"), auto_choice()))

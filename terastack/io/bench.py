@@ -169,6 +169,54 @@ def _batch_submit_rate(engine: io.IOEngine, path: str, size: int, ops: int, hot:
     return batch, single
 
 
+def _alternate(tests: dict, samples: dict, repeat: int) -> None:
+    """Each test's contenders ``repeat`` times, alternating who goes first, so a disk that drifts (or a cache
+    that warms) favours no one; each pair's figures on stderr."""
+    for test, runners in tests.items():
+        for rep in range(repeat):
+            order = list(runners.items())
+            for who, run in (order if rep % 2 == 0 else order[::-1]):
+                samples[f"{who}_{test}"].append(run())
+            unit, scale = ("k IOPS", 1e3) if test == "rand" else ("GB/s", 1e9)
+            huge = (f" (terastack, huge-page buffers: {samples[f'ours_huge_{test}'][-1] / scale:.2f})"
+                    if "ours_huge" in runners else "")
+            print(f"  {test} {rep + 1}/{repeat}: terastack {samples[f'ours_{test}'][-1] / scale:.2f} vs fio "
+                  f"{samples[f'fio_{test}'][-1] / scale:.2f} {unit}{huge}", file=sys.stderr)
+
+
+def _ratios(samples: dict) -> dict:
+    """The headline ratios and rates from the medians of ``samples``."""
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {
+        "seq_read_vs_fio": med["ours_read"] / med["fio_read"],
+        "seq_write_vs_fio": med["ours_write"] / med["fio_write"],
+        "rand4k_read_vs_fio": med["ours_rand"] / med["fio_rand"],
+        "seq_read_huge_pages_vs_fio": med["ours_huge_read"] / med["fio_read"],
+        "seq_write_huge_pages_vs_fio": med["ours_huge_write"] / med["fio_write"],
+        "seq_read_bytes_per_s": {"terastack": med["ours_read"], "terastack_huge_pages": med["ours_huge_read"],
+                                 "fio": med["fio_read"]},
+        "seq_write_bytes_per_s": {"terastack": med["ours_write"], "terastack_huge_pages": med["ours_huge_write"],
+                                  "fio": med["fio_write"]},
+        "rand4k_read_iops": {"terastack": med["ours_rand"], "fio": med["fio_rand"]},
+    }
+
+
+def _buffers(size: int):
+    """The sequential ring twice (4 KiB pages, and terastack's allocator), and the random reads' target.
+
+    Buffers of fio's footprint (iodepth x bs): on a virtual disk the host copies guest memory and a larger ring
+    measurably slows both directions. The headline ratios use 4 KiB pages, as fio's malloc'd buffers have; the
+    same transfers from terastack's own allocator (huge pages, [Note: huge pages for I/O buffers] in io.buffers)
+    are measured beside them as what the engine's buffers add."""
+    ring_bytes = min(size, SEQ_DEPTH * SEQ_BLOCK)
+    ring = np.frombuffer(anonymous_map(ring_bytes, huge_pages=False), np.uint8)
+    ring_huge = io.aligned_empty(ring_bytes)
+    ring[:] = 7
+    ring_huge[:] = 7
+    target = np.frombuffer(anonymous_map(RAND_DEPTH * BLOCK * 16, huge_pages=False), np.uint8)
+    return ring, ring_huge, target
+
+
 def measure(args: argparse.Namespace) -> dict:
     if shutil.which("fio") is None:
         raise RuntimeError("fio is not installed; `apt-get install fio` (the baseline is measured in the same run)")
@@ -185,24 +233,15 @@ def measure(args: argparse.Namespace) -> dict:
           f"{repeat} pairs per test", file=sys.stderr)
     seq_engine = io.IOEngine(backend=args.backend, queue_depth=SEQ_DEPTH)
     rand_engine = io.IOEngine(backend=args.backend, queue_depth=RAND_DEPTH)
-    # Buffers of fio's footprint (iodepth x bs): on a virtual disk the host copies guest memory and a larger
-    # ring measurably slows both directions. The headline ratios use 4 KiB pages, as fio's malloc'd buffers
-    # have; the same transfers from terastack's own allocator (huge pages, [Note: huge pages for I/O
-    # buffers] in io.buffers) are measured beside them as what the engine's buffers add.
-    ring_bytes = min(size, SEQ_DEPTH * SEQ_BLOCK)
-    ring = np.frombuffer(anonymous_map(ring_bytes, huge_pages=False), np.uint8)
-    ring_huge = io.aligned_empty(ring_bytes)
-    ring[:] = 7
-    ring_huge[:] = 7
+    ring, ring_huge, target = _buffers(size)
     huge_bytes = huge_page_bytes(ring_huge)
-    print(f"  buffers: {format_bytes(ring_bytes)} of 4 KiB pages; {format_bytes(ring_bytes)} from terastack's "
+    print(f"  buffers: {format_bytes(ring.nbytes)} of 4 KiB pages; {format_bytes(ring.nbytes)} from terastack's "
           f"allocator, {format_bytes(huge_bytes)} of it in huge pages", file=sys.stderr)
-    target = np.frombuffer(anonymous_map(RAND_DEPTH * BLOCK * 16, huge_pages=False), np.uint8)
     sides = {"write": ("fio", "ours", "ours_huge"), "read": ("fio", "ours", "ours_huge"), "rand": ("fio", "ours")}
     samples: dict[str, list[float]] = {f"{who}_{test}": [] for test, whos in sides.items() for who in whos}
     try:
         _prepare(path, size)
-        tests = {
+        _alternate({
             "write": {"fio": lambda: run_fio(path, size, "write", SEQ_BLOCK, SEQ_DEPTH, fio_engine),
                       "ours": lambda: _ours_seq(seq_engine, path, size, True, ring),
                       "ours_huge": lambda: _ours_seq(seq_engine, path, size, True, ring_huge)},
@@ -212,18 +251,7 @@ def measure(args: argparse.Namespace) -> dict:
             "rand": {"fio": lambda: run_fio(path, size, "randread", BLOCK, RAND_DEPTH, fio_engine, rand_seconds),
                      "ours": lambda: _ours_rand(rand_engine, path, size, rand_seconds,
                                                 samples["fio_rand"][-1] if samples["fio_rand"] else 50_000, target)},
-        }
-        for test, runners in tests.items():
-            for rep in range(repeat):
-                # Alternate who goes first, so a disk that drifts (or a cache that warms) favours no one.
-                order = list(runners.items())
-                for who, run in (order if rep % 2 == 0 else order[::-1]):
-                    samples[f"{who}_{test}"].append(run())
-                unit, scale = ("k IOPS", 1e3) if test == "rand" else ("GB/s", 1e9)
-                huge = (f" (terastack, huge-page buffers: {samples[f'ours_huge_{test}'][-1] / scale:.2f})"
-                        if "ours_huge" in runners else "")
-                print(f"  {test} {rep + 1}/{repeat}: terastack {samples[f'ours_{test}'][-1] / scale:.2f} vs fio "
-                      f"{samples[f'fio_{test}'][-1] / scale:.2f} {unit}{huge}", file=sys.stderr)
+        }, samples, repeat)
         hot_engine = io.IOEngine(backend=args.backend)  # default queue depth: hits complete inline
         batch_rate, single_rate = _batch_submit_rate(hot_engine, path, size, batch_ops, 8 << 20)
         batch_rate_large, _ = _batch_submit_rate(hot_engine, path, size, batch_ops, 256 << 20)
@@ -233,32 +261,13 @@ def measure(args: argparse.Namespace) -> dict:
         rand_engine.close()
         if os.path.exists(path):
             os.unlink(path)
-    med = {k: statistics.median(v) for k, v in samples.items()}
     return {
-        "backend": rand_engine.backend,
-        "seq_buffer_bytes": ring_bytes,
-        "seq_buffer_huge_page_bytes": huge_bytes,
-        "backend_reason": rand_engine.backend_reason,
-        "seq_read_vs_fio": med["ours_read"] / med["fio_read"],
-        "seq_write_vs_fio": med["ours_write"] / med["fio_write"],
-        "rand4k_read_vs_fio": med["ours_rand"] / med["fio_rand"],
-        "seq_read_huge_pages_vs_fio": med["ours_huge_read"] / med["fio_read"],
-        "seq_write_huge_pages_vs_fio": med["ours_huge_write"] / med["fio_write"],
-        "batch_submit_ops_per_s": batch_rate,
-        "single_request_ops_per_s": single_rate,
+        "backend": rand_engine.backend, "backend_reason": rand_engine.backend_reason,
+        "seq_buffer_bytes": ring.nbytes, "seq_buffer_huge_page_bytes": huge_bytes,
+        **_ratios(samples),
+        "batch_submit_ops_per_s": batch_rate, "single_request_ops_per_s": single_rate,
         "batch_submit_ops_per_s_256mib_region": batch_rate_large,
-        "seq_read_bytes_per_s": {"terastack": med["ours_read"], "terastack_huge_pages": med["ours_huge_read"],
-                                 "fio": med["fio_read"]},
-        "seq_write_bytes_per_s": {"terastack": med["ours_write"], "terastack_huge_pages": med["ours_huge_write"],
-                                  "fio": med["fio_write"]},
-        "rand4k_read_iops": {"terastack": med["ours_rand"], "fio": med["fio_rand"]},
-        "samples": samples,
-        "file_bytes": size,
-        "directory": os.path.abspath(directory),
-        "direct": True,
-        "fio_engine": fio_engine,
-        "seq_block_bytes": SEQ_BLOCK,
-        "seq_queue_depth": SEQ_DEPTH,
-        "rand_queue_depth": RAND_DEPTH,
-        "repeat": repeat,
+        "samples": samples, "file_bytes": size, "directory": os.path.abspath(directory), "direct": True,
+        "fio_engine": fio_engine, "seq_block_bytes": SEQ_BLOCK, "seq_queue_depth": SEQ_DEPTH,
+        "rand_queue_depth": RAND_DEPTH, "repeat": repeat,
     }

@@ -271,7 +271,7 @@ class File:
 
     def _single(self, op: int, buf, offset: int, length: int | None, *, pad: bool = False) -> Future:
         if _is_device_tensor(buf):
-            from terastack.io.cuda import staged_transfer
+            from terastack.io.staged import staged_transfer
 
             return staged_transfer(self, op, buf, offset, length)
         what = self._check_request(op, offset, length)

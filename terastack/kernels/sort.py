@@ -284,20 +284,8 @@ class ExternalSort:
             if not live:
                 break
             # steady state: one merge round (see [Note: vectorized merge rounds])
-            with trace.span("merge round", track="compute"):
-                if self.config.io_only:  # unsorted data: move whole blocks, the same bytes
-                    takes = [(i, len(current[i])) for i in live]
-                else:
-                    bound = min(current[i][-1] for i in live)
-                    takes = [(i, int(np.searchsorted(current[i], bound, side="right"))) for i in live]
-                out = out_buffers[out_index]
-                n_out = sum(t for _, t in takes)
-                pos = 0
-                for i, t in takes:
-                    out[pos:pos + t] = current[i][:t]
-                    pos += t
-                if not self.config.io_only:
-                    out[:n_out].sort(kind="stable")
+            out = out_buffers[out_index]
+            takes, n_out = self._merge_round(current, live, out)
             if pending_write is not None:
                 self._wait(pending_write, stats, "write output")
             pending_write = sink.write(written, out[:n_out])
@@ -315,6 +303,24 @@ class ExternalSort:
             self._wait(pending_write, stats, "write output")
         stats.bytes_read += sum(length for _, length in runs) * KEY.itemsize
         stats.bytes_written += written * KEY.itemsize
+
+    def _merge_round(self, current: list, live: list[int], out: np.ndarray) -> tuple[list[tuple[int, int]], int]:
+        """One merge round into ``out``: from each live run, its keys up to the smallest of the runs' last keys
+        ([Note: vectorized merge rounds]); the (run, keys taken) pairs and the keys written."""
+        with trace.span("merge round", track="compute"):
+            if self.config.io_only:  # unsorted data: move whole blocks, the same bytes
+                takes = [(i, len(current[i])) for i in live]
+            else:
+                bound = min(current[i][-1] for i in live)
+                takes = [(i, int(np.searchsorted(current[i], bound, side="right"))) for i in live]
+            n_out = sum(t for _, t in takes)
+            pos = 0
+            for i, t in takes:
+                out[pos:pos + t] = current[i][:t]
+                pos += t
+            if not self.config.io_only:
+                out[:n_out].sort(kind="stable")
+        return takes, n_out
 
     def _wait(self, fut: Future, stats: SortStats, label: str):
         t0 = time.perf_counter()

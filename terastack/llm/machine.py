@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -97,3 +98,32 @@ def discover_hardware(config, device: torch.device):
                     memcpy_bytes_per_s=measure_memcpy(0.05, 16 << 20),
                     cpu_adam_params_per_s=measure_cpu_adam(0.1, 1 << 20), ssd_read_bytes_per_s=1e9,
                     ssd_write_bytes_per_s=1e9)
+
+
+def make_plan(config, profile, hardware, device: torch.device, *, inline_updates: bool, name: str,
+              accumulation: str | None = None):
+    """The planner and its plan for a ``TrainerConfig``'s budgets on this machine; a single memory budget is split
+    where the plan predicts the fastest step (terastack.plan.budget_search). ``accumulation``: the order to plan,
+    in place of the configured one."""
+    from terastack.llm.trainer_config import MEMORY_BUDGET_ENV
+    from terastack.memory import return_freed_memory
+    from terastack.plan.budget_search import plan_memory_budget
+    from terastack.plan.llm_planner import LLMPlanner
+
+    def plan_for(device_budget: int, host_budget: int):
+        planner = LLMPlanner(config.planner_config(device_budget=device_budget, host_budget=host_budget,
+                                                   inline_updates=inline_updates, accumulation=accumulation))
+        return planner, planner.plan(profile, hardware)
+
+    if config.memory_budget is None:
+        return plan_for(*budgets(config, device))
+    if device.type == "cuda":
+        raise ValueError("memory_budget: only without an accelerator (give device_budget and host_budget)")
+    return_freed_memory()  # [Note: a memory budget bounds resident memory] (terastack.memory)
+    missing = [k for k in MEMORY_BUDGET_ENV if k not in os.environ]
+    if missing and accumulation is None:  # said once: planning a chosen order again asks the same
+        warnings.warn("memory_budget: for a strict bound on resident memory start the process with "
+                      + " ".join(f"{k}={v}" for k, v in MEMORY_BUDGET_ENV.items()), stacklevel=4)
+    return plan_memory_budget(config.planner_config(device_budget=0, host_budget=0, inline_updates=inline_updates,
+                                                    accumulation=accumulation),
+                              config.memory_budget, profile, hardware, what=name)

@@ -27,9 +27,10 @@ from torch import nn
 from terastack.training.hf.model_files import materialized, seeded
 
 #: Families (transformers model_type) whose results are tested against plain PyTorch training
-#: (tests/llm/test_families.py; docs/llm.md lists them).
+#: (tests/llm/test_families.py, whose test_verified_families_are_the_tested_ones keeps the two lists equal; docs/llm.md
+#: lists them). Any other family is checked before its first step (terastack.llm.engine.family_check).
 TESTED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-                   "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "starcoder2")
+                   "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "starcoder2", "llama4_text")
 
 
 @dataclass(eq=False, slots=True)
@@ -43,6 +44,7 @@ class Unit:
     tensors: dict[str, str]
     trainable: dict[str, bool]
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    family: str = "?"                           # the model's, as errors name it (family_name)
 
     @property
     def has_trainable(self) -> bool:
@@ -79,7 +81,7 @@ def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
                     best = (name, mod)
             elif mixed is None or len(mod) > len(mixed[1]):
                 mixed = (name, mod)
-    family = f"{getattr(getattr(model, 'config', None), 'model_type', '?')} ({type(model).__name__})"
+    family = family_name(model)
     if mixed is not None and (best is None or len(mixed[1]) > len(best[1])):
         kinds = ", ".join(sorted({type(c).__name__ for c in mixed[1]}))
         raise ValueError(f"{family}: its layer stack {mixed[0]!r} mixes layer kinds ({kinds}); terastack streams "
@@ -90,9 +92,15 @@ def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return best
 
 
+def family_name(model: nn.Module) -> str:
+    """The model's family as errors name it: its config's model_type and its class."""
+    return f"{getattr(getattr(model, 'config', None), 'model_type', '?')} ({type(model).__name__})"
+
+
 def find_units(model: nn.Module) -> tuple[list[Unit], dict[str, TensorInfo]]:
     """The model's units in module order and its canonical tensors. See [Note: units]."""
     stack_name, stack = find_decoder_stack(model)
+    family = family_name(model)
     canonical: dict[int, str] = {}
     tensors: dict[str, TensorInfo] = {}
     for i, (name, p) in enumerate(model.named_parameters()):
@@ -109,15 +117,15 @@ def find_units(model: nn.Module) -> tuple[list[Unit], dict[str, TensorInfo]]:
             trainable[lname] = p.requires_grad
         buffers = {bname: b for bname, b in module.named_buffers(remove_duplicate=False)}
         unit = Unit(index=len(units), path=path, module=module, kind=kind, tensors=local, trainable=trainable,
-                    buffers=buffers)
+                    buffers=buffers, family=family)
         for cname in set(local.values()):
             tensors[cname].users.append(unit.index)
         units.append(unit)
 
     def walk(prefix: str, module: nn.Module) -> None:
         if any(True for _ in module.parameters(recurse=False)):
-            raise ValueError(f"module {prefix or type(module).__name__!r} owns parameters directly and also contains "
-                             "the decoder stack; terastack cannot stream it")
+            raise ValueError(f"{family_name(model)}: module {prefix or type(module).__name__!r} owns parameters "
+                             "directly and also contains the decoder stack; terastack cannot stream this family")
         for cname, child in module.named_children():
             path = f"{prefix}.{cname}" if prefix else cname
             if child is stack:
@@ -132,7 +140,8 @@ def find_units(model: nn.Module) -> tuple[list[Unit], dict[str, TensorInfo]]:
     walk("", model)
     missing = [n for n, t in tensors.items() if not t.users]
     if missing:
-        raise ValueError(f"parameters outside every unit: {missing[:5]}")
+        raise ValueError(f"{family_name(model)}: parameters outside every streamed unit ({missing[:5]}); terastack "
+                         "cannot stream this family")
     return units, tensors
 
 

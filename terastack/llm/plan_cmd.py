@@ -19,8 +19,11 @@ GB = 1e9
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a built-in name (e.g. opt-175b, llama-2-7b), a config.json or "
                                                   "a Hugging Face model directory")
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=1024,
+                   help="tokens per row of a micro-batch: with --batch-size, what the activations and the predicted "
+                        "step are sized for (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="rows per micro-batch, each of --seq-len tokens (default %(default)s)")
     p.add_argument("--hardware", default=None, help="a preset (rtx4090-workstation, a100-server, h200) or a probe "
                                                     "JSON file; default: this machine's probe (run if not cached)")
     p.add_argument("--gpu-mem", default=None, help="accelerator memory, e.g. 24GB (a hypothetical GPU)")
@@ -41,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time each distinct unit on this machine instead of using FLOP rates (the times are kept "
                         "beside the machine's probe: the same question gets the same answer)")
     p.add_argument("--recalibrate", action="store_true", help="like --calibrate, but time the units again")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the plan (or what is short) as JSON")
 
 
 def resolve_hardware(args):
@@ -127,7 +130,7 @@ def plan_model(args, hw):
         device_budget = args.device_budget or mem // 4
         host_budget = args.host_budget or mem // 2
     planner = LLMPlanner(LLMPlanner.Config(device_budget=device_budget, host_budget=host_budget,
-                                           policy=args.policy, mode="deferred" if args.clip else "eager"))
+                                           policy=args.policy, optimizer_schedule="deferred" if args.clip else "eager"))
     try:
         return profile, planner.plan(profile, hw), None
     except PlanError as exc:

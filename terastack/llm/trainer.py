@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from terastack.llm import engine_state
 from terastack.llm.export import export_pretrained
 from terastack.llm.engine import records, store_layout as layout
-from terastack.llm.trainer_config import MEMORY_BUDGET_ENV, TrainerConfig
-from terastack.llm.machine import budgets, discover_hardware, resolve_device, resolve_dtype, store_settings
+from terastack.llm.trainer_config import TrainerConfig
+from terastack.training.job_runner import default_lr
+from terastack.llm.machine import discover_hardware, make_plan, resolve_device, resolve_dtype, store_settings
 from terastack.training.hf.keys import CheckpointKeys
-from terastack.llm.model import TESTED_FAMILIES, find_units, random_init
+from terastack.llm.model import TESTED_FAMILIES, find_units
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
 from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.engine.profile import profile_model, with_stacked_times
@@ -38,15 +38,15 @@ from terastack.llm.engine.accumulate import stack_micro_batches
 from terastack.llm.engine.byte_ledger import difference
 from terastack.llm.engine.step import accumulated_step, eval_loss, finish_step, train_step
 from terastack.llm.engine.step_points import StepPoint, batch_digest
-from terastack.llm.step_checkpoint import COMPONENT as STEP_IN_PROGRESS, FollowingCheckpoint, PendingStep
+from terastack.llm.step_checkpoint import FollowingCheckpoint, PendingStep
 from terastack.training.data.examples import IGNORE
+from terastack.llm.batch_check import BatchCheck
+from terastack.llm.weight_fill import fill_store
+from terastack.llm.trainer_checkpoints import TrainerCheckpoints
+from terastack.llm.engine.family_check import check_family, needs_check
 from terastack.llm.engine.streamed_units import install_units
-from terastack.memory import return_freed_memory
 from terastack.plan.accumulation_specs import accumulation_spec
-from terastack.plan.budget_search import plan_memory_budget
-from terastack.plan.llm_planner import LLMPlanner
 from terastack.tiers import TieredStore
-from terastack.training.checkpoint import JSONState, RNGState, Snapshot, Stateful, save_checkpoint
 
 #: the keys a batch (``step``'s arguments, a micro-batch of ``step_accumulated``) may have
 BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
@@ -81,11 +81,7 @@ class StepCount:
         self.steps = int(state["step"])
 
 
-#: names of a trainer checkpoint's components that a caller's components may not take (``extra`` they may)
-TRAINER_COMPONENTS = ("model", "optimizer", "progress", "rng", "trainer_config")
-
-
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Offloaded fine-tuning of one causal LM. Build it with :meth:`from_pretrained`, :meth:`from_config` or
     :meth:`load_checkpoint`."""
 
@@ -128,21 +124,36 @@ class Trainer:
             for unit in self.units:
                 unit.buffers = {k: v.to(self.device) for k, v in unit.buffers.items()}
             self._move_skeleton_buffers()
-        # ---- plan
+        self.batch_check = BatchCheck(hf_config=hf_config, batch_size=config.batch_size, seq_len=config.seq_len,
+                                      packed=config.packed, device=self.device)
+        self._plan_steps()
+        self._open_store(store_dirs)
+        try:
+            self._start_runtime(source, empty=empty)
+        except BaseException:
+            self.close()
+            raise
+
+    def _plan_steps(self) -> None:
+        """The machine, the model's profile on it and the plan (planned again at the stacked width it chose)."""
+        config, model = self.config, self.model
         self.hardware = discover_hardware(config, self.device)
         if config.packed:
-            check_packing(hf_config, where="packed")
+            check_packing(self.hf_config, where="packed")
         measure = dict(packed=config.packed, device=self.device,
                        compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size())
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
-                                     seq_len=config.seq_len, name=name, calibrate=config.calibrate, **measure)
+                                     seq_len=config.seq_len, name=self.name, calibrate=config.calibrate, **measure)
         self.planner, self.plan = self._make_plan()
         width = accumulation_spec(self.plan.accumulation).group(config.grad_accum)
         if config.calibrate and width > 1:
             # [Note: calibrating the stacked width]
             self.profile = with_stacked_times(self.profile, model, self.units, self.tensors, micro=width, **measure)
             self.planner, self.plan = self._make_plan(accumulation=self.plan.accumulation)
-        # ---- store
+
+    def _open_store(self, store_dirs: Sequence[Path] | None) -> None:
+        """The tiered store over new run directories (or ``store_dirs``, an existing store's)."""
+        config = self.config
         self._own_dirs = not store_dirs  # an existing store's directories are never removed on close
         self.run_dirs = (list(store_dirs) if store_dirs else
                          layout.make_run_dirs(config.store_dir, layout.ssd_bytes_needed(self.profile, self.plan)))
@@ -152,21 +163,28 @@ class Trainer:
             bandwidths=self.hardware.dir_bandwidths(layout.split_store_dirs(config.store_dir)),
             # ledgers, pinned staging cap and the device with its index ("cuda" would be device 0 off this thread)
             **store_settings(self.plan, self.profile, self.device), copy_on_write=False))
-        try:
-            # ---- the step's services, complete; the units' stand-ins call them from now on
-            self.runtime = StepRuntime(
-                store=self.store, units=self.units, tensors=self.tensors, plan=self.plan,
-                policies={u.name: p for u, p in zip(self.profile.units, self.plan.policies)},
-                order=[next(u.index for u in self.units if u.path == p.name) for p in self.profile.units],
-                compute_dtype=self.compute_dtype, timeout=config.timeout,
-                optimizer_config=config.optimizer_config(), inline_updates=self.inline_updates)
-            self.optimizer = self.runtime.optimizer
-            install_units(model, self.units, self.runtime.runner)
-            if not empty:
-                self._fill(source)
-        except BaseException:
-            self.close()
-            raise
+
+    def _start_runtime(self, source, *, empty: bool) -> None:
+        """The step's services, complete (the units' stand-ins call them from then on); the weights filled in
+        unless ``empty``; a model family the tests do not verify checked ([Note: the family check])."""
+        config = self.config
+        self.runtime = StepRuntime(
+            store=self.store, units=self.units, tensors=self.tensors, plan=self.plan,
+            policies={u.name: p for u, p in zip(self.profile.units, self.plan.policies)},
+            order=[next(u.index for u in self.units if u.path == p.name) for p in self.profile.units],
+            compute_dtype=self.compute_dtype, timeout=config.timeout,
+            optimizer_config=config.optimizer_config(lr=self._initial_lr(source)),
+            inline_updates=self.inline_updates)
+        self.optimizer = self.runtime.optimizer
+        install_units(self.model, self.units, self.runtime.runner)
+        if not empty:
+            self._fill(source)
+        #: what the check before training compared; None: not checked (a resumed run was checked when it started)
+        self.family_check = None
+        if not empty and needs_check(self.family, config.check_family, TESTED_FAMILIES):
+            self.family_check = check_family(self.model, self.units, self.runtime, family=self.family,
+                                             vocab_size=self.hf_config.get_text_config().vocab_size,
+                                             seq_len=config.seq_len, seed=config.seed)
 
     @property
     def step_count(self) -> int:
@@ -190,28 +208,9 @@ class Trainer:
         return self.run_dirs[0]
 
     def _make_plan(self, accumulation: str | None = None):
-        """The planner and its plan; a single memory budget is split where the plan predicts the fastest step
-        (terastack.plan.budget_search). ``accumulation``: the order to plan, in place of the configured one."""
-        config = self.config
-
-        def plan_for(device_budget: int, host_budget: int):
-            planner = LLMPlanner(config.planner_config(device_budget=device_budget, host_budget=host_budget,
-                                                       inline_updates=self.inline_updates, accumulation=accumulation))
-            return planner, planner.plan(self.profile, self.hardware)
-
-        if config.memory_budget is None:
-            return plan_for(*budgets(config, self.device))
-        if self.device.type == "cuda":
-            raise ValueError("memory_budget: only without an accelerator (give device_budget and host_budget)")
-        return_freed_memory()  # [Note: a memory budget bounds resident memory] (terastack.memory)
-        missing = [k for k in MEMORY_BUDGET_ENV if k not in os.environ]
-        if missing and accumulation is None:  # said once: planning a chosen order again asks the same
-            warnings.warn("memory_budget: for a strict bound on resident memory start the process with "
-                          + " ".join(f"{k}={v}" for k, v in MEMORY_BUDGET_ENV.items()), stacklevel=3)
-        return plan_memory_budget(config.planner_config(device_budget=0, host_budget=0,
-                                                        inline_updates=self.inline_updates,
-                                                        accumulation=accumulation),
-                                  config.memory_budget, self.profile, self.hardware, what=self.name)
+        """The planner and its plan (``accumulation``: the order to plan, in place of the configured one)."""
+        return make_plan(self.config, self.profile, self.hardware, self.device, inline_updates=self.inline_updates,
+                         name=self.name, accumulation=accumulation)
 
     # ------------------------------------------------------------ builders
     @classmethod
@@ -245,29 +244,12 @@ class Trainer:
         model = build_skeleton(hf_config, dtype=resolve_dtype(config.dtype, resolve_device(config.device)))
         return cls(model, hf_config, config, name=name or f"{hf_config.model_type} (random init)", source=None)
 
-    @classmethod
-    def load_checkpoint(cls, path: "str | os.PathLike | Snapshot", config: TrainerConfig | None = None, *,
-                        expect_model=None, components: Mapping[str, Stateful] | None = None) -> "Trainer":
-        """Resume from :meth:`save_checkpoint`'s directory (or a snapshot of it,
-        :func:`terastack.llm.engine_state.open_checkpoint`): the trainer of the model that wrote it is built, then
-        its components (:meth:`checkpoint_components`) load their state, then ``components`` (more ``Stateful``
-        parts saved with it: ``{"extra": JSONState()}`` receives ``save_checkpoint``'s ``extra``).
-        ``expect_model``: a config the checkpoint must match."""
-        config = config or TrainerConfig()
-        snapshot = path if isinstance(path, Snapshot) else engine_state.open_checkpoint(path)
-        rebuilt = engine_state.rebuild_model(snapshot, config, expect_model=expect_model)
-        trainer = cls(rebuilt.model, rebuilt.hf_config, config, name=rebuilt.name, source=None, lora=rebuilt.lora,
-                      empty=True, store_dirs=engine_state.store_dirs(snapshot))
-        try:
-            snapshot.load({**trainer.checkpoint_components(), STEP_IN_PROGRESS: trainer._pending,
-                           **trainer._more_components(components)}, optional=(STEP_IN_PROGRESS,))
-            if trainer._pending.follow:  # the checkpoint followed the steps: it goes on doing so
-                trainer._follow(snapshot.path.parent, extra=snapshot.state("extra") if "extra" in snapshot.names
-                                else None)
-        except BaseException:
-            trainer.close()
-            raise
-        return trainer
+    def _initial_lr(self, source) -> float:
+        """The job's learning rate, else the default for this model ([Note: default learning rates]); a job's loop
+        sets each step's from its schedule, a resumed optimizer its checkpoint's."""
+        if self.config.lr is not None:
+            return self.config.lr
+        return default_lr(pretrained=source is not None, lora=self.lora is not None)
 
     # ---------------------------------------------------------------- step
     @property
@@ -421,55 +403,9 @@ class Trainer:
         return eval_loss(self.model, self.runtime, inputs=inputs)
 
     def _inputs(self, input_ids, labels, attention_mask, position_ids, *, where: str = "") -> dict:
-        """The model call's keyword arguments, validated (``where``: the micro-batch named in errors)."""
-        prefix = f"{where}." if where else ""
-        ids = self._as_batch(input_ids, "input_ids", prefix)
-        inputs = {"input_ids": ids, "labels": ids if labels is None else self._as_batch(labels, "labels", prefix),
-                  "attention_mask": None if attention_mask is None
-                  else self._as_batch(attention_mask, "attention_mask", prefix)}
-        for what in ("labels", "attention_mask"):
-            if inputs[what] is not None and inputs[what].shape != ids.shape:
-                raise ValueError(f"{prefix}{what}: shape {tuple(inputs[what].shape)} differs from input_ids' "
-                                 f"{tuple(ids.shape)}")
-        if position_ids is not None:
-            pos = self._as_batch(position_ids, "position_ids", prefix)
-            if pos.shape != ids.shape:
-                raise ValueError(f"{prefix}position_ids: shape {tuple(pos.shape)} differs from input_ids' "
-                                 f"{tuple(ids.shape)}")
-            if pos.numel() and int(pos.min()) < 0:
-                raise ValueError(f"{prefix}position_ids: must be >= 0, got {int(pos.min())}")
-            if pos.shape[1] > 1 and bool((pos[:, 1:] - pos[:, :-1] != 1).any()):
-                # restarts inside a row: packed examples, which need the block-diagonal mask transformers
-                # derives from position ids only when no 2D mask is given
-                check_packing(self.hf_config, where=f"{prefix}position_ids")
-                if not self.config.packed:
-                    raise ValueError(f"{prefix}position_ids: packed rows (positions restarting inside a row), but "
-                                     "the plan was made for unpacked batches; set TrainerConfig.packed=True (the "
-                                     "attention mask of packed rows takes activation memory the plan must count)")
-                if attention_mask is not None:
-                    raise ValueError(f"{prefix}attention_mask: packed rows (position_ids restarting inside a row) "
-                                     "take no attention mask; the attention within each example comes from the "
-                                     "position ids")
-            inputs["position_ids"] = pos
-        return inputs
-
-    def _as_batch(self, x, what: str, prefix: str = "") -> torch.Tensor:
-        t = torch.as_tensor(x)
-        if t.dim() == 1:
-            t = t.unsqueeze(0)
-        if t.dim() != 2:
-            raise ValueError(f"{prefix}{what}: expected a (batch, seq) tensor of token ids, got shape "
-                             f"{tuple(t.shape)}")
-        if t.shape[0] * t.shape[1] > self.config.batch_size * self.config.seq_len or t.shape[1] > self.config.seq_len:
-            raise ValueError(f"{prefix}{what}: batch shape {tuple(t.shape)} exceeds the planned "
-                             f"({self.config.batch_size}, {self.config.seq_len}); set TrainerConfig.batch_size/"
-                             "seq_len to the largest batch you will train on")
-        vocab = getattr(self.hf_config, "vocab_size", None)
-        if what in ("input_ids", "labels") and vocab is not None and t.numel():
-            lo, hi = int(t.min()), int(t.max())
-            if hi >= vocab or (lo < 0 and not (what == "labels" and lo == IGNORE)):
-                raise ValueError(f"{prefix}{what}: token ids must be in [0, {vocab}) for this model, got [{lo}, {hi}]")
-        return t.to(self.device, torch.long)
+        """The model call's keyword arguments, checked against the plan (``where``: the micro-batch named in
+        errors)."""
+        return self.batch_check.inputs(input_ids, labels, attention_mask, position_ids, where=where)
 
     # ------------------------------------------------------------- weights
     def synchronize(self) -> None:
@@ -508,68 +444,6 @@ class Trainer:
         shape = self.tensors[name].shape
         m, v = (torch.cat([rt.read_record(r) for r in rt.moment_records(name, w)]).view(shape) for w in (1, 2))
         return m, v, self.optimizer.steps[name]
-
-    def checkpoint_components(self, *, beside_store: bool = False) -> dict[str, Stateful]:
-        """What a checkpoint of this trainer holds, each part saving itself: the model and its tensors in the
-        store (masters, moments, frozen weights), the optimizer's learning rate and step counts, the steps taken
-        and the RNG state (dropout draws). ``beside_store``: see :meth:`save_checkpoint`."""
-        return {"model": engine_state.EngineState(self.runtime, name=self.name, hf_config=self.hf_config,
-                                                  lora=self.lora, beside_store=beside_store),
-                "optimizer": self.optimizer, "progress": self.progress, "rng": RNGState()}
-
-    def _more_components(self, components: Mapping[str, Stateful] | None) -> dict[str, Stateful]:
-        taken = sorted(set(components or {}) & set(TRAINER_COMPONENTS))
-        if taken:
-            raise ValueError(f"components: {', '.join(taken)} is the trainer's own")
-        return dict(components or {})
-
-    def save_checkpoint(self, path: str | os.PathLike, *, extra: dict | None = None,
-                        components: Mapping[str, Stateful] | None = None, beside_store: bool = False,
-                        follow: bool = False) -> Path:
-        """A consistent snapshot of weights, optimizer state and step, written atomically into ``path``
-        (see [Note: checkpoint layout and atomicity] in terastack.training.checkpoint). ``components``: more
-        ``Stateful`` parts saved beside the trainer's (a job's loop state); ``extra`` (JSON): saved as the
-        ``extra`` component (``load_checkpoint(..., components={"extra": JSONState()})`` reads it back).
-        ``beside_store``: the tensors are not copied; the store pins a commit and the checkpoint refers to it, so
-        the store's directories are kept when the trainer closes and a resume opens the store where it is
-        ([Note: resuming beside the store] in terastack.llm.engine_state). ``follow`` (beside the store): every
-        later step moves the checkpoint forward, from points inside the step, so that it holds a few units' old
-        versions instead of the state's ([Note: a checkpoint that follows the step] in
-        terastack.llm.step_checkpoint); it follows until the trainer closes or saves another checkpoint."""
-        self._check_open()
-        more = self._more_components(components)
-        if extra is not None and "extra" in more:
-            raise ValueError("extra: given twice (as extra and as components['extra'])")
-        if follow and (not beside_store or more):
-            raise ValueError("follow: needs beside_store=True and no components of the caller's (their state "
-                             "at each point inside a step is not known)")
-        self._check_open(whole_model=True)
-        self._stop_following()
-        self.synchronize()
-        saved = save_checkpoint(path, {**self.checkpoint_components(beside_store=beside_store),
-                                       # what it was trained with, for whoever reads the checkpoint
-                                       "trainer_config": JSONState(self.config.to_dict()),
-                                       "extra": JSONState(extra), STEP_IN_PROGRESS: PendingStep(), **more},
-                                step=self.step_count)
-        if follow:
-            self._follow(path, extra=extra)
-        return saved
-
-    def _follow(self, path, *, extra) -> None:
-        self._following = FollowingCheckpoint(self, path, extra=extra, timeout=self.config.timeout)
-        self.runtime.runner.points = self._following.taker
-
-    @property
-    def following(self) -> FollowingCheckpoint | None:
-        """The checkpoint that follows the steps (``save_checkpoint(follow=True)``, or resumed from one), if any:
-        its points written, their timings (``log``) and listeners (``on_written``)."""
-        return self._following
-
-    def _stop_following(self) -> None:
-        following, self._following = self._following, None
-        if following is not None:
-            self.runtime.runner.points = None
-            following.close()
 
     def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None,
                         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
@@ -638,33 +512,5 @@ class Trainer:
 
     def _fill(self, source: "CheckpointReader | None") -> None:
         """Write every weight into the store, one tensor at a time, and create zero moments."""
-        in_flight: list = []
-        if source is None:
-            for name, tensor in random_init(self.model, self.units, self.tensors, self.config.seed):
-                layout.put_initial(self.runtime, name, tensor, in_flight)
-        else:
-            self._fill_from(source, in_flight)
-        for fut, _ in in_flight:
-            self.runtime.wait(fut, "initial weights reaching the SSD")
-
-    def _fill_from(self, source: "CheckpointReader", in_flight: list) -> None:
-        """The weights from the checkpoint, through transformers' key conversions; a LoRA model's frozen base
-        alike (under peft's names), its adapters initialized (peft's initialization or ``lora.init_from``)."""
-        lora = self.lora
-        filled = set()
-        for name, tensor in self._source_keys.tensors(source.get):
-            name = lora.peft_name(name) if lora is not None else name
-            filled.add(name)
-            layout.put_initial(self.runtime, name, tensor.to(torch.float32), in_flight)
-        source.close()
-        ordered = sorted(self.tensors, key=lambda n: self.tensors[n].index)
-        adapters = [n for n in ordered if lora is not None and lora.is_adapter(n)]
-        adapter_set = set(adapters)
-        missing = [n for n in ordered if n not in filled and n not in adapter_set]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise ValueError(f"checkpoint {source.path} has no tensor for parameter {missing[0]!r}{more}")
-        if adapters:
-            for name, tensor in lora.initial_adapter(self.model, self.units, self.tensors, adapters,
-                                                     self.config.seed):
-                layout.put_initial(self.runtime, name, tensor, in_flight)
+        fill_store(self.runtime, self.model, self.units, self.tensors, seed=self.config.seed, source=source,
+                   source_keys=self._source_keys, lora=self.lora)

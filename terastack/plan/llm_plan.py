@@ -84,7 +84,7 @@ class LLMPlan:
     #: canonical tensor name -> Tier.HOST or Tier.SSD: where its compute copy rests (mixed precision / frozen);
     #: Tier.DEVICE for frozen weights that stay on the accelerator (the planner's [Note: frozen weights on the device])
     compute_home: dict[str, Tier] = field(compare=False)
-    mode: str                      # the optimizer schedule's name (its spec: :attr:`schedule`)
+    optimizer_schedule: str        # the optimizer schedule's name (its spec: :attr:`schedule`)
     prefetch_depth: int
     device_capacity: int           # the store's device ledger: weights in flight + activations
     host_capacity: int             # the store's host ledger: host-resting state + working sets
@@ -128,7 +128,7 @@ class LLMPlan:
     @property
     def schedule(self) -> ScheduleSpec:
         """The optimizer schedule's spec."""
-        return schedule_spec(self.mode)
+        return schedule_spec(self.optimizer_schedule)
 
     def activation_specs(self) -> tuple[ActivationSpec, ...]:
         """The activation policy's spec of each unit (forward order)."""
@@ -138,7 +138,7 @@ class LLMPlan:
         counts = {p: self.policies.count(p) for p in ACTIVATIONS}
         host_state = sum(1 for v in self.state_home.values() if v is Tier.HOST)
         return {"policies": counts, "state_tensors_on_host": host_state,
-                "state_tensors_on_ssd": len(self.state_home) - host_state, "mode": self.mode,
+                "state_tensors_on_ssd": len(self.state_home) - host_state, "optimizer_schedule": self.optimizer_schedule,
                 "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
                 "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
                 "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
@@ -184,7 +184,7 @@ class LLMPlan:
         label = ("predicted" if p.prediction else
                  "predicted (calibrated on this machine)" if calibrated else "predicted on this machine")
         where = ", inline after each unit's backward" if self.inline_updates else ""
-        lines.append(f"optimizer: {self.mode}{where}; prefetch depth {self.prefetch_depth}")
+        lines.append(f"optimizer: {self.optimizer_schedule}{where}; prefetch depth {self.prefetch_depth}")
         if self.grad_accum > 1 and not self.sums_gradients:
             lines.append(f"gradient accumulation: {self.grad_accum} micro-batches per step, {self.accumulation}: "
                          "each unit runs all of them at once (weights read once forward, once backward)")

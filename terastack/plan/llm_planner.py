@@ -169,7 +169,7 @@ class LLMPlanner:
         #: the decoder layers ("keep,ssd"), or a tuple with one policy per unit (terastack.plan.activation_specs)
         policy: str | tuple = AUTO
         #: the optimizer schedule's name (terastack.plan.schedule_specs)
-        mode: str = EAGER.name
+        optimizer_schedule: str = EAGER.name
         prefetch_depth: int = 1
         #: fraction of the peak matmul rate reached by training (used when units have no measured times)
         compute_efficiency: float = 0.5
@@ -212,7 +212,7 @@ class LLMPlanner:
                 bad = [p for p in self.policy if p not in ACTIVATIONS]
                 if bad:
                     raise ValueError(f"policy: unknown per-unit policies {bad}; choose from {', '.join(ACTIVATIONS)}")
-            schedule_spec(self.mode)  # the one check of a schedule's name
+            schedule_spec(self.optimizer_schedule)  # the one check of a schedule's name
             if self.accumulation != AUTO_ACCUMULATION:
                 accumulation_spec(self.accumulation)
             if self.prefetch_depth < 0:
@@ -228,7 +228,7 @@ class LLMPlanner:
     def __init__(self, config: "LLMPlanner.Config"):
         self.config = config
         #: the optimizer schedule's spec: what its updates hold, move and leave exposed
-        self.schedule: ScheduleSpec = schedule_spec(config.mode)
+        self.schedule: ScheduleSpec = schedule_spec(config.optimizer_schedule)
         #: the optimizer state format: what rests per parameter
         self.format = optimizer_format(config.optimizer)
         #: where updates run: inline on the training thread only when asked and the schedule can
@@ -316,7 +316,7 @@ class LLMPlanner:
                 _, policies, scored = best
                 homes, sizes = scored.homes, scored.sizes
                 return LLMPlan(policies=tuple(policies), state_home=homes.state_home,
-                               compute_home=homes.compute_home, mode=cfg.mode, prefetch_depth=depth,
+                               compute_home=homes.compute_home, optimizer_schedule=cfg.optimizer_schedule, prefetch_depth=depth,
                                device_capacity=cfg.device_budget - scored.prediction.transient_bytes,
                                host_capacity=cfg.host_budget, grad_pool_bytes=sizes.grad_pool,
                                masters_bytes=sizes.masters, writeback_bytes=sizes.writeback,

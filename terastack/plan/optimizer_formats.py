@@ -42,6 +42,7 @@ from typing import ClassVar
 import torch
 
 from terastack.constants import padded_size
+from terastack.plan.optimizer_names import OPTIMIZER_NAMES
 
 #: record kinds of state parts (the names of :mod:`terastack.llm.engine.records`): AdamW's two moments keep
 #: their own kinds; every other part is an "o" record named by its key
@@ -326,6 +327,8 @@ def _scatter(joined: torch.Tensor, pieces: list[torch.Tensor]) -> None:
 
 
 FORMATS: dict[str, OptimizerFormat] = {f.name: f for f in (AdamWFormat(), AdamW8bitFormat(), AdafactorFormat())}
+if tuple(FORMATS) != OPTIMIZER_NAMES:   # the names a job may give are the specs registered here
+    raise TypeError(f"optimizer formats {tuple(FORMATS)} differ from the job's names {OPTIMIZER_NAMES}")
 ADAMW = FORMATS["adamw"]
 
 

@@ -55,7 +55,7 @@ class Exposure:
 class ScheduleSpec:
     """One schedule: see [Note: schedule specs]. Subclasses set the class attributes and :meth:`exposed_s`."""
 
-    #: the name configs and plans give (``LLMPlanner.Config.mode``, ``OffloadedAdamW.Config.mode``)
+    #: the name configs and plans give (``LLMPlanner.Config.optimizer_schedule``, ``OffloadedAdamW.Config.optimizer_schedule``; the job's ``schedule.optimizer``)
     name: ClassVar[str] = ""
     #: backward waits for room in the gradient pool (True), or a gradient without room is spilled to the SSD
     backpressure: ClassVar[bool] = True
@@ -76,10 +76,10 @@ class ScheduleSpec:
         return ExecutorKind.INLINE if inline and self.inline_capable else ExecutorKind.THREAD
 
     def check_clipping(self, max_grad_norm: float | None) -> None:
-        """Refuse a global-norm clip this schedule cannot apply exactly (ValueError naming ``mode``)."""
+        """Refuse a global-norm clip this schedule cannot apply exactly (ValueError naming ``optimizer_schedule``)."""
         if max_grad_norm is not None and not self.exact_clipping:
             exact = ", ".join(n for n, s in SCHEDULES.items() if s.exact_clipping)
-            raise ValueError(f"mode: {self.name} updates cannot apply a global-norm clip exactly; use {exact} "
+            raise ValueError(f"optimizer_schedule: {self.name} updates cannot apply a global-norm clip exactly; use {exact} "
                              f"(see [Note: clipping with eager updates])")
 
     # ------------------------------------------------------------- memory
@@ -170,8 +170,8 @@ AFTER_BACKWARD = register_schedule(AfterBackwardSpec())
 
 
 def schedule_spec(name: str) -> ScheduleSpec:
-    """The spec registered as ``name``; ValueError naming the field ``mode`` otherwise (the one check)."""
+    """The spec registered as ``name``; ValueError naming the field ``optimizer_schedule`` otherwise (the one check)."""
     spec = SCHEDULES.get(name)
     if spec is None:
-        raise ValueError(f"mode: must be one of {', '.join(SCHEDULES)}; got {name!r}")
+        raise ValueError(f"optimizer_schedule: must be one of {', '.join(SCHEDULES)}; got {name!r}")
     return spec

@@ -7,7 +7,7 @@ of ownership (purchase + energy over a stated lifetime), from a price table
 
 [Note: the epoch-time model]
 Per batch, with ``n`` rows gathered, a cache serving fraction ``h`` of them
-(from the workload's out-of-sample hit-rate curve, see terastack.gnn.hotness)
+(from the workload's out-of-sample hit-rate curve, see terastack.gnn.storage.hotness)
 and ``b`` blocks (``BLOCK``, 4 KiB: the store's O_DIRECT block) read per missed row:
 
     ssd     = (1 - h) n b BLOCK / min(SSD bandwidth, SSD IOPS x BLOCK)   (all SSDs)
@@ -28,7 +28,7 @@ and ``b`` blocks (``BLOCK``, 4 KiB: the store's O_DIRECT block) read per missed 
               rest in order, so the sampler's hop reads wait behind it: over a batch they wait
               for about one gather read besides their own, i.e. wait = ssd (the batch's whole
               SSD term). With ``S`` sampler threads
-              (terastack.gnn.pipeline [Note: several sampler threads]) one thread's waits
+              (terastack.gnn.sampling.pipeline [Note: several sampler threads]) one thread's waits
               overlap the others' work, and the sampler stage delivers a batch every
               sample = max(sample_cpu, (sample_cpu + wait) / S)
               (its CPU work does not divide: the threads share the interpreter and the cores,

@@ -64,9 +64,10 @@ def run_module(module_name: str, preset: str, argv: list[str] | None = None) -> 
         result = module.measure(args)
         if not isinstance(result, dict):
             return {"status": "error", "reason": f"{module_name}.measure returned {type(result).__name__}, not a dict"}
+        from terastack.io.backend import backend_record
         from terastack.reporting import environment
 
-        result.setdefault("environment", environment())
+        result.setdefault("environment", environment(io_backend=backend_record()))
         return {"status": "ok", "result": result, "argv": argv, "wall_s": time.perf_counter() - started,
                 "headline": list(getattr(module, "HEADLINE", []) or [])}
     except ModuleNotFoundError as exc:

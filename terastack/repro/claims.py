@@ -1,17 +1,9 @@
 """Every claim the reproduction report checks: what the paper (or terastack itself) says, and which result field tests it.
 
-This table is data: to check a new figure, add a row. A row names the
-benchmark whose JSON result holds the measurement (a dotted path into it, a
-ratio of two paths, or an aggregate over a list), the comparison and the
-target, where a reader finds the claim, and why this machine may differ.
-
-Where a claim comes from (every row says, so that a reader can look it up):
-- ``source="paper"``: a published figure. ``paper`` names one of :data:`PAPERS` (title, venue, DOI or
-  address) and ``where`` the place in it the figure is stated; ``paper_figure`` quotes it. Where a paper
-  gives a figure only as a plot, no value is transcribed.
-- ``source="project"``: a target terastack set itself; ``paper_figure`` states the target and ``rationale``
-  the reason it was set (what a user would notice if it were missed). Such rows show as "terastack's
-  target" in the report.
+This table is data: to check a new figure, add a row (:class:`terastack.repro.claim.Claim` says what a row
+holds; :mod:`terastack.repro.papers` where each quoted abstract was read). A row names the benchmark whose JSON
+result holds the measurement (a dotted path into it, a ratio of two paths, or an aggregate over a list), the
+comparison and the target, where a reader finds the claim, and why this machine may differ.
 
 Scale claims need sizes a smoke run cannot afford (a model several times what memory holds, a graph
 larger than RAM): ``measured_at`` names the presets that judge them, and ``not_measured_because`` says
@@ -19,128 +11,16 @@ why the others do not. Their benchmarks still run at every preset, so a smoke ru
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from terastack.repro.claim import (NOT_MEASURED, NOT_REPRODUCED, OUT_OF_SCOPE, PRESETS, REPORTED, REPRODUCED,
+                                   VERDICTS, Claim)
+from terastack.repro.papers import PAPERS, UNQUOTED, Paper
 
-#: verdicts, in the order the summary counts them
-REPRODUCED = "reproduced"
-NOT_REPRODUCED = "not reproduced"
-REPORTED = "reported"
-NOT_MEASURED = "not measured"
-OUT_OF_SCOPE = "needs other hardware"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, REPORTED, NOT_MEASURED, OUT_OF_SCOPE)
-PRESETS = ("smoke", "small", "full")
+__all__ = ["CLAIMS", "NOT_MEASURED", "NOT_REPRODUCED", "OUT_OF_SCOPE", "PAPERS", "PRESETS", "REPORTED",
+           "REPRODUCED", "UNQUOTED", "VERDICTS", "Claim", "Paper"]
 
 GPU_NVME = "a GPU server with NVMe SSDs (the paper's testbed)"
 HERE_2CORE = ("this machine has 2 CPU cores and one virtual disk; compute is the CPU, "
               "so ratios that depend on a GPU's speed relative to the SSD differ")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Paper:
-    #: how a claims table cell names it
-    short: str
-    #: the full reference: authors, title, venue, DOI or address
-    reference: str
-
-
-#: the published works terastack reproduces (DESIGN.md's table), as a reader finds them
-PAPERS = {
-    "CAM": Paper(short="CAM (Song et al., ICDE 2025)",
-                 reference="Ziyu Song, Jie Zhang, Jie Sun, Mo Sun, Zihan Yang, Zheng Zhang, Xuzheng Chen, Fei Wu, "
-                           "Huajin Tang, Zeke Wang. CAM: Asynchronous GPU-Initiated, CPU-Managed SSD Management for "
-                           "Batching Storage Access. IEEE ICDE 2025, pp. 2309-2322. doi:10.1109/ICDE65448.2025.00175"),
-    "Ratel": Paper(short="Ratel (Liao et al., ICDE 2025)",
-                   reference="Changyue Liao, Mo Sun, Zihan Yang, Jun Xie, Kaiqi Chen, Binhang Yuan, Fei Wu, Zeke "
-                             "Wang. Ratel: Optimizing Holistic Data Movement to Fine-tune 100B Model on a Consumer "
-                             "GPU. IEEE ICDE 2025, pp. 292-306. doi:10.1109/ICDE65448.2025.00029 (its preprint is "
-                             "titled LoHan)"),
-    "Hyperion": Paper(short="Hyperion (ICDE 2025)",
-                      reference="Hyperion: an out-of-core GNN training system with a GPU-initiated asynchronous disk "
-                                "I/O stack. IEEE ICDE 2025; paper and code listed at https://github.com/RC4ML/Hyperion"),
-    "DisDP": Paper(short="DisDP (LuWu preprint, arXiv:2409.00918)",
-                   reference="LuWu: An End-to-End In-Network Out-of-Core Optimizer for 100B-Scale Model-in-Network "
-                             "Data-Parallel Training on Distributed GPUs. arXiv:2409.00918 (2024): the disaggregated, "
-                             "model-sharded data parallelism terastack.disdp implements"),
-    "DaCe": Paper(short="DaCe (Ziogas et al., SC'21)",
-                  reference="Alexandros Nikolaos Ziogas, Timo Schneider, Tal Ben-Nun, Alexandru Calotoiu, Tiziano De "
-                            "Matteis, Johannes de Fine Licht, Luca Lavarini, Torsten Hoefler. Productivity, "
-                            "Portability, Performance: Data-Centric Python. SC '21. doi:10.1145/3458817.3476176"),
-}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Claim:
-    id: str
-    #: harness suite that measures it (io, kernels, llm, gnn, dist, scale, dace)
-    suite: str
-    #: benchmark inside the suite whose result holds the field (a bench name, or "dace")
-    benchmark: str
-    title: str
-    #: "paper" (a published figure: ``paper`` and ``where`` say which) or "project" (terastack's own target:
-    #: ``rationale`` says why it was set)
-    source: str
-    #: the paper's words or terastack's target, quoted
-    paper_figure: str
-    #: with source "paper": a key of PAPERS
-    paper: str = ""
-    #: with source "paper": where in the paper the figure is stated
-    where: str = ""
-    #: with source "project": why terastack set this target
-    rationale: str = ""
-    paper_value: float | None = None
-    paper_hardware: str = ""
-    #: dotted path into the result (None: this machine cannot measure it, see ``differs_because``)
-    field: str | None = None
-    #: the value is field * factor (then / ratio_to when set); factor turns a count into bytes, say
-    factor: float = 1.0
-    #: the value is field / ratio_to when set
-    ratio_to: str | None = None
-    #: how a list-valued field is reduced: "max", "min" or "mean"
-    aggregate: str | None = None
-    baseline: str = ""
-    #: comparison against ``target``: ">=", "<=" or "=="; target None: reported, no verdict
-    comparison: str = ">="
-    target: float | None = None
-    unit: str = "x"
-    #: why a figure on this machine may differ from the paper's (shown when it does)
-    differs_because: str = ""
-    #: the command that answers it as a labelled model prediction, when the hardware is absent here
-    prediction_command: str | None = None
-    #: the presets whose runs judge it (the benchmark runs at every preset regardless)
-    measured_at: tuple[str, ...] = PRESETS
-    #: why the other presets do not judge it
-    not_measured_because: str = ""
-
-    def __post_init__(self) -> None:
-        if self.comparison not in (">=", "<=", "=="):
-            raise ValueError(f"claim {self.id}: comparison: must be '>=', '<=' or '==', got {self.comparison!r}")
-        if self.aggregate not in (None, "max", "min", "mean"):
-            raise ValueError(f"claim {self.id}: aggregate: must be max, min, mean or None")
-        if self.source == "paper":
-            if self.paper not in PAPERS:
-                raise ValueError(f"claim {self.id}: paper: must be one of {', '.join(PAPERS)}, got {self.paper!r}")
-            if not self.where:
-                raise ValueError(f"claim {self.id}: where: say where in {self.paper} the figure is stated")
-        elif self.source == "project":
-            if not self.rationale:
-                raise ValueError(f"claim {self.id}: rationale: say why terastack set this target")
-        else:
-            raise ValueError(f"claim {self.id}: source: must be 'paper' or 'project'")
-        if self.field is None and not self.differs_because:
-            raise ValueError(f"claim {self.id}: differs_because: a claim not measured here must say why")
-        unknown = [p for p in self.measured_at if p not in PRESETS]
-        if unknown or not self.measured_at:
-            raise ValueError(f"claim {self.id}: measured_at: presets from {PRESETS}, got {self.measured_at!r}")
-        if set(self.measured_at) != set(PRESETS) and not self.not_measured_because:
-            raise ValueError(f"claim {self.id}: not_measured_because: say why presets other than "
-                             f"{', '.join(self.measured_at)} do not judge it")
-
-    def source_text(self) -> str:
-        """Where the claim comes from, as the report's table shows it."""
-        if self.source == "paper":
-            return f"{PAPERS[self.paper].short}, {self.where}: {self.paper_figure}"
-        return f"terastack's target: {self.paper_figure} ({self.rationale})"
-
 
 #: why the storage engine's targets are ratios to fio: fio is the tool people measure their drives with
 _FIO = "fio is how users measure their drives; "
@@ -152,6 +32,15 @@ _LADDER_SMALL = ("preset small stops the ladder at 1.1B parameters with an 8 GiB
                  "minutes; the full ladder reaches 3.4B")
 _SMOKE_SCALE = ("preset smoke runs the benchmark at a tiny size to show it works end to end; a model or graph "
                 "that small fits in memory, so there is no scale to judge")
+
+#: CAM's rows: what stands in for the systems its abstract compares with, and why its ratios are reported
+_CAM_BASELINE = ("CAM's abstract compares it with other GPU systems, which need a GPU driving an NVMe SSD; on this "
+                 "machine the strongest alternative is the same pipeline with every read awaited before the compute "
+                 "that needs it, so the ratio isolates what asynchronous, batched I/O adds")
+_CAM_REPORTED = ("reported beside the paper's figure, not judged against it: the paper's ratio is over other GPU "
+                 "systems and this one over terastack's own synchronous I/O, so neither is the other's floor; the "
+                 "overlap itself is judged, in a form any machine can check, by the *_hidden rows")
+_CAM_WORDS = "compared to the existing state-of-the-art GPU systems"
 
 CLAIMS: tuple[Claim, ...] = (
     # ------------------------------------------------------------------ io (CAM storage engine)
@@ -190,12 +79,25 @@ CLAIMS: tuple[Claim, ...] = (
                     "reads/s, so submission must not be what limits a batch (DESIGN.md, the storage engine)",
           field="batch_submit_ops_per_s", baseline="none (absolute rate on 2 cores)", target=1e6, unit="ops/s",
           differs_because="2 cores bound the rate"),
+    Claim(id="hyperion.cpu_per_disk_rate", suite="io", benchmark="io-cpu",
+          title="CPU the storage engine keeps busy per GB/s of cold random reads, at the disk's rate",
+          source="paper", paper="Hyperion", related=("Helios",), where=f"headline result ({UNQUOTED})",
+          paper_figure="about 1% of the GPU's cores saturate the SSD; the related Helios preprint's abstract: "
+                       "\"only requires about 30% GPU cores to reach the almost maximal disk IO throughput\"",
+          paper_hardware=GPU_NVME, field="cpu_cores_per_gb_per_s", unit="cores per GB/s",
+          target_reason="reported: the paper counts GPU cores that issue NVMe commands themselves, terastack the "
+                        "CPU cores its engine keeps busy through the kernel's I/O path; the units differ, so the "
+                        "figure stands beside the paper's, with cpu_share_of_machine (the share of this machine's "
+                        "cores) in the result",
+          baseline="the disk's own rate in the same run (read_gb_per_s): CPU seconds per wall second, per GB/s",
+          differs_because="a virtual disk read through system calls and the block layer, which GPU-initiated "
+                          "I/O bypasses; CPU time the kernel spends in its own threads is not counted"),
     # ------------------------------------------------------------------ kernels (CAM proof workloads)
     Claim(id="cam.gemm", suite="kernels", benchmark="gemm", title="out-of-core GEMM, I/O overlapped",
-          source="paper", paper="CAM", where="headline results",
-          paper_figure="GEMM 1.84x faster than synchronous I/O", paper_value=1.84,
+          source="paper", paper="CAM", where=f"abstract ({UNQUOTED})",
+          paper_figure=f"GEMM 1.84x faster, {_CAM_WORDS}", paper_value=1.84, target_reason=_CAM_REPORTED,
           paper_hardware=GPU_NVME, field="speedup_vs_sync", baseline="same tiling, synchronous read/compute/write",
-          target=1.84,
+          baseline_reason=_CAM_BASELINE,
           differs_because="overlap can at best turn compute + I/O into max(compute, I/O): the bound is "
                           "(c + i) / max(c, i) <= 2, reached only when both are equal; see hidden_fraction. "
                           + HERE_2CORE),
@@ -206,9 +108,10 @@ CLAIMS: tuple[Claim, ...] = (
           field="hidden_fraction", baseline="compute alone and I/O alone, same run", target=0.8, unit="fraction",
           differs_because="compute and I/O share the same 2 cores here"),
     Claim(id="cam.sort", suite="kernels", benchmark="sort", title="external merge sort, I/O overlapped",
-          source="paper", paper="CAM", where="headline results",
-          paper_figure="merge sort 1.5x faster than synchronous I/O", paper_value=1.5,
-          paper_hardware=GPU_NVME, field="speedup_vs_sync", baseline="same sort, synchronous I/O", target=1.5,
+          source="paper", paper="CAM", where=f"abstract ({UNQUOTED})",
+          paper_figure=f"merge sort 1.5x faster, {_CAM_WORDS}", paper_value=1.5, target_reason=_CAM_REPORTED,
+          paper_hardware=GPU_NVME, field="speedup_vs_sync", baseline="same sort, synchronous I/O",
+          baseline_reason=_CAM_BASELINE,
           differs_because="on 2 cores sorting is compute-bound, so the I/O to hide is small and the speedup "
                           "bound (c + i) / max(c, i) is close to 1. " + HERE_2CORE),
     Claim(id="cam.sort_hidden", suite="kernels", benchmark="sort", title="sort: fraction of the smaller side hidden",
@@ -218,15 +121,21 @@ CLAIMS: tuple[Claim, ...] = (
           differs_because="compute and I/O share the same 2 cores here"),
     # ------------------------------------------------------------------ llm (Ratel)
     Claim(id="ratel.zero_infinity", suite="llm", benchmark="llm", title="fine-tuning throughput vs ZeRO-Infinity",
-          source="paper", paper="Ratel", where="abstract",
-          paper_figure="2.32x the throughput of the state-of-the-art baselines when fine-tuning a 13B model",
-          paper_value=2.32,
+          source="paper", paper="Ratel", where="abstract (arXiv:2403.06504v2, as LoHan)",
+          paper_figure="\"achieves 2.32x throughput than the state-of-the-art baselines when fine-tuning a small "
+                       "13B model\"", paper_value=2.32,
           paper_hardware="one 24 GB consumer GPU (RTX 4090), 256 GB RAM, NVMe SSDs",
           field="speedup_vs_zero_infinity",
           baseline="DeepSpeed ZeRO-Infinity (ZeRO-3, params + optimizer on NVMe), same model and machine",
+          baseline_reason="the abstract does not name its baselines; the first version of the same preprint "
+                          "(v1, Fuyou) names ZeRO-Infinity as \"the state-of-the-art work\" it improves on, and "
+                          "DeepSpeed runs here",
           target=1.8,
+          target_reason="1.8x is terastack's own target, below the paper's 2.32x: here a ~150M model trains on "
+                        "CPU cores, so the overlap of CPU Adam with GPU backward that the paper's figure rests on "
+                        "becomes CPU work beside CPU work",
           differs_because="here a ~150M model on CPU (no GPU): the overlap of CPU Adam with GPU backward that "
-                          "Ratel exploits becomes CPU-with-CPU; terastack's own target is 1.8x"),
+                          "Ratel exploits becomes CPU-with-CPU"),
     Claim(id="ratel.in_memory", suite="llm", benchmark="llm", title="slowdown vs plain in-memory training",
           source="project", paper_figure="<= 1.15 with a quarter of the training state in memory",
           rationale="offloading is worth turning on only if, where the hardware can hide the traffic, a user "
@@ -261,19 +170,22 @@ CLAIMS: tuple[Claim, ...] = (
           measured_at=("small", "full"),
           not_measured_because="preset smoke's tiny model takes milliseconds a step (see ratel.engine_cost)"),
     Claim(id="ratel.175b", suite="llm", benchmark="llm", title="175B fine-tuning on one 24 GB GPU + 256 GB RAM",
-          source="paper", paper="Ratel", where="abstract",
-          paper_figure="the first to fine-tune a 175B model on an RTX 4090 and 256 GB main memory",
+          source="paper", paper="Ratel", where="abstract (arXiv:2403.06504v2, as LoHan)",
+          paper_figure="\"the first to fine-tune a 175B model on an RTX 4090 and 256 GB main memory\"",
           paper_hardware="one 24 GB consumer GPU, 256 GB RAM, NVMe SSDs",
           differs_because="needs a 24 GB GPU, 256 GB RAM and several TB of SSD; this machine has 2 cores, 24 GiB",
           prediction_command="terastack plan llm --model opt-175b --gpu-mem 24GB --host-mem 256GB"),
     # ------------------------------------------------------------------ scale (Ratel's and Hyperion's scale)
     Claim(id="ratel.scale_state_vs_memory", suite="scale", benchmark="llm-scale",
           title="training state of the largest model terastack fine-tunes, over its memory budget",
-          source="paper", paper="Ratel", where="abstract (175B on an RTX 4090 with 256 GB main memory)",
-          paper_figure="a 175B model's training state (16 bytes a parameter: 2.8 TB) in 24 GB + 256 GB of "
-                       "memory: 10x what memory holds",
+          source="paper", paper="Ratel", where="abstract (arXiv:2403.06504v2, as LoHan)",
+          paper_figure="\"the first to fine-tune a 175B model on an RTX 4090 and 256 GB main memory\"",
+          derived="a 175B model's training state at 16 bytes a parameter is 2.8 TB, 10x the 24 GB + 256 GB of "
+                  "memory; the paper states the model and the memory, not the ratio",
           paper_value=10.0, paper_hardware="one 24 GB consumer GPU, 256 GB RAM, NVMe SSDs",
           field="max_params_terastack", factor=16, ratio_to="memory_budget_bytes", target=10.0,
+          target_reason="the derived 10x is the paper's configuration put as the one ratio this machine can "
+                        "measure (state over the memory it may use)",
           baseline="the whole process's memory budget (4 GiB), peak RSS held under it by the watchdog",
           differs_because="the ladder's largest rung is 3.4B, so the ratio cannot pass 3.4e9 x 16 B / 4 GiB = "
                           "12.8x; a machine with a larger disk can add rungs (--sizes)",
@@ -298,9 +210,12 @@ CLAIMS: tuple[Claim, ...] = (
           measured_at=("small", "full"), not_measured_because=_SMOKE_SCALE),
     Claim(id="hyperion.larger_than_ram", suite="scale", benchmark="gnn-scale",
           title="GNN training on a graph larger than RAM (dataset bytes / MemTotal)",
-          source="paper", paper="Hyperion", where="headline result (terabyte-scale graphs on one machine)",
-          paper_figure="out-of-core GNN training on graphs far larger than host memory", paper_hardware=GPU_NVME,
+          source="paper", paper="Hyperion", where="project page (https://github.com/RC4ML/Hyperion)",
+          paper_figure="\"a cost-efficient out-of-core GNN training system designed to handle terabyte-scale "
+                       "graphs\"", paper_hardware=GPU_NVME,
           field="dataset_to_ram_ratio", target=1.0,
+          target_reason="terastack's form of the claim on one machine: the graph is larger than all of its RAM, "
+                        "so no page cache or in-memory copy can hold it",
           baseline="this machine's MemTotal",
           differs_because="the full preset's graph (48M nodes, 28 GB) is sized for this 23.5 GiB machine; on a "
                           "larger machine give --nodes to the benchmark directly",
@@ -324,17 +239,22 @@ CLAIMS: tuple[Claim, ...] = (
           baseline="the measured epoch, same run",
           measured_at=("small", "full"), not_measured_because=_SMOKE_SCALE),
     # ------------------------------------------------------------------ gnn (Hyperion; CAM's GNN figure)
-    Claim(id="cam.gnn", suite="gnn", benchmark="gnn", title="GNN feature gathering vs synchronous I/O",
-          source="paper", paper="CAM", where="headline results",
-          paper_figure="GNN training 1.84x faster than synchronous I/O", paper_value=1.84,
+    Claim(id="cam.gnn", suite="gnn", benchmark="gnn",
+          title="GNN feature gathering (not GNN training) vs synchronous gathering",
+          source="paper", paper="CAM", where=f"abstract ({UNQUOTED})",
+          paper_figure=f"GNN training 1.84x faster, {_CAM_WORDS}", paper_value=1.84,
+          target_reason="this row measures the feature gathering of a GNN epoch (the storage engine's part), not "
+                        "GNN training, so it cannot judge the paper's training figure; " + _CAM_REPORTED,
           paper_hardware=GPU_NVME, field="speedup_vs_sync_gather",
-          baseline="synchronous batched gathering through the same engine", target=1.84,
+          baseline="synchronous batched gathering through the same engine", baseline_reason=_CAM_BASELINE,
           differs_because="training a batch on 2 CPU cores is slow next to the SSD reads it overlaps. " + HERE_2CORE),
     Claim(id="hyperion.in_memory", suite="gnn", benchmark="gnn", title="out-of-core epoch vs in-memory epoch",
-          source="paper", paper="Hyperion", where="headline result",
-          paper_figure="in-memory-like training throughput with cheap NVMe SSDs; judged here as a slowdown "
-                       "<= 1.15 with features 4x the cache budget", paper_hardware=GPU_NVME,
+          source="paper", paper="Hyperion", where="project page (https://github.com/RC4ML/Hyperion)",
+          paper_figure="\"can achieve in-memory-like GNN training throughput with some cheap NVMe SSDs\"",
+          paper_hardware=GPU_NVME,
           field="slowdown_vs_in_memory_pipelined", comparison="<=", target=1.15,
+          target_reason="\"in-memory-like\" put as terastack's threshold: at most 15% slower than in memory, with "
+                        "features 4x the cache budget",
           baseline="same model, features and topology in memory, fed through the same pipeline (same sampler, "
                    "threads, batch shapes, prefetch depth); the serial in-memory loop is "
                    "slowdown_vs_in_memory_serial", differs_because=HERE_2CORE),
@@ -358,21 +278,62 @@ CLAIMS: tuple[Claim, ...] = (
           target=1.0, unit="points", baseline="in-memory training, same seed",
           differs_because="should not differ: features are bit-identical"),
     Claim(id="hyperion.tpc", suite="gnn", benchmark="gnn", title="throughput per cost vs out-of-core baselines",
-          source="paper", paper="Hyperion", where="headline result",
+          source="paper", paper="Hyperion", where=f"headline result ({UNQUOTED})",
           paper_figure=">3.1x throughput per cost (TPC) vs out-of-core baselines", paper_value=3.1,
           paper_hardware=GPU_NVME,
           differs_because="TPC compares hardware configurations with prices; one machine here cannot measure it",
           prediction_command="terastack gnn advise --data DIR"),
     # ------------------------------------------------------------------ dist (DisDP)
     Claim(id="disdp.fsdp2", suite="dist", benchmark="dist", title="step time vs FSDP2 (2 CPU workers)",
-          source="paper", paper="DisDP", where="abstract",
-          paper_figure="3.98x vs the state-of-the-art training system on a 175B model with 8 workers",
-          paper_value=3.98,
-          paper_hardware="8 GPUs with SmartNIC/SmartSwitch offload, 175B model", field="speedup_vs_fsdp2",
+          source="paper", paper="LuWu", related=("DisDP",),
+          where="abstract of the related preprint (DisDP's own abstract was not found)",
+          paper_figure="\"LuWu outperforms the state-of-the-art training system by 3.98x when training on a 175B "
+                       "model on an 8-worker cluster\"", paper_value=3.98,
+          paper_hardware="8 GPU workers with SmartNIC/SmartSwitch offload, 175B model", field="speedup_vs_fsdp2",
           baseline="PyTorch FSDP2 (fully_shard) on a gloo CPU mesh, same model",
+          baseline_reason="the abstract does not name the state-of-the-art system; FSDP2 is PyTorch's "
+                          "model-sharded data parallelism, the paradigm the abstract measures itself against, and "
+                          "the strongest form of it that runs on gloo here",
+          target_reason="reported only: the 3.98x comes from moving the optimizer and the collectives onto "
+                        "SmartNIC/SmartSwitch hardware for a 175B model on 8 GPUs; on 2 CPU workers the agents "
+                        "that stand in for that hardware share the cores they are meant to free, so no floor here "
+                        "would test the design. disdp.exposed_comm judges the mechanism, and `dist simulate` "
+                        "predicts the paper's configuration",
           differs_because="2 CPU workers on 2 cores with a small model: communication agents share the "
                           "cores they are meant to free; the paper's figure is at 175B/8 GPUs (see `dist simulate`)",
           prediction_command="terastack dist simulate --model opt-175b --gpus 8"),
+    Claim(id="disdp.collective_interference", suite="dist", benchmark="dist-interference",
+          title="compute slowdown while a collective runs beside it (gloo all-reduce on this machine's cores)",
+          source="paper", paper="DisDP", related=("LuWu",), where=f"abstract ({UNQUOTED})",
+          paper_figure="collective operations take under 10% of the compute units, yet slow the computation "
+                       "running beside them by 41%; LuWu's abstract, qualitatively: \"severe interference between "
+                       "collective operation and GPU computation\"",
+          derived="a 41% slowdown is a ratio of 1.41 to the compute alone", paper_value=1.41,
+          paper_hardware="GPUs running collectives beside compute kernels",
+          field="compute_slowdown_beside_collective",
+          target_reason="reported: the slowdown belongs to the machine, and is why terastack's communication "
+                        "agents take collectives off the compute path, not a target terastack can meet or miss; "
+                        "collective_cpu_share in the result is the share of the cores the collective used, the "
+                        "counterpart of the paper's \"under 10% of the compute units\"",
+          baseline="the same compute loop alone, just before and just after (mean of the two)",
+          differs_because="the compute is a matrix-product loop on one CPU thread and the collective gloo "
+                          "all-reduces between processes on the same cores, where the paper's are GPU kernels "
+                          "beside collectives on the same GPU"),
+    Claim(id="disdp.ps_linear", suite="dist", benchmark="dist",
+          title="one parameter server's throughput as workers grow: scaling efficiency at the most workers run",
+          source="paper", paper="DisDP", where=f"abstract ({UNQUOTED})",
+          paper_figure="a single parameter server with linear scalability",
+          derived="linear scalability read as a scaling efficiency of 1.0", paper_value=1.0,
+          field="ps_scaling_efficiency", unit="fraction",
+          target_reason="reported: workers and server are processes sharing this machine's cores, and past "
+                        "cores - servers workers (ps_scaling.workers_within_cores) a step's compute slows for want "
+                        "of cores whatever the server takes in, so a linear floor here would judge the cores, not "
+                        "the server; ps_scaling.by_workers gives the server's gradients and bytes per second at "
+                        "every count",
+          baseline="the same job with 1 worker and the same single server (the server-ingress runs without the "
+                   "aggregator, so every worker's gradient reaches the server)",
+          differs_because="on 2 cores one worker and the server already fill the machine: every count past "
+                          "ps_scaling.workers_within_cores measures the cores as much as the server"),
     Claim(id="disdp.exposed_comm", suite="dist", benchmark="dist",
           title="exposed communication, terastack / FSDP2", source="project",
           paper_figure="at most half of FSDP2's",
@@ -405,11 +366,15 @@ CLAIMS: tuple[Claim, ...] = (
     # ------------------------------------------------------------------ dace (Ziogas et al., SC'21)
     Claim(id="dace.cpu_vs_best", suite="dace", benchmark="dace",
           title="DaCe CPU speedup over the best of NumPy and Numba (geometric mean over kernels)",
-          source="paper", paper="DaCe", where="abstract",
-          paper_figure="2.47x speedup over previous-best solutions (CPU)", paper_value=2.47,
+          source="paper", paper="DaCe", related=("DaCe-SCC",), where="abstract",
+          paper_figure="\"2.47x and 3.75x speedups over previous-best solutions\" (2.47x: CPU)", paper_value=2.47,
           paper_hardware="a multi-core CPU node (model given in the paper, not transcribed here)",
+          reproduction="the CPU benchmarks were rerun in the SC22 Student Cluster Competition; one team's report (Azure CycleCloud, up to 32 nodes / 64 processes) is terastack's seed; its figures were not found to quote",
           field="speedups.vs_best_other_geomean", baseline="per kernel, the faster of NumPy and Numba",
-          target=2.47,
+          baseline_reason="the paper's previous best includes Pythran, CuPy and others that are not installed "
+                          "here; NumPy and Numba are",
+          target=2.47, target_reason="the paper's figure as the floor: it is stated as the result, not \"up to\", "
+                                     "and is a geometric mean over kernels like the one measured here",
           differs_because="2 cores instead of a many-core node (DaCe's parallel maps have little to gain); "
                           "12+ kernels written here, not NPBench's 52; previous-best in the paper includes "
                           "Pythran and others not run here; DaCe uses OpenBLAS here"),
@@ -429,16 +394,22 @@ CLAIMS: tuple[Claim, ...] = (
           baseline="NumPy output, same inputs", differs_because="a failure is a compiler bug or a kernel bug"),
     Claim(id="dace.weak_scaling", suite="dace", benchmark="dace",
           title="weak-scaling efficiency at the largest process count (worst of gemm, atax, jacobi_2d)",
-          source="paper", paper="DaCe", where="abstract",
-          paper_figure="up to 93.16% scaling efficiency on 512 nodes", paper_value=0.9316,
-          paper_hardware="Piz Daint, up to 512 nodes (23,328 cores)", field="scaling_summary.weak_efficiency_min",
-          baseline="the same kernel on 1 process", target=0.9316, unit="fraction",
+          source="paper", paper="DaCe", related=("DaCe-SCC",), where="abstract",
+          paper_figure="\"up to 93.16% scaling efficiency on 512 nodes\"", paper_value=0.9316,
+          paper_hardware="Piz Daint, 512 nodes",
+          reproduction="the SC22 student reproduction reran the distributed benchmarks at up to 32 nodes / 64 "
+                       "processes on Azure CycleCloud, not at 512 nodes; one team's report (Azure CycleCloud, up to 32 nodes / 64 processes) is terastack's seed; its figures were not found to quote",
+          field="scaling_summary.weak_efficiency_min",
+          baseline="the same kernel on 1 process", unit="fraction",
+          target_reason="reported beside the paper's figure, not judged against it: 93.16% is an \"up to\" "
+                        "figure (the best case at 512 nodes), while this row is the worst of three kernels at the "
+                        "few processes this machine has",
           differs_because="P is at most the cores here (2), and the ranks share one memory system; the "
                           "rank-local kernels are DaCe-compiled but communication goes through mpi4py, where the "
                           "paper's distributed programs are DaCe-generated end to end"),
     Claim(id="dace.gpu", suite="dace", benchmark="dace", title="DaCe GPU speedup over previous-best",
           source="paper", paper="DaCe", where="abstract",
-          paper_figure="3.75x speedup over previous-best solutions (GPU)", paper_value=3.75,
+          paper_figure="\"2.47x and 3.75x speedups over previous-best solutions\" (3.75x: GPU)", paper_value=3.75,
           paper_hardware="an NVIDIA GPU (model given in the paper)",
           differs_because="no GPU (and no CUDA toolkit) on this machine"),
 )

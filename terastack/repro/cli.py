@@ -1,6 +1,6 @@
 """``terastack repro [SUITE ...] [--preset smoke|small|full] [--out DIR]``: measure every claim here, write REPORT.md.
 
-Suites: io, kernels (gemm + sort), llm, gnn, dist, scale (the largest model each
+Suites: io (io + io-cpu), kernels (gemm + sort), llm, gnn, dist (dist + dist-interference), scale (the largest model each
 system fine-tunes in a memory budget; a GNN epoch on a graph larger than RAM) — the
 project's benchmarks at the preset's arguments — and dace (NPBench-style kernels in NumPy, DaCe and
 Numba, plus MPI scaling; runs in its own environment, created on first use).

@@ -68,6 +68,7 @@ class Harness:
         cfg = self.config
         for sub in ("raw", "plots", "logs"):
             (self.out / sub).mkdir(parents=True, exist_ok=True)
+        from terastack.io.backend import backend_record
         from terastack.reporting import environment
 
         started = time.perf_counter()
@@ -87,7 +88,7 @@ class Harness:
                 pass
         verdicts = self._judge(suites, cfg.preset)
         raw_files = self._write_raw(suites)
-        data = {"preset": cfg.preset, "suites_requested": list(cfg.suites), "environment": environment(),
+        data = {"preset": cfg.preset, "suites_requested": list(cfg.suites), "environment": environment(io_backend=backend_record()),
                 "load_average": {"start": load_start, "end": _loadavg()}, "dace_env": dace_env,
                 "suites": suites, "verdicts": verdicts, "raw_files": raw_files,
                 "wall_s": time.perf_counter() - started}

@@ -82,7 +82,7 @@ def claims_section(suite: dict, verdicts: list[dict], claims: dict[str, Claim]) 
         c = claims[v["claim"]]
         target = f"{c.comparison} {fmt(c.target, c.unit)}" if c.target is not None else "—"
         lines.append(f"| {_cell(c.title)} (`{c.id}`) | {_cell(c.source_text())} | {_cell(c.paper_hardware or '—')} | "
-                     f"{fmt(v['measured'], c.unit)} | {_cell(c.baseline or '—')} | {target} | {MARK[v['status']]} |")
+                     f"{fmt(v['measured'], c.unit)} | {_cell(c.baseline_text() or '—')} | {target} | {MARK[v['status']]} |")
         if v["status"] not in ("reproduced", "reported") and (v["status"], v["reason"]) not in seen:
             # claims of a benchmark that did not run share one reason: say it once
             seen.add((v["status"], v["reason"]))
@@ -96,13 +96,20 @@ def claims_section(suite: dict, verdicts: list[dict], claims: dict[str, Claim]) 
 
 def sources_section(verdicts: list[dict], claims: dict[str, Claim]) -> list[str]:
     """The papers the judged claims quote, in full, so that a reader can look each figure up."""
-    cited = sorted({claims[v["claim"]].paper for v in verdicts if claims[v["claim"]].source == "paper"})
+    judged = [claims[v["claim"]] for v in verdicts]
+    cited = sorted({c.paper for c in judged if c.source == "paper"} | {k for c in judged for k in c.related})
     if not cited:
         return []
     lines = ["## Sources", "", "Rows marked \"terastack's target\" are targets terastack set itself, each with its "
-             "reason in the row; the others quote these papers:", ""]
-    lines += [f"- **{PAPERS[key].short}**: {PAPERS[key].reference}" for key in cited]
+             "reason in the row; the others quote these works (a figure whose abstract was not found is marked in "
+             "its row as read for terastack, not quoted):", ""]
+    lines += [f"- **{PAPERS[key].short}**{' (related work)' if PAPERS[key].role == 'related' else ''}: "
+              f"{PAPERS[key].reference}. {_sentence(PAPERS[key].where_quoted())}" for key in cited]
     return lines + [""]
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 def not_run_section(suites: list[dict]) -> list[str]:
@@ -152,9 +159,35 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
     lines += [f"- {f['kernel']} / {f['framework']}: {_cell(f['detail'])}" for f in failures]
     if failures:
         lines.append("")
-    # per-kernel table
     sp = dace.get("speedups", {})
     frameworks = kern.get("frameworks") or []
+    lines += _kernel_table(kern, sp, frameworks)
+    lines += _first_calls_and_forms(kern, frameworks)
+    for key, title in (("dace_heatmap", "Speedup heatmap"), ("dace_bars", "Speedups with confidence intervals"),
+                       ("dace_compile", "Compile (first-call) times")):
+        if key in plots:
+            lines += [f"![{title}]({plots[key]})", ""]
+    lines += scaling_lines(dace.get("scaling"), plots)
+    lines += ["### Comparison with the paper", "",
+              "The paper (Ziogas et al., SC'21) states its CPU and GPU results in the abstract as 2.47x and 3.75x "
+              "speedups over the previous-best framework and its distributed result as up to 93.16% scaling "
+              "efficiency on 512 nodes of Piz Daint; its per-kernel results are given only as plots and are not "
+              "transcribed here, so the per-kernel rows above have no published counterpart. The aggregate figures "
+              "are judged in the `dace` rows of the claims table. Where this machine differs: it has 2 CPU cores "
+              "(the load average above says whether other work shared them), where the paper used "
+              "a many-core node — DaCe's parallel maps and Numba's `prange` have little to divide and their thread "
+              "barriers suffer most from preemption; the previous best here is the faster of NumPy and Numba only "
+              "(no Pythran, CuPy or Legate); 15 kernels rather than NPBench's 52; and at most 2 MPI processes, "
+              "with DaCe compiling each rank's local kernel while communication goes through mpi4py, not DaCe's "
+              "own distributed code generation. terastack's seed for this part is a student team's reproduction "
+              "of the paper in the SC22 Student Cluster Competition (Azure CycleCloud, up to 32 nodes / 64 "
+              "processes); that report was not found to quote, so its figures are not compared here.", ""]
+    return lines
+
+
+def _kernel_table(kern: dict, sp: dict, frameworks: list) -> list[str]:
+    """Per kernel: its definition, size, tolerance, each framework's median and speedup; the geometric means."""
+    lines: list[str] = []
     lines += ["| kernel | definition | size | tolerance | " + " | ".join(f"{fw} ms [95% CI]" for fw in frameworks)
               + " | " + " | ".join(f"{fw} speedup [CI]" for fw in frameworks if fw != "numpy") + " | DaCe vs best |",
               "|---|---|---|---|" + "---|" * (2 * len(frameworks))]
@@ -183,7 +216,12 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
                           if isinstance(v, float) and not math.isnan(v))
               + (f"; DaCe over the faster of NumPy and Numba: {sp['vs_best_other_geomean']:.2f}x"
                  if sp.get("vs_best_other_geomean") else "") + ".", ""]
-    # compile times
+    return lines
+
+
+def _first_calls_and_forms(kern: dict, frameworks: list) -> list[str]:
+    """First-call (compile) times, and where a kernel's DaCe form, size or optimization differs."""
+    lines: list[str] = []
     lines += ["First call (compile + one run), seconds:", "", "| kernel | " + " | ".join(frameworks) + " |",
               "|---|" + "---|" * len(frameworks)]
     for name, entry in (kern.get("kernels") or {}).items():
@@ -204,23 +242,6 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
         lines += ["", "DaCe's auto-optimizer failed on these kernels; they ran as the frontend produced them:", ""]
         lines += [f"- {n}: {_cell(err[:300])}" for n, err in notes]
     lines.append("")
-    for key, title in (("dace_heatmap", "Speedup heatmap"), ("dace_bars", "Speedups with confidence intervals"),
-                       ("dace_compile", "Compile (first-call) times")):
-        if key in plots:
-            lines += [f"![{title}]({plots[key]})", ""]
-    lines += scaling_lines(dace.get("scaling"), plots)
-    lines += ["### Comparison with the paper", "",
-              "The paper (Ziogas et al., SC'21) states its CPU and GPU results in the abstract as 2.47x and 3.75x "
-              "speedups over the previous-best framework and its distributed result as up to 93.16% scaling "
-              "efficiency on 512 nodes of Piz Daint; its per-kernel results are given only as plots and are not "
-              "transcribed here, so the per-kernel rows above have no published counterpart. The aggregate figures "
-              "are judged in the `dace` rows of the claims table. Where this machine differs: it has 2 CPU cores "
-              "(the load average above says whether other work shared them), where the paper used "
-              "a many-core node — DaCe's parallel maps and Numba's `prange` have little to divide and their thread "
-              "barriers suffer most from preemption; the previous best here is the faster of NumPy and Numba only "
-              "(no Pythran, CuPy or Legate); 15 kernels rather than NPBench's 52; and at most 2 MPI processes, "
-              "with DaCe compiling each rank's local kernel while communication goes through mpi4py, not DaCe's "
-              "own distributed code generation.", ""]
     return lines
 
 

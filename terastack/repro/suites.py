@@ -20,7 +20,8 @@ from pathlib import Path
 from terastack.repro.logs import last_lines
 
 #: suite -> the benchmarks it runs, in order: names in terastack.bench.BENCHMARKS, or in HARNESS_ARGS
-BENCH_SUITES = {"io": ("io",), "kernels": ("gemm", "sort"), "llm": ("llm",), "gnn": ("gnn",), "dist": ("dist",),
+BENCH_SUITES = {"io": ("io", "io-cpu"), "kernels": ("gemm", "sort"), "llm": ("llm",), "gnn": ("gnn",),
+                "dist": ("dist", "dist-interference"),
                 "scale": ("llm-scale", "gnn-scale")}
 SUITE_NAMES = (*BENCH_SUITES, "dace")
 #: what installs each suite's optional dependencies (for "dependency-missing" reports)

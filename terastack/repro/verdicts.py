@@ -118,7 +118,11 @@ def evaluate(claim: Claim, suite_status: str, suite_reason: str, result: dict | 
     if value is None:
         return Verdict(claim, NOT_MEASURED, None, why)
     if claim.target is None:
-        return Verdict(claim, REPORTED, value, "no target: reported for comparison")
+        why = claim.target_reason or "reported for comparison"
+        # the paper's figure as stated (93.16%, not the table's rounding of it to 93.2%)
+        stated = f"{claim.paper_value * 100:g}%" if claim.unit == "fraction" else fmt(claim.paper_value, claim.unit)
+        beside = f" (paper: {stated})" if claim.paper_value is not None else ""
+        return Verdict(claim, REPORTED, value, f"no target{beside}: {why}")
     target_txt = f"{claim.comparison} {fmt(claim.target, claim.unit)}"
     if _meets(value, claim.comparison, claim.target):
         note = f"meets {target_txt}"

@@ -18,7 +18,8 @@ The store is a facade over three parts, each in its own module:
   consistency]); where a new extent goes is the placement policy's choice
   ([Note: placement over directories] in terastack.tiers.placement);
 - ``versions``: the commits kept (the last one and pinned ones) and the old
-  extents held for them ([Note: versions and commits]).
+  extents held for them ([Note: versions and commits]); ``commits``: the
+  store's operations on them (commit, revert, pin and release).
 
 Only the store's lock orders changes to records; the pool and the layout
 have their own locks and never call back into the store.
@@ -35,21 +36,25 @@ from pathlib import Path
 import torch
 
 from terastack.io import IOEngine, completed, get_engine
-from terastack.io.cuda import PinnedStaging, event_future, staged_transfer
+from terastack.io.cuda import PinnedStaging
+from terastack.io.staged import staged_transfer
 from terastack.io.futures import Future
 from terastack.io.requests import OP_READ, OP_WRITE
 from terastack.tiers.budget import BudgetLedger
+from terastack.tiers.commits import StoreCommits
+from terastack.tiers.transfers import StoreTransfers
 from terastack.tiers.layout import StoreLayout
 from terastack.tiers.placement import PlacementPolicy, StripeBySize
 from terastack.tiers.pool import BufferPool
 from terastack.tiers.record import Fetch, RecordInfo, State, TensorRecord, Tier, tensor_nbytes
 # resolve_store_device and split_dirs: public here as before
 from terastack.tiers.store_config import StoreConfig, resolve_store_device, split_dirs  # noqa: F401
-from terastack.tiers.versions import Commit
 
 
-class TieredStore:
-    """Named tensors with a home tier, budgets per tier and asynchronous movement between tiers."""
+class TieredStore(StoreCommits, StoreTransfers):
+    """Named tensors with a home tier, budgets per tier and asynchronous movement between tiers; its commits
+    (durable, atomic, some pinned) are :class:`~terastack.tiers.commits.StoreCommits`', the completions of its
+    transfers :class:`~terastack.tiers.transfers.StoreTransfers`'."""
 
     Config = StoreConfig
 
@@ -388,91 +393,6 @@ class TieredStore:
             # wait outside the lock: the transfer's completion takes it to publish the record's new state
             pending.result()
 
-    # ---------------------------------------------------------- persistence
-    def commit(self, names=None, *, pin: bool = False) -> Path:
-        """Write back everything modified, make it durable and record it in the manifest (atomically); the
-        manifest's path. See [Note: crash consistency] in terastack.tiers.layout.
-
-        ``names``: commit these records only (waiting for their writes alone); the others stay as the last commit
-        named them (records deleted since leave it). ``pin``: keep this commit's extents until :meth:`release` of
-        its generation (:meth:`last_commit`), however many commits follow ([Note: versions and commits])."""
-        with self._lock:
-            whole, names = names is None, list(self._records) if names is None else list(names)
-            for name in names:
-                self._record(name)
-        for name in names:
-            with self._lock:
-                rec = self._record(name)
-                resident = rec.home is not Tier.SSD and rec.state is State.RESIDENT
-                written = self._persist_resident(rec) if resident else self.writeback(name)
-            written.result()  # outside the lock: the write's completion takes it
-        if whole:
-            self.wait()
-        with self._lock:
-            self._layout.sync()
-            head = {n: e for n, e in self._versions.head.items() if n in self._records}
-            head.update((name, self._records[name].extent) for name in names)
-            # the manifest goes first: until it is in place, a crash leaves the previous commit and its extents
-            path = self._layout.save(self._records, head, self._versions.next_manifest(head, pin=pin))
-            for ext in self._versions.advance(head, pin=pin):  # extents no kept commit names any more
-                self._layout.free(ext)
-            return path
-
-    def last_commit(self) -> Commit:
-        """The last commit: the store's identity, its generation and the extent of every record it names."""
-        with self._lock:
-            return self._versions.commit()
-
-    def pinned_commit(self, generation: int) -> Commit:
-        """Pinned commit ``generation`` (KeyError if it is not kept)."""
-        with self._lock:
-            return self._versions.commit(generation)
-
-    def revert(self, generation: int) -> None:
-        """Make pinned commit ``generation`` the store's state again: every record as it names it (records it
-        does not name are dropped), later pinned commits released, and the manifest says so. For a store just
-        opened (no working copy): a resume from a checkpoint written beside the store, after a crash between a
-        later commit and the checkpoint that would have named it."""
-        with self._lock:
-            commit = self._versions.commit(generation)
-            busy = [n for n, r in self._records.items() if r.buffer is not None or r.future is not None]
-            if busy:
-                raise RuntimeError(f"revert: {busy[0]!r} has a working copy; revert a store just opened")
-            missing = sorted(set(commit.extents) - set(self._records))
-            if missing:
-                raise ValueError(f"revert: commit {generation} names {missing[0]!r}, which the store no longer "
-                                 "describes")
-            for name in [n for n in self._records if n not in commit.extents]:
-                self.delete(name)
-            for name, ext in commit.extents.items():
-                rec = self._records[name]
-                if rec.extent != ext and self._versions.moved_off(rec.extent):
-                    self._layout.free(rec.extent)
-                rec.extent, rec.on_disk = ext, True
-            free = self._versions.revert(generation)
-            self._layout.save(self._records, self._versions.head, self._versions.to_manifest())
-            for ext in free:
-                self._layout.free(ext)
-
-    def pinned_generations(self) -> list[int]:
-        """The generations of the pinned commits, oldest first."""
-        with self._lock:
-            return sorted(self._versions.pinned)
-
-    def release(self, generation: int) -> None:
-        """Unpin commit ``generation``: its extents that no kept commit or record uses are freed, and the
-        manifest says so (a store reopened after a crash before this keeps them)."""
-        with self._lock:
-            free = self._versions.release(generation)
-            self._layout.save(self._records, self._versions.head, self._versions.to_manifest())
-            for ext in free:
-                self._layout.free(ext)
-
-    @property
-    def store_id(self) -> str:
-        """This store's identity, made when it was created and kept in its manifest once a commit is pinned."""
-        return self._versions.store_id
-
     def wait(self, timeout: float | None = None) -> None:
         """Block until no transfer of this store is in flight."""
         while True:
@@ -548,131 +468,6 @@ class TieredStore:
             raise KeyError(f"tensor {name!r} already exists in the store at {self.root}")
         return TensorRecord(name=name, shape=shape, dtype=dtype, nbytes=tensor_nbytes(shape, dtype), home=home,
                             state=State.ON_SSD, tier=Tier.SSD)
-
-    def _write_out(self, rec: TensorRecord) -> Future:
-        """Write the working copy to SSD (a fresh extent if the current one is committed)."""
-        self._claim_extent(rec)
-        source = rec.buffer
-        file = self._layout.file(rec.extent)
-        if source.device.type == "cuda":
-            # staged through pinned chunks on a side stream ([Note: stream order of staged transfers])
-            fut = staged_transfer(file, OP_WRITE, source, rec.extent.offset, rec.padded, staging=self.pinned)
-        else:
-            fut = file.pwrite(source, rec.extent.offset, rec.padded)
-        self._count(rec, "write", rec.padded)
-        rec.state, rec.dirty = State.INFLIGHT_OUT, False
-        return self._track(fut, self._written(rec), rec)
-
-    def _count(self, rec: TensorRecord, op: str, nbytes: int) -> None:
-        if self.traffic is not None:
-            self.traffic(rec.name, op, nbytes)
-
-    def _claim_extent(self, rec: TensorRecord) -> None:
-        """Give ``rec`` an extent to write to: its own, or a fresh one (placed anew) if a pinned commit names the
-        current one, or with ``copy_on_write`` the last commit ([Note: versions and commits])."""
-        ext = rec.extent
-        if ext is None or self._versions.pinned_extent(ext) or (self.config.copy_on_write
-                                                                and self._versions.named(ext)):
-            if ext is not None and self._versions.moved_off(ext):
-                self._layout.free(ext)
-            rec.extent = self._layout.alloc(rec.padded)
-
-    def _written(self, rec: TensorRecord):
-        """The completion of a write of ``rec``: on disk, or still dirty if the write failed."""
-        def written(done: Future) -> None:
-            with self._lock:
-                rec.future = None
-                rec.state = State.RESIDENT
-                if done.exception() is None:
-                    rec.on_disk = True
-                else:
-                    rec.dirty = True
-        return written
-
-    def _persist_resident(self, rec: TensorRecord) -> Future:
-        """Host- and device-home tensors get an SSD copy at commit so the manifest covers them. Call under the
-        lock; wait for the future outside it."""
-        if rec.home is Tier.HOST and rec.tier is Tier.DEVICE and rec.dirty:
-            rec.home_buffer.copy_(rec.buffer)
-        if not (rec.dirty or not rec.on_disk):
-            return completed(None)
-        saved_buffer = rec.buffer
-        if rec.home is Tier.HOST:
-            rec.buffer = rec.home_buffer  # the write reads the resting copy; the working copy stays
-        try:
-            return self._write_out(rec)
-        finally:
-            rec.buffer = saved_buffer
-
-    def _drop_working_copy(self, name: str) -> None:
-        with self._lock:
-            rec = self._records[name]
-            if rec.buffer is not None:
-                self.pool.free(rec.tier, rec.buffer)
-            rec.rest_on_ssd()
-
-    def _move_resident(self, rec: TensorRecord, tier: Tier) -> Future:
-        """Copy a resident working copy between host and device (the old one freed unless home): its future."""
-        what, src = f"move of {rec.name!r} to {tier.value}", rec.buffer
-        if self.device.type != "cuda" and rec.home_buffer is None:
-            # [Note: tiers without an accelerator] both tiers are host memory: the working copy changes
-            # ledgers, not places (no copy, no second buffer).
-            self.pool.move(src, rec.tier, tier, what=what)
-            rec.tier = tier
-            return completed(rec.view())
-        # on a GPU: [Note: copies between the host and device tiers] in terastack.io.cuda (host buffers pinned,
-        # copies on side streams, no buffer read or reused before the copy's event has fired)
-        done = None
-        if self.device.type != "cuda":
-            raw = self.pool.alloc(tier, rec.padded, what=what)
-            raw.copy_(src)
-        elif tier is Tier.DEVICE:
-            raw = self.pool.upload(src, rec.padded, what=what)  # the caller's stream waits on the upload
-        else:
-            raw, done = self.pool.download(src, rec.padded, what=what)
-        if src is not rec.home_buffer:
-            self.pool.free(rec.tier, src)
-        if done is None:
-            rec.switch_buffer(raw, tier)
-            return completed(rec.view())
-        dirty = rec.dirty
-        rec.start_read(raw, tier)
-        rec.dirty = dirty  # the bytes move, their state does not
-
-        def moved(_done: Future) -> None:
-            with self._lock:
-                rec.future, rec.state = None, State.RESIDENT  # a failed copy is reported through the future
-        # the caller (the optimizer thread, a write to the SSD) gets the host copy once the download has landed
-        return self._track(event_future(done), moved, rec, result=lambda: rec.view(raw))
-
-    def _after(self, rec: TensorRecord, then) -> Future:
-        """Run ``then()`` once the record's in-flight transfer finishes; forward its future's outcome."""
-        out = Future()
-
-        def chain(_) -> None:
-            try:
-                inner = then()
-                inner.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
-                                        else out.set_result(f.result()))
-            except BaseException as exc:  # noqa: BLE001
-                out.set_exception(exc)
-        rec.future.add_done_callback(chain)
-        return out
-
-    def _track(self, fut: Future, on_done, rec: TensorRecord, result=None) -> Future:
-        """The record's public future: state updated by ``on_done`` first, then the caller is told."""
-        out = Future()
-        rec.future = out
-
-        def finish(done: Future) -> None:
-            on_done(done)
-            exc = done.exception()
-            if exc is not None:
-                out.set_exception(exc)
-            else:
-                out.set_result(result() if result else None)
-        fut.add_done_callback(finish)
-        return out
 
 
 def _mark_dirty(rec: TensorRecord) -> None:

@@ -147,11 +147,13 @@ class FinetuneLoop:
     one micro-batch per step unless :meth:`resume` loads the loop's state of its checkpoint."""
 
     def __init__(self, trainer: TrainingEngine, data, schedule: LRSchedule, config: LoopConfig, *, val_batches=(),
-                 metrics: MetricsLog | None = None, log=None, data_info: dict | None = None):
+                 metrics: MetricsLog | None = None, log=None, data_info: dict | None = None,
+                 label: str = "finetune"):
         self.trainer, self.data, self.schedule, self.config = trainer, data, schedule, config
         self.val_batches = list(val_batches)
         self.metrics = metrics or MetricsLog(None)
         self.log = log
+        self.label = label  # the progress lines' word (the command)
         self.data_source = DataSource(data_info)
         self.flops_per_token = model_flops_per_token(trainer.profile.total_params, trainer.profile.trainable_params)
         step = trainer.step_count
@@ -226,7 +228,7 @@ class FinetuneLoop:
         # prologue
         self.evaluate(result, "before training" if s.step == 0 else f"at step {s.step} (resumed)")
         # a resumed job shows its true position: 51/120, not 1/70
-        progress = Progress(c.total_steps, initial=min(s.step, c.total_steps), label="finetune", unit="step",
+        progress = Progress(c.total_steps, initial=min(s.step, c.total_steps), label=self.label, unit="step",
                             stream=self.log, log_every=5.0, enabled=self.log is not None)
         t0 = time.perf_counter()
         # steady state

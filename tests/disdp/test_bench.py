@@ -30,6 +30,12 @@ def test_bench_dist_smoke(tmp_path):
     assert with_agg["1"] == with_agg["2"] == without["1"]
     assert without["2"] == 2 * without["1"]
     assert result["server_ingress_flat_with_aggregator"] and result["server_ingress_grows_without_aggregator"]
+    # the runs without the aggregator, read as one server's throughput as the workers grow
+    scaling = result["ps_scaling"]
+    assert set(scaling["by_workers"]) == {"1", "2"} and scaling["by_workers"]["1"]["efficiency"] == 1.0
+    assert result["ps_scaling_efficiency"] == scaling["by_workers"]["2"]["efficiency"] > 0
+    assert scaling["by_workers"]["2"]["server_ingress_bytes_per_s"] == pytest.approx(
+        without["2"] / scaling["by_workers"]["2"]["step_s"])
 
 
 def test_bench_presets_parse():

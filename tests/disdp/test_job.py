@@ -41,19 +41,28 @@ def test_equals_the_single_process_job(tmp_path, references, workers, clip):
 
 
 @pytest.mark.timeout(200)
-def test_cli_chat_job_exports_what_transformers_loads(tmp_path, references, capsys):
+def test_cli_chat_job_exports_what_transformers_loads(tmp_path, references, capsys, monkeypatch):
     """``terastack dist train`` with finetune's flags and overrides: validation every 2 steps, metrics.jsonl, a
-    sharded export (config, tokenizer) that transformers loads and that equals finetune's."""
+    sharded export (config, tokenizer) that transformers loads and that equals finetune's. With no run directory
+    set, nothing is written into the working directory and the scratch one is gone at the end."""
+    import os
+    import tempfile
+
     import transformers
 
     refs, root = references
-    job = write_chat_job(tmp_path, workers=2, clip=0.5)
+    job = write_chat_job(tmp_path, workers=2, clip=0.5, disdp__run_dir=None)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     val = tmp_path / "val.jsonl"
     val.write_text((tmp_path / "chat.jsonl").read_text())
     out = tmp_path / "export"
     assert main(["dist", "train", "--config", job, "--output", str(out), "--val-data", str(val), "--eval-every",
                  "2", "--max-shard-size", "8KB", "disdp.workers=2", "servers=1"]) == 0
     assert "loss" in capsys.readouterr().out
+    assert list(cwd.iterdir()) == []
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"terastack-dist-{os.getpid()}"))
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors.index.json", "tokenizer.json", "metrics.jsonl",
             "finetune.yaml"} <= names

@@ -66,16 +66,19 @@ def test_liveness_close_waits_for_the_beating_thread():
     class SlowStore:
         def __init__(self):
             self.calls = 0
+            self.beating = threading.Event()
 
         def add(self, key, value):
             self.calls += 1
-            time.sleep(0.3)
+            if threading.current_thread().name.startswith("terastack-beat"):
+                self.beating.set()
+                time.sleep(0.3)   # a slow store: the thread is still inside add() when close() is called
             return self.calls
 
     store = SlowStore()
     beat = Liveness(0, 2, connect=lambda: store, beat_s=0.01)
-    time.sleep(0.1)   # the thread is inside add()
-    beat.close()
+    assert store.beating.wait(60)   # the thread is inside add()
+    beat.close(timeout_s=60)
     assert not beat._thread.is_alive()
     assert beat._thread not in shutdown.alive()
     assert threading.current_thread() not in shutdown.alive()

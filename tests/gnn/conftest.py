@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from terastack.gnn.gen import generate
+from terastack.gnn.storage.gen import generate
 
 
 def _reference_csc(src: np.ndarray, dst: np.ndarray, n: int, drop_self_loops: bool):

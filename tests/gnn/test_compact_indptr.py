@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from terastack.gnn.compact_indptr import GROUP, CompactIndptr, compact_indptr_bytes
-from terastack.gnn.dataset import DatasetError, open_dataset
-from terastack.gnn.hetero_dataset import open_hetero_dataset
-from terastack.gnn.sampler import NeighborSampler, epoch_batches
-from terastack.gnn.topology import ArrayTopology, DiskArray, SsdTopology, stream_chunks
+from terastack.gnn.storage.compact_indptr import GROUP, CompactIndptr, compact_indptr_bytes
+from terastack.gnn.storage.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
+from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
+from terastack.gnn.storage.topology import ArrayTopology, DiskArray, SsdTopology, stream_chunks
 
 
 def _indptr(degrees) -> np.ndarray:

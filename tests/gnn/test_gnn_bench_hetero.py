@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from terastack.cli import main
-from terastack.gnn.gen import IGBH_RELATIONS, HeteroGraphGenerator
-from terastack.gnn.hetero_dataset import open_hetero_dataset
+from terastack.gnn.storage.gen import IGBH_RELATIONS, HeteroGraphGenerator
+from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
 
 
 def _reference_csc(src: np.ndarray, dst: np.ndarray, n_dst: int) -> tuple[np.ndarray, np.ndarray]:

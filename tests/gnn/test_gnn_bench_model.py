@@ -9,7 +9,7 @@ import pytest
 
 from terastack.constants import BLOCK
 from terastack.gnn.advise import miss_blocks, out_of_sample_curve, rank_positions, sample_seed_sets
-from terastack.gnn.bench_workers import Contender, measure_window, window_seconds
+from terastack.gnn.bench.workers import Contender, measure_window, window_seconds
 from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import GnnWorkload, predict_epoch
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.cache import InMemoryFeatures, MmapFeatures, UnifiedCache, _mincore
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.hotness import presample, rank_nodes
-from terastack.gnn.rows import RowReader
-from terastack.gnn.sampler import NeighborSampler
+from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
+from terastack.gnn.storage.cache import UnifiedCache, _mincore
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.hotness import presample, rank_nodes
+from terastack.gnn.storage.rows import RowReader
+from terastack.gnn.sampling.sampler import NeighborSampler
 from terastack.io import File
 from terastack.errors import BudgetError
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from terastack.gnn.cache import UnifiedCache
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.hotness import presample
-from terastack.gnn.sampler import NeighborSampler
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.sampling.sampler import NeighborSampler
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ import pytest
 
 from terastack import bench as bench_mod
 from terastack.cli import main
-from terastack.gnn.dataset import open_dataset
+from terastack.gnn.storage.dataset import open_dataset
 from terastack.plan.hardware import Hardware, save_probe
 
 
@@ -199,7 +199,7 @@ def test_bench_smoke(tmp_path, capsys):
 
 
 def bench_mod_presets():
-    from terastack.gnn import bench
+    from terastack.gnn.bench import measure as bench
 
     assert "gnn" in {c.name for c in bench_mod.BENCHMARKS}
     return bench.PRESETS

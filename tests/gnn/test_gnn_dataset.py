@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from terastack.gnn import build as build_mod
-from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter
-from terastack.gnn.dataset import FILES, MANIFEST, DatasetError, open_dataset, write_manifest
-from terastack.gnn.gen import generate
+from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter
+from terastack.gnn.storage.dataset import FILES, MANIFEST, DatasetError, open_dataset, write_manifest
+from terastack.gnn.storage.gen import generate
 
 
 def test_csc_builder_matches_numpy_with_many_buckets_and_subranges(tmp_path, reference_csc):

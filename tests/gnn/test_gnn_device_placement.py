@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from terastack.gnn import bench
-from terastack.gnn.cache import InMemoryFeatures
+from terastack.gnn.bench import reference as bench
+from terastack.gnn.storage.baselines import InMemoryFeatures
 
 
 def test_bench_device_follows_auto(monkeypatch):
@@ -22,13 +22,13 @@ def test_models_and_plain_batches_go_to_the_bench_device(monkeypatch):
     args = SimpleNamespace(seed=0, model="sage", hidden=8, fanouts="2,2", lr=0.01)
     ds = SimpleNamespace(feat_dim=4, num_classes=3)
     monkeypatch.setattr(bench, "bench_device", lambda: torch.device("meta"))
-    model, _ = bench._model(args, ds)
+    model, _ = bench.bench_model(args, ds)
     assert all(p.device.type == "meta" for p in model.parameters())
-    cpu_model, _ = bench._model(args, ds, torch.device("cpu"))
+    cpu_model, _ = bench.bench_model(args, ds, torch.device("cpu"))
     moved = []
     data = SimpleNamespace(x=torch.zeros(5, 4), to=lambda device: moved.append(device) or "moved")  # a PyG batch
-    assert bench._on_model(model, data) == "moved" and moved == [torch.device("meta")]
-    assert bench._on_model(cpu_model, data) is data  # the CPU path is unchanged
+    assert bench.on_model(model, data) == "moved" and moved == [torch.device("meta")]
+    assert bench.on_model(cpu_model, data) is data  # the CPU path is unchanged
 
 
 def test_in_memory_features_fill_a_batch_on_another_device():

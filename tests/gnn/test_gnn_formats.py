@@ -12,9 +12,9 @@ import torch
 
 from terastack.cli import main
 from terastack.gnn import from_pyg
-from terastack.gnn.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.dataset import DatasetError, open_dataset
 from terastack.gnn.formats.streams import CsvGz, RowCursor, npz_member
-from terastack.gnn.train import GnnTrainer
+from terastack.gnn.training.train import GnnTrainer
 
 N, E, F, C = 60, 240, 5, 3
 

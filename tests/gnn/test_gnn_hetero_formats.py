@@ -13,8 +13,8 @@ import torch
 
 from terastack.cli import main
 from terastack.gnn import from_pyg
-from terastack.gnn.dataset import DatasetError
-from terastack.gnn.hetero_dataset import open_hetero_dataset
+from terastack.gnn.storage.dataset import DatasetError
+from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
 
 C = 3
 COUNTS = {"paper": 50, "author": 40, "institution": 7, "field_of_study": 11}
@@ -136,9 +136,9 @@ def check_undirected(ds, rel, reference_csc):
 
 
 def train_a_little(root, **extra):
-    from terastack.gnn.hetero_train import HeteroTrainer
+    from terastack.gnn.training.train import GnnTrainer
 
-    result = HeteroTrainer(HeteroTrainer.Config(data=str(root), fanouts="4,3", batch_size=8, epochs=2, hidden=8,
+    result = GnnTrainer(GnnTrainer.Config(data=str(root), fanouts="4,3", batch_size=8, epochs=2, hidden=8,
                                                 host_cache="64KiB", progress=False, **extra)).run()
     losses = result["loss_curve"]
     assert len(losses) == 2 * 4 and np.isfinite(losses).all()  # 30 training papers, batches of 8, two epochs
@@ -171,10 +171,10 @@ def test_ogb_mag_layout(tmp_path, capsys, reference_csc):
     for et, (s, d) in rel.items():
         check_relation(ds, et, s, d, reference_csc)
     # to_hetero(GraphSAGE) needs every sending type to receive: refused by name, with the remedy
-    from terastack.gnn.hetero_train import HeteroTrainer
+    from terastack.gnn.training.train import GnnTrainer
 
     with pytest.raises(ValueError, match="author.*--undirected"):
-        HeteroTrainer(HeteroTrainer.Config(data=str(plain), fanouts="2,2", progress=False)).run()
+        GnnTrainer(GnnTrainer.Config(data=str(plain), fanouts="2,2", progress=False)).run()
 
 
 @pytest.mark.parametrize("numpy_split", [True, False])
@@ -278,7 +278,7 @@ def test_damaged_sources_are_refused_naming_the_file(tmp_path, capsys):
 
 
 def test_interrupted_import_resumes(tmp_path, monkeypatch, reference_csc):
-    from terastack.gnn.build import CSCBuilder
+    from terastack.gnn.storage.build import CSCBuilder
     from terastack.gnn.formats.detect import import_directory
 
     src = tmp_path / "ogbn_mag"

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from terastack.cli import main
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.gen import generate
-from terastack.gnn.infer import GnnInference
-from terastack.gnn.models import load_model
-from terastack.gnn.train import GnnTrainer
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.gen import generate
+from terastack.gnn.training.infer import GnnInference
+from terastack.gnn.training.models import load_model
+from terastack.gnn.training.train import GnnTrainer
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_infer_with_self_loops_and_isolated_nodes(tmp_path, kind):
     from torch_geometric.data import Data
 
     from terastack.gnn import from_pyg, save_model
-    from terastack.gnn.models import GNN
+    from terastack.gnn.training.models import GNN
 
     gen = torch.Generator().manual_seed(1)
     n = 300

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from terastack import trace
-from terastack.gnn.cache import InMemoryFeatures, UnifiedCache
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.hotness import presample
-from terastack.gnn.pipeline import Pipeline, PipelineError
-from terastack.gnn.sampler import NeighborSampler
+from terastack.gnn.storage.baselines import InMemoryFeatures
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.sampling.pipeline import Pipeline, PipelineError
+from terastack.gnn.sampling.sampler import NeighborSampler
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from terastack.gnn.cache import InMemoryFeatures
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.pipeline import Pipeline, PipelineError
-from terastack.gnn.sampler import NeighborSampler
+from terastack.gnn.storage.baselines import InMemoryFeatures
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.sampling.pipeline import Pipeline, PipelineError
+from terastack.gnn.sampling.sampler import NeighborSampler
 
 
 class JitterSampler(NeighborSampler):

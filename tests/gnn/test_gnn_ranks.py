@@ -8,15 +8,15 @@ import json
 import pytest
 
 from terastack.cli import main
-from terastack.gnn.hetero_train import HeteroTrainer
-from terastack.gnn.multi_process import run_training
+from terastack.gnn.training.train import GnnTrainer
+from terastack.gnn.training.multi_process import run_training
 
 
 def test_two_ranks_heterogeneous(hetero):
     common = dict(data=str(hetero), model="rgcn", fanouts="4,3", batch_size=100, epochs=2, hidden=16, eval_nodes=-1,
                   host_cache="128KiB", topology="ssd", progress=False)
-    one = run_training("heterogeneous", HeteroTrainer.Config(**common))
-    two = run_training("heterogeneous", HeteroTrainer.Config(**common, check_sync=True), nproc=2)
+    one = run_training(GnnTrainer.Config(**common))
+    two = run_training(GnnTrainer.Config(**common, check_sync=True), nproc=2)
     assert two["ranks"]["world_size"] == 2
     # every step of both epochs was checked, and no parameter differed between the ranks
     assert two["ranks"]["steps_checked"] == 2 * (600 // 100) and two["ranks"]["max_param_diff"] == 0.0
@@ -54,4 +54,4 @@ def test_a_failing_rank_ends_the_job_naming_it(hetero, tmp_path, capsys):
 
 def test_nproc_is_checked(hetero):
     with pytest.raises(ValueError, match="nproc"):
-        run_training("heterogeneous", HeteroTrainer.Config(data=str(hetero), progress=False), nproc=0)
+        run_training(GnnTrainer.Config(data=str(hetero), progress=False), nproc=0)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from terastack.cli import main
-from terastack.gnn.scale import dataset_bytes, default_train_nodes
+from terastack.gnn.bench.scale import dataset_bytes, default_train_nodes
 from terastack.memory import mem_total
 
 
@@ -87,7 +87,7 @@ def test_scale_refuses_a_dataset_the_disk_cannot_hold(tmp_path, capsys):
 
 
 def test_bench_with_topology_on_ssd_keeps_loss_curves_identical(tmp_path, capsys):
-    from terastack.gnn.bench import PRESETS
+    from terastack.gnn.bench.measure import PRESETS
 
     code, out, err = run_cli(capsys, "bench", "gnn", *PRESETS["smoke"], "--topology", "ssd", "--indptr", "ssd",
                              "--tpc-rounds", "1", "--dir", str(tmp_path / "b"), "--json")

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from terastack.constants import BLOCK
-from terastack.gnn.cache import UnifiedCache
-from terastack.gnn.dataset import DatasetError, open_dataset
-from terastack.gnn.hotness import presample
-from terastack.gnn.pipeline import Pipeline
-from terastack.gnn.sampler import NeighborSampler, epoch_batches
-from terastack.gnn.topology import DiskArray, list_read_bytes, split_budget
-from terastack.gnn.train import GnnTrainer
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.sampling.pipeline import Pipeline
+from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
+from terastack.gnn.storage.topology import DiskArray
+from terastack.gnn.storage.budget_split import list_read_bytes, split_budget
+from terastack.gnn.training.train import GnnTrainer
 from terastack.io import IOEngine
 from terastack.io.backend import backend_unavailable_reason
 
@@ -118,7 +119,7 @@ def test_one_budget_is_split_between_lists_and_rows_on_a_power_law_graph(tiny):
     cached = np.zeros(ds.num_nodes, bool)
     assert r["topology"]["cached_lists"] == split["topology_lists"]
     hot = presample(sampler, ds.splits["train"], 64, epochs=2, seed=5)
-    from terastack.gnn.train import share_budget
+    from terastack.gnn.storage.budget_split import share_budget
 
     ssd = open_dataset(tiny, topology="ssd", topology_budget=budget)
     try:

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 
 import terastack.gnn as gnn_pkg
-from terastack.gnn.cache import UnifiedCache
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.hotness import presample
-from terastack.gnn.models import GNN
-from terastack.gnn.pipeline import Pipeline
-from terastack.gnn.sampler import NeighborSampler, epoch_batches
-from terastack.gnn.train import GnnTrainer, fit
+from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.training.models import GNN
+from terastack.gnn.sampling.pipeline import Pipeline
+from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
+from terastack.gnn.training.train import GnnTrainer, fit
 
 
 def in_memory_pyg(ds, sampler, kind, epochs, batch_size, lr=0.01):

@@ -7,9 +7,9 @@ import pytest
 
 from terastack.constants import BLOCK
 from terastack.gnn.advise import probe_feature_file, probe_while_training, training_steps
-from terastack.gnn.dataset import open_dataset
-from terastack.gnn.hotness import presample
-from terastack.gnn.sampler import NeighborSampler
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.hotness import presample
+from terastack.gnn.sampling.sampler import NeighborSampler
 from terastack.io.file import File
 
 

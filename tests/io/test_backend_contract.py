@@ -185,7 +185,6 @@ def test_auto_without_the_native_core_says_so_and_benchmarks_record_it(monkeypat
     """A checkout whose native core was never built (a fresh clone or worktree without ``pip install``) runs the
     Python backend: the engine says so once on stderr, and every benchmark's environment names the backend."""
     from terastack.io import _native
-    from terastack.reporting import environment
 
     missing = "the native core was not built with this install"
     monkeypatch.setattr(_native, "load_error", lambda: missing)
@@ -197,7 +196,7 @@ def test_auto_without_the_native_core_says_so_and_benchmarks_record_it(monkeypat
             assert eng.backend == "python"
     err = capsys.readouterr().err
     assert err.count("terastack I/O: auto chose python") == 1 and "slow path" in err
-    assert environment()["io_backend"]["name"] == "python"
+    assert backends.backend_record()["name"] == "python"  # what a benchmark records beside its environment()
     monkeypatch.undo()
     name, why = backends.auto_choice()
     with io.IOEngine() as eng:

@@ -10,7 +10,8 @@ import torch
 
 from terastack import io
 from terastack.errors import BudgetError
-from terastack.io.cuda import MIN_CHUNK, PinnedStaging, chunked_read, chunked_write, staging_chunk
+from terastack.io.cuda import MIN_CHUNK, PinnedStaging, staging_chunk
+from terastack.io.staged import chunked_read, chunked_write
 from terastack.tiers.budget import BudgetLedger
 
 
@@ -99,7 +100,7 @@ def test_error_from_a_copy_completion_fails_the_future(tmp_path):
         fut = chunked_read(lambda buf, s, n: f.pread(buf, s, n), copy_up, staging, 3 * MIN_CHUNK)
         with pytest.raises(RuntimeError, match="illegal memory access"):
             fut.result(5)  # raised, not a hang until the caller's timeout
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # (a poll: waiting on the staging's condition could take the driver's wake-up)
     while staging.used and time.monotonic() < deadline:
         time.sleep(0.01)
     assert staging.used == 0  # every chunk came back

@@ -111,7 +111,7 @@ def test_shipped_config_files_are_valid():
 def test_toml_with_unknown_field(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[trainer]\nlr = 1e-4\nlearning_rate = 3\n")
-    with pytest.raises(ValueError, match="c.toml: unknown trainer config fields: learning_rate"):
+    with pytest.raises(ValueError, match="c.toml: TrainerConfig: unknown setting .learning_rate."):
         TrainerConfig.from_toml(path)
 
 

@@ -128,8 +128,10 @@ def test_a_following_checkpoint_holds_a_fraction_of_the_state(tmp_path, trainer_
             original = type(runner).backward
 
             def sampled(self, ctx, grad_outs, t=t, held=held, original=original):
-                # a unit of a model worth checkpointing takes far longer than writing a point; so here
-                time.sleep(0.1)
+                # a unit of a model worth checkpointing takes far longer than writing a point; so here: the points
+                # offered so far are written before the next unit's backward (waited for, not timed)
+                if t.following is not None:
+                    t.following.drain()
                 held.append(t.store.usage()["ssd"]["held"])
                 return original(self, ctx, grad_outs)
 

@@ -29,7 +29,7 @@ def test_family_matches_plain_adamw(family, clip, tmp_path, trainer_config, stor
                          store_dir=store_dirs)
     with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
         assert set(trainer.plan.policies) == {"keep", "host", "ssd", "recompute"}
-        assert trainer.plan.mode == ("deferred" if clip else "eager")
+        assert trainer.plan.optimizer_schedule == ("deferred" if clip else "eager")
         losses = offloaded_train(trainer, data)
         ref_losses, opt = reference_train(ref, data, max_grad_norm=clip)
         assert losses == pytest.approx(ref_losses, abs=1e-6)
@@ -74,7 +74,7 @@ def test_optimizer_after_backward_and_small_chunks(tmp_path, trainer_config):
     data = batches(STEPS)
     cfg = trainer_config(active_offload=False, optimizer_chunk=1024, max_grad_norm=1.0)
     with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
-        assert trainer.plan.mode == "after_backward"
+        assert trainer.plan.optimizer_schedule == "after_backward"
         assert any(len(trainer.runtime.chunk_ranges(n)) > 1 for n in trainer.tensors)
         offloaded_train(trainer, data)
         reference_train(ref, data, max_grad_norm=1.0)

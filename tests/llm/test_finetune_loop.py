@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from terastack.training.data.epochs import TokenWindows, total_steps, windows_of
-from terastack.training.job import build_job, resolve_job
+from terastack.training.job import FLAT, JobConfig, build_job, resolve_job
 from terastack.training.lr_schedule import LRSchedule, warmup_from_ratio
 
 from ..exported import exported_weights
@@ -91,8 +91,9 @@ def test_token_windows_visit_every_window_once_per_epoch():
 
 # ------------------------------------------------------------------ job files
 def test_trainer_config_is_built_from_the_job():
-    """Every TrainerConfig field comes from the job setting of its name; unset settings keep the trainer's
-    defaults; the optimizer's and the planner's settings follow from the TrainerConfig."""
+    """A TrainerConfig is a view of the job: every setting reads the job's, by its flat name; unset settings read
+    as what the engine chooses ("auto", a scratch store) and keep the job's one default; the optimizer's and the
+    planner's settings follow from it."""
     from terastack.llm import LoraSpec, TrainerConfig
 
     job = build_job({"training.lr": 2e-5, "training.betas": [0.8, 0.9], "training.max_grad_norm": 1.0,
@@ -107,8 +108,15 @@ def test_trainer_config_is_built_from_the_job():
     assert (cfg.activation_policy, cfg.calibrate, cfg.prefetch_depth) == ("keep,ssd", False, 2)
     assert cfg.lora == LoraSpec(r=4, alpha=8)  # alpha: twice the rank unless given
     assert cfg.eps == TrainerConfig().eps and cfg.timeout == TrainerConfig().timeout and cfg.dtype == "auto"
-    opt = cfg.optimizer_config()
-    assert (opt.lr, opt.betas, opt.max_grad_norm, opt.mode) == (2e-5, (0.8, 0.9), 1.0, "deferred")
+    # one default per setting: the trainer's are the job's (no copy with defaults of its own)
+    default, plain = TrainerConfig(), JobConfig()
+    for name in ("batch_size", "seq_len", "grad_accum", "eps", "weight_decay", "seed", "optimizer_chunk"):
+        assert getattr(default, name) == plain.get(FLAT[name]), name
+    assert default.lr is None and default.device_budget == "auto" and default.store_dir
+    with pytest.raises(TypeError, match="unknown setting 'learning_rate'"):
+        TrainerConfig(learning_rate=1e-3)
+    opt = cfg.optimizer_config(lr=cfg.lr)
+    assert (opt.lr, opt.betas, opt.max_grad_norm, opt.optimizer_schedule) == (2e-5, (0.8, 0.9), 1.0, "deferred")
     plan = cfg.planner_config(device_budget=1 << 20, host_budget=2 << 20, inline_updates=True)
     assert (plan.policy, plan.prefetch_depth, plan.optimizer_chunk, plan.grad_accum) == ("keep,ssd", 2, 4096, 3)
     # a TrainerConfig is checked by the job's sections, in its own field names
@@ -125,7 +133,8 @@ def test_trainer_config_is_built_from_the_job():
                            ({"schedule.active_offload": False}, "after_backward"),
                            ({"schedule.optimizer": "after_backward"}, "after_backward"),
                            ({"schedule.optimizer": "deferred"}, "deferred")):
-        assert TrainerConfig.from_job(build_job(settings)).optimizer_config().mode == mode, settings
+        assert TrainerConfig.from_job(build_job(settings)).optimizer_config(lr=1e-3).optimizer_schedule == mode, \
+            settings
 
 
 def test_shipped_configs_are_job_files():

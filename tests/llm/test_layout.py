@@ -45,7 +45,7 @@ def test_ssd_space_of_a_plan_covers_what_training_uses(trainer_config):
 
     with Trainer.from_config(tiny_config("llama", layers=2),
                              trainer_config(state_placement="ssd", activation_policy="ssd")) as trainer:
-        assert trainer.plan.mode == "eager"
+        assert trainer.plan.optimizer_schedule == "eager"
         need = layout.ssd_bytes_needed(trainer.profile, trainer.plan)
         trainable = sum(t.numel for t in trainer.tensors.values() if t.trainable)
         acts = sum(u.act_bytes for u, p in zip(trainer.profile.units, trainer.plan.policies) if p == "ssd")

@@ -2,7 +2,6 @@
 over as read again. Both follow one rule (``OptimizerState.hand_over``, ``optimizer_sizes.masters_reread``)."""
 import dataclasses
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,10 +16,23 @@ from tests.plan.test_llm_planner import profile
 BLOCK = held_bytes(1)
 
 
-def _state(numel: dict[str, int], masters_bytes: int) -> OptimizerState:
+def _state(numel: dict[str, int], masters_bytes: int, cv=None) -> OptimizerState:
     tensors = {n: SimpleNamespace(numel=k) for n, k in numel.items()}
-    return OptimizerState(SimpleNamespace(store=None), tensors, cv=threading.Condition(), failure=None,
-                          masters_bytes=masters_bytes, writeback_bytes=0, read_ahead_bytes=0, timeout=1.0)
+    return OptimizerState(SimpleNamespace(store=None), tensors, cv=cv or threading.Condition(), failure=None,
+                          masters_bytes=masters_bytes, writeback_bytes=0, read_ahead_bytes=0, timeout=60.0)
+
+
+class _SeenWaiting(threading.Condition):
+    """A condition that says (``waiting``) when a thread waits on it with its predicate still false."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait_for(self, predicate, timeout=None):
+        if not predicate():
+            self.waiting.set()
+        return super().wait_for(predicate, timeout)
 
 
 def test_inline_a_unit_that_fits_the_whole_allowance_is_handed_over_without_the_reserve():
@@ -33,14 +45,17 @@ def test_inline_a_unit_that_fits_the_whole_allowance_is_handed_over_without_the_
 
 
 def test_inline_the_hand_over_waits_for_the_last_units_masters_on_their_way_home():
-    state = _state({"old": BLOCK // 2, "a": BLOCK // 4, "b": BLOCK // 4}, masters_bytes=2 * BLOCK)
+    cv = _SeenWaiting()
+    state = _state({"old": BLOCK // 2, "a": BLOCK // 4, "b": BLOCK // 4}, masters_bytes=2 * BLOCK, cv=cv)
     state.admit_master("old")  # the previous unit's master, being written back
-    # (the write-back's completion callback, as OptimizerState.finish_master sets it)
-    written = threading.Timer(0.3, state._master_gone, ["old"])
-    started = time.monotonic()
-    written.start()
-    assert state.hand_over(["a", "b"], alone=True) == {"a", "b"}
-    assert time.monotonic() - started >= 0.25  # it waited for the write-back rather than leave them to be read
+    handed = []
+    backward = threading.Thread(target=lambda: handed.append(state.hand_over(["a", "b"], alone=True)))
+    backward.start()
+    # it waits for the write-back rather than leave them to be read
+    assert cv.waiting.wait(60) and not handed
+    state._master_gone("old")  # the write-back's completion callback, as OptimizerState.finish_master sets it
+    backward.join(60)
+    assert handed == [{"a", "b"}]
 
 
 def test_a_unit_larger_than_the_allowance_keeps_the_reserve_inline_too():

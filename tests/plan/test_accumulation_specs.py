@@ -69,7 +69,7 @@ def test_a_vertical_step_is_planned_as_one_step_of_all_the_rows(mode):
     """The vertical plan of N micro-batches of B rows is the one-batch plan of N x B rows (weights read once per
     step, no gradient sums); the horizontal plan reads weights and computes N times and holds the sums."""
     n = 4
-    budgets = dict(device_budget=2 * GiB, host_budget=3 * GiB, mode=mode)
+    budgets = dict(device_budget=2 * GiB, host_budget=3 * GiB, optimizer_schedule=mode)
     keep = dict(budgets, device_budget=6 * GiB, policy="keep")  # the same compute: nothing recomputed
     vertical = LLMPlanner(LLMPlanner.Config(grad_accum=n, accumulation="vertical", **budgets)).plan(
         model_profile(1), CPU)
@@ -90,7 +90,7 @@ def test_a_grouped_step_is_planned_as_horizontal_passes_of_stacked_rows(mode):
     """``grouped-G`` with N micro-batches of B rows is planned as the horizontal plan of N / G micro-batches of
     G x B rows: the same prediction, placement and sums."""
     n, g = 8, 4
-    budgets = dict(device_budget=2 * GiB, host_budget=3 * GiB, mode=mode)
+    budgets = dict(device_budget=2 * GiB, host_budget=3 * GiB, optimizer_schedule=mode)
     grouped = LLMPlanner(LLMPlanner.Config(grad_accum=n, accumulation=f"grouped-{g}", **budgets)).plan(
         model_profile(1), CPU)
     reference = LLMPlanner(LLMPlanner.Config(grad_accum=n // g, accumulation="horizontal", **budgets)).plan(

@@ -134,7 +134,7 @@ def _search(profile, memory_budget, *, share=True, **config):
     return plan_memory_budget(config, memory_budget, profile, CPU, what=profile.model, share=share)[1]
 
 
-@pytest.mark.parametrize("config", [{}, {"grad_accum": 4}, {"mode": "deferred", "prefetch_depth": 2}])
+@pytest.mark.parametrize("config", [{}, {"grad_accum": 4}, {"optimizer_schedule": "deferred", "prefetch_depth": 2}])
 def test_the_planner_remembers_per_profile_what_no_candidate_changes(monkeypatch, config):
     """What depends only on the profile and the hardware is computed once per plan; the plans are those computed
     afresh for every candidate (the planner's memo turned off)."""

@@ -89,7 +89,7 @@ def test_refusal_names_budget_and_shortfall():
 def test_modes_and_ablation_predictions():
     prof = profile()
     eager = plan(prof, host_budget=160 * MiB, state_placement="ssd").prediction
-    after = plan(prof, host_budget=160 * MiB, state_placement="ssd", mode="after_backward").prediction
+    after = plan(prof, host_budget=160 * MiB, state_placement="ssd", optimizer_schedule="after_backward").prediction
     assert after.step_s > eager.step_s  # the optimizer no longer hides behind backward
     planner = LLMPlanner(LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30))
     rec = planner.predict(prof, CPU, tuple("keep" if u.kind != "layer" else "recompute" for u in prof.units))
@@ -114,7 +114,7 @@ def test_inline_updates_budget_a_unit_of_state_read_ahead_and_written():
     assert (inline.prediction.host_peak_bytes - threaded.prediction.host_peak_bytes
             == 2 * (unit_moments - chunk_pair) - 2 * unit_masters)
     # deferred updates (clipping) gather the gradients first: never inline
-    assert not plan(prof, host_budget=512 * MiB, inline_updates=True, mode="deferred").inline_updates
+    assert not plan(prof, host_budget=512 * MiB, inline_updates=True, optimizer_schedule="deferred").inline_updates
 
 
 def test_ssd_traffic_slows_cpu_compute_by_the_probed_rate():
@@ -151,8 +151,8 @@ def test_gpu_step_is_the_slowest_pipeline_and_labelled_a_prediction():
 def test_config_is_validated():
     with pytest.raises(ValueError, match="policy"):
         LLMPlanner.Config(device_budget=1, host_budget=1, policy="swap")
-    with pytest.raises(ValueError, match="mode"):
-        LLMPlanner.Config(device_budget=1, host_budget=1, mode="lazy")
+    with pytest.raises(ValueError, match="optimizer_schedule"):
+        LLMPlanner.Config(device_budget=1, host_budget=1, optimizer_schedule="lazy")
     with pytest.raises(ValueError, match="device_budget"):
         LLMPlanner.Config(device_budget="much", host_budget=1)
 

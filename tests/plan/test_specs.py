@@ -21,10 +21,10 @@ def test_one_registry_each_and_unknown_names_name_the_field():
     assert list(SCHEDULES) == ["eager", "deferred", "after_backward"]
     assert list(ACTIVATIONS) == ["keep", "host", "ssd", "recompute"]
     assert schedule_spec("deferred") is DEFERRED and activation_spec("ssd") is SSD
-    with pytest.raises(ValueError, match="^mode: must be one of eager, deferred, after_backward; got 'lazy'"):
+    with pytest.raises(ValueError, match="^optimizer_schedule: must be one of eager, deferred, after_backward; got 'lazy'"):
         schedule_spec("lazy")
-    with pytest.raises(ValueError, match="^mode:"):
-        LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30, mode="lazy")
+    with pytest.raises(ValueError, match="^optimizer_schedule:"):
+        LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30, optimizer_schedule="lazy")
     with pytest.raises(ValueError, match="^policy:"):
         LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30, policy="keep,swap")
     with pytest.raises(ValueError, match="already|new"):
@@ -46,7 +46,7 @@ def test_schedule_specs_say_what_the_planner_used_to_derive_from_the_name():
                  state_io_s=4.0)
     assert (EAGER.exposed_s(e), DEFERRED.exposed_s(e), AFTER_BACKWARD.exposed_s(e)) == (0.75, 2.25, 4.0)
     EAGER.check_clipping(None)
-    with pytest.raises(ValueError, match="^mode: eager updates cannot apply a global-norm clip exactly; use deferred"):
+    with pytest.raises(ValueError, match="^optimizer_schedule: eager updates cannot apply a global-norm clip exactly; use deferred"):
         EAGER.check_clipping(1.0)
 
 
@@ -71,9 +71,9 @@ def test_a_new_schedule_is_one_spec_class_and_a_registry_entry():
     register_schedule(Patient())
     try:
         prof = profile()
-        p = LLMPlanner(LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30, mode="patient")).plan(prof, CPU)
-        d = LLMPlanner(LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30, mode="deferred")).plan(prof, CPU)
-        assert p.mode == "patient" and isinstance(p.schedule, Patient)
+        p = LLMPlanner(LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30, optimizer_schedule="patient")).plan(prof, CPU)
+        d = LLMPlanner(LLMPlanner.Config(device_budget=1 << 30, host_budget=1 << 30, optimizer_schedule="deferred")).plan(prof, CPU)
+        assert p.optimizer_schedule == "patient" and isinstance(p.schedule, Patient)
         assert p.prediction.exposed_s == 7.0
         assert p.prediction.step_s == pytest.approx(d.prediction.step_s - d.prediction.exposed_s + 7.0)
     finally:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from terastack.gnn.dataset import DatasetError
+from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.formats.hetero_source import HeteroSource, NodeTypeSource, RelationSource
 from terastack.gnn.formats.igb import igb_splits, read_array, resolve_label_set
 from terastack.gnn.formats.ogb import SPLIT_FILES, KNOWN

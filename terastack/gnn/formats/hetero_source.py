@@ -1,11 +1,11 @@
 """One importer for every heterogeneous layout: a :class:`HeteroSource` says how to stream each node type's
 features and labels and each relation's edges; :class:`HeteroImporter` writes them into a heterogeneous
-dataset directory (terastack.gnn.hetero_dataset) with the homogeneous import's resumable, bounded-memory
+dataset directory (terastack.gnn.storage.hetero_dataset) with the homogeneous import's resumable, bounded-memory
 building blocks, one part (a node type or a relation) at a time.
 
 [Note: heterogeneous builds]
 Each part is built in its own directory (``nodes/<type>``, ``edges/<src>___<rel>___<dst>``) by a
-:class:`~terastack.gnn.build.BuildState` of its own, so the stages of [Note: resumable builds] (labels,
+:class:`~terastack.gnn.storage.build.BuildState` of its own, so the stages of [Note: resumable builds] (labels,
 features, splits; edge buckets, CSC) resume within the part; the top-level state records which parts
 are finished. Memory is that of the largest part: one node type's labels (8 bytes per node while
 importing), one edge chunk or CSC bucket within ``memory_budget``.
@@ -25,11 +25,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.dataset import DatasetError
+from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.formats.source import SPLITS, ImportOptions, check_ids, checked_splits
-from terastack.gnn.hetero_dataset import (EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir,
-                                          write_hetero_manifest)
+from terastack.gnn.storage.hetero_dataset import EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir, write_hetero_manifest
 from terastack.progress import Progress
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from terastack.gnn.dataset import DatasetError
+from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.formats.source import GraphSource, labels_from_values
 from terastack.gnn.formats.streams import CsvGz, file_record, need_file, npz_member
 

@@ -1,8 +1,8 @@
 """One importer for every on-disk layout: a :class:`GraphSource` says how to stream a dataset's edges,
 feature rows, labels and splits; :class:`SourceImporter` writes them into a terastack dataset with the
 same resumable, bounded-memory building blocks as ``gen`` and the ``.npy`` importer
-(:class:`~terastack.gnn.build.BuildState`, :class:`~terastack.gnn.build.CSCBuilder`,
-:class:`~terastack.gnn.build.FeatureWriter`; see [Note: resumable builds]).
+(:class:`~terastack.gnn.storage.build.BuildState`, :class:`~terastack.gnn.storage.build.CSCBuilder`,
+:class:`~terastack.gnn.storage.build.FeatureWriter`; see [Note: resumable builds]).
 
 Unlabelled nodes: the dataset format stores one class id in ``0..C-1`` per node and has no "missing"
 value, so a node a source marks as unlabelled (NaN, an empty CSV field, or a negative id) is stored
@@ -21,8 +21,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from terastack.gnn.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.dataset import FEATURE_DTYPES, DatasetError, write_manifest
+from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.storage.dataset import FEATURE_DTYPES, DatasetError, write_manifest
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 

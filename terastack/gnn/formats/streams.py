@@ -9,7 +9,7 @@
   ``.npz`` member, so the header is parsed with ``np.lib.format`` and rows are read in chunks. An
   object dtype (which would need unpickling) is refused.
 * :class:`RowCursor` -- turns "blocks from row k onwards" into the ``rows(start, stop)`` calls
-  :class:`~terastack.gnn.build.FeatureWriter` makes (sequential, resumable from any row).
+  :class:`~terastack.gnn.storage.build.FeatureWriter` makes (sequential, resumable from any row).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from terastack.gnn.dataset import DatasetError
+from terastack.gnn.storage.dataset import DatasetError
 
 #: read errors of a damaged gzip stream (truncated, bad CRC, not gzip at all)
 _GZIP_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile)

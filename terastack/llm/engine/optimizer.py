@@ -98,7 +98,7 @@ class OffloadedAdamW:
         weight_decay: float = 0.0
         max_grad_norm: float | None = None
         #: the schedule's name (terastack.plan.schedule_specs)
-        mode: str = EAGER.name
+        optimizer_schedule: str = EAGER.name
         #: "auto" (fused when torch supports it on the device), "fused", "foreach" or "single"
         impl: str = "auto"
         timeout: float = 600.0
@@ -116,7 +116,7 @@ class OffloadedAdamW:
                 raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
             if self.max_grad_norm is not None and not self.max_grad_norm > 0:
                 raise ValueError(f"max_grad_norm: must be > 0 or None, got {self.max_grad_norm}")
-            schedule_spec(self.mode).check_clipping(self.max_grad_norm)
+            schedule_spec(self.optimizer_schedule).check_clipping(self.max_grad_norm)
             if self.impl not in ("auto", "fused", "foreach", "single"):
                 raise ValueError(f"impl: must be auto, fused, foreach or single; got {self.impl!r}")
             optimizer_format(self.format)
@@ -142,7 +142,7 @@ class OffloadedAdamW:
         self.last_grad_norm: float | None = None
         self.updated_params = 0
         # when updates run (and on which thread): [Note: inline updates without an accelerator]
-        spec = schedule_spec(config.mode)
+        spec = schedule_spec(config.optimizer_schedule)
         self.schedule = make_schedule(self, spec, inline=inline, run=self._update, on_error=self._fail, cv=self._cv)
         self.executor = self.schedule.executor
         self.state = OptimizerState(runtime, self.tensors, cv=self._cv, failure=self._failure,

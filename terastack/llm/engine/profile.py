@@ -36,7 +36,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from terastack.training.hf.model_files import check_seq_len
-from terastack.llm.engine.streamed_units import UnitCall, install_units
+from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
 from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
@@ -106,6 +106,7 @@ class _Recorder:
 
     def run(self, unit, args, kwargs):
         call = UnitCall(args, kwargs)
+        check_real_arguments(unit, call)
         floating_in = [i for i, a in enumerate(call.flat) if isinstance(a, torch.Tensor) and a.requires_grad]
         meta_flat = []
         for a in call.flat:

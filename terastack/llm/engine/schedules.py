@@ -291,5 +291,5 @@ def schedule_class(spec: ScheduleSpec, kind: ExecutorKind) -> type[Schedule]:
     """The :class:`Schedule` subclass that runs ``spec`` under an executor of ``kind``."""
     cls = _SCHEDULES.get((spec.name, kind))
     if cls is None:
-        raise ValueError(f"mode: the engine has no {kind.value} schedule for {spec.name!r}")
+        raise ValueError(f"optimizer_schedule: the engine has no {kind.value} schedule for {spec.name!r}")
     return cls

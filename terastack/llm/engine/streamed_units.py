@@ -16,8 +16,25 @@ A recomputed unit runs its forward twice. Dropout must draw the same mask
 both times, so the RNG state (CPU and the accelerator's) at the first forward
 is saved and restored for the second, and the caller's RNG stream continues
 as if the forward had run once (the same approach as torch.utils.checkpoint).
+
+[Note: the skeleton's meta device]
+The skeleton's parameters are meta tensors, and some families' glue moves a
+real tensor to a parameter's device: Llama 4 calls
+``input_ids.to(self.embed_tokens.weight.device)``, T5-style and vision code
+``.to(self.x.weight.device)``. In the unmodified model that is a no-op; on the
+skeleton it would move the batch to meta, where its data is gone, and an
+embedding given meta indices and real weights returns whatever memory it
+reads (a model trained on garbage, without an error). So while the skeleton's
+own forward runs (outside every unit), moving a real tensor to the meta
+device leaves it where it is (:class:`KeepOffMeta`, entered by the wrapper
+:func:`install_units` puts around the model's ``forward``); and a unit that
+still receives a meta tensor is refused by name (:func:`check_real_arguments`)
+rather than run on data that does not exist.
 """
 from __future__ import annotations
+
+import functools
+import threading
 
 import torch
 from torch import nn
@@ -84,7 +101,11 @@ class StreamedUnit(nn.Module):
         self.__dict__["target"] = target
 
     def forward(self, *args, **kwargs):
-        return self.target.run(self.unit, args, kwargs)
+        _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
+        try:
+            return self.target.run(self.unit, args, kwargs)
+        finally:
+            _INSIDE.depth -= 1
 
     def __getattr__(self, name):
         # Model code may read attributes of the module it calls (padding_idx, weight.dtype, ...).
@@ -94,13 +115,53 @@ class StreamedUnit(nn.Module):
             return getattr(self._modules["inner"], name)
 
 
+#: per thread: how many stand-ins are running (their own code may move tensors to meta: the profile pass does)
+_INSIDE = threading.local()
+
+
+class KeepOffMeta(torch.overrides.TorchFunctionMode):
+    """``Tensor.to`` of a real tensor onto the meta device returns it unchanged (cast to a requested dtype), outside
+    every unit. See [Note: the skeleton's meta device]."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and not getattr(_INSIDE, "depth", 0) and args and isinstance(args[0], torch.Tensor) \
+                and args[0].device.type != "meta":
+            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is not None and device.type == "meta":
+                return args[0] if dtype is None else args[0].to(dtype)
+        return func(*args, **kwargs)
+
+
+def _off_meta_forward(forward):
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        with KeepOffMeta():
+            return forward(*args, **kwargs)
+
+    run.keeps_off_meta = True
+    return run
+
+
 def install_units(model: nn.Module, units, target) -> None:
     """Put a :class:`StreamedUnit` calling ``target`` at every unit's place in ``model`` (replacing the module, or
-    a stand-in installed before for another target)."""
+    a stand-in installed before for another target), and keep the model's glue off the meta device ([Note: the
+    skeleton's meta device])."""
     from terastack.llm.model import set_submodule
 
     for unit in units:
         set_submodule(model, unit.path, StreamedUnit(unit, target))
+    if not getattr(model.forward, "keeps_off_meta", False):
+        model.forward = _off_meta_forward(model.forward)
+
+
+def check_real_arguments(unit, call: "UnitCall") -> None:
+    """Refuse a unit call with a meta tensor among its arguments ([Note: the skeleton's meta device])."""
+    for i, a in enumerate(call.flat):
+        if isinstance(a, torch.Tensor) and a.device.type == "meta":
+            raise RuntimeError(f"{unit.family}: {unit.path} was called with a meta tensor (argument {i}, shape {tuple(a.shape)}): "
+                               "the model's code made it from a parameter of the skeleton, whose weights are "
+                               "streamed; terastack cannot stream this family's forward as written")
 
 
 def call_unit(unit, weights: dict[str, torch.Tensor], args: tuple, kwargs: dict):
@@ -157,6 +218,7 @@ class UnitRunner:
     def run(self, unit, args: tuple, kwargs: dict):
         """A stand-in was called (see :func:`install_units`)."""
         call = UnitCall(args, kwargs)
+        check_real_arguments(unit, call)
         if unit.index == self.stop_at:
             raise StopForward(call.grad_inputs())
         self.fetcher.observe(unit)

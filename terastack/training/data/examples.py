@@ -39,7 +39,6 @@ packed row is then the token-weighted loss of its examples run one by one; the v
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import zlib
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from terastack.training.data.stdlib_corpus import BOS, ByteTokenizer, stdlib_files
+from terastack.training.data.stdlib_corpus import BOS, ByteTokenizer, docstring_pairs
 from terastack.training.data.record_files import DatasetError, read_records
 
 IGNORE = -100  # the label transformers' loss ignores
@@ -233,35 +232,6 @@ class ExampleTokenizer:
         if fmt == "text":
             return self.text(_string(where, record, "text"))
         return self.prompt_completion(*_prompt_completion(where, record, fmt))
-
-
-# ------------------------------------------------------------------ the built-in instruction set
-def docstring_pairs(max_files: int | None = None) -> list[tuple[str, str]]:
-    """``(prompt, completion)`` pairs from this Python's standard library: a public function's or method's
-    signature (``module.Class.name(args) -> ret``, then a newline) and the first paragraph of its docstring. In
-    file order, then source order: the same on every run of the same Python. No download."""
-    pairs = []
-    for path in stdlib_files()[:max_files]:
-        if path.name.startswith("_"):
-            continue  # private modules (_pydecimal, _aix_support): implementation details
-        try:
-            tree = ast.parse(path.read_bytes(), filename=str(path))
-        except (SyntaxError, ValueError):
-            continue  # a test fixture for bad syntax, not a module
-        module = path.stem
-        todo = [(node, "") for node in tree.body]
-        while todo:
-            node, owner = todo.pop(0)
-            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not owner:
-                todo += [(child, node.name + ".") for child in node.body]
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                if not doc:
-                    continue
-                ret = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
-                prompt = f"{module}.{owner}{node.name}({ast.unparse(node.args)}){ret}\n"
-                pairs.append((prompt, doc.split("\n\n")[0].strip()))  # get_docstring cleans indentation
-    return pairs
 
 
 # ------------------------------------------------------------------ the data set

@@ -7,6 +7,7 @@ file, the line (a row for Parquet) and the field.
 """
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +28,35 @@ def is_record_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() in RECORD_SUFFIXES
 
 
+def not_text_error(path: str | Path, data: bytes, offset: int, problem: str, *, base: int = 0,
+                   line: int | None = None) -> DatasetError:
+    """The one-line error for bytes of ``path`` that are not UTF-8 text: the byte offset (from the start of the
+    file) and the line of the first bad byte. ``data`` holds the file's bytes from offset ``base``, on line
+    ``line`` (None: ``data`` starts the file, line 1)."""
+    at = base + offset
+    lineno = (line or 1) + data.count(b"\n", 0, offset)
+    return DatasetError(f"{path}:{lineno}", None, f"not UTF-8 text: {problem} at byte offset {at} "
+                        "(give a text file, or JSON Lines / JSON / Parquet records)")
+
+
+def decode_text(path: str | Path, data: bytes, *, base: int = 0, line: int | None = None,
+                final: bool = True) -> str:
+    """``data`` (bytes of ``path`` from offset ``base``, on line ``line``) as text, or :class:`DatasetError`
+    naming the file, the byte offset and the line of the first byte that is not UTF-8 text: a byte sequence
+    that does not decode, or a NUL byte (UTF-8 text never holds one; binary files almost always do).
+    ``final=False``: ``data`` was cut from a longer file, so a character cut in two at its end is dropped."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise not_text_error(path, data, nul, "a NUL byte", base=base, line=line)
+    try:
+        if final:
+            return data.decode("utf-8")
+        return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+    except UnicodeDecodeError as exc:
+        raise not_text_error(path, data, exc.start, f"byte 0x{data[exc.start]:02x} does not decode",
+                             base=base, line=line) from None
+
+
 def read_records(path: str | Path) -> Iterator[tuple[str, dict]]:
     """``(where, record)`` for each record of ``path``; ``where`` is ``"file:line"`` (``"file row N"`` for
     Parquet), for messages about that record."""
@@ -37,8 +67,8 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict]]:
     if suffix == ".parquet":
         yield from _parquet_records(path)
         return
-    with open(path, encoding="utf-8") as f:
-        head = f.read(4096).lstrip()
+    with open(path, "rb") as f:   # only to tell a JSON array from JSON Lines; the records are checked as read
+        head = f.read(4096).decode("utf-8", errors="replace").lstrip()
     if suffix == ".json" and head.startswith("["):
         yield from _json_array_records(path)
     else:  # .jsonl, or a .json file holding one object per line
@@ -52,8 +82,11 @@ def _record(where: str, obj) -> tuple[str, dict]:
 
 
 def _json_lines_records(path: Path) -> Iterator[tuple[str, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    offset = 0
+    with open(path, "rb") as f:  # bytes: a line that is not text is named with its byte offset
+        for lineno, raw in enumerate(f, 1):
+            line = decode_text(path, raw, base=offset, line=lineno)
+            offset += len(raw)
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -77,7 +110,7 @@ def _json_problem(exc: json.JSONDecodeError) -> str:
 
 def _json_array_records(path: Path) -> Iterator[tuple[str, dict]]:
     """The elements of a top-level JSON array, decoded one at a time so each knows its line."""
-    text = path.read_text(encoding="utf-8")
+    text = decode_text(path, path.read_bytes())
     decoder = json.JSONDecoder()
     pos, line, counted = text.index("[") + 1, 1, 0
 

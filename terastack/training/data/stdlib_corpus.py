@@ -1,4 +1,5 @@
-"""Training text without a download: the running Python's own standard-library sources, byte tokens.
+"""Training data without a download: the running Python's own standard-library sources, as text (byte tokens)
+and as the ``builtin:docstrings`` instruction set (:func:`docstring_pairs`).
 
 [Note: the built-in corpus]
 Every machine that runs terastack has a Python, and every Python ships its
@@ -10,6 +11,7 @@ plus BOS/EOS/PAD, unless the model directory brings its own tokenizer.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import sysconfig
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from terastack.training.data.record_files import decode_text
 
 BOS, EOS, PAD = 256, 257, 258
 BYTE_VOCAB = 259
@@ -42,6 +46,34 @@ def stdlib_corpus(max_bytes: int = 4 << 20) -> tuple[bytes, str]:
             break
     text = b"".join(parts)[:max_bytes]
     return text, f"{len(parts)} standard-library modules of Python {sysconfig.get_python_version()} ({files[0].parent})"
+
+
+def docstring_pairs(max_files: int | None = None) -> list[tuple[str, str]]:
+    """``(prompt, completion)`` pairs from this Python's standard library: a public function's or method's
+    signature (``module.Class.name(args) -> ret``, then a newline) and the first paragraph of its docstring. In
+    file order, then source order: the same on every run of the same Python. No download."""
+    pairs = []
+    for path in stdlib_files()[:max_files]:
+        if path.name.startswith("_"):
+            continue  # private modules (_pydecimal, _aix_support): implementation details
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError):
+            continue  # a test fixture for bad syntax, not a module
+        module = path.stem
+        todo = [(node, "") for node in tree.body]
+        while todo:
+            node, owner = todo.pop(0)
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not owner:
+                todo += [(child, node.name + ".") for child in node.body]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if not doc:
+                    continue
+                ret = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
+                prompt = f"{module}.{owner}{node.name}({ast.unparse(node.args)}){ret}\n"
+                pairs.append((prompt, doc.split("\n\n")[0].strip()))  # get_docstring cleans indentation
+    return pairs
 
 
 class ByteTokenizer:
@@ -78,6 +110,8 @@ def load_tokens(data: str | None, model_dir: str | None, *, max_bytes: int = 16 
             text = f.read(max_bytes)
         if not text:
             raise ValueError(f"data file {path} is empty")
+        # a file of binary bytes would train on them without a word: refused, naming the first bad byte
+        decode_text(path, text, final=len(text) < max_bytes)
         what = f"{path} ({len(text)} bytes{', truncated' if path.stat().st_size > max_bytes else ''})"
     tokenizer = "bytes"
     tok = load_tokenizer(model_dir)

@@ -19,6 +19,7 @@ key is refused, naming the key and the file.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import sys
@@ -232,3 +233,24 @@ def write_job_file(job: JobConfig, path: str | os.PathLike, *, command: str = "t
 
 __all__ = ["Layer", "SettingError", "build_job", "merge_layers", "parse_overrides", "read_job_file", "resolve_job",
            "write_job_file"]
+
+
+def with_settings(job: JobConfig, changes: dict) -> JobConfig:
+    """``job`` with ``changes`` (``section.field`` -> value) made, each changed section checked again (and the
+    job's checks across sections)."""
+    if not changes:
+        return job
+    by_section: dict[str, dict] = {}
+    for path, value in changes.items():
+        section, name = path.split(".", 1)
+        by_section.setdefault(section, {})[name] = value
+    sections = {}
+    for name, values in by_section.items():
+        current = getattr(job, name)
+        known = {f.name for f in dataclasses.fields(current)}
+        unknown = [k for k in values if k not in known]
+        if unknown:
+            raise SettingError(f"{name}.{unknown[0]}", f"unknown setting (the {name} settings: "
+                               f"{', '.join(sorted(known))})")
+        sections[name] = dataclasses.replace(current, **values)
+    return dataclasses.replace(job, **sections)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from terastack.plan.accumulation_specs import accumulation_spec
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO
 from terastack.plan import schedule_specs
+from terastack.plan.optimizer_names import OPTIMIZER_NAMES
+from terastack.training.job.engine_sections import DisdpSection, OffloadSection
 from terastack.training.job.setting import SettingError, at_least, flat_name, one_of, read_fields, setting
 from terastack.training.lr_schedule import SCHEDULES
 from terastack.units import parse_bytes
@@ -27,10 +29,6 @@ DTYPES = ("auto", "float32", "bfloat16")
 ROPE_SCALINGS = ("linear", "dynamic", "yarn")
 #: a job's length when it gives neither steps nor epochs
 DEFAULT_STEPS = 20
-#: the disaggregated engine's agent modes and server state homes (terastack.disdp.roles / .server)
-DISDP_AGENTS = ("thread", "process")
-DISDP_STATES = ("memory", "ssd")
-DISDP_DEVICES = ("cpu", "cuda")
 
 
 def _check_size(section, name: str, *, keep: bool = False) -> None:
@@ -129,6 +127,10 @@ class TrainingSection:
                               "their target tokens")
     lr: float | None = setting(None, help="peak learning rate (default 3e-4; 1e-5 for a pretrained model; 1e-4 "
                                "with --lora)")
+    optimizer: str = setting("adamw", choices=OPTIMIZER_NAMES, help="the optimizer and its state format: adamw "
+                             "(exact, fp32 moments: 8 bytes a parameter beside the fp32 master), adamw8bit "
+                             "(bitsandbytes' blockwise 8-bit moments: 2 bytes), adafactor (torch's, a factored "
+                             "second moment: kilobytes a matrix)")
     betas: tuple[float, float] = setting((0.9, 0.999), metavar=("BETA1", "BETA2"), help="AdamW's beta1 and beta2")
     eps: float = setting(1e-8, help="AdamW's epsilon")
     weight_decay: float = setting(0.0, help="AdamW's decoupled weight decay")
@@ -163,6 +165,7 @@ class TrainingSection:
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise SettingError("training.max_grad_norm", f"must be > 0 or null, got {self.max_grad_norm}")
         one_of(self, "lr_schedule", SCHEDULES)
+        one_of(self, "optimizer", OPTIMIZER_NAMES)
         if self.warmup_ratio is not None and not 0 <= self.warmup_ratio <= 1:
             raise SettingError("training.warmup_ratio", f"must be in [0, 1], got {self.warmup_ratio}")
 
@@ -307,82 +310,6 @@ class LoraSection:
             raise SettingError("lora.dropout", f"must be in [0, 1), got {self.dropout}")
         if isinstance(self.target_modules, str) and self.target_modules != "auto":
             self.target_modules = tuple(m.strip() for m in self.target_modules.split(",") if m.strip())
-
-
-@dataclass(kw_only=True, slots=True)
-class OffloadSection:
-    """the offloaded engine (terastack finetune): knobs only it has"""
-    SECTION = "offload"
-
-    calibrate: bool = setting(True, help="time each distinct layer once on this machine so the plan predicts "
-                              "from measured times")
-    hardware: str | None = setting(None, metavar="FILE", help="a probe JSON (terastack probe --json) to plan "
-                                   "with (default: the cached probe, else quick measurements)", path="path")
-    device: str = setting("auto", help="auto, cpu or cuda[:N]")
-    prefetch_depth: int = setting(1, metavar="N", help="decoder layers whose weights are fetched ahead")
-    inline_updates: bool | None = setting(None, help="eager updates on the training thread, right after each "
-                                          "layer's backward (default: when computing on the CPU)")
-    state_placement: str = setting("auto", choices=("auto", "ssd"), help="auto: optimizer state rests in host "
-                                   "memory while the budget allows; ssd: all of it on the SSD")
-    optimizer_impl: str = setting("auto", choices=("auto", "fused", "foreach", "single"),
-                                  help="the AdamW kernel (auto: fused where torch supports it)")
-    optimizer_chunk: int = setting(1 << 20, metavar="N", help="elements per optimizer chunk: the optimizer reads "
-                                   "and writes its state in pieces of this size")
-    retain_weights: bool = setting(True, help="keep the updated weights of the first layers in the device tier "
-                                   "for the next forward, where they fit")
-    timeout: float = setting(600.0, metavar="SECONDS", help="every wait (a transfer, an update) gives up after "
-                             "this long, naming what it waited for")
-
-    def __post_init__(self) -> None:
-        read_fields(self)
-        at_least(self, "prefetch_depth", 0)
-        at_least(self, "optimizer_chunk", 1024)
-        one_of(self, "state_placement", ("auto", "ssd"))
-        one_of(self, "optimizer_impl", ("auto", "fused", "foreach", "single"))
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise SettingError("offload.device", f"must be auto, cpu or cuda[:N]; got {self.device!r}")
-        if not self.timeout > 0:
-            raise SettingError("offload.timeout", f"must be > 0 seconds, got {self.timeout}")
-
-
-@dataclass(kw_only=True, slots=True)
-class DisdpSection:
-    """the disaggregated engine (terastack dist train): its roles and their processes"""
-    SECTION = "disdp"
-
-    workers: int = setting(2, flag=False, help="worker ranks (model-sharded data parallel)")
-    servers: int = setting(1, flag=False, help="parameter-server shards")
-    aggregator: bool = setting(True, flag=False, help="aggregate gradients before the servers")
-    agents: str = setting("thread", flag=False, choices=DISDP_AGENTS, help="communication agents per worker: "
-                          "threads or processes")
-    state: str = setting("memory", flag=False, choices=DISDP_STATES, help="where the servers keep their fp32 "
-                         "weights and AdamW moments: memory, or ssd (the tiered store: a few buckets in memory)")
-    run_dir: str = setting("runs/dist", flag=False, help="the job's directory (statistics, checkpoints)")
-    prefetch: int = setting(2, flag=False, help="bucket deliveries an agent may run ahead of its worker's compute")
-    reshard: bool = setting(True, flag=False, help="release each layer after its forward and fetch it again for "
-                            "its backward")
-    timeout_s: float = setting(120.0, flag=False, help="bound on every wait (seconds); a silent peer is reported "
-                               "by rank and role")
-    threads: int = setting(1, flag=False, help="torch intra-op threads per process")
-    helper_nice: int = setting(10, flag=False, help="niceness added to servers, the aggregator and agents")
-    kill_at: str = setting("", flag=False, help="fault injection for resilience tests: ROLE:INDEX:STEP[:FAULT]")
-    progress: bool = setting(True, flag=False, help="progress lines")
-    trace_dir: str = setting("", flag=False, help="write a Chrome trace per rank into this directory")
-    device: str = setting("cpu", flat="dist_device", flag=False, choices=DISDP_DEVICES,
-                          help="where the ranks' messages travel: cpu (gloo) or cuda (NCCL, each rank on the GPU of "
-                          "its LOCAL_RANK)")
-
-    def __post_init__(self) -> None:
-        read_fields(self)
-        for name in ("workers", "servers", "prefetch", "threads"):
-            at_least(self, name, 1)
-        one_of(self, "agents", DISDP_AGENTS)
-        one_of(self, "state", DISDP_STATES)
-        one_of(self, "device", DISDP_DEVICES)
-        if not 0 <= self.helper_nice <= 19:
-            raise SettingError("disdp.helper_nice", f"must be in [0, 19], got {self.helper_nice}")
-        if not self.timeout_s > 0:
-            raise SettingError("disdp.timeout_s", f"must be > 0, got {self.timeout_s}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,0 +1,386 @@
+"""``terastack bench gnn --hetero``: out-of-core training on an IGBH-shaped heterogeneous graph vs the same
+pipelined loader over in-memory features and topology, and vs ``np.memmap``.
+
+[Note: the heterogeneous benchmark]
+One generated graph (terastack.gnn.storage.gen.HeteroGraphGenerator: paper, author, institute and field-of-study
+nodes, IGBH's relations plus their reverses, every type with features of the same width) in the
+heterogeneous dataset layout. The one memory budget (``--budget``, default a quarter of the paper
+features, so the paper features alone are 4x the budget and all features together about 12x) pays for
+every type's cached rows, every relation's cached lists and the lookup tables. Three contenders, each
+in its own process (terastack.gnn.bench.workers [Note: contenders in child processes]), train the same
+model from the same initial weights on the same batches:
+
+  terastack            features and topology on the SSD, one budget over rows and lists
+                       (terastack.gnn.storage.budget_split [Note: one budget over node types and relations])
+  in_memory_pipelined  every feature and every relation's topology in RAM, the same pipeline
+  mmap                 features (page cache held to the budget, shared by type in proportion to
+                       their files) and topology (page cache left to the kernel) in ``np.memmap``,
+                       gathered by one thread; ``mmap_<k>_threads``: the same by k threads at once
+                       (``--mmap-threads``, [Note: the np.memmap baselines])
+
+The terastack and in-memory epochs take turns (``--epochs`` each); each mmap contender runs the first
+``--mmap-warmup-batches + --mmap-batches`` batches of epoch 0 and is compared on the same window
+([Note: comparing the same batches]), then terastack and each mmap contender run that window again with
+the training step left out (``loader_speedup_vs_mmap``: the loader alone, as an accelerator's user sees
+it). Loss curves must be identical (every source gives the file's bytes). Headline:
+``slowdown_vs_in_memory_pipelined`` (mean terastack epoch / mean in-memory epoch), ``speedup_vs_mmap``
+(against the fastest mmap contender), and ``tpc_error``: the TPC model's prediction (made before training, from
+pre-sampled and hold-out batches: terastack.gnn.bench.scale [Note: the scale run] explains the inputs)
+against the mean terastack epoch. The hit rate the model is given is the hold-out's at the split the
+budget made (every type's cache as placed), not a curve over cache sizes. The generated dataset is
+deleted at the end unless ``--keep``.
+
+[Note: why the training figure is compute-bound on a CPU]
+to_hetero(GraphSAGE) aggregates the raw 1024-wide features over every sampled edge of every relation
+before its first linear layer, so the step's time hardly depends on the hidden size (2-core VM, one torch
+thread, 39k nodes a batch: 2.70 s at hidden 128, 2.56 s at 32, 2.29 s at 16). On such a machine every
+contender's epoch is at least the step's, which caps ``speedup_vs_mmap`` at (mmap loader's batch time) /
+(step time) whatever terastack does; the ``loader_*`` figures are the comparison without that cap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from terastack.constants import BLOCK
+from terastack.gnn.advise import (hetero_training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
+                                  probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
+from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
+from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
+from terastack.gnn.storage.dataset import DatasetError
+from terastack.gnn.storage.gen import HeteroGraphGenerator
+from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
+from terastack.gnn.training.hetero_models import HeteroGNN, hetero_eval_step, hetero_train_step
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample
+from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
+from terastack.gnn.sampling.pipeline import HeteroPipeline
+from terastack.gnn.storage.budget_split import hetero_share_budget
+from terastack.gnn.training.train import evaluate, training_threads
+from terastack.plan.hardware import Hardware
+from terastack.plan.tpc import GnnWorkload, blocks_per_miss, predict_epoch
+from terastack.units import format_bytes, parse_bytes
+
+HETERO_DEFAULTS = {"papers": 250_000, "train_nodes": 65536, "batch_size": 1024, "fanouts": "10,5",
+                   "presample_nodes": 16384, "holdout_nodes": 4096, "gen_memory": "1GiB"}
+CONTENDERS = ("terastack", "in_memory_pipelined", "mmap")
+
+
+class HeteroContender:
+    """One contender of [Note: the heterogeneous benchmark], built in its child process."""
+
+    def __init__(self, *, kind: str, root: str, model: str, fanouts: str, hidden: int, lr: float, seed: int,
+                 batch_size: int, budget: int, threads: int, presample_nodes: int = 0, holdout_nodes: int = 0,
+                 indptr: str = "auto", mmap_threads: int = 1, load_probe_seconds: float = 8.0):
+        if threads:
+            torch.set_num_threads(threads)
+        self.kind, self.batch_size, self.seed = kind, batch_size, seed
+        self._model_kind, self._hidden, self._load_probe_seconds = model, hidden, load_probe_seconds
+        topology = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind]
+        ds = self.ds = open_hetero_dataset(root, topology=topology, indptr=indptr, topology_budget=budget)
+        self.sampler = HeteroNeighborSampler.for_dataset(ds, fanouts=fanouts, seed=seed)
+        self.train_ids, self.test_ids = ds.splits["train"], ds.splits["test"]
+        self.info: dict = {}
+        if kind == "terastack":
+            features = self._out_of_core(budget, presample_nodes, holdout_nodes)
+        elif kind == "in_memory_pipelined":
+            features = HeteroFeatures({t: InMemoryFeatures(ds.read_features(t)) if ds.feat_dim[t]
+                                       else ConstantFeatures() for t in ds.node_types})
+        else:
+            for topo in ds.topologies.values():  # the dataset's checks streamed them: start cold
+                drop_mapped_pages(topo.indptr)
+                drop_mapped_pages(topo.indices)
+            files = {t: f for t in ds.node_types if (f := ds.node_features(t)) is not None}
+            total = sum(f.num_nodes * f.row_bytes for f in files.values())
+            features = HeteroFeatures({t: MmapFeatures(f.features_path, num_rows=f.num_nodes, row_len=f.feat_dim,
+                                                       dtype=f.feat_dtype, budget=budget * f.num_nodes * f.row_bytes
+                                                       // total, threads=mmap_threads)
+                                       if t in files else ConstantFeatures()
+                                       for t, f in ((t, files.get(t)) for t in ds.node_types)})
+        self.features = features
+        self.pipeline = HeteroPipeline(self.sampler, features, ds.labels[ds.target], device="cpu")
+        torch.manual_seed(seed)  # the same initial weights in every contender
+        self.model = HeteroGNN(model, ds.node_types, ds.edge_types, {t: ds.feat_dim[t] or 1 for t in ds.node_types},
+                               hidden, ds.num_classes, self.sampler.hops, ds.target)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def _out_of_core(self, budget: int, presample_nodes: int, holdout_nodes: int) -> HeteroFeatures:
+        """Pre-sample a sample of the seeds, split the budget (filling the hot lists), measure the hold-out with
+        the lists in place, build the caches, and predict the epoch (kept for :meth:`predict`)."""
+        ds, sampler = self.ds, self.sampler
+        started = time.perf_counter()
+        placed_from, holdout = sample_seed_sets(self.train_ids, presample_nodes, holdout_nodes, seed=self.seed)
+        # one pass: the hold-out below, not a pre-sampled epoch, scores the placement
+        hot = hetero_presample(sampler, placed_from, self.batch_size, epochs=1, seed=self.seed, keep_examples=4)
+        budgets, split = hetero_share_budget(ds, hot, sampler, host_budget=budget, device_budget=0)
+        rankings = {t: h.order() for t, h in hot.items()}
+        features = build_features(ds, rankings, budgets, device="cpu")
+        prof = profile_sampling(sampler, holdout, self.batch_size, seed=self.seed)
+        prof.pop("ids")
+        per_batch = prof.pop("ids_per_batch")
+        featured = {t: f for t in ds.node_types if (f := ds.node_features(t)) is not None}
+        rows = missed = blocks = 0
+        for t, f in featured.items():
+            cache = features.sources[t]
+            r, m, b = miss_blocks(rank_positions(rankings[t], ds.num_nodes[t]), per_batch.get(t, []),
+                                  cache.device_rows + cache.host_rows, f.row_bytes)
+            rows, missed, blocks = rows + r, missed + m, blocks + b
+        hits = rows - missed
+        prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
+        self.info = {"split": split, "budgets": {t: list(b) for t, b in budgets.items()}, "holdout": prof,
+                     "placed_from_seeds": len(placed_from), "holdout_seeds": len(holdout),
+                     "presample": {"batches": hot[ds.target].batches,
+                                   "nodes_per_batch": {t: h.nodes_per_batch for t, h in hot.items()}},
+                     "holdout_feature_hit_rate": hits / max(rows, 1)}
+        self._predict(featured, features, hot[ds.target].examples, prof, hits / max(rows, 1))
+        self.info["setup_seconds"] = time.perf_counter() - started
+        return features
+
+    def _predict(self, featured: dict, features: HeteroFeatures, examples: list, prof: dict, hit: float) -> None:
+        """The TPC prediction of one epoch; see [Note: the heterogeneous benchmark]."""
+        ds = self.ds
+        row_bytes = {f.row_bytes for f in featured.values()}
+        if len(row_bytes) != 1:
+            raise ValueError("feat_dim: the benchmark's TPC check needs every featured type to have the same width")
+        row_bytes = row_bytes.pop()
+        lead = ds.target if ds.target in featured else next(iter(featured))
+        lead_file = SimpleNamespace(features_path=featured[lead].features_path,
+                                    feature_bytes=featured[lead].num_nodes * row_bytes)
+        ssd = probe_feature_file(lead_file)
+        nodes = sum(f.num_nodes for f in featured.values())
+        cached = sum(features.sources[t].device_rows + features.sources[t].host_rows for t in featured)
+        rows_per_batch = sum(prof["rows_per_batch"].get(t, 0.0) for t in featured)
+        trained_per_batch = sum(prof["rows_per_batch"].values())
+        dtype = torch.from_numpy(np.zeros(0, featured[lead].feat_dtype)).dtype
+        per_row, per_miss = measure_gather_costs(nodes, featured[lead].feat_dim, dtype, rows_per_batch)
+        # the hit rate at the split the budget made (a curve of three points: 0, the cached rows, all rows)
+        curve_rows = [0, cached, nodes] if 0 < cached < nodes else [0, nodes]
+        curve_hits = [0.0, hit, 1.0] if 0 < cached < nodes else [0.0, 1.0]
+        wl = GnnWorkload(num_nodes=nodes, row_bytes=row_bytes, feature_bytes=nodes * row_bytes,
+                         batches_per_epoch=-(-len(self.train_ids) // self.batch_size), nodes_per_batch=rows_per_batch,
+                         curve_rows=curve_rows, curve_hits=curve_hits,
+                         blocks_per_miss=prof["feature_blocks_per_missed_row"] or blocks_per_miss(row_bytes),
+                         sample_seconds=prof["sample_cpu_seconds_per_batch"], compute_seconds=None,
+                         compute_threads=torch.get_num_threads(), gather_seconds_per_row=per_row,
+                         miss_cpu_seconds_per_row=per_miss, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
+                         table_bytes_per_node=4, topology_blocks_per_batch=prof["topology_blocks_per_batch"])
+        host = cached * row_bytes + nodes * 4
+
+        def predict(iops: float, seconds_per_node: float):
+            here = Hardware(name="this machine (SSD measured on a feature file)", measured=True,
+                            cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
+                            ssd_rand4k_iops=iops)
+            return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * trained_per_batch), here,
+                                 device_cache=0, host_cache=host, train_threads=wl.compute_threads)
+
+        # the SSD's rate and the step under the epoch's own load (terastack.gnn.advise [Note: the step measured
+        # beside the epoch's own read rate]); the disk alone is reported beside
+        steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
+        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed)
+        pred = loaded.pop("prediction")
+        compute = loaded["compute_seconds_per_node"] * trained_per_batch
+        loaded["compute_seconds_per_batch"] = compute
+        self.info["tpc"] = {**pred.to_dict(), "ssd": ssd, "ssd_while_training": loaded,
+                            "compute_seconds_per_batch": compute,
+                            "topology_blocks_per_batch": wl.topology_blocks_per_batch,
+                            "topology_read_seconds_per_batch": wl.topology_blocks_per_batch * BLOCK
+                            / min(ssd["ssd_read_bytes_per_s"], ssd["ssd_rand4k_iops"] * BLOCK)}
+
+    # ------------------------------------------------------------------ requests from the parent
+    def describe(self) -> dict:
+        return {"info": self.info, "cache": self.features.describe(), "topology": self.sampler.topology.describe()}
+
+    def run(self, *, epoch: int, limit: int = 0, train: bool = True) -> dict:
+        """One epoch (its first ``limit`` batches); ``train=False`` leaves the step out (the loader alone)."""
+        return run_epoch(self.pipeline, self.model, self.opt, self.train_ids, batch_size=self.batch_size,
+                         epoch=epoch, step=hetero_train_step if train else skip_step, limit=limit)
+
+    def accuracy(self) -> dict:
+        if not len(self.test_ids):
+            return {"test_acc": None}
+        return {"test_acc": evaluate(self.pipeline, self.model, self.test_ids, batch_size=self.batch_size,
+                                     step=hetero_eval_step)}
+
+    def close(self) -> None:
+        self.features.close()
+        self.ds.close()
+
+
+def _dataset_dir(args) -> Path:
+    if args.dir:
+        return Path(args.dir)
+    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
+    return Path(base) / "bench-gnn-hetero"
+
+
+def _generate(args, root: Path, papers: int, train_nodes: int) -> dict:
+    config = dict(out=str(root), papers=papers, feat_dim=args.feat_dim, classes=args.classes, dtype=args.dtype,
+                  seed=args.seed, train_nodes=train_nodes, test_nodes=args.test_nodes,
+                  memory_budget=args.gen_memory or HETERO_DEFAULTS["gen_memory"], progress=not args.quiet)
+    try:
+        return HeteroGraphGenerator(HeteroGraphGenerator.Config(force=bool(args.fresh), **config)).run()
+    except DatasetError as exc:
+        if "other parameters" not in str(exc):
+            raise
+        # the benchmark's own dataset directory, made for other sizes: replace it
+        return HeteroGraphGenerator(HeteroGraphGenerator.Config(force=True, **config)).run()
+
+
+def measure_hetero(args) -> dict:
+    papers = args.papers or HETERO_DEFAULTS["papers"]
+    train_nodes = args.train_nodes or min(HETERO_DEFAULTS["train_nodes"], papers // 2)
+    batch_size = args.batch_size or HETERO_DEFAULTS["batch_size"]
+    fanouts = args.fanouts or HETERO_DEFAULTS["fanouts"]
+    rss_limit = parse_bytes(args.rss_limit, field="rss_limit")
+    if args.epochs < 1:
+        raise ValueError(f"epochs: must be >= 1, got {args.epochs}")
+    if args.threads < -1:
+        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
+    threads = training_threads() if args.threads == -1 else args.threads
+    mmap_threads = parse_mmap_threads(args.mmap_threads)
+    say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    root = _dataset_dir(args)
+    started = time.perf_counter()
+    contenders: dict[str, Contender] = {}
+    try:
+        gen = _generate(args, root, papers, train_nodes)
+        gen_seconds = time.perf_counter() - started
+        ds = open_hetero_dataset(root, verify="size")
+        feature_bytes = {t: f.num_nodes * f.row_bytes for t in ds.node_types if (f := ds.node_features(t))}
+        nodes, edges = dict(ds.num_nodes), {"___".join(et): n for et, n in ds.num_edges.items()}
+        ds.close()
+        budget = parse_bytes(args.budget, field="budget") if args.budget else feature_bytes["paper"] // 4
+        if budget * 4 > feature_bytes["paper"]:
+            raise ValueError(f"budget: {format_bytes(budget)} is more than a quarter of the "
+                             f"{format_bytes(feature_bytes['paper'])} of paper features; the benchmark is out-of-core "
+                             "only below that")
+        say(f"hetero bench: {nodes} nodes, features {format_bytes(sum(feature_bytes.values()))} (paper "
+            f"{format_bytes(feature_bytes['paper'])}), budget {format_bytes(budget)}")
+        common = dict(root=str(root), model=args.hetero_model, fanouts=fanouts, hidden=args.hidden, lr=args.lr,
+                      seed=args.seed, batch_size=batch_size, budget=budget, threads=threads)
+        contenders["terastack"] = Contender("terastack", "terastack.gnn.bench.hetero:HeteroContender", dict(
+            kind="terastack", presample_nodes=args.presample_nodes or HETERO_DEFAULTS["presample_nodes"],
+            holdout_nodes=args.holdout_nodes or HETERO_DEFAULTS["holdout_nodes"], indptr=args.indptr,
+            load_probe_seconds=args.load_probe_seconds, **common),
+            rss_limit=rss_limit)
+        contenders["in_memory_pipelined"] = Contender(
+            "in_memory_pipelined", "terastack.gnn.bench.hetero:HeteroContender",
+            dict(kind="in_memory_pipelined", **common), rss_limit=rss_limit)
+        for k in mmap_threads:
+            contenders[mmap_name(k)] = Contender(mmap_name(k), "terastack.gnn.bench.hetero:HeteroContender",
+                                                 dict(kind="mmap", mmap_threads=k, **common), rss_limit=rss_limit)
+        results = _race(contenders, args, say, mmap_threads)
+        accuracy = {name: contenders[name].call("accuracy")["test_acc"] for name in CONTENDERS[:2]}
+        described = contenders["terastack"].call("describe")
+    finally:
+        for c in contenders.values():
+            c.close()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return _report(results, accuracy, described, contenders, budget=budget, feature_bytes=feature_bytes, nodes=nodes,
+                   edges=edges, gen=gen, gen_seconds=gen_seconds, root=root, args=args, fanouts=fanouts,
+                   batch_size=batch_size, threads=threads, mmap_threads=mmap_threads)
+
+
+def _race(contenders: dict, args, say, mmap_threads: list[int]) -> dict:
+    """Epochs of terastack and the in-memory pipeline taking turns; the mmap contenders' window in epoch 0, then
+    the same window with the training step left out ([Note: the np.memmap baselines])."""
+    mmaps = [mmap_name(k) for k in mmap_threads]
+    results: dict[str, list] = {name: [] for name in (*CONTENDERS[:2], *mmaps)}
+    for epoch in range(args.epochs):
+        for name in CONTENDERS[:2]:
+            results[name].append(contenders[name].call("run", epoch=epoch))
+            say(f"{name} epoch {epoch}: {results[name][-1]['seconds']:.2f} s")
+        if epoch == 0:
+            total = results["terastack"][0]["batches"]
+            first, count = measure_window(total, args.mmap_warmup_batches, args.mmap_batches)
+            results["window"] = [first, count]
+            for name in mmaps:
+                results[name].append(contenders[name].call("run", epoch=0, limit=first + count))
+                say(f"{name} batches 0..{first + count - 1}: {results[name][0]['seconds']:.2f} s")
+    first, count = results["window"]
+    results["loader"] = {}
+    for name in ("terastack", *mmaps):  # the same window, epoch 0's batches, no training step
+        results["loader"][name] = contenders[name].call("run", epoch=0, limit=first + count, train=False)
+        say(f"{name} loader alone, batches 0..{first + count - 1}: {results['loader'][name]['seconds']:.2f} s")
+    return results
+
+
+def _report(results: dict, accuracy: dict, described: dict, contenders: dict, *, budget, feature_bytes, nodes,
+            edges, gen, gen_seconds, root, args, fanouts, batch_size, threads, mmap_threads) -> dict:
+    ts, mem = results["terastack"], results["in_memory_pipelined"]
+    mmaps = {k: results[mmap_name(k)][0] for k in mmap_threads}
+    first, count = results["window"]
+    ts_t, mem_t = [e["seconds"] for e in ts], [e["seconds"] for e in mem]
+    tpc = described["info"]["tpc"]
+    measured = float(np.mean(ts_t))
+    ts_window = window_seconds(ts[0]["marks"], first, count)
+    mm_windows = {k: window_seconds(mm["marks"], first, count) for k, mm in mmaps.items()}
+    loader = {name: window_seconds(r["marks"], first, count) for name, r in results["loader"].items()}
+    loader_mm = {k: loader[mmap_name(k)] for k in mmap_threads}
+    strongest = min(mm_windows, key=mm_windows.get)  # [Note: the np.memmap baselines]
+    loader_strongest = min(loader_mm, key=loader_mm.get)
+    identical = (all(a["losses"] == b["losses"] for a, b in zip(ts, mem))
+                 and all(mm["losses"] == ts[0]["losses"][: len(mm["losses"])] for mm in mmaps.values()))
+    peaks = {name: max(c.setup["peak_rss_bytes"], *(r["peak_rss_bytes"] for r in results[name]),
+                       *([results["loader"][name]["peak_rss_bytes"]] if name in results["loader"] else []))
+             for name, c in contenders.items()}
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("marks", "losses")}  # noqa: E731
+    mm = mmaps[mmap_threads[0]]
+    return {
+        "slowdown_vs_in_memory_pipelined": measured / float(np.mean(mem_t)),
+        "speedup_vs_mmap": mm_windows[strongest] / ts_window,
+        "speedup_vs_mmap_by_threads": {str(k): w / ts_window for k, w in mm_windows.items()},
+        "loader_speedup_vs_mmap": loader_mm[loader_strongest] / loader["terastack"],
+        "loader_speedup_vs_mmap_by_threads": {str(k): w / loader["terastack"] for k, w in loader_mm.items()},
+        "tpc_error": abs(tpc["epoch_seconds"] - measured) / measured,
+        "loss_curves_identical": identical,
+        "feature_to_budget_ratio": feature_bytes["paper"] / budget,
+        "terastack_epoch_seconds": ts_t, "in_memory_pipelined_epoch_seconds": mem_t,
+        "mmap": {"window": [first, first + count], "window_seconds": mm_windows[strongest],
+                 "terastack_window_seconds": ts_window, "strongest_threads": strongest,
+                 "window_seconds_by_threads": {str(k): w for k, w in mm_windows.items()},
+                 "epoch_seconds_extrapolated": mm_windows[strongest] / count * ts[0]["batches"],
+                 "epoch_measured": f"batches {first}..{first + count - 1} of {ts[0]['batches']}, extrapolated",
+                 "loader_window_seconds": {str(k): w for k, w in loader_mm.items()},
+                 "terastack_loader_window_seconds": loader["terastack"],
+                 "loader_strongest_threads": loader_strongest,
+                 "gather_seconds_per_batch_by_threads": {str(k): r["gather_seconds"] / max(r["batches"], 1)
+                                                         for k, r in mmaps.items()},
+                 "budget_bytes": budget,
+                 "note": "features held to the budget (shared by type) in every mmap contender; the mapped "
+                         "topology's page cache left to the kernel; speedup_vs_mmap is against the fastest "
+                         "contender (--mmap-threads); loader_*: the same window with the training step left out"},
+        "tpc_predicted_epoch_seconds": tpc["epoch_seconds"], "tpc": tpc,
+        "hit_rates": {"feature": ts[0]["feature_hit_rate"], "topology": ts[0]["topology_hit_rate"],
+                      "feature_predicted_from_holdout": described["info"]["holdout_feature_hit_rate"],
+                      "topology_holdout": described["info"]["holdout"]["topology_hit_rate"]},
+        "seeds_per_s": ts[0]["seeds"] / ts_t[0] if ts_t[0] else 0.0, "train_nodes": ts[0]["seeds"],
+        "accuracy": accuracy, "accuracy_diff_points": 100 * abs((accuracy["terastack"] or 0)
+                                                                - (accuracy["in_memory_pipelined"] or 0)),
+        "peak_rss_bytes": peaks,
+        "terastack_epochs": [strip(e) for e in ts], "in_memory_pipelined_epochs": [strip(e) for e in mem],
+        "mmap_run": strip(mm),
+        "mmap_runs": {str(k): strip(r) for k, r in mmaps.items()},
+        "loader_runs": {name: strip(r) for name, r in results["loader"].items()},
+        "cache": described["cache"], "topology": described["topology"],
+        "split": described["info"]["split"], "holdout": described["info"]["holdout"],
+        "presample": described["info"]["presample"], "terastack_setup_seconds": described["info"]["setup_seconds"],
+        "budget_bytes": budget,
+        "dataset": {"dir": str(root), "nodes": nodes, "edges": edges, "feature_bytes": feature_bytes,
+                    "feat_dim": args.feat_dim, "feat_dtype": args.dtype, "generation": gen.get("status"),
+                    "generation_seconds": gen_seconds, "deleted_after_run": not args.keep},
+        "config": {"model": args.hetero_model, "hidden": args.hidden, "fanouts": fanouts, "batch_size": batch_size,
+                   "epochs": args.epochs, "lr": args.lr, "seed": args.seed, "torch_threads": threads,
+                   "mmap_threads": mmap_threads,
+                   "processes": "one per contender (spawned), RSS watchdog at --rss-limit"},
+    }
+

@@ -1,0 +1,44 @@
+"""A new trainer's store filled with its weights, one tensor at a time: a checkpoint's (through transformers' key
+conversions), or a seeded random initialization; a LoRA model's adapters initialized beside its frozen base."""
+from __future__ import annotations
+
+import torch
+
+from terastack.llm.engine import store_layout as layout
+from terastack.llm.model import random_init
+
+
+def fill_store(runtime, model, units, tensors, *, seed: int, source, source_keys, lora) -> None:
+    """Every weight into the store (``source``: a CheckpointReader with ``source_keys`` deciding which tensor
+    each parameter is; None: random initialization), waiting until all of them have reached it."""
+    in_flight: list = []
+    if source is None:
+        for name, tensor in random_init(model, units, tensors, seed):
+            layout.put_initial(runtime, name, tensor, in_flight)
+    else:
+        fill_from_checkpoint(runtime, model, units, tensors, seed=seed, source=source, source_keys=source_keys,
+                             lora=lora, in_flight=in_flight)
+    for fut, _ in in_flight:
+        runtime.wait(fut, "initial weights reaching the SSD")
+
+
+def fill_from_checkpoint(runtime, model, units, tensors, *, seed: int, source, source_keys, lora,
+                         in_flight: list) -> None:
+    """The weights from the checkpoint, through transformers' key conversions; a LoRA model's frozen base
+    alike (under peft's names), its adapters initialized (peft's initialization or ``lora.init_from``)."""
+    filled = set()
+    for name, tensor in source_keys.tensors(source.get):
+        name = lora.peft_name(name) if lora is not None else name
+        filled.add(name)
+        layout.put_initial(runtime, name, tensor.to(torch.float32), in_flight)
+    source.close()
+    ordered = sorted(tensors, key=lambda n: tensors[n].index)
+    adapters = [n for n in ordered if lora is not None and lora.is_adapter(n)]
+    adapter_set = set(adapters)
+    missing = [n for n in ordered if n not in filled and n not in adapter_set]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"checkpoint {source.path} has no tensor for parameter {missing[0]!r}{more}")
+    if adapters:
+        for name, tensor in lora.initial_adapter(model, units, tensors, adapters, seed):
+            layout.put_initial(runtime, name, tensor, in_flight)

@@ -1,0 +1,90 @@
+"""The check before training a family the tests do not verify ([Note: the family check]).
+
+Both ways: a correct family no test names (Granite, whose glue scales embeddings, residuals and logits) passes the
+check and trains equal to plain AdamW; a family made wrong on purpose (a decoder layer whose forward depends on
+the grad mode, which the engine's recomputed units run with it off the first time) is stopped before its first
+step, naming the tensor. A family terastack cannot stream is refused by name before any state is written.
+"""
+import pytest
+import torch
+
+from terastack.llm import Trainer, TrainerConfig
+from terastack.llm.engine.family_check import FamilyCheckError, needs_check
+from terastack.llm.model import TESTED_FAMILIES
+
+from .llm_helpers import batches, max_weight_diff, offloaded_train, reference_train
+from .test_families import _ATTN, save_family
+
+TOL = 1e-5
+
+
+def _save(cfg, path):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(str(path))
+    model.train()
+    return model
+
+
+def test_unverified_family_is_checked_and_trains(tmp_path, trainer_config):
+    from transformers import GraniteConfig
+
+    assert "granite" not in TESTED_FAMILIES
+    ref = _save(GraniteConfig(**_ATTN, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0,
+                              attention_multiplier=0.3), tmp_path / "model")
+    data = batches(2)
+    cfg = trainer_config(state_placement="ssd", activation_policy="keep,recompute")
+    with pytest.warns(UserWarning, match="granite"), Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        report = trainer.family_check
+        assert report is not None and report.family == "granite"
+        # every unit (embedding, two layers, norm, head) compared: outputs, input and weight gradients
+        assert report.unit_calls == 5 and report.tensors >= 5 + 4 + sum(1 for _ in ref.parameters())
+        assert report.worst <= TOL
+        losses = offloaded_train(trainer, data)
+        ref_losses, _ = reference_train(ref, data)
+        assert losses == pytest.approx(ref_losses, abs=1e-6)
+        assert max_weight_diff(trainer, ref) <= TOL
+
+
+def test_verified_family_skips_the_check_unless_forced(tmp_path, trainer_config):
+    save_family("llama", tmp_path / "model")
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config()) as trainer:
+        assert trainer.family_check is None
+    with Trainer.from_pretrained(tmp_path / "model", trainer_config(check_family="always")) as trainer:
+        assert trainer.family_check is not None and trainer.family_check.worst <= TOL
+    assert not needs_check("granite", "never", TESTED_FAMILIES)
+    with pytest.raises(ValueError, match="check_family"):
+        TrainerConfig(check_family="sometimes")
+
+
+def test_family_made_wrong_is_stopped_naming_the_tensor(tmp_path, trainer_config, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    save_family("llama", tmp_path / "model")
+    original = modeling_llama.LlamaDecoderLayer.forward
+
+    def grad_mode_dependent(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        return out if torch.is_grad_enabled() else out * 1.01
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", grad_mode_dependent)
+    cfg = trainer_config(check_family="always", activation_policy="recompute")
+    with pytest.raises(FamilyCheckError) as info:
+        Trainer.from_pretrained(tmp_path / "model", cfg)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("check_family: llama: model.layers.0 output 0 differs")
+    assert "relative 0.0099" in message or "relative 0.01" in message
+
+
+def test_family_that_cannot_stream_is_refused_before_any_state(tmp_path, trainer_config):
+    from transformers import JambaConfig
+
+    cfg = JambaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                      expert_layer_offset=1, num_experts=2, mamba_d_state=4, mamba_dt_rank=4)
+    with pytest.raises(ValueError, match=r"^jamba \(JambaForCausalLM\): .*not supported"):
+        Trainer.from_config(cfg, trainer_config(store_dir=str(tmp_path / "store")))
+    assert not (tmp_path / "store").exists()

@@ -157,7 +157,8 @@ class TrainerConfig:
         return LLMPlanner.Config(device_budget=device_budget, host_budget=host_budget,
                                  policy=self.activation_policy, optimizer_schedule=self.optimizer_schedule,
                                  prefetch_depth=self.prefetch_depth, state_placement=self.state_placement,
-                                 optimizer_chunk=self.optimizer_chunk, retain_weights=self.retain_weights,
+                                 optimizer_chunk=self.optimizer_chunk, optimizer=self.optimizer,
+                                 retain_weights=self.retain_weights,
                                  inline_updates=inline_updates, grad_accum=self.grad_accum,
                                  accumulation=accumulation or self.accumulation)
 

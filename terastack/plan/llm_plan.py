@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from terastack.errors import BudgetError
 from terastack.plan.accumulation_specs import AccumulationSpec, accumulation_spec, preference
 from terastack.plan.activation_specs import ACTIVATIONS, ActivationSpec, activation_spec
-from terastack.plan.llm_profile import STATE_BYTES, ModelProfile
+from terastack.plan.llm_profile import ModelProfile
+from terastack.plan.optimizer_formats import ADAMW, optimizer_format
 from terastack.plan.schedule_specs import ScheduleSpec, schedule_spec
 from terastack.tier import Tier
 from terastack.units import format_bytes
@@ -103,6 +104,8 @@ class LLMPlan:
     grad_home: dict[str, Tier] = field(default_factory=dict, compare=False)
     #: the order of the micro-batches (terastack.plan.accumulation_specs): vertical runs them as one pass
     accumulation: str = "horizontal"
+    #: the optimizer state format (terastack.plan.optimizer_formats): what rests per trainable parameter
+    optimizer: str = ADAMW.name
 
     @property
     def accumulation_spec(self) -> AccumulationSpec:
@@ -139,7 +142,7 @@ class LLMPlan:
                 "prefetch_depth": self.prefetch_depth, "device_capacity": self.device_capacity,
                 "host_capacity": self.host_capacity, "grad_pool_bytes": self.grad_pool_bytes,
                 "masters_bytes": self.masters_bytes, "writeback_bytes": self.writeback_bytes,
-                "optimizer_chunk": self.optimizer_chunk,
+                "optimizer_chunk": self.optimizer_chunk, "optimizer": self.optimizer,
                 "read_ahead_bytes": self.read_ahead_bytes, "retained_units": len(self.retained_units),
                 "grad_accum": self.grad_accum, "accumulation": self.accumulation,
                 "grad_sums_on_host": sum(1 for v in self.grad_home.values() if v is Tier.HOST),
@@ -150,8 +153,9 @@ class LLMPlan:
         moments), ``compute_device``, ``compute_host``, ``compute_ssd`` (compute copies of mixed precision and
         frozen weights). They add up to ``profile.state_bytes()``, the total a plan reports."""
         out = {f"{kind}_{tier.value}": 0 for kind in ("state", "compute") for tier in _PLACES[kind]}
+        fmt = optimizer_format(self.optimizer)
         for name, home in self.state_home.items():
-            out[f"state_{home.value}"] += profile.tensor_numel[name] * STATE_BYTES
+            out[f"state_{home.value}"] += profile.tensor_numel[name] * 4 + fmt.state_bytes(profile.shape(name))
         for name, home in self.compute_home.items():
             out[f"compute_{home.value}"] += profile.tensor_numel[name] * profile.compute_bytes
         return out

@@ -76,7 +76,8 @@ from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, Accumul
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, layer_counts, searched
 from terastack.plan.hardware import Hardware
 from terastack.plan.llm_plan import BYTE_KINDS, STEP_TIES, LLMPlan, PlanError, StepPrediction, candidate_rank
-from terastack.plan.llm_profile import STATE_BYTES, ModelProfile, UnitProfile, chunked_bytes, held_bytes
+from terastack.plan.llm_profile import ModelProfile, UnitProfile, chunked_bytes, held_bytes
+from terastack.plan.optimizer_formats import ADAMW, optimizer_format
 from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, masters_reread, size_candidates
 from terastack.plan.staging import staging_cap
 from terastack.plan.schedule_specs import EAGER, ExecutorKind, Exposure, ScheduleSpec, schedule_spec
@@ -133,6 +134,7 @@ class _Homes:
     ssd_read_bytes: int  # read per step for the state that rests on the SSD
     ssd_write_bytes: int  # written per step for the state that rests on the SSD
     ssd_state_params: int  # trainable parameters whose fp32 master and moments rest on the SSD
+    ssd_state_bytes: int = 0  # their fp32 masters and optimizer state (the format's), unpadded
     frozen_on_device: bool = False  # every frozen weight rests in the device tier (compute_home: Tier.DEVICE)
     bytes_by_kind: dict = dataclasses.field(default_factory=dict)  # the SSD bytes above by kind (byte ledger's)
 
@@ -175,6 +177,8 @@ class LLMPlanner:
         state_placement: str = "auto"
         #: elements per optimizer chunk (the optimizer reads and writes its state in chunks of this size)
         optimizer_chunk: int = 1 << 20
+        #: the optimizer state format ([Note: optimizer state formats] in terastack.plan.optimizer_formats)
+        optimizer: str = ADAMW.name
         #: keep updated fp32 masters of the first units in the device tier for the next forward (when they fit)
         retain_weights: bool = True
         #: eager updates run on the training thread, a unit's state at a time (see the optimizer's
@@ -219,11 +223,14 @@ class LLMPlanner:
                 raise ValueError(f"state_placement: must be auto or ssd; got {self.state_placement!r}")
             if self.optimizer_chunk < 1024:
                 raise ValueError(f"optimizer_chunk: must be >= 1024 elements, got {self.optimizer_chunk}")
+            optimizer_format(self.optimizer)
 
     def __init__(self, config: "LLMPlanner.Config"):
         self.config = config
         #: the optimizer schedule's spec: what its updates hold, move and leave exposed
         self.schedule: ScheduleSpec = schedule_spec(config.optimizer_schedule)
+        #: the optimizer state format: what rests per parameter
+        self.format = optimizer_format(config.optimizer)
         #: where updates run: inline on the training thread only when asked and the schedule can
         self.inline_updates = self.schedule.executor(config.inline_updates) is ExecutorKind.INLINE
         # _homes results of the last profile planned, by (host room, chunk): every candidate of a search asks again
@@ -319,7 +326,7 @@ class LLMPlanner:
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget,
                                inline_updates=self.inline_updates,
                                grad_accum=cfg.grad_accum, grad_home=homes.grad_home,
-                               accumulation=self.accumulation.name)
+                               accumulation=self.accumulation.name, optimizer=cfg.optimizer)
         raise shortfall.error()
 
     def predict(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...],
@@ -470,7 +477,7 @@ class LLMPlanner:
             return 0.0, reread
         read_bw = hw.ssd_read_total or 1e9
         return exposed_state_io_s(profile, self.schedule, sizes, homes.state_home, read_bw=read_bw,
-                                  write_bw=hw.ssd_write_total or 1e9) + reread / read_bw, reread
+                                  write_bw=hw.ssd_write_total or 1e9, fmt=self.format) + reread / read_bw, reread
 
     def _frozen_on_device(self, profile: ModelProfile, window: int, rounding=None) -> tuple[int, int, int]:
         """[Note: frozen weights on the device]
@@ -534,7 +541,7 @@ class LLMPlanner:
         """The optimizer's working sets the candidates are scored with, largest first ([Note: the optimizer's
         window] in terastack.plan.optimizer_sizes)."""
         return size_candidates(profile, self.schedule, inline=self.inline_updates, chunk=self.config.optimizer_chunk,
-                               passes=self._passes)
+                               passes=self._passes, fmt=self.format)
 
     def _homes(self, profile: ModelProfile, room: int, chunk: int, *, frozen_on_device: bool = False) -> _Homes:
         """Fill ``room`` host bytes with the state that moves the most bytes per byte held; the rest rests on SSD.
@@ -555,16 +562,17 @@ class LLMPlanner:
             low = held_bytes(n * cb)
             weights = {"weights_forward": (micro * low, 0), "weights_backward": (micro * low, 0)}
             if profile.tensor_trainable[name]:
-                moments = 2 * chunked_bytes(n, 4, chunk)
+                moments = self.format.held_bytes(profile.shape(name), chunk)  # the format's state
                 if mixed:
-                    master = chunked_bytes(n, 4, chunk)
+                    master = chunked_bytes(n, 4, self.format.chunk_elements(chunk))
                     items.append((2.0 * micro, "compute", name, low, {**weights, "compute_copies": (0, low)}))
                     items.append((2.0, "state", name, moments + master,
                                   {"masters": (master, master), "moments": (moments, moments)}))
                 else:
                     # fp32: the master is the compute copy: read in forward and backward (backward hands it to
-                    # the optimizer), moments read once; all three written once
-                    items.append(((8 * micro + 20) / 12, "state", name, moments + low,
+                    # the optimizer), the state (s bytes a parameter; AdamW's 8) read once; all written once
+                    s = self.format.bytes_per_param(profile.shape(name))
+                    items.append(((8 * micro + 4 + 2 * s) / (4 + s), "state", name, moments + low,
                                   {**weights, "masters": (0, low), "moments": (moments, moments)}))
                 if micro > 1:
                     # [Note: planning gradient accumulation]: the sum on the SSD is written by micro-batches
@@ -593,9 +601,12 @@ class LLMPlanner:
                     by_kind[f"{part}_written"] = by_kind.get(f"{part}_written", 0) + pw
             {"state": state_home, "compute": compute_home, "grad": grad_home}[kind][name] = home
         ssd_state = sum(profile.tensor_numel[n] for n, h in state_home.items() if h is Tier.SSD)
+        ssd_state_bytes = sum(4 * profile.tensor_numel[n] + self.format.state_bytes(profile.shape(n))
+                              for n, h in state_home.items() if h is Tier.SSD)
         self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home,
                                                 grad_home=grad_home, host_bytes=host, ssd_read_bytes=read,
                                                 ssd_write_bytes=write, ssd_state_params=ssd_state,
+                                                ssd_state_bytes=ssd_state_bytes,
                                                 frozen_on_device=frozen_on_device, bytes_by_kind=by_kind)
         return homes
 
@@ -662,10 +673,11 @@ class LLMPlanner:
         optimizer = profile.trainable_params / adam_rate
         # ---- the part no schedule hides
         first = profile.units[0]
-        first_state = first.trainable * (STATE_BYTES + (cb if mixed else 0))
+        per_param = 4 + profile.optimizer_state_bytes(self.format) / max(profile.trainable_params, 1)  # AdamW: 12
+        first_state = first.trainable * (per_param + (cb if mixed else 0))
         first_io = (first_state / read_bw + first_state / write_bw
                     if any(homes.state_home.get(t) is Tier.SSD for t in first.tensors) else 0.0)
-        state_ssd = homes.ssd_state_params * STATE_BYTES
+        state_ssd = homes.ssd_state_bytes
         exposed = self.schedule.exposed_s(Exposure(
             optimizer_apart_s=optimizer if gpu else 0.0,
             first_update_apart_s=first.trainable / adam_rate if gpu else 0.0, first_state_io_s=first_io,

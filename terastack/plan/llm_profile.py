@@ -92,6 +92,13 @@ class ModelProfile:
     #: once, as vertical accumulation runs them ([Note: vertical and horizontal accumulation] in
     #: terastack.plan.accumulation_specs); a width absent here is priced as ``micro`` times one batch's time
     stacked_times: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    #: parameter shapes (an optimizer format's state may depend on them: Adafactor's factored statistics); a
+    #: tensor absent here is priced as a vector of its elements
+    tensor_shape: dict[str, tuple] = dataclasses.field(default_factory=dict)
+
+    def shape(self, name: str) -> tuple:
+        """The shape of parameter ``name`` (a vector of its elements when the profile does not say)."""
+        return tuple(self.tensor_shape.get(name) or (self.tensor_numel[name],))
 
     @property
     def total_params(self) -> int:
@@ -109,15 +116,23 @@ class ModelProfile:
     def mixed_precision(self) -> bool:
         return self.compute_bytes != 4
 
-    def state_bytes(self) -> int:
-        """Training state on the store: masters + moments (+ compute copies when they differ)."""
-        total = 0
+    def state_bytes(self, fmt=None) -> int:
+        """Training state on the store: masters + the optimizer format's state (``fmt``; None: AdamW's two
+        moments) (+ compute copies when they differ)."""
+        total = self.optimizer_state_bytes(fmt) - (STATE_BYTES - 4) * self.trainable_params  # AdamW's counted below
         for name, n in self.tensor_numel.items():
             if self.tensor_trainable[name]:
                 total += n * (STATE_BYTES + (self.compute_bytes if self.mixed_precision else 0))
             else:
                 total += n * self.compute_bytes
         return total
+
+    def optimizer_state_bytes(self, fmt=None) -> int:
+        """Bytes of the optimizer format's state (``fmt``, a :class:`~terastack.plan.optimizer_formats.
+        OptimizerFormat`; None: AdamW's two fp32 moments) over every trainable parameter, besides the masters."""
+        if fmt is None:
+            return (STATE_BYTES - 4) * self.trainable_params
+        return sum(fmt.state_bytes(self.shape(n)) for n, t in self.tensor_trainable.items() if t)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -127,4 +142,5 @@ class ModelProfile:
         data = dict(data)
         data["units"] = [UnitProfile(**{**u, "tensors": tuple(u["tensors"])}) for u in data["units"]]
         data["stacked_times"] = {int(k): [tuple(t) for t in v] for k, v in data.get("stacked_times", {}).items()}
+        data["tensor_shape"] = {k: tuple(v) for k, v in data.get("tensor_shape", {}).items()}
         return cls(**data)

@@ -41,6 +41,7 @@ from typing import ClassVar
 
 import torch
 
+from terastack.constants import padded_size
 from terastack.plan.optimizer_names import OPTIMIZER_NAMES
 
 #: record kinds of state parts (the names of :mod:`terastack.llm.engine.records`): AdamW's two moments keep
@@ -66,10 +67,11 @@ class StatePart:
         return lo // self.per, -(-hi // self.per)
 
     def shape(self, shape: tuple) -> tuple:
-        """The part's whole shape for a parameter of ``shape``."""
+        """The part's whole shape for a parameter of ``shape`` (an elementwise part: the parameter's own, as
+        checkpoints have always held AdamW's moments)."""
         numel = math.prod(shape)
         if self.chunked:
-            return (-(-numel // self.per),)
+            return tuple(shape) if self.per == 1 else (-(-numel // self.per),)
         if self.factored == -1:
             return (*shape[:-1], 1)
         if self.factored == -2:
@@ -99,6 +101,9 @@ class OptimizerFormat:
         """The state tensors a trainable parameter of ``shape`` keeps beside its fp32 master."""
         raise NotImplementedError
 
+    def require(self) -> None:
+        """Refuse (ImportError naming the setting) when what the update needs is not installed."""
+
     def chunk_elements(self, chunk: int) -> int:
         """The optimizer chunk (elements) used for a configured ``chunk``: a multiple of :attr:`block`."""
         return max(self.block, chunk - chunk % self.block)
@@ -117,6 +122,29 @@ class OptimizerFormat:
             elif lo == 0:
                 out += p.nbytes(shape)
         return out
+
+    def held_bytes(self, shape: tuple, chunk: int) -> int:
+        """Bytes a parameter of ``shape``'s state records take in a tier of the store (each record padded as the
+        store pads it), in optimizer chunks of ``chunk`` elements (:meth:`chunk_elements` applied here)."""
+        chunk = self.chunk_elements(chunk)  # a multiple of every chunked part's ``per``
+        full, rest = divmod(max(math.prod(shape), 1), chunk)
+        out = 0
+        for p in self.parts(shape):
+            if not p.chunked:
+                out += padded_size(p.nbytes(shape))
+                continue
+            out += full * padded_size(-(-chunk // p.per) * p.dtype.itemsize)
+            out += padded_size(-(-rest // p.per) * p.dtype.itemsize) if rest else 0
+        return out
+
+    def chunk_held_bytes(self, shape: tuple, elements: int) -> int:
+        """Bytes one chunk of ``elements`` takes in the store, chunked parts only (what an update holds per chunk
+        besides its master and gradient chunks)."""
+        return sum(padded_size(-(-elements // p.per) * p.dtype.itemsize) for p in self.parts(shape) if p.chunked)
+
+    def bytes_per_param(self, shape: tuple) -> float:
+        """State bytes per element of a parameter of ``shape``, unpadded (AdamW: 8)."""
+        return self.state_bytes(shape) / max(math.prod(shape), 1)
 
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
         """One update over ``chunks`` (each with ``name``, ``lo``, ``hi``, ``shape``, ``param``, ``grad`` and
@@ -173,6 +201,13 @@ class AdamW8bitFormat(OptimizerFormat):
 
     def parts(self, shape: tuple) -> tuple[StatePart, ...]:
         return self._PARTS_8BIT if math.prod(shape) >= self.min_8bit_size else self._PARTS_32BIT
+
+    def require(self) -> None:
+        try:
+            import bitsandbytes.functional  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(f"optimizer: {self.name} needs bitsandbytes >= 0.50 (pip install bitsandbytes): "
+                              f"{exc}") from None
 
     def qmaps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The signed and unsigned dynamic quantization maps of the two moments (the library's ``fill_qmap``)."""
@@ -232,8 +267,9 @@ class AdafactorFormat(OptimizerFormat):
     torch's own functional ``adafactor`` over the whole tensor, then writes the chunks back: the result equals
     the library's bit for bit. The group's gradient and, in mixed precision, its master are put together in
     one piece for the call (one parameter's size of host memory beyond the plan's window; the largest is the
-    embedding). The state is what the format saves: a matrix keeps rows + columns fp32 values, a vector its
-    elements."""
+    embedding). The planner does not budget that yet: in mixed precision the master chunks of the largest
+    parameter must fit the host ledger together (with fp32 compute the whole master is held anyway). The
+    state is what the format saves: a matrix keeps rows + columns fp32 values, a vector its elements."""
 
     name = "adafactor"
     reference = "torch.optim.Adafactor"

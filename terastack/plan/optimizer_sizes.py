@@ -34,10 +34,12 @@ compute, one chunk read ahead; there are two sizes, full and lean.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
 from terastack.plan.llm_profile import ModelProfile, chunked_bytes, gradients_in_flight, held_bytes
+from terastack.plan.optimizer_formats import ADAMW, OptimizerFormat
 from terastack.plan.schedule_specs import ScheduleSpec
 from terastack.tier import Tier
 
@@ -83,26 +85,39 @@ def completed_by_unit(profile: ModelProfile) -> list[list[str]]:
     return out
 
 
-def unit_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int) -> list[int]:
+def tensor_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, name: str, chunk: int,
+                       fmt: OptimizerFormat = ADAMW) -> int:
+    """Bytes of the optimizer records of trainable ``name``'s update: the format's state
+    ([Note: optimizer state formats]) and the schedule's fp32 chunks besides it (the master chunk in mixed
+    precision, a spilled gradient chunk)."""
+    fp32_chunks = schedule.records_per_chunk(profile.mixed_precision) - 2  # less the two moments AdamW has
+    return (fp32_chunks * chunked_bytes(profile.tensor_numel[name], 4, fmt.chunk_elements(chunk))
+            + fmt.held_bytes(profile.shape(name), chunk))
+
+
+def unit_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int,
+                     fmt: OptimizerFormat = ADAMW) -> list[int]:
     """Per unit (forward order): bytes of the optimizer records of the tensors whose update it completes."""
-    per_chunk = schedule.records_per_chunk(profile.mixed_precision)
-    return [sum(per_chunk * chunked_bytes(profile.tensor_numel[t], 4, chunk) for t in mine)
+    return [sum(tensor_state_bytes(profile, schedule, t, chunk, fmt) for t in mine)
             for mine in completed_by_unit(profile)]
 
 
 def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bool, chunk: int,
-                    passes: int) -> list[OptimizerSizes]:
+                    passes: int, fmt: OptimizerFormat = ADAMW) -> list[OptimizerSizes]:
     """The sizes the planner scores, largest first ([Note: the optimizer's window])."""
     mixed = profile.mixed_precision
     largest = max(profile.tensor_numel.values())
-    per_chunk = schedule.records_per_chunk(mixed)
+    fp32_chunks = schedule.records_per_chunk(mixed) - 2  # the format's state counted apart
+    # the shapes a chunk of state may belong to (the largest tensor's too: a chunk is sized by it)
+    shapes = {profile.shape(t) for t, trains in profile.tensor_trainable.items() if trains} | {(largest,)}
     unit_masters = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors if profile.tensor_trainable[t])
                     for u in profile.units]
 
     def sizes(kind: str, *, lean: bool, window: int | None = None, hand_over_one: bool = False) -> OptimizerSizes:
-        c = min(chunk, LEAN_CHUNK) if lean else chunk
+        c = fmt.chunk_elements(min(chunk, LEAN_CHUNK) if lean else chunk)
         chunk_held = min(c, largest)
-        job = per_chunk * held_bytes(chunk_held * 4)
+        job = fp32_chunks * held_bytes(chunk_held * 4) + max(fmt.chunk_held_bytes(s, min(chunk_held, math.prod(s)))
+                                                             for s in shapes)
         read_ahead = 2 * job  # the chunk being updated and the one read ahead
         writeback = job if lean else read_ahead
         if window is not None:
@@ -127,7 +142,7 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
 
     if not inline:
         return [sizes("full", lean=False), sizes("lean", lean=True)]
-    per_unit = [s for s in unit_state_bytes(profile, schedule, chunk) if s]
+    per_unit = [s for s in unit_state_bytes(profile, schedule, chunk, fmt) if s]
     whole = max(per_unit, default=0)
     stream = min(STREAM_WINDOW, whole)  # (a window larger than every unit holds nothing more)
     windows = {"unit": whole, "layer": int(statistics.median(per_unit)) if per_unit else 0, "stream": stream}
@@ -156,15 +171,14 @@ def _same_sizes(s: OptimizerSizes) -> tuple:
 
 
 def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict,
-                       *, read_bw: float, write_bw: float) -> float:
+                       *, read_bw: float, write_bw: float, fmt: OptimizerFormat = ADAMW) -> float:
     """Seconds the state's SSD traffic costs an inline update per step with these sizes: per unit, its state on
     the SSD beyond the read-ahead window (read while compute waits) and beyond the write-back allowance (written
     while it waits), and the training thread's work for each request (a window read, an allowance written). See
     [Note: the optimizer's window]."""
-    per_chunk = schedule.records_per_chunk(profile.mixed_precision)
     read = write = requests = 0
     for mine in completed_by_unit(profile):
-        on_ssd = sum(per_chunk * chunked_bytes(profile.tensor_numel[t], 4, sizes.chunk) for t in mine
+        on_ssd = sum(tensor_state_bytes(profile, schedule, t, sizes.chunk, fmt) for t in mine
                      if state_home.get(t) is Tier.SSD)
         read += max(0, on_ssd - sizes.read_ahead)
         write += max(0, on_ssd - sizes.writeback)

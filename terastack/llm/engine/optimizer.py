@@ -127,6 +127,7 @@ class OffloadedAdamW:
         self.config = config
         self.rt = runtime
         self.format = optimizer_format(config.format)
+        self.format.require()
         self.tensors = {name: info for name, info in tensors.items() if info.trainable}
         self.lr = config.lr
         self._step_lr = config.lr

@@ -210,7 +210,8 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
     logits_bytes = last["out_bytes"] * (4 // compute_bytes if compute_bytes < 4 else 1)
     return ModelProfile(model=name, batch=batch, seq_len=seq_len, compute_bytes=compute_bytes, units=out_units,
                         tensor_numel={c: t.numel for c, t in tensors.items()},
-                        tensor_trainable={c: t.trainable for c, t in tensors.items()}, logits_bytes=int(logits_bytes))
+                        tensor_trainable={c: t.trainable for c, t in tensors.items()}, logits_bytes=int(logits_bytes),
+                        tensor_shape={c: tuple(t.shape) for c, t in tensors.items()})
 
 
 def with_stacked_times(profile: ModelProfile, model, units, tensors, *, micro: int, **kw) -> ModelProfile:
@@ -407,12 +408,15 @@ def repeat_layers(profile: ModelProfile, layers: int) -> ModelProfile:
 
     numel = {n: c for n, c in profile.tensor_numel.items() if not n.startswith(old_prefixes)}
     trainable = {n: t for n, t in profile.tensor_trainable.items() if not n.startswith(old_prefixes)}
+    shapes = {n: s for n, s in profile.tensor_shape.items() if not n.startswith(old_prefixes)}
     new_layers = []
     for i in range(layers):
         names = tuple(rename(t, i) for t in template.tensors)
         for t_old, t_new in zip(template.tensors, names):
             numel[t_new] = profile.tensor_numel[t_old]
             trainable[t_new] = profile.tensor_trainable[t_old]
+            if t_old in profile.tensor_shape:
+                shapes[t_new] = profile.tensor_shape[t_old]
         new_layers.append(dataclasses.replace(template, name=f"{base}.{i}", tensors=names))
     units = []
     for u in profile.units:
@@ -420,4 +424,5 @@ def repeat_layers(profile: ModelProfile, layers: int) -> ModelProfile:
             units.append(u)
         elif u is stack[0]:
             units.extend(new_layers)
-    return dataclasses.replace(profile, units=units, tensor_numel=numel, tensor_trainable=trainable)
+    return dataclasses.replace(profile, units=units, tensor_numel=numel, tensor_trainable=trainable,
+                               tensor_shape=shapes)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from terastack.llm.engine import records
+from terastack.plan.optimizer_formats import optimizer_format
 from terastack.tiers import Tier
 from terastack.units import format_bytes
 
@@ -96,10 +97,12 @@ def ssd_bytes_needed(profile, plan) -> int:
     cb = profile.compute_bytes
     # a gradient goes to the SSD only where the schedule has no back-pressure (the step waits for all of them)
     schedule = plan.schedule
+    fmt = optimizer_format(plan.optimizer)  # the format's state beside each fp32 master
     need = 0
     for name, n in profile.tensor_numel.items():
         if profile.tensor_trainable[name]:
-            need += n * 12 + (n * cb if profile.mixed_precision else 0) + schedule.spill_room(n * 4)
+            need += (n * 4 + fmt.state_bytes(profile.shape(name)) + (n * cb if profile.mixed_precision else 0)
+                     + schedule.spill_room(n * 4))
             if plan.sums_gradients and plan.grad_home.get(name) is not Tier.HOST:
                 need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])
         else:

@@ -7,33 +7,6 @@ the device and host budgets. The output is an :class:`LLMPlan`: an activation
 policy per unit, a home (host or SSD) per training-state tensor, the ledger
 capacities the engine runs under, and a :class:`StepPrediction`.
 
-[Note: the step-time model]
-A training step moves through four pipelines that overlap each other:
-
-* compute: forward + backward of every unit, plus a second forward of every
-  recomputed unit;
-* the device link (accelerator <-> host): compute weights streamed in twice
-  (forward and backward), gradients out, activations swapped to host or SSD
-  out and back;
-* the SSD: state read (weights, fp32 masters, AdamW moments) and written
-  (masters, moments, low-precision copies), activations swapped to SSD;
-  reads and writes share the drives, so their times add;
-* the CPU optimizer: AdamW over every trainable parameter.
-
-With an accelerator the pipelines run on different hardware and the step takes
-the longest of them. Without one, compute, the optimizer and host-memory copies
-all run on the same cores, so their times add, and only the SSD overlaps --
-though not for free: SSD traffic slows the CPU's compute by the probe's
-``cpu_io_slowdown_per_gbps`` per GB/s it moves (measured on the 2-core bench
-VM: 6-8% per GB/s). With C the compute time, O the optimizer and copies and B
-the gigabytes moved per step, the step s satisfies s = O + C (1 + k B / s),
-so s = ((C + O) + sqrt((C + O)^2 + 4 k C B)) / 2.
-Added to that is the part no schedule hides: the first unit of the next
-forward needs the update of the last unit of this backward (eager updates) or
-the whole optimizer runs after backward (active offloading off): each
-schedule's spec says how much (``ScheduleSpec.exposed_s`` in
-terastack.plan.schedule_specs), as it says what its updates hold and move.
-
 [Note: planning gradient accumulation]
 With ``grad_accum`` N > 1 one step is N forwards and backwards and one AdamW
 update. The plan is made for that step: compute, activation traffic and
@@ -67,21 +40,21 @@ each holds and moves: their specs (terastack.plan.activation_specs).
 """
 from __future__ import annotations
 
-import math
 import dataclasses
 from dataclasses import dataclass
 
 from terastack.allocator import device_held_bytes
 from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, AccumulationSpec, accumulation_spec, candidates
-from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, activation_spec, layer_counts, searched
+from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, layer_counts, searched
 from terastack.plan.hardware import Hardware
-from terastack.plan.llm_plan import BYTE_KINDS, STEP_TIES, LLMPlan, PlanError, StepPrediction, candidate_rank
-from terastack.plan.llm_profile import ModelProfile, UnitProfile, chunked_bytes, held_bytes
+from terastack.plan.llm_plan import STEP_TIES, LLMPlan, PlanError, StepPrediction, candidate_rank
+from terastack.plan.llm_profile import ModelProfile, held_bytes
 from terastack.plan.optimizer_formats import ADAMW, optimizer_format
 from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, masters_reread, size_candidates
 from terastack.plan.staging import staging_cap
-from terastack.plan.schedule_specs import EAGER, ExecutorKind, Exposure, ScheduleSpec, schedule_spec
-from terastack.tier import Tier
+from terastack.plan.state_homes import Homes, StateHomes
+from terastack.plan.step_time import StepTimeModel
+from terastack.plan.schedule_specs import EAGER, ExecutorKind, ScheduleSpec, schedule_spec
 from terastack.units import format_bytes, parse_bytes
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,49 +89,16 @@ class _Split:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _UnitTimes:
-    """Seconds one unit computes, measured or from its FLOPs."""
-
-    fwd_s: float
-    bwd_s: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Homes:
-    """Where the training state rests and what that costs per step (see _homes)."""
-
-    state_home: dict     # tensor -> Tier: where its fp32 master and moments rest
-    compute_home: dict   # tensor -> Tier: its compute copy (mixed precision, or a frozen tensor)
-    grad_home: dict      # tensor -> Tier: its gradient summed over micro-batches (accumulation only)
-    host_bytes: int      # host memory taken by the state that rests there
-    ssd_read_bytes: int  # read per step for the state that rests on the SSD
-    ssd_write_bytes: int  # written per step for the state that rests on the SSD
-    ssd_state_params: int  # trainable parameters whose fp32 master and moments rest on the SSD
-    ssd_state_bytes: int = 0  # their fp32 masters and optimizer state (the format's), unpadded
-    frozen_on_device: bool = False  # every frozen weight rests in the device tier (compute_home: Tier.DEVICE)
-    bytes_by_kind: dict = dataclasses.field(default_factory=dict)  # the SSD bytes above by kind (byte ledger's)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Retention:
-    """Units whose updated fp32 masters stay in the device tier for the next forward (see _retention)."""
-
-    units: tuple         # their names, in forward order
-    ssd_read_saved: int  # SSD bytes per step the next forward no longer reads for them
-    device_peak: int     # peak of the device ledger while they wait (0: none retained)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _Scored:
     """A candidate that fits both budgets: its predicted step and what its plan is built from."""
 
     prediction: StepPrediction
-    homes: _Homes
+    homes: Homes
     sizes: OptimizerSizes
-    retained_units: tuple  # _Retention.units
+    retained_units: tuple  # Retention.units
 
 
-class LLMPlanner:
+class LLMPlanner(StateHomes, StepTimeModel):
     """Chooses activation policies and state homes that minimize the predicted step time."""
 
     @dataclass(kw_only=True, slots=True)
@@ -235,7 +175,7 @@ class LLMPlanner:
         self.inline_updates = self.schedule.executor(config.inline_updates) is ExecutorKind.INLINE
         # _homes results of the last profile planned, by (host room, chunk): every candidate of a search asks again
         self._homes_profile: ModelProfile | None = None
-        self._homes_cache: dict[tuple[int, int], _Homes] = {}
+        self._homes_cache: dict[tuple[int, int], Homes] = {}
         #: the order of micro-batches being planned, and each order's profile of one pass (per profile planned)
         self.accumulation: AccumulationSpec = candidates(config.accumulation, config.grad_accum)[0]
         self._step_profiles: dict[str, tuple[ModelProfile, ModelProfile]] = {}
@@ -468,7 +408,7 @@ class LLMPlanner:
         return best
 
     def _state_waits(self, profile: ModelProfile, hw: Hardware, sizes: OptimizerSizes,
-                     homes: _Homes) -> tuple[float, int]:
+                     homes: Homes) -> tuple[float, int]:
         """(seconds inline updates wait for state beyond their window, bytes of masters read again because the
         allowance could not take them from backward). An inline update reads such a master while compute waits;
         on the optimizer thread neither is a wait."""
@@ -479,231 +419,8 @@ class LLMPlanner:
         return exposed_state_io_s(profile, self.schedule, sizes, homes.state_home, read_bw=read_bw,
                                   write_bw=hw.ssd_write_total or 1e9, fmt=self.format) + reread / read_bw, reread
 
-    def _frozen_on_device(self, profile: ModelProfile, window: int, rounding=None) -> tuple[int, int, int]:
-        """[Note: frozen weights on the device]
-
-        A frozen weight (the base model of a LoRA fine-tune) never changes, so with an accelerator it need not
-        travel: resting in the device tier it is read by every forward and backward without crossing the device
-        link or leaving the SSD. When all of them fit beside the step's working memory they rest there (a 7B
-        base in bf16 is 12.6 GiB; streaming it twice a step over PCIe while an 80 GB GPU holds 1.7 GiB is the
-        slow answer); otherwise they stream in with the trainable weights. Returns the bytes of the frozen
-        weights and of the weights then in flight (``window`` units'), each tensor's ``rounding`` in the device
-        tier added, and of those every pass then brings in."""
-        cb, extra = profile.compute_bytes, rounding or dict.fromkeys(profile.tensor_numel, 0)
-        frozen_of = [sum(held_bytes(profile.tensor_numel[t] * cb) for t in dict.fromkeys(u.tensors)
-                         if not profile.tensor_trainable[t]) for u in profile.units]
-        frozen = sum(held_bytes(n * cb) + extra[t] for t, n in profile.tensor_numel.items()
-                     if not profile.tensor_trainable[t])
-        streamed = [max(u.weight_bytes - f, 0) for u, f in zip(profile.units, frozen_of)]
-        held = [s + sum(extra[t] for t in u.tensors if profile.tensor_trainable[t])
-                for s, u in zip(streamed, profile.units)]
-        return frozen, max(sum(held[i:i + window]) for i in range(len(held))), sum(streamed)
-
-    def _retention(self, profile: ModelProfile, split: _Split, state_home: dict, *, capacity: int,
-                   base: int, rounding: dict) -> _Retention:
-        """[Note: weights kept for the next forward]
-
-        The first units of the forward are the last ones backward updates. With fp32 compute their updated
-        masters can stay in the device tier (written back to the SSD, but not dropped) until the next forward
-        uses them, which then reads nothing for them. They share the device tier with the activations the
-        forward keeps, so units are retained from the front of the forward order while, at every point of that
-        forward, the masters still waiting plus the activations already kept fit the device ledger.
-        """
-        if profile.mixed_precision or not self.schedule.retains_masters or not self.config.retain_weights:
-            return _Retention(units=(), ssd_read_saved=0, device_peak=0)
-        units = profile.units
-        # per homes (the state_home dict of a cached _Homes: the entry keeps it alive, so its id is not reused)
-        held = self._memo(profile, None, ("held", id(state_home)), lambda: (state_home, [
-            sum(held_bytes(profile.tensor_numel[t] * 4) + rounding[t] for t in dict.fromkeys(u.tensors)
-                if profile.tensor_trainable[t] and state_home.get(t) is Tier.SSD) for u in units]))[1]
-        policies = split.policies or (DEFAULT.name,) * len(units)
-        stays = [activation_spec(p).device_bytes(u) for u, p in zip(units, policies)]
-        # Retaining the first k units, at unit j < k of the forward the device holds the masters of units j..k-1
-        # and the activations of units before j: H(k) - H(j) + S(j) (H, S: prefix sums); after unit k, only
-        # activations, at most S(n). So peak(k) = H(k) + max over j < k of (S(j) - H(j)), or S(n).
-        best_k, best_peak = 0, 0
-        h = s_ = 0
-        worst = float("-inf")
-        final = sum(stays)
-        for k in range(1, len(units) + 1):
-            worst = max(worst, s_ - h)        # j = k - 1
-            h += held[k - 1]
-            s_ += stays[k - 1]
-            peak = max(h + worst, final)
-            if peak + base > capacity:
-                break
-            if held[k - 1]:
-                best_k, best_peak = k, peak + base
-        return _Retention(units=tuple(u.name for u, h in zip(units[:best_k], held[:best_k]) if h),
-                          ssd_read_saved=sum(held[:best_k]), device_peak=best_peak)
-
     def _optimizer_sizes(self, profile: ModelProfile) -> list[OptimizerSizes]:
         """The optimizer's working sets the candidates are scored with, largest first ([Note: the optimizer's
         window] in terastack.plan.optimizer_sizes)."""
         return size_candidates(profile, self.schedule, inline=self.inline_updates, chunk=self.config.optimizer_chunk,
                                passes=self._passes, fmt=self.format)
-
-    def _homes(self, profile: ModelProfile, room: int, chunk: int, *, frozen_on_device: bool = False) -> _Homes:
-        """Fill ``room`` host bytes with the state that moves the most bytes per byte held; the rest rests on SSD.
-        ``frozen_on_device``: frozen weights rest in the device tier (see [Note: frozen weights on the device])."""
-        if self._homes_profile is not profile:
-            self._homes_profile, self._homes_cache = profile, {}
-        # keyed by the room asked for, which the fill below leaves as it is (it counts what it spends in ``host``)
-        key = (room, chunk, self._passes, frozen_on_device)
-        if key in self._homes_cache:
-            return self._homes_cache[key]
-        cb = profile.compute_bytes
-        mixed = profile.mixed_precision
-        micro = self._passes  # compute weights are read in forward and backward of every pass
-        # (SSD bytes per step per byte held, kind, name, bytes held, {byte-ledger kind: (read, written)}); bytes as
-        # the store moves them (records padded for direct I/O), so the prediction and the ledger count alike
-        items = []
-        for name, n in profile.tensor_numel.items():
-            low = held_bytes(n * cb)
-            weights = {"weights_forward": (micro * low, 0), "weights_backward": (micro * low, 0)}
-            if profile.tensor_trainable[name]:
-                moments = self.format.held_bytes(profile.shape(name), chunk)  # the format's state
-                if mixed:
-                    master = chunked_bytes(n, 4, self.format.chunk_elements(chunk))
-                    items.append((2.0 * micro, "compute", name, low, {**weights, "compute_copies": (0, low)}))
-                    items.append((2.0, "state", name, moments + master,
-                                  {"masters": (master, master), "moments": (moments, moments)}))
-                else:
-                    # fp32: the master is the compute copy: read in forward and backward (backward hands it to
-                    # the optimizer), the state (s bytes a parameter; AdamW's 8) read once; all written once
-                    s = self.format.bytes_per_param(profile.shape(name))
-                    items.append(((8 * micro + 4 + 2 * s) / (4 + s), "state", name, moments + low,
-                                  {**weights, "masters": (0, low), "moments": (moments, moments)}))
-                if micro > 1:
-                    # [Note: planning gradient accumulation]: the sum on the SSD is written by micro-batches
-                    # 1..N-1 and read by 2..N
-                    sums = chunked_bytes(n, 4, chunk)
-                    moved = (micro - 1) * sums
-                    items.append((2 * moved / sums, "grad", name, sums, {"gradients": (moved, moved)}))
-            elif not frozen_on_device:
-                items.append((2.0 * micro, "compute", name, low, weights))
-        items.sort(key=lambda it: -it[0])
-        state_home, compute_home, grad_home = {}, {}, {}
-        if frozen_on_device:
-            compute_home.update((n, Tier.DEVICE) for n, t in profile.tensor_trainable.items() if not t)
-        host = read = write = 0
-        by_kind: dict[str, int] = {}
-        for _, kind, name, held, parts in items:
-            if host + held <= room:
-                host += held
-                home = Tier.HOST
-            else:
-                home = Tier.SSD
-                for part, (pr, pw) in parts.items():
-                    read += pr
-                    write += pw
-                    by_kind[f"{part}_read"] = by_kind.get(f"{part}_read", 0) + pr
-                    by_kind[f"{part}_written"] = by_kind.get(f"{part}_written", 0) + pw
-            {"state": state_home, "compute": compute_home, "grad": grad_home}[kind][name] = home
-        ssd_state = sum(profile.tensor_numel[n] for n, h in state_home.items() if h is Tier.SSD)
-        ssd_state_bytes = sum(4 * profile.tensor_numel[n] + self.format.state_bytes(profile.shape(n))
-                              for n, h in state_home.items() if h is Tier.SSD)
-        self._homes_cache[key] = homes = _Homes(state_home=state_home, compute_home=compute_home,
-                                                grad_home=grad_home, host_bytes=host, ssd_read_bytes=read,
-                                                ssd_write_bytes=write, ssd_state_params=ssd_state,
-                                                ssd_state_bytes=ssd_state_bytes,
-                                                frozen_on_device=frozen_on_device, bytes_by_kind=by_kind)
-        return homes
-
-    def _unit_times(self, u: UnitProfile, hw: Hardware) -> _UnitTimes:
-        if u.fwd_s is not None and u.bwd_s is not None:
-            return _UnitTimes(fwd_s=u.fwd_s, bwd_s=u.bwd_s)
-        rate = hw.compute_flops * self.config.compute_efficiency
-        if rate <= 0:
-            raise ValueError("hardware: no compute rate (cpu_flops or gpu_flops) to predict a step time from")
-        return _UnitTimes(fwd_s=u.fwd_flops / rate, bwd_s=u.bwd_flops / rate)
-
-    def _compute_s(self, profile: ModelProfile, hw: Hardware) -> tuple[float, float]:
-        """Seconds of one pass's forward and backward over every unit."""
-        fwd = bwd = 0.0
-        for u in profile.units:
-            times = self._unit_times(u, hw)
-            fwd += times.fwd_s
-            bwd += times.bwd_s
-        return fwd, bwd
-
-    def _predict(self, profile: ModelProfile, hw: Hardware, split: _Split, homes: _Homes, read: int,
-                 write: int, depth: int, *, device_peak: int, host_peak: int, transient: int,
-                 state_waits_s: float = 0.0, retained_read_saved: int = 0,
-                 masters_reread: int = 0) -> StepPrediction:
-        """See [Note: the step-time model]. ``state_waits_s``: what inline updates wait for the disk beyond their
-        window (the CPU waits; the disk does not: it is part of the SSD's time already)."""
-        cb = profile.compute_bytes
-        mixed = profile.mixed_precision
-        gpu = hw.has_gpu
-        fwd, bwd = self._memo(profile, hw, "compute", lambda: self._compute_s(profile, hw))
-        micro = self._passes  # every pass computes and moves activations and weights; AdamW runs once
-        compute = (fwd + bwd + split.recompute_s) * micro
-        grad_unit = max(u.trainable * 4 for u in profile.units)
-        # without back-pressure, gradients beyond the pool travel through the SSD and back
-        spill = self.schedule.spill_traffic(profile.trainable_params * 4, grad_unit)
-        read += spill
-        write += spill
-        read += split.ssd_acts * micro
-        write += split.ssd_acts * micro
-        by_kind = {f"{kind}_{op}": 0 for kind in BYTE_KINDS for op in ("read", "written")}
-        by_kind.update(homes.bytes_by_kind)
-        by_kind["weights_forward_read"] -= retained_read_saved
-        by_kind["masters_read"] += masters_reread
-        by_kind["gradients_read"] += spill
-        by_kind["gradients_written"] += spill
-        by_kind["activations_read"] += split.ssd_acts * micro
-        by_kind["activations_written"] += split.ssd_acts * micro
-        read_bw = hw.ssd_read_total or 1e9
-        write_bw = hw.ssd_write_total or 1e9
-        ssd = read / read_bw + write / write_bw
-        link_bytes = 0
-        link = host_copy = 0.0
-        # weights that come in for every forward and backward (not those resting on the device)
-        weights = self._memo(profile, None, ("frozen on the device", depth + 1), lambda: self._frozen_on_device(
-            profile, depth + 1))[2] if homes.frozen_on_device else sum(u.weight_bytes for u in profile.units)
-        if gpu:
-            h2d = (2 * weights + split.host_acts + split.ssd_acts) * micro
-            d2h = (profile.trainable_params * cb + split.host_acts + split.ssd_acts) * micro
-            link_bytes = h2d + d2h
-            link = max(h2d, d2h) / (hw.pcie_bytes_per_s or 16e9)
-        else:
-            host_copy = split.host_acts * micro / (hw.memcpy_bytes_per_s or 5e9)
-        adam_rate = hw.cpu_adam_params_per_s or 2e8
-        optimizer = profile.trainable_params / adam_rate
-        # ---- the part no schedule hides
-        first = profile.units[0]
-        per_param = 4 + profile.optimizer_state_bytes(self.format) / max(profile.trainable_params, 1)  # AdamW: 12
-        first_state = first.trainable * (per_param + (cb if mixed else 0))
-        first_io = (first_state / read_bw + first_state / write_bw
-                    if any(homes.state_home.get(t) is Tier.SSD for t in first.tensors) else 0.0)
-        state_ssd = homes.ssd_state_bytes
-        exposed = self.schedule.exposed_s(Exposure(
-            optimizer_apart_s=optimizer if gpu else 0.0,
-            first_update_apart_s=first.trainable / adam_rate if gpu else 0.0, first_state_io_s=first_io,
-            forward_s=fwd, state_io_s=state_ssd / read_bw + state_ssd / write_bw))
-        if depth == 0:
-            # no prefetch: every unit's weights arrive while compute waits
-            exposed += weights * 2 * micro / read_bw
-        io_slowdown = 0.0
-        if gpu:
-            pipes = {"compute": compute, "device link": link, "SSD": ssd, "CPU optimizer": optimizer}
-        else:
-            cpu = compute + optimizer + host_copy
-            k, gigabytes = hw.cpu_io_slowdown_per_gbps, (read + write) / 1e9
-            if k > 0 and gigabytes > 0:
-                slowed = (cpu + math.sqrt(cpu * cpu + 4 * k * compute * gigabytes)) / 2
-                io_slowdown, cpu = slowed - cpu, slowed
-            pipes = {"CPU (compute + AdamW + host copies)": cpu + state_waits_s, "SSD": ssd}
-        bottleneck = max(pipes, key=pipes.get)
-        step = pipes[bottleneck] + exposed
-        exposed += state_waits_s
-        return StepPrediction(step_s=step, tokens_per_s=profile.tokens * micro / step if step > 0 else 0.0,
-                              bottleneck=bottleneck, compute_s=compute, device_link_s=link, ssd_s=ssd,
-                              optimizer_s=optimizer, host_copy_s=host_copy, exposed_s=exposed,
-                              io_slowdown_s=io_slowdown,
-                              ssd_read_bytes=int(read), ssd_write_bytes=int(write),
-                              device_link_bytes=int(link_bytes), device_peak_bytes=int(device_peak),
-                              host_peak_bytes=int(host_peak), transient_bytes=int(transient),
-                              prediction=not hw.measured, bytes_by_kind={k: int(v) for k, v in by_kind.items()})
-

@@ -341,7 +341,7 @@ def test_the_plan_counts_the_mask_of_packed_rows(tmp_path, trainer_config):
 def test_the_plan_holds_the_gradient_sums(tmp_path, trainer_config):
     """grad_accum: the plan's step is N micro-batches (compute N times, one optimizer pass), and its host peak
     holds every trainable tensor's gradient sum when they rest in host memory."""
-    from terastack.plan.llm_planner import chunked_bytes
+    from terastack.plan.llm_profile import chunked_bytes
 
     save_model(tiny_config("llama", 2), tmp_path / "model")
     plans = {}

@@ -2,7 +2,8 @@
 import pytest
 
 from terastack.plan.hardware import PRESETS, Hardware
-from terastack.plan.llm_planner import LLMPlanner, ModelProfile, PlanError, UnitProfile
+from terastack.plan.llm_planner import LLMPlanner, ModelProfile, PlanError
+from terastack.plan.llm_profile import UnitProfile
 
 MiB = 1 << 20
 

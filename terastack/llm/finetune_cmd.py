@@ -88,7 +88,7 @@ class OffloadedEngine:
                 self.scratch.close()
 
     def announce(self, start, trainer) -> None:
-        state = trainer.profile.state_bytes() + trainer.profile.trainable_params * 4
+        state = trainer.profile.state_bytes(trainer.runtime.format) + trainer.profile.trainable_params * 4
         print(f"{COMMAND}: {start.model.name} ({trainer.profile.total_params / 1e6:.1f}M parameters, "
               f"training state {format_bytes(state)}) on {start.data.info['source']}; "
               f"device budget {format_bytes(trainer.plan.device_budget)}, host budget "

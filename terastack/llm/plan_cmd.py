@@ -40,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="auto", help="activation policy: auto, keep, host, ssd or recompute")
     p.add_argument("--clip", action="store_true", help="plan for global-norm clipping (deferred updates)")
     p.add_argument("--lora", type=int, default=None, metavar="R", help="plan a LoRA fine-tune of rank R")
+    from terastack.plan.optimizer_names import OPTIMIZER_NAMES
+
+    p.add_argument("--optimizer", default=OPTIMIZER_NAMES[0], choices=OPTIMIZER_NAMES,
+                   help="the optimizer state format, as --optimizer of terastack finetune (default adamw)")
     p.add_argument("--calibrate", action="store_true",
                    help="time each distinct unit on this machine instead of using FLOP rates (the times are kept "
                         "beside the machine's probe: the same question gets the same answer)")
@@ -130,7 +134,8 @@ def plan_model(args, hw):
         device_budget = args.device_budget or mem // 4
         host_budget = args.host_budget or mem // 2
     planner = LLMPlanner(LLMPlanner.Config(device_budget=device_budget, host_budget=host_budget,
-                                           policy=args.policy, optimizer_schedule="deferred" if args.clip else "eager"))
+                                           policy=args.policy, optimizer_schedule="deferred" if args.clip else "eager",
+                                           optimizer=args.optimizer))
     try:
         return profile, planner.plan(profile, hw), None
     except PlanError as exc:
@@ -147,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
     profile, plan, error = plan_model(args, hw)
     # the training state the store holds: fp32 masters and moments, compute copies and frozen weights -- the
     # same bytes the placement lists (gradients only pass through, so they are not part of it)
-    state = profile.state_bytes()
+    from terastack.plan.optimizer_formats import optimizer_format
+
+    state = profile.state_bytes(optimizer_format(args.optimizer))
     head = (f"{profile.model}: {profile.total_params / 1e9:.3g}B parameters ({profile.trainable_params / 1e9:.3g}B "
             f"trainable), training state {format_bytes(state)}, batch {profile.batch} x {profile.seq_len} tokens")
     machine = f"{hw.name}" + ("" if hw.measured else " (hypothetical: every figure is a prediction)")
@@ -158,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
                "prediction": not hw.measured, "fits": plan is not None}
         if plan is not None:
             out["plan"] = plan.summary()
+            out["bytes_per_parameter_per_step"] = bytes_per_parameter(plan, profile)
             out["placement_bytes"] = plan.placement_bytes(profile)
             out["policies"] = list(plan.policies)
         else:
@@ -175,4 +183,16 @@ def run(args: argparse.Namespace) -> int:
     label = "predicted" if not hw.measured else "predicted on this machine"
     print(f"fits: {label} {p.step_s:.3g} s per step, {p.tokens_per_s:.4g} tokens/s; bottleneck: {p.bottleneck}",
           file=sys.stdout)
+    per = bytes_per_parameter(plan, profile)
+    print(f"SSD bytes per parameter per step ({args.optimizer}): {per['read']:.3g} read + {per['written']:.3g} "
+          f"written", file=sys.stdout)
     return 0
+
+
+def bytes_per_parameter(plan, profile) -> dict:
+    """The plan's predicted SSD bytes per parameter per step, read and written (the figure that carries over to
+    any hardware: on a GPU the step is these bytes at the disk's rates), and by kind."""
+    n = max(profile.total_params, 1)
+    p = plan.prediction
+    return {"read": p.ssd_read_bytes / n, "written": p.ssd_write_bytes / n,
+            "by_kind": {k: v / n for k, v in (p.bytes_by_kind or {}).items() if v}}

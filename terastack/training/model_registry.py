@@ -41,6 +41,13 @@ MODELS: dict[str, dict] = {
     "llama-2-70b": {**_LLAMA, "vocab_size": 32000, "hidden_size": 8192, "intermediate_size": 28672,
                     "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
                     "max_position_embeddings": 4096},
+    # the shapes people fine-tune most: Llama 3 8B (full fine-tunes) and 70B (LoRA), with their 128K vocabulary
+    "llama-3-8b": {**_LLAMA, "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "max_position_embeddings": 8192, "rope_theta": 500000.0},
+    "llama-3-70b": {**_LLAMA, "vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672,
+                    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                    "max_position_embeddings": 8192, "rope_theta": 500000.0},
     "qwen2-7b": {"model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
                  "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
                  "max_position_embeddings": 32768, "tie_word_embeddings": False},

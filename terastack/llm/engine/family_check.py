@@ -217,7 +217,7 @@ class _Checker:
         for i in rec.grad_idx:
             flat[i] = rec.flat[i].detach().clone().requires_grad_(True)
         args, kwargs = pytree.tree_unflatten(flat, rec.spec)
-        with _own_weights(unit, weights) as params:
+        with _OwnWeights(unit, weights) as params:
             with torch.set_grad_enabled(graded), ReplayRng(rec.rng, self.rt.device):
                 out = unit.module(*args, **kwargs)
             ref_out, _ = pytree.tree_flatten(out)
@@ -288,7 +288,7 @@ class _Checker:
                                               "family exactly"))
 
 
-class _own_weights:
+class _OwnWeights:
     """The unit's module with ``weights`` (local name -> tensor) as its real parameters (one per canonical
     tensor, so ties within the unit hold) for the duration; its meta parameters come back afterwards. Entering
     gives {canonical name: parameter}."""

@@ -3,7 +3,9 @@
 Both ways: a correct family no test names (Granite, whose glue scales embeddings, residuals and logits) passes the
 check and trains equal to plain AdamW; a family made wrong on purpose (a decoder layer whose forward depends on
 the grad mode, which the engine's recomputed units run with it off the first time) is stopped before its first
-step, naming the tensor. A family terastack cannot stream is refused by name before any state is written.
+step, naming the tensor; so is a unit boundary that drops an output's gradient (a stack passing complex hidden
+states, which terastack now carries through its units). A family terastack cannot stream is refused by name before
+any state is written.
 """
 import pytest
 import torch
@@ -88,3 +90,61 @@ def test_family_that_cannot_stream_is_refused_before_any_state(tmp_path, trainer
     with pytest.raises(ValueError, match=r"^jamba \(JambaForCausalLM\): .*not supported"):
         Trainer.from_config(cfg, trainer_config(store_dir=str(tmp_path / "store")))
     assert not (tmp_path / "store").exists()
+
+
+def _complex_stack(monkeypatch):
+    """Llama whose decoder layers pass their hidden states on as complex numbers (pairs of features), which the
+    next layer and the final norm take back: a stack whose units' outputs are not real tensors."""
+    from transformers.models.llama import modeling_llama
+
+    layer_forward = modeling_llama.LlamaDecoderLayer.forward
+    norm_forward = modeling_llama.LlamaRMSNorm.forward
+
+    def as_real(x):
+        return torch.view_as_real(x).flatten(-2) if x.is_complex() else x
+
+    def layer(self, hidden_states, *args, **kwargs):
+        out = layer_forward(self, as_real(hidden_states), *args, **kwargs)
+        return torch.view_as_complex(out.unflatten(-1, (-1, 2)).contiguous())
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", layer)
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", lambda self, x: norm_forward(self, as_real(x)))
+
+
+def test_complex_outputs_stream_with_their_gradients(tmp_path, trainer_config, monkeypatch):
+    _complex_stack(monkeypatch)
+    ref = save_family("llama", tmp_path / "model")
+    data = batches(2)
+    cfg = trainer_config(check_family="always", activation_policy="keep,recompute")
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        assert trainer.family_check.worst <= TOL
+        losses = offloaded_train(trainer, data)
+        ref_losses, _ = reference_train(ref, data)
+        assert losses == pytest.approx(ref_losses, abs=1e-6)
+        assert max_weight_diff(trainer, ref) <= TOL
+
+
+def test_unit_losing_a_gradient_is_stopped(tmp_path, trainer_config, monkeypatch):
+    """A unit boundary that passes a complex output on without its gradient (as terastack's did before complex
+    outputs were carried): the forward is right, the training would not be; the check names the output."""
+    from torch.utils import _pytree as pytree
+
+    from terastack.llm.engine.streamed_units import UnitCall
+
+    carried = UnitCall.split_output
+
+    def real_outputs_only(self, out):
+        flat, spec = pytree.tree_flatten(out)
+        if any(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in flat):
+            return carried(self, out)  # the planner's profile pass as it is
+        self.out_spec = spec
+        self.out_idx = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        self.out_flat = [None if i in self.out_idx else o for i, o in enumerate(flat)]
+        return [flat[i] for i in self.out_idx]
+
+    _complex_stack(monkeypatch)
+    monkeypatch.setattr(UnitCall, "split_output", real_outputs_only)
+    save_family("llama", tmp_path / "model")
+    cfg = trainer_config(check_family="always", activation_policy="keep,recompute")
+    with pytest.raises(FamilyCheckError, match=r"^check_family: llama: model\.layers\.1 output 0 carries no gradient"):
+        Trainer.from_pretrained(tmp_path / "model", cfg)

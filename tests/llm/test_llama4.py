@@ -45,3 +45,19 @@ def test_llama4_first_model_of_a_process(tmp_path, hardware_file):
     assert result["ssd_read"] > 0  # the state travelled through the SSD
     assert max(abs(a - b) for a, b in zip(result["losses"], result["ref_losses"])) <= 1e-6
     assert result["diff"] <= 1e-5
+
+
+def test_llama4_every_activation_policy(tmp_path, trainer_config):
+    """Saved on the SSD and recomputed (the no-RoPE layer's temperature and the router replayed), three steps."""
+    from .llm_helpers import batches, max_weight_diff, offloaded_train, reference_train
+    from .test_families import save_family
+    from terastack.llm import Trainer
+
+    ref = save_family("llama4_text", tmp_path / "model")
+    data = batches(3)
+    cfg = trainer_config(activation_policy="ssd,recompute", state_placement="ssd", lr=3e-3, max_grad_norm=0.5)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        losses = offloaded_train(trainer, data)
+        ref_losses, _ = reference_train(ref, data, lr=3e-3, max_grad_norm=0.5)
+        assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= 1e-6
+        assert max_weight_diff(trainer, ref) <= 1e-5

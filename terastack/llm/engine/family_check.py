@@ -24,7 +24,12 @@ step, on one small probe batch (one row of ``PROBE_TOKENS`` tokens):
    forward of it (the same dropout masks);
 3. its outputs, the gradients of its inputs and of every weight it uses
    must equal the engine's within the compute dtype's tolerance
-   (:data:`TOLERANCE`, relative to the reference tensor's largest value).
+   (:data:`TOLERANCE`, relative to the reference tensor's largest value);
+   an output that carries a gradient in memory must carry one out of the
+   streamed unit too, and a unit whose outputs received a gradient must
+   have run its streamed backward (a forward can be right while the
+   gradients never reach the weights). Units with nothing to differentiate
+   (a frozen embedding) are compared forward only, on weights fetched again.
 
 One unit is in memory at a time, so the model never is whole; the cost is
 one step's weight traffic at the probe's size (reading each unit's weights
@@ -88,6 +93,8 @@ class _CallRecord:
     grad_idx: list[int]
     position: int                               # its place among the forward's unit calls
     outputs: list = field(default_factory=list)
+    #: per output: whether the engine's carries a gradient back into the unit
+    out_grad: list[bool] = field(default_factory=list)
     grad_outs: dict[int, torch.Tensor] = field(default_factory=dict)
     checked: bool = False
 
@@ -131,8 +138,8 @@ class _KeptGradients:
         return set()
 
     def accept(self, unit, grads: dict) -> None:
-        self.grads.setdefault(unit.index, []).append(
-            {n: None if g is None else g.detach().clone() for n, g in grads.items()})
+        # autograd made these tensors for this call alone: kept as they are
+        self.grads.setdefault(unit.index, []).append(dict(grads))
 
 
 class _Checker:
@@ -164,6 +171,7 @@ class _Checker:
         out = self.runner.run(unit, args, kwargs)
         flat_out, _ = pytree.tree_flatten(out)
         rec.outputs = [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in flat_out]
+        rec.out_grad = [isinstance(o, torch.Tensor) and o.requires_grad for o in flat_out]
         for i, o in enumerate(flat_out):
             if isinstance(o, torch.Tensor) and o.requires_grad:
                 o.register_hook(lambda g, i=i, rec=rec: rec.grad_outs.__setitem__(i, g.detach().clone()))
@@ -185,6 +193,10 @@ class _Checker:
         for recs in self.calls.values():
             for rec in recs:
                 if not rec.checked:
+                    if rec.grad_outs and (rec.grad_idx or rec.unit.has_trainable):
+                        self._position = rec.position
+                        self._fail_as(f"a gradient reached the outputs of {rec.unit.path}, but its streamed backward "
+                                      "never ran")
                     weights = self.rt.fetcher.acquire(rec.unit, "forward")
                     try:
                         self._compare(rec, weights, None, None)
@@ -200,21 +212,28 @@ class _Checker:
         unit = rec.unit
         flat = list(rec.flat)
         backward = input_grads is not None
+        # the engine ran the unit with gradients on: its outputs carry them wherever the module's own do
+        graded = backward or bool(rec.grad_idx) or unit.has_trainable
         for i in rec.grad_idx:
-            flat[i] = rec.flat[i].detach().clone().requires_grad_(backward)
+            flat[i] = rec.flat[i].detach().clone().requires_grad_(True)
         args, kwargs = pytree.tree_unflatten(flat, rec.spec)
-        with _own_weights(unit, weights) as params:
-            with torch.set_grad_enabled(backward), ReplayRng(rec.rng, self.rt.device):
+        with _OwnWeights(unit, weights) as params:
+            with torch.set_grad_enabled(graded), ReplayRng(rec.rng, self.rt.device):
                 out = unit.module(*args, **kwargs)
             ref_out, _ = pytree.tree_flatten(out)
             if len(ref_out) != len(rec.outputs):
-                self._fail(f"{unit.path}: its outputs ({len(rec.outputs)} values streamed, {len(ref_out)} in "
-                           "memory)", float("inf"), float("inf"))
+                self._fail_as(f"{unit.path} gives {len(rec.outputs)} values streamed, {len(ref_out)} in memory")
                 return
             for i, (e, r) in enumerate(zip(rec.outputs, ref_out)):
                 if isinstance(r, torch.Tensor) and (r.is_floating_point() or r.is_complex()):
                     if not self._same(f"{unit.path} output {i}", e, r.detach()):
                         return
+            for i, r in enumerate(ref_out):
+                if isinstance(r, torch.Tensor) and r.requires_grad and not rec.out_grad[i]:
+                    # a gradient reaching this output would not reach the unit's weights and inputs
+                    self._fail_as(f"{unit.path} output {i} carries no gradient back into the streamed unit (the "
+                                  "module's own does)")
+                    return
             if not backward:
                 return
             pairs = [(ref_out[i], g) for i, g in sorted(rec.grad_outs.items())
@@ -238,13 +257,13 @@ class _Checker:
         engine = torch.zeros_like(ref) if engine is None else engine.detach()
         ref = torch.zeros_like(engine) if ref is None else ref.detach()
         if engine.shape != ref.shape:
-            self._fail(f"{what} (shape {tuple(engine.shape)} streamed, {tuple(ref.shape)} in memory)", float("inf"),
-                       float("inf"))
+            self._fail_as(f"{what} has shape {tuple(engine.shape)} streamed, {tuple(ref.shape)} in memory")
             return False
         e, r = (torch.view_as_real(t) if t.is_complex() else t for t in (engine, ref))
-        e, r = e.to(torch.float64), r.to(torch.float64)
-        diff = (e - r).abs().max().item() if e.numel() else 0.0
-        scale = r.abs().max().item() if r.numel() else 0.0
+        if e.element_size() < 4:  # half precision: compared in fp32 (a whole weight's gradient: no fp64 copies)
+            e, r = e.float(), r.float()
+        diff = float(torch.sub(e, r).abs_().amax()) if e.numel() else 0.0
+        scale = float(r.abs().amax()) if r.numel() else 0.0
         rel = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
         self.report.tensors += 1
         if rel > self.report.worst or not self.report.worst_tensor:
@@ -261,12 +280,15 @@ class _Checker:
 
     def _fail(self, what: str, diff: float, rel: float) -> None:
         dtype = str(self.rt.compute_dtype).removeprefix("torch.")
-        self.failures.append((self._position, f"check_family: {self.family}: {what} differs between terastack's "
-                              f"streamed units and the model's own modules by {diff:.3g} (relative {rel:.3g}, "
-                              f"tolerance {self.tol:g} for {dtype}); terastack would not train this family exactly"))
+        self._fail_as(f"{what} differs between terastack's streamed units and the model's own modules by {diff:.3g} "
+                      f"(relative {rel:.3g}, tolerance {self.tol:g} for {dtype})")
+
+    def _fail_as(self, how: str) -> None:
+        self.failures.append((self._position, f"check_family: {self.family}: {how}; terastack would not train this "
+                                              "family exactly"))
 
 
-class _own_weights:
+class _OwnWeights:
     """The unit's module with ``weights`` (local name -> tensor) as its real parameters (one per canonical
     tensor, so ties within the unit hold) for the duration; its meta parameters come back afterwards. Entering
     gives {canonical name: parameter}."""

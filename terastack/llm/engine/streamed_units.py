@@ -67,7 +67,9 @@ class UnitCall:
     def split_output(self, out) -> list[torch.Tensor]:
         """Differentiable tensors of ``out``; the rest of its structure is kept for :meth:`rebuild`."""
         flat, self.out_spec = pytree.tree_flatten(out)
-        self.out_idx = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        # complex outputs too: a gradient reaching one must come back through the unit like any other
+        self.out_idx = [i for i, o in enumerate(flat)
+                        if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())]
         self.out_flat = [None if i in self.out_idx else o for i, o in enumerate(flat)]
         return [flat[i] for i in self.out_idx]
 

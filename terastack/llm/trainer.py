@@ -83,7 +83,8 @@ class Trainer(TrainerCheckpoints):
         self._source_keys = source_keys
         if self.family not in TESTED_FAMILIES:
             warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
-                          f"({', '.join(TESTED_FAMILIES)}); units were found generically", stacklevel=3)
+                          f"({', '.join(TESTED_FAMILIES)}); units were found generically and are checked against "
+                          "the model's own before the first step (check_family)", stacklevel=3)
         self.progress = StepCount()
         self.history: list[StepStats] = []
         self._closed = False

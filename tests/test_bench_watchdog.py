@@ -1,5 +1,6 @@
 """The benchmarks' RSS watchdog (terastack.bench_watchdog): a process tree's summed peaks held below a limit by
 killing the tree, or a process watching itself that stops past its limit, saying why."""
+import os
 import subprocess
 import sys
 
@@ -28,8 +29,6 @@ def test_watchdog_kills_a_process_tree_past_its_limit():
 
 def test_watchdog_does_not_count_a_fork_of_the_benchmark_before_it_runs_its_program():
     """Between fork and exec a child reports the benchmark's own RSS, which alone can pass the limit."""
-    import os
-
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:                                       # a copy of this process that never runs exec
@@ -47,8 +46,6 @@ def test_watchdog_does_not_count_a_fork_of_the_benchmark_before_it_runs_its_prog
 
 
 def test_a_process_watching_itself_counts_its_own_resident_set():
-    import os
-
     # (children another test of this process left behind count as descendants: the figures are read beside them)
     alone = RssWatchdog(RssWatchdog.Config(limit_bytes=1 << 40))
     assert alone.sample() == alone.peak_total and os.getpid() not in alone.peaks   # nothing of this process
@@ -62,7 +59,7 @@ def test_a_process_past_its_limit_stops_its_children_says_why_and_exits():
     script = (
         "import subprocess, sys, time\n"
         "from terastack.bench_watchdog import RssWatchdog\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
         "print(child.pid, flush=True)\n"
         "cfg = RssWatchdog.Config(limit_bytes=1 << 20, interval_s=0.02, include_self=True, on_exceed='exit',\n"
         "                         label='contender \"small\"')\n"
@@ -72,15 +69,23 @@ def test_a_process_past_its_limit_stops_its_children_says_why_and_exits():
     assert done.returncode == EXIT_STATUS, done.stderr
     assert 'contender "small": resident memory' in done.stderr and "passed --rss-limit 1.00 MiB" in done.stderr
     child = int(done.stdout.split()[0])
-    assert _state(child) in (None, "Z")                # killed by the watchdog (gone, or a zombie not yet reaped)
+    assert _ended(child)                               # killed by the watchdog (gone, or a zombie not yet reaped)
 
 
-def _state(pid: int) -> str | None:
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has ended (or does so within a minute: a SIGKILLed process still runs its exit, for as long
+    as a busy machine takes to schedule it). A pidfd becomes readable when its process ends: waited on, not
+    polled; the child's own sleep (600 s) is what a watchdog that did not kill it would leave."""
+    import select
+
     try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(line.split()[1] for line in f if line.startswith("State:"))
-    except OSError:
-        return None
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True                                    # gone, reaped
+    try:
+        return bool(select.select([fd], [], [], 60)[0])
+    finally:
+        os.close(fd)
 
 
 def test_tree_rss_counts_a_grandchild_holding_memory(tmp_path):

@@ -38,7 +38,8 @@ def test_compute_waits_and_disk_share_of_each_step():
 @pytest.mark.parametrize("order", ["horizontal", "vertical"])
 def test_an_accumulated_step_is_one_step_of_the_timeline(order, tmp_path, trainer_config):
     """Two optimizer steps of two micro-batches each, traced: two steps in the timeline (the horizontal order's
-    micro-batches are spans inside their step, not steps), each as long as the step the trainer timed."""
+    micro-batches are spans inside their step, not steps), each inside the step the trainer timed (which starts
+    its clock before the step's span and reads it after: no tolerance that a busy machine could pass)."""
     from terastack import trace
     from terastack.llm import Trainer
 
@@ -61,5 +62,4 @@ def test_an_accumulated_step_is_one_step_of_the_timeline(order, tmp_path, traine
     steps = step_timelines(events)
     assert len(steps) == 2
     for step, seconds in zip(steps, timed):
-        assert step["seconds"] == pytest.approx(seconds, rel=0.2, abs=0.05)
-        assert 0 < step["compute_s"] <= step["seconds"]
+        assert 0 < step["compute_s"] <= step["seconds"] <= seconds

@@ -55,8 +55,10 @@ def allreduce_rank(rank: int, ranks: int, init_file: str, elements: int, ready, 
     """One rank of the collective: all-reduce until the stop event, then report its count and CPU seconds."""
     import torch.distributed as dist
 
+    from terastack.disdp.comm import join_process_group
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks)
+    join_process_group("cpu", rank=rank, world_size=ranks, timeout_s=_WAIT_S, init_method=f"file://{init_file}")
     try:
         buf = torch.zeros(elements)
         dist.all_reduce(buf)

@@ -121,9 +121,10 @@ def wire_device(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-def join_process_group(device, *, rank: int, world_size: int, timeout_s: float) -> str:
+def join_process_group(device, *, rank: int, world_size: int, timeout_s: float, init_method: str | None = None) -> str:
     """Join the job's process group on the backend ``device`` asks for ([Note: process-group backend]); the
-    backend. On NCCL this rank's GPU becomes its current device first."""
+    backend. On NCCL this rank's GPU becomes its current device first. ``init_method``: where the ranks meet
+    (default: torchrun's environment)."""
     backend = backend_for(device)
     if backend == "nccl":
         if local_rank() >= torch.cuda.device_count():
@@ -131,7 +132,7 @@ def join_process_group(device, *, rank: int, world_size: int, timeout_s: float) 
                              f"{torch.cuda.device_count()} GPUs: one GPU per rank (fewer ranks per node, or "
                              "device cpu)")
         torch.cuda.set_device(local_rank())
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
+    dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=init_method,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return backend
 

@@ -149,6 +149,9 @@ class RssWatchdog:
         self.ranks: dict[int, int | None] = {}
         self._programs: dict[int, bytes] = {}
         self._root_program = program_of(self.root)
+        # processes already running when the watch begins are not the run's: a helper an earlier run left behind
+        # (a fork server holding its imports) would otherwise count against this run's limit
+        self._before = {pid: program_of(pid) for pid in descendants_of(self.root)}
         self.max_sampled = 0
         self.exceeded = False
         self._stop = threading.Event()
@@ -170,6 +173,8 @@ class RssWatchdog:
             program, peak = program_of(pid), peak_rss_bytes(pid)
             if peak is None or program is None or program == self._root_program:
                 continue
+            if pid in self._before and self._before[pid] == program:
+                continue
             if self._programs.get(pid) != program:   # new, or it has run exec since: its peak starts anew
                 self._programs[pid] = program
                 self.peaks[pid] = 0
@@ -179,9 +184,12 @@ class RssWatchdog:
         self.max_sampled = max(self.max_sampled, total)
         return total
 
-    def kill_all(self) -> None:
-        """SIGKILL every descendant, the deepest first (a parent that restarts children finds none)."""
+    def kill_all(self, *, every: bool = False) -> None:
+        """SIGKILL every descendant the run started (``every``: every descendant, as a process that ends itself
+        must leave none behind), the deepest first (a parent that restarts children finds none)."""
         for pid in reversed(descendants_of(self.root)):
+            if not every and pid in self._before and self._before[pid] == program_of(pid):
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -193,7 +201,7 @@ class RssWatchdog:
             total = self.sample()
             if total > cfg.limit_bytes:
                 self.exceeded = True
-                self.kill_all()
+                self.kill_all(every=cfg.on_exceed == "exit")
                 if cfg.on_exceed == "exit":
                     print(f"{cfg.label}: resident memory {format_bytes(total)} passed --rss-limit "
                           f"{format_bytes(cfg.limit_bytes)}; stopping", file=sys.stderr, flush=True)

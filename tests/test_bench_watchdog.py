@@ -27,6 +27,22 @@ def test_watchdog_kills_a_process_tree_past_its_limit():
     assert child.pid in dog.peaks and grown and child.pid not in grown, dog.peaks
 
 
+def test_a_process_running_before_the_watch_is_neither_counted_nor_killed():
+    """A helper an earlier run left behind (a fork server holding its imports) is not the watched run's."""
+    hold = "import sys, time; x = b'1' * (260 << 20); sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(600)"
+    earlier = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert earlier.stdout.readline() == "ready\n"      # its 260 MB are resident before the watch begins
+        with RssWatchdog(RssWatchdog.Config(limit_bytes=200 << 20, interval_s=0.02)) as dog:
+            run = subprocess.Popen([sys.executable, "-c", "x = b'1' * (8 << 20)"])
+            run.wait(timeout=120)
+        assert not dog.exceeded and earlier.pid not in dog.peaks
+        assert earlier.poll() is None                     # still running: not the run's to kill
+    finally:
+        earlier.kill()
+        earlier.wait()
+
+
 def test_watchdog_does_not_count_a_fork_of_the_benchmark_before_it_runs_its_program():
     """Between fork and exec a child reports the benchmark's own RSS, which alone can pass the limit."""
     read_end, write_end = os.pipe()

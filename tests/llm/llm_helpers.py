@@ -43,9 +43,11 @@ def batches(n: int, seed: int = 1):
     return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(n)]
 
 
-def reference_train(model, data, *, lr=1e-3, weight_decay=0.01, max_grad_norm=None, fused=None, seed=5):
-    """Plain in-memory PyTorch AdamW training; the RNG stream (dropout) starts from ``seed`` as in ours."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
+def reference_train(model, data, *, lr=1e-3, weight_decay=0.01, max_grad_norm=None, fused=None, seed=5, opt=None):
+    """Plain in-memory PyTorch AdamW training (``opt``: another reference optimizer over the model's parameters);
+    the RNG stream (dropout) starts from ``seed`` as in ours."""
+    if opt is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
     losses = []
     torch.manual_seed(seed)
     for ids in data:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from .llm_helpers import BATCH, SEQ, VOCAB, batches, offloaded_train
+from .llm_helpers import reference_train as adamw_reference_train
 from terastack.llm import Trainer
 from terastack.llm.engine import records
 from terastack.llm.engine.adamw import ChunkState
@@ -184,18 +185,9 @@ def reference_optimizer(fmt: str, params):
 
 
 def reference_train(model, data, fmt, *, max_grad_norm=None, seed=5):
-    opt = reference_optimizer(fmt, list(model.parameters()))
-    torch.manual_seed(seed)
-    losses = []
-    for ids in data:
-        out = model(input_ids=ids, labels=ids, use_cache=False)
-        out.loss.backward()
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        opt.step()
-        opt.zero_grad()
-        losses.append(out.loss.item())
-    return losses, opt
+    """The reference library's optimizer of ``fmt`` in plain in-memory training."""
+    return adamw_reference_train(model, data, max_grad_norm=max_grad_norm, seed=seed,
+                                 opt=reference_optimizer(fmt, list(model.parameters())))
 
 
 def stored_state(trainer, name):

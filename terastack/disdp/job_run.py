@@ -218,18 +218,17 @@ def run_torchrun_rank(job, *, early_interrupts: list | None = None) -> int:
 def resume_hint(job, *, here: bool = True) -> str:
     """Where the job's last checkpoint is and how to continue from it (``here``: this process can see rank 0's
     checkpoint directory)."""
-    from terastack.training.checkpoint import LATEST
+    from terastack.training.interrupt import latest_checkpoint
 
     d = job.checkpoint.dir
     if not d:
         return "; no checkpoint directory was set (--checkpoint DIR), so a rerun starts over"
-    try:
-        step = json.loads((Path(d) / LATEST).read_text())["step"]
-    except (OSError, ValueError, KeyError):
+    last = latest_checkpoint(d)
+    if last is None:
         return ("; no checkpoint was completed" if here else
                 f"; checkpoints are written to {d} on rank 0's node: rerun with --resume {d} to continue from the "
                 "last")
-    return f"; the last checkpoint is step {step} in {d}: rerun with --resume {d} to continue"
+    return f"; the last checkpoint is step {last.step} in {d}: rerun with --resume {d} to continue"
 
 
 class DisaggregatedEngine:

@@ -87,7 +87,7 @@ class TrainerConfig:
     def __init__(self, job: JobConfig | None = None, /, **settings):
         changes = {}
         for name, value in settings.items():
-            if name == "lora" and isinstance(value, (dict, LoraSpec)) or (name == "lora" and value is None):
+            if name == "lora" and (value is None or isinstance(value, (dict, LoraSpec))):   # else the flat rank
                 spec = LoraSpec(**value) if isinstance(value, dict) else value
                 changes.update(spec.section_values() if spec is not None else {"lora.rank": None})
             else:

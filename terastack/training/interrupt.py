@@ -4,11 +4,9 @@ that continues from it ([Note: an interrupted run]). Every command that runs a j
 from __future__ import annotations
 
 import contextlib
-import json
 import shlex
 import signal
 import threading
-from pathlib import Path
 
 #: the exit status of an interrupted job (128 + SIGINT, as a shell reports it)
 INTERRUPTED_EXIT = 130
@@ -36,16 +34,16 @@ def resume_command(argv: list[str] | None, checkpoint: str, *, command: tuple[st
 def latest_checkpoint(checkpoint_dir: str | None):
     """The newest complete checkpoint in ``checkpoint_dir`` (its ``LATEST`` pointer) as a
     :class:`~terastack.training.loop.LastCheckpoint`, or None."""
-    from terastack.training.checkpoint import LATEST
+    from terastack.training.checkpoint import latest_step
     from terastack.training.loop import LastCheckpoint
 
     if not checkpoint_dir:
         return None
     try:
-        step = json.loads((Path(checkpoint_dir) / LATEST).read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError):
+        step = latest_step(checkpoint_dir)
+    except ValueError:   # an unreadable pointer: nothing to resume from, as with none
         return None
-    return LastCheckpoint(str(checkpoint_dir), int(step))
+    return None if step is None else LastCheckpoint(str(checkpoint_dir), step)
 
 
 def interrupted_line(*, step: int | None, total: int | None, last, argv: list[str] | None,

@@ -69,7 +69,7 @@ _EXPORTS = {
     "detect_layout": "terastack.gnn.formats.detect",
     "HeteroDataset": "terastack.gnn.storage.hetero_dataset", "open_hetero_dataset": "terastack.gnn.storage.hetero_dataset",
     "HeteroNeighborSampler": "terastack.gnn.sampling.hetero_sampler", "hetero_presample": "terastack.gnn.sampling.hetero_sampler",
-    "HeteroGNN": "terastack.gnn.training.hetero_models", "HeteroPipeline": "terastack.gnn.sampling.pipeline",
+    "HeteroGNN": "terastack.gnn.training.hetero_net", "HeteroPipeline": "terastack.gnn.sampling.pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -188,7 +188,7 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
     user would build it; R-GCN is terastack's RGCNConv model."""
     from torch_geometric.nn import GraphSAGE, to_hetero
 
-    from terastack.gnn.training.hetero_models import HeteroGNN
+    from terastack.gnn.training.models import HeteroGNN
 
     torch.manual_seed(0)
     in_dims = {t: mem.feat_dim[t] or 1 for t in mem.node_types}

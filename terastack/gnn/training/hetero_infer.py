@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.training.hetero_models import load_hetero_model
+from terastack.gnn.training.models import load_hetero_model
 from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.hetero_cache import build_features

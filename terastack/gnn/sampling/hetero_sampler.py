@@ -23,7 +23,7 @@ import numpy as np
 
 from terastack.gnn.sampling.fanouts import parse_relation_fanouts
 from terastack.gnn.storage.hotness import PRESAMPLE_SEED_OFFSET, Hotness
-from terastack.gnn.sampling.sampler import epoch_batches, sample_hop
+from terastack.gnn.sampling.sampler import epoch_batches, sample_relations, thread_maps
 from terastack.gnn.storage.topology import TopologyStats, appearance_counts
 
 EdgeType = tuple[str, str, str]
@@ -128,70 +128,12 @@ class HeteroNeighborSampler:
     def batch_rng(self, epoch: int, index: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed, epoch, index])
 
-    def _maps(self) -> dict[str, np.ndarray]:
-        maps = getattr(self._local, "maps", None)
-        if maps is None:
-            maps = self._local.maps = {t: np.full(n, -1, np.int32 if n < 2**31 else np.int64)
-                                       for t, n in self.num_nodes.items()}
-        return maps
-
     def sample(self, seeds, rng: np.random.Generator, *, index: int = 0, epoch: int = 0) -> HeteroSampledBatch:
-        seeds = np.asarray(seeds, dtype=np.int64).ravel()
-        n_target = self.num_nodes[self.target]
-        if seeds.size and (seeds.min() < 0 or seeds.max() >= n_target):
-            bad = seeds[(seeds < 0) | (seeds >= n_target)][0]
-            raise ValueError(f"seeds: {self.target} id {int(bad)} is out of range (the type has {n_target} nodes)")
-        maps = self._maps()
-        local = maps[self.target]
-        local[seeds] = np.arange(len(seeds))
-        if (local[seeds] != np.arange(len(seeds))).any():
-            local[seeds] = -1
-            raise ValueError("seeds: node ids within a batch must be distinct")
-        nodes = {t: [] for t in self.num_nodes}
-        nodes[self.target].append(seeds)
-        counts = {t: 0 for t in self.num_nodes}
-        counts[self.target] = len(seeds)
-        per_hop = {t: [len(seeds) if t == self.target else 0] for t in self.num_nodes}
-        edges_per_hop = {et: [] for et in self.edge_types}
-        rows = {et: [] for et in self.edge_types}
-        cols = {et: [] for et in self.edge_types}
-        frontier = {t: (seeds if t == self.target else np.zeros(0, np.int64)) for t in self.num_nodes}
-        try:
-            for hop in range(self.hops):
-                found = {t: [] for t in self.num_nodes}
-                for et in self.edge_types:
-                    src, _, dst = et
-                    fanout = self.fanouts[et][hop]
-                    if fanout == 0 or not len(frontier[dst]):
-                        edges_per_hop[et].append(0)
-                        continue
-                    target, neighbour = sample_hop(self.topology.parts[et], frontier[dst], fanout, rng,
-                                                   replace=self.config.replace)
-                    loc = maps[src]
-                    fresh = neighbour[loc[neighbour] < 0]
-                    uniq, first = np.unique(fresh, return_index=True)
-                    new = uniq[np.argsort(first, kind="stable")]
-                    loc[new] = np.arange(counts[src], counts[src] + len(new))
-                    counts[src] += len(new)
-                    nodes[src].append(new)
-                    found[src].append(new)
-                    rows[et].append(loc[neighbour].astype(np.int64))
-                    cols[et].append(maps[dst][target].astype(np.int64))
-                    edges_per_hop[et].append(len(neighbour))
-                frontier = {t: np.concatenate(v) if v else np.zeros(0, np.int64) for t, v in found.items()}
-                for t in self.num_nodes:
-                    per_hop[t].append(len(frontier[t]))
-            n_id = {t: np.concatenate(v) if v else np.zeros(0, np.int64) for t, v in nodes.items()}
-        finally:
-            for t, parts in nodes.items():
-                for part in parts:
-                    maps[t][part] = -1
-        empty = np.zeros(0, np.int64)
-        return HeteroSampledBatch(
-            n_id=n_id, row={et: np.concatenate(v) if v else empty for et, v in rows.items()},
-            col={et: np.concatenate(v) if v else empty for et, v in cols.items()}, target=self.target,
-            batch_size=len(seeds), num_sampled_nodes=per_hop, num_sampled_edges=edges_per_hop, index=index,
-            epoch=epoch)
+        n_id, rows, cols, per_hop, edges = sample_relations(
+            thread_maps(self._local, self.num_nodes), self.topology.parts, self.fanouts, self.target, seeds, rng,
+            replace=self.config.replace)
+        return HeteroSampledBatch(n_id=n_id, row=rows, col=cols, target=self.target, batch_size=per_hop[self.target][0],
+                                  num_sampled_nodes=per_hop, num_sampled_edges=edges, index=index, epoch=epoch)
 
 
 def hetero_presample(sampler: HeteroNeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,

@@ -10,7 +10,8 @@ import torch
 
 from terastack.gnn.storage.baselines import InMemoryFeatures
 from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample, parse_hetero_fanouts
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, parse_hetero_fanouts
+from terastack.gnn.storage.hotness import hetero_presample
 from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.budget_split import hetero_share_budget

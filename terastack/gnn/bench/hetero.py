@@ -59,7 +59,8 @@ from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.storage.gen import HeteroGraphGenerator
 from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
 from terastack.gnn.training.models import HeteroGNN, eval_step, train_step
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
+from terastack.gnn.storage.hotness import hetero_presample
 from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.budget_split import hetero_share_budget

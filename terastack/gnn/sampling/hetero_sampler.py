@@ -16,15 +16,13 @@ dataset's metadata (``to_hetero``) find every key they expect.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from terastack.gnn.sampling.fanouts import parse_relation_fanouts
-from terastack.gnn.storage.hotness import PRESAMPLE_SEED_OFFSET, Hotness
-from terastack.gnn.sampling.sampler import epoch_batches, sample_relations, thread_maps
-from terastack.gnn.storage.topology import TopologyStats, appearance_counts
+from terastack.gnn.sampling.sampler import sample_relations, thread_maps
+from terastack.gnn.storage.topology import TopologyStats
 
 EdgeType = tuple[str, str, str]
 
@@ -134,48 +132,3 @@ class HeteroNeighborSampler:
             replace=self.config.replace)
         return HeteroSampledBatch(n_id=n_id, row=rows, col=cols, target=self.target, batch_size=per_hop[self.target][0],
                                   num_sampled_nodes=per_hop, num_sampled_edges=edges, index=index, epoch=epoch)
-
-
-def hetero_presample(sampler: HeteroNeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,
-                     seed: int = 0, keep_examples: int = 2) -> dict[str, Hotness]:
-    """Per node type: feature gathers and list expansions counted over ``epochs`` pre-sampled epochs
-    (terastack.gnn.storage.hotness, one :class:`Hotness` per type; its ``expansions`` count for every relation
-    into the type, whose lists a frontier node has sampled)."""
-    if epochs < 1:
-        raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")
-    counts = {t: np.zeros(n, np.int32) for t, n in sampler.num_nodes.items()}
-    expansions = {t: np.zeros(n, np.int32) for t, n in sampler.num_nodes.items()}
-    last = {}
-    nodes = {t: 0 for t in counts}
-    batches = seeds = 0
-    sampling = 0.0
-    examples = []
-    for epoch in range(epochs):
-        touched = {t: [] for t in counts}
-        for k, ids in enumerate(epoch_batches(train_ids, batch_size, seed=seed + PRESAMPLE_SEED_OFFSET, epoch=epoch)):
-            t0 = time.perf_counter()
-            batch = sampler.sample(ids, np.random.default_rng([seed + PRESAMPLE_SEED_OFFSET, epoch, k]))
-            sampling += time.perf_counter() - t0
-            for t, n_id in batch.n_id.items():
-                touched[t].append(n_id)
-                nodes[t] += len(n_id)
-                expanded = len(n_id) - batch.num_sampled_nodes[t][-1]  # all but those first reached last
-                expansions[t][n_id[:expanded]] += 1
-            seeds += batch.batch_size
-            batches += 1
-            if len(examples) < keep_examples:
-                examples.append(batch)
-        for t in counts:
-            epoch_counts = np.bincount(np.concatenate(touched[t]), minlength=len(counts[t])) if touched[t] else \
-                np.zeros(len(counts[t]), np.int64)
-            counts[t] += epoch_counts.astype(np.int32)
-            if epoch == epochs - 1 and epochs > 1:
-                last[t] = epoch_counts.astype(np.int32)
-    degree = {t: np.zeros(n, np.int64) for t, n in sampler.num_nodes.items()}
-    for et, topo in sampler.topology.parts.items():  # lists a node appears in, over every relation it is a source of
-        degree[et[0]] += appearance_counts(topo.indices, sampler.num_nodes[et[0]])
-    b = max(batches, 1)
-    return {t: Hotness(counts=counts[t], expansions=expansions[t], degree=degree[t], holdout_counts=last.get(t),
-                       batches=batches, epochs=epochs, nodes_per_batch=nodes[t] / b, edges_per_batch=0.0,
-                       seeds_per_batch=seeds / b, sample_seconds_per_batch=sampling / b, examples=examples)
-            for t in counts}

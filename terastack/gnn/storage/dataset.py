@@ -36,7 +36,7 @@ import numpy as np
 
 from terastack.atomic import atomic_write_json, safe_relative
 from terastack.gnn.storage.invariants import DatasetError, check_csc, check_files, check_ids, check_labels, load_file, map_file
-from terastack.gnn.storage.topology import ArrayTopology, SsdTopology
+from terastack.gnn.storage.topology import INDPTR_MODES, ArrayTopology, SsdTopology
 
 FORMAT = "terastack-gnn"
 FORMAT_VERSION = 1
@@ -298,7 +298,7 @@ class GraphDataset:
         #: "ssd": leave them in their files, read through the storage engine per hop (terastack.gnn.storage.topology)
         topology: str = "memory"
         #: with topology="ssd": indptr in RAM ("memory"), on the SSD ("ssd"), or "auto" (RAM when it costs at
-        #: most a quarter of ``topology_budget``)
+        #: most a quarter of ``topology_budget``; a heterogeneous dataset weighs every relation's together)
         indptr: str = "auto"
         #: with topology="ssd": the memory the topology may hold (bytes), which "auto" weighs indptr against
         topology_budget: int = 0
@@ -307,7 +307,10 @@ class GraphDataset:
             if not self.root:
                 raise ValueError("root: the dataset directory is required")
             check_read_modes(verify=self.verify, topology=self.topology)
-            SsdTopology.Config(indptr=self.indptr, budget=self.topology_budget)  # validates both
+            if self.indptr not in INDPTR_MODES:
+                raise ValueError(f"indptr: must be one of {', '.join(INDPTR_MODES)}; got {self.indptr!r}")
+            if self.topology_budget < 0:
+                raise ValueError(f"topology_budget: must be >= 0, got {self.topology_budget}")
 
     def __init__(self, config: "GraphDataset.Config | str | os.PathLike", *, engine=None):
         if not isinstance(config, GraphDataset.Config):

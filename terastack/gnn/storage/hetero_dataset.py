@@ -203,8 +203,8 @@ class HeteroDataset:
     features stay in their files (:meth:`node_features` describes one type's file for the cache).
     """
 
-    #: the homogeneous dataset's settings (root, verify, topology, indptr, topology_budget); with topology="ssd",
-    #: indptr "auto" weighs every relation's compact indptr together against a quarter of ``topology_budget``
+    #: the homogeneous dataset's settings, one definition for both kinds (root, verify, topology, indptr,
+    #: topology_budget)
     Config = GraphDataset.Config
 
     def __init__(self, config: "HeteroDataset.Config | str | os.PathLike", *, engine=None):

@@ -65,10 +65,12 @@ class GNN(torch.nn.Module):
 def seed_logits(model: torch.nn.Module, data) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(logits, labels, count) of the seeds of a sampled batch: the first ``batch_size`` nodes of a ``Data``, or
     of the model's target type in a ``HeteroData`` (the only difference between the two graph kinds' steps)."""
-    target = getattr(getattr(model, "module", model), "target", None)  # the model, or it in DistributedDataParallel
-    if target is None:
+    from torch_geometric.data import HeteroData
+
+    if not isinstance(data, HeteroData):
         bs = data.batch_size
         return model(data.x.float(), data.edge_index)[:bs], data.y[:bs], int(bs)
+    target = getattr(model, "module", model).target  # the model, or the model in DistributedDataParallel
     bs = data[target].batch_size
     return model(data.x_dict, data.edge_index_dict)[:bs], data[target].y[:bs], int(bs)
 

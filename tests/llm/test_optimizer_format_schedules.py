@@ -1,0 +1,156 @@
+"""Each optimizer state format through each way the engine runs a step, with the state on the SSD, equal to its
+reference library bit for bit: global-norm clipping (the deferred schedule, inline and on the optimizer thread),
+vertical and horizontal accumulation, LoRA adapters, and a kill -9 resume."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .llm_helpers import BATCH, SEQ, VOCAB, batches
+from .test_checkpoint import resume_killed, run_killed, uninterrupted_weights
+from .test_optimizer_formats import config, make_wide_model, reference_optimizer, stored_state
+from terastack.llm import LoraSpec, Trainer
+
+bnb = pytest.importorskip("bitsandbytes")
+
+FORMATS = ["adamw8bit", "adafactor"]
+CLIP = 0.5
+#: not a multiple of bitsandbytes' block (256): the engine's own rounding of the optimizer chunk to whole blocks
+#: is what keeps a chunk's quantization the library's
+CHUNK = 1152
+
+
+def assert_equal_to_library(trainer, ref, opt, steps: int) -> None:
+    """Every trainable parameter of ``ref`` and its state in ``opt`` equal the trainer's, bit for bit."""
+    checked = 0
+    for name, p in ref.named_parameters():
+        if not p.requires_grad:
+            continue
+        assert torch.equal(trainer.parameter(name), p.detach()), name
+        st = opt.state[p]
+        assert trainer.optimizer.steps[name] == int(st["step"]) == steps, name
+        for key, value in stored_state(trainer, name).items():
+            assert torch.equal(value, st[key].reshape(-1)), (name, key)
+        checked += 1
+    assert checked
+
+
+def accumulation_steps():
+    """Two steps of two micro-batches each."""
+    g = torch.Generator().manual_seed(7)
+    return [[{"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)} for _ in range(2)] for _ in range(2)]
+
+
+def reference_accumulated(ref, opt, steps, *, clip) -> None:
+    """The library's training on the same micro-batches: each one's gradient of the token-weighted loss added into
+    ``.grad`` (the order the engine adds its passes in), clipped over the sum, then the library's step."""
+    for mbs in steps:
+        total = sum(mb["input_ids"][:, 1:].numel() for mb in mbs)
+        for mb in mbs:
+            ids = mb["input_ids"]
+            logits = ref(input_ids=ids, use_cache=False).logits
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+                                   reduction="sum") / total
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+
+
+def reference_stacked(ref, opt, steps, *, clip) -> None:
+    """The library's training on each step's micro-batches as one batch (the vertical order's single pass)."""
+    for mbs in steps:
+        ids = torch.cat([mb["input_ids"] for mb in mbs])
+        out = ref(input_ids=ids, labels=ids, num_items_in_batch=ids[:, 1:].numel(), use_cache=False)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("order", ["vertical", "horizontal"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_clipped_accumulated_steps_equal_reference_library(fmt, order, tmp_path, trainer_config):
+    """Two micro-batches a step in each order, clipped over the step's gradient: weights and every state byte
+    equal the library's. Vertical: one pass over the stacked rows (the reference runs them as one batch);
+    horizontal: the engine's sums on the SSD (the reference adds each micro-batch's gradient into ``.grad``)."""
+    ref = make_wide_model(tmp_path / "model")
+    steps = accumulation_steps()
+    cfg = config(trainer_config, fmt, grad_accum=2, accumulation=order, max_grad_norm=CLIP, optimizer_chunk=CHUNK)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        assert trainer.plan.accumulation == order
+        assert set(trainer.plan.grad_home.values()) == (set() if order == "vertical" else {"ssd"})
+        torch.manual_seed(5)
+        for mbs in steps:
+            trainer.step_accumulated(mbs)
+        assert trainer.history[-1].grad_norm is not None and trainer.history[-1].ssd_read_bytes > 0
+        opt = reference_optimizer(fmt, list(ref.parameters()))
+        (reference_stacked if order == "vertical" else reference_accumulated)(ref, opt, steps, clip=CLIP)
+        assert_equal_to_library(trainer, ref, opt, len(steps))
+
+
+def make_adapter(base_dir, adapter_dir, rank: int):
+    """peft's LoRA over ``base_dir`` with a non-zero B (the adapters change the output from the first step), saved
+    to ``adapter_dir``; returns the in-memory reference."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir))
+    ref = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
+                                          target_modules=["q_proj", "v_proj", "up_proj"]))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    ref.save_pretrained(str(adapter_dir))
+    ref.train()
+    return ref
+
+
+@pytest.mark.parametrize("clip,inline", [(None, None), (CLIP, False)], ids=["inline", "clip-thread"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_lora_adapters_through_the_format_equal_reference_library(fmt, clip, inline, tmp_path, trainer_config):
+    """Rank 64 over a 64-wide model: most adapter matrices reach bitsandbytes' min_8bit_size (8-bit state), v_proj's
+    B does not (fp32 state, the library's 32-bit update); every adapter is a matrix for Adafactor (row and column
+    statistics). Only the adapters train, through the format, as the library trains them under peft."""
+    make_wide_model(tmp_path / "base")
+    ref = make_adapter(tmp_path / "base", tmp_path / "adapter0", rank=64)
+    lora = LoraSpec(r=64, alpha=128, target_modules=("q_proj", "v_proj", "up_proj"), init_from=str(tmp_path / "adapter0"))
+    data = batches(3)
+    cfg = config(trainer_config, fmt, lora=lora, max_grad_norm=clip, inline_updates=inline, optimizer_chunk=CHUNK)
+    with Trainer.from_pretrained(tmp_path / "base", cfg) as trainer:
+        trainable = [n for n, info in trainer.tensors.items() if info.trainable]
+        assert trainable and all(".lora_" in n for n in trainable)
+        assert any(len(trainer.runtime.chunk_ranges(n)) > 1 for n in trainable)
+        torch.manual_seed(5)
+        for ids in data:
+            trainer.step(ids)
+        assert trainer.history[-1].ssd_read_bytes > 0
+        params = [p for p in ref.parameters() if p.requires_grad]
+        opt = reference_optimizer(fmt, params)
+        torch.manual_seed(5)
+        for ids in data:
+            ref(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            opt.step()
+            opt.zero_grad()
+        if fmt == "adamw8bit":  # both of the library's paths
+            assert {opt.state[p]["state1"].dtype for p in params} == {torch.uint8, torch.float32}
+        assert_equal_to_library(trainer, ref, opt, len(data))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kill_9_resumes_bit_equal(fmt, tmp_path, trainer_config):
+    """A real process training with the format's state on the SSD, a checkpoint beside the store every two steps,
+    killed with SIGKILL after the first: the resume continues in the killed run's store (its 8-bit records and
+    block scales, or its factored statistics, as the kill left them committed) to the weights of a run never
+    killed."""
+    make_wide_model(tmp_path / "model")
+    cfg = config(trainer_config, fmt, optimizer_chunk=CHUNK)
+    run_killed(tmp_path, cfg, tmp_path / "model", beside=True, kill_at="step", steps=6, kill_after=2)
+    step, got = resume_killed(tmp_path, cfg, beside=True, steps=6)
+    assert step in (2, 4)
+    expected = uninterrupted_weights(tmp_path / "model", cfg, steps=6, key=fmt)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+

@@ -146,6 +146,11 @@ class OptimizerFormat:
         """State bytes per element of a parameter of ``shape``, unpadded (AdamW: 8)."""
         return self.state_bytes(shape) / max(math.prod(shape), 1)
 
+    def library_state(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A parameter's state as the reference library keeps it, from its whole ``parts`` (key -> tensor in
+        :meth:`StatePart.shape`): the parts, and what the library keeps beside them."""
+        return dict(parts)
+
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
         """One update over ``chunks`` (each with ``name``, ``lo``, ``hi``, ``shape``, ``param``, ``grad`` and
         ``state``: part key -> tensor, updated in place); ``steps``: each chunk's parameter's step count before
@@ -208,6 +213,14 @@ class AdamW8bitFormat(OptimizerFormat):
         except ImportError as exc:
             raise ImportError(f"optimizer: {self.name} needs bitsandbytes >= 0.50 (pip install bitsandbytes): "
                               f"{exc}") from None
+
+    def library_state(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The parts, and with 8-bit moments the two quantization maps (the library keeps them per parameter)."""
+        out = dict(parts)
+        if parts["state1"].dtype == torch.uint8:
+            q1, q2 = self.qmaps()
+            out.update(qmap1=q1.clone(), qmap2=q2.clone())
+        return out
 
     def qmaps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The signed and unsigned dynamic quantization maps of the two moments (the library's ``fill_qmap``)."""

@@ -1,6 +1,7 @@
 """Each optimizer state format through each way the engine runs a step, with the state on the SSD, equal to its
-reference library bit for bit: global-norm clipping (the deferred schedule, inline and on the optimizer thread),
-vertical and horizontal accumulation, LoRA adapters, and a kill -9 resume."""
+reference library bit for bit (and ``Trainer.optimizer_state`` gives the state as the library keeps it):
+global-norm clipping (the deferred schedule, inline and on the optimizer thread), vertical and horizontal
+accumulation, LoRA adapters, and a kill -9 resume."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,16 +22,22 @@ CHUNK = 1152
 
 
 def assert_equal_to_library(trainer, ref, opt, steps: int) -> None:
-    """Every trainable parameter of ``ref`` and its state in ``opt`` equal the trainer's, bit for bit."""
+    """Every trainable parameter of ``ref`` and its state in ``opt`` equal the trainer's, bit for bit: the state
+    as the store holds it, and as ``Trainer.optimizer_state`` gives it (the library's keys, shapes and dtypes)."""
     checked = 0
     for name, p in ref.named_parameters():
         if not p.requires_grad:
             continue
         assert torch.equal(trainer.parameter(name), p.detach()), name
         st = opt.state[p]
-        assert trainer.optimizer.steps[name] == int(st["step"]) == steps, name
         for key, value in stored_state(trainer, name).items():
             assert torch.equal(value, st[key].reshape(-1)), (name, key)
+        state = trainer.optimizer_state(name)
+        assert set(state) == set(st), name
+        assert state.pop("step") == int(st["step"]) == steps, name
+        for key, value in state.items():
+            assert value.dtype == st[key].dtype and value.shape == st[key].shape, (name, key)
+            assert torch.equal(value, st[key]), (name, key)
         checked += 1
     assert checked
 

@@ -163,3 +163,74 @@ def test_kill_9_resumes_bit_equal(fmt, tmp_path, trainer_config):
     assert all(torch.equal(got[k], expected[k]) for k in expected)
     reference_train(ref, batches(6), fmt)  # ... and those are the library's
     assert all(torch.equal(got[k], p.detach()) for k, p in ref.named_parameters())
+
+
+# ------------------------------------------------------------ Adafactor's whole-matrix gather
+def test_adafactor_joins_adjacent_chunks_without_a_copy():
+    """Chunks that are views of one tensor (a whole fp32 master, a gradient held whole) join as a view: no scratch,
+    the master updated in place; chunks apart (records of their own) are joined into copies of one matrix's size
+    and written back. Both give torch.optim.Adafactor's result."""
+    from terastack.llm.engine.adamw import ChunkState
+    from terastack.plan.optimizer_formats import optimizer_format
+
+    fmt = optimizer_format("adafactor")
+    g = torch.Generator().manual_seed(0)
+    w0, grad = torch.randn(40, 30, generator=g), torch.randn(40, 30, generator=g)
+    ref = torch.nn.Parameter(w0.clone())
+    ref.grad = grad.clone()
+    opt = torch.optim.Adafactor([ref], lr=1e-2, weight_decay=0.01)
+    opt.step()
+    for apart in (False, True):
+        master = w0.clone()
+        state = {part.key: torch.zeros(part.shape((40, 30))) for part in fmt.parts((40, 30))}
+        chunks = []
+        for k, lo in enumerate(range(0, 1200, 256)):
+            hi = min(lo + 256, 1200)
+            p, gr = master.view(-1)[lo:hi], grad.view(-1)[lo:hi]
+            chunks.append(ChunkState(name="w", chunk=k, lo=lo, hi=hi, shape=(40, 30), param=p.clone() if apart else p,
+                                     grad=gr.clone() if apart else gr, state=state if k == 0 else {}))
+        steps = [0] * len(chunks)
+        assert fmt.scratch_bytes(chunks, steps) == (2 * 4 * 1200 if apart else 0)
+        fmt.update(chunks, steps, lr=1e-2, hyper=type("H", (), {"weight_decay": 0.01}), impl={})
+        got = torch.cat([c.param for c in chunks]).view(40, 30)
+        assert torch.equal(got, ref.detach()), apart
+        assert torch.equal(master, ref.detach() if not apart else w0)  # in place only through the view
+        assert torch.equal(state["row_var"], opt.state[ref]["row_var"])
+
+
+def save_wide_mlp(path):
+    """A Llama whose MLP matrices (32 x 4096: 512 KiB in fp32) are each larger than a small host tier's share."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=4096, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0,
+                      eos_token_id=1)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(path))
+
+
+def test_adafactor_gather_is_refused_when_one_matrix_cannot_fit_the_host_tier(tmp_path, trainer_config):
+    """Mixed precision at a host budget whose tier holds AdamW's chunks but not one MLP matrix's master and its joined
+    copy: refused before the first step, naming the setting, the parameter and the shortfall (an update would
+    otherwise fail half-way through a step for lack of room)."""
+    save_wide_mlp(tmp_path / "model")
+    kw = dict(dtype="bfloat16", host_budget="2MiB", optimizer_chunk=4096, store_dir=str(tmp_path / "s1"))
+    with pytest.raises(ValueError, match=r"host_budget: the adafactor optimizer updates each parameter as one "
+                                         r"matrix; 'model\.layers\.\d\.mlp\.\w+_proj\.weight' needs .* by "):
+        Trainer.from_pretrained(tmp_path / "model", config(trainer_config, "adafactor", **kw))
+    with Trainer.from_pretrained(tmp_path / "model", config(trainer_config, "adamw", **kw)) as trainer:
+        trainer.step(batches(1)[0])  # chunked updates fit the same tier
+
+
+def test_adafactor_joined_copies_are_charged_to_the_host_ledger(tmp_path, trainer_config):
+    """Mixed precision: an MLP matrix's master chunks (records of their own) and the copy they are joined into for
+    its update are held at once, and the host ledger's peak shows both."""
+    save_wide_mlp(tmp_path / "model")
+    cfg = config(trainer_config, "adafactor", dtype="bfloat16", host_budget="3MiB", optimizer_chunk=4096)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        assert not trainer.runtime.master_is_compute
+        for ids in batches(2):
+            trainer.step(ids)
+        trainer.synchronize()
+        host = trainer.usage()["host"]
+        assert host["peak"] >= 2 * 4 * 32 * 4096 and host["used"] == 0

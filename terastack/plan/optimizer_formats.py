@@ -11,6 +11,10 @@ layout, the byte ledger, the optimizer and the checkpoint all read; nothing bran
 * :meth:`OptimizerFormat.update`: one update over gathered chunks, equal to the reference implementation;
 * :attr:`OptimizerFormat.whole_tensor`: the update needs every chunk of a parameter at once (statistics over
   the whole matrix); the optimizer then gathers all chunks of a parameter before updating any of them.
+* :meth:`OptimizerFormat.scratch_bytes`: the host memory an update allocates beyond its chunks (pieces joined
+  into one tensor for the library's call), which the optimizer charges to the host ledger while it runs;
+* :meth:`OptimizerFormat.library_state`: a parameter's state as the reference library keeps it
+  (``Trainer.optimizer_state``).
 
 The formats:
 

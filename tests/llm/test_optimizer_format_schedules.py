@@ -1,13 +1,14 @@
 """Each optimizer state format through each way the engine runs a step, with the state on the SSD, equal to its
 reference library bit for bit (and ``Trainer.optimizer_state`` gives the state as the library keeps it):
 global-norm clipping (the deferred schedule, inline and on the optimizer thread), vertical and horizontal
-accumulation, LoRA adapters, and a kill -9 resume."""
+accumulation, LoRA adapters, and a kill -9 resume (between steps, and inside one)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from .llm_helpers import BATCH, SEQ, VOCAB, batches
 from .test_checkpoint import resume_killed, run_killed, uninterrupted_weights
+from .test_checkpoint_follow import STEPS, STREAMED, run_killed_inside
 from .test_optimizer_formats import (config, make_wide_model, reference_optimizer, reference_train,
                                      stored_state)
 from terastack.llm import LoraSpec, Trainer
@@ -234,3 +235,25 @@ def test_adafactor_joined_copies_are_charged_to_the_host_ledger(tmp_path, traine
         trainer.synchronize()
         host = trainer.usage()["host"]
         assert host["peak"] >= 2 * 4 * 32 * 4096 and host["used"] == 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kill_9_inside_a_step_resumes_bit_equal(fmt, tmp_path, trainer_config):
+    """A checkpoint that follows the step (points inside it, each naming the state it updated) with the format's
+    state: killed with SIGKILL after a point inside step 3, the resume finishes step 3 from that point and ends
+    at the library's weights and state."""
+    ref = make_wide_model(tmp_path / "model")
+    cfg = config(trainer_config, fmt, optimizer_chunk=CHUNK, **STREAMED)
+    run_killed_inside(tmp_path, cfg, tmp_path / "model", kill_at="after-point")
+    data = batches(STEPS)
+    with Trainer.load_checkpoint(tmp_path / "ckpt", cfg) as resumed:
+        assert resumed.step_count == 2 and resumed.resumed_point is not None  # inside step 3
+        assert resumed.optimizer.format.name == fmt
+        for ids in data[2:]:
+            resumed.step(ids)
+        opt = reference_optimizer(fmt, list(ref.parameters()))
+        for ids in data:
+            ref(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        assert_equal_to_library(resumed, ref, opt, STEPS)

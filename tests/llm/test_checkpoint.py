@@ -157,16 +157,15 @@ with Trainer.from_pretrained({model!r}, cfg) as t:
 _UNINTERRUPTED: dict = {}
 
 
-def uninterrupted_weights(model_dir, config, *, steps: int = 8, key: str = "llama") -> dict:
-    """The weights after ``steps`` steps without a kill (computed once per ``key``: the models are seeded, so every
-    caller of one key trains the same model with the same config)."""
-    if key not in _UNINTERRUPTED:
+def uninterrupted_weights(model_dir, config) -> dict:
+    """The weights after all 8 steps without a kill (the same for every kill test: the model is seeded)."""
+    if not _UNINTERRUPTED:
         with Trainer.from_pretrained(model_dir, config) as full:
             torch.manual_seed(5)
-            for ids in batches(steps):
+            for ids in batches(8):
                 full.step(ids)
-            _UNINTERRUPTED[key] = full.state_dict()
-    return _UNINTERRUPTED[key]
+            _UNINTERRUPTED.update(full.state_dict())
+    return _UNINTERRUPTED
 
 
 def run_killed(tmp_path, config, model_dir, *, beside: bool, kill_at: str, steps: int = 8,

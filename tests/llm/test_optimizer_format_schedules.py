@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .llm_helpers import BATCH, SEQ, VOCAB, batches
-from .test_checkpoint import resume_killed, run_killed, uninterrupted_weights
+from .test_checkpoint import resume_killed, run_killed
 from .test_checkpoint_follow import STEPS, STREAMED, run_killed_inside
 from .test_optimizer_formats import (config, make_wide_model, reference_optimizer, reference_train,
                                      stored_state)
@@ -154,15 +154,13 @@ def test_kill_9_resumes_bit_equal(fmt, tmp_path, trainer_config):
     """A real process training with the format's state on the SSD, a checkpoint beside the store every two steps,
     killed with SIGKILL after the first: the resume continues in the killed run's store (its 8-bit records and
     block scales, or its factored statistics, as the kill left them committed) to the weights of a run never
-    killed, which are the library's."""
+    killed: the library's own run over the same six batches."""
     ref = make_wide_model(tmp_path / "model")
     cfg = config(trainer_config, fmt, optimizer_chunk=CHUNK)
     run_killed(tmp_path, cfg, tmp_path / "model", beside=True, kill_at="step", steps=6, kill_after=2)
     step, got = resume_killed(tmp_path, cfg, beside=True, steps=6)
     assert step in (2, 4)
-    expected = uninterrupted_weights(tmp_path / "model", cfg, steps=6, key=fmt)
-    assert all(torch.equal(got[k], expected[k]) for k in expected)
-    reference_train(ref, batches(6), fmt)  # ... and those are the library's
+    reference_train(ref, batches(6), fmt)  # the uninterrupted run: the library's, in memory
     assert all(torch.equal(got[k], p.detach()) for k, p in ref.named_parameters())
 
 

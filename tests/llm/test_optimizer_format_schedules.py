@@ -1,6 +1,6 @@
 """Each optimizer state format through each way the engine runs a step, with the state on the SSD, equal to its
 reference library bit for bit (and ``Trainer.optimizer_state`` gives the state as the library keeps it):
-global-norm clipping (the deferred schedule, inline and on the optimizer thread), vertical and horizontal
+global-norm clipping (the deferred schedule, on the optimizer thread), vertical and horizontal
 accumulation, LoRA adapters, and a kill -9 resume (between steps, and inside one)."""
 import pytest
 import torch

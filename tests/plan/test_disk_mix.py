@@ -2,7 +2,6 @@
 time, not the read time plus the write time ([Note: reads and writes at once] in terastack.plan.hardware)."""
 import pytest
 
-from terastack import probe
 from terastack.plan.hardware import Hardware, aggregate_ssd
 from terastack.plan.llm_planner import LLMPlanner
 
@@ -57,8 +56,3 @@ def test_mixed_rates_add_up_over_devices_and_survive_the_cache():
     old = {k: v for k, v in entries[0].items() if "mixed" not in k}
     assert "ssd_mixed_read_bytes_per_s" not in aggregate_ssd([old])
 
-
-def test_the_probe_measures_a_reader_and_a_writer_at_once_on_a_real_file(tmp_path):
-    r = probe.measure_ssd(str(tmp_path), 16 << 20, rand_seconds=0.2)
-    assert r["ssd_mixed_read_bytes_per_s"] > 0 and r["ssd_mixed_write_bytes_per_s"] > 0
-    assert list(tmp_path.iterdir()) == []  # the probe file is removed

@@ -3,7 +3,8 @@
 Measures cores, memory, fp32 matmul FLOP/s, memory copy bandwidth, CPU AdamW
 rate, and on a chosen directory (or on each of several, one per SSD) the SSD's sequential read/write bandwidth,
 4 KiB random-read IOPS (through the storage engine, O_DIRECT, on a file that
-is really written, with its page cache dropped before reading) and how much
+is really written, with its page cache dropped before reading), the read and write rates it gives a
+reader and a writer at once (:func:`measure_mixed`), its free space, and how much
 SSD traffic slows the CPU's compute. With CUDA it
 adds the accelerator's matmul rate and pinned host<->device bandwidth.
 """
@@ -13,6 +14,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -100,10 +102,57 @@ def measure_ssd(directory: str, file_bytes: int, rand_seconds: float = 2.0) -> d
                 f.pread_many(target, offsets, 4096, (np.arange(n) % slots) * 4096).result()
                 done += n
             iops = done / (time.perf_counter() - start)
+        mixed = measure_mixed(engine, path, file_bytes, buf, seconds=rand_seconds)
         return {"ssd_read_bytes_per_s": read_bps, "ssd_write_bytes_per_s": write_bps, "ssd_rand4k_iops": iops,
-                "direct": True, "backend": engine.backend}
+                **mixed, "direct": True, "backend": engine.backend}
     finally:
         os.unlink(path)
+
+
+#: a training step's writes per byte it reads (the 1.1B step: 12.0 GiB written, 15.7 GiB read): the mix the
+#: mixed measurement paces its writes to
+MIXED_WRITE_PER_READ = 0.75
+
+
+def measure_mixed(engine, path: str, file_bytes: int, buf, *, seconds: float = 2.0, depth: int = 4,
+                  write_per_read: float = MIXED_WRITE_PER_READ) -> dict:
+    """The rates a reader and a writer get at once on ``path`` (already written, ``file_bytes`` long): reads of
+    ``buf``'s size stream through the first half, writes through the second, each ``depth`` requests deep, and a
+    write is issued only while the bytes written trail ``write_per_read`` of those read (a step's own mix; a disk
+    that cannot keep up with that many writes gives fewer). [Note: reads and writes at once] in
+    terastack.plan.hardware says how the step model uses them."""
+    chunk = min(len(buf) // 2, max(file_bytes // 8, 4096)) // 4096 * 4096
+    half = file_bytes // 2 // chunk * chunk
+    if half < chunk:
+        return {}
+    rbuf, wbuf = buf[:chunk], buf[chunk:2 * chunk]
+    done = {"read": 0, "write": 0}
+    issued = {"read": 0, "write": 0}
+    pending: list = []
+    with engine.open(path, "r+", direct=True) as f:
+        f.drop_cache()
+
+        def issue(op: str) -> None:
+            off = issued[op] % half
+            fut = f.pread(rbuf, off, chunk) if op == "read" else f.pwrite(wbuf, half + off, chunk)
+            issued[op] += chunk
+            pending.append((op, fut))
+
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            while sum(1 for op, _ in pending if op == "read") < depth:
+                issue("read")
+            while (sum(1 for op, _ in pending if op == "write") < depth
+                   and issued["write"] <= write_per_read * issued["read"]):
+                issue("write")
+            op, fut = pending.pop(0)
+            done[op] += fut.result()
+        elapsed = time.perf_counter() - start
+        for op, fut in pending:  # in flight at the end: finished, not counted
+            fut.result()
+        f.sync()
+        f.drop_cache()
+    return {"ssd_mixed_read_bytes_per_s": done["read"] / elapsed, "ssd_mixed_write_bytes_per_s": done["write"] / elapsed}
 
 
 def split_dirs(directory: str) -> list[str]:
@@ -218,6 +267,9 @@ def measure(directory: str, *, quick: bool = False) -> Hardware:
     fields["probe_dir"] = ",".join(dirs)
     fields["ssd_dirs"] = measure_ssd_dirs(dirs, (256 << 20) if quick else (1 << 30), rand_seconds=2.0 * scale)
     fields.update(aggregate_ssd(fields["ssd_dirs"]))
+    # the store's room: the free space of each distinct file system once
+    free = {os.stat(d).st_dev: shutil.disk_usage(d).free for d in dirs}
+    fields["disk_bytes"] = sum(free.values())
     fields["cpu_io_slowdown_per_gbps"] = measure_io_slowdown(dirs[0], scale)
     fields.update(measure_gpu())
     return Hardware(**fields)
@@ -263,6 +315,9 @@ def run(args: argparse.Namespace) -> int:
          f"{hw.ssd_read_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD seq write", f"{hw.ssd_write_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD 4 KiB random read", f"{hw.ssd_rand4k_iops / 1e3:.0f} k IOPS"),
+        ("SSD read + write at once", f"{hw.ssd_mixed_read_bytes_per_s / 1e9:.2f} + "
+                                     f"{hw.ssd_mixed_write_bytes_per_s / 1e9:.2f} GB/s"),
+        ("free disk", format_bytes(hw.disk_bytes)),
     ]
     if len(hw.ssd_dirs) > 1:
         rows += [(f"  {e['dir']}", f"{e['ssd_read_bytes_per_s'] / 1e9:.2f} GB/s read, "

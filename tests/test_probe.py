@@ -10,6 +10,8 @@ from terastack.plan import PRESETS, Hardware, load_probe, save_probe
 def test_ssd_measurement_on_a_real_file(tmp_path):
     r = probe.measure_ssd(str(tmp_path), 16 << 20, rand_seconds=0.2)
     assert r["ssd_read_bytes_per_s"] > 1e6 and r["ssd_write_bytes_per_s"] > 1e6 and r["ssd_rand4k_iops"] > 100
+    # a reader and a writer at once ([Note: reads and writes at once] in terastack.plan.hardware)
+    assert r["ssd_mixed_read_bytes_per_s"] > 0 and r["ssd_mixed_write_bytes_per_s"] > 0
     assert list(tmp_path.iterdir()) == []  # the probe file is removed
 
 

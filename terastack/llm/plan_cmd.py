@@ -2,8 +2,11 @@
 
 The model is profiled on the meta device (no weights, any size), the hardware is this machine's probe or a
 described one, and the planner answers with a placement, a predicted step time and tokens/s and the
-bottleneck -- or the budget that is short and by how much. Predictions for hardware that was not measured
-are labelled as such. Exit status: 0 with a plan, 3 when the job does not fit (:data:`NO_FIT`), 2 on an error.
+bottleneck -- or the budget that is short and by how much, or that the disk cannot hold the state it puts there.
+With ``--largest``, the largest built-in model each optimizer format fully fine-tunes on the machine, and whether a
+70B LoRA over an NF4 base fits (:mod:`terastack.llm.plan_largest`). Predictions for hardware that was not
+measured are labelled as such. Exit status: 0 with a plan, 3 when the job does not fit (:data:`NO_FIT`), 2 on an
+error.
 """
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ GB = 1e9
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a built-in name (e.g. opt-175b, llama-2-7b), a config.json or "
-                                                  "a Hugging Face model directory")
+    p.add_argument("--model", default=None, help="a built-in name (e.g. opt-175b, llama-2-7b), a config.json or "
+                                                 "a Hugging Face model directory (required unless --largest)")
+    p.add_argument("--largest", action="store_true",
+                   help="instead of one model: the largest built-in model each optimizer format fully fine-tunes "
+                        "on the machine, with its bytes per parameter per step, and a 70B LoRA over an NF4 base")
     p.add_argument("--seq-len", type=int, default=1024,
                    help="tokens per row of a micro-batch: with --batch-size, what the activations and the predicted "
                         "step are sized for (default %(default)s)")
@@ -32,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-mem", default=None, help="host memory, e.g. 256GB")
     p.add_argument("--ssd-bw", default=None, metavar="R/W", help="per-SSD read/write GB/s, e.g. 6.8/4.5")
     p.add_argument("--ssds", type=int, default=None, help="number of SSDs striped together")
+    p.add_argument("--disk", default=None, help="disk space the store may take, e.g. 4TB (default: the preset's, or "
+                                                "the free space the probe saw)")
     p.add_argument("--cpu-adam", type=float, default=None, metavar="MPARAMS", help="CPU AdamW rate, M params/s")
     p.add_argument("--device-budget", default=None, help="default: 90%% of the GPU (without one: a quarter of RAM)")
     p.add_argument("--host-budget", default=None, help="default: 80%% of host memory (half without a GPU)")
@@ -40,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="auto", help="activation policy: auto, keep, host, ssd or recompute")
     p.add_argument("--clip", action="store_true", help="plan for global-norm clipping (deferred updates)")
     p.add_argument("--lora", type=int, default=None, metavar="R", help="plan a LoRA fine-tune of rank R")
+    from terastack.plan.base_formats import BASE_FORMATS
+
+    p.add_argument("--base-format", default=BASE_FORMATS[0], choices=BASE_FORMATS,
+                   help="with --lora: the frozen base rests and streams in the compute dtype or as NF4 (default "
+                        "%(default)s)")
     from terastack.plan.optimizer_names import OPTIMIZER_NAMES
 
     p.add_argument("--optimizer", default=OPTIMIZER_NAMES[0], choices=OPTIMIZER_NAMES,
@@ -95,6 +108,8 @@ def resolve_hardware(args):
         changes["ssds"] = args.ssds
     if args.cpu_adam is not None:
         changes["cpu_adam_params_per_s"] = args.cpu_adam * 1e6
+    if args.disk is not None:
+        changes["disk_bytes"] = parse_bytes(args.disk, field="--disk")
     if not changes:
         return hw
     # the described machine is no longer the one probed (or the preset): its name says what was changed
@@ -106,7 +121,7 @@ def resolve_hardware(args):
 
 
 #: the flags that change the hardware described (each makes the plan a prediction for a hypothetical machine)
-_HARDWARE_FLAGS = ("gpu_mem", "gpu_tflops", "pcie_bw", "host_mem", "ssd_bw", "ssds", "cpu_adam")
+_HARDWARE_FLAGS = ("gpu_mem", "gpu_tflops", "pcie_bw", "host_mem", "ssd_bw", "ssds", "cpu_adam", "disk")
 #: the name ``terastack probe`` gives the machine it measured
 PROBED_NAME = "this machine (probed)"
 
@@ -117,8 +132,12 @@ def plan_model(args, hw):
     from terastack.training.model_registry import resolve_model
     from terastack.llm.trainer_config import LoraSpec
     from terastack.llm.engine.profile import profile_config, unit_times_path
+    from terastack.plan.base_formats import priced_base
     from terastack.plan.llm_planner import LLMPlanner, PlanError
 
+    if args.base_format != "compute" and not args.lora:
+        raise ValueError(f"--base-format {args.base_format}: a base format is for a LoRA fine-tune's frozen base; "
+                         f"give --lora R")
     hf_config, _ = resolve_model(args.model)
     dtype = args.dtype or ("bfloat16" if hw.has_gpu else "float32")
     profile = profile_config(hf_config, batch=args.batch_size, seq_len=args.seq_len,
@@ -126,6 +145,7 @@ def plan_model(args, hw):
                              lora=LoraSpec(r=args.lora, alpha=2 * args.lora) if args.lora else None,
                              calibrate=args.calibrate or args.recalibrate, times_file=unit_times_path(),
                              recalibrate=args.recalibrate)
+    profile = priced_base(profile, args.base_format)
     mem = hw.host_memory_bytes or (64 << 30)
     if hw.has_gpu:
         device_budget = args.device_budget or int(0.9 * hw.gpu_memory_bytes)
@@ -137,9 +157,24 @@ def plan_model(args, hw):
                                            policy=args.policy, optimizer_schedule="deferred" if args.clip else "eager",
                                            optimizer=args.optimizer))
     try:
-        return profile, planner.plan(profile, hw), None
+        plan = planner.plan(profile, hw)
     except PlanError as exc:
         return profile, None, exc
+    short = disk_shortfall(plan, profile, hw)
+    return (profile, plan, None) if short is None else (profile, None, short)
+
+
+def disk_shortfall(plan, profile, hw):
+    """A PlanError naming the disk when what ``plan`` rests on the SSD is more than ``hw.disk_bytes`` (0: not
+    known, not checked), else None."""
+    from terastack.plan.llm_planner import PlanError
+
+    placed = plan.placement_bytes(profile)
+    on_ssd = placed["state_ssd"] + placed.get("compute_ssd", 0)
+    if not hw.disk_bytes or on_ssd <= hw.disk_bytes:
+        return None
+    return PlanError("disk", needed=on_ssd, available=hw.disk_bytes, limit=hw.disk_bytes,
+                     what=f"{profile.model}: the training state the plan rests on the SSD (--disk)")
 
 
 #: exit status when the job does not fit: a script tells it from a plan (0) and from an error in what it asked
@@ -149,6 +184,12 @@ NO_FIT = 3
 
 def run(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args)
+    if args.largest:
+        from terastack.llm.plan_largest import run_largest
+
+        return run_largest(plan_model, args, hw)
+    if not args.model:
+        raise ValueError("--model: which model to plan (or --largest)")
     profile, plan, error = plan_model(args, hw)
     # the training state the store holds: fp32 masters and moments, compute copies and frozen weights -- the
     # same bytes the placement lists (gradients only pass through, so they are not part of it)
@@ -165,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                "prediction": not hw.measured, "fits": plan is not None}
         if plan is not None:
             out["plan"] = plan.summary()
-            out["bytes_per_parameter_per_step"] = bytes_per_parameter(plan, profile)
+            out["bytes_per_parameter_per_step"] = plan.bytes_per_parameter(profile)
             out["placement_bytes"] = plan.placement_bytes(profile)
             out["policies"] = list(plan.policies)
         else:
@@ -183,16 +224,8 @@ def run(args: argparse.Namespace) -> int:
     label = "predicted" if not hw.measured else "predicted on this machine"
     print(f"fits: {label} {p.step_s:.3g} s per step, {p.tokens_per_s:.4g} tokens/s; bottleneck: {p.bottleneck}",
           file=sys.stdout)
-    per = bytes_per_parameter(plan, profile)
+    per = plan.bytes_per_parameter(profile)
     print(f"SSD bytes per parameter per step ({args.optimizer}): {per['read']:.3g} read + {per['written']:.3g} "
           f"written", file=sys.stdout)
     return 0
 
-
-def bytes_per_parameter(plan, profile) -> dict:
-    """The plan's predicted SSD bytes per parameter per step, read and written (the figure that carries over to
-    any hardware: on a GPU the step is these bytes at the disk's rates), and by kind."""
-    n = max(profile.total_params, 1)
-    p = plan.prediction
-    return {"read": p.ssd_read_bytes / n, "written": p.ssd_write_bytes / n,
-            "by_kind": {k: v / n for k, v in (p.bytes_by_kind or {}).items() if v}}

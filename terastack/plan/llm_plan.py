@@ -157,8 +157,16 @@ class LLMPlan:
         for name, home in self.state_home.items():
             out[f"state_{home.value}"] += profile.tensor_numel[name] * 4 + fmt.state_bytes(profile.shape(name))
         for name, home in self.compute_home.items():
-            out[f"compute_{home.value}"] += profile.tensor_numel[name] * profile.compute_bytes
+            out[f"compute_{home.value}"] += profile.weight_nbytes(name)
         return out
+
+    def bytes_per_parameter(self, profile: ModelProfile) -> dict:
+        """The predicted SSD bytes per parameter per step, read and written (the figure that carries over to any
+        hardware: on a GPU the step is these bytes at the disk's rates), and by kind."""
+        n = max(profile.total_params, 1)
+        p = self.prediction
+        return {"read": p.ssd_read_bytes / n, "written": p.ssd_write_bytes / n,
+                "by_kind": {k: v / n for k, v in (p.bytes_by_kind or {}).items() if v}}
 
     def describe(self, profile: ModelProfile) -> str:
         """Human-readable placement, policy ranges and prediction."""

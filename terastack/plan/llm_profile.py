@@ -95,6 +95,14 @@ class ModelProfile:
     #: parameter shapes (an optimizer format's state may depend on them: Adafactor's factored statistics); a
     #: tensor absent here is priced as a vector of its elements
     tensor_shape: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    #: bytes of a weight's compute copy where it is not its elements in the compute dtype: a frozen base resting
+    #: in another format ([Note: pricing an NF4 base] in terastack.plan.base_formats)
+    tensor_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def weight_nbytes(self, name: str) -> int:
+        """Bytes of tensor ``name``'s compute copy as it rests and streams (a frozen weight: the weight itself)."""
+        size = self.tensor_bytes.get(name)
+        return self.tensor_numel[name] * self.compute_bytes if size is None else size
 
     def shape(self, name: str) -> tuple:
         """The shape of parameter ``name`` (a vector of its elements when the profile does not say)."""
@@ -124,7 +132,7 @@ class ModelProfile:
             if self.tensor_trainable[name]:
                 total += n * (STATE_BYTES + (self.compute_bytes if self.mixed_precision else 0))
             else:
-                total += n * self.compute_bytes
+                total += self.weight_nbytes(name)
         return total
 
     def optimizer_state_bytes(self, fmt=None) -> int:

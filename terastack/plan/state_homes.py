@@ -53,10 +53,10 @@ class StateHomes:
         slow answer); otherwise they stream in with the trainable weights. Returns the bytes of the frozen
         weights and of the weights then in flight (``window`` units'), each tensor's ``rounding`` in the device
         tier added, and of those every pass then brings in."""
-        cb, extra = profile.compute_bytes, rounding or dict.fromkeys(profile.tensor_numel, 0)
-        frozen_of = [sum(held_bytes(profile.tensor_numel[t] * cb) for t in dict.fromkeys(u.tensors)
+        extra = rounding or dict.fromkeys(profile.tensor_numel, 0)
+        frozen_of = [sum(held_bytes(profile.weight_nbytes(t)) for t in dict.fromkeys(u.tensors)
                          if not profile.tensor_trainable[t]) for u in profile.units]
-        frozen = sum(held_bytes(n * cb) + extra[t] for t, n in profile.tensor_numel.items()
+        frozen = sum(held_bytes(profile.weight_nbytes(t)) + extra[t] for t in profile.tensor_numel
                      if not profile.tensor_trainable[t])
         streamed = [max(u.weight_bytes - f, 0) for u, f in zip(profile.units, frozen_of)]
         held = [s + sum(extra[t] for t in u.tensors if profile.tensor_trainable[t])
@@ -110,14 +110,13 @@ class StateHomes:
         key = (room, chunk, self._passes, frozen_on_device)
         if key in self._homes_cache:
             return self._homes_cache[key]
-        cb = profile.compute_bytes
         mixed = profile.mixed_precision
         micro = self._passes  # compute weights are read in forward and backward of every pass
         # (SSD bytes per step per byte held, kind, name, bytes held, {byte-ledger kind: (read, written)}); bytes as
         # the store moves them (records padded for direct I/O), so the prediction and the ledger count alike
         items = []
         for name, n in profile.tensor_numel.items():
-            low = held_bytes(n * cb)
+            low = held_bytes(profile.weight_nbytes(name))
             weights = {"weights_forward": (micro * low, 0), "weights_backward": (micro * low, 0)}
             if profile.tensor_trainable[name]:
                 moments = self.format.held_bytes(profile.shape(name), chunk)  # the format's state

@@ -11,7 +11,9 @@ A training step moves through four pipelines that overlap each other:
   out and back;
 * the SSD: state read (weights, fp32 masters, AdamW moments) and written
   (masters, moments, low-precision copies), activations swapped to SSD;
-  reads and writes share the drives, so their times add;
+  reads and writes share the drives: their time is what the probe measured
+  the disk to give both at once (``Hardware.ssd_seconds``, [Note: reads and
+  writes at once] in terastack.plan.hardware), or their sum where it did not;
 * the CPU optimizer: AdamW over every trainable parameter.
 
 With an accelerator the pipelines run on different hardware and the step takes
@@ -99,8 +101,7 @@ class StepTimeModel:
         by_kind["activations_read"] += split.ssd_acts * micro
         by_kind["activations_written"] += split.ssd_acts * micro
         read_bw = hw.ssd_read_total or 1e9
-        write_bw = hw.ssd_write_total or 1e9
-        ssd = read / read_bw + write / write_bw
+        ssd = hw.ssd_seconds(read, write)
         link_bytes = 0
         link = host_copy = 0.0
         # weights that come in for every forward and backward (not those resting on the device)
@@ -119,13 +120,13 @@ class StepTimeModel:
         first = profile.units[0]
         per_param = 4 + profile.optimizer_state_bytes(self.format) / max(profile.trainable_params, 1)  # AdamW: 12
         first_state = first.trainable * (per_param + (cb if mixed else 0))
-        first_io = (first_state / read_bw + first_state / write_bw
+        first_io = (hw.ssd_seconds(first_state, first_state)
                     if any(homes.state_home.get(t) is Tier.SSD for t in first.tensors) else 0.0)
         state_ssd = homes.ssd_state_bytes
         exposed = self.schedule.exposed_s(Exposure(
             optimizer_apart_s=optimizer if gpu else 0.0,
             first_update_apart_s=first.trainable / adam_rate if gpu else 0.0, first_state_io_s=first_io,
-            forward_s=fwd, state_io_s=state_ssd / read_bw + state_ssd / write_bw))
+            forward_s=fwd, state_io_s=hw.ssd_seconds(state_ssd, state_ssd)))
         if depth == 0:
             # no prefetch: every unit's weights arrive while compute waits
             exposed += weights * 2 * micro / read_bw

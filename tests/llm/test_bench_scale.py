@@ -121,3 +121,34 @@ def test_children_that_die_of_memory_do_not_fit(code, fits, says, tmp_path):
 def test_unknown_rung_is_refused(capsys):
     with pytest.raises(ValueError, match="--sizes: unknown rung '7q'"):
         bench_scale.resolve_sizes("0.15b,7q")
+
+
+def test_one_terastack_row_per_optimizer_format_with_its_bytes_and_the_plans(tmp_path, capsys, hardware_file):
+    """--optimizer adamw,adamw8bit: a terastack row per format, each with its bytes per parameter per step by kind
+    (the byte ledger's) beside the planner's, and the disk pre-flight sized from the format's spec."""
+    pytest.importorskip("bitsandbytes")
+    r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack", "--optimizer", "adamw,adamw8bit",
+                  "--state-placement", "ssd", "--steps", "1", "--warmup", "1", "--seq-len", "16", "--dir", str(tmp_path),
+                  "--hardware", hardware_file)
+    rows = {row["optimizer"]: row for row in r["rows"]}
+    assert set(rows) == {"adamw", "adamw8bit"} and r["optimizers"] == ["adamw", "adamw8bit"]
+    for fmt, row in rows.items():
+        assert row["fits"] is True and row["system"] == "terastack" and row["plan"]["optimizer"] == fmt
+        got, planned = row["bytes_per_parameter_per_step"], row["predicted_bytes_per_parameter_per_step"]
+        assert got["read"] == pytest.approx(row["bytes_by_kind_per_step"] and sum(
+            v for k, v in row["bytes_by_kind_per_step"].items() if k.endswith("_read")) / row["params"])
+        assert got["by_kind"]["moments_read"] > 0 and planned["by_kind"]["moments_read"] > 0
+    eight, full = rows["adamw8bit"]["bytes_per_parameter_per_step"], rows["adamw"]["bytes_per_parameter_per_step"]
+    # one byte per moment and a scale per 256 against four bytes per moment
+    assert eight["by_kind"]["moments_read"] < 0.4 * full["by_kind"]["moments_read"]
+    assert r["tiny_terastack_adamw8bit_bytes_vs_adamw"] < 1
+    assert r["max_params_terastack"] == r["max_params_terastack_adamw8bit"] == rows["adamw"]["params"]
+    assert bench_scale.state_bytes_per_param("tiny-llama", "adamw") == pytest.approx(12)
+    assert bench_scale.state_bytes_per_param("tiny-llama", "adamw8bit") < 7
+    assert leftovers(tmp_path) == []
+
+
+def test_an_unknown_optimizer_format_is_refused(tmp_path, capsys):
+    assert main(["bench", "llm-scale", "--sizes", "tiny", "--systems", "terastack", "--optimizer", "adamw,lion",
+                 "--dir", str(tmp_path)]) == 2
+    assert "--optimizer: must be one of" in capsys.readouterr().err

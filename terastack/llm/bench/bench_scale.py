@@ -4,7 +4,9 @@ A ladder of Llama models (default 0.15B, 0.55B, 1.1B and 3.4B parameters: ``llam
 ``llama-1.1b`` with TinyLlama's shape, ``openllama-3b`` with OpenLLaMA-3B's) is trained at seq 256, batch 1 by
 
 * ``terastack``: the offloading trainer under one memory budget (default 4 GiB, ``--budget``), its state on
-  the SSD; the planner's predicted step time is reported beside the measured one;
+  the SSD, one row per optimizer state format (``--optimizer adamw,adamw8bit,adafactor``); the planner's
+  predicted step time and bytes per parameter per step by kind are reported beside the measured ones (the byte
+  ledger's: [Note: the byte ledger] in terastack.llm.engine.byte_ledger);
 * ``zero_infinity``: DeepSpeed ZeRO-3 with parameters and optimizer state offloaded to NVMe;
 * ``in_memory``: the unmodified model and ``torch.optim.AdamW`` in RAM.
 
@@ -17,8 +19,8 @@ dies by SIGKILL it was not sent (the OOM killer), or that fails with an out-of-m
 either. A system that does not fit at one size is not tried at larger ones. Peak RSS is the whole process's,
 children included: the larger of the watchdog's samples and the kernel's high-water mark the child reports.
 
-Before each run, the state the system keeps on the disk (:data:`STATE_BYTES_PER_PARAM`, with a margin) must
-fit on the free disk of ``--dir``; otherwise it is refused, naming both numbers. Every
+Before each run, the state the system keeps on the disk (:data:`STATE_BYTES_PER_PARAM`; terastack's from its
+optimizer format's spec, :func:`state_bytes_per_param`; with a margin) must fit on the free disk of ``--dir``; otherwise it is refused, naming both numbers. Every
 file a rung writes is deleted after it.
 """
 from __future__ import annotations
@@ -51,7 +53,8 @@ DEFAULT_SIZES = "0.15b,0.55b,1.1b,3b"
 QUICK_SIZES = "0.15b"
 SYSTEMS = ("terastack", "zero_infinity", "in_memory")
 #: bytes of training state per parameter each system keeps on the disk: terastack's fp32 weights (they are
-#: the masters in fp32 training) and two AdamW moments -- gradients live one unit at a time in memory;
+#: the masters in fp32 training) and two AdamW moments (another format: :func:`state_bytes_per_param`) --
+#: gradients live one unit at a time in memory;
 #: ZeRO-Infinity's swapped parameters, fp32 master, two moments and gradients (16 bytes, the usual figure);
 #: in-memory training none
 STATE_BYTES_PER_PARAM = {"terastack": 12, "zero_infinity": 16, "in_memory": 0}
@@ -77,7 +80,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated rungs, smallest first: {', '.join(SIZES)} or any built-in model name "
                         f"(default {DEFAULT_SIZES})")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    p.add_argument("--optimizer", default="adamw",
+                   help="terastack's optimizer state formats, comma-separated (adamw, adamw8bit, adafactor): one "
+                        "terastack row per format (default adamw; the other systems run AdamW)")
     p.add_argument("--budget", default="4GiB", help="terastack's memory budget (default 4GiB)")
+    p.add_argument("--state-placement", default="auto", choices=("auto", "ssd"),
+                   help="terastack's training state: where the plan puts it (auto), or all of it on the SSD (ssd: "
+                        "a small model's bytes per parameter as a large one's)")
     p.add_argument("--rss-limit", default=None,
                    help="kill a system whose resident memory passes this (default min(0.8 x RAM, 20GiB))")
     p.add_argument("--dir", default=None, help="directory on the SSD for stores and ZeRO-Infinity's swap files")
@@ -178,14 +187,29 @@ def parameter_count(model: str) -> int:
     return sum(p.numel() for p in build_skeleton(hf_config(model)).parameters())  # meta: no memory
 
 
-def disk_needed(params: int, system: str) -> int:
-    per_param = STATE_BYTES_PER_PARAM[system]
+def state_bytes_per_param(model: str, optimizer: str) -> float:
+    """Bytes of terastack's fp32 training state per parameter of ``model`` with optimizer format ``optimizer``:
+    the master and the format's state over the model's own shapes (AdamW: 12)."""
+    from terastack.plan.optimizer_formats import optimizer_format
+    from terastack.training.model_registry import hf_config
+    from terastack.training.hf.model_files import build_skeleton
+
+    fmt = optimizer_format(optimizer)
+    params = list(build_skeleton(hf_config(model)).parameters())  # meta: no memory
+    numel = sum(p.numel() for p in params)
+    return (4 * numel + sum(fmt.state_bytes(tuple(p.shape)) for p in params)) / max(numel, 1)
+
+
+def disk_needed(params: int, system: str, per_param: float | None = None) -> int:
+    """Bytes ``system`` needs on the disk for ``params`` parameters (``per_param``: its state's bytes per
+    parameter when not :data:`STATE_BYTES_PER_PARAM`'s)."""
+    per_param = STATE_BYTES_PER_PARAM[system] if per_param is None else per_param
     return int(params * per_param * (1 + DISK_MARGIN)) + DISK_SLACK if per_param else 0
 
 
-def disk_refusal(params: int, system: str, free: int, directory: str) -> str | None:
+def disk_refusal(params: int, system: str, free: int, directory: str, per_param: float | None = None) -> str | None:
     """Why ``system`` cannot train ``params`` parameters on ``free`` bytes of disk, or None."""
-    need = disk_needed(params, system)
+    need = disk_needed(params, system, per_param)
     if need <= free:
         return None
     return (f"refused: its state needs {need} bytes ({format_bytes(need)}) on {directory}, which has {free} bytes "
@@ -198,7 +222,8 @@ def default_rss_limit() -> int:
 
 
 def _row(label: str, model: str, system: str, params: int, **fields) -> dict:
-    row = {"size": label, "model": model, "system": system, "params": params, "fits": None, "step_s": None,
+    row = {"size": label, "model": model, "system": system, "optimizer": "adamw", "params": params, "fits": None,
+           "step_s": None,
            "tokens_per_s": None, "peak_rss_bytes": None, "ssd_read_bytes_per_step": None,
            "ssd_write_bytes_per_step": None, "predicted_step_s": None, "prediction_error": None, "reason": None}
     row.update(fields)
@@ -206,7 +231,7 @@ def _row(label: str, model: str, system: str, params: int, **fields) -> dict:
 
 
 def _run_system(system: str, model: str, params: int, args, workdir: Path, probe: Path, budget: int,
-                rss_limit: int) -> dict:
+                rss_limit: int, optimizer: str = "adamw") -> dict:
     out = workdir / f"{system}.json"
     cmd = [sys.executable, "-m", "terastack.llm.bench.bench_worker", "--system", system, "--model", model,
            "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
@@ -214,14 +239,16 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
            "--out", str(out)]
     env = None
     if system == "terastack":
-        cmd += ["--process-memory-budget", str(budget), "--hardware", str(probe)]
+        cmd += ["--process-memory-budget", str(budget), "--hardware", str(probe), "--optimizer", optimizer,
+                "--state-placement", args.state_placement]
         env = dict(MEMORY_BUDGET_ENV)  # [Note: a memory budget bounds resident memory] (terastack.memory)
     outcome = run_watched(cmd, rss_limit=rss_limit, timeout=args.timeout, env=env, log=workdir / f"{system}.log")
     fits, reason = classify(outcome, rss_limit)
     result = json.loads(out.read_text()) if fits and out.exists() else {}
     if fits and not result:
         fits, reason = None, "the worker wrote no result"
-    row = _row("", model, system, params, fits=fits, reason=reason, peak_rss_bytes=outcome.peak_rss_bytes)
+    row = _row("", model, system, params, fits=fits, reason=reason, peak_rss_bytes=outcome.peak_rss_bytes,
+               optimizer=optimizer)
     if not result:
         return row
     measured = result["planned"] if system == "terastack" else result
@@ -239,15 +266,26 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
                    compute_s=measured.get("compute_s"), stall_s=measured.get("stall_s"),
                    disk_busy_share=measured.get("disk_busy_share"), plan=measured.get("plan"),
                    bytes_by_kind_per_step=measured.get("bytes_by_kind_per_step"))
-        predicted = (measured.get("plan") or {}).get("predicted_bytes_by_kind") or {}
+        predicted = measured.get("predicted_bytes_by_kind") or {}
         kinds = row["bytes_by_kind_per_step"] or {}
         moved = sum(kinds.values())
+        row["bytes_per_parameter_per_step"] = per_parameter(kinds, params) if kinds else None
+        row["predicted_bytes_per_parameter_per_step"] = per_parameter(predicted, params) if predicted else None
         if predicted and moved:
             # the planner's bytes against the ledger's, all kinds together ([Note: the byte ledger])
             row["bytes_prediction_error"] = sum(predicted.values()) / moved - 1
     elif system == "zero_infinity":
         row["deepspeed"] = result.get("deepspeed")
     return row
+
+
+def per_parameter(by_kind: dict, params: int) -> dict:
+    """Bytes per parameter per step of a step's bytes by kind (``<kind>_read`` / ``<kind>_written``): read,
+    written, and each kind that moved any."""
+    n = max(params, 1)
+    return {"read": sum(v for k, v in by_kind.items() if k.endswith("_read")) / n,
+            "written": sum(v for k, v in by_kind.items() if k.endswith("_written")) / n,
+            "by_kind": {k: v / n for k, v in by_kind.items() if v}}
 
 
 def _hardware(args, base: Path):
@@ -272,6 +310,7 @@ def measure(args: argparse.Namespace) -> dict:
         args.sizes = args.sizes or QUICK_SIZES
         args.steps = min(args.steps, 1)
     rungs = resolve_sizes(args.sizes or DEFAULT_SIZES)
+    optimizers = resolve_optimizers(args.optimizer)
     budget = parse_bytes(args.budget, field="--budget")
     rss_limit = parse_bytes(args.rss_limit, field="--rss-limit") if args.rss_limit else default_rss_limit()
     if args.grad_accum < 1:
@@ -284,36 +323,61 @@ def measure(args: argparse.Namespace) -> dict:
     result: dict = {"sizes": [label for label, _ in rungs], "systems": systems, "memory_budget_bytes": budget,
                     "rss_limit_bytes": rss_limit, "seq_len": args.seq_len, "batch_size": args.batch_size,
                     "steps": args.steps, "warmup": args.warmup, "grad_accum": args.grad_accum, "dir": str(base),
-                    "rows": []}
+                    "optimizers": optimizers, "rows": []}
     stopped: dict[str, str] = {}
     if "zero_infinity" in systems and (why := deepspeed_missing()):
         stopped["zero_infinity"] = f"not run: {why}"
+    entries = [(s, o) for s in systems for o in (optimizers if s == "terastack" else ("adamw",))]
     for label, model in rungs:
         params = parameter_count(model)
-        for system in systems:
-            refusal = disk_refusal(params, system, shutil.disk_usage(base).free, str(base))
-            if refusal or system in stopped:
-                result["rows"].append(_row(label, model, system, params, reason=refusal or stopped[system]))
+        for system, optimizer in entries:
+            entry = entry_name(system, optimizer)
+            per_param = state_bytes_per_param(model, optimizer) if system == "terastack" else None
+            refusal = disk_refusal(params, system, shutil.disk_usage(base).free, str(base), per_param)
+            if refusal or entry in stopped or system in stopped:
+                result["rows"].append(_row(label, model, system, params, optimizer=optimizer,
+                                           reason=refusal or stopped.get(entry) or stopped[system]))
                 continue
             workdir = Path(tempfile.mkdtemp(prefix=f"terastack-scale-{label}-", dir=base))
             try:
                 probe = save_probe(hw, workdir / "probe.json") if hw is not None else None
-                print(f"bench llm-scale: {label} ({params / 1e9:.2f}B) {system} ...", file=sys.stderr, flush=True)
-                with trace.span(f"{label} {system}", track="bench"):
-                    row = _run_system(system, model, params, args, workdir, probe, budget, rss_limit)
+                print(f"bench llm-scale: {label} ({params / 1e9:.2f}B) {entry} ...", file=sys.stderr, flush=True)
+                with trace.span(f"{label} {entry}", track="bench"):
+                    row = _run_system(system, model, params, args, workdir, probe, budget, rss_limit, optimizer)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             row["size"] = label
             if hw is not None and row.get("ssd_read_bytes_per_step") is not None:
-                # the step's own bytes at the probe's rates: no schedule moves them faster
-                row["io_floor_s"] = (row["ssd_read_bytes_per_step"] / (hw.ssd_read_total or 1e9)
-                                     + row["ssd_write_bytes_per_step"] / (hw.ssd_write_total or 1e9))
+                # the step's own bytes at the probe's rates (reads and writes at once where it measured both): no
+                # schedule moves them faster
+                row["io_floor_s"] = hw.ssd_seconds(row["ssd_read_bytes_per_step"], row["ssd_write_bytes_per_step"])
             result["rows"].append(row)
             print(f"  {_describe(row)}", file=sys.stderr, flush=True)
             if row["fits"] is not True:
-                stopped[system] = f"not tried: {system} did not run at {label} ({row['reason']})"
+                stopped[entry] = f"not tried: {entry} did not run at {label} ({row['reason']})"
     _summarize(result)
     return result
+
+
+def resolve_optimizers(spec: str) -> list[str]:
+    """The optimizer state formats of an ``--optimizer`` value (each checked against the registered specs)."""
+    from terastack.plan.optimizer_formats import optimizer_format
+
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise ValueError("--optimizer: no optimizer state format given")
+    for name in names:
+        try:
+            optimizer_format(name)
+        except ValueError as exc:
+            raise ValueError(f"--{exc}") from None
+    return list(dict.fromkeys(names))
+
+
+def entry_name(system: str, optimizer: str) -> str:
+    """A row's system as its ratios and headline name it: terastack with a format other than AdamW is
+    ``terastack_<format>``."""
+    return system if optimizer == "adamw" else f"{system}_{optimizer}"
 
 
 def _describe(row: dict) -> str:
@@ -328,6 +392,11 @@ def _describe(row: dict) -> str:
                  f"{row.get('io_floor_s') or 0:.2f} s")
     if row.get("prediction_error") is not None:
         text += f"; predicted {row['predicted_step_s']:.2f} s ({100 * row['prediction_error']:+.0f}%)"
+    if row.get("bytes_per_parameter_per_step"):
+        b, p = row["bytes_per_parameter_per_step"], row.get("predicted_bytes_per_parameter_per_step") or {}
+        text += f"; {b['read']:.3g} + {b['written']:.3g} bytes per parameter read + written"
+        if p:
+            text += f" (planned {p['read']:.3g} + {p['written']:.3g})"
     if row.get("bytes_prediction_error") is not None:
         text += f", its bytes {100 * row['bytes_prediction_error']:+.1f}%"
     return text
@@ -338,22 +407,34 @@ def _summarize(result: dict) -> None:
     for system in SYSTEMS:
         fit = [r["params"] for r in rows if r["system"] == system and r["fits"]]
         result[f"max_params_{system}"] = max(fit) if fit else None
+    for optimizer in result.get("optimizers", ()):
+        if optimizer != "adamw":
+            fit = [r["params"] for r in rows if r["system"] == "terastack" and r["optimizer"] == optimizer
+                   and r["fits"]]
+            result[f"max_params_terastack_{optimizer}"] = max(fit) if fit else None
     ratios = {}
     for label in result["sizes"]:
-        by = {r["system"]: r for r in rows if r["size"] == label and r["fits"]}
+        by = {entry_name(r["system"], r["optimizer"]): r for r in rows if r["size"] == label and r["fits"]}
+        base = (by.get("terastack") or {}).get("bytes_per_parameter_per_step")
+        for system, ts in by.items():
+            mine = ts.get("bytes_per_parameter_per_step")
+            if base and mine and system.startswith("terastack_") and base["read"] + base["written"] > 0:
+                # a format's bytes against AdamW's, read and written together
+                ratios[f"{label}_{system}_bytes_vs_adamw"] = ((mine["read"] + mine["written"])
+                                                              / (base["read"] + base["written"]))
         ref = by.get("in_memory")
         if ref is None:
             continue
-        for system in ("terastack", "zero_infinity"):
-            if system in by:
+        for system in by:
+            if system != "in_memory":
                 ratios[f"{label}_{system}_step_vs_in_memory"] = by[system]["step_s"] / ref["step_s"]
                 ratios[f"{label}_{system}_rss_vs_in_memory"] = by[system]["peak_rss_bytes"] / ref["peak_rss_bytes"]
                 ratios[f"{label}_{system}_tokens_per_s_vs_in_memory"] = (by[system]["tokens_per_s"]
                                                                        / ref["tokens_per_s"])
-        ts = by.get("terastack")
-        if ts is not None and ts.get("io_floor_s") is not None:
-            # the floor: no schedule beats the slower of in-memory compute and the step's own bytes on the disk
-            ts["floor_s"] = max(ref["step_s"], ts["io_floor_s"])
-            ratios[f"{label}_terastack_step_vs_floor"] = ts["step_s"] / ts["floor_s"]
+        for system, ts in by.items():
+            if ts["system"] == "terastack" and ts.get("io_floor_s") is not None:
+                # the floor: no schedule beats the slower of in-memory compute and the step's own bytes on the disk
+                ts["floor_s"] = max(ref["step_s"], ts["io_floor_s"])
+                ratios[f"{label}_{system}_step_vs_floor"] = ts["step_s"] / ts["floor_s"]
     result["ratios_vs_in_memory"] = ratios
     result.update(ratios)  # printed as scalar lines

@@ -199,7 +199,8 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
     fields = dict(store_dir=args.dir, **budgets, lr=args.lr, grad_accum=args.grad_accum,
                   batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
                   activation_policy=args.activation_policy, state_placement=args.state_placement,
-                  optimizer_impl=args.optimizer_impl, calibrate=True, hardware=args.hardware)
+                  optimizer_impl=args.optimizer_impl, calibrate=True, hardware=args.hardware,
+                  optimizer=args.optimizer)
     fields.update(overrides)
     t0 = time.perf_counter()
     with Trainer.from_config(hf_config, TrainerConfig(**fields), name=args.model) as trainer:
@@ -227,6 +228,7 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
         out.update({"setup_s": setup, "predicted_step_s": trainer.plan.prediction.step_s,
                     "policies": list(trainer.plan.policies),
                     "plan": trainer.plan.summary(), "usage": trainer.usage(),
+                    "predicted_bytes_by_kind": dict(trainer.plan.prediction.bytes_by_kind or {}),
                     "store_read_bytes_per_step": statistics.mean(h.ssd_read_bytes for h in hist),
                     "store_write_bytes_per_step": statistics.mean(h.ssd_write_bytes for h in hist),
                     "bytes_by_kind_per_step": {k: statistics.mean(h.bytes_by_kind.get(k, 0) for h in hist)
@@ -323,6 +325,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="planned", help=f"terastack variants, comma-separated: {', '.join(VARIANTS)}")
     p.add_argument("--state-placement", default="auto")
     p.add_argument("--optimizer-impl", default="auto")
+    p.add_argument("--optimizer", default="adamw", help="terastack's optimizer state format")
     p.add_argument("--trace", default=None)
     p.add_argument("--hardware", default=None, help="probe JSON the planner predicts from")
     p.add_argument("--out", required=True)

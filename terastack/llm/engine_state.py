@@ -24,7 +24,7 @@ import torch
 
 from pathlib import Path
 
-from terastack.llm.engine.store_layout import records_for
+from terastack.llm.engine.store_layout import compute_spec, records_for
 from terastack.llm.machine import resolve_device, resolve_dtype
 from terastack.tiers import Tier
 from terastack.tiers.layout import data_file_name, manifest_versions
@@ -71,8 +71,9 @@ class EngineState:
     def _layout(self, name: str, part: str) -> tuple[tuple, torch.dtype]:
         """Shape and dtype of part ``part`` of parameter ``name`` as a checkpoint holds it."""
         info = self.tensors[name]
-        if part == "weight":
-            return tuple(info.shape), self.rt.compute_dtype
+        if part == "weight":  # the compute record as it rests (a frozen NF4 weight: its bytes)
+            spec = compute_spec(self.rt, name)
+            return spec.shape, spec.dtype
         for spec in self.rt.state_parts(name):
             if spec.key == part:
                 return spec.shape(info.shape), spec.dtype

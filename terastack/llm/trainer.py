@@ -28,6 +28,7 @@ from terastack.llm.trainer_config import TrainerConfig
 from terastack.training.job_runner import default_lr
 from terastack.llm.machine import discover_hardware, make_plan, resolve_device, resolve_dtype, store_settings
 from terastack.training.hf.keys import CheckpointKeys
+from terastack.training.hf import nf4
 from terastack.llm.model import TESTED_FAMILIES, find_units
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
 from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
@@ -73,6 +74,8 @@ class Trainer(TrainerCheckpoints):
         self.inline_updates = (self.device.type != "cuda" if config.inline_updates is None
                                else bool(config.inline_updates))
         self.units, self.tensors = find_units(model)
+        if lora is not None:
+            lora.mark_base(self.tensors)  # the frozen weights that rest as NF4 (lora.base_format)
         self.family = getattr(hf_config, "model_type", "?")
         # checkpoint keys -> parameters, decided on the unmodified skeleton ([Note: checkpoint keys]); with LoRA
         # the caller decides them on a skeleton peft did not wrap
@@ -193,6 +196,8 @@ class Trainer(TrainerCheckpoints):
         config = config or TrainerConfig()
         hf_config = load_hf_config(path) if hf_config is None else hf_config
         reader = CheckpointReader(path)
+        if nf4.quantized_format(path) is not None:
+            reader = nf4.DequantizingReader(reader)  # 4-bit weights read dequantized, one at a time
         dtype = resolve_dtype(config.dtype, resolve_device(config.device))
         model = build_skeleton(hf_config, dtype=dtype)
         keys = CheckpointKeys(model, reader.keys())
@@ -398,7 +403,7 @@ class Trainer(TrainerCheckpoints):
         if info.trainable:
             parts = [rt.read_record(r).reshape(-1) for r in rt.master_records(name)]
             return torch.cat(parts).view(info.shape) if len(parts) > 1 else parts[0].view(info.shape)
-        return rt.read_record(records.compute(name)).to(torch.float32)
+        return rt.compute_weight(name, rt.read_record(records.compute(name))).to(torch.float32)
 
     def named_parameters(self):
         """(name, fp32 copy) for every parameter, one at a time."""

@@ -95,6 +95,14 @@ class ModelProfile:
     #: parameter shapes (an optimizer format's state may depend on them: Adafactor's factored statistics); a
     #: tensor absent here is priced as a vector of its elements
     tensor_shape: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    #: bytes at rest of the frozen tensors that rest in another format than the compute dtype (a LoRA base in NF4:
+    #: about 0.56 bytes a parameter); a frozen tensor absent here rests in the compute dtype
+    frozen_rest: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def frozen_bytes(self, name: str) -> int:
+        """Bytes of frozen tensor ``name`` as it rests on the store and streams from it."""
+        rest = self.frozen_rest.get(name)
+        return self.tensor_numel[name] * self.compute_bytes if rest is None else rest
 
     def shape(self, name: str) -> tuple:
         """The shape of parameter ``name`` (a vector of its elements when the profile does not say)."""
@@ -124,7 +132,7 @@ class ModelProfile:
             if self.tensor_trainable[name]:
                 total += n * (STATE_BYTES + (self.compute_bytes if self.mixed_precision else 0))
             else:
-                total += n * self.compute_bytes
+                total += self.frozen_bytes(name)
         return total
 
     def optimizer_state_bytes(self, fmt=None) -> int:

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="auto", help="activation policy: auto, keep, host, ssd or recompute")
     p.add_argument("--clip", action="store_true", help="plan for global-norm clipping (deferred updates)")
     p.add_argument("--lora", type=int, default=None, metavar="R", help="plan a LoRA fine-tune of rank R")
+    p.add_argument("--base-format", default="native", choices=("native", "nf4"),
+                   help="with --lora: the frozen base resting and streaming as NF4 (bitsandbytes' 4 bits, about "
+                        "0.56 bytes a parameter) or in the compute dtype (default native)")
     from terastack.plan.optimizer_names import OPTIMIZER_NAMES
 
     p.add_argument("--optimizer", default=OPTIMIZER_NAMES[0], choices=OPTIMIZER_NAMES,
@@ -123,7 +126,8 @@ def plan_model(args, hw):
     dtype = args.dtype or ("bfloat16" if hw.has_gpu else "float32")
     profile = profile_config(hf_config, batch=args.batch_size, seq_len=args.seq_len,
                              dtype=to_dtype(dtype, allowed=COMPUTE_DTYPES), name=args.model,
-                             lora=LoraSpec(r=args.lora, alpha=2 * args.lora) if args.lora else None,
+                             lora=(LoraSpec(r=args.lora, alpha=2 * args.lora, base_format=args.base_format)
+                                   if args.lora else None),
                              calibrate=args.calibrate or args.recalibrate, times_file=unit_times_path(),
                              recalibrate=args.recalibrate)
     mem = hw.host_memory_bytes or (64 << 30)
@@ -148,6 +152,8 @@ NO_FIT = 3
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.base_format == "nf4" and not args.lora:
+        raise ValueError("--base-format: nf4 streams a frozen LoRA base; give --lora R")
     hw = resolve_hardware(args)
     profile, plan, error = plan_model(args, hw)
     # the training state the store holds: fp32 masters and moments, compute copies and frozen weights -- the

@@ -104,6 +104,13 @@ class ModelProfile:
         rest = self.frozen_rest.get(name)
         return self.tensor_numel[name] * self.compute_bytes if rest is None else rest
 
+    def moved_weight_bytes(self, unit: "UnitProfile") -> int:
+        """Bytes of ``unit``'s weights as they travel to where it computes (an NF4 base's as its NF4 bytes; the
+        unit dequantizes them there)."""
+        saved = sum(held_bytes(self.tensor_numel[t] * self.compute_bytes) - held_bytes(self.frozen_rest[t])
+                    for t in dict.fromkeys(unit.tensors) if t in self.frozen_rest)
+        return unit.weight_bytes - saved
+
     def shape(self, name: str) -> tuple:
         """The shape of parameter ``name`` (a vector of its elements when the profile does not say)."""
         return tuple(self.tensor_shape.get(name) or (self.tensor_numel[name],))

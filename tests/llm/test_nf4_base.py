@@ -101,6 +101,10 @@ def test_nf4_base_trains_like_peft_over_the_dequantized_base(tmp_path, trainer_c
     t, losses = _train_nf4(tmp_path, tmp_path / "base", trainer_config, data, tmp_path / "adapter0")
     with t:
         _check_equal(t, ref, losses, ref_losses)
+        t.synchronize()
+        got, planned = t.history[-1].bytes_by_kind, t.plan.prediction.bytes_by_kind
+        for key in ("weights_forward_read", "weights_backward_read"):  # the base's reads, as its NF4 bytes
+            assert got[key] == pytest.approx(planned[key], rel=0.06), key
     # the check can fail: training on the unquantized base ends far outside the tolerance
     assert max(abs(a - b) / abs(b) for a, b in zip(plain_losses, ref_losses)) > 100 * RTOL
     adapters = [(p, q) for (n, p), (_, q) in zip(ref.named_parameters(), plain.named_parameters()) if "lora_" in n]
@@ -171,6 +175,24 @@ def test_merge_of_an_nf4_adapter_is_peft_merge_over_the_dequantized_base(tmp_pat
         torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key)
     native = load_file(str(tmp_path / "base" / "model.safetensors"))
     assert not torch.equal(merged["model.layers.0.mlp.up_proj.weight"], native["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_nf4_base_checkpoint_resumes_bit_equal(tmp_path, trainer_config):
+    make_model("llama", tmp_path / "base")
+    data = batches(3)
+    cfg = trainer_config(lora=LoraSpec(r=2, alpha=4, base_format="nf4"), **BUDGETS)
+    with Trainer.from_pretrained(tmp_path / "base", cfg) as t:
+        names = list(t.tensors)
+        t.step(data[0])
+        t.save_checkpoint(tmp_path / "ckpt")
+        for ids in data[1:]:
+            t.step(ids)
+        expected = {n: t.parameter(n) for n in names}
+    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**BUDGETS)) as r:
+        assert r.lora.base_format == "nf4" and sum(i.nf4 for i in r.tensors.values()) == 28
+        for ids in data[1:]:
+            r.step(ids)
+        assert all(torch.equal(r.parameter(n), expected[n]) for n in names)
 
 
 def test_quantization_at_import_holds_one_tensor_at_a_time(tmp_path, trainer_config, monkeypatch):

@@ -80,7 +80,8 @@ class EngineState:
         return tuple(info.shape), torch.float32  # the master
 
     def state_dict(self) -> dict:
-        lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path}
+        lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path,
+                                               "keep_native": sorted(self.lora.keep_native)}
         out = {"name": self.name, "model_type": getattr(self.hf_config, "model_type", "?"),
                "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora,
                "optimizer": self.rt.format.name}
@@ -273,6 +274,7 @@ def rebuild_model(snapshot: manager.Snapshot, config, *, expect_model=None) -> R
 
         spec = LoraSpec(**model["lora"]["spec"])
         skeleton, lora = apply_lora(skeleton, spec, base_path=model["lora"].get("base"))
+        lora.keep_native = set(model["lora"].get("keep_native") or ())
     return Rebuilt(model=skeleton, hf_config=hf_config, lora=lora, name=model.get("name", str(snapshot.path)))
 
 

@@ -40,6 +40,8 @@ class LoraHandle:
         self.spec = spec
         #: how the frozen base rests and streams: "nf4" or "native" (``spec.base_format`` with auto decided)
         self.base_format = resolve_base_format(spec.base_format, base_path)
+        #: base weights (peft names) that stay native under nf4: those a 4-bit model directory keeps unquantized
+        self.keep_native: set[str] = set()
         self.base_path = base_path
         self.adapter = "default"
         self.peft_config = peft_model.peft_config[self.adapter]
@@ -57,7 +59,7 @@ class LoraHandle:
         """Mark the frozen weights that rest as NF4 in ``tensors`` (find_units' TensorInfo by canonical name)."""
         if self.base_format != "nf4":
             return
-        for name in nf4.linear_weights(self.model):
+        for name in nf4.linear_weights(self.model) - self.keep_native:
             info = tensors.get(name)
             if info is not None and not info.trainable:
                 info.nf4 = True

@@ -209,6 +209,9 @@ class Trainer(TrainerCheckpoints):
             # unwrapped skeleton: peft wraps a skeleton of its own, so conversions that look a parameter up by its
             # name in the model (a split sized like its targets) never see peft's names.
             model, lora = apply_lora(build_skeleton(hf_config, dtype=dtype), config.lora, base_path=str(path))
+            if isinstance(reader, nf4.DequantizingReader):  # weights the file keeps unquantized stay so
+                lora.keep_native = {lora.peft_name(g.first) for g in keys.groups
+                                    if g.first in lora.base_names and not set(g.sources) & reader.quantized}
         return cls(model, hf_config, config, name=str(path), source=reader, source_keys=keys, lora=lora,
                    source_dir=str(path))
 

@@ -77,11 +77,11 @@ def _check_equal(t, ref, losses, ref_losses) -> None:
             assert torch.equal(got, p.detach()), n
 
 
-def _train_nf4(tmp_path, base_dir, trainer_config, data, adapter0, *, base_format="nf4"):
+def _train_nf4(tmp_path, base_dir, trainer_config, data, adapter0, *, base_format="nf4", count=28):
     cfg = trainer_config(lora=LoraSpec(init_from=str(adapter0), base_format=base_format), **BUDGETS)
     t = Trainer.from_pretrained(base_dir, cfg)
     nf4 = [n for n, i in t.tensors.items() if i.nf4]
-    assert len(nf4) == 7 * 4  # q, k, v, o, gate, up, down of four layers; embeddings, norms and lm_head native
+    assert len(nf4) == count  # q, k, v, o, gate, up, down of four layers; embeddings, norms and lm_head native
     assert not any(("embed" in n or "norm" in n or "lm_head" in n) for n in nf4)
     for name in nf4:  # resting on the SSD as NF4 bytes, streamed in by every forward and backward
         (spec,) = records_for(t.runtime, name)
@@ -111,17 +111,23 @@ def test_nf4_base_trains_like_peft_over_the_dequantized_base(tmp_path, trainer_c
     assert max(_rel(q.detach(), p.detach()) for p, q in adapters) > 100 * RTOL
 
 
+#: a projection the quantized directory keeps unquantized (as ``llm_int8_skip_modules`` would)
+SKIPPED = "model.layers.0.mlp.down_proj.weight"
+
+
 def _write_quantized(src, dst) -> dict[str, torch.Tensor]:
     """``src`` saved as transformers saves a bitsandbytes 4-bit model (double quantization): ``weight`` packed,
     its QuantState beside it (``as_dict(packed=True)``), ``quantization_config`` in config.json. Returns the
-    dequantized projections."""
+    dequantized projections (:data:`SKIPPED` as it is)."""
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, dst)
     tensors = load_file(str(dst / "model.safetensors"))
     out, dequantized = {}, {}
     for key, w in tensors.items():
-        if key.startswith("model.layers.") and key.endswith("_proj.weight"):
+        if key == SKIPPED:
+            out[key] = dequantized[key] = w
+        elif key.startswith("model.layers.") and key.endswith("_proj.weight"):
             packed, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
             out[key] = packed
             out.update({f"{key}.{k}": v for k, v in state.as_dict(packed=True).items()})
@@ -144,11 +150,16 @@ def test_quantized_model_directory_is_streamed_as_nf4_by_auto(tmp_path, trainer_
     ref = _peft(_base(tmp_path / "base", dequantized, quantize=False))
     ref.save_pretrained(str(tmp_path / "adapter0"))
     ref_losses, _ = reference_train(ref, data)
-    t, losses = _train_nf4(tmp_path, tmp_path / "base4", trainer_config, data, tmp_path / "adapter0",
-                           base_format="auto")
+    t, losses = _train_nf4(tmp_path, tmp_path / "base4", trainer_config, data[:2], tmp_path / "adapter0",
+                           base_format="auto", count=27)
+    skipped = f"base_model.model.{SKIPPED}"  # not adapted: peft's default targets are q_proj and v_proj
     with t:
-        assert t.lora.base_format == "nf4"
-        _check_equal(t, ref, losses, ref_losses)
+        assert t.lora.base_format == "nf4" and not t.tensors[skipped].nf4
+        t.save_checkpoint(tmp_path / "ckpt")
+    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**BUDGETS)) as r:
+        assert sum(i.nf4 for i in r.tensors.values()) == 27 and not r.tensors[skipped].nf4
+        losses.append(r.step(data[2]))
+        _check_equal(r, ref, losses, ref_losses)
 
 
 def test_merge_of_an_nf4_adapter_is_peft_merge_over_the_dequantized_base(tmp_path, trainer_config):

@@ -235,3 +235,20 @@ def test_nf4_base_without_lora_is_refused_naming_the_setting(tmp_path, capsys):
     assert "--base-format" in err and "--lora R" in err and "Traceback" not in err and len(err.splitlines()) == 1
     with pytest.raises(ValueError, match="lora.base_format"):
         LoraSpec(r=4, base_format="int4")
+
+
+def test_plan_counts_an_nf4_base_at_its_nf4_bytes(tmp_path, capsys):
+    from terastack.cli import main
+    from terastack.training.hf.nf4 import nf4_bytes
+
+    model = make_model("llama", tmp_path / "base")
+    states = {}
+    for fmt in ("native", "nf4"):
+        capsys.readouterr()
+        assert main(["plan", "llm", "--model", str(tmp_path / "base"), "--lora", "4", "--base-format", fmt,
+                     "--dtype", "bfloat16", "--seq-len", "16", "--batch-size", "2", "--json"]) == 0
+        states[fmt] = json.loads(capsys.readouterr().out)["training_state_bytes"]
+    saved = sum(2 * p.numel() - nf4_bytes(p.numel()) for n, p in model.named_parameters() if n in _projections(model))
+    assert states["native"] - states["nf4"] == saved > 0
+    assert main(["plan", "llm", "--model", str(tmp_path / "base"), "--base-format", "nf4"]) == 2
+    assert "--base-format" in capsys.readouterr().err

@@ -198,6 +198,8 @@ class Trainer(TrainerCheckpoints):
         reader = CheckpointReader(path)
         if nf4.quantized_format(path) is not None:
             reader = nf4.DequantizingReader(reader)  # 4-bit weights read dequantized, one at a time
+            # the model the trainer builds, trains and exports is the unquantized one
+            hf_config.__dict__.pop("quantization_config", None)
         dtype = resolve_dtype(config.dtype, resolve_device(config.device))
         model = build_skeleton(hf_config, dtype=dtype)
         keys = CheckpointKeys(model, reader.keys())

@@ -155,17 +155,38 @@ def test_quantized_model_directory_is_streamed_as_nf4_by_auto(tmp_path, trainer_
     skipped = f"base_model.model.{SKIPPED}"  # not adapted: peft's default targets are q_proj and v_proj
     with t:
         assert t.lora.base_format == "nf4" and not t.tensors[skipped].nf4
+        assert "quantization_config" not in t.hf_config.to_dict()  # what it builds and exports is unquantized
         t.save_checkpoint(tmp_path / "ckpt")
     with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**BUDGETS)) as r:
         assert sum(i.nf4 for i in r.tensors.values()) == 27 and not r.tensors[skipped].nf4
         losses.append(r.step(data[2]))
         _check_equal(r, ref, losses, ref_losses)
+        r.save_pretrained(tmp_path / "adapter")
+    # merged into the 4-bit directory's dequantized weights, written unquantized
+    _check_merge(tmp_path / "base4", tmp_path / "adapter", _base(tmp_path / "base", dequantized, quantize=False),
+                 tmp_path / "merged")
+    assert "quantization_config" not in json.loads((tmp_path / "merged" / "config.json").read_text())
+
+
+def _check_merge(base, adapter, reference, output) -> dict:
+    """``terastack merge`` of ``adapter`` into ``base`` equals peft's merge_and_unload over ``reference``."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from terastack.cli import main
+
+    assert main(["merge", "--base", str(base), "--adapter", str(adapter), "--output", str(output)]) == 0
+    expected = PeftModel.from_pretrained(reference, str(adapter)).merge_and_unload().state_dict()
+    merged = load_file(str(output / "model.safetensors"))
+    assert set(merged) == set(expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key)
+    return merged
 
 
 def test_merge_of_an_nf4_adapter_is_peft_merge_over_the_dequantized_base(tmp_path, trainer_config):
     from safetensors.torch import load_file
 
-    from terastack.cli import main
 
     make_model("llama", tmp_path / "base")
     data = batches(2)
@@ -174,16 +195,8 @@ def test_merge_of_an_nf4_adapter_is_peft_merge_over_the_dequantized_base(tmp_pat
     with t:
         t.save_pretrained(tmp_path / "adapter")
     assert json.loads((tmp_path / "adapter" / "base_format.json").read_text())["base_format"] == "nf4"
-    assert main(["merge", "--base", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter"),
-                 "--output", str(tmp_path / "merged")]) == 0
-    from peft import PeftModel
-
-    expected = PeftModel.from_pretrained(_base(tmp_path / "base", quantize=True),
-                                         str(tmp_path / "adapter")).merge_and_unload().state_dict()
-    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
-    assert set(merged) == set(expected)
-    for key, value in expected.items():
-        torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key)
+    merged = _check_merge(tmp_path / "base", tmp_path / "adapter", _base(tmp_path / "base", quantize=True),
+                          tmp_path / "merged")
     native = load_file(str(tmp_path / "base" / "model.safetensors"))
     assert not torch.equal(merged["model.layers.0.mlp.up_proj.weight"], native["model.layers.0.mlp.up_proj.weight"])
 
@@ -246,9 +259,10 @@ def test_plan_counts_an_nf4_base_at_its_nf4_bytes(tmp_path, capsys):
     for fmt in ("native", "nf4"):
         capsys.readouterr()
         assert main(["plan", "llm", "--model", str(tmp_path / "base"), "--lora", "4", "--base-format", fmt,
-                     "--dtype", "bfloat16", "--seq-len", "16", "--batch-size", "2", "--json"]) == 0
+                     "--dtype", "bfloat16", "--seq-len", "16", "--batch-size", "2", "--hardware", "rtx4090-workstation",
+                     "--json"]) == 0
         states[fmt] = json.loads(capsys.readouterr().out)["training_state_bytes"]
     saved = sum(2 * p.numel() - nf4_bytes(p.numel()) for n, p in model.named_parameters() if n in _projections(model))
     assert states["native"] - states["nf4"] == saved > 0
-    assert main(["plan", "llm", "--model", str(tmp_path / "base"), "--base-format", "nf4"]) == 2
+    assert main(["plan", "llm", "--model", str(tmp_path / "base"), "--base-format", "nf4", "--hardware", "h200"]) == 2
     assert "--base-format" in capsys.readouterr().err

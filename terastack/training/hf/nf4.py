@@ -46,7 +46,8 @@ def _functional():
     try:
         import bitsandbytes.functional as bnbf
     except ImportError as exc:
-        raise ValueError("lora.base_format nf4: needs the bitsandbytes package (pip install bitsandbytes)") from exc
+        raise ValueError("lora.base_format nf4 (or a 4-bit model directory): needs the bitsandbytes package "
+                         "(pip install 'terastack[lowbit]')") from exc
     return bnbf
 
 

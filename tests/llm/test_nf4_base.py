@@ -266,3 +266,12 @@ def test_plan_counts_an_nf4_base_at_its_nf4_bytes(tmp_path, capsys):
     assert states["native"] - states["nf4"] == saved > 0
     assert main(["plan", "llm", "--model", str(tmp_path / "base"), "--base-format", "nf4", "--hardware", "h200"]) == 2
     assert "--base-format" in capsys.readouterr().err
+
+
+def test_full_fine_tune_of_a_quantized_directory_starts_from_its_dequantized_weights(tmp_path, trainer_config):
+    make_model("llama", tmp_path / "base")
+    dequantized = _write_quantized(tmp_path / "base", tmp_path / "base4")
+    with Trainer.from_pretrained(tmp_path / "base4", trainer_config(**BUDGETS)) as t:
+        assert not any(i.nf4 for i in t.tensors.values()) and all(i.trainable for i in t.tensors.values())
+        for key, w in dequantized.items():
+            assert torch.equal(t.parameter(key), w), key

@@ -17,20 +17,20 @@ from terastack.commands import Command, add_subcommands
 from terastack.reporting import dumps, environment, print_result
 
 BENCHMARKS = [
-    Command("io", "terastack.io.bench", "1 MiB sequential read/write, 4 KiB random read and batch submission vs fio"),
-    Command("io-cpu", "terastack.io.bench_cpu",
+    Command("io", "terastack.io.bench.rates", "1 MiB sequential read/write, 4 KiB random read and batch submission vs fio"),
+    Command("io-cpu", "terastack.io.bench.cpu",
             "CPU the storage engine spends per GB/s of cold random reads, at the disk's rate"),
-    Command("gemm", "terastack.kernels.gemm_bench", "out-of-core GEMM, pipelined vs synchronous tiles"),
-    Command("sort", "terastack.kernels.sort_bench", "external merge sort of 64-bit keys, I/O overlapped"),
+    Command("gemm", "terastack.kernels.bench.gemm_pipeline", "out-of-core GEMM, pipelined vs synchronous tiles"),
+    Command("sort", "terastack.kernels.bench.external_sort", "external merge sort of 64-bit keys, I/O overlapped"),
     Command("llm", "terastack.llm.bench.bench_llm", "offloaded fine-tuning vs ZeRO-Infinity and in-memory PyTorch",
             needs=("transformers",)),
     Command("llm-scale", "terastack.llm.bench.bench_scale",
             "the largest model each system fine-tunes in a fixed memory budget", needs=("transformers",)),
     Command("gnn", "terastack.gnn.bench.measure", "out-of-core GNN training vs in-memory, mmap and synchronous gathering",
             needs=("torch_geometric",)),
-    Command("dist", "terastack.disdp.bench", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3",
+    Command("dist", "terastack.disdp.bench.measure", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3",
             needs=("transformers",), extra="dist"),
-    Command("dist-interference", "terastack.disdp.bench_interference",
+    Command("dist-interference", "terastack.disdp.bench.interference",
             "a compute loop's slowdown while gloo all-reduces run beside it on the same cores"),
 ]
 

@@ -50,7 +50,7 @@ def _takes_dir(module) -> bool:
 
 
 def test_io_smoke_fields_are_ratios(tmp_path, capsys):
-    from terastack.io import bench as io_bench
+    from terastack.io.bench import rates as io_bench
 
     trace = tmp_path / "trace.json"
     assert main(["bench", "io", "--json", "--dir", str(tmp_path), "--trace", str(trace)] + io_bench.PRESETS["smoke"]) == 0

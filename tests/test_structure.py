@@ -13,8 +13,9 @@ ENGINES = ("llm", "gnn", "disdp", "kernels")
 # what each lower layer may not import: io is the bottom, tiers sits on io, plan serves every engine, training
 # is what both language-model engines share
 BELOW_ENGINES = ("io", "tiers", "plan", "training")
-#: basenames that mean the same in every package that has one: its command line, its benchmark
-SAME_MEANING = {"__init__.py", "__main__.py", "cli.py", "bench.py"}
+#: basenames that mean the same in every package that has one: its command line, its benchmark (a room's
+#: `terastack bench` entry is `bench.py` or `bench/measure.py`)
+SAME_MEANING = {"__init__.py", "__main__.py", "cli.py", "bench.py", "measure.py"}
 MAX_LINES = 500
 #: a function longer than this holds two ideas (docs/design.md)
 MAX_FUNCTION_LINES = 80
@@ -171,3 +172,17 @@ def test_no_basename_means_two_things():
 def test_no_folder_is_named_like_build_output():
     # packaging tools and many linters skip folders named dist/ or build/ as generated
     assert sorted(str(p) for p in PACKAGE.rglob("*") if p.is_dir() and p.name in ("dist", "build")) == []
+
+
+def test_every_benchmark_lives_in_its_rooms_bench_folder():
+    """One layout for benchmark code: ``terastack bench NAME`` runs ``terastack.<room>.bench.<module>``."""
+    from terastack.bench import BENCHMARKS
+
+    misplaced = [(c.name, c.module) for c in BENCHMARKS
+                 if not (c.module.count(".") == 3 and c.module.split(".")[2] == "bench")]
+    assert misplaced == []
+    # and no benchmark module sits beside a room's code under another name (the harness's runner of benchmark
+    # modules is not one)
+    stray = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*bench*.py")
+                   if p.parent.name != "bench" and p.parent != PACKAGE and p.name != "__init__.py")
+    assert stray == ["repro/bench_child.py"]

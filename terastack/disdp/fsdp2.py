@@ -20,7 +20,7 @@ import torch.distributed as dist
 from terastack.disdp.baseline import finish_baseline, init_baseline, save_final
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import rank_main
-from terastack.disdp.bench_spec import BenchSpec, init_std, init_tensor, worker_rows
+from terastack.disdp.bench.spec import BenchSpec, init_std, init_tensor, worker_rows
 from terastack.disdp.job_stats import optimizer_state_bytes
 from terastack.disdp.buckets import Layout, find_layers
 from terastack.disdp.workload import build_model, loss_of, worker_batch
@@ -128,7 +128,7 @@ def run(config: TrainConfig) -> int:
 
 def materialize(module: torch.nn.Module, prefix: str, *, seed: int, std: float) -> None:
     """Give ``module``'s meta parameters their benchmark values ([Note: the benchmark's initial weights] in
-    terastack.disdp.bench_spec), one tensor at a time."""
+    terastack.disdp.bench.spec), one tensor at a time."""
     for sub_name, sub in module.named_modules(prefix=prefix):
         for name, p in list(sub._parameters.items()):
             if p is not None and p.is_meta:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from terastack.disdp.baseline import finish_baseline, init_baseline, save_final
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import rank_main
-from terastack.disdp.bench_spec import BenchSpec, init_std, init_tensor, worker_rows
+from terastack.disdp.bench.spec import BenchSpec, init_std, init_tensor, worker_rows
 from terastack.disdp.job_stats import optimizer_state_bytes
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.workload import build_model, loss_of, worker_batch
@@ -127,7 +127,7 @@ def run(config: TrainConfig) -> int:
 def run_bench(spec: BenchSpec, rank: int, world: int) -> dict:
     """The serial ZeRO-3 schedule on the benchmark's model: each rank makes only its slice of each bucket's
     initial weights, one bucket at a time ([Note: the benchmark's initial weights] in
-    terastack.disdp.bench_spec); AdamW as the job's."""
+    terastack.disdp.bench.spec); AdamW as the job's."""
     from terastack.training.hf.model_files import build_skeleton
 
     hf = spec.hf_config()

@@ -68,8 +68,8 @@ _EXPORTS = {
     "from_pyg": "terastack.gnn.formats.pyg_data", "import_directory": "terastack.gnn.formats.detect",
     "detect_layout": "terastack.gnn.formats.detect",
     "HeteroDataset": "terastack.gnn.storage.hetero_dataset", "open_hetero_dataset": "terastack.gnn.storage.hetero_dataset",
-    "HeteroNeighborSampler": "terastack.gnn.sampling.hetero_sampler", "hetero_presample": "terastack.gnn.sampling.hetero_sampler",
-    "HeteroGNN": "terastack.gnn.training.hetero_models", "HeteroPipeline": "terastack.gnn.sampling.pipeline",
+    "HeteroNeighborSampler": "terastack.gnn.sampling.hetero_sampler", "hetero_presample": "terastack.gnn.storage.hotness",
+    "HeteroGNN": "terastack.gnn.training.hetero_net", "HeteroPipeline": "terastack.gnn.sampling.pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -404,7 +404,7 @@ def rank_positions(ranking: np.ndarray, num_nodes: int, *, step: int = 1 << 22) 
 def hetero_training_steps(model_kind: str, examples: list, ds, *, hidden: int, seed: int = 0):
     """``train_once(k)`` of :func:`training_steps` for a heterogeneous model: the k-th of the sampled ``examples``
     with random features; returns the nodes (of every type) it trained on."""
-    from terastack.gnn.training.hetero_models import HeteroGNN, hetero_train_step
+    from terastack.gnn.training.models import HeteroGNN, train_step
 
     torch.manual_seed(seed)
     hops = len(examples[0].num_sampled_nodes[ds.target]) - 1
@@ -418,7 +418,7 @@ def hetero_training_steps(model_kind: str, examples: list, ds, *, hidden: int, s
 
     def train_once(k: int) -> int:
         d = datas[k % len(datas)]
-        hetero_train_step(model, opt, d)
+        train_step(model, opt, d)
         return sum(d[t].num_nodes for t in d.node_types)
 
     return train_once

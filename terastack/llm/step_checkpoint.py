@@ -187,7 +187,8 @@ class FollowingCheckpoint:
         components = {
             "model": engine_state.EngineState(t.runtime, name=t.name, hf_config=t.hf_config, lora=t.lora,
                                               commit=store.last_commit()),
-            "optimizer": JSONState({"lr": point.lr, "adam_steps": steps}),
+            # the optimizer's own state (its format's name among it), with the point's rate and step counts
+            "optimizer": JSONState({**t.optimizer.state_dict(), "lr": point.lr, "adam_steps": steps}),
             "progress": JSONState({"step": point.step + finished}),
             "rng": RNGState(point.rng_start),
             "trainer_config": JSONState(t.config.to_dict()),

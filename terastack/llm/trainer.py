@@ -419,13 +419,22 @@ class Trainer(TrainerCheckpoints):
         """Every parameter as an fp32 copy (small models only: it materializes the whole model)."""
         return dict(self.named_parameters())
 
-    def optimizer_state(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(exp_avg, exp_avg_sq, step) of a trainable parameter (copies)."""
+    def optimizer_state(self, name: str) -> dict:
+        """The optimizer state of trainable parameter ``name`` in its format's own terms, as the format's reference
+        library keeps it for the parameter (``optimizer.state[p]``; copies): ``step`` (the updates made, an int)
+        and the format's parts in their library shapes and dtypes -- AdamW's ``exp_avg`` and ``exp_avg_sq``;
+        AdamW8bit's ``state1`` and ``state2`` (uint8) with ``absmax1``, ``absmax2``, ``qmap1`` and ``qmap2``
+        (fp32 ``state1``/``state2`` only, under ``min_8bit_size``); Adafactor's ``row_var`` and ``col_var`` (a
+        vector: ``variance``)."""
+        self._check_open()
+        info = self.tensors.get(name)
+        if info is None or not info.trainable:
+            raise KeyError(f"no trainable parameter named {name!r} (only those have optimizer state)")
         self.synchronize()
         rt = self.runtime
-        shape = self.tensors[name].shape
-        m, v = (torch.cat([rt.read_record(r) for r in rt.moment_records(name, w)]).view(shape) for w in (1, 2))
-        return m, v, self.optimizer.steps[name]
+        parts = {part.key: torch.cat([rt.read_record(r).reshape(-1) for r in recs]).view(part.shape(info.shape))
+                 for part, recs in rt.state_parts(name).items()}
+        return {"step": self.optimizer.steps[name], **self.optimizer.format.library_state(parts)}
 
     def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None,
                         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:

@@ -11,6 +11,10 @@ layout, the byte ledger, the optimizer and the checkpoint all read; nothing bran
 * :meth:`OptimizerFormat.update`: one update over gathered chunks, equal to the reference implementation;
 * :attr:`OptimizerFormat.whole_tensor`: the update needs every chunk of a parameter at once (statistics over
   the whole matrix); the optimizer then gathers all chunks of a parameter before updating any of them.
+* :meth:`OptimizerFormat.scratch_bytes`: the host memory an update allocates beyond its chunks (pieces joined
+  into one tensor for the library's call), which the optimizer charges to the host ledger while it runs;
+* :meth:`OptimizerFormat.library_state`: a parameter's state as the reference library keeps it
+  (``Trainer.optimizer_state``).
 
 The formats:
 
@@ -146,6 +150,16 @@ class OptimizerFormat:
         """State bytes per element of a parameter of ``shape``, unpadded (AdamW: 8)."""
         return self.state_bytes(shape) / max(math.prod(shape), 1)
 
+    def library_state(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A parameter's state as the reference library keeps it, from its whole ``parts`` (key -> tensor in
+        :meth:`StatePart.shape`): the parts, and what the library keeps beside them."""
+        return dict(parts)
+
+    def scratch_bytes(self, chunks: list, steps: list[int]) -> int:
+        """Host bytes :meth:`update` allocates at most at once over ``chunks`` (the copies it joins pieces into,
+        where they are not adjacent in memory already); the optimizer charges them to the host ledger."""
+        return 0
+
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
         """One update over ``chunks`` (each with ``name``, ``lo``, ``hi``, ``shape``, ``param``, ``grad`` and
         ``state``: part key -> tensor, updated in place); ``steps``: each chunk's parameter's step count before
@@ -209,6 +223,14 @@ class AdamW8bitFormat(OptimizerFormat):
             raise ImportError(f"optimizer: {self.name} needs bitsandbytes >= 0.50 (pip install bitsandbytes): "
                               f"{exc}") from None
 
+    def library_state(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The parts, and with 8-bit moments the two quantization maps (the library keeps them per parameter)."""
+        out = dict(parts)
+        if parts["state1"].dtype == torch.uint8:
+            q1, q2 = self.qmaps()
+            out.update(qmap1=q1.clone(), qmap2=q2.clone())
+        return out
+
     def qmaps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The signed and unsigned dynamic quantization maps of the two moments (the library's ``fill_qmap``)."""
         if self._qmaps is None:
@@ -233,15 +255,19 @@ class AdamW8bitFormat(OptimizerFormat):
             q1, q2 = self.qmaps() if eight else (None, None)
             for run, step in self._runs(eight):
                 joined = {key: _joined([c.state[key] for c in run]) for key in run[0].state}
-                param = _joined([c.param for c in run])
-                F.optimizer_update_8bit_blockwise("adam", _joined([c.grad for c in run]), param, joined["state1"],
-                                                  joined["state2"], b1, b2, 0.0, 0.0, eps, step + 1, lr, q1, q2,
-                                                  joined["absmax1"], joined["absmax2"], wd, gnorm_scale=1.0,
-                                                  skip_zeros=False)
-                if len(run) > 1:  # the joined copies back into the chunks
-                    _scatter(param, [c.param for c in run])
-                    for key, value in joined.items():
-                        _scatter(value, [c.state[key] for c in run])
+                joined["param"] = _joined([c.param for c in run])
+                F.optimizer_update_8bit_blockwise("adam", _joined([c.grad for c in run]), joined["param"],
+                                                  joined["state1"], joined["state2"], b1, b2, 0.0, 0.0, eps, step + 1,
+                                                  lr, q1, q2, joined["absmax1"], joined["absmax2"], wd,
+                                                  gnorm_scale=1.0, skip_zeros=False)
+                for key, value in joined.items():  # the joined copies back into the chunks
+                    _scatter(value, [c.param if key == "param" else c.state[key] for c in run])
+
+    def scratch_bytes(self, chunks: list, steps: list[int]) -> int:
+        runs = self._runs([(c, step) for c, step in zip(chunks, steps) if c.state["state1"].dtype == torch.uint8])
+        return max((sum(_copy_bytes([c.param if key == "param" else c.state[key] for c in run])
+                        for key in ("param", *run[0].state)) + _copy_bytes([c.grad for c in run])
+                    for run, _ in runs), default=0)
 
     def _runs(self, items: list) -> list[tuple[list, int]]:
         """``items`` ((chunk, step) of 8-bit chunks) in runs updated by one call each: the library's CPU update
@@ -265,11 +291,12 @@ class AdafactorFormat(OptimizerFormat):
     So the optimizer gathers all optimizer chunks of a parameter (its master and gradient chunks; the state is
     one small record per parameter, read with the first chunk) and updates the parameter as one group with
     torch's own functional ``adafactor`` over the whole tensor, then writes the chunks back: the result equals
-    the library's bit for bit. The group's gradient and, in mixed precision, its master are put together in
-    one piece for the call (one parameter's size of host memory beyond the plan's window; the largest is the
-    embedding). The planner does not budget that yet: in mixed precision the master chunks of the largest
-    parameter must fit the host ledger together (with fp32 compute the whole master is held anyway). The
-    state is what the format saves: a matrix keeps rows + columns fp32 values, a vector its elements."""
+    the library's bit for bit. The group's gradient and master are put together in one piece for the call: a
+    view where the chunks are adjacent (a whole fp32 master, a gradient held whole), else a copy (a spilled
+    gradient; the master chunks in mixed precision), at most one parameter's size, charged to the host ledger
+    while the call runs. How the engine schedules the gather and bounds it: [Note: scheduling a whole-matrix
+    gather] in terastack.llm.engine.optimizer_state. The state is what the format saves: a matrix keeps rows +
+    columns fp32 values, a vector its elements."""
 
     name = "adafactor"
     reference = "torch.optim.Adafactor"
@@ -289,17 +316,14 @@ class AdafactorFormat(OptimizerFormat):
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
         from torch.optim._adafactor import adafactor
 
-        groups: dict[str, list] = {}
-        for c, step in zip(chunks, steps):
-            groups.setdefault(c.name, []).append((c, step))
         with torch.no_grad():
-            for name, members in groups.items():
-                parts = sorted(members, key=lambda m: m[0].lo)
+            for name, parts in self._groups(chunks, steps).items():
                 first, step = parts[0]
                 numel = math.prod(first.shape)
                 if first.lo != 0 or parts[-1][0].hi != numel:
                     raise RuntimeError(f"adafactor: the update of {name!r} was given part of its chunks")
-                param = _joined([c.param for c, _ in parts]).view(first.shape)
+                pieces = [c.param for c, _ in parts]
+                param = _joined(pieces).view(first.shape)
                 grad = _joined([c.grad for c, _ in parts]).view(first.shape)
                 s = first.state
                 factored = len(first.shape) > 1
@@ -307,19 +331,55 @@ class AdafactorFormat(OptimizerFormat):
                           [s["col_var"] if factored else None], [None if factored else s["variance"]],
                           [torch.tensor(float(step))], foreach=False, d=self.d, lr=lr, beta2_decay=self.beta2_decay,
                           weight_decay=hyper.weight_decay, eps1=self.eps[0], eps2=self.eps[1], maximize=False)
-                if len(parts) > 1:  # the joined copy back into the chunks
-                    flat = param.view(-1)
-                    for c, _ in parts:
-                        c.param.copy_(flat[c.lo:c.hi])
+                _scatter(param.view(-1), pieces)  # a joined copy back into the chunks
+                del param, grad  # one matrix's copies at a time (scratch_bytes)
+
+    def scratch_bytes(self, chunks: list, steps: list[int]) -> int:
+        return max((_copy_bytes([c.param for c, _ in parts]) + _copy_bytes([c.grad for c, _ in parts])
+                    for parts in self._groups(chunks, steps).values()), default=0)
+
+    @staticmethod
+    def _groups(chunks: list, steps: list[int]) -> dict[str, list]:
+        """name -> its (chunk, step) pairs in order: one group per parameter."""
+        groups: dict[str, list] = {}
+        for c, step in zip(chunks, steps):
+            groups.setdefault(c.name, []).append((c, step))
+        return {name: sorted(members, key=lambda m: m[0].lo) for name, members in groups.items()}
+
+
+def _adjacent(pieces: list[torch.Tensor]) -> bool:
+    """Whether ``pieces`` lie one after the other in one contiguous stretch of memory (the chunks of a whole fp32
+    master, or of a gradient held whole): then their joined tensor is a view, and no copy."""
+    first = pieces[0]
+    end = first.data_ptr()
+    for p in pieces:
+        if (p.dtype != first.dtype or not p.is_contiguous() or p.data_ptr() != end
+                or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return False
+        end += p.numel() * p.element_size()
+    return True
 
 
 def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:
-    """One flat tensor of ``pieces`` (the piece itself when there is one)."""
-    return pieces[0].reshape(-1) if len(pieces) == 1 else torch.cat([p.reshape(-1) for p in pieces])
+    """One flat tensor of ``pieces``: the piece itself when there is one, a view over them when they are adjacent,
+    else a copy (:func:`_copy_bytes` counts it)."""
+    if len(pieces) == 1:
+        return pieces[0].reshape(-1)
+    if _adjacent(pieces):
+        first = pieces[0]
+        return first.as_strided((sum(p.numel() for p in pieces),), (1,), first.storage_offset())
+    return torch.cat([p.reshape(-1) for p in pieces])
+
+
+def _copy_bytes(pieces: list[torch.Tensor]) -> int:
+    """Bytes :func:`_joined` allocates for ``pieces``."""
+    return 0 if len(pieces) == 1 or _adjacent(pieces) else sum(p.numel() * p.element_size() for p in pieces)
 
 
 def _scatter(joined: torch.Tensor, pieces: list[torch.Tensor]) -> None:
-    """Copy ``joined`` (made by :func:`_joined`) back into its ``pieces``."""
+    """Copy ``joined`` (made by :func:`_joined`) back into its ``pieces``, unless it is a view of them."""
+    if len(pieces) == 1 or _adjacent(pieces):
+        return
     at = 0
     for p in pieces:
         p.view(-1).copy_(joined[at:at + p.numel()])

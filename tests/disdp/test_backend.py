@@ -17,12 +17,12 @@ DISDP = Path(terastack.disdp.__file__).parent
 
 def _calls(name: str):
     """(file, call) for every call of a function or method called ``name`` in terastack/disdp."""
-    for path in sorted(DISDP.glob("*.py")):
+    for path in sorted(DISDP.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 f = node.func
                 if (isinstance(f, ast.Attribute) and f.attr == name) or (isinstance(f, ast.Name) and f.id == name):
-                    yield path.name, node
+                    yield path.relative_to(DISDP).as_posix(), node
 
 
 def test_backend_follows_the_device(monkeypatch):
@@ -64,7 +64,7 @@ def test_every_rank_joins_through_the_one_function():
     places = [(f, node.lineno) for f, node in _calls("init_process_group")]
     assert [f for f, _ in places] == ["comm.py"], places
     assert {f for f, _ in _calls("join_process_group")} >= {"run.py", "job_run.py", "baseline.py",
-                                                            "bench_ranks.py"}
+                                                            "bench/ranks.py"}
 
 
 def test_no_receive_from_any_source():

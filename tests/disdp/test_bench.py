@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from terastack.disdp import bench
+from terastack.disdp.bench import measure as bench
 
 
 @pytest.mark.timeout(200)
@@ -48,8 +48,8 @@ def test_bench_presets_parse():
 
 # ------------------------------------------------------------------ bench dist --model (the systems on a model)
 def _summed(spec_kw, **stats):
-    from terastack.disdp.bench_models import summarize
-    from terastack.disdp.bench_spec import BenchSpec
+    from terastack.disdp.bench.on_model import summarize
+    from terastack.disdp.bench.spec import BenchSpec
 
     return summarize(BenchSpec(**spec_kw), stats["stats"])
 
@@ -105,8 +105,8 @@ def test_bench_dist_model_smoke(tmp_path, capsys):
 @pytest.mark.timeout(60)
 def test_bench_dist_model_does_not_fit(tmp_path):
     """A system past the RSS limit is reported as not fitting (and its stores deleted), not raised."""
-    from terastack.disdp.bench_models import run_system
-    from terastack.disdp.bench_spec import BenchSpec
+    from terastack.disdp.bench.on_model import run_system
+    from terastack.disdp.bench.spec import BenchSpec
 
     spec = BenchSpec(system="terastack", model="tiny-llama", run_dir=str(tmp_path / "ts"), batch_size=2, seq_len=8,
                      steps=1, timeout_s=60)

@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from terastack.disdp import bench_interference
+from terastack.disdp.bench import interference as bench_interference
 
 
 @pytest.mark.parametrize("argv, message", [(["--ranks", "1"], "ranks"), (["--iters", "0"], "iters"),

@@ -1,7 +1,7 @@
 """One server's throughput as the workers grow, worked out from the jobs' counted step times and bytes."""
 import pytest
 
-from terastack.disdp.bench_ps import ps_scaling
+from terastack.disdp.bench.ps import ps_scaling
 from terastack.repro.claims import CLAIMS, REPORTED
 from terastack.repro.verdicts import evaluate
 

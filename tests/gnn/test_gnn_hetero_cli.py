@@ -11,7 +11,7 @@ import torch
 
 from terastack.cli import main
 from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.training.hetero_models import load_hetero_model
+from terastack.gnn.training.models import load_hetero_model
 
 
 def run(capsys, *argv):

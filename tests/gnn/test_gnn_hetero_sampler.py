@@ -10,7 +10,8 @@ import torch
 
 from terastack.gnn.storage.baselines import InMemoryFeatures
 from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample, parse_hetero_fanouts
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, parse_hetero_fanouts
+from terastack.gnn.storage.hotness import hetero_presample
 from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.budget_split import hetero_share_budget
@@ -188,7 +189,7 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
     user would build it; R-GCN is terastack's RGCNConv model."""
     from torch_geometric.nn import GraphSAGE, to_hetero
 
-    from terastack.gnn.training.hetero_models import HeteroGNN
+    from terastack.gnn.training.models import HeteroGNN
 
     torch.manual_seed(0)
     in_dims = {t: mem.feat_dim[t] or 1 for t in mem.node_types}

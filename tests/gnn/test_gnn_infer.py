@@ -127,6 +127,16 @@ def test_checkpoint_errors_name_the_file(small, tmp_path, capsys):
         GnnInference.Config(data=str(small), checkpoint=str(ckpt))
 
 
+def test_a_checkpoint_of_the_other_graph_kind_is_refused(small, hetero, tmp_path):
+    ckpt = tmp_path / "m.pt"
+    GnnTrainer(GnnTrainer.Config(data=str(small), hidden=8, fanouts=(2,), epochs=0, eval_nodes=0,
+                                 save_model=str(ckpt), progress=False)).run()
+    with pytest.raises(ValueError, match="holds a homogeneous model; .* is a heterogeneous dataset"):
+        GnnInference(GnnInference.Config(data=str(hetero), checkpoint=str(ckpt), out=str(tmp_path / "p.npy"),
+                                         progress=False)).run()
+    assert not (tmp_path / "p.npy").exists()
+
+
 @pytest.mark.parametrize("kind", ["gcn", "sage"])
 def test_infer_with_topology_on_ssd_equals_topology_in_memory(small, tmp_path, kind):
     ckpt = tmp_path / "model.pt"

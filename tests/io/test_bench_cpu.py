@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from terastack.io import bench_cpu
+from terastack.io.bench import cpu as bench_cpu
 
 
 def test_summary_ratios_from_counted_runs():

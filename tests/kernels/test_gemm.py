@@ -72,7 +72,7 @@ def test_shape_mismatch_is_refused(tmp_path):
 
 
 def test_bench_balances_n_by_retiming_the_matmul(tmp_path):
-    from terastack.kernels import gemm_bench
+    from terastack.kernels.bench import gemm_pipeline as gemm_bench
 
     a = TiledMatrix("A", 2048, 256, 512)
     with gemm_bench._store(tmp_path / "store", 16 << 20) as store:

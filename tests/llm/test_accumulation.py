@@ -80,10 +80,10 @@ def reference_step(model, opt, mbs, *, max_grad_norm=None) -> float:
 
 def assert_moments_equal(trainer, ref, opt, steps: int) -> None:
     for name, p in ref.named_parameters():
-        m, v, step = trainer.optimizer_state(name)
-        st = opt.state[p]
-        assert step == int(st["step"]) == steps, name
-        assert (m - st["exp_avg"]).abs().max() <= TOL and (v - st["exp_avg_sq"]).abs().max() <= TOL, name
+        state, st = trainer.optimizer_state(name), opt.state[p]
+        assert state["step"] == int(st["step"]) == steps, name
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert (state[key] - st[key]).abs().max() <= TOL, (name, key)
 
 
 CASES = {

@@ -143,7 +143,7 @@ TieredStore.commit, checkpoint.atomic_write_json = killed_commit, killed_pointer
 engine_state.EngineState.checkpoint_saved = killed_release
 
 cfg = TrainerConfig(**{cfg!r})
-data = batches(8)
+data = batches({steps})
 with Trainer.from_pretrained({model!r}, cfg) as t:
     torch.manual_seed(5)
     for i, ids in enumerate(data):
@@ -168,6 +168,43 @@ def uninterrupted_weights(model_dir, config) -> dict:
     return _UNINTERRUPTED
 
 
+def run_killed(tmp_path, config, model_dir, *, beside: bool, kill_at: str, steps: int = 8,
+               kill_after: int = 4) -> None:
+    """Train ``steps`` steps of ``model_dir`` under ``config`` in a real process (store ``tmp_path/store-killed``),
+    a checkpoint to ``tmp_path/ckpt`` every two steps, and end it with SIGKILL: at ``kill_at`` inside the
+    driver's third checkpoint, or (``kill_at`` "step") from here once checkpoint ``kill_after`` is written."""
+    fields = config.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the settings, by flat name
+    script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(model_dir),
+                                ckpt=str(tmp_path / "ckpt"), beside=beside, kill_at=kill_at, steps=steps)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith(f"checkpoint {kill_after}") and kill_at == "step":
+                os.kill(proc.pid, signal.SIGKILL)  # during the next two steps, or while writing the next checkpoint
+                break
+            if not line:
+                break
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the training process was not killed"
+
+
+def resume_killed(tmp_path, config, *, beside: bool, steps: int = 8) -> tuple[int, dict]:
+    """Resume ``run_killed``'s last checkpoint and train to ``steps``: the step it resumed at and the weights."""
+    data = batches(steps)
+    with Trainer.load_checkpoint(tmp_path / "ckpt", config) as resumed:
+        step = resumed.step_count
+        if beside:  # resumed in the killed run's store, no copy of it
+            assert resumed.run_dir.parent == tmp_path / "store-killed"
+            assert resumed.store.pinned_generations() == [resumed.store.last_commit().generation]
+        for ids in data[step:]:
+            resumed.step(ids)
+        return step, resumed.state_dict()
+
+
 @pytest.mark.parametrize("beside, kill_at, resumes_at", [
     (False, "step", (4, 6)),
     (True, "step", (4, 6)),             # during step 5 or 6, or while writing the next checkpoint
@@ -179,34 +216,9 @@ def test_kill_9_loses_only_steps_since_the_checkpoint(tmp_path, trainer_config, 
     """A process killed with SIGKILL mid-training, or at each point of writing a checkpoint (copied, or beside
     the store), resumes from its last checkpoint to the same weights as a run never killed."""
     make_model("llama", tmp_path / "model")
-    cfg = trainer_config()
-    fields = cfg.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the settings, by flat name
-    script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
-                                ckpt=str(tmp_path / "ckpt"), beside=beside, kill_at=kill_at)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if line.startswith("checkpoint 4") and kill_at == "step":
-                os.kill(proc.pid, signal.SIGKILL)  # during step 5 or 6, or while writing the next checkpoint
-                break
-            if not line:
-                break
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the training process was not killed"
-    data = batches(8)
-    with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config()) as resumed:
-        step = resumed.step_count
-        assert step in resumes_at
-        if beside:  # resumed in the killed run's store, no copy of it
-            assert resumed.run_dir.parent == tmp_path / "store-killed"
-            assert resumed.store.pinned_generations() == [resumed.store.last_commit().generation]
-        for ids in data[step:]:
-            resumed.step(ids)
-        got = resumed.state_dict()
+    run_killed(tmp_path, trainer_config(), tmp_path / "model", beside=beside, kill_at=kill_at)
+    step, got = resume_killed(tmp_path, trainer_config(), beside=beside)
+    assert step in resumes_at
     expected = uninterrupted_weights(tmp_path / "model", trainer_config())
     assert all(torch.equal(got[k], expected[k]) for k in expected)
 

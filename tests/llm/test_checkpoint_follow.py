@@ -81,17 +81,23 @@ print("not killed", flush=True)
 """
 
 
+def run_killed_inside(tmp_path, config, model_dir, *, kill_at: str, steps: int = STEPS) -> None:
+    """Train ``model_dir`` under ``config`` in a real process (store ``tmp_path/store-killed``) with a checkpoint
+    that follows the steps from the second on (``tmp_path/ckpt``), killed with SIGKILL inside step 3 at
+    ``kill_at`` (after-point, in-commit)."""
+    fields = config.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the settings, by flat name
+    script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(model_dir),
+                                ckpt=str(tmp_path / "ckpt"), kill_at=kill_at, steps=steps)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("kill_at", ["after-point", "in-commit"])
 def test_kill_9_inside_a_step_resumes_bit_equal(tmp_path, trainer_config, kill_at):
     """Killed after a point inside step 3 was written, or between a point's commit and its snapshot: the resume
     finishes step 3 from the last snapshot's point and reaches the uninterrupted run's losses and weights."""
     make_llama(tmp_path / "model")
-    cfg = trainer_config(**STREAMED)
-    fields = cfg.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the settings, by flat name
-    script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(tmp_path / "model"),
-                                ckpt=str(tmp_path / "ckpt"), kill_at=kill_at, steps=STEPS)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-2000:]
+    run_killed_inside(tmp_path, trainer_config(**STREAMED), tmp_path / "model", kill_at=kill_at)
     losses, expected, device_peak = uninterrupted(tmp_path / "model", trainer_config(**STREAMED))
     data = batches(STEPS)
     with Trainer.load_checkpoint(tmp_path / "ckpt", trainer_config(**STREAMED)) as resumed:

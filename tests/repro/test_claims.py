@@ -373,7 +373,7 @@ def test_the_storage_cpu_claim_is_measured_at_smoke_through_the_harness(tmp_path
 
     cid = "hyperion.cpu_per_disk_rate"
     data = Harness(Harness.Config(suites=("io",), preset="smoke", out_dir=str(tmp_path),
-                                  bench_suites={"io": (("io-cpu", "terastack.io.bench_cpu"),)})).run()
+                                  bench_suites={"io": (("io-cpu", "terastack.io.bench.cpu"),)})).run()
     ran = data["suites"][0]["benchmarks"][0]
     assert ran["status"] == "ok", ran["reason"]
     v = next(v for v in data["verdicts"] if v["claim"] == cid)
@@ -389,7 +389,7 @@ def test_the_collective_interference_claim_is_measured_at_smoke():
     import argparse
     import math
 
-    from terastack.disdp import bench_interference
+    from terastack.disdp.bench import interference as bench_interference
 
     p = argparse.ArgumentParser()
     bench_interference.add_arguments(p)

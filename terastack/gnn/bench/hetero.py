@@ -58,8 +58,9 @@ from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
 from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.storage.gen import HeteroGraphGenerator
 from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.training.hetero_models import HeteroGNN, hetero_eval_step, hetero_train_step
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample
+from terastack.gnn.training.models import HeteroGNN, eval_step, train_step
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
+from terastack.gnn.storage.hotness import hetero_presample
 from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.budget_split import hetero_share_budget
@@ -200,13 +201,13 @@ class HeteroContender:
     def run(self, *, epoch: int, limit: int = 0, train: bool = True) -> dict:
         """One epoch (its first ``limit`` batches); ``train=False`` leaves the step out (the loader alone)."""
         return run_epoch(self.pipeline, self.model, self.opt, self.train_ids, batch_size=self.batch_size,
-                         epoch=epoch, step=hetero_train_step if train else skip_step, limit=limit)
+                         epoch=epoch, step=train_step if train else skip_step, limit=limit)
 
     def accuracy(self) -> dict:
         if not len(self.test_ids):
             return {"test_acc": None}
         return {"test_acc": evaluate(self.pipeline, self.model, self.test_ids, batch_size=self.batch_size,
-                                     step=hetero_eval_step)}
+                                     step=eval_step)}
 
     def close(self) -> None:
         self.features.close()

@@ -16,15 +16,13 @@ dataset's metadata (``to_hetero``) find every key they expect.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from terastack.gnn.sampling.fanouts import parse_relation_fanouts
-from terastack.gnn.storage.hotness import PRESAMPLE_SEED_OFFSET, Hotness
-from terastack.gnn.sampling.sampler import epoch_batches, sample_hop
-from terastack.gnn.storage.topology import TopologyStats, appearance_counts
+from terastack.gnn.sampling.sampler import sample_relations, thread_maps
+from terastack.gnn.storage.topology import TopologyStats
 
 EdgeType = tuple[str, str, str]
 
@@ -128,112 +126,9 @@ class HeteroNeighborSampler:
     def batch_rng(self, epoch: int, index: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed, epoch, index])
 
-    def _maps(self) -> dict[str, np.ndarray]:
-        maps = getattr(self._local, "maps", None)
-        if maps is None:
-            maps = self._local.maps = {t: np.full(n, -1, np.int32 if n < 2**31 else np.int64)
-                                       for t, n in self.num_nodes.items()}
-        return maps
-
     def sample(self, seeds, rng: np.random.Generator, *, index: int = 0, epoch: int = 0) -> HeteroSampledBatch:
-        seeds = np.asarray(seeds, dtype=np.int64).ravel()
-        n_target = self.num_nodes[self.target]
-        if seeds.size and (seeds.min() < 0 or seeds.max() >= n_target):
-            bad = seeds[(seeds < 0) | (seeds >= n_target)][0]
-            raise ValueError(f"seeds: {self.target} id {int(bad)} is out of range (the type has {n_target} nodes)")
-        maps = self._maps()
-        local = maps[self.target]
-        local[seeds] = np.arange(len(seeds))
-        if (local[seeds] != np.arange(len(seeds))).any():
-            local[seeds] = -1
-            raise ValueError("seeds: node ids within a batch must be distinct")
-        nodes = {t: [] for t in self.num_nodes}
-        nodes[self.target].append(seeds)
-        counts = {t: 0 for t in self.num_nodes}
-        counts[self.target] = len(seeds)
-        per_hop = {t: [len(seeds) if t == self.target else 0] for t in self.num_nodes}
-        edges_per_hop = {et: [] for et in self.edge_types}
-        rows = {et: [] for et in self.edge_types}
-        cols = {et: [] for et in self.edge_types}
-        frontier = {t: (seeds if t == self.target else np.zeros(0, np.int64)) for t in self.num_nodes}
-        try:
-            for hop in range(self.hops):
-                found = {t: [] for t in self.num_nodes}
-                for et in self.edge_types:
-                    src, _, dst = et
-                    fanout = self.fanouts[et][hop]
-                    if fanout == 0 or not len(frontier[dst]):
-                        edges_per_hop[et].append(0)
-                        continue
-                    target, neighbour = sample_hop(self.topology.parts[et], frontier[dst], fanout, rng,
-                                                   replace=self.config.replace)
-                    loc = maps[src]
-                    fresh = neighbour[loc[neighbour] < 0]
-                    uniq, first = np.unique(fresh, return_index=True)
-                    new = uniq[np.argsort(first, kind="stable")]
-                    loc[new] = np.arange(counts[src], counts[src] + len(new))
-                    counts[src] += len(new)
-                    nodes[src].append(new)
-                    found[src].append(new)
-                    rows[et].append(loc[neighbour].astype(np.int64))
-                    cols[et].append(maps[dst][target].astype(np.int64))
-                    edges_per_hop[et].append(len(neighbour))
-                frontier = {t: np.concatenate(v) if v else np.zeros(0, np.int64) for t, v in found.items()}
-                for t in self.num_nodes:
-                    per_hop[t].append(len(frontier[t]))
-            n_id = {t: np.concatenate(v) if v else np.zeros(0, np.int64) for t, v in nodes.items()}
-        finally:
-            for t, parts in nodes.items():
-                for part in parts:
-                    maps[t][part] = -1
-        empty = np.zeros(0, np.int64)
-        return HeteroSampledBatch(
-            n_id=n_id, row={et: np.concatenate(v) if v else empty for et, v in rows.items()},
-            col={et: np.concatenate(v) if v else empty for et, v in cols.items()}, target=self.target,
-            batch_size=len(seeds), num_sampled_nodes=per_hop, num_sampled_edges=edges_per_hop, index=index,
-            epoch=epoch)
-
-
-def hetero_presample(sampler: HeteroNeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,
-                     seed: int = 0, keep_examples: int = 2) -> dict[str, Hotness]:
-    """Per node type: feature gathers and list expansions counted over ``epochs`` pre-sampled epochs
-    (terastack.gnn.storage.hotness, one :class:`Hotness` per type; its ``expansions`` count for every relation
-    into the type, whose lists a frontier node has sampled)."""
-    if epochs < 1:
-        raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")
-    counts = {t: np.zeros(n, np.int32) for t, n in sampler.num_nodes.items()}
-    expansions = {t: np.zeros(n, np.int32) for t, n in sampler.num_nodes.items()}
-    last = {}
-    nodes = {t: 0 for t in counts}
-    batches = seeds = 0
-    sampling = 0.0
-    examples = []
-    for epoch in range(epochs):
-        touched = {t: [] for t in counts}
-        for k, ids in enumerate(epoch_batches(train_ids, batch_size, seed=seed + PRESAMPLE_SEED_OFFSET, epoch=epoch)):
-            t0 = time.perf_counter()
-            batch = sampler.sample(ids, np.random.default_rng([seed + PRESAMPLE_SEED_OFFSET, epoch, k]))
-            sampling += time.perf_counter() - t0
-            for t, n_id in batch.n_id.items():
-                touched[t].append(n_id)
-                nodes[t] += len(n_id)
-                expanded = len(n_id) - batch.num_sampled_nodes[t][-1]  # all but those first reached last
-                expansions[t][n_id[:expanded]] += 1
-            seeds += batch.batch_size
-            batches += 1
-            if len(examples) < keep_examples:
-                examples.append(batch)
-        for t in counts:
-            epoch_counts = np.bincount(np.concatenate(touched[t]), minlength=len(counts[t])) if touched[t] else \
-                np.zeros(len(counts[t]), np.int64)
-            counts[t] += epoch_counts.astype(np.int32)
-            if epoch == epochs - 1 and epochs > 1:
-                last[t] = epoch_counts.astype(np.int32)
-    degree = {t: np.zeros(n, np.int64) for t, n in sampler.num_nodes.items()}
-    for et, topo in sampler.topology.parts.items():  # lists a node appears in, over every relation it is a source of
-        degree[et[0]] += appearance_counts(topo.indices, sampler.num_nodes[et[0]])
-    b = max(batches, 1)
-    return {t: Hotness(counts=counts[t], expansions=expansions[t], degree=degree[t], holdout_counts=last.get(t),
-                       batches=batches, epochs=epochs, nodes_per_batch=nodes[t] / b, edges_per_batch=0.0,
-                       seeds_per_batch=seeds / b, sample_seconds_per_batch=sampling / b, examples=examples)
-            for t in counts}
+        n_id, rows, cols, per_hop, edges = sample_relations(
+            thread_maps(self._local, self.num_nodes), self.topology.parts, self.fanouts, self.target, seeds, rng,
+            replace=self.config.replace)
+        return HeteroSampledBatch(n_id=n_id, row=rows, col=cols, target=self.target, batch_size=per_hop[self.target][0],
+                                  num_sampled_nodes=per_hop, num_sampled_edges=edges, index=index, epoch=epoch)

@@ -73,6 +73,11 @@ class SampledBatch:
         return data
 
 
+#: the node type and relation a homogeneous graph is the one-type, one-relation case of
+_NODE = "node"
+_EDGE = (_NODE, "to", _NODE)
+
+
 class NeighborSampler:
     """Uniform neighbour sampler over a CSC graph; see [Note: sampling semantics]."""
 
@@ -113,52 +118,84 @@ class NeighborSampler:
     def batch_rng(self, epoch: int, index: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed, epoch, index])
 
-    def _map(self) -> np.ndarray:
-        local = getattr(self._local, "map", None)
-        if local is None:
-            # int32 when ids fit: this map is one per sampling thread, 4 bytes per node of the graph
-            local = self._local.map = np.full(self.num_nodes, -1, np.int32 if self.num_nodes < 2**31 else np.int64)
-        return local
-
     def sample(self, seeds, rng: np.random.Generator, *, index: int = 0, epoch: int = 0) -> SampledBatch:
-        seeds = np.asarray(seeds, dtype=np.int64).ravel()
-        if seeds.size and (seeds.min() < 0 or seeds.max() >= self.num_nodes):
-            bad = seeds[(seeds < 0) | (seeds >= self.num_nodes)][0]
-            raise ValueError(f"seeds: node id {int(bad)} is out of range (the graph has {self.num_nodes} nodes)")
-        local = self._map()
-        local[seeds] = np.arange(len(seeds))
-        if (local[seeds] != np.arange(len(seeds))).any():
-            local[seeds] = -1
-            raise ValueError("seeds: node ids within a batch must be distinct")
-        nodes = [seeds]
-        rows, cols = [], []
-        num_nodes, num_edges = [len(seeds)], []
-        count = len(seeds)
-        frontier = seeds
-        try:
-            for fanout in self.fanouts:
-                target, neighbour = self._sample_hop(frontier, fanout, rng)
-                loc = local[neighbour]
-                fresh = neighbour[loc < 0]
+        # the one-type, one-relation case of the heterogeneous sampler's hops (sample_relations)
+        maps = thread_maps(self._local, {_NODE: self.num_nodes})
+        n_id, rows, cols, per_hop, edges = sample_relations(
+            maps, {_EDGE: self.topology}, {_EDGE: self.fanouts}, _NODE, seeds, rng, replace=self.config.replace,
+            space="the graph")
+        return SampledBatch(n_id=n_id[_NODE], row=rows[_EDGE], col=cols[_EDGE], batch_size=per_hop[_NODE][0],
+                            num_sampled_nodes=per_hop[_NODE], num_sampled_edges=edges[_EDGE], index=index,
+                            epoch=epoch)
+
+
+def thread_maps(local: threading.local, num_nodes: dict[str, int]) -> dict[str, np.ndarray]:
+    """This thread's global -> local id map per node type (-1: not in the batch), made on first use.
+
+    int32 when ids fit: a map is one per sampling thread and type, 4 bytes per node."""
+    maps = getattr(local, "maps", None)
+    if maps is None:
+        maps = local.maps = {t: np.full(n, -1, np.int32 if n < 2**31 else np.int64) for t, n in num_nodes.items()}
+    return maps
+
+
+def sample_relations(maps: dict[str, np.ndarray], topologies: dict, fanouts: dict, target: str, seeds,
+                     rng: np.random.Generator, *, replace: bool, space: str = "the type"):
+    """The hops of one batch over every relation: (n_id, row, col, nodes per hop, edges per hop), keyed by node
+    type and relation. See terastack.gnn.sampling.hetero_sampler [Note: heterogeneous sampling semantics]; a
+    homogeneous graph is its one-type, one-relation case ([Note: sampling semantics]).
+
+    ``maps``: :func:`thread_maps`, all -1 on entry and on return; ``space`` names the seeds' id space in errors.
+    """
+    seeds = np.asarray(seeds, dtype=np.int64).ravel()
+    local, n_target = maps[target], len(maps[target])
+    if seeds.size and (seeds.min() < 0 or seeds.max() >= n_target):
+        bad = seeds[(seeds < 0) | (seeds >= n_target)][0]
+        what = "node" if space == "the graph" else target
+        raise ValueError(f"seeds: {what} id {int(bad)} is out of range ({space} has {n_target} nodes)")
+    local[seeds] = np.arange(len(seeds))
+    if (local[seeds] != np.arange(len(seeds))).any():
+        local[seeds] = -1
+        raise ValueError("seeds: node ids within a batch must be distinct")
+    edge_types = sorted(topologies)
+    none = np.zeros(0, np.int64)
+    nodes = {t: ([seeds] if t == target else []) for t in maps}
+    counts = {t: (len(seeds) if t == target else 0) for t in maps}
+    per_hop = {t: [counts[t]] for t in maps}
+    edges = {et: [] for et in edge_types}
+    rows, cols = {et: [] for et in edge_types}, {et: [] for et in edge_types}
+    frontier = {t: (seeds if t == target else none) for t in maps}
+    try:
+        for h in range(len(next(iter(fanouts.values()))) if fanouts else 0):
+            found = {t: [] for t in maps}
+            for et in edge_types:
+                src, _, dst = et
+                fanout = fanouts[et][h]
+                if fanout == 0 or not len(frontier[dst]):
+                    edges[et].append(0)
+                    continue
+                tgt, neighbour = sample_hop(topologies[et], frontier[dst], fanout, rng, replace=replace)
+                loc = maps[src]
+                fresh = neighbour[loc[neighbour] < 0]
                 uniq, first = np.unique(fresh, return_index=True)
                 new = uniq[np.argsort(first, kind="stable")]  # in order of discovery
-                local[new] = np.arange(count, count + len(new))
-                count += len(new)
-                rows.append(local[neighbour].astype(np.int64))
-                cols.append(local[target].astype(np.int64))
-                nodes.append(new)
-                num_nodes.append(len(new))
-                num_edges.append(len(neighbour))
-                frontier = new
-            n_id = np.concatenate(nodes)
-        finally:
-            for part in nodes:
-                local[part] = -1
-        return SampledBatch(n_id=n_id, row=np.concatenate(rows), col=np.concatenate(cols), batch_size=len(seeds),
-                            num_sampled_nodes=num_nodes, num_sampled_edges=num_edges, index=index, epoch=epoch)
-
-    def _sample_hop(self, frontier: np.ndarray, fanout: int, rng: np.random.Generator):
-        return sample_hop(self.topology, frontier, fanout, rng, replace=self.config.replace)
+                loc[new] = np.arange(counts[src], counts[src] + len(new))
+                counts[src] += len(new)
+                nodes[src].append(new)
+                found[src].append(new)
+                rows[et].append(loc[neighbour].astype(np.int64))
+                cols[et].append(maps[dst][tgt].astype(np.int64))
+                edges[et].append(len(neighbour))
+            frontier = {t: np.concatenate(v) if v else none for t, v in found.items()}
+            for t in maps:
+                per_hop[t].append(len(frontier[t]))
+        n_id = {t: np.concatenate(v) if v else none for t, v in nodes.items()}
+    finally:
+        for t, parts in nodes.items():
+            for part in parts:
+                maps[t][part] = -1
+    return (n_id, {et: np.concatenate(v) if v else none for et, v in rows.items()},
+            {et: np.concatenate(v) if v else none for et, v in cols.items()}, per_hop, edges)
 
 
 def sample_hop(topology, frontier: np.ndarray, fanout: int, rng: np.random.Generator, *, replace: bool = False):

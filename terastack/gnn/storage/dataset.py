@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json, safe_relative
-from terastack.gnn.storage.topology import ArrayTopology, SsdTopology, stream_chunks
+from terastack.gnn.storage.invariants import DatasetError, check_csc, check_files, check_ids, check_labels, load_file, map_file
+from terastack.gnn.storage.topology import INDPTR_MODES, ArrayTopology, SsdTopology
 
 FORMAT = "terastack-gnn"
 FORMAT_VERSION = 1
@@ -61,10 +62,6 @@ def check_read_modes(*, verify: str, topology: str) -> None:
         raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {verify!r}")
     if topology not in TOPOLOGY_MODES:
         raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {topology!r}")
-
-
-class DatasetError(ValueError):
-    """A dataset directory is missing, truncated, corrupt or inconsistent. Names the file and the field."""
 
 
 # ---------------------------------------------------------------- checksums
@@ -301,7 +298,7 @@ class GraphDataset:
         #: "ssd": leave them in their files, read through the storage engine per hop (terastack.gnn.storage.topology)
         topology: str = "memory"
         #: with topology="ssd": indptr in RAM ("memory"), on the SSD ("ssd"), or "auto" (RAM when it costs at
-        #: most a quarter of ``topology_budget``)
+        #: most a quarter of ``topology_budget``; a heterogeneous dataset weighs every relation's together)
         indptr: str = "auto"
         #: with topology="ssd": the memory the topology may hold (bytes), which "auto" weighs indptr against
         topology_budget: int = 0
@@ -310,7 +307,10 @@ class GraphDataset:
             if not self.root:
                 raise ValueError("root: the dataset directory is required")
             check_read_modes(verify=self.verify, topology=self.topology)
-            SsdTopology.Config(indptr=self.indptr, budget=self.topology_budget)  # validates both
+            if self.indptr not in INDPTR_MODES:
+                raise ValueError(f"indptr: must be one of {', '.join(INDPTR_MODES)}; got {self.indptr!r}")
+            if self.topology_budget < 0:
+                raise ValueError(f"topology_budget: must be >= 0, got {self.topology_budget}")
 
     def __init__(self, config: "GraphDataset.Config | str | os.PathLike", *, engine=None):
         if not isinstance(config, GraphDataset.Config):
@@ -382,78 +382,25 @@ class GraphDataset:
             raise DatasetError(f"{self.root / MANIFEST}: field files.indices.dtype must be one of {INDEX_DTYPES}")
         sizes = {k: m.files[k].shape[0] if m.files[k].shape else -1 for k in ("train_idx", "val_idx", "test_idx")}
         layout = expected_layout(m.num_nodes, m.num_edges, m.feat_dim, m.feat_dtype, index_dtype, sizes)
-        for key, (dtype, shape) in layout.items():
-            entry = m.files[key]
-            where = f"{self.root / MANIFEST}: field files.{key}"
-            if entry.dtype != dtype or tuple(entry.shape) != shape:
-                raise DatasetError(f"{where}: is {entry.dtype} {list(entry.shape)}, expected {dtype} {list(shape)} "
-                                   f"for {m.num_nodes} nodes, {m.num_edges} edges, {m.feat_dim} features")
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            if entry.nbytes != nbytes:
-                raise DatasetError(f"{where}.bytes: is {entry.nbytes}, but {dtype} {list(shape)} is {nbytes} bytes")
-            expected_chunks = max(1, -(-nbytes // entry.chunk_bytes)) if entry.chunk_bytes else -1
-            if len(entry.checksums) != expected_chunks:
-                raise DatasetError(f"{where}.checksum.chunks: {len(entry.checksums)} chunks listed, "
-                                   f"{expected_chunks} expected for {nbytes} bytes")
-            path = self.paths[key]
-            if not path.is_file():
-                raise DatasetError(f"{path}: file is missing (field files.{key})")
-            actual = path.stat().st_size
-            if actual != nbytes:
-                what = "truncated" if actual < nbytes else "longer than the manifest says"
-                raise DatasetError(f"{path}: {actual} bytes, manifest says {nbytes} ({what}; field files.{key})")
+        check_files(self.root / MANIFEST, layout, m.files, self.paths,
+                    f" for {m.num_nodes} nodes, {m.num_edges} edges, {m.feat_dim} features")
 
     def _verify_contents(self) -> str:
         return verify_checksums(self.root, self.manifest.files, self.paths, self.config.verify, engine=self.engine)
 
     def _load(self, key: str) -> np.ndarray:
-        from terastack import io
-
-        entry = self.manifest.files[key]
-        out = io.aligned_empty(entry.shape, entry.dtype)
-        if entry.nbytes:
-            with io.open(self.paths[key], "r", direct="auto", engine=self.engine) as f:
-                f.read(out, 0, entry.nbytes, timeout=3600)
-        return out
+        return load_file(self.manifest.files[key], self.paths[key], self.engine)
 
     def _map(self, key: str) -> np.ndarray:
-        entry = self.manifest.files[key]
-        if entry.nbytes == 0:
-            return np.zeros(entry.shape, entry.dtype)
-        return np.memmap(self.paths[key], dtype=entry.dtype, mode="r", shape=entry.shape)
+        return map_file(self.manifest.files[key], self.paths[key])
 
     def _check_invariants(self) -> None:
-        n, e = self.num_nodes, self.num_edges
-        ip = self.indptr
-        if int(ip[0]) != 0 or int(ip[-1]) != e:
-            raise DatasetError(f"{self.paths['indptr']}: indptr must run from 0 to num_edges={e}, "
-                               f"runs from {int(ip[0])} to {int(ip[-1])}")
-        previous = None  # streamed: indptr may be mapped or on the SSD
-        for first, part in stream_chunks(ip):
-            part = np.asarray(part, dtype=np.int64)
-            steps = np.diff(part if previous is None else np.concatenate([[previous], part]))
-            if (steps < 0).any():
-                v = int(np.argmax(steps < 0)) + first - (previous is not None)
-                raise DatasetError(f"{self.paths['indptr']}: indptr decreases at node {v}")
-            if len(part):
-                previous = part[-1]
-        _check_ids(self.indices, n, self.paths["indices"], "neighbour id")
-        labels = self.labels
-        if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
-            raise DatasetError(f"{self.paths['labels']}: labels must be in 0..{self.num_classes - 1}, "
-                               f"found {int(labels.min())}..{int(labels.max())}")
+        # the one-relation case of terastack.gnn.storage.hetero_dataset's checks (terastack.gnn.storage.invariants)
+        n, p = self.num_nodes, self.paths
+        check_csc(self.topology, self.num_edges, (p["indptr"], p["indices"]), (n, "the graph"))
+        check_labels(self.labels, self.num_classes, p["labels"])
         for name, ids in self.splits.items():
-            _check_ids(ids, n, self.paths[f"{name}_idx"], f"{name} node id")
-
-
-def _check_ids(ids: np.ndarray, num_nodes: int, path: Path, what: str, chunk: int = 1 << 24) -> None:
-    for start in range(0, len(ids), chunk):
-        part = np.asarray(ids[start:start + chunk])
-        bad = (part < 0) | (part >= num_nodes)
-        if bad.any():
-            i = start + int(np.argmax(bad))
-            raise DatasetError(f"{path}: {what} {int(ids[i])} at position {i} is out of range "
-                               f"(the graph has {num_nodes} nodes)")
+            check_ids(ids, n, p[f"{name}_idx"], f"{name} node id", "the graph")
 
 
 def open_dataset(root: str | os.PathLike, *, verify: str = "stamp", topology: str = "memory", indptr: str = "auto",

@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json, safe_relative
-from terastack.gnn.storage.dataset import FEATURE_DTYPES, INDEX_DTYPES, MANIFEST, DatasetError, FileEntry, check_read_modes, file_entry, need_field, parse_file_entry, read_manifest_json, verify_checksums, write_stamp
-from terastack.gnn.storage.topology import INDPTR_MODES, ArrayTopology, SsdTopology, indptr_fits, stream_chunks
+from terastack.gnn.storage.dataset import FEATURE_DTYPES, INDEX_DTYPES, MANIFEST, FileEntry, GraphDataset, file_entry, need_field, parse_file_entry, read_manifest_json, verify_checksums, write_stamp
+from terastack.gnn.storage.invariants import DatasetError, check_csc, check_files, check_ids, check_labels, load_file, map_file
+from terastack.gnn.storage.topology import ArrayTopology, SsdTopology, indptr_fits
 
 FORMAT = "terastack-gnn-hetero"
 FORMAT_VERSION = 1
@@ -202,24 +203,9 @@ class HeteroDataset:
     features stay in their files (:meth:`node_features` describes one type's file for the cache).
     """
 
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        root: str
-        verify: str = "stamp"
-        topology: str = "memory"
-        #: with topology="ssd": every relation's indptr in RAM (compact, about 2.1 bytes per node), on the SSD,
-        #: or "auto" (in RAM when all of them together cost at most a quarter of ``topology_budget``)
-        indptr: str = "auto"
-        topology_budget: int = 0
-
-        def __post_init__(self) -> None:
-            if not self.root:
-                raise ValueError("root: the dataset directory is required")
-            check_read_modes(verify=self.verify, topology=self.topology)
-            if self.indptr not in INDPTR_MODES:
-                raise ValueError(f"indptr: must be one of {', '.join(INDPTR_MODES)}; got {self.indptr!r}")
-            if self.topology_budget < 0:
-                raise ValueError(f"topology_budget: must be >= 0, got {self.topology_budget}")
+    #: the homogeneous dataset's settings, one definition for both kinds (root, verify, topology, indptr,
+    #: topology_budget)
+    Config = GraphDataset.Config
 
     def __init__(self, config: "HeteroDataset.Config | str | os.PathLike", *, engine=None):
         if not isinstance(config, HeteroDataset.Config):
@@ -270,35 +256,11 @@ class HeteroDataset:
 
     # --------------------------------------------------------------- checks
     def _check_layout(self) -> None:
-        m = self.manifest
-        sizes = {k: (m.files[f"{node_dir(self.target)}/{k}"].shape or (-1,))[0]
-                 if f"{node_dir(self.target)}/{k}" in m.files else -1 for k in SPLIT_KEYS}
-        layout = hetero_layout(m.node_types, m.edge_types, self.target, sizes)
-        where = self.root / MANIFEST
-        extra = sorted(set(m.files) - set(layout))
-        if extra:
-            raise DatasetError(f"{where}: field files.{extra[0]} is not part of this dataset's layout")
-        for key, (dtype, shape) in layout.items():
-            if key not in m.files:
-                raise DatasetError(f"{where}: field files.{key} is missing")
-            entry = m.files[key]
-            if entry.dtype != dtype or tuple(entry.shape) != shape:
-                raise DatasetError(f"{where}: field files.{key}: is {entry.dtype} {list(entry.shape)}, expected "
-                                   f"{dtype} {list(shape)}")
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            if entry.nbytes != nbytes:
-                raise DatasetError(f"{where}: field files.{key}.bytes: is {entry.nbytes}, expected {nbytes}")
-            expected_chunks = max(1, -(-nbytes // entry.chunk_bytes)) if entry.chunk_bytes else -1
-            if len(entry.checksums) != expected_chunks:
-                raise DatasetError(f"{where}: field files.{key}.checksum.chunks: {len(entry.checksums)} listed, "
-                                   f"{expected_chunks} expected")
-            path = self.paths[key]
-            if not path.is_file():
-                raise DatasetError(f"{path}: file is missing (field files.{key})")
-            if path.stat().st_size != nbytes:
-                what = "truncated" if path.stat().st_size < nbytes else "longer than the manifest says"
-                raise DatasetError(f"{path}: {path.stat().st_size} bytes, manifest says {nbytes} ({what}; "
-                                   f"field files.{key})")
+        m, target = self.manifest, node_dir(self.target)
+        sizes = {k: (m.files[f"{target}/{k}"].shape or (-1,))[0] if f"{target}/{k}" in m.files else -1
+                 for k in SPLIT_KEYS}
+        check_files(self.root / MANIFEST, hetero_layout(m.node_types, m.edge_types, self.target, sizes), m.files,
+                    self.paths)
 
     def _open_topologies(self) -> dict:
         cfg, m = self.config, self.manifest
@@ -319,48 +281,23 @@ class HeteroDataset:
         return out
 
     def _load(self, key: str) -> np.ndarray:
-        entry = self.manifest.files[key]
-        return np.fromfile(self.paths[key], dtype=entry.dtype).reshape(entry.shape)
+        return load_file(self.manifest.files[key], self.paths[key], self.engine)
 
     def _map(self, key: str) -> np.ndarray:
-        entry = self.manifest.files[key]
-        if entry.nbytes == 0:
-            return np.zeros(entry.shape, entry.dtype)
-        return np.memmap(self.paths[key], dtype=entry.dtype, mode="r", shape=entry.shape)
+        return map_file(self.manifest.files[key], self.paths[key])
 
     def _check_invariants(self) -> None:
+        # per relation, label array and split: the homogeneous dataset's checks (terastack.gnn.storage.invariants)
         for et in self.edge_types:
-            topo, base = self.topologies[et], edge_dir(et)
-            ip, e = topo.indptr, self.manifest.edge_types[et].num_edges
-            if int(ip[0]) != 0 or int(ip[-1]) != e:
-                raise DatasetError(f"{self.paths[base + '/indptr']}: indptr must run from 0 to num_edges={e}, "
-                                   f"runs from {int(ip[0])} to {int(ip[-1])}")
-            previous = None
-            for first, part in stream_chunks(ip):
-                part = np.asarray(part, dtype=np.int64)
-                steps = np.diff(part if previous is None else np.concatenate([[previous], part]))
-                if (steps < 0).any():
-                    raise DatasetError(f"{self.paths[base + '/indptr']}: indptr decreases at node "
-                                       f"{int(np.argmax(steps < 0)) + first - (previous is not None)}")
-                previous = part[-1] if len(part) else previous
-            n_src = self.num_nodes[et[0]]
-            for first, part in stream_chunks(topo.indices):
-                bad = (part < 0) | (part >= n_src)
-                if bad.any():
-                    i = int(np.argmax(bad))
-                    raise DatasetError(f"{self.paths[base + '/indices']}: neighbour id {int(part[i])} at position "
-                                       f"{first + i} is out of range (type {et[0]!r} has {n_src} nodes)")
+            base = edge_dir(et)
+            check_csc(self.topologies[et], self.manifest.edge_types[et].num_edges,
+                      (self.paths[f"{base}/indptr"], self.paths[f"{base}/indices"]),
+                      (self.num_nodes[et[0]], f"type {et[0]!r}"))
         for t, labels in self.labels.items():
-            if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
-                raise DatasetError(f"{self.paths[node_dir(t) + '/labels']}: labels must be in "
-                                   f"0..{self.num_classes - 1}, found {int(labels.min())}..{int(labels.max())}")
-        n = self.num_nodes[self.target]
+            check_labels(labels, self.num_classes, self.paths[f"{node_dir(t)}/labels"])
+        n, target = self.num_nodes[self.target], node_dir(self.target)
         for name, ids in self.splits.items():
-            bad = (ids < 0) | (ids >= n)
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise DatasetError(f"{self.paths[f'{node_dir(self.target)}/{name}_idx']}: {name} node id "
-                                   f"{int(ids[i])} at position {i} is out of range (type {self.target!r} has {n})")
+            check_ids(ids, n, self.paths[f"{target}/{name}_idx"], f"{name} node id", f"type {self.target!r}")
 
 
 def open_hetero_dataset(root: str | os.PathLike, *, verify: str = "stamp", topology: str = "memory",

@@ -18,11 +18,12 @@ pass happened to touch.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
+from terastack.gnn.storage.topology import appearance_counts
 
 #: added to the training seed for the pre-sampling pass
 PRESAMPLE_SEED_OFFSET = 7_919
@@ -85,43 +86,101 @@ class Hotness:
         return float(cum[int(np.clip(rows, 0, len(cum) - 1))])
 
 
-def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,
-              seed: int = 0, keep_examples: int = 4, degree: np.ndarray | None = None) -> Hotness:
-    """Run the sampler over ``epochs`` epochs of ``train_ids`` and count accesses per node."""
+class _TypeTally:
+    """One node type's counts over a pre-sampling pass (a homogeneous graph has one type)."""
+
+    def __init__(self, num_nodes: int):
+        self.counts = np.zeros(num_nodes, np.int32)
+        self.expansions = np.zeros(num_nodes, np.int32)
+        self.last: np.ndarray | None = None
+        self.touched: list[np.ndarray] = []  # this epoch's ids: one bincount per epoch, not one per batch
+        self.nodes = 0
+
+    def add(self, n_id: np.ndarray, reached_last: int) -> None:
+        """A batch's ids of this type; every node but the ``reached_last`` first reached at the last hop had its
+        list sampled (n_id has no repeats)."""
+        self.touched.append(n_id)
+        self.expansions[n_id[: len(n_id) - reached_last]] += 1
+        self.nodes += len(n_id)
+
+    def end_epoch(self, holdout: bool) -> None:
+        n = len(self.counts)
+        epoch_counts = np.bincount(np.concatenate(self.touched), minlength=n) if self.touched else np.zeros(n, np.int64)
+        self.counts += epoch_counts  # in place: no int32 copy of a per-node array
+        if holdout:
+            self.last = epoch_counts.astype(np.int32)
+        self.touched = []
+
+
+@dataclass(slots=True)
+class _Pass:
+    """What a pre-sampling pass counted besides the per-type tallies."""
+
+    epochs: int
+    batches: int = 0
+    seeds: int = 0
+    edges: int = 0
+    sampling: float = 0.0
+    examples: list = field(default_factory=list)
+
+    def hotness(self, tally: _TypeTally, degree: np.ndarray, *, edges: bool) -> Hotness:
+        b = max(self.batches, 1)
+        return Hotness(counts=tally.counts, expansions=tally.expansions, degree=degree, holdout_counts=tally.last,
+                       batches=self.batches, epochs=self.epochs, nodes_per_batch=tally.nodes / b,
+                       edges_per_batch=self.edges / b if edges else 0.0, seeds_per_batch=self.seeds / b,
+                       sample_seconds_per_batch=self.sampling / b, examples=self.examples)
+
+
+def _presample_pass(sampler, train_ids: np.ndarray, batch_size: int, num_nodes: dict[str, int], parts, *,
+                    epochs: int, seed: int, keep_examples: int) -> tuple[dict[str, _TypeTally], _Pass]:
+    """Sample ``epochs`` epochs of ``train_ids`` with the pass's own random stream; ``parts(batch)`` gives
+    ``({type: (n_id, first reached at the last hop)}, edges)`` of a batch of either graph kind."""
     if epochs < 1:
         raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")
-    n = sampler.num_nodes
-    counts = np.zeros(n, np.int32)
-    expansions = np.zeros(n, np.int32)
-    last = None
-    nodes = edges = seeds = batches = 0
-    examples = []
-    sampling = 0.0
+    tallies = {t: _TypeTally(n) for t, n in num_nodes.items()}
+    run = _Pass(epochs=epochs)
     for epoch in range(epochs):
-        touched = []  # counted once per epoch: one bincount over the epoch's ids, not one per batch
         for k, ids in enumerate(epoch_batches(train_ids, batch_size, seed=seed + PRESAMPLE_SEED_OFFSET, epoch=epoch)):
             t0 = time.perf_counter()
             batch = sampler.sample(ids, np.random.default_rng([seed + PRESAMPLE_SEED_OFFSET, epoch, k]))
-            sampling += time.perf_counter() - t0
-            touched.append(batch.n_id)
-            # every node but those first reached at the last hop had its list sampled (n_id has no repeats)
-            expansions[batch.n_id[: batch.num_nodes - batch.num_sampled_nodes[-1]]] += 1
-            nodes += batch.num_nodes
-            edges += len(batch.row)
-            seeds += batch.batch_size
-            batches += 1
-            if len(examples) < keep_examples:
-                examples.append(batch)
-        epoch_counts = np.bincount(np.concatenate(touched), minlength=n) if touched else np.zeros(n, np.int64)
-        counts += epoch_counts  # in place: no int32 copy of a per-node array
-        if epoch == epochs - 1 and epochs > 1:
-            last = epoch_counts.astype(np.int32)
-        del epoch_counts, touched
+            run.sampling += time.perf_counter() - t0
+            per_type, edges = parts(batch)
+            for t, (n_id, reached_last) in per_type.items():
+                tallies[t].add(n_id, reached_last)
+            run.edges += edges
+            run.seeds += batch.batch_size
+            run.batches += 1
+            if len(run.examples) < keep_examples:
+                run.examples.append(batch)
+        for tally in tallies.values():
+            tally.end_epoch(holdout=epoch == epochs - 1 and epochs > 1)
+    return tallies, run
+
+
+def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,
+              seed: int = 0, keep_examples: int = 4, degree: np.ndarray | None = None) -> Hotness:
+    """Run the sampler over ``epochs`` epochs of ``train_ids`` and count accesses per node."""
+    tallies, run = _presample_pass(
+        sampler, train_ids, batch_size, {"node": sampler.num_nodes},
+        lambda b: ({"node": (b.n_id, b.num_sampled_nodes[-1])}, len(b.row)),
+        epochs=epochs, seed=seed, keep_examples=keep_examples)
     if degree is None:  # streamed: the topology may be memory-mapped or on the SSD, larger than memory
         degree = sampler.topology.appearance_counts()
         if degree.max(initial=0) < 2**31:
             degree = degree.astype(np.int32)
-    b = max(batches, 1)
-    return Hotness(counts=counts, expansions=expansions, degree=degree, holdout_counts=last, batches=batches, epochs=epochs,
-                   nodes_per_batch=nodes / b, edges_per_batch=edges / b, seeds_per_batch=seeds / b,
-                   sample_seconds_per_batch=sampling / b, examples=examples)
+    return run.hotness(tallies["node"], degree, edges=True)
+
+
+def hetero_presample(sampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2, seed: int = 0,
+                     keep_examples: int = 2) -> dict[str, Hotness]:
+    """Per node type of a heterogeneous sampler (terastack.gnn.sampling.hetero_sampler): feature gathers and list
+    expansions counted as :func:`presample` counts them, one :class:`Hotness` per type (its ``expansions`` count
+    for every relation into the type, whose lists a frontier node has sampled)."""
+    tallies, run = _presample_pass(
+        sampler, train_ids, batch_size, sampler.num_nodes,
+        lambda b: ({t: (n_id, b.num_sampled_nodes[t][-1]) for t, n_id in b.n_id.items()}, 0),
+        epochs=epochs, seed=seed, keep_examples=keep_examples)
+    degree = {t: np.zeros(n, np.int64) for t, n in sampler.num_nodes.items()}
+    for et, topo in sampler.topology.parts.items():  # lists a node appears in, over every relation it is a source of
+        degree[et[0]] += appearance_counts(topo.indices, sampler.num_nodes[et[0]])
+    return {t: run.hotness(tally, degree[t], edges=False) for t, tally in tallies.items()}

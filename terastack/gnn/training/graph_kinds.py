@@ -18,12 +18,12 @@ from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.sampling.fanouts import parse_fanouts
 from terastack.gnn.storage.hetero_dataset import is_hetero_dataset, open_hetero_dataset
-from terastack.gnn.training.hetero_models import HETERO_MODELS, HeteroGNN, hetero_eval_step, hetero_train_step
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, hetero_presample
+from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.hetero_cache import build_features
 from terastack.gnn.storage.budget_split import hetero_share_budget, share_budget
-from terastack.gnn.storage.hotness import presample
+from terastack.gnn.storage.hotness import hetero_presample, presample
+from terastack.gnn.training.hetero_net import HETERO_MODELS, HeteroGNN
 from terastack.gnn.training.models import MODELS, GNN, eval_step, save_model, train_step
 from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
 from terastack.gnn.sampling.sampler import NeighborSampler
@@ -115,8 +115,8 @@ class HeterogeneousGraph:
 
     name = "heterogeneous"
     scored = ("train", "val", "test")
-    train_step = staticmethod(hetero_train_step)
-    eval_step = staticmethod(hetero_eval_step)
+    train_step = staticmethod(train_step)
+    eval_step = staticmethod(eval_step)
 
     def __init__(self, cfg, engine=None):
         if cfg.model not in HETERO_MODELS:

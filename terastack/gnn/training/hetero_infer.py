@@ -17,8 +17,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.training.hetero_models import load_hetero_model
 from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.hetero_cache import build_features
@@ -31,16 +29,11 @@ class SampledHeteroInference:
 
     default_chunk_nodes = 1024
 
-    def __init__(self, cfg, engine=None):
-        self.cfg, self.engine = cfg, engine
-        self.model, _ = load_hetero_model(cfg.checkpoint)
-        self.ds = ds = open_hetero_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, engine=engine)
+    def __init__(self, cfg, model, ds, engine=None):
+        """``model`` (a HeteroGNN) over the opened heterogeneous dataset ``ds``, as GnnInference opens them."""
+        self.cfg, self.model, self.ds, self.engine = cfg, model, ds, engine
         self.features = None
-        try:
-            self._check()
-        except BaseException:
-            ds.close()
-            raise
+        self._check()
         self.num_nodes, self.labels = ds.num_nodes[ds.target], ds.labels[ds.target]
 
     def _check(self) -> None:

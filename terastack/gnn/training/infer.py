@@ -17,10 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terastack.gnn.storage.dataset import GraphDataset
-from terastack.gnn.storage.hetero_dataset import is_hetero_dataset
+from terastack.gnn.storage.dataset import GraphDataset, open_dataset
+from terastack.gnn.storage.hetero_dataset import is_hetero_dataset, open_hetero_dataset
 from terastack.gnn.training.hetero_infer import SampledHeteroInference
+from terastack.gnn.training.hetero_net import HeteroGNN
 from terastack.gnn.training.layerwise import LayerwiseInference
+from terastack.gnn.training.models import load_model
 from terastack.units import parse_bytes
 
 
@@ -83,6 +85,24 @@ class Outputs:
                 for split in ("val", "test") for ids in (splits[split],)}
 
 
+def open_inference(cfg, engine=None):
+    """The saved model and its dataset, opened once for either graph kind, in the kind's inference
+    (:class:`LayerwiseInference` or :class:`SampledHeteroInference`); the checkpoint must be of the dataset's kind."""
+    model, _ = load_model(cfg.checkpoint)
+    hetero = is_hetero_dataset(cfg.data)
+    if hetero != isinstance(model, HeteroGNN):
+        kinds = ("homogeneous", "heterogeneous")
+        raise ValueError(f"checkpoint: {cfg.checkpoint} holds a {kinds[not hetero]} model; {cfg.data} is a "
+                         f"{kinds[hetero]} dataset")
+    kind, open_kind = (SampledHeteroInference, open_hetero_dataset) if hetero else (LayerwiseInference, open_dataset)
+    ds = open_kind(cfg.data, verify=cfg.verify, topology=cfg.topology, engine=engine)
+    try:
+        return kind(cfg, model, ds, engine)
+    except BaseException:
+        ds.close()
+        raise
+
+
 class GnnInference:
     """Predictions (and logits) for every node of a dataset's target type from a saved model."""
 
@@ -129,9 +149,8 @@ class GnnInference:
     def run(self) -> dict:
         cfg = self.config
         started = time.perf_counter()
-        kind = SampledHeteroInference if is_hetero_dataset(cfg.data) else LayerwiseInference
-        graph = kind(cfg, self.engine)
-        chunk = cfg.chunk_nodes or kind.default_chunk_nodes
+        graph = open_inference(cfg, self.engine)
+        chunk = cfg.chunk_nodes or graph.default_chunk_nodes
         outputs = None
         try:
             outputs = Outputs(out=cfg.out, embeddings=cfg.embeddings)

@@ -44,8 +44,6 @@ import torch
 import torch.nn.functional as F
 
 from terastack.gnn.storage.cache import UnifiedCache
-from terastack.gnn.storage.dataset import open_dataset
-from terastack.gnn.training.models import load_model
 from terastack.progress import Progress
 
 
@@ -126,14 +124,11 @@ class LayerwiseInference:
 
     default_chunk_nodes = 8192
 
-    def __init__(self, cfg, engine=None):
-        self.cfg, self.engine = cfg, engine
-        self.model, _ = load_model(cfg.checkpoint)
-        self.ds = ds = open_dataset(cfg.data, verify=cfg.verify, topology=cfg.topology, engine=engine)
-        mc = self.model.config
-        if mc["in_dim"] != ds.feat_dim:
-            ds.close()
-            raise ValueError(f"checkpoint: the model takes {mc['in_dim']} input features; {ds.root} has "
+    def __init__(self, cfg, model, ds, engine=None):
+        """``model`` (a GNN) over the opened dataset ``ds``, as GnnInference opens them."""
+        self.cfg, self.model, self.ds, self.engine = cfg, model, ds, engine
+        if model.config["in_dim"] != ds.feat_dim:
+            raise ValueError(f"checkpoint: the model takes {model.config['in_dim']} input features; {ds.root} has "
                              f"{ds.feat_dim} per node")
         self.num_nodes, self.labels, self.cache = ds.num_nodes, ds.labels, None
 

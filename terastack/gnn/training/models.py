@@ -1,7 +1,10 @@
-"""GNN models built from unmodified PyG layers (SAGEConv, GCNConv, GATConv).
+"""GNN models built from unmodified PyG layers, one train and eval step and one checkpoint format for both graph kinds.
 
-Nothing here knows about storage: a model takes ``(x, edge_index)`` of a sampled
-batch like any PyG model, which is what lets a user bring their own.
+Nothing here knows about storage: a homogeneous model (:class:`GNN`: SAGEConv, GCNConv, GATConv) takes
+``(x, edge_index)`` of a sampled ``Data`` like any PyG model, which is what lets a user bring their own; a
+heterogeneous one (:class:`HeteroGNN`, terastack.gnn.training.hetero_net) takes a sampled ``HeteroData``'s
+``x_dict`` and ``edge_index_dict`` and returns its target type's logits. The step, the evaluation and the
+checkpoint are written once; the model's ``config`` (what rebuilds it) says which class it is.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from terastack.gnn.training.hetero_net import HeteroGNN, check_depth
 
 MODELS = ("sage", "gcn", "gat")
 CHECKPOINT_FORMAT = "terastack-gnn-model"
@@ -28,10 +33,7 @@ class GNN(torch.nn.Module):
         super().__init__()
         from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
-        if kind not in MODELS:
-            raise ValueError(f"model: must be one of {', '.join(MODELS)}; got {kind!r}")
-        if num_layers < 1:
-            raise ValueError(f"num_layers: must be >= 1, got {num_layers}")
+        check_depth(kind, MODELS, num_layers, "")
         if kind == "gat" and hidden % heads:
             raise ValueError(f"hidden: must be a multiple of heads ({heads}) for gat, got {hidden}")
         self.kind, self.dropout = kind, dropout
@@ -60,12 +62,25 @@ class GNN(torch.nn.Module):
         return x
 
 
+def seed_logits(model: torch.nn.Module, data) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(logits, labels, count) of the seeds of a sampled batch: the first ``batch_size`` nodes of a ``Data``, or
+    of the model's target type in a ``HeteroData`` (the only difference between the two graph kinds' steps)."""
+    from torch_geometric.data import HeteroData
+
+    if not isinstance(data, HeteroData):
+        bs = data.batch_size
+        return model(data.x.float(), data.edge_index)[:bs], data.y[:bs], int(bs)
+    target = getattr(model, "module", model).target  # the model, or the model in DistributedDataParallel
+    bs = data[target].batch_size
+    return model(data.x_dict, data.edge_index_dict)[:bs], data[target].y[:bs], int(bs)
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data) -> float:
-    """One step on the seeds of ``data`` (the first ``batch_size`` nodes). Returns the loss."""
+    """One step on the seeds of ``data`` (see :func:`seed_logits`). Returns the loss."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    out = model(data.x.float(), data.edge_index)[: data.batch_size]
-    loss = F.cross_entropy(out, data.y[: data.batch_size])
+    out, y, _ = seed_logits(model, data)
+    loss = F.cross_entropy(out, y)
     loss.backward()
     optimizer.step()
     return float(loss.detach())
@@ -75,8 +90,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data) -
 def eval_step(model: torch.nn.Module, data) -> tuple[int, int]:
     """(correct, total) predictions on the seeds of ``data``."""
     model.eval()
-    pred = model(data.x.float(), data.edge_index)[: data.batch_size].argmax(dim=-1)
-    return int((pred == data.y[: data.batch_size]).sum()), int(data.batch_size)
+    out, y, bs = seed_logits(model, data)
+    return int((out.argmax(dim=-1) == y).sum()), bs
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -107,7 +122,7 @@ def existing_meta_path(path: str | os.PathLike) -> Path:
     return legacy if not meta.exists() and legacy.is_file() else meta
 
 
-def save_model(model: GNN, path: str | os.PathLike, **extra) -> Path:
+def save_model(model: GNN | HeteroGNN, path: str | os.PathLike, **extra) -> Path:
     """Write ``model``'s weights to ``path`` and its description to :func:`checkpoint_meta_path`."""
     from terastack.atomic import atomic_write_bytes, atomic_write_json
 
@@ -124,21 +139,39 @@ def save_model(model: GNN, path: str | os.PathLike, **extra) -> Path:
     return path
 
 
-def load_model(path: str | os.PathLike) -> tuple[GNN, dict]:
-    """The model saved by :func:`save_model` at ``path`` (on the CPU, in eval mode) and its description."""
+_GNN_FIELDS = ("kind", "in_dim", "hidden", "out_dim", "num_layers", "heads", "dropout")
+_HETERO_FIELDS = ("kind", "node_types", "edge_types", "in_dims", "hidden", "out_dim", "num_layers", "target",
+                  "dropout", "hetero")
+
+
+def load_model(path: str | os.PathLike) -> tuple[GNN | HeteroGNN, dict]:
+    """The model saved by :func:`save_model` at ``path`` (on the CPU, in eval mode) and its description: a
+    :class:`GNN`, or a :class:`HeteroGNN` when the description says ``hetero``."""
     state, meta = read_checkpoint(path)
     meta_path = existing_meta_path(path)
     cfg = meta.get("model")
-    keys = ("kind", "in_dim", "hidden", "out_dim", "num_layers", "heads", "dropout")
+    keys = _HETERO_FIELDS if isinstance(cfg, dict) and cfg.get("hetero") else _GNN_FIELDS
     if not isinstance(cfg, dict) or set(cfg) != set(keys):
         raise ValueError(f"{meta_path}: 'model' must have exactly the fields {', '.join(keys)}")
-    model = GNN(cfg["kind"], cfg["in_dim"], cfg["hidden"], cfg["out_dim"], cfg["num_layers"], heads=cfg["heads"],
-                dropout=cfg["dropout"])
+    if keys is _HETERO_FIELDS:
+        model = HeteroGNN(cfg["kind"], cfg["node_types"], [tuple(et) for et in cfg["edge_types"]], cfg["in_dims"],
+                          cfg["hidden"], cfg["out_dim"], cfg["num_layers"], cfg["target"], dropout=cfg["dropout"])
+    else:
+        model = GNN(cfg["kind"], cfg["in_dim"], cfg["hidden"], cfg["out_dim"], cfg["num_layers"],
+                    heads=cfg["heads"], dropout=cfg["dropout"])
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise ValueError(f"{path}: weights do not fit the model in {meta_path.name}: {exc}") from None
     return model.eval(), meta
+
+
+def load_hetero_model(path: str | os.PathLike) -> tuple[HeteroGNN, dict]:
+    """:func:`load_model` for a checkpoint that must hold a heterogeneous model."""
+    model, meta = load_model(path)
+    if not isinstance(model, HeteroGNN):
+        raise ValueError(f"checkpoint: {path} holds a homogeneous model ({model.kind}); this dataset is heterogeneous")
+    return model, meta
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:

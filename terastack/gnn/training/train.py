@@ -21,7 +21,7 @@ from terastack.gnn.training.data_parallel import SyncCheck, checked_step, curren
 from terastack.gnn.storage.dataset import GraphDataset
 from terastack.gnn.sampling.fanouts import parse_fanout_spec
 from terastack.gnn.training.graph_kinds import open_graph
-from terastack.gnn.training.hetero_models import HETERO_MODELS
+from terastack.gnn.training.hetero_net import HETERO_MODELS
 from terastack.gnn.training.models import MODELS, checkpoint_meta_path, eval_step, train_step
 from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
 from terastack.progress import Progress
@@ -47,8 +47,7 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
                 *, batch_size: int, epoch: int, progress: bool = True, label: str = "train", step=train_step) -> dict:
     """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic.
 
-    ``step(model, optimizer, batch) -> loss`` trains one batch (heterogeneous batches take
-    terastack.gnn.training.hetero_models.hetero_train_step)."""
+    ``step(model, optimizer, batch) -> loss`` trains one batch (the default takes either graph kind's batches)."""
     source = pipeline.source
     topology = pipeline.sampler.topology
     before = source.stats.snapshot()

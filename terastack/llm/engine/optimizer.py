@@ -70,10 +70,11 @@ from terastack import trace
 from terastack.io.futures import Future
 from terastack.llm.engine.adamw import ChunkState, adamw_kwargs, clip_coefficient, total_norm
 from terastack.llm.engine.gradient_intake import GradientIntake
-from terastack.llm.engine.optimizer_state import OptimizerState
+from terastack.llm.engine.optimizer_state import OptimizerState, check_whole_tensor_gather
 from terastack.llm.engine.schedules import UpdateFailure, make_schedule
 from terastack.plan.optimizer_formats import ADAMW, optimizer_format
 from terastack.plan.schedule_specs import EAGER, schedule_spec
+from terastack.tiers import Tier
 
 
 @dataclass(slots=True)
@@ -129,6 +130,8 @@ class OffloadedAdamW:
         self.format = optimizer_format(config.format)
         self.format.require()
         self.tensors = {name: info for name, info in tensors.items() if info.trainable}
+        if self.format.whole_tensor:
+            check_whole_tensor_gather(self.format, runtime, self.tensors)
         self.lr = config.lr
         self._step_lr = config.lr
         self.steps: dict[str, int] = {name: 0 for name in self.tensors}
@@ -430,11 +433,21 @@ class OffloadedAdamW:
 
     def _apply(self, task: UpdateTask, group: list[ChunkState], whole: dict) -> None:
         """One update of the format over the gathered chunks; their state goes home, finished tensors open their
-        gates."""
+        gates. The copies the format joins chunks into are charged to the host ledger while it runs ([Note:
+        scheduling a whole-matrix gather] in terastack.llm.engine.optimizer_state)."""
         if not group:
             return
-        self.format.update(group, [self.steps[c.name] for c in group], lr=task.lr, hyper=self.config,
-                           impl=self._adam)
+        steps = [self.steps[c.name] for c in group]
+        scratch = self.format.scratch_bytes(group, steps)
+        if scratch:
+            ledger = self.rt.store.budgets[Tier.HOST]
+            what = f"{self.format.name} update of {group[0].name!r} (its chunks joined)"
+            self.rt.with_room(lambda: ledger.reserve(scratch, what=what), what)
+        try:
+            self.format.update(group, steps, lr=task.lr, hyper=self.config, impl=self._adam)
+        finally:
+            if scratch:
+                ledger.release(scratch)
         done = []
         for c in group:
             done += self.state.records(c.name, c.chunk)

@@ -20,6 +20,7 @@ from terastack.llm.engine import records
 from terastack.llm.engine.writeback_window import WritebackWindow
 from terastack.plan.llm_profile import held_bytes
 from terastack.tiers import Tier
+from terastack.units import format_bytes
 
 
 def read_to_host(rt, record: str, what: str) -> torch.Tensor:
@@ -32,6 +33,38 @@ def read_to_host(rt, record: str, what: str) -> torch.Tensor:
         return fut.result()
     with trace.span(f"wait {record}", track="stall", cat="state"):
         return rt.wait(fut, what)
+
+
+def check_whole_tensor_gather(fmt, rt, tensors: dict) -> None:
+    """[Note: scheduling a whole-matrix gather]
+    A format that updates a parameter whole (``OptimizerFormat.whole_tensor``: Adafactor, [Note: whole-matrix
+    updates]) is scheduled like any other: its optimizer chunks are read in the update's order, within the same
+    windows (one chunk read ahead on the optimizer thread; inline, the read-ahead window, in groups of half of
+    it). What changes is where a group may end: only after the last chunk of a parameter (``_divisible``), so
+    a group holds at least one whole parameter, and the one update call runs per parameter, one after the other.
+    What the gather holds beyond the plan's windows is therefore bounded by the largest single matrix: its
+    state (two small factored records, read with its first chunk), its gradient (whole in the pool, or its
+    spilled chunks), its master (with fp32 compute the whole master, in the masters allowance; in mixed precision
+    its chunk records) and the copies the format joins non-adjacent chunks into (``OptimizerFormat.
+    scratch_bytes``: none for a whole fp32 master and a pooled gradient, whose chunks are views of one tensor;
+    one master's and one spilled gradient's in mixed precision). Those copies are charged to the host ledger
+    while the update runs (waiting for write-backs to free room, or refused naming the host tier and the
+    shortfall), and this check refuses a run up front when even the largest parameter's state and master (and
+    in mixed precision their joined copy) exceed the host tier whole. The planner does not yet budget the
+    copies among its windows: a plan whose host tier is full of read-ahead state waits here for write-backs."""
+    if not tensors:
+        return
+    name = max(tensors, key=lambda n: tensors[n].numel)
+    info = tensors[name]
+    master = held_bytes(4 * info.numel)
+    needed = fmt.held_bytes(tuple(info.shape), rt.chunk) + (master if rt.master_is_compute else 2 * master)
+    limit = rt.store.budgets[Tier.HOST].limit
+    if needed > limit:
+        raise ValueError(f"host_budget: the {fmt.name} optimizer updates each parameter as one matrix; {name!r} "
+                         f"needs {format_bytes(needed)} of host memory at once (its state and fp32 master"
+                         f"{'' if rt.master_is_compute else ', and the master joined from its chunks'}), more "
+                         f"than the host tier's {format_bytes(limit)} by {format_bytes(needed - limit)}; raise "
+                         "host_budget, or choose an optimizer that updates in chunks (adamw8bit, adamw)")
 
 
 class OptimizerState:

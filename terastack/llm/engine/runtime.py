@@ -92,10 +92,6 @@ class StepRuntime:
     def master_records(self, name: str) -> list[str]:
         return self._master_recs[name]
 
-    def moment_records(self, name: str, which: int) -> list[str]:
-        """The records of the format's first (``which`` 1) or second (2) moment of ``name``, one per chunk."""
-        return self._moment_recs[which][name]
-
     def state_parts(self, name: str) -> dict[StatePart, list[str]]:
         """The optimizer format's state parts of trainable ``name``, each with its records (one per chunk, or
         one for the whole parameter)."""
@@ -114,20 +110,16 @@ class StepRuntime:
         """Chunk ranges and record names of every tensor, fixed for the runtime's life (a step asks for them a
         few thousand times)."""
         self._ranges, self._master_recs, self._compute_rec = {}, {}, {}
-        self._moment_recs = {1: {}, 2: {}}
         self._state_recs = {}
         for name, info in self.tensors.items():
             n = info.numel
             ranges = self._ranges[name] = [(lo, min(lo + self.chunk, n)) for lo in range(0, max(n, 1), self.chunk)]
             self._master_recs[name] = ([records.master(name)] if self.master_is_compute
                                        else [records.master(name, k) for k in range(len(ranges))])
-            parts = self._state_recs[name] = {
+            self._state_recs[name] = {
                 part: ([records.state_part(name, part.kind, part.key, k) for k in range(len(ranges))]
                        if part.chunked else [records.state_part(name, part.kind, part.key, None)])
                 for part in self.format.parts(info.shape)}
-            for which, kind in ((1, records.EXP_AVG), (2, records.EXP_AVG_SQ)):
-                self._moment_recs[which][name] = next((recs for part, recs in parts.items() if part.kind == kind),
-                                                      [])
             self._compute_rec[name] = (records.master(name) if info.trainable and self.master_is_compute
                                        else records.compute(name))
 

@@ -1,4 +1,4 @@
-"""One rank of a system of ``terastack bench dist --model``: ``python -m terastack.disdp.bench_ranks SPEC.json``
+"""One rank of a system of ``terastack bench dist --model``: ``python -m terastack.disdp.bench.ranks SPEC.json``
 under torchrun. Every rank writes its figures to ``RUN_DIR/stats/rank-N.json``.
 
 The terastack system is the disaggregated job as ``terastack dist train`` runs it (:mod:`terastack.disdp.job_run`
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from terastack import trace
-from terastack.disdp.bench_spec import BenchSpec, global_batch, init_std, init_tensor, write_rank_stats
+from terastack.disdp.bench.spec import BenchSpec, global_batch, init_std, init_tensor, write_rank_stats
 from terastack.disdp.comm import join_process_group
 from terastack.disdp.roles import Role
 from terastack.disdp.shutdown import exit_rank
@@ -46,7 +46,7 @@ class TimedWorker:
 
 class InitialShard(Mapping):
     """A server's slice of every bucket of the benchmark's initial weights, made when asked for, one bucket at a
-    time ([Note: the benchmark's initial weights] in terastack.disdp.bench_spec)."""
+    time ([Note: the benchmark's initial weights] in terastack.disdp.bench.spec)."""
 
     def __init__(self, layout, server: int, *, seed: int, std: float):
         self.layout, self.server, self.seed, self.std = layout, server, seed, std

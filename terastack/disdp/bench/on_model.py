@@ -2,7 +2,7 @@
 under an RSS watchdog; what each system's step takes, what of it waits on communication, and whether it fits.
 
 Every system trains the same model from the same initial weights on the same token batches (the same global
-batch, the same number of workers; :mod:`terastack.disdp.bench_spec`), one system after the other, each as child
+batch, the same number of workers; :mod:`terastack.disdp.bench.spec`), one system after the other, each as child
 processes of this one (torchrun's elastic agent starts the ranks: the job's workers, servers and aggregator for
 terastack, the ranks of the gloo mesh for FSDP2 and ZeRO-3). :class:`~terastack.bench_watchdog.RssWatchdog`
 adds up the peak RSS of every one of them and ends a system whose sum passes ``--rss-limit``: that system "does
@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from terastack.bench_watchdog import RssWatchdog
-from terastack.disdp.bench_spec import SYSTEMS, BenchSpec, read_rank_stats
+from terastack.disdp.bench.spec import SYSTEMS, BenchSpec, read_rank_stats
 from terastack.units import format_bytes, parse_bytes
 
 #: the program every rank of a benchmark system runs
-RANKS_MODULE = "terastack.disdp.bench_ranks"
+RANKS_MODULE = "terastack.disdp.bench.ranks"
 HEADLINE = ["step_time_ratio_vs_fsdp2", "exposed_comm_ratio_vs_fsdp2", "fits_terastack", "fits_fsdp2", "fits_zero3",
             "peak_rss_bytes_total_terastack", "peak_rss_bytes_total_fsdp2", "peak_rss_bytes_total_zero3"]
 DEFAULT_RSS_LIMIT = "20GiB"

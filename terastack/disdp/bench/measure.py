@@ -9,11 +9,11 @@ measured from its live optimizers) and the max abs difference of the final
 parameters from single-process AdamW. Then the parameter servers' ingress per
 step for 1, 2 and 4 workers, with and without the aggregator; the runs without
 it are also read as one server's throughput as the workers grow (``ps_scaling``,
-see :mod:`terastack.disdp.bench_ps`).
+see :mod:`terastack.disdp.bench.ps`).
 
 With ``--model NAME`` (a built-in model such as ``llama-550m``, a model directory or a config.json) or
 ``--systems`` it measures instead the job on that model against FSDP2 and ZeRO-3, each system under an RSS
-watchdog (:mod:`terastack.disdp.bench_models`): step time, exposed communication, summed peak RSS and whether it
+watchdog (:mod:`terastack.disdp.bench.on_model`): step time, exposed communication, summed peak RSS and whether it
 fits. ``--model toy`` / ``tiny-llama`` without ``--systems`` are the mechanism benchmark's own small models.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from terastack.disdp import bench_models
-from terastack.disdp.bench_ps import ps_scaling
+from terastack.disdp.bench import on_model as bench_models
+from terastack.disdp.bench.ps import ps_scaling
 from terastack.disdp.server_state import load_parameters
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import JOB_MODULE, launch_local
@@ -174,7 +174,7 @@ def _compare_systems(args, root: Path, common: dict) -> tuple[dict, dict]:
 
 def _ingress_sweep(args, root: Path, common: dict, main_run: dict) -> dict:
     """The servers' ingress per step as workers grow, with and without the aggregator; the runs without it read
-    as the server's throughput as the workers grow (terastack.disdp.bench_ps)."""
+    as the server's throughput as the workers grow (terastack.disdp.bench.ps)."""
     ingress: dict = {"with_aggregator": {}, "without_aggregator": {}}
     single_server_runs: dict[int, dict] = {}
     for w in (int(x) for x in args.ingress_workers.split(",")):

@@ -23,7 +23,7 @@ import numpy as np
 
 from terastack import io
 from terastack.constants import SEQ_BLOCK
-from terastack.io.bench import SEQ_DEPTH, best_fio_engine, run_fio
+from terastack.io.bench.rates import SEQ_DEPTH, best_fio_engine, run_fio
 from terastack.kernels.sort import KEY, Checksum, ExternalSort
 from terastack.kernels.overlap import overlap_figures
 from terastack.memory import PeakRSS

@@ -2,7 +2,8 @@
 
 Both take a sampled ``HeteroData``'s ``x_dict`` and ``edge_index_dict`` -- what PyG's own loader gives
 these models -- and return the logits of the target type's nodes. Another model goes through the same
-seam: any module with that ``forward`` and a ``config`` dict (what rebuilds it) trains and saves alike.
+seam: any module with that ``forward`` and a ``config`` dict (what rebuilds it) trains and saves alike
+(terastack.gnn.training.models: one step, one checkpoint for both graph kinds).
 
 * ``sage``: ``to_hetero(GraphSAGE((-1, -1), hidden, layers, out), metadata, aggr="sum")``: one SAGEConv
   per relation and layer, summed per destination type (PyG's heterogeneous conversion, as in its
@@ -19,9 +20,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from terastack.gnn.training.models import checkpoint_meta_path, read_checkpoint
-
 HETERO_MODELS = ("sage", "rgcn")
+
+
+def check_depth(kind: str, kinds: tuple[str, ...], num_layers: int, what: str) -> None:
+    """Raise ValueError naming the field unless ``kind`` is one of ``kinds`` and there is at least one layer."""
+    if kind not in kinds:
+        raise ValueError(f"model: {what or 'must be '}one of {', '.join(kinds)}; got {kind!r}")
+    if num_layers < 1:
+        raise ValueError(f"num_layers: must be >= 1, got {num_layers}")
 
 
 class HeteroGNN(torch.nn.Module):
@@ -31,10 +38,7 @@ class HeteroGNN(torch.nn.Module):
                  in_dims: dict[str, int], hidden: int, out_dim: int, num_layers: int, target: str, *,
                  dropout: float = 0.0):
         super().__init__()
-        if kind not in HETERO_MODELS:
-            raise ValueError(f"model: heterogeneous graphs train one of {', '.join(HETERO_MODELS)}; got {kind!r}")
-        if num_layers < 1:
-            raise ValueError(f"num_layers: must be >= 1, got {num_layers}")
+        check_depth(kind, HETERO_MODELS, num_layers, "heterogeneous graphs train ")
         node_types, edge_types = sorted(node_types), sorted(tuple(et) for et in edge_types)
         receives = {et[2] for et in edge_types}
         if target not in receives:
@@ -91,43 +95,3 @@ class HeteroGNN(torch.nn.Module):
                 h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
         lo = offsets[self.target]
         return h[lo: lo + x_dict[self.target].shape[0]]
-
-
-def hetero_train_step(model: HeteroGNN, optimizer: torch.optim.Optimizer, data) -> float:
-    """One step on the target seeds of a sampled ``HeteroData``. Returns the loss."""
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    target = getattr(model, "module", model).target  # the model, or the model in DistributedDataParallel
-    bs = data[target].batch_size
-    out = model(data.x_dict, data.edge_index_dict)[:bs]
-    loss = F.cross_entropy(out, data[target].y[:bs])
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
-
-
-@torch.no_grad()
-def hetero_eval_step(model: HeteroGNN, data) -> tuple[int, int]:
-    """(correct, total) predictions on the target seeds of ``data``."""
-    model.eval()
-    bs = data[model.target].batch_size
-    pred = model(data.x_dict, data.edge_index_dict)[:bs].argmax(dim=-1)
-    return int((pred == data[model.target].y[:bs]).sum()), int(bs)
-
-
-def load_hetero_model(path) -> tuple[HeteroGNN, dict]:
-    """A heterogeneous model saved by ``terastack gnn train --save-model`` (checked as
-    terastack.gnn.training.models [Note: model checkpoints] says), on the CPU, in eval mode, and its description."""
-    state, meta = read_checkpoint(path)
-    cfg = meta.get("model")
-    keys = ("kind", "node_types", "edge_types", "in_dims", "hidden", "out_dim", "num_layers", "target", "dropout",
-            "hetero")
-    if not isinstance(cfg, dict) or set(cfg) != set(keys):
-        raise ValueError(f"{checkpoint_meta_path(path)}: 'model' must have exactly the fields {', '.join(keys)}")
-    model = HeteroGNN(cfg["kind"], cfg["node_types"], [tuple(et) for et in cfg["edge_types"]], cfg["in_dims"],
-                      cfg["hidden"], cfg["out_dim"], cfg["num_layers"], cfg["target"], dropout=cfg["dropout"])
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ValueError(f"{path}: weights do not fit the model in {checkpoint_meta_path(path).name}: {exc}") from None
-    return model.eval(), meta

@@ -64,6 +64,13 @@ class LoraHandle:
             if info is not None and not info.trainable:
                 info.nf4 = True
 
+    def keep_unquantized(self, keys, reader) -> None:
+        """Under nf4, keep native the base weights a 4-bit model directory holds unquantized (``keys``: the base's
+        CheckpointKeys, ``reader``: its reader)."""
+        if isinstance(reader, nf4.DequantizingReader):
+            self.keep_native = {self.peft_name(g.first) for g in keys.groups
+                                if g.first in self.base_names and not set(g.sources) & reader.quantized}
+
     def is_adapter(self, name: str) -> bool:
         return ".lora_" in name
 

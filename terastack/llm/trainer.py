@@ -28,7 +28,6 @@ from terastack.llm.trainer_config import TrainerConfig
 from terastack.training.job_runner import default_lr
 from terastack.llm.machine import discover_hardware, make_plan, resolve_device, resolve_dtype, store_settings
 from terastack.training.hf.keys import CheckpointKeys
-from terastack.training.hf import nf4
 from terastack.llm.model import TESTED_FAMILIES, find_units
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
 from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
@@ -195,11 +194,7 @@ class Trainer(TrainerCheckpoints):
         its config as loaded and adjusted by the caller (RoPE scaling); default: read from ``path``."""
         config = config or TrainerConfig()
         hf_config = load_hf_config(path) if hf_config is None else hf_config
-        reader = CheckpointReader(path)
-        if nf4.quantized_format(path) is not None:
-            reader = nf4.DequantizingReader(reader)  # 4-bit weights read dequantized, one at a time
-            # the model the trainer builds, trains and exports is the unquantized one
-            hf_config.__dict__.pop("quantization_config", None)
+        reader = CheckpointReader.of_model(path, hf_config)  # a 4-bit model: read dequantized, built unquantized
         dtype = resolve_dtype(config.dtype, resolve_device(config.device))
         model = build_skeleton(hf_config, dtype=dtype)
         keys = CheckpointKeys(model, reader.keys())
@@ -211,9 +206,7 @@ class Trainer(TrainerCheckpoints):
             # unwrapped skeleton: peft wraps a skeleton of its own, so conversions that look a parameter up by its
             # name in the model (a split sized like its targets) never see peft's names.
             model, lora = apply_lora(build_skeleton(hf_config, dtype=dtype), config.lora, base_path=str(path))
-            if isinstance(reader, nf4.DequantizingReader):  # weights the file keeps unquantized stay so
-                lora.keep_native = {lora.peft_name(g.first) for g in keys.groups
-                                    if g.first in lora.base_names and not set(g.sources) & reader.quantized}
+            lora.keep_unquantized(keys, reader)
         return cls(model, hf_config, config, name=str(path), source=reader, source_keys=keys, lora=lora,
                    source_dir=str(path))
 

@@ -89,7 +89,7 @@ def linear_weights(model: nn.Module) -> set[str]:
     except (AttributeError, NotImplementedError):
         head = None
     return {f"{name}.weight" if name else "weight" for name, mod in model.named_modules()
-            if type(mod) is nn.Linear and mod is not head}
+            if isinstance(mod, nn.Linear) and mod is not head}
 
 
 # ---------------------------------------------------------------- quantized model directories

@@ -303,7 +303,7 @@ def _merged(reader: CheckpointReader, lora: LoraAdapter, updates: dict[str, Adap
             replaced: dict[str, str], key: str, rounded: set[str]) -> torch.Tensor:
     weight = lora.reader.get(replaced[key]) if key in replaced else reader.get(key)
     if key in rounded:  # [Note: merging into an NF4 base]
-        weight = nf4.decode(nf4.encode(weight), tuple(weight.shape), torch.float32).to(weight.dtype)
+        weight = nf4.decode(nf4.encode(weight), tuple(weight.shape), torch.float32)  # cast by the writer
     module = updates.get(key)
     if module is None:
         return weight

@@ -24,7 +24,7 @@ import torch
 
 from pathlib import Path
 
-from terastack.llm.engine.store_layout import records_for
+from terastack.llm.engine.store_layout import compute_spec, records_for
 from terastack.llm.machine import resolve_device, resolve_dtype
 from terastack.tiers import Tier
 from terastack.tiers.layout import data_file_name, manifest_versions
@@ -71,15 +71,17 @@ class EngineState:
     def _layout(self, name: str, part: str) -> tuple[tuple, torch.dtype]:
         """Shape and dtype of part ``part`` of parameter ``name`` as a checkpoint holds it."""
         info = self.tensors[name]
-        if part == "weight":
-            return tuple(info.shape), self.rt.compute_dtype
+        if part == "weight":  # the compute record as it rests (a frozen NF4 weight: its bytes)
+            spec = compute_spec(self.rt, name)
+            return spec.shape, spec.dtype
         for spec in self.rt.state_parts(name):
             if spec.key == part:
                 return spec.shape(info.shape), spec.dtype
         return tuple(info.shape), torch.float32  # the master
 
     def state_dict(self) -> dict:
-        lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path}
+        lora = None if self.lora is None else {"spec": self.lora.spec_dict(), "base": self.lora.base_path,
+                                               "keep_native": sorted(self.lora.keep_native)}
         out = {"name": self.name, "model_type": getattr(self.hf_config, "model_type", "?"),
                "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora,
                "optimizer": self.rt.format.name}
@@ -272,6 +274,7 @@ def rebuild_model(snapshot: manager.Snapshot, config, *, expect_model=None) -> R
 
         spec = LoraSpec(**model["lora"]["spec"])
         skeleton, lora = apply_lora(skeleton, spec, base_path=model["lora"].get("base"))
+        lora.keep_native = set(model["lora"].get("keep_native") or ())
     return Rebuilt(model=skeleton, hf_config=hf_config, lora=lora, name=model.get("name", str(snapshot.path)))
 
 

@@ -10,6 +10,12 @@ Canonical names are peft's (``base_model.model.<base name with .base_layer>``
 and ``...lora_A.<adapter>.weight``); this module maps them to the base
 checkpoint's keys and to the keys of a peft adapter file (adapter name
 removed), which is what ``save_pretrained`` writes and ``init_from`` reads.
+
+The frozen base may rest and stream as NF4 (``lora.base_format``): its linear weights quantized once as the
+store is filled, each unit dequantizing its own where it computes (terastack.training.hf.nf4's [Note: the NF4
+record] and [Note: which weights are NF4]). The adapter then trains against the dequantized base, as QLoRA's
+does, and its directory says so (``nf4.BASE_FORMAT_FILE``), so that ``terastack merge`` merges it into that
+same base.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import torch
 from torch import nn
 
 from terastack.llm.trainer_config import LoraSpec
+from terastack.training.hf import nf4
 
 
 class LoraHandle:
@@ -31,6 +38,10 @@ class LoraHandle:
                  base_names: dict[str, str] | None = None):
         self.model = peft_model
         self.spec = spec
+        #: how the frozen base rests and streams: "nf4" or "native" (``spec.base_format`` with auto decided)
+        self.base_format = resolve_base_format(spec.base_format, base_path)
+        #: base weights (peft names) that stay native under nf4: those a 4-bit model directory keeps unquantized
+        self.keep_native: set[str] = set()
         self.base_path = base_path
         self.adapter = "default"
         self.peft_config = peft_model.peft_config[self.adapter]
@@ -44,6 +55,22 @@ class LoraHandle:
             raise ValueError(f"lora: base parameter {base_name!r} has no counterpart in the peft model")
         return name
 
+    def mark_base(self, tensors: dict) -> None:
+        """Mark the frozen weights that rest as NF4 in ``tensors`` (find_units' TensorInfo by canonical name)."""
+        if self.base_format != "nf4":
+            return
+        for name in nf4.linear_weights(self.model) - self.keep_native:
+            info = tensors.get(name)
+            if info is not None and not info.trainable:
+                info.nf4 = True
+
+    def keep_unquantized(self, keys, reader) -> None:
+        """Under nf4, keep native the base weights a 4-bit model directory holds unquantized (``keys``: the base's
+        CheckpointKeys, ``reader``: its reader)."""
+        if isinstance(reader, nf4.DequantizingReader):
+            self.keep_native = {self.peft_name(g.first) for g in keys.groups
+                                if g.first in self.base_names and not set(g.sources) & reader.quantized}
+
     def is_adapter(self, name: str) -> bool:
         return ".lora_" in name
 
@@ -56,6 +83,7 @@ class LoraHandle:
 
     def spec_dict(self) -> dict:
         out = dataclasses.asdict(self.spec)
+        out["base_format"] = self.base_format  # as decided: a resumed run streams the base it trained on
         out["target_modules"] = (list(self.spec.target_modules) if not isinstance(self.spec.target_modules, str)
                                  else self.spec.target_modules)
         return out
@@ -70,6 +98,12 @@ class LoraHandle:
             base = str(self.base_path)
             cfg["base_model_name_or_path"] = os.path.abspath(base) if os.path.exists(base) else base
             cfg_path.write_text(json.dumps(cfg, indent=2))
+        marker = Path(directory) / nf4.BASE_FORMAT_FILE
+        if self.base_format == "nf4":
+            marker.write_text(json.dumps({"base_format": "nf4", "quant_type": nf4.QUANT_TYPE,
+                                          "blocksize": nf4.BLOCKSIZE}, indent=2) + "\n")
+        elif marker.exists():
+            marker.unlink()
 
     def initial_adapter(self, model, units, tensors, names: list[str], seed: int):
         """(name, tensor) for adapter tensors: from ``spec.init_from`` or peft's own initialization."""
@@ -140,6 +174,15 @@ def default_target_modules(model) -> list[str] | str:
         return ["q_proj", "v_proj"]
     raise ValueError(f"lora.target_modules: peft has no default target modules for {model_type}; name the modules "
                      "to adapt (lora.target_modules in the [trainer.lora] table of a --config file)")
+
+
+def resolve_base_format(value: str, base_path: str | None) -> str:
+    """``lora.base_format`` decided: auto is nf4 for a bitsandbytes-quantized model directory, else native."""
+    if value != "auto":
+        return value
+    if base_path is not None and os.path.isdir(base_path) and nf4.quantized_format(base_path) == nf4.QUANT_TYPE:
+        return "nf4"
+    return "native"
 
 
 def apply_lora(model, spec: LoraSpec, *, base_path: str | None = None):

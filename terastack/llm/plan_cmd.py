@@ -48,11 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="auto", help="activation policy: auto, keep, host, ssd or recompute")
     p.add_argument("--clip", action="store_true", help="plan for global-norm clipping (deferred updates)")
     p.add_argument("--lora", type=int, default=None, metavar="R", help="plan a LoRA fine-tune of rank R")
-    from terastack.plan.base_formats import BASE_FORMATS
+    from terastack.plan.base_formats import PLANNED_BASE_FORMATS
 
-    p.add_argument("--base-format", default=BASE_FORMATS[0], choices=BASE_FORMATS,
-                   help="with --lora: the frozen base rests and streams in the compute dtype or as NF4 (default "
-                        "%(default)s)")
+    p.add_argument("--base-format", default="native", choices=PLANNED_BASE_FORMATS,
+                   help="with --lora: the frozen base resting and streaming as NF4 (bitsandbytes' 4 bits, about "
+                        "0.56 bytes a parameter) or in the compute dtype (default native)")
     from terastack.plan.optimizer_names import OPTIMIZER_NAMES
 
     p.add_argument("--optimizer", default=OPTIMIZER_NAMES[0], choices=OPTIMIZER_NAMES,
@@ -132,20 +132,16 @@ def plan_model(args, hw):
     from terastack.training.model_registry import resolve_model
     from terastack.llm.trainer_config import LoraSpec
     from terastack.llm.engine.profile import profile_config, unit_times_path
-    from terastack.plan.base_formats import priced_base
     from terastack.plan.llm_planner import LLMPlanner, PlanError
 
-    if args.base_format != "compute" and not args.lora:
-        raise ValueError(f"--base-format {args.base_format}: a base format is for a LoRA fine-tune's frozen base; "
-                         f"give --lora R")
     hf_config, _ = resolve_model(args.model)
     dtype = args.dtype or ("bfloat16" if hw.has_gpu else "float32")
     profile = profile_config(hf_config, batch=args.batch_size, seq_len=args.seq_len,
                              dtype=to_dtype(dtype, allowed=COMPUTE_DTYPES), name=args.model,
-                             lora=LoraSpec(r=args.lora, alpha=2 * args.lora) if args.lora else None,
+                             lora=(LoraSpec(r=args.lora, alpha=2 * args.lora, base_format=args.base_format)
+                                   if args.lora else None),
                              calibrate=args.calibrate or args.recalibrate, times_file=unit_times_path(),
                              recalibrate=args.recalibrate)
-    profile = priced_base(profile, args.base_format)
     mem = hw.host_memory_bytes or (64 << 30)
     if hw.has_gpu:
         device_budget = args.device_budget or int(0.9 * hw.gpu_memory_bytes)
@@ -183,6 +179,8 @@ NO_FIT = 3
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.base_format == "nf4" and not args.lora:
+        raise ValueError("--base-format: nf4 streams a frozen LoRA base; give --lora R")
     hw = resolve_hardware(args)
     if args.largest:
         from terastack.llm.plan_largest import run_largest

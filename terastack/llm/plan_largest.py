@@ -35,7 +35,7 @@ def largest_per_format(plan_model, args, hw, ladder=LADDER) -> list[dict]:
     for fmt in FORMATS:
         row = {"optimizer": fmt, "model": None, "reason": None}
         for model in reversed(ladder):
-            profile, plan, error = _planned(plan_model, args, hw, model=model, optimizer=fmt, lora=None, base_format="compute")
+            profile, plan, error = _planned(plan_model, args, hw, model=model, optimizer=fmt, lora=None, base_format="native")
             if row["reason"] is None and error is not None:
                 row["reason"] = f"{model}: {error}"  # why the largest does not fit
             if plan is None:
@@ -57,7 +57,7 @@ def nf4_lora(plan_model, args, hw, model=LORA_MODEL) -> dict:
     rank = args.lora or LORA_RANK
     profile, plan, error = _planned(plan_model, args, hw, model=model, optimizer=args.optimizer, lora=rank, base_format="nf4")
     out = {"model": model, "lora_rank": rank, "base_format": "nf4", "fits": plan is not None,
-           "base_bytes": sum(profile.weight_nbytes(t) for t, tr in profile.tensor_trainable.items() if not tr)}
+           "base_bytes": sum(profile.frozen_bytes(t) for t, tr in profile.tensor_trainable.items() if not tr)}
     if plan is None:
         out["reason"] = str(error)
         return out

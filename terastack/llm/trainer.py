@@ -73,6 +73,8 @@ class Trainer(TrainerCheckpoints):
         self.inline_updates = (self.device.type != "cuda" if config.inline_updates is None
                                else bool(config.inline_updates))
         self.units, self.tensors = find_units(model)
+        if lora is not None:
+            lora.mark_base(self.tensors)  # the frozen weights that rest as NF4 (lora.base_format)
         self.family = getattr(hf_config, "model_type", "?")
         # checkpoint keys -> parameters, decided on the unmodified skeleton ([Note: checkpoint keys]); with LoRA
         # the caller decides them on a skeleton peft did not wrap
@@ -192,7 +194,7 @@ class Trainer(TrainerCheckpoints):
         its config as loaded and adjusted by the caller (RoPE scaling); default: read from ``path``."""
         config = config or TrainerConfig()
         hf_config = load_hf_config(path) if hf_config is None else hf_config
-        reader = CheckpointReader(path)
+        reader = CheckpointReader.of_model(path, hf_config)  # a 4-bit model: read dequantized, built unquantized
         dtype = resolve_dtype(config.dtype, resolve_device(config.device))
         model = build_skeleton(hf_config, dtype=dtype)
         keys = CheckpointKeys(model, reader.keys())
@@ -204,6 +206,7 @@ class Trainer(TrainerCheckpoints):
             # unwrapped skeleton: peft wraps a skeleton of its own, so conversions that look a parameter up by its
             # name in the model (a split sized like its targets) never see peft's names.
             model, lora = apply_lora(build_skeleton(hf_config, dtype=dtype), config.lora, base_path=str(path))
+            lora.keep_unquantized(keys, reader)
         return cls(model, hf_config, config, name=str(path), source=reader, source_keys=keys, lora=lora,
                    source_dir=str(path))
 
@@ -398,7 +401,7 @@ class Trainer(TrainerCheckpoints):
         if info.trainable:
             parts = [rt.read_record(r).reshape(-1) for r in rt.master_records(name)]
             return torch.cat(parts).view(info.shape) if len(parts) > 1 else parts[0].view(info.shape)
-        return rt.read_record(records.compute(name)).to(torch.float32)
+        return rt.compute_weight(name, rt.read_record(records.compute(name))).to(torch.float32)
 
     def named_parameters(self):
         """(name, fp32 copy) for every parameter, one at a time."""

@@ -44,11 +44,14 @@ class LoraSpec:
     target_modules: tuple[str, ...] | str = "auto"
     #: a peft adapter directory to start from (adapter_model.safetensors); None: peft's initialization
     init_from: str | None = None
+    #: how the frozen base rests and streams: "nf4", "native", or "auto" (nf4 for a bitsandbytes-quantized model)
+    base_format: str = "auto"
 
     def __post_init__(self) -> None:
         try:  # the job's lora section checks the values ([Note: the trainer's settings are the job's])
             section = LoraSection(rank=self.r, alpha=self.alpha, dropout=self.dropout,
-                                  target_modules=self.target_modules, init_from=self.init_from)
+                                  target_modules=self.target_modules, init_from=self.init_from,
+                                  base_format=self.base_format)
         except SettingError as exc:
             raise ValueError(f"{'lora.r' if exc.path == 'lora.rank' else exc.path}: {exc.reason}") from None
         self.target_modules = section.target_modules
@@ -59,11 +62,13 @@ class LoraSpec:
         if section.rank is None:
             return None
         return cls(r=section.rank, alpha=section.alpha or 2 * section.rank, dropout=section.dropout,
-                   target_modules=section.target_modules, init_from=section.init_from)
+                   target_modules=section.target_modules, init_from=section.init_from,
+                   base_format=section.base_format)
 
     def section_values(self) -> dict:
         return {"lora.rank": self.r, "lora.alpha": self.alpha, "lora.dropout": self.dropout,
-                "lora.target_modules": self.target_modules, "lora.init_from": self.init_from}
+                "lora.target_modules": self.target_modules, "lora.init_from": self.init_from,
+                "lora.base_format": self.base_format}
 
 
 #: ``section.field`` -> its flat name

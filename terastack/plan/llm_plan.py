@@ -157,7 +157,8 @@ class LLMPlan:
         for name, home in self.state_home.items():
             out[f"state_{home.value}"] += profile.tensor_numel[name] * 4 + fmt.state_bytes(profile.shape(name))
         for name, home in self.compute_home.items():
-            out[f"compute_{home.value}"] += profile.weight_nbytes(name)
+            out[f"compute_{home.value}"] += (profile.tensor_numel[name] * profile.compute_bytes
+                                             if name in self.state_home else profile.frozen_bytes(name))
         return out
 
     def bytes_per_parameter(self, profile: ModelProfile) -> dict:
@@ -186,7 +187,10 @@ class LLMPlan:
         lines.append(f"training state {format_bytes(sum(placed.values()))}:")
         lines.append(f"  fp32 masters + AdamW moments: {_where(placed, 'state')}")
         if self.compute_home:
-            lines.append(f"  compute weights ({profile.compute_bytes} B/param): {_where(placed, 'compute')}")
+            rest = (f"; the frozen base's {len(profile.frozen_rest)} NF4 weights "
+                    f"{sum(profile.frozen_rest.values()) / sum(profile.tensor_numel[t] for t in profile.frozen_rest):.3g}"
+                    " B/param" if profile.frozen_rest else "")
+            lines.append(f"  compute weights ({profile.compute_bytes} B/param{rest}): {_where(placed, 'compute')}")
         p = self.prediction
         calibrated = all(u.fwd_s is not None for u in profile.units)
         label = ("predicted" if p.prediction else

@@ -346,9 +346,9 @@ class LLMPlanner(StateHomes, StepTimeModel):
         # ---- device ledger: weights in flight + activations that stay on the device
         window = depth + 1
         # per tensor, the device bytes its record takes beyond its size: on a GPU, the caching allocator's rounding
-        rounding = self._memo(profile, hw, "rounding", lambda: {
-            t: device_held_bytes(profile.weight_nbytes(t), cuda=hw.has_gpu) - held_bytes(profile.weight_nbytes(t))
-            for t in profile.tensor_numel})
+        rounding = self._memo(profile, hw, "rounding", lambda: {t: device_held_bytes(n * cb, cuda=hw.has_gpu)
+                                                                - held_bytes(n * cb)
+                                                                for t, n in profile.tensor_numel.items()})
         wbytes = self._memo(profile, hw, "weight bytes held", lambda: [
             u.weight_bytes + sum(rounding[t] for t in u.tensors) for u in units])
         weights_ws = self._memo(profile, hw, ("weights in flight", window),

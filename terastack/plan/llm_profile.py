@@ -95,14 +95,21 @@ class ModelProfile:
     #: parameter shapes (an optimizer format's state may depend on them: Adafactor's factored statistics); a
     #: tensor absent here is priced as a vector of its elements
     tensor_shape: dict[str, tuple] = dataclasses.field(default_factory=dict)
-    #: bytes of a weight's compute copy where it is not its elements in the compute dtype: a frozen base resting
-    #: in another format ([Note: pricing an NF4 base] in terastack.plan.base_formats)
-    tensor_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: bytes at rest of the frozen tensors that rest in another format than the compute dtype (a LoRA base in NF4:
+    #: about 0.56 bytes a parameter); a frozen tensor absent here rests in the compute dtype
+    frozen_rest: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def weight_nbytes(self, name: str) -> int:
-        """Bytes of tensor ``name``'s compute copy as it rests and streams (a frozen weight: the weight itself)."""
-        size = self.tensor_bytes.get(name)
-        return self.tensor_numel[name] * self.compute_bytes if size is None else size
+    def frozen_bytes(self, name: str) -> int:
+        """Bytes of frozen tensor ``name`` as it rests on the store and streams from it."""
+        rest = self.frozen_rest.get(name)
+        return self.tensor_numel[name] * self.compute_bytes if rest is None else rest
+
+    def moved_weight_bytes(self, unit: "UnitProfile") -> int:
+        """Bytes of ``unit``'s weights as they travel to where it computes (an NF4 base's as its NF4 bytes; the
+        unit dequantizes them there)."""
+        saved = sum(held_bytes(self.tensor_numel[t] * self.compute_bytes) - held_bytes(self.frozen_rest[t])
+                    for t in dict.fromkeys(unit.tensors) if t in self.frozen_rest)
+        return unit.weight_bytes - saved
 
     def shape(self, name: str) -> tuple:
         """The shape of parameter ``name`` (a vector of its elements when the profile does not say)."""
@@ -132,7 +139,7 @@ class ModelProfile:
             if self.tensor_trainable[name]:
                 total += n * (STATE_BYTES + (self.compute_bytes if self.mixed_precision else 0))
             else:
-                total += self.weight_nbytes(name)
+                total += self.frozen_bytes(name)
         return total
 
     def optimizer_state_bytes(self, fmt=None) -> int:

@@ -53,11 +53,12 @@ class StateHomes:
         slow answer); otherwise they stream in with the trainable weights. Returns the bytes of the frozen
         weights and of the weights then in flight (``window`` units'), each tensor's ``rounding`` in the device
         tier added, and of those every pass then brings in."""
-        extra = rounding or dict.fromkeys(profile.tensor_numel, 0)
-        frozen_of = [sum(held_bytes(profile.weight_nbytes(t)) for t in dict.fromkeys(u.tensors)
+        cb, extra = profile.compute_bytes, rounding or dict.fromkeys(profile.tensor_numel, 0)
+        frozen_of = [sum(held_bytes(profile.tensor_numel[t] * cb) for t in dict.fromkeys(u.tensors)
                          if not profile.tensor_trainable[t]) for u in profile.units]
-        frozen = sum(held_bytes(profile.weight_nbytes(t)) + extra[t] for t in profile.tensor_numel
-                     if not profile.tensor_trainable[t])
+        # an NF4 base rests in its own bytes, and the unit computing holds its weights dequantized beside them
+        frozen = sum(held_bytes(profile.frozen_bytes(t)) + extra[t] for t in profile.tensor_numel
+                     if not profile.tensor_trainable[t]) + (max(frozen_of) if profile.frozen_rest else 0)
         streamed = [max(u.weight_bytes - f, 0) for u, f in zip(profile.units, frozen_of)]
         held = [s + sum(extra[t] for t in u.tensors if profile.tensor_trainable[t])
                 for s, u in zip(streamed, profile.units)]
@@ -110,13 +111,14 @@ class StateHomes:
         key = (room, chunk, self._passes, frozen_on_device)
         if key in self._homes_cache:
             return self._homes_cache[key]
+        cb = profile.compute_bytes
         mixed = profile.mixed_precision
         micro = self._passes  # compute weights are read in forward and backward of every pass
         # (SSD bytes per step per byte held, kind, name, bytes held, {byte-ledger kind: (read, written)}); bytes as
         # the store moves them (records padded for direct I/O), so the prediction and the ledger count alike
         items = []
         for name, n in profile.tensor_numel.items():
-            low = held_bytes(profile.weight_nbytes(name))
+            low = held_bytes(n * cb if profile.tensor_trainable[name] else profile.frozen_bytes(name))
             weights = {"weights_forward": (micro * low, 0), "weights_backward": (micro * low, 0)}
             if profile.tensor_trainable[name]:
                 moments = self.format.held_bytes(profile.shape(name), chunk)  # the format's state

@@ -3,13 +3,14 @@ bytes, and `--largest` answers per optimizer format which model fits a machine."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
 
 from terastack.cli import main
 from terastack.llm import plan_cmd, plan_largest
-from terastack.plan.base_formats import NF4_BLOCK, nf4_bytes, priced_base
+from terastack.plan.base_formats import NF4_BLOCK, nf4_bytes
 from terastack.plan.hardware import Hardware
 
 from .test_llm_planner import profile as synthetic_profile
@@ -39,16 +40,10 @@ def test_an_nf4_base_is_priced_at_half_a_byte_and_a_scale_per_64_values():
     for t in ("l0", "l1", "l2", "l3"):
         prof.tensor_trainable[t] = False
         prof.tensor_shape[t] = (1024, 1024)
-    prof.tensor_shape["embed"] = (2048, 1024)
-    nf4 = priced_base(prof, "nf4")
-    assert priced_base(prof, "compute") is prof
-    assert nf4.tensor_numel == prof.tensor_numel and nf4.total_params == prof.total_params
-    # the frozen layer matrices only: 4 x (512 KiB + 64 KiB) instead of 4 x 2 MiB; the embedding stays bf16
+    # the frozen layer matrices rest in NF4 (the engine's profile records their bytes); the embedding stays bf16
+    nf4 = dataclasses.replace(prof, frozen_rest={t: nf4_bytes(1 << 20) for t in ("l0", "l1", "l2", "l3")})
     assert prof.state_bytes() - nf4.state_bytes() == 4 * ((2 << 20) - nf4_bytes(1 << 20))
-    assert nf4.weight_nbytes("embed") == prof.weight_nbytes("embed")
-    assert [u.weight_bytes for u in nf4.units[1:-1]] == [nf4_bytes(1 << 20)] * 4
-    with pytest.raises(ValueError, match="base_format"):
-        priced_base(prof, "int3")
+    assert nf4.frozen_bytes("embed") == prof.frozen_bytes("embed")
     # the planner streams the smaller base: its weight reads from the SSD shrink with it
     from terastack.plan.llm_planner import LLMPlanner
 

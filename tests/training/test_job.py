@@ -26,7 +26,7 @@ SAMPLES = {
     "checkpoint.dir": "ck", "checkpoint.every": 4, "checkpoint.resume": "old-ck",
     "output.dir": "out", "output.metrics": "m.jsonl", "output.max_shard_size": "2GB",
     "lora.rank": 4, "lora.alpha": 16, "lora.dropout": 0.1, "lora.target_modules": "q_proj,v_proj",
-    "lora.init_from": "adapter",
+    "lora.init_from": "adapter", "lora.base_format": "native",
     "offload.calibrate": False, "offload.hardware": "hw.json", "offload.device": "cpu", "offload.prefetch_depth": 2,
     "offload.inline_updates": False, "offload.state_placement": "ssd", "offload.optimizer_impl": "foreach",
     "offload.optimizer_chunk": 4096, "offload.retain_weights": False, "offload.timeout": 30.0,

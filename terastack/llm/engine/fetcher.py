@@ -17,6 +17,14 @@ steps prefetch by it.
 Before a unit's weights are fetched for the next step, the update of this
 step must be finished: ``acquire`` and ``prefetch`` wait for the optimizer's
 per-tensor update future first.
+
+[Note: a frozen NF4 base]
+A LoRA base resting as NF4 (terastack.training.hf.nf4's [Note: the NF4 record]) moves as its NF4 bytes: the
+store reads, prefetches and holds those, about a quarter of bf16's. ``acquire`` hands the unit its weights
+dequantized by bitsandbytes in the compute dtype, where the record is (the GPU when there is one); the
+dequantized copy is the unit's working memory, outside the ledger like its activations while it computes, and is
+freed when the unit lets go of its weights. The planner sizes a unit's weights in flight at the compute dtype,
+which covers that copy. Backward dequantizes again (nothing of the base trains; its weights are never written).
 """
 from __future__ import annotations
 
@@ -121,7 +129,8 @@ class WeightFetcher:
                     else:
                         with trace.span(f"wait {record}", track="stall", cat="weights"):
                             weight = self.rt.wait(fut, f"weights {record!r} for {phase} of {unit.path}")
-                fetched[record] = weight
+                # [Note: a frozen NF4 base]: dequantized here, once per acquire
+                fetched[record] = self.rt.compute_weight(cname, weight)
                 with self._lock:
                     self._refs[record] = self._refs.get(record, 0) + 1
             out[local] = fetched[record]

@@ -36,6 +36,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from terastack.training.hf.model_files import check_seq_len
+from terastack.plan.base_formats import nf4_bytes
 from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
 from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
@@ -211,7 +212,8 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
     return ModelProfile(model=name, batch=batch, seq_len=seq_len, compute_bytes=compute_bytes, units=out_units,
                         tensor_numel={c: t.numel for c, t in tensors.items()},
                         tensor_trainable={c: t.trainable for c, t in tensors.items()}, logits_bytes=int(logits_bytes),
-                        tensor_shape={c: tuple(t.shape) for c, t in tensors.items()})
+                        tensor_shape={c: tuple(t.shape) for c, t in tensors.items()},
+                        frozen_rest={c: nf4_bytes(t.numel) for c, t in tensors.items() if t.nf4})
 
 
 def with_stacked_times(profile: ModelProfile, model, units, tensors, *, micro: int, **kw) -> ModelProfile:
@@ -384,8 +386,10 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
     if lora is not None:
         from terastack.llm.lora import apply_lora
 
-        model, _ = apply_lora(model, lora)
+        model, handle = apply_lora(model, lora)
     units, tensors = find_units(model)
+    if lora is not None:
+        handle.mark_base(tensors)
     profile = profile_model(model, units, tensors, batch=batch, seq_len=seq_len,
                             compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
                             calibrate=calibrate, device=device, times_file=times_file, recalibrate=recalibrate)
@@ -409,6 +413,7 @@ def repeat_layers(profile: ModelProfile, layers: int) -> ModelProfile:
     numel = {n: c for n, c in profile.tensor_numel.items() if not n.startswith(old_prefixes)}
     trainable = {n: t for n, t in profile.tensor_trainable.items() if not n.startswith(old_prefixes)}
     shapes = {n: s for n, s in profile.tensor_shape.items() if not n.startswith(old_prefixes)}
+    rest = {n: b for n, b in profile.frozen_rest.items() if not n.startswith(old_prefixes)}
     new_layers = []
     for i in range(layers):
         names = tuple(rename(t, i) for t in template.tensors)
@@ -417,6 +422,8 @@ def repeat_layers(profile: ModelProfile, layers: int) -> ModelProfile:
             trainable[t_new] = profile.tensor_trainable[t_old]
             if t_old in profile.tensor_shape:
                 shapes[t_new] = profile.tensor_shape[t_old]
+            if t_old in profile.frozen_rest:
+                rest[t_new] = profile.frozen_rest[t_old]
         new_layers.append(dataclasses.replace(template, name=f"{base}.{i}", tensors=names))
     units = []
     for u in profile.units:
@@ -425,4 +432,4 @@ def repeat_layers(profile: ModelProfile, layers: int) -> ModelProfile:
         elif u is stack[0]:
             units.extend(new_layers)
     return dataclasses.replace(profile, units=units, tensor_numel=numel, tensor_trainable=trainable,
-                               tensor_shape=shapes)
+                               tensor_shape=shapes, frozen_rest=rest)

@@ -28,6 +28,7 @@ from terastack.llm.engine.unit_policies import unit_policy
 from terastack.plan.activation_specs import DEFAULT
 from terastack.plan.optimizer_formats import StatePart, optimizer_format
 from terastack.tiers import State, Tier
+from terastack.training.hf import nf4
 
 
 class StepRuntime:
@@ -98,6 +99,12 @@ class StepRuntime:
 
     def compute_record(self, name: str) -> str:
         return self._compute_rec[name]
+
+    def compute_weight(self, name: str, stored: torch.Tensor) -> torch.Tensor:
+        """Parameter ``name``'s weight from its compute record ``stored``: the record itself, or a frozen NF4
+        weight dequantized where the record is (into the compute dtype; the caller drops it after use)."""
+        info = self.tensors[name]
+        return nf4.decode(stored, info.shape, self.compute_dtype) if info.nf4 else stored
 
     def _build_names(self) -> None:
         """Chunk ranges and record names of every tensor, fixed for the runtime's life (a step asks for them a

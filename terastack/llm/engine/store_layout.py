@@ -22,6 +22,7 @@ import torch
 from terastack.llm.engine import records
 from terastack.plan.optimizer_formats import optimizer_format
 from terastack.tiers import Tier
+from terastack.training.hf import nf4
 from terastack.units import format_bytes
 
 #: initial weights in flight to the SSD at once while the store is filled
@@ -106,7 +107,7 @@ def ssd_bytes_needed(profile, plan) -> int:
             if plan.sums_gradients and plan.grad_home.get(name) is not Tier.HOST:
                 need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])
         else:
-            need += n * cb
+            need += profile.frozen_bytes(name)
     # activations of one pass (vertical accumulation: all micro-batches of the step at once)
     passing = plan.accumulation_spec.step_profile(profile, plan.grad_accum)
     need += sum(spec.ssd_bytes(u) for u, spec in zip(passing.units, plan.activation_specs()))
@@ -131,7 +132,7 @@ def records_for(rt, name: str) -> list[RecordSpec]:
     info = rt.tensors[name]
     plan = rt.plan
     if not info.trainable:
-        return [_compute_spec(rt, name)]
+        return [compute_spec(rt, name)]
     home = plan.state_home[name]
     ranges = rt.chunk_ranges(name)
     if rt.master_is_compute:
@@ -139,7 +140,7 @@ def records_for(rt, name: str) -> list[RecordSpec]:
     else:
         out = [RecordSpec(r, torch.float32, home, (hi - lo,), (lo, hi))
                for r, (lo, hi) in zip(rt.master_records(name), ranges)]
-        out.append(_compute_spec(rt, name))
+        out.append(compute_spec(rt, name))
     for part, recs in rt.state_parts(name).items():  # the optimizer format's state ([Note: optimizer state formats])
         if not part.chunked:
             out.append(RecordSpec(recs[0], part.dtype, home, part.shape(info.shape), None))
@@ -150,9 +151,14 @@ def records_for(rt, name: str) -> list[RecordSpec]:
     return out
 
 
-def _compute_spec(rt, name: str) -> RecordSpec:
-    return RecordSpec(rt.compute_record(name), rt.compute_dtype, rt.plan.compute_home[name],
-                      rt.tensors[name].shape, None)
+def compute_spec(rt, name: str) -> RecordSpec:
+    """The record of parameter ``name``'s compute weights (a frozen NF4 weight's: its NF4 bytes, [Note: the NF4
+    record] in terastack.training.hf.nf4)."""
+    info = rt.tensors[name]
+    if info.nf4:
+        return RecordSpec(rt.compute_record(name), torch.uint8, rt.plan.compute_home[name],
+                          (nf4.nf4_bytes(info.numel),), None)
+    return RecordSpec(rt.compute_record(name), rt.compute_dtype, rt.plan.compute_home[name], info.shape, None)
 
 
 def put_initial(rt, name: str, tensor: torch.Tensor, in_flight: list) -> None:
@@ -167,7 +173,10 @@ def put_initial(rt, name: str, tensor: torch.Tensor, in_flight: list) -> None:
         if records.kind(spec.record) in records.STATE_KINDS:
             rt.store.create(spec.record, spec.shape, spec.dtype, home=spec.home)
             continue
-        data = (tensor if spec.span is None else flat[spec.span[0]:spec.span[1]]).to(spec.dtype).contiguous()
+        if info.nf4:  # quantized here, once, one tensor at a time
+            data = nf4.encode(tensor)
+        else:
+            data = (tensor if spec.span is None else flat[spec.span[0]:spec.span[1]]).to(spec.dtype).contiguous()
         fut = rt.store.put(spec.record, data, home=spec.home)
         in_flight.append((fut, data.numel() * data.element_size()))
     while sum(n for _, n in in_flight) > FILL_IN_FLIGHT:

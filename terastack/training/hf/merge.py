@@ -19,6 +19,14 @@ holds an adapted module's weight is decided by transformers' own key conversions
 checkpoint keys]): GPT-NeoX's ``lm_head`` is ``embed_out.weight`` in the file. Every adapter module is
 matched, and every update's shape checked, before the output is begun; the output directory is committed
 atomically.
+
+[Note: merging into an NF4 base]
+An adapter trained on an NF4 base (``lora.base_format``; its directory holds ``base_format.json``) learned its
+update against the dequantized base, so that is what it is merged into: each weight the training quantized
+([Note: which weights are NF4] in terastack.training.hf.nf4) is quantized and dequantized by bitsandbytes, one
+tensor at a time, before ``W + scaling * B @ A`` -- what peft's ``merge_and_unload`` gives over a model holding the
+dequantized weights. A base directory saved 4-bit by bitsandbytes is read dequantized (fp32) and written
+unquantized (its ``quantization_config`` dropped). ``--base-format native`` merges into the weights as stored.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from terastack.training.hf import nf4
 from terastack.dtypes import SAFETENSORS_DTYPES, WEIGHT_DTYPES, to_dtype
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, load_hf_config
 from terastack.training.output_dir import check_replaceable
@@ -205,10 +214,27 @@ class MergeResult:
     updated_keys: list[str] = field(default_factory=list)
 
 
+def merge_base(base: Path, adapter: Path, hf_config, plain: dict[str, list[str]], base_format: str) -> set[str]:
+    """The base file keys to merge into as NF4-dequantized weights ([Note: merging into an NF4 base]);
+    ``base_format``: nf4, native, or auto (what the adapter directory says it was trained on)."""
+    if base_format not in ("auto", "nf4", "native"):
+        raise ValueError(f"base_format: must be auto, nf4 or native; got {base_format!r}")
+    if base_format == "auto":
+        marker = adapter / nf4.BASE_FORMAT_FILE
+        try:
+            trained = json.loads(marker.read_text()).get("base_format") if marker.exists() else "native"
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"adapter file {marker} is unreadable ({exc})") from None
+        base_format = "nf4" if trained == "nf4" else "native"
+    if base_format != "nf4" or nf4.quantized_format(base) is not None:
+        return set()  # native, or a 4-bit base: its weights are read dequantized already
+    return {k for name in nf4.linear_weights(build_skeleton(hf_config)) for k in plain.get(name, ())}
+
+
 def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, dtype: str | None = None,
-                  max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> MergeResult:
+                  max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, base_format: str = "auto") -> MergeResult:
     """Merge the LoRA ``adapter`` directory into the model in ``base`` and write the full model into ``output``.
-    See [Note: merging an adapter]."""
+    See [Note: merging an adapter] and [Note: merging into an NF4 base]."""
     base, adapter, output = Path(base), Path(adapter), Path(output)
     target = None
     if dtype is not None:
@@ -221,7 +247,10 @@ def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, 
     lora = LoraAdapter(adapter)
     hf_config = load_hf_config(base)
     reader = CheckpointReader(base)
+    if nf4.quantized_format(base) is not None:
+        reader = nf4.DequantizingReader(reader)
     plain, converted = weight_keys(reader, hf_config)
+    rounded = merge_base(base, adapter, hf_config, plain, base_format)
     def base_keys(param: str, what: str) -> list[str]:
         if param in converted:
             raise ValueError(f"adapter file {lora.file}: {what} {param!r} is stored in {base} as several tensors "
@@ -258,10 +287,10 @@ def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, 
                              "terastack merge does not write")
         out_dtype = target if target is not None and stored.is_floating_point else stored
         groups.append(({key: (tuple(shape), out_dtype)},
-                       lambda k=key: {k: _merged(reader, lora, updates, replaced, k)}))
+                       lambda k=key: {k: _merged(reader, lora, updates, replaced, k, rounded)}))
     with staged_dir(output) as tmp:
         weight_map = write_safetensors_files(tmp, groups, max_shard_size=limit)
-        _write_config(base / "config.json", tmp / "config.json", dtype)
+        _write_config(base / "config.json", tmp / "config.json", dtype)  # unquantized, always
         copy_tokenizer_files(base, tmp)
         files = sorted(set(weight_map.values()))
         size = sum((tmp / f).stat().st_size for f in files)
@@ -271,8 +300,10 @@ def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, 
 
 
 def _merged(reader: CheckpointReader, lora: LoraAdapter, updates: dict[str, AdaptedModule],
-            replaced: dict[str, str], key: str) -> torch.Tensor:
+            replaced: dict[str, str], key: str, rounded: set[str]) -> torch.Tensor:
     weight = lora.reader.get(replaced[key]) if key in replaced else reader.get(key)
+    if key in rounded:  # [Note: merging into an NF4 base]
+        weight = nf4.decode(nf4.encode(weight), tuple(weight.shape), torch.float32)  # cast by the writer
     module = updates.get(key)
     if module is None:
         return weight
@@ -282,6 +313,7 @@ def _merged(reader: CheckpointReader, lora: LoraAdapter, updates: dict[str, Adap
 def _write_config(source: Path, dest: Path, dtype: str | None) -> None:
     """The base's config.json, with the dtype field naming ``dtype`` when the weights were cast to it."""
     cfg = json.loads(source.read_text())
+    cfg.pop("quantization_config", None)  # a 4-bit base is written dequantized
     if dtype is not None:
         cfg["dtype"] = dtype
         if "torch_dtype" in cfg:
@@ -301,12 +333,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cast floating tensors to this dtype (default: each base tensor's own)")
     p.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
                    help=f"largest safetensors file before the output is sharded (default {DEFAULT_MAX_SHARD_SIZE})")
+    p.add_argument("--base-format", default="auto", choices=("auto", "nf4", "native"),
+                   help="the base the adapter was trained on: nf4 (bitsandbytes' 4-bit, merged into the "
+                   "dequantized weights), native, or auto (what the adapter directory's base_format.json says)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args) -> int:
     result = merge_adapter(args.base, args.adapter, args.output, dtype=args.dtype,
-                           max_shard_size=args.max_shard_size)
+                           max_shard_size=args.max_shard_size, base_format=args.base_format)
     if args.json:
         print(json.dumps({"output": str(result.output), "modules": result.modules, "files": result.files,
                           "bytes": result.bytes}))

@@ -174,6 +174,19 @@ class CheckpointReader:
         reader._handles = {}
         return reader
 
+    @classmethod
+    def of_model(cls, path: str | os.PathLike, hf_config):
+        """A reader of the model directory ``path``; a bitsandbytes 4-bit one's weights read dequantized (one at
+        a time, terastack.training.hf.nf4), its ``hf_config`` then without ``quantization_config``: the model
+        built, trained and exported from it is the unquantized one."""
+        from terastack.training.hf import nf4
+
+        reader = cls(path)
+        if nf4.quantized_format(path) is None:
+            return reader
+        hf_config.__dict__.pop("quantization_config", None)
+        return nf4.DequantizingReader(reader)
+
     @staticmethod
     def _keys(path: Path) -> list[str]:
         from safetensors import safe_open

@@ -27,6 +27,8 @@ DTYPES = ("auto", "float32", "bfloat16")
 #: the kinds of RoPE scaling (terastack.training.hf.model_files.ROPE_SCALINGS, which applies them; a test keeps
 #: the two equal: this module imports no torch)
 ROPE_SCALINGS = ("linear", "dynamic", "yarn")
+#: lora.base_format: how a LoRA run's frozen base rests and streams
+BASE_FORMATS = ("auto", "nf4", "native")
 #: a job's length when it gives neither steps nor epochs
 DEFAULT_STEPS = 20
 
@@ -300,10 +302,18 @@ class LoraSection:
         "them (default auto: peft's choice for the model family)")
     init_from: str | None = setting(None, flat="lora_init_from", metavar="DIR", help="a peft adapter directory "
                                     "to start from (default: peft's initialization)", path="path")
+    base_format: str = setting("auto", choices=BASE_FORMATS, help="how the frozen base rests on the store and "
+                               "streams: nf4 (bitsandbytes' 4-bit NormalFloat, quantized once at import, "
+                               "dequantized per unit), native (its own dtype), auto (nf4 when the model directory "
+                               "is bitsandbytes-quantized, else native)")
 
     def __post_init__(self) -> None:
         read_fields(self)
         at_least(self, "rank", 1)
+        one_of(self, "base_format", BASE_FORMATS)
+        if self.base_format == "nf4" and self.rank is None:
+            raise SettingError("lora.base_format", "nf4 streams a frozen LoRA base; give --lora R (a full "
+                               "fine-tune trains every weight, which stays in its own dtype)")
         if self.alpha is not None and not self.alpha > 0:
             raise SettingError("lora.alpha", f"must be > 0, got {self.alpha}")
         if not 0 <= self.dropout < 1:

@@ -47,6 +47,7 @@ import torch
 
 from terastack.constants import padded_size
 from terastack.plan.optimizer_names import OPTIMIZER_NAMES
+from terastack.plan.lowbit_library import bitsandbytes_functional
 
 #: record kinds of state parts (the names of :mod:`terastack.llm.engine.records`): AdamW's two moments keep
 #: their own kinds; every other part is an "o" record named by its key
@@ -217,11 +218,7 @@ class AdamW8bitFormat(OptimizerFormat):
         return self._PARTS_8BIT if math.prod(shape) >= self.min_8bit_size else self._PARTS_32BIT
 
     def require(self) -> None:
-        try:
-            import bitsandbytes.functional  # noqa: F401
-        except ImportError as exc:
-            raise ImportError(f"optimizer: {self.name} needs bitsandbytes >= 0.50 (pip install bitsandbytes): "
-                              f"{exc}") from None
+        bitsandbytes_functional(f"optimizer {self.name}")
 
     def library_state(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The parts, and with 8-bit moments the two quantization maps (the library keeps them per parameter)."""
@@ -234,14 +231,12 @@ class AdamW8bitFormat(OptimizerFormat):
     def qmaps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The signed and unsigned dynamic quantization maps of the two moments (the library's ``fill_qmap``)."""
         if self._qmaps is None:
-            import bitsandbytes.functional as F
-
+            F = bitsandbytes_functional(f"optimizer {self.name}")
             self._qmaps = (F.create_dynamic_map(signed=True), F.create_dynamic_map(signed=False))
         return self._qmaps
 
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
-        import bitsandbytes.functional as F
-
+        F = bitsandbytes_functional(f"optimizer {self.name}")
         (b1, b2), eps, wd = hyper.betas, hyper.eps, hyper.weight_decay
         with torch.no_grad():
             eight = []

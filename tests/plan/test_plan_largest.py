@@ -79,3 +79,4 @@ def test_largest_model_per_format_follows_its_state_bytes(tmp_path, capsys):
         per = row["bytes_per_parameter_per_step"]
         assert per["read"] >= 0 and row["disk_holds_parameters"] == int(1.2e9 / row["state_bytes_per_parameter"])
     assert r["nf4_lora"]["base_format"] == "nf4" and r["nf4_lora"]["model"] == "llama-150m"
+

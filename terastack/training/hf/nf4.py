@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from terastack.plan.base_formats import NF4_BLOCK, nf4_bytes
+from terastack.plan.lowbit_library import bitsandbytes_functional
 
 BLOCKSIZE = NF4_BLOCK
 QUANT_TYPE = "nf4"
@@ -41,11 +42,9 @@ BYTES_PER_PARAM = 0.5 + 4 / BLOCKSIZE
 
 def _functional():
     try:
-        import bitsandbytes.functional as bnbf
+        return bitsandbytes_functional("lora.base_format nf4 (or a 4-bit model directory)")
     except ImportError as exc:
-        raise ValueError("lora.base_format nf4 (or a 4-bit model directory): needs the bitsandbytes package "
-                         "(pip install 'terastack[lowbit]')") from exc
-    return bnbf
+        raise ValueError(str(exc)) from None
 
 
 def encode(tensor: torch.Tensor) -> torch.Tensor:

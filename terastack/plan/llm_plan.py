@@ -106,6 +106,9 @@ class LLMPlan:
     accumulation: str = "horizontal"
     #: the optimizer state format (terastack.plan.optimizer_formats): what rests per trainable parameter
     optimizer: str = ADAMW.name
+    #: host bytes a whole-matrix update's gather holds beyond the windows above (0 for chunked formats; see
+    #: [Note: scheduling a whole-matrix gather] in terastack.llm.engine.optimizer_state)
+    gather_bytes: int = 0
 
     @property
     def accumulation_spec(self) -> AccumulationSpec:

@@ -266,7 +266,8 @@ class LLMPlanner(StateHomes, StepTimeModel):
                                device_budget=cfg.device_budget, host_budget=cfg.host_budget,
                                inline_updates=self.inline_updates,
                                grad_accum=cfg.grad_accum, grad_home=homes.grad_home,
-                               accumulation=self.accumulation.name, optimizer=cfg.optimizer)
+                               accumulation=self.accumulation.name, optimizer=cfg.optimizer,
+                               gather_bytes=sizes.gather)
         raise shortfall.error()
 
     def predict(self, profile: ModelProfile, hw: Hardware, policies: tuple[str, ...],

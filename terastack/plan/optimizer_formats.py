@@ -161,6 +161,23 @@ class OptimizerFormat:
         where they are not adjacent in memory already); the optimizer charges them to the host ledger."""
         return 0
 
+    def gather_bytes(self, shape: tuple, chunk: int, *, master_is_compute: bool, gradient_spilled: bool) -> int:
+        """Host bytes one update of a whole parameter of ``shape`` holds at once where the format updates
+        parameters whole (:attr:`whole_tensor`; [Note: scheduling a whole-matrix gather] in
+        terastack.llm.engine.optimizer_state): its state records, its fp32 master (whole, or its chunk records in
+        mixed precision), a spilled gradient's chunk records, and the copies :meth:`scratch_bytes` charges at most
+        (the master joined from its chunks in mixed precision, a spilled gradient joined from its chunks). The
+        engine's up-front check and the planner's working set both read it. 0 for a format that updates chunk by
+        chunk: what it holds is its chunks, within the plan's windows."""
+        if not self.whole_tensor:
+            return 0
+        numel = max(math.prod(shape), 1)
+        chunk = self.chunk_elements(chunk)
+        full, rest = divmod(numel, chunk)
+        chunks = full * padded_size(4 * chunk) + (padded_size(4 * rest) if rest else 0)  # fp32 chunk records
+        out = self.held_bytes(shape, chunk) + (padded_size(4 * numel) if master_is_compute else chunks + 4 * numel)
+        return out + (chunks + 4 * numel if gradient_spilled else 0)
+
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
         """One update over ``chunks`` (each with ``name``, ``lo``, ``hi``, ``shape``, ``param``, ``grad`` and
         ``state``: part key -> tensor, updated in place); ``steps``: each chunk's parameter's step count before

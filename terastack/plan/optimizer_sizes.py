@@ -66,11 +66,12 @@ class OptimizerSizes:
     masters: int         # whole fp32 masters held: handed over by backward, read, being updated or written
     chunk: int           # elements per optimizer chunk
     accumulate: int = 0  # gradient sums on the SSD being added to or written back (gradient accumulation)
+    gather: int = 0      # a whole-matrix update's gather beyond the above (whole_gather_bytes)
 
     @property
     def host_bytes(self) -> int:
         """Host bytes all of the above take: the part of the host ledger that no resting state can use."""
-        return self.grad_pool + self.read_ahead + self.writeback + self.masters + self.accumulate
+        return self.grad_pool + self.read_ahead + self.writeback + self.masters + self.accumulate + self.gather
 
 
 def completed_by_unit(profile: ModelProfile) -> list[list[str]]:
@@ -100,6 +101,20 @@ def unit_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int,
     """Per unit (forward order): bytes of the optimizer records of the tensors whose update it completes."""
     return [sum(tensor_state_bytes(profile, schedule, t, chunk, fmt) for t in mine)
             for mine in completed_by_unit(profile)]
+
+
+def whole_gather_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int,
+                       fmt: OptimizerFormat = ADAMW) -> int:
+    """Host bytes the largest whole-matrix update of a format that updates parameters whole holds beyond the
+    masters allowance (which holds an fp32 master being updated): the format's own count
+    (``OptimizerFormat.gather_bytes``, the one the engine refuses a run by) of its state, master chunks, spilled
+    gradient and the copies they are joined into. 0 for formats that update chunk by chunk."""
+    if not fmt.whole_tensor:
+        return 0
+    mixed = profile.mixed_precision
+    shapes = {profile.shape(t) for t, trains in profile.tensor_trainable.items() if trains}
+    return max((fmt.gather_bytes(s, chunk, master_is_compute=not mixed, gradient_spilled=not schedule.backpressure)
+                - (0 if mixed else held_bytes(4 * math.prod(s))) for s in shapes), default=0)
 
 
 def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bool, chunk: int,
@@ -138,7 +153,7 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
         accumulate = 2 * held_bytes(chunk_held * 4) if passes > 1 else 0
         return OptimizerSizes(kind=kind, grad_pool=gradients_in_flight(profile, slack=not lean),
                               read_ahead=read_ahead, writeback=writeback, masters=masters, chunk=c,
-                              accumulate=accumulate)
+                              accumulate=accumulate, gather=whole_gather_bytes(profile, schedule, c, fmt))
 
     if not inline:
         return [sizes("full", lean=False), sizes("lean", lean=True)]
@@ -167,7 +182,7 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
 
 
 def _same_sizes(s: OptimizerSizes) -> tuple:
-    return (s.grad_pool, s.read_ahead, s.writeback, s.masters, s.chunk, s.accumulate)
+    return (s.grad_pool, s.read_ahead, s.writeback, s.masters, s.chunk, s.accumulate, s.gather)
 
 
 def exposed_state_io_s(profile: ModelProfile, schedule: ScheduleSpec, sizes: OptimizerSizes, state_home: dict,

@@ -85,9 +85,11 @@ class StepTimeModel:
         fwd, bwd = self._memo(profile, hw, "compute", lambda: self._compute_s(profile, hw))
         micro = self._passes  # every pass computes and moves activations and weights; AdamW runs once
         compute = (fwd + bwd + split.recompute_s) * micro
-        grad_unit = max(u.trainable * 4 for u in profile.units)
+        # sums over every unit and tensor: once per profile (the planner scores thousands of candidates)
+        grad_unit, trainable = self._memo(profile, None, "trainable sizes", lambda: (
+            max(u.trainable * 4 for u in profile.units), profile.trainable_params))
         # without back-pressure, gradients beyond the pool travel through the SSD and back
-        spill = self.schedule.spill_traffic(profile.trainable_params * 4, grad_unit)
+        spill = self.schedule.spill_traffic(trainable * 4, grad_unit)
         read += spill
         write += spill
         read += split.ssd_acts * micro
@@ -109,16 +111,17 @@ class StepTimeModel:
             profile, depth + 1))[2] if homes.frozen_on_device else sum(map(profile.moved_weight_bytes, profile.units))
         if gpu:
             h2d = (2 * weights + split.host_acts + split.ssd_acts) * micro
-            d2h = (profile.trainable_params * cb + split.host_acts + split.ssd_acts) * micro
+            d2h = (trainable * cb + split.host_acts + split.ssd_acts) * micro
             link_bytes = h2d + d2h
             link = max(h2d, d2h) / (hw.pcie_bytes_per_s or 16e9)
         else:
             host_copy = split.host_acts * micro / (hw.memcpy_bytes_per_s or 5e9)
         adam_rate = hw.cpu_adam_params_per_s or 2e8
-        optimizer = profile.trainable_params / adam_rate
+        optimizer = trainable / adam_rate
         # ---- the part no schedule hides
         first = profile.units[0]
-        per_param = 4 + profile.optimizer_state_bytes(self.format) / max(profile.trainable_params, 1)  # AdamW: 12
+        per_param = 4 + self._memo(profile, None, "optimizer state bytes", lambda: profile.optimizer_state_bytes(
+            self.format)) / max(trainable, 1)  # AdamW: 12
         first_state = first.trainable * (per_param + (cb if mixed else 0))
         first_io = (hw.ssd_seconds(first_state, first_state)
                     if any(homes.state_home.get(t) is Tier.SSD for t in first.tensors) else 0.0)

@@ -12,6 +12,9 @@ from .test_checkpoint_follow import STEPS, STREAMED, run_killed_inside
 from .test_optimizer_formats import (config, make_wide_model, reference_optimizer, reference_train,
                                      stored_state)
 from terastack.llm import LoraSpec, Trainer
+from terastack.plan.llm_plan import PlanError
+from terastack.plan.optimizer_formats import optimizer_format
+from terastack.plan.optimizer_sizes import whole_gather_bytes
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -210,15 +213,48 @@ def save_wide_mlp(path):
 
 def test_adafactor_gather_is_refused_when_one_matrix_cannot_fit_the_host_tier(tmp_path, trainer_config):
     """Mixed precision at a host budget whose tier holds AdamW's chunks but not one MLP matrix's master and its joined
-    copy: refused before the first step, naming the setting, the parameter and the shortfall (an update would
-    otherwise fail half-way through a step for lack of room)."""
+    copy: refused before the first step by the planner, whose optimizer working set counts the gather (an update
+    would otherwise fail half-way through a step for lack of room); the engine's own check, reading the same
+    ``OptimizerFormat.gather_bytes``, refuses the tier the plan would have left it."""
     save_wide_mlp(tmp_path / "model")
     kw = dict(dtype="bfloat16", host_budget="2MiB", optimizer_chunk=4096, store_dir=str(tmp_path / "s1"))
-    with pytest.raises(ValueError, match=r"host_budget: the adafactor optimizer updates each parameter as one "
-                                         r"matrix; 'model\.layers\.\d\.mlp\.\w+_proj\.weight' needs .* by "):
+    with pytest.raises(PlanError, match=r"host budget exceeded .* the optimizer's working set \(1\.\d+ MiB\)"):
         Trainer.from_pretrained(tmp_path / "model", config(trainer_config, "adafactor", **kw))
     with Trainer.from_pretrained(tmp_path / "model", config(trainer_config, "adamw", **kw)) as trainer:
         trainer.step(batches(1)[0])  # chunked updates fit the same tier
+        # what the engine refuses: the largest matrix's gather beside the tier the plan gives it (budget less pool)
+        fmt = optimizer_format("adafactor")
+        name = max(trainer.optimizer.tensors, key=lambda n: trainer.optimizer.tensors[n].numel)
+        needed = fmt.gather_bytes(tuple(trainer.optimizer.tensors[name].shape), 4096, master_is_compute=False,
+                                  gradient_spilled=False)
+        assert needed > (2 << 20) - trainer.plan.grad_pool_bytes
+
+
+def test_the_planner_counts_the_adafactor_gather_the_engine_charges(tmp_path, trainer_config, monkeypatch):
+    """Mixed precision: the copies the engine charges to the host ledger while an MLP matrix's update runs (its
+    master joined from its chunk records) are within the gather the plan counts in the optimizer's working set,
+    and the planner sizes that gather by the format's own count."""
+    save_wide_mlp(tmp_path / "model")
+    fmt_cls = type(optimizer_format("adafactor"))
+    charged = []
+    scratch = fmt_cls.scratch_bytes
+
+    def measured(self, chunks, steps):
+        charged.append(scratch(self, chunks, steps))
+        return charged[-1]
+
+    monkeypatch.setattr(fmt_cls, "scratch_bytes", measured)
+    cfg = config(trainer_config, "adafactor", dtype="bfloat16", host_budget="3MiB", optimizer_chunk=4096)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as trainer:
+        for ids in batches(2):
+            trainer.step(ids)
+        trainer.synchronize()
+        plan = trainer.plan
+        assert max(charged) >= 4 * 32 * 4096  # one MLP master joined from its chunks
+        assert plan.gather_bytes >= max(charged) + 4 * 32 * 4096  # and the chunk records it was joined from
+        assert plan.gather_bytes == whole_gather_bytes(trainer.profile, plan.schedule, plan.optimizer_chunk,
+                                                       optimizer_format("adafactor"))
+        assert trainer.plan.read_ahead_bytes + plan.writeback_bytes + plan.masters_bytes < plan.gather_bytes
 
 
 def test_adafactor_joined_copies_are_charged_to_the_host_ledger(tmp_path, trainer_config):

@@ -50,14 +50,16 @@ def check_whole_tensor_gather(fmt, rt, tensors: dict) -> None:
     one master's and one spilled gradient's in mixed precision). Those copies are charged to the host ledger
     while the update runs (waiting for write-backs to free room, or refused naming the host tier and the
     shortfall), and this check refuses a run up front when even the largest parameter's state and master (and
-    in mixed precision their joined copy) exceed the host tier whole. The planner does not yet budget the
-    copies among its windows: a plan whose host tier is full of read-ahead state waits here for write-backs."""
+    in mixed precision their joined copy) exceed the host tier whole. Both read ``OptimizerFormat.gather_bytes``,
+    and so does the planner, which counts the largest parameter's gather in the optimizer's working set beside
+    its windows (``OptimizerSizes.gather``): a plan the engine would refuse here does not fit the planner."""
     if not tensors:
         return
     name = max(tensors, key=lambda n: tensors[n].numel)
     info = tensors[name]
-    master = held_bytes(4 * info.numel)
-    needed = fmt.held_bytes(tuple(info.shape), rt.chunk) + (master if rt.master_is_compute else 2 * master)
+    # a gradient held whole in the pool needs no copy; the planner counts a spilled one's too (its working set)
+    needed = fmt.gather_bytes(tuple(info.shape), rt.chunk, master_is_compute=rt.master_is_compute,
+                              gradient_spilled=False)
     limit = rt.store.budgets[Tier.HOST].limit
     if needed > limit:
         raise ValueError(f"host_budget: the {fmt.name} optimizer updates each parameter as one matrix; {name!r} "

@@ -18,6 +18,7 @@ import torch
 from terastack.constants import BLOCK
 from terastack.gnn.storage.hotness import Hotness
 from terastack.gnn.training.models import GNN, train_step
+from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 
 
@@ -186,6 +187,23 @@ def probe_feature_file(ds, *, seconds: float = 1.5, windows: int = 5, batch_bloc
             "direct": direct, "io_cpu_seconds_per_block": float(np.median(cpu_per_block)),
             "windows": {"ssd_rand4k_iops": iops, "io_cpu_seconds_per_block": cpu_per_block,
                         "ssd_read_bytes_per_s": bandwidth}}
+
+
+def feature_file_hardware(ssd: dict, *, iops: float | None = None, where: str = "the feature file",
+                          engine=None) -> Hardware:
+    """This machine's SSD as the TPC model takes it from a measurement on a feature file (``ssd``: a result of
+    :func:`probe_feature_file`; ``iops``: its 4 KiB random-read rate measured elsewhere, e.g. beside the training
+    steps): the random reads at one block, the gather's request for rows up to a block, at the storage engine's
+    queue depth, where the gather reads them (terastack.plan.read_rates [Note: random reads at the gather's own
+    request size]); reads only, as the epoch's gather (the cache is static)."""
+    from terastack import io
+
+    rate = ssd["ssd_rand4k_iops"] if iops is None else iops
+    depth = (engine or io.get_engine()).config.queue_depth
+    return Hardware(name=f"this machine (4 KiB random reads of {where})", measured=True, cores=os.cpu_count() or 1,
+                    ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"], ssd_rand4k_iops=rate,
+                    ssd_random_reads=[{"request_bytes": BLOCK, "queue_depth": depth, "reads_per_s": rate}]
+                    if rate > 0 else [])
 
 
 def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds: float, windows: int | None,

@@ -56,6 +56,11 @@ def test_gen_verify_train_advise(tmp_path, capsys):
     assert len(advice["candidates"]) == 2 * 2 * 2
     assert advice["best"]["epochs_per_usd"] == max(c["epochs_per_usd"] for c in advice["candidates"])
     assert advice["this_machine"]["epoch_seconds"] > 0 and advice["this_machine"]["bottleneck"]
+    # rows of 32 bytes: one-block reads, priced at the dataset's own file's figure, which the output names; the
+    # price table's spec-sheet SSD has no figure per request size
+    assert "random reads of 4.0 KiB" in advice["this_machine"]["ssd_read_rate"]["source"]
+    assert advice["this_machine"]["ssd_read_rate"]["measured_at_request_size"] is True
+    assert all(c["ssd_rate_source"].startswith("min(sequential read") for c in advice["candidates"])
 
 
 def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):

@@ -15,6 +15,10 @@ sizes (a read costs a fixed latency plus its bytes at the transfer rate) and nev
 rate. Only entries measured at the queue depth the gather runs at count. Without one (an older cached probe, a
 described machine) the old pricing stands, and :class:`ReadRate` says which figure priced the reads, so the
 plan's output names its source.
+
+The figure is measured before the run, by the probe or on the dataset's own file beside the training steps
+(terastack.gnn.advise), not taken from the run's first epoch: ``bench gnn`` checks the model against that very
+epoch, and a rate read off it would fit the model to what it predicts.
 """
 from __future__ import annotations
 

@@ -359,6 +359,7 @@ def _infer(args) -> int:
 
 def _advise(args) -> int:
     from terastack.gnn.advise import feature_file_hardware, probe_feature_file, workload
+    from terastack.io import get_engine
     from terastack.gnn.storage.dataset import open_dataset
     from terastack.gnn.storage.hotness import presample
     from terastack.gnn.sampling.fanouts import parse_fanouts
@@ -405,7 +406,8 @@ def _advise(args) -> int:
                                   ssd_random_reads=probe.ssd_random_reads if wide else own.ssd_random_reads)
     here = predict_epoch(wl, here_hw, device_cache=parse_bytes(args.device_cache, field="device_cache"),
                          host_cache=parse_bytes(args.host_cache, field="host_cache"),
-                         gpu_efficiency=prices.gpu_efficiency, train_threads=wl.compute_threads)
+                         gpu_efficiency=prices.gpu_efficiency, train_threads=wl.compute_threads,
+                         queue_depth=get_engine().config.queue_depth)  # the depth the gather will read at
     result = advise(wl, probe, prices, ssd_counts=ssds, memory_gib=memory, gpus=gpus)
     result["this_machine"] = {"hardware": here_hw.name, "measured": probe.measured, **here.to_dict()}
     result["workload"] = {"batches_per_epoch": wl.batches_per_epoch, "nodes_per_batch": wl.nodes_per_batch,

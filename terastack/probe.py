@@ -3,7 +3,8 @@
 Measures cores, memory, fp32 matmul FLOP/s, memory copy bandwidth, CPU AdamW
 rate, and on a chosen directory (or on each of several, one per SSD) the SSD's sequential read/write bandwidth,
 4 KiB random-read IOPS (through the storage engine, O_DIRECT, on a file that
-is really written, with its page cache dropped before reading), the read and write rates it gives a
+is really written, with its page cache dropped before reading), random reads at a few request sizes
+(:func:`measure_random_reads`: what a GNN gather's extents get), the read and write rates it gives a
 reader and a writer at once (:func:`measure_mixed`), its free space, and how much
 SSD traffic slows the CPU's compute. With CUDA it
 adds the accelerator's matmul rate and pinned host<->device bandwidth.

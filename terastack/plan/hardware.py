@@ -59,7 +59,8 @@ class Hardware:
     #: the directory the probe measured; several (one per SSD) comma-separated
     probe_dir: str | None = None
     #: per measured directory: {"dir", "device", "ssd_read_bytes_per_s", "ssd_write_bytes_per_s",
-    #: "ssd_rand4k_iops"}; the ssd_* figures above are their aggregate (:func:`aggregate_ssd`)
+    #: "ssd_rand4k_iops", and from newer probes "ssd_mixed_*" and "ssd_random_reads"}; the ssd_* figures above are
+    #: their aggregate (:func:`aggregate_ssd`)
     ssd_dirs: list = dataclasses.field(default_factory=list)
     probed_at: str | None = None
     versions: dict = dataclasses.field(default_factory=dict)

@@ -172,16 +172,18 @@ class HeteroContender:
                          miss_cpu_seconds_per_row=per_miss, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
                          table_bytes_per_node=4, topology_blocks_per_batch=prof["topology_blocks_per_batch"])
         host = cached * row_bytes + nodes * 4
+        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
 
         def predict(iops: float, seconds_per_node: float):
-            here = feature_file_hardware(ssd, iops=iops, where="a feature file, beside the steps")
+            here = feature_file_hardware(ssd, iops=iops, where="a feature file, beside the steps", extent_blocks=extent)
             return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * trained_per_batch), here,
                                  device_cache=0, host_cache=host, train_threads=wl.compute_threads)
 
         # the SSD's rate and the step under the epoch's own load (terastack.gnn.advise [Note: the step measured
         # beside the epoch's own read rate]); the disk alone is reported beside
         steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
-        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed)
+        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed,
+                                          extent_blocks=extent)
         pred = loaded.pop("prediction")
         compute = loaded["compute_seconds_per_node"] * trained_per_batch
         loaded["compute_seconds_per_batch"] = compute

@@ -328,18 +328,20 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
                                  topology_blocks_per_batch=prof["topology_blocks_per_batch"],
                                  blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
         samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, ds.topology)
+        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
 
         def predict(iops: float, seconds_per_node: float):
             return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows),
                                  feature_file_hardware(ssd, iops=iops, where="the feature file, beside the steps",
-                                                       engine=engine),
+                                                       engine=engine, extent_blocks=extent),
                                  device_cache=0, host_cache=feature_budget, train_threads=wl.compute_threads,
                                  samplers=samplers, queue_depth=engine.config.queue_depth)
 
         # the rate and the step the model takes, measured under the epoch's own load (advise [Note: the step
         # measured beside the epoch's own read rate]); the figures apart are kept for the report
         steps = training_steps("sage", hot, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
-        loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed)
+        loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed,
+                                          extent_blocks=extent)
         predicted = loaded.pop("prediction")
         loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
         loaded["compute_seconds_per_batch_apart"] = apart_per_batch

@@ -16,6 +16,10 @@ rate. Only entries measured at the queue depth the gather runs at count. Without
 described machine) the old pricing stands, and :class:`ReadRate` says which figure priced the reads, so the
 plan's output names its source.
 
+With one measured size (a benchmark's reads of the feature file at the gather's extent), a larger request keeps
+that figure's bytes per second and a smaller one (the sampler's one-block list reads, beside wide rows) its time
+per read: neither guesses a latency the disk was not seen to have.
+
 The figure is measured before the run, by the probe or on the dataset's own file beside the training steps
 (terastack.gnn.advise), not taken from the run's first epoch: ``bench gnn`` checks the model against that very
 epoch, and a rate read off it would fit the model to what it predicts.

@@ -270,7 +270,10 @@ def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak:
         "tpc": {"bottleneck": predicted.bottleneck, "predicted_hit_rate": predicted.hit_rate,
                 "predicted_topology_blocks_per_batch": ours["workload"].topology_blocks_per_batch,
                 "stages_seconds_per_batch": predicted.stages, "ssd": ours["ssd"],
-                "ssd_read_rate": predicted.ssd_rate.to_dict() if predicted.ssd_rate else None,
+                # the rate the reads were priced at beside the rate the epoch's reads averaged (at most the disk's:
+                # an epoch above the priced rate had a faster disk than the model was given)
+                "ssd_read_rate": {**(predicted.ssd_rate.to_dict() if predicted.ssd_rate else {}),
+                                  "epoch_bytes_per_s": ours["ssd_bytes_read"] / max(epoch["seconds"], 1e-12)},
                 "ssd_while_training": ours["ssd_while_training"],
                 "ssd_after_epoch": ours["ssd_after_epoch"], "holdout": ours["holdout"],
                 "note": "inputs measured on pre-sampled and hold-out batches (never the epoch); the SSD's random-"

@@ -3,7 +3,8 @@
 Measures cores, memory, fp32 matmul FLOP/s, memory copy bandwidth, CPU AdamW
 rate, and on a chosen directory (or on each of several, one per SSD) the SSD's sequential read/write bandwidth,
 4 KiB random-read IOPS (through the storage engine, O_DIRECT, on a file that
-is really written, with its page cache dropped before reading), the read and write rates it gives a
+is really written, with its page cache dropped before reading), random reads at a few request sizes
+(:func:`measure_random_reads`: what a GNN gather's extents get), the read and write rates it gives a
 reader and a writer at once (:func:`measure_mixed`), its free space, and how much
 SSD traffic slows the CPU's compute. With CUDA it
 adds the accelerator's matmul rate and pinned host<->device bandwidth.
@@ -102,11 +103,45 @@ def measure_ssd(directory: str, file_bytes: int, rand_seconds: float = 2.0) -> d
                 f.pread_many(target, offsets, 4096, (np.arange(n) % slots) * 4096).result()
                 done += n
             iops = done / (time.perf_counter() - start)
+            random_reads = measure_random_reads(f, file_bytes, seconds=rand_seconds / 2,
+                                                queue_depth=engine.config.queue_depth)
         mixed = measure_mixed(engine, path, file_bytes, buf, seconds=rand_seconds)
         return {"ssd_read_bytes_per_s": read_bps, "ssd_write_bytes_per_s": write_bps, "ssd_rand4k_iops": iops,
-                **mixed, "direct": True, "backend": engine.backend}
+                "ssd_random_reads": random_reads, **mixed, "direct": True, "backend": engine.backend}
     finally:
         os.unlink(path)
+
+
+#: request sizes of :func:`measure_random_reads`: a GNN gather's extents (one to a few 4 KiB blocks per feature row)
+#: and a larger one to interpolate towards
+RANDOM_READ_SIZES = (4096, 8192, 16384, 65536)
+
+
+def measure_random_reads(f, file_bytes: int, *, seconds: float, queue_depth: int,
+                         sizes: tuple = RANDOM_READ_SIZES) -> list[dict]:
+    """Random reads only, of each of ``sizes`` (block-aligned extents) on ``f`` (open O_DIRECT, ``file_bytes`` long,
+    already written): whole vectors to ``pread_many`` as a GNN gather issues them, which the engine keeps
+    ``queue_depth`` deep; ``seconds`` split over the sizes. Reads per second per size
+    (terastack.plan.read_rates [Note: random reads at the gather's own request size])."""
+    from terastack import io
+
+    out = []
+    rng = np.random.default_rng(1)
+    for size in sizes:
+        slots = file_bytes // size
+        if slots < 1:
+            continue
+        n = int(min(4096, max(64, (16 << 20) // size)))  # a vector of up to 16 MiB
+        target = io.aligned_empty(n * size)
+        f.drop_cache()
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / len(sizes) or done == 0:
+            offsets = np.sort(rng.choice(slots, min(n, slots), replace=False)) * size
+            f.pread_many(target, offsets, size, np.arange(len(offsets)) * size).result()
+            done += len(offsets)
+        out.append({"request_bytes": size, "queue_depth": queue_depth,
+                    "reads_per_s": done / (time.perf_counter() - start)})
+    return out
 
 
 #: a training step's writes per byte it reads (the 1.1B step: 12.0 GiB written, 15.7 GiB read): the mix the
@@ -315,6 +350,9 @@ def run(args: argparse.Namespace) -> int:
          f"{hw.ssd_read_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD seq write", f"{hw.ssd_write_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD 4 KiB random read", f"{hw.ssd_rand4k_iops / 1e3:.0f} k IOPS"),
+        *[(f"SSD random read, {e['request_bytes'] // 1024} KiB (QD {e['queue_depth']})",
+           f"{e['reads_per_s'] / 1e3:.0f} k reads/s, {e['reads_per_s'] * e['request_bytes'] / 1e9:.2f} GB/s")
+          for e in hw.ssd_random_reads],
         ("SSD read + write at once", f"{hw.ssd_mixed_read_bytes_per_s / 1e9:.2f} + "
                                      f"{hw.ssd_mixed_write_bytes_per_s / 1e9:.2f} GB/s"),
         ("free disk", format_bytes(hw.disk_bytes)),

@@ -18,6 +18,7 @@ import torch
 from terastack.constants import BLOCK
 from terastack.gnn.storage.hotness import Hotness
 from terastack.gnn.training.models import GNN, train_step
+from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 
 
@@ -188,12 +189,35 @@ def probe_feature_file(ds, *, seconds: float = 1.5, windows: int = 5, batch_bloc
                         "ssd_read_bytes_per_s": bandwidth}}
 
 
+def feature_file_hardware(ssd: dict, *, iops: float | None = None, where: str = "the feature file",
+                          engine=None, extent_blocks: int = 1) -> Hardware:
+    """This machine's SSD as the TPC model takes it from a measurement on a feature file (``ssd``: a result of
+    :func:`probe_feature_file`; ``iops``: its 4 KiB random-read rate measured elsewhere, e.g. beside the training
+    steps): the random reads at one block, the gather's request for rows up to a block, at the storage engine's
+    queue depth, where the gather reads them (terastack.plan.read_rates [Note: random reads at the gather's own
+    request size]); reads only, as the epoch's gather (the cache is static). ``extent_blocks`` > 1: ``iops`` are
+    blocks a second read in extents of that many (:func:`probe_while_training`), a wide row's request."""
+    from terastack import io
+
+    k = extent_blocks
+    rate = ssd["ssd_rand4k_iops"] if iops is None else iops
+    depth = (engine or io.get_engine()).config.queue_depth
+    return Hardware(name=f"this machine ({k * BLOCK // 1024} KiB random reads of {where})", measured=True,
+                    cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
+                    ssd_rand4k_iops=rate if k == 1 else ssd["ssd_rand4k_iops"],
+                    ssd_random_reads=[{"request_bytes": k * BLOCK, "queue_depth": depth, "reads_per_s": rate / k}]
+                    if rate > 0 else [])
+
+
 def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds: float, windows: int | None,
-                         stop: threading.Event | None = None, period: float = 0.0) -> tuple[list, list]:
+                         stop: threading.Event | None = None, period: float = 0.0,
+                         extent_blocks: int = 1) -> tuple[list, list]:
     """4 KiB random reads of ``n`` blocks per ``pread_many``, one after another (or, with ``period`` > 0, one
     request every ``period`` seconds at most, as an epoch's batches ask), timed in windows of ``window_seconds``:
     each window's reads per second and kernel CPU per block. ``windows`` windows, or (None) until ``stop`` is
-    set; a window ``stop`` cuts short is dropped unless no window was complete."""
+    set; a window ``stop`` cuts short is dropped unless no window was complete. ``extent_blocks`` > 1: the ``n``
+    blocks are read as extents of that many consecutive blocks (a wide row's covering blocks, as the gather reads
+    them); the rate is still blocks a second."""
     from terastack import io
 
     buf = io.aligned_empty(n * BLOCK)
@@ -207,11 +231,17 @@ def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds:
             wait = due - time.perf_counter()
             if wait > 0 and (stop.wait(wait) if stop is not None else time.sleep(wait)) and (done or iops):
                 break  # stopped while waiting for the request's turn
-            blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
             issued, before = time.perf_counter(), os.times().system
-            f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
+            if extent_blocks == 1:
+                blocks = np.sort(rng.choice(blocks_in_file, n, replace=False))
+                f.pread_many(buf, blocks * BLOCK, BLOCK).result(timeout=120)
+            else:
+                k = extent_blocks
+                starts = np.sort(rng.choice(blocks_in_file - k + 1, max(1, min(n // k, blocks_in_file - k + 1)),
+                                            replace=False))
+                f.pread_many(buf, starts * BLOCK, k * BLOCK, np.arange(len(starts)) * (k * BLOCK)).result(timeout=120)
             sys_cpu += os.times().system - before  # the kernel's share of each read, charged to this process
-            done += n
+            done += n if extent_blocks == 1 else len(starts) * extent_blocks
             due = max(due, issued) + period  # a late request moves the next one's turn, as a late batch does
         if not done:
             break  # stopped before this window's first request
@@ -238,7 +268,7 @@ def training_steps(model_kind: str, hot: Hotness, ds, *, hidden: int, layers: in
 
 def probe_while_training(features, train_once, *, seconds: float = 8.0, window_seconds: float = 1.0,
                          min_steps: int = 5, batch_blocks: int = 8192, rate: float | None = None, seed: int = 0,
-                         engine=None) -> dict:
+                         engine=None, extent_blocks: int = 1) -> dict:
     """The SSD's 4 KiB random-read rate while the training step runs, and the step's time while the SSD reads.
 
     [Note: the SSD and the step measured under each other's load]
@@ -256,12 +286,16 @@ def probe_while_training(features, train_once, *, seconds: float = 8.0, window_s
 
     ``rate`` (blocks a second): read no faster, one request of ``batch_blocks`` every ``batch_blocks / rate``
     seconds, as an epoch that reads at that rate does (0, or ``batch_blocks`` 0: no reads, the step alone);
-    None reads as fast as the disk serves. The reads per second returned are then the rate the disk kept."""
+    None reads as fast as the disk serves. The reads per second returned are then the rate the disk kept.
+    ``extent_blocks``: the blocks are read as extents of that many (a wide row's, see :func:`_random_read_windows`);
+    the rate is blocks a second either way."""
     from terastack import io
 
     blocks_in_file = features.feature_bytes // BLOCK
     if blocks_in_file < 1:
         raise ValueError(f"{features.features_path}: too small to measure (under one 4 KiB block)")
+    if extent_blocks < 1 or extent_blocks > blocks_in_file:
+        raise ValueError(f"extent_blocks: must be in 1..{blocks_in_file} (the file's blocks), got {extent_blocks}")
     if seconds <= 0 or window_seconds <= 0 or min_steps < 1 or batch_blocks < 0 or (rate is not None and rate < 0):
         raise ValueError(f"seconds, window_seconds, min_steps, batch_blocks, rate: must be > 0, > 0, >= 1, >= 0, "
                          f">= 0 (got {seconds}, {window_seconds}, {min_steps}, {batch_blocks}, {rate})")
@@ -283,7 +317,8 @@ def probe_while_training(features, train_once, *, seconds: float = 8.0, window_s
                 f.drop_cache()
                 reading.set()
                 out["iops"], _ = _random_read_windows(f, blocks_in_file, n, rng, window_seconds=window_seconds,
-                                                      windows=None, stop=stop, period=period)
+                                                      windows=None, stop=stop, period=period,
+                                                      extent_blocks=extent_blocks)
         except BaseException as exc:  # noqa: BLE001 -- handed to the training thread, which raises it
             out["error"] = exc
         finally:

@@ -358,7 +358,8 @@ def _infer(args) -> int:
 
 
 def _advise(args) -> int:
-    from terastack.gnn.advise import probe_feature_file, workload
+    from terastack.gnn.advise import feature_file_hardware, probe_feature_file, workload
+    from terastack.io import get_engine
     from terastack.gnn.storage.dataset import open_dataset
     from terastack.gnn.storage.hotness import presample
     from terastack.gnn.sampling.fanouts import parse_fanouts
@@ -395,12 +396,18 @@ def _advise(args) -> int:
         probe = load_or_measure(str(ds.root))
     import dataclasses
 
+    # the dataset's own file measures reads of one block: the gather's request when a row fits one; wider rows
+    # take the probe's figures per request size where it has them (terastack.plan.read_rates)
+    own = feature_file_hardware(ssd, where=ds.features_path.name)
+    wide = max(1.0, wl.blocks_per_miss) > 1 and probe.ssd_random_reads
     here_hw = dataclasses.replace(probe, name=f"{probe.name}; SSD measured on {ds.features_path.name}",
                                   ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
-                                  ssd_rand4k_iops=ssd["ssd_rand4k_iops"], ssds=1)
+                                  ssd_rand4k_iops=ssd["ssd_rand4k_iops"], ssds=1,
+                                  ssd_random_reads=probe.ssd_random_reads if wide else own.ssd_random_reads)
     here = predict_epoch(wl, here_hw, device_cache=parse_bytes(args.device_cache, field="device_cache"),
                          host_cache=parse_bytes(args.host_cache, field="host_cache"),
-                         gpu_efficiency=prices.gpu_efficiency, train_threads=wl.compute_threads)
+                         gpu_efficiency=prices.gpu_efficiency, train_threads=wl.compute_threads,
+                         queue_depth=get_engine().config.queue_depth)  # the depth the gather will read at
     result = advise(wl, probe, prices, ssd_counts=ssds, memory_gib=memory, gpus=gpus)
     result["this_machine"] = {"hardware": here_hw.name, "measured": probe.measured, **here.to_dict()}
     result["workload"] = {"batches_per_epoch": wl.batches_per_epoch, "nodes_per_batch": wl.nodes_per_batch,
@@ -409,6 +416,7 @@ def _advise(args) -> int:
     lines = [f"{here_hw.name}, cache {args.device_cache} device + {args.host_cache} host: "
              f"predicted epoch {here.epoch_seconds:.2f} s, hit rate {here.hit_rate:.1%}, "
              f"bottleneck {here.bottleneck}",
+             f"SSD reads priced at {here.ssd_rate.bytes_per_s / 1e9:.2f} GB/s: {here.ssd_rate_source}",
              f"candidates ({result['tpc_unit']}; {result['label']}):"]
     for c in result["candidates"][:10]:
         lines.append(f"  {c['epochs_per_usd']:10.1f}  {c['gpu']:22s} {c['ssds']} SSD  {c['memory_gib']:5.0f} GiB  "

@@ -14,6 +14,8 @@ from pathlib import Path
 from terastack.units import parse_bytes
 
 GB = 1e9
+#: what each entry of ``Hardware.ssd_random_reads`` holds
+RANDOM_READ_KEYS = ("request_bytes", "queue_depth", "reads_per_s")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,6 +36,11 @@ class Hardware:
     #: writes at once])
     ssd_mixed_read_bytes_per_s: float = 0.0
     ssd_mixed_write_bytes_per_s: float = 0.0
+    #: per SSD, random reads only at a few request sizes through the storage engine: entries {"request_bytes",
+    #: "queue_depth", "reads_per_s"}; empty: not measured (an older probe, a described machine). The TPC model
+    #: reads it at the gather's own request size (terastack.plan.read_rates [Note: random reads at the gather's
+    #: own request size])
+    ssd_random_reads: list = dataclasses.field(default_factory=list)
     ssds: int = 1
     #: bytes the store may take on the disk(s): the free space the probe saw, or a described machine's; 0 unknown
     disk_bytes: int = 0
@@ -52,7 +59,8 @@ class Hardware:
     #: the directory the probe measured; several (one per SSD) comma-separated
     probe_dir: str | None = None
     #: per measured directory: {"dir", "device", "ssd_read_bytes_per_s", "ssd_write_bytes_per_s",
-    #: "ssd_rand4k_iops"}; the ssd_* figures above are their aggregate (:func:`aggregate_ssd`)
+    #: "ssd_rand4k_iops", and from newer probes "ssd_mixed_*" and "ssd_random_reads"}; the ssd_* figures above are
+    #: their aggregate (:func:`aggregate_ssd`)
     ssd_dirs: list = dataclasses.field(default_factory=list)
     probed_at: str | None = None
     versions: dict = dataclasses.field(default_factory=dict)
@@ -67,6 +75,9 @@ class Hardware:
                   "cpu_io_slowdown_per_gbps"):
             if getattr(self, f) < 0:
                 raise ValueError(f"{f}: must be >= 0, got {getattr(self, f)}")
+        for e in self.ssd_random_reads:
+            if not isinstance(e, dict) or any(float(e.get(k, 0)) <= 0 for k in RANDOM_READ_KEYS):
+                raise ValueError(f"ssd_random_reads: every entry needs {', '.join(RANDOM_READ_KEYS)} > 0, got {e!r}")
 
     @property
     def has_gpu(self) -> bool:
@@ -149,7 +160,21 @@ def aggregate_ssd(entries: list[dict]) -> dict:
     devices = [{k: sum(e[k] for e in group) / len(group) for k in keys} for group in by_device.values()]
     out = {k: sum(d[k] for d in devices) / len(devices) for k in keys}
     out["ssds"] = len(devices)
+    random_reads = _mean_random_reads(entries)
+    if random_reads:
+        out["ssd_random_reads"] = random_reads
     return out
+
+
+def _mean_random_reads(entries: list[dict]) -> list[dict]:
+    """The per-SSD random-read figures over directories: for each (request size, queue depth) every directory
+    measured, the mean of their reads per second."""
+    keyed: dict = {}
+    for e in entries:
+        for r in e.get("ssd_random_reads", []):
+            keyed.setdefault((int(r["request_bytes"]), int(r["queue_depth"])), []).append(float(r["reads_per_s"]))
+    return [{"request_bytes": size, "queue_depth": depth, "reads_per_s": sum(v) / len(v)}
+            for (size, depth), v in sorted(keyed.items()) if len(v) == len(entries)]
 
 
 #: Hypothetical machines for paper-scale questions. Figures are vendor/spec-sheet class numbers; no mixed

@@ -10,7 +10,9 @@ Per batch, with ``n`` rows gathered, a cache serving fraction ``h`` of them
 (from the workload's out-of-sample hit-rate curve, see terastack.gnn.storage.hotness)
 and ``b`` blocks (``BLOCK``, 4 KiB: the store's O_DIRECT block) read per missed row:
 
-    ssd     = (1 - h) n b BLOCK / min(SSD bandwidth, SSD IOPS x BLOCK)   (all SSDs)
+    ssd     = (1 - h) n b BLOCK / (SSD random-read rate at b x BLOCK a read)   (all SSDs; without that figure
+              min(SSD bandwidth, SSD IOPS x BLOCK): terastack.plan.read_rates [Note: random reads at
+              the gather's own request size])
     gather  = n x (CPU per row) + (1 - h) n x (CPU per missed row)
               + (1 - h) n b x (kernel CPU per block read)                    (measured costs)
     sample  = measured sampler time per batch
@@ -83,6 +85,7 @@ import numpy as np
 
 from terastack.constants import BLOCK
 from terastack.plan.hardware import Hardware
+from terastack.plan.read_rates import ReadRate, random_read_rate
 
 GIB = 1 << 30
 DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
@@ -156,25 +159,35 @@ class Prediction:
     ssd_bytes_per_epoch: float
     device_cache_bytes: int
     host_cache_bytes: int
+    #: the SSD rate the feature reads were priced at, and its source
+    ssd_rate: ReadRate | None = None
     label: str = "prediction"
+
+    @property
+    def ssd_rate_source(self) -> str:
+        return self.ssd_rate.source if self.ssd_rate is not None else ""
 
     def to_dict(self) -> dict:
         return {"epoch_seconds": self.epoch_seconds, "batch_seconds": self.batch_seconds,
                 "bottleneck": self.bottleneck, "stages_seconds_per_batch": self.stages, "hit_rate": self.hit_rate,
                 "device_hit_rate": self.device_hit_rate, "ssd_bytes_per_epoch": self.ssd_bytes_per_epoch,
                 "device_cache_bytes": self.device_cache_bytes, "host_cache_bytes": self.host_cache_bytes,
+                "ssd_read_rate": self.ssd_rate.to_dict() if self.ssd_rate is not None else None,
                 "label": self.label}
 
 
 def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, host_cache: int,
                   gpu_efficiency: float = 0.10, cpu_flops_reference: float | None = None,
-                  train_threads: int = 0, samplers: int = 1) -> Prediction:
+                  train_threads: int = 0, samplers: int = 1, queue_depth: int | None = None) -> Prediction:
     """Epoch time of the pipeline on ``hw``; see [Note: the epoch-time model].
 
     Without a GPU the training step is ``workload.compute_seconds`` (measured
     on the machine whose CPU rate is ``cpu_flops_reference``), scaled by CPU
     FLOP rate when ``hw`` is another machine; ``train_threads`` is how many of
-    ``hw``'s cores the step runs on (0: all of them); ``samplers`` the pipeline's sampler threads.
+    ``hw``'s cores the step runs on (0: all of them); ``samplers`` the pipeline's sampler threads;
+    ``queue_depth`` the storage engine's depth the gather reads at (None: any the hardware's figures were
+    measured at). The SSD's rate is the one at the gather's request size where ``hw`` has it
+    (terastack.plan.read_rates [Note: random reads at the gather's own request size]); the prediction names it.
     """
     if train_threads < 0:
         raise ValueError(f"train_threads: must be >= 0 (0: every core), got {train_threads}")
@@ -187,11 +200,12 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
     n = w.nodes_per_batch
     miss_blocks = (1 - hit) * n * w.blocks_per_miss
     miss_bytes = miss_blocks * BLOCK
-    rates = [r for r in (hw.ssd_read_total, hw.ssd_rand4k_iops * hw.ssds * BLOCK) if r > 0]
-    if not rates:
-        raise ValueError(f"hardware {hw.name!r}: SSD read bandwidth and IOPS are unknown (run `terastack probe`)")
+    # each missed row is one extent of its covering blocks; the sampler's list reads are single blocks
+    # (a mean under one block: misses sharing blocks, each still read as a whole block)
+    rows_rate = random_read_rate(hw, max(1.0, w.blocks_per_miss) * BLOCK, queue_depth=queue_depth)
     topology_bytes = w.topology_blocks_per_batch * BLOCK
-    ssd = (miss_bytes + topology_bytes) / min(rates)
+    lists_rate = random_read_rate(hw, BLOCK, queue_depth=queue_depth) if topology_bytes > 0 else rows_rate
+    ssd = miss_bytes / rows_rate.bytes_per_s + topology_bytes / lists_rate.bytes_per_s
     # CPU side of gathering: cache copies, cutting missed rows out of blocks, and the kernel's work per block read
     gather = (n * w.gather_seconds_per_row + (1 - hit) * n * w.miss_cpu_seconds_per_row
               + miss_blocks * w.io_cpu_seconds_per_block)
@@ -238,7 +252,8 @@ def predict_epoch(workload: GnnWorkload, hw: Hardware, *, device_cache: int, hos
     epoch = w.batches_per_epoch * batch + sample_cpu + gather + ssd
     return Prediction(epoch_seconds=epoch, batch_seconds=batch, bottleneck=bottleneck, stages=stages, hit_rate=hit,
                       device_hit_rate=dev_hit, ssd_bytes_per_epoch=(miss_bytes + topology_bytes) * w.batches_per_epoch,
-                      device_cache_bytes=dev_rows * w.row_bytes, host_cache_bytes=host_rows * w.row_bytes)
+                      device_cache_bytes=dev_rows * w.row_bytes, host_cache_bytes=host_rows * w.row_bytes,
+                      ssd_rate=rows_rate)
 
 
 # ----------------------------------------------------------------- prices
@@ -330,6 +345,7 @@ class Candidate:
                 "epoch_seconds": self.prediction.epoch_seconds, "bottleneck": self.prediction.bottleneck,
                 "hit_rate": self.prediction.hit_rate, "epochs_per_usd": self.epochs_per_usd,
                 "stages_seconds_per_batch": self.prediction.stages,
+                "ssd_rate_source": self.prediction.ssd_rate_source,
                 "epochs_per_hour": 3600.0 / self.prediction.epoch_seconds}
 
 
@@ -351,12 +367,14 @@ def advise(workload: GnnWorkload, probe: Hardware, prices: PriceTable, *, ssd_co
     hours = prices.lifetime_years * 365.25 * 24
     ssd_bw = prices.ssd["read_bytes_per_s"] or probe.ssd_read_bytes_per_s
     ssd_iops = prices.ssd["rand4k_iops"] or probe.ssd_rand4k_iops
+    # the probe's figures per request size go with its IOPS (a priced SSD has spec-sheet figures only)
+    random_reads = [] if prices.ssd["rand4k_iops"] else list(probe.ssd_random_reads)
     candidates = []
     for gpu, ssds, mem in itertools.product(gpu_rows, ssd_counts, memory_gib):
         hw = Hardware(name=f"{prices.base['name']} + {gpu['name']} + {ssds} SSD + {mem:g} GiB", cores=probe.cores,
                       host_memory_bytes=int(mem * GIB), cpu_flops=prices.base["cpu_flops"],
                       memcpy_bytes_per_s=probe.memcpy_bytes_per_s, ssd_read_bytes_per_s=ssd_bw,
-                      ssd_rand4k_iops=ssd_iops, ssds=int(ssds), gpu_name=None if gpu["flops"] == 0 else gpu["name"],
+                      ssd_rand4k_iops=ssd_iops, ssd_random_reads=random_reads, ssds=int(ssds), gpu_name=None if gpu["flops"] == 0 else gpu["name"],
                       gpu_memory_bytes=int(gpu["memory_gib"] * GIB), gpu_flops=gpu["flops"],
                       pcie_bytes_per_s=gpu["pcie_bytes_per_s"])
         host_cache = int(max(0.0, mem - prices.host_reserve_gib) * GIB)

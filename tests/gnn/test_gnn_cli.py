@@ -56,6 +56,36 @@ def test_gen_verify_train_advise(tmp_path, capsys):
     assert len(advice["candidates"]) == 2 * 2 * 2
     assert advice["best"]["epochs_per_usd"] == max(c["epochs_per_usd"] for c in advice["candidates"])
     assert advice["this_machine"]["epoch_seconds"] > 0 and advice["this_machine"]["bottleneck"]
+    # rows of 32 bytes: one-block reads, priced at the dataset's own file's figure, which the output names; the
+    # price table's spec-sheet SSD has no figure per request size
+    assert "random reads of 4.0 KiB" in advice["this_machine"]["ssd_read_rate"]["source"]
+    assert advice["this_machine"]["ssd_read_rate"]["measured_at_request_size"] is True
+    assert all(c["ssd_rate_source"].startswith("min(sequential read") for c in advice["candidates"])
+
+
+def test_advise_prices_wide_rows_at_the_probes_figure_for_their_extent(tmp_path, capsys):
+    data = tmp_path / "d"
+    # rows of 1500 fp32 = 6000 bytes: a missed row is an extent of about 2.5 blocks, which one-block reads of the
+    # feature file do not measure; the probe's random reads of 4 and 16 KiB at the engine's depth do
+    assert run_cli(capsys, "gnn", "gen", "--out", str(data), "--nodes", "600", "--feat-dim", "1500",
+                   "--classes", "3", "--quiet")[0] == 0
+    from terastack.io import get_engine
+
+    depth = get_engine().config.queue_depth
+    figures = [{"request_bytes": 4096, "queue_depth": depth, "reads_per_s": 50_000.0},
+               {"request_bytes": 16384, "queue_depth": depth, "reads_per_s": 30_000.0}]
+    probe = tmp_path / "probe.json"
+    save_probe(Hardware(name="probe box", cores=2, cpu_flops=5e10, memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9,
+                        ssd_rand4k_iops=80_000, ssd_random_reads=figures), probe)
+    argv = ["gnn", "advise", "--data", str(data), "--probe", str(probe), "--fanouts", "3,3", "--batch-size", "32",
+            "--hidden", "8", "--ssds", "1", "--memory", "64", "--gpus", "none", "--calibration-steps", "1"]
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    rate = json.loads(out)["this_machine"]["ssd_read_rate"]
+    assert rate["measured_at_request_size"] is True and 4096 < rate["request_bytes"] < 16384
+    assert f"queue depth {depth} (probe box" in rate["source"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and "SSD reads priced at" in out and "probe box" in out
 
 
 def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):

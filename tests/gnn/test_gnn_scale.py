@@ -48,6 +48,13 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
     full = loaded["full_rate"]
     assert full["steps"] >= 5 and loaded["ssd_rand4k_iops"] == full["ssd_rand4k_iops"] > 0
     assert r["tpc"]["ssd"]["ssd_rand4k_iops"] > 0
+    # rows of 128 bytes: one-block reads, priced at the feature file's one-block random reads beside the steps
+    # (never above its sequential rate), and the output names that figure
+    rate = r["tpc"]["ssd_read_rate"]
+    assert "random reads of 4.0 KiB" in rate["source"] and "beside the steps" in rate["source"]
+    assert rate["bytes_per_s"] == pytest.approx(min(full["ssd_rand4k_iops"] * 4096,
+                                                    r["tpc"]["ssd"]["ssd_read_bytes_per_s"]))
+    assert rate["epoch_bytes_per_s"] == pytest.approx(r["ssd_bytes_read"] / r["epoch_seconds"])
     # the step: timed beside reads at the predicted epoch's rate, below the full rate (or at it, when the epoch
     # keeps the disk busy)
     assert all(0 <= k["rate_limit"] < full["ssd_rand4k_iops"] for k in loaded["at_epoch_rate"])

@@ -205,3 +205,35 @@ def test_an_epoch_that_keeps_the_disk_busy_is_timed_at_the_full_rate(feature_fil
                                    window_seconds=0.05, min_steps=2, batch_blocks=8)
     assert out["at_epoch_rate"] == [] and out["compute_seconds_per_node"] == out["full_rate"]["compute_seconds_per_node"]
     assert out["prediction"].ssd_bytes_per_epoch == out["ssd_rand4k_iops"] * BLOCK
+
+
+def test_wide_rows_are_read_as_extents_of_their_blocks(feature_file, monkeypatch):
+    from terastack.gnn.advise import feature_file_hardware
+
+    expected = np.fromfile(feature_file.features_path, np.uint8)
+    calls = []
+    real_read = File.pread_many
+
+    def pread_many(self, buf, offsets, lengths, buffer_offsets=None):
+        fut = real_read(self, buf, offsets, lengths, buffer_offsets)
+        fut.result()
+        for off, at in zip(offsets, buffer_offsets):  # each extent landed where the request said, intact
+            assert np.array_equal(buf[at:at + lengths], expected[off:off + lengths])
+        calls.append((np.asarray(offsets), lengths, np.asarray(buffer_offsets)))
+        return fut
+
+    monkeypatch.setattr(File, "pread_many", pread_many)
+    out = probe_while_training(feature_file, lambda k: 1, seconds=0.05, window_seconds=0.02, min_steps=2,
+                               batch_blocks=16, extent_blocks=4)
+    assert calls and out["ssd_rand4k_iops"] > 0
+    for offsets, lengths, at in calls:
+        # 16 blocks a request as 4 extents of 4 blocks, block-aligned, distinct, packed in the buffer
+        assert lengths == 4 * BLOCK and len(offsets) == 4 and len(set(offsets.tolist())) == 4
+        assert (offsets % BLOCK == 0).all() and (offsets + lengths <= feature_file.feature_bytes).all()
+        assert at.tolist() == [0, 4 * BLOCK, 8 * BLOCK, 12 * BLOCK]
+    # the model's figure: reads of 16 KiB at a quarter of the blocks' rate
+    hw = feature_file_hardware({"ssd_read_bytes_per_s": 1e9, "ssd_rand4k_iops": 1000.0}, iops=4000.0,
+                               extent_blocks=4)
+    assert [(e["request_bytes"], e["reads_per_s"]) for e in hw.ssd_random_reads] == [(4 * BLOCK, 1000.0)]
+    with pytest.raises(ValueError, match="extent_blocks"):
+        probe_while_training(feature_file, lambda k: 1, seconds=0.05, extent_blocks=0)

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import (hetero_training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
+from terastack.gnn.advise import (feature_file_hardware, hetero_training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
                                   probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
 from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
 from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
@@ -65,7 +65,6 @@ from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures,
 from terastack.gnn.sampling.pipeline import HeteroPipeline
 from terastack.gnn.storage.budget_split import hetero_share_budget
 from terastack.gnn.training.train import evaluate, training_threads
-from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss, predict_epoch
 from terastack.units import format_bytes, parse_bytes
 
@@ -173,18 +172,18 @@ class HeteroContender:
                          miss_cpu_seconds_per_row=per_miss, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
                          table_bytes_per_node=4, topology_blocks_per_batch=prof["topology_blocks_per_batch"])
         host = cached * row_bytes + nodes * 4
+        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
 
         def predict(iops: float, seconds_per_node: float):
-            here = Hardware(name="this machine (SSD measured on a feature file)", measured=True,
-                            cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
-                            ssd_rand4k_iops=iops)
+            here = feature_file_hardware(ssd, iops=iops, where="a feature file, beside the steps", extent_blocks=extent)
             return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * trained_per_batch), here,
                                  device_cache=0, host_cache=host, train_threads=wl.compute_threads)
 
         # the SSD's rate and the step under the epoch's own load (terastack.gnn.advise [Note: the step measured
         # beside the epoch's own read rate]); the disk alone is reported beside
         steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
-        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed)
+        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed,
+                                          extent_blocks=extent)
         pred = loaded.pop("prediction")
         compute = loaded["compute_seconds_per_node"] * trained_per_batch
         loaded["compute_seconds_per_batch"] = compute

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terastack.gnn.advise import calibrate_compute, probe_feature_file, workload
+from terastack.gnn.advise import calibrate_compute, feature_file_hardware, probe_feature_file, workload
 from terastack.gnn.storage.baselines import MmapFeatures
 from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import DatasetError, open_dataset
@@ -340,9 +340,7 @@ def _tpc_check(args: argparse.Namespace, ds, sampler: NeighborSampler, hot, budg
     train_ids = ds.splits["train"]
     common = dict(batch_size=args.batch_size, progress=not args.quiet)
     ssd = probe_feature_file(ds)
-    here = Hardware(name="this machine (SSD measured on the feature file)", measured=True,
-                    cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
-                    ssd_rand4k_iops=ssd["ssd_rand4k_iops"])
+    here = feature_file_hardware(ssd)
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
                   calibrate=False, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
     fractions = [float(f) for f in args.tpc_fractions.split(",")]
@@ -392,7 +390,8 @@ def _tpc_row(args: argparse.Namespace, here: Hardware, wl_run, wl_mem, total: in
             "prediction_error_in_memory_step": abs(alt.epoch_seconds - seconds) / seconds,
             "predicted_hit_rate": pred.hit_rate,
             "measured_hit_rate": float(np.mean([r["device_hit_rate"] + r["host_hit_rate"] for r in runs])),
-            "bottleneck": pred.bottleneck, "stages_seconds_per_batch": pred.stages}
+            "bottleneck": pred.bottleneck, "stages_seconds_per_batch": pred.stages,
+            "ssd_rate_source": pred.ssd_rate_source}
 
 
 def _speeds(run: dict, check: dict) -> dict:

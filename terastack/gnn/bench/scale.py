@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from terastack.bench_watchdog import RssWatchdog
-from terastack.gnn.advise import (measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
+from terastack.gnn.advise import (feature_file_hardware, measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
 from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, skip_step, timed_batches, window_seconds
 from terastack.gnn.storage.baselines import MmapFeatures
@@ -88,7 +88,6 @@ from terastack.gnn.storage.budget_split import share_budget
 from terastack.gnn.training.train import train_epoch, training_threads
 from terastack.io import get_engine
 from terastack.memory import mem_total, peak_rss
-from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import predict_epoch
 from terastack.units import format_bytes, parse_bytes
 
@@ -271,6 +270,10 @@ def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak:
         "tpc": {"bottleneck": predicted.bottleneck, "predicted_hit_rate": predicted.hit_rate,
                 "predicted_topology_blocks_per_batch": ours["workload"].topology_blocks_per_batch,
                 "stages_seconds_per_batch": predicted.stages, "ssd": ours["ssd"],
+                # the rate the reads were priced at beside the rate the epoch's reads averaged (at most the disk's:
+                # an epoch above the priced rate had a faster disk than the model was given)
+                "ssd_read_rate": {**(predicted.ssd_rate.to_dict() if predicted.ssd_rate else {}),
+                                  "epoch_bytes_per_s": ours["ssd_bytes_read"] / max(epoch["seconds"], 1e-12)},
                 "ssd_while_training": ours["ssd_while_training"],
                 "ssd_after_epoch": ours["ssd_after_epoch"], "holdout": ours["holdout"],
                 "note": "inputs measured on pre-sampled and hold-out batches (never the epoch); the SSD's random-"
@@ -307,9 +310,6 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
         # Order matters for the peak: the whole-graph temporaries (ranking, rank positions) are made before the
         # feature cache is filled, and the pre-sampling counts are dropped before training.
         ssd = probe_feature_file(ds)
-        here = Hardware(name="this machine (SSD measured on the feature file)", measured=True,
-                        cores=os.cpu_count() or 1, ssd_read_bytes_per_s=ssd["ssd_read_bytes_per_s"],
-                        ssd_rand4k_iops=ssd["ssd_rand4k_iops"])
         ranking = hot.order()
         split, feature_budget = share_budget(ds, hot, budget, fanouts)  # fills the hot lists
         prof = profile_sampling(sampler, holdout, batch_size, seed=args.seed)
@@ -331,20 +331,23 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
                                  topology_blocks_per_batch=prof["topology_blocks_per_batch"],
                                  blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
         samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, ds.topology)
+        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
 
         def predict(iops: float, seconds_per_node: float):
             return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows),
-                                 dataclasses.replace(here, ssd_rand4k_iops=iops), device_cache=0,
-                                 host_cache=feature_budget, train_threads=wl.compute_threads, samplers=samplers)
+                                 feature_file_hardware(ssd, iops=iops, where="the feature file, beside the steps",
+                                                       engine=engine, extent_blocks=extent),
+                                 device_cache=0, host_cache=feature_budget, train_threads=wl.compute_threads,
+                                 samplers=samplers, queue_depth=engine.config.queue_depth)
 
         # the rate and the step the model takes, measured under the epoch's own load (advise [Note: the step
         # measured beside the epoch's own read rate]); the figures apart are kept for the report
         steps = training_steps("sage", hot, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
-        loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed)
+        loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed,
+                                          extent_blocks=extent)
         predicted = loaded.pop("prediction")
         loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
         loaded["compute_seconds_per_batch_apart"] = apart_per_batch
-        here = dataclasses.replace(here, ssd_rand4k_iops=loaded["ssd_rand4k_iops"])
         wl = dataclasses.replace(wl, compute_seconds=loaded["compute_seconds_per_batch"])
         hot_summary = {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch, "seeds": len(placed_from)}
         del hot

@@ -86,6 +86,13 @@ def completed_by_unit(profile: ModelProfile) -> list[list[str]]:
     return out
 
 
+def largest_trainable(profile: ModelProfile) -> int:
+    """Elements of the largest trainable tensor: what the optimizer's chunks, masters and rebuilt compute copies
+    are sized by. A frozen tensor has no optimizer records (under LoRA a 128k-row embedding or output head is
+    frozen and would otherwise size a working set thirty times the adapters' whole state)."""
+    return max((n for t, n in profile.tensor_numel.items() if profile.tensor_trainable[t]), default=1)
+
+
 def tensor_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, name: str, chunk: int,
                        fmt: OptimizerFormat = ADAMW) -> int:
     """Bytes of the optimizer records of trainable ``name``'s update: the format's state
@@ -121,7 +128,7 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
                     passes: int, fmt: OptimizerFormat = ADAMW) -> list[OptimizerSizes]:
     """The sizes the planner scores, largest first ([Note: the optimizer's window])."""
     mixed = profile.mixed_precision
-    largest = max(profile.tensor_numel.values())
+    largest = largest_trainable(profile)
     fp32_chunks = schedule.records_per_chunk(mixed) - 2  # the format's state counted apart
     # the shapes a chunk of state may belong to (the largest tensor's too: a chunk is sized by it)
     shapes = {profile.shape(t) for t, trains in profile.tensor_trainable.items() if trains} | {(largest,)}
@@ -211,7 +218,7 @@ def masters_reread(profile: ModelProfile, schedule: ScheduleSpec, sizes: Optimiz
     counted with the state too)."""
     if profile.mixed_precision or not schedule.hands_off_masters:
         return 0
-    room = sizes.masters - held_bytes(4 * max(profile.tensor_numel.values()))
+    room = sizes.masters - held_bytes(4 * largest_trainable(profile))
     out = 0
     for mine in completed_by_unit(profile):
         if inline and sum(held_bytes(4 * profile.tensor_numel[t]) for t in mine) <= sizes.masters:

@@ -155,3 +155,45 @@ def test_an_unknown_optimizer_format_is_refused(tmp_path, capsys):
     assert main(["bench", "llm-scale", "--sizes", "tiny", "--systems", "terastack", "--optimizer", "adamw,lion",
                  "--dir", str(tmp_path)]) == 2
     assert "--optimizer: must be one of" in capsys.readouterr().err
+
+
+def test_lora_rows_train_an_adapter_over_an_nf4_base_and_the_others_are_refused(tmp_path, capsys, hardware_file):
+    """--lora R --base-format nf4: terastack's row streams the frozen base as NF4 (a fraction of the 4 bytes per
+    parameter a native fp32 base reads), the ledger's bytes by kind beside the planner's; the full fine-tuning
+    systems are refused, naming why."""
+    r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
+                  "--seq-len", "16", "--lora", "4", "--base-format", "nf4", "--state-placement", "ssd",
+                  "--dir", str(tmp_path), "--hardware", hardware_file)
+    rows = {row["system"]: row for row in r["rows"]}
+    assert (r["lora_rank"], r["base_format"]) == (4, "nf4")
+    assert rows["in_memory"]["fits"] is None and "--lora trains terastack rows only" in rows["in_memory"]["reason"]
+    ts = rows["terastack"]
+    assert ts["fits"] is True and (ts["lora_rank"], ts["base_format"]) == (4, "nf4")
+    measured, planned = ts["bytes_per_parameter_per_step"], ts["predicted_bytes_per_parameter_per_step"]
+    assert 0 < measured["by_kind"]["weights_forward_read"] < 0.3 * 4  # NF4, not the 4 bytes of an fp32 base
+    for kind, value in measured["by_kind"].items():
+        assert planned["by_kind"][kind] == pytest.approx(value, rel=0.05), kind
+    # only the adapters train: their masters are a sliver of the model's
+    assert measured["by_kind"]["masters_written"] < 0.05 * 4
+    assert leftovers(tmp_path) == []
+
+
+def test_lora_disk_preflight_counts_the_base_directory_and_the_nf4_store():
+    import torch
+
+    from terastack.plan.base_formats import nf4_bytes
+    from terastack.training.hf.model_files import build_skeleton
+    from terastack.training.model_registry import hf_config
+
+    model = build_skeleton(hf_config("tiny-llama"))
+    n = sum(p.numel() for p in model.parameters())
+    linear = [m.weight.numel() for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and name != "lm_head"]
+    nf4_store = 4 * (n - sum(linear)) + sum(nf4_bytes(k) for k in linear)
+    assert bench_scale.lora_disk_bytes_per_param("tiny-llama", "nf4") == pytest.approx((4 * n + nf4_store) / n)
+    assert bench_scale.lora_disk_bytes_per_param("tiny-llama", "native") == pytest.approx(8.0)
+
+
+def test_nf4_base_without_lora_is_refused(capsys):
+    assert main(["bench", "llm-scale", "--sizes", "tiny", "--base-format", "nf4"]) != 0
+    assert "--lora" in capsys.readouterr().err

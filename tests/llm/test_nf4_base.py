@@ -18,7 +18,8 @@ peft = pytest.importorskip("peft")
 #: adapter and loss tolerance (fp32; float reassociation only)
 RTOL = 1e-5
 #: budgets that put the frozen base on the SSD (the store streams it every forward and backward)
-BUDGETS = dict(device_budget="1MiB", host_budget="128KiB")
+# the state and the frozen base on the SSD, so that the base streams from it as it rests
+BUDGETS = dict(device_budget="1MiB", host_budget="128KiB", state_placement="ssd")
 
 
 def _projections(model) -> list[str]:

@@ -74,3 +74,22 @@ def test_a_small_window_pays_for_every_request_it_issues():
     assert cost["lean, masters re-read"] == pytest.approx(requests(lean) * STATE_REQUEST_CPU_S)
     assert cost["lean, masters re-read"] > 10 * cost["lean stream, masters re-read"]
     assert cost["lean stream, masters re-read"] == pytest.approx(requests(stream) * STATE_REQUEST_CPU_S)
+
+
+@pytest.mark.parametrize("compute_bytes", [4, 2])
+def test_a_frozen_embedding_and_head_do_not_size_the_optimizers_working_set(compute_bytes):
+    """Under LoRA the 128k-row embedding and output head are frozen: they have no optimizer records, so the
+    working set (chunks, masters, the rebuilt compute copy in mixed precision) is the trainable tensors' alone,
+    whatever the frozen tensors' size."""
+    def frozen_vocab(vocab_params):
+        prof = profile(layers=4, params=MiB, act=MiB, vocab_params=vocab_params, compute_bytes=compute_bytes)
+        trainable = {t: t not in ("embed", "head") for t in prof.tensor_numel}
+        units = [dataclasses.replace(u, trainable=0) if u.kind != "layer" else u for u in prof.units]
+        return dataclasses.replace(prof, units=units, tensor_trainable=trainable)
+
+    planner = _planner(1 << 30)
+    small, huge = (size_candidates(frozen_vocab(v), planner.schedule, inline=True, chunk=1 << 20, passes=1)
+                   for v in (MiB, 512 * MiB))
+    assert [s.host_bytes for s in huge] == [s.host_bytes for s in small]
+    # the trainable layers' state and masters, not a 512M-element frozen tensor's (2 GiB in bf16, 4 in fp32)
+    assert max(s.host_bytes for s in huge) < 64 * MiB

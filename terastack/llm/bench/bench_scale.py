@@ -83,6 +83,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adamw",
                    help="terastack's optimizer state formats, comma-separated (adamw, adamw8bit, adafactor): one "
                         "terastack row per format (default adamw; the other systems run AdamW)")
+    p.add_argument("--lora", type=int, default=None, metavar="R",
+                   help="terastack rows train a LoRA adapter of rank R over a frozen base written as a random-init "
+                        "model directory (the other systems are refused: they run full fine-tuning only)")
+    p.add_argument("--base-format", default="auto", choices=("auto", "nf4", "native"),
+                   help="with --lora: how the frozen base rests and streams (lora.base_format)")
     p.add_argument("--budget", default="4GiB", help="terastack's memory budget (default 4GiB)")
     p.add_argument("--state-placement", default="auto", choices=("auto", "ssd"),
                    help="terastack's training state: where the plan puts it (auto), or all of it on the SSD (ssd: "
@@ -200,6 +205,27 @@ def state_bytes_per_param(model: str, optimizer: str) -> float:
     return (4 * numel + sum(fmt.state_bytes(tuple(p.shape)) for p in params)) / max(numel, 1)
 
 
+def lora_disk_bytes_per_param(model: str, base_format: str) -> float:
+    """Bytes per parameter of ``model`` a LoRA row keeps on the disk: the base's directory (the random-init model
+    written in fp32, each tensor as it is made) and the store's frozen base (its linear weights in NF4 with
+    ``base_format`` nf4, the rest fp32; all fp32 with native). The adapters and their state are a rounding
+    error beside them. See [Note: pricing an NF4 base] in terastack.plan.base_formats."""
+    import torch
+
+    from terastack.plan.base_formats import nf4_bytes
+    from terastack.training.model_registry import hf_config
+    from terastack.training.hf.model_files import build_skeleton
+
+    skeleton = build_skeleton(hf_config(model))  # meta: no memory
+    numel = sum(p.numel() for p in skeleton.parameters())
+    linear = [m.weight.numel() for name, m in skeleton.named_modules()
+              if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head")]
+    store = 4 * numel
+    if base_format == "nf4":
+        store -= sum(4 * n - nf4_bytes(n) for n in linear)
+    return (4 * numel + store) / max(numel, 1)
+
+
 def disk_needed(params: int, system: str, per_param: float | None = None) -> int:
     """Bytes ``system`` needs on the disk for ``params`` parameters (``per_param``: its state's bytes per
     parameter when not :data:`STATE_BYTES_PER_PARAM`'s)."""
@@ -238,9 +264,21 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
            "--warmup", str(args.warmup), "--grad-accum", str(args.grad_accum), "--dir", str(workdir),
            "--out", str(out)]
     env = None
+    if system == "terastack" and args.lora:
+        # the frozen base: a random-init model directory, written by a child of its own so that its memory is not
+        # the row's
+        base = workdir / "base"
+        made = run_watched(cmd[:5] + ["--model", model, "--write-base", str(base), "--out", str(out)],
+                           rss_limit=rss_limit, timeout=args.timeout, log=workdir / "base.log")
+        if made.returncode != 0:
+            return _row("", model, system, params, optimizer=optimizer,
+                        reason=f"the base could not be written: {made.stderr_tail[-400:]}")
+        cmd += ["--base-dir", str(base)]
     if system == "terastack":
         cmd += ["--process-memory-budget", str(budget), "--hardware", str(probe), "--optimizer", optimizer,
                 "--state-placement", args.state_placement]
+        if args.lora:
+            cmd += ["--lora", str(args.lora), "--base-format", args.base_format]
         env = dict(MEMORY_BUDGET_ENV)  # [Note: a memory budget bounds resident memory] (terastack.memory)
     outcome = run_watched(cmd, rss_limit=rss_limit, timeout=args.timeout, env=env, log=workdir / f"{system}.log")
     fits, reason = classify(outcome, rss_limit)
@@ -249,6 +287,8 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
         fits, reason = None, "the worker wrote no result"
     row = _row("", model, system, params, fits=fits, reason=reason, peak_rss_bytes=outcome.peak_rss_bytes,
                optimizer=optimizer)
+    if system == "terastack" and args.lora:
+        row.update(lora_rank=args.lora, base_format=args.base_format)
     if not result:
         return row
     measured = result["planned"] if system == "terastack" else result
@@ -311,6 +351,10 @@ def measure(args: argparse.Namespace) -> dict:
         args.steps = min(args.steps, 1)
     rungs = resolve_sizes(args.sizes or DEFAULT_SIZES)
     optimizers = resolve_optimizers(args.optimizer)
+    if args.lora is not None and args.lora < 1:
+        raise ValueError(f"--lora: the adapter's rank must be >= 1, got {args.lora}")
+    if args.lora is None and args.base_format == "nf4":
+        raise ValueError("--base-format nf4: the base format of a LoRA run; give --lora R")
     budget = parse_bytes(args.budget, field="--budget")
     rss_limit = parse_bytes(args.rss_limit, field="--rss-limit") if args.rss_limit else default_rss_limit()
     if args.grad_accum < 1:
@@ -323,16 +367,24 @@ def measure(args: argparse.Namespace) -> dict:
     result: dict = {"sizes": [label for label, _ in rungs], "systems": systems, "memory_budget_bytes": budget,
                     "rss_limit_bytes": rss_limit, "seq_len": args.seq_len, "batch_size": args.batch_size,
                     "steps": args.steps, "warmup": args.warmup, "grad_accum": args.grad_accum, "dir": str(base),
-                    "optimizers": optimizers, "rows": []}
+                    "optimizers": optimizers, "lora_rank": args.lora,
+                    "base_format": args.base_format if args.lora else None, "rows": []}
     stopped: dict[str, str] = {}
     if "zero_infinity" in systems and (why := deepspeed_missing()):
         stopped["zero_infinity"] = f"not run: {why}"
+    if args.lora:
+        for system in systems:
+            if system != "terastack":  # they are the full fine-tuning baselines: no adapter, no 4-bit base
+                stopped[system] = f"not run: --lora trains terastack rows only ({system} runs full fine-tuning)"
     entries = [(s, o) for s in systems for o in (optimizers if s == "terastack" else ("adamw",))]
     for label, model in rungs:
         params = parameter_count(model)
         for system, optimizer in entries:
             entry = entry_name(system, optimizer)
-            per_param = state_bytes_per_param(model, optimizer) if system == "terastack" else None
+            per_param = None
+            if system == "terastack":
+                per_param = (lora_disk_bytes_per_param(model, args.base_format) if args.lora
+                             else state_bytes_per_param(model, optimizer))
             refusal = disk_refusal(params, system, shutil.disk_usage(base).free, str(base), per_param)
             if refusal or entry in stopped or system in stopped:
                 result["rows"].append(_row(label, model, system, params, optimizer=optimizer,

@@ -73,6 +73,20 @@ class StepTimeModel:
             bwd += times.bwd_s
         return fwd, bwd
 
+    @staticmethod
+    def _bytes_by_kind(homes: Homes, *, retained_read_saved: int, masters_reread: int, spill: int,
+                       activations: int) -> dict:
+        """The step's SSD bytes by byte-ledger kind: the homes' own, less the weights a retained unit need not read
+        again, plus the masters read again, the gradients spilled and the activations swapped through the SSD."""
+        by_kind = {f"{kind}_{op}": 0 for kind in BYTE_KINDS for op in ("read", "written")}
+        by_kind.update(homes.bytes_by_kind)
+        by_kind["weights_forward_read"] -= retained_read_saved
+        by_kind["masters_read"] += masters_reread
+        for kind, n in (("gradients", spill), ("activations", activations)):
+            by_kind[f"{kind}_read"] += n
+            by_kind[f"{kind}_written"] += n
+        return by_kind
+
     def _predict(self, profile: ModelProfile, hw: Hardware, split, homes: Homes, read: int,
                  write: int, depth: int, *, device_peak: int, host_peak: int, transient: int,
                  state_waits_s: float = 0.0, retained_read_saved: int = 0,
@@ -94,14 +108,8 @@ class StepTimeModel:
         write += spill
         read += split.ssd_acts * micro
         write += split.ssd_acts * micro
-        by_kind = {f"{kind}_{op}": 0 for kind in BYTE_KINDS for op in ("read", "written")}
-        by_kind.update(homes.bytes_by_kind)
-        by_kind["weights_forward_read"] -= retained_read_saved
-        by_kind["masters_read"] += masters_reread
-        by_kind["gradients_read"] += spill
-        by_kind["gradients_written"] += spill
-        by_kind["activations_read"] += split.ssd_acts * micro
-        by_kind["activations_written"] += split.ssd_acts * micro
+        by_kind = self._bytes_by_kind(homes, retained_read_saved=retained_read_saved, masters_reread=masters_reread,
+                                      spill=spill, activations=split.ssd_acts * micro)
         read_bw = hw.ssd_read_total or 1e9
         ssd = hw.ssd_seconds(read, write)
         link_bytes = 0

@@ -161,6 +161,11 @@ class OptimizerFormat:
         where they are not adjacent in memory already); the optimizer charges them to the host ledger."""
         return 0
 
+    def scratch_bound(self) -> int:
+        """The most bytes :meth:`scratch_bytes` charges for one update call of a format that updates chunk by chunk
+        (the planner adds it to the optimizer's working set); 0 where it joins nothing."""
+        return 0
+
     def gather_bytes(self, shape: tuple, chunk: int, *, master_is_compute: bool, gradient_spilled: bool) -> int:
         """Host bytes one update of a whole parameter of ``shape`` holds at once where the format updates
         parameters whole (:attr:`whole_tensor`; [Note: scheduling a whole-matrix gather] in
@@ -220,6 +225,11 @@ class AdamW8bitFormat(OptimizerFormat):
     block = 256
     #: parameters with fewer elements keep fp32 moments (bitsandbytes' ``min_8bit_size`` default)
     min_8bit_size = 4096
+    #: the most bytes of chunks (master, gradient and state) one library call takes: the call copies a run of
+    #: chunks that are not adjacent into one piece, so a run is bounded, not a whole update group (a group is up
+    #: to the read-ahead window: hundreds of MiB at 1.1B, which the host ledger cannot hold twice). At 32 MiB a
+    #: call covers about 3M parameters, so its fixed cost stays small beside its elements.
+    max_run_bytes = 32 << 20
 
     _PARTS_8BIT = (StatePart(key="state1", dtype=torch.uint8, kind=EXP_AVG_KIND),
                    StatePart(key="state2", dtype=torch.uint8, kind=EXP_AVG_SQ_KIND),
@@ -284,14 +294,23 @@ class AdamW8bitFormat(OptimizerFormat):
     def _runs(self, items: list) -> list[tuple[list, int]]:
         """``items`` ((chunk, step) of 8-bit chunks) in runs updated by one call each: the library's CPU update
         costs a fixed time per call besides its elements, and a run of chunks that each (but the last) hold
-        whole blocks, at one step count, is blockwise the same as the chunks one by one."""
+        whole blocks, at one step count, is blockwise the same as the chunks one by one. A run holds at most
+        :attr:`max_run_bytes` of chunks (a chunk larger than that is a run of its own, and is not copied)."""
         out: list[tuple[list, int]] = []
+        run_bytes = 0
         for c, step in items:
-            if out and out[-1][1] == step and (out[-1][0][-1].hi - out[-1][0][-1].lo) % self.block == 0:
+            size = _chunk_bytes(c)
+            if (out and out[-1][1] == step and (out[-1][0][-1].hi - out[-1][0][-1].lo) % self.block == 0
+                    and run_bytes + size <= self.max_run_bytes):
                 out[-1][0].append(c)
+                run_bytes += size
             else:
                 out.append(([c], step))
+                run_bytes = size
         return out
+
+    def scratch_bound(self) -> int:
+        return self.max_run_bytes
 
 
 class AdafactorFormat(OptimizerFormat):
@@ -381,6 +400,11 @@ def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:
         first = pieces[0]
         return first.as_strided((sum(p.numel() for p in pieces),), (1,), first.storage_offset())
     return torch.cat([p.reshape(-1) for p in pieces])
+
+
+def _chunk_bytes(c) -> int:
+    """Bytes of one gathered chunk's master, gradient and state."""
+    return sum(t.numel() * t.element_size() for t in (c.param, c.grad, *c.state.values()))
 
 
 def _copy_bytes(pieces: list[torch.Tensor]) -> int:

@@ -156,11 +156,15 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
             elif hand_over_one and schedule.hands_off_masters:  # one unit's masters handed over at a time
                 masters = (max([masters, *unit_masters]) if inline  # the update then reads none of them
                            else masters + max(unit_masters, default=0))
+        # a format that updates chunk by chunk joins a group's chunks into runs of at most its scratch bound, and a
+        # group is at most the window's chunks; one that updates parameters whole gathers the largest
+        gather = (whole_gather_bytes(profile, schedule, c, fmt) if fmt.whole_tensor
+                  else min(fmt.scratch_bound(), read_ahead))
         # gradient accumulation: a sum on the SSD is read, added to and written back a chunk at a time
         accumulate = 2 * held_bytes(chunk_held * 4) if passes > 1 else 0
         return OptimizerSizes(kind=kind, grad_pool=gradients_in_flight(profile, slack=not lean),
                               read_ahead=read_ahead, writeback=writeback, masters=masters, chunk=c,
-                              accumulate=accumulate, gather=whole_gather_bytes(profile, schedule, c, fmt))
+                              accumulate=accumulate, gather=gather)
 
     if not inline:
         return [sizes("full", lean=False), sizes("lean", lean=True)]

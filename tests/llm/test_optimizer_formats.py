@@ -371,3 +371,32 @@ def test_horizontal_accumulation_equals_reference_library(fmt, tmp_path, trainer
             assert torch.equal(trainer.parameter(name), p.detach()), name
             for key, value in stored_state(trainer, name).items():
                 assert torch.equal(value, opt.state[p][key].reshape(-1)), (name, key)
+
+
+def test_adamw8bit_joins_at_most_its_run_bound_and_stays_equal(tmp_path, trainer_config, monkeypatch):
+    """One library call takes a run of chunks joined into one piece, at most ``max_run_bytes`` of them (a whole
+    update group at 1.1B is hundreds of MiB, which the host ledger cannot hold twice): with the bound at three
+    chunks the calls join no more than that, and the weights and state still equal bitsandbytes'."""
+    from terastack.plan.optimizer_formats import AdamW8bitFormat
+
+    bound = 3 * (1024 * (4 + 4 + 1 + 1) + 4 * 4 * 2)  # three chunks: master, gradient, two 8-bit moments, absmax
+    monkeypatch.setattr(AdamW8bitFormat, "max_run_bytes", bound)
+    charged = []
+    scratch_bytes = AdamW8bitFormat.scratch_bytes
+
+    def counted(self, chunks, steps):
+        charged.append(scratch_bytes(self, chunks, steps))
+        return charged[-1]
+
+    monkeypatch.setattr(AdamW8bitFormat, "scratch_bytes", counted)
+    ref = make_wide_model(tmp_path / "model")
+    data = batches(STEPS)
+    with Trainer.from_pretrained(tmp_path / "model", config(trainer_config, "adamw8bit")) as trainer:
+        losses = offloaded_train(trainer, data)
+        ref_losses, opt = reference_train(ref, data, "adamw8bit")
+        assert losses == pytest.approx(ref_losses, abs=1e-6)
+        for name, p in ref.named_parameters():
+            assert torch.equal(trainer.parameter(name), p.detach()), name
+            for key, value in stored_state(trainer, name).items():
+                assert torch.equal(value, opt.state[p][key].reshape(-1)), (name, key)
+    assert 0 < max(charged) <= bound  # copies were made, and none beyond the bound

@@ -66,6 +66,32 @@ def measure_cpu_adam(seconds: float = 1.0, params: int = 16 << 20) -> float:
     return params * reps / elapsed
 
 
+def measure_cpu_updates(seconds: float = 1.0, params: int = 16 << 20) -> dict:
+    """The CPU update rate of each optimizer format other than AdamW, from its reference library (the engine calls
+    the same kernels): bitsandbytes' 8-bit AdamW where bitsandbytes is installed, torch's Adafactor on square
+    matrices."""
+    import importlib.util
+
+    side = int(params ** 0.5)
+    rates = {}
+    makers = {"adafactor": lambda ps: torch.optim.Adafactor(ps, lr=1e-3)}
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        from terastack.plan.lowbit_library import bitsandbytes_functional
+
+        bitsandbytes_functional("the probe's 8-bit AdamW rate")
+        import bitsandbytes.optim
+
+        makers["adamw8bit"] = lambda ps: bitsandbytes.optim.AdamW8bit(ps, lr=1e-3)
+    for name, make in makers.items():
+        p = torch.nn.Parameter(torch.randn(side, side))
+        p.grad = torch.randn(side, side)
+        opt = make([p])
+        opt.step()  # the state is allocated on the first step
+        reps, elapsed = _timed(opt.step, seconds)
+        rates[name] = side * side * reps / elapsed
+    return rates
+
+
 def measure_ssd(directory: str, file_bytes: int, rand_seconds: float = 2.0) -> dict:
     from terastack import io
 
@@ -295,6 +321,7 @@ def measure(directory: str, *, quick: bool = False) -> Hardware:
         "host_memory_bytes": mem_total(),
         "cpu_flops": measure_cpu_flops(scale), "memcpy_bytes_per_s": measure_memcpy(0.5 * scale),
         "cpu_adam_params_per_s": measure_cpu_adam(scale),
+        "cpu_update_params_per_s": measure_cpu_updates(scale),
         "probed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": environment()["versions"],
     }
@@ -346,6 +373,7 @@ def run(args: argparse.Namespace) -> int:
         ("fp32 matmul", f"{hw.cpu_flops / 1e9:.1f} GFLOP/s"),
         ("memory copy", f"{hw.memcpy_bytes_per_s / 1e9:.2f} GB/s"),
         ("CPU AdamW", f"{hw.cpu_adam_params_per_s / 1e6:.0f} M params/s"),
+        *((f"CPU {name}", f"{rate / 1e6:.0f} M params/s") for name, rate in hw.cpu_update_params_per_s.items()),
         (f"SSD seq read ({hw.probe_dir})" + (" per SSD" if hw.ssds > 1 else ""),
          f"{hw.ssd_read_bytes_per_s / 1e9:.2f} GB/s"),
         ("SSD seq write", f"{hw.ssd_write_bytes_per_s / 1e9:.2f} GB/s"),

@@ -25,6 +25,9 @@ def test_compute_measurements_are_plausible():
     assert 1e8 < probe.measure_cpu_flops(0.1, n=256) < 1e15
     assert 1e8 < probe.measure_memcpy(0.05, nbytes=8 << 20) < 1e12
     assert 1e5 < probe.measure_cpu_adam(0.1, params=1 << 16) < 1e12
+    rates = probe.measure_cpu_updates(0.05, params=1 << 16)
+    assert 1e3 < rates["adafactor"] < 1e12
+    assert "adamw8bit" not in rates or 1e3 < rates["adamw8bit"] < 1e12
 
 
 def test_cache_roundtrip_and_hypothetical_overrides(tmp_path):

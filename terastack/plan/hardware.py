@@ -46,6 +46,9 @@ class Hardware:
     disk_bytes: int = 0
     #: AdamW update rate on the CPU (parameters per second)
     cpu_adam_params_per_s: float = 0.0
+    #: per optimizer format other than AdamW (``adamw8bit``, ``adafactor``): its update rate on the CPU, parameters
+    #: per second (bitsandbytes' 8-bit update runs at about half AdamW's here); a format absent is priced at AdamW's
+    cpu_update_params_per_s: dict = dataclasses.field(default_factory=dict)
     #: fraction of the CPU's compute rate lost per GB/s of SSD traffic running beside it (DMA and interrupts
     #: share the memory system and the cores); 0: not measured
     cpu_io_slowdown_per_gbps: float = 0.0
@@ -75,6 +78,9 @@ class Hardware:
                   "cpu_io_slowdown_per_gbps"):
             if getattr(self, f) < 0:
                 raise ValueError(f"{f}: must be >= 0, got {getattr(self, f)}")
+        for name, rate in self.cpu_update_params_per_s.items():
+            if float(rate) < 0:
+                raise ValueError(f"cpu_update_params_per_s: {name} must be >= 0, got {rate}")
         for e in self.ssd_random_reads:
             if not isinstance(e, dict) or any(float(e.get(k, 0)) <= 0 for k in RANDOM_READ_KEYS):
                 raise ValueError(f"ssd_random_reads: every entry needs {', '.join(RANDOM_READ_KEYS)} > 0, got {e!r}")
@@ -120,6 +126,10 @@ class Hardware:
         measured = {os.path.realpath(e["dir"]): float(e["ssd_read_bytes_per_s"]) for e in self.ssd_dirs}
         weights = tuple(measured.get(os.path.realpath(d), 0.0) for d in dirs)
         return weights if weights and all(w > 0 for w in weights) else ()
+
+    def update_rate(self, optimizer: str) -> float:
+        """Parameters per second the CPU updates with ``optimizer``'s format (AdamW's rate where not measured)."""
+        return float(self.cpu_update_params_per_s.get(optimizer) or self.cpu_adam_params_per_s)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -124,7 +124,7 @@ class StepTimeModel:
             link = max(h2d, d2h) / (hw.pcie_bytes_per_s or 16e9)
         else:
             host_copy = split.host_acts * micro / (hw.memcpy_bytes_per_s or 5e9)
-        adam_rate = hw.cpu_adam_params_per_s or 2e8
+        adam_rate = hw.update_rate(self.format.name) or 2e8
         optimizer = trainable / adam_rate
         # ---- the part no schedule hides
         first = profile.units[0]

@@ -56,3 +56,23 @@ def test_mixed_rates_add_up_over_devices_and_survive_the_cache():
     old = {k: v for k, v in entries[0].items() if "mixed" not in k}
     assert "ssd_mixed_read_bytes_per_s" not in aggregate_ssd([old])
 
+
+
+def test_each_format_is_priced_at_its_own_measured_update_rate():
+    """The probe measures each format's CPU update rate (bitsandbytes' 8-bit AdamW runs far below torch's AdamW
+    on a CPU); the step model prices a format's update at its own rate, and at AdamW's where none was measured."""
+    import dataclasses
+
+    prof = profile()
+    kw = dict(device_budget=1 << 30, host_budget=64 << 20, state_placement="ssd")
+    slow = dataclasses.replace(disk(), cpu_update_params_per_s={"adamw8bit": 1e8})
+    adamw = LLMPlanner(LLMPlanner.Config(**kw)).plan(prof, slow).prediction
+    eight = LLMPlanner(LLMPlanner.Config(optimizer="adamw8bit", **kw)).plan(prof, slow).prediction
+    unmeasured = LLMPlanner(LLMPlanner.Config(optimizer="adamw8bit", **kw)).plan(prof, disk()).prediction
+    trainable = prof.trainable_params
+    assert adamw.optimizer_s == pytest.approx(trainable / 3e8)
+    assert eight.optimizer_s == pytest.approx(trainable / 1e8)
+    assert unmeasured.optimizer_s == pytest.approx(trainable / 3e8)
+    assert slow.update_rate("adafactor") == 3e8 and slow.update_rate("adamw8bit") == 1e8
+    with pytest.raises(ValueError, match="cpu_update_params_per_s"):
+        dataclasses.replace(disk(), cpu_update_params_per_s={"adamw8bit": -1.0})

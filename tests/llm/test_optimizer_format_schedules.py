@@ -4,13 +4,12 @@ global-norm clipping (the deferred schedule, on the optimizer thread), vertical 
 accumulation, LoRA adapters, and a kill -9 resume (between steps, and inside one)."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from .llm_helpers import BATCH, SEQ, VOCAB, batches
 from .test_checkpoint import resume_killed, run_killed
 from .test_checkpoint_follow import STEPS, STREAMED, run_killed_inside
-from .test_optimizer_formats import (config, make_wide_model, reference_optimizer, reference_train,
-                                     stored_state)
+from .test_optimizer_formats import (config, make_wide_model, reference_accumulated, reference_optimizer,
+                                     reference_train, stored_state)
 from terastack.llm import LoraSpec, Trainer
 from terastack.plan.llm_plan import PlanError
 from terastack.plan.optimizer_formats import optimizer_format
@@ -50,22 +49,6 @@ def accumulation_steps():
     """Two steps of two micro-batches each."""
     g = torch.Generator().manual_seed(7)
     return [[{"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)} for _ in range(2)] for _ in range(2)]
-
-
-def reference_accumulated(ref, opt, steps, *, clip) -> None:
-    """The library's training on the same micro-batches: each one's gradient of the token-weighted loss added into
-    ``.grad`` (the order the engine adds its passes in), clipped over the sum, then the library's step."""
-    for mbs in steps:
-        total = sum(mb["input_ids"][:, 1:].numel() for mb in mbs)
-        for mb in mbs:
-            ids = mb["input_ids"]
-            logits = ref(input_ids=ids, use_cache=False).logits
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
-                                   reduction="sum") / total
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
-        opt.step()
-        opt.zero_grad()
 
 
 def reference_stacked(ref, opt, steps, *, clip) -> None:

@@ -3,6 +3,7 @@ state bytes and block scales too), ``adafactor`` torch.optim.Adafactor; chunked 
 through the real trainer, and a checkpoint resumed bit for bit."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from .llm_helpers import BATCH, SEQ, VOCAB, batches, offloaded_train
 from .llm_helpers import reference_train as adamw_reference_train
@@ -190,6 +191,23 @@ def reference_train(model, data, fmt, *, max_grad_norm=None, seed=5):
                                  opt=reference_optimizer(fmt, list(model.parameters())))
 
 
+def reference_accumulated(ref, opt, steps, *, clip=None) -> None:
+    """The library's training on the same micro-batches: each one's gradient of the token-weighted loss added into
+    ``.grad`` (the order the engine adds its passes in), clipped over the sum (``clip``), then the library's step."""
+    for mbs in steps:
+        total = sum(mb["input_ids"][:, 1:].numel() for mb in mbs)
+        for mb in mbs:
+            ids = mb["input_ids"]
+            logits = ref(input_ids=ids, use_cache=False).logits
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+                                   reduction="sum") / total
+            loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+
+
 def stored_state(trainer, name):
     """part key -> the whole part of ``name`` read back from the store (all its chunk records)."""
     rt = trainer.runtime
@@ -345,7 +363,6 @@ def test_mixed_precision_inline_equals_thread(fmt, tmp_path, trainer_config):
 def test_horizontal_accumulation_equals_reference_library(fmt, tmp_path, trainer_config):
     """Two micro-batches a step, their gradient sums kept by the engine: the reference adds each micro-batch's
     gradient of the token-weighted loss into ``.grad`` and steps its library's optimizer: equal bit for bit."""
-    import torch.nn.functional as F
 
     ref = make_wide_model(tmp_path / "model")
     g = torch.Generator().manual_seed(7)
@@ -357,16 +374,7 @@ def test_horizontal_accumulation_equals_reference_library(fmt, tmp_path, trainer
         for mbs in steps:
             trainer.step_accumulated(mbs)
         opt = reference_optimizer(fmt, list(ref.parameters()))
-        for mbs in steps:
-            total = sum(mb["input_ids"][:, 1:].numel() for mb in mbs)
-            for mb in mbs:
-                ids = mb["input_ids"]
-                logits = ref(input_ids=ids, use_cache=False).logits
-                loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
-                                       reduction="sum") / total
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
+        reference_accumulated(ref, opt, steps)
         for name, p in ref.named_parameters():  # bit for bit: the same sums in the same order
             assert torch.equal(trainer.parameter(name), p.detach()), name
             for key, value in stored_state(trainer, name).items():

@@ -76,9 +76,6 @@ def measure_cpu_updates(seconds: float = 1.0, params: int = 16 << 20) -> dict:
     rates = {}
     makers = {"adafactor": lambda ps: torch.optim.Adafactor(ps, lr=1e-3)}
     if importlib.util.find_spec("bitsandbytes") is not None:
-        from terastack.plan.lowbit_library import bitsandbytes_functional
-
-        bitsandbytes_functional("the probe's 8-bit AdamW rate")
         import bitsandbytes.optim
 
         makers["adamw8bit"] = lambda ps: bitsandbytes.optim.AdamW8bit(ps, lr=1e-3)

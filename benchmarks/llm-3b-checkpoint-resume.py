@@ -3,7 +3,7 @@ process: a process killed with SIGKILL inside a step resumes and continues exact
 
     MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=4194304 \\
         python benchmarks/llm-3b-checkpoint-resume.py DIR [--layers N] [--steps K] [--kill-at F] [--model NAME]
-                                                         [--copy]
+                                                         [--optimizer FORMAT] [--copy]
 
 Three processes, each under the same 4 GiB for the whole process (as a user's runs are), on the built-in
 model's random initialisation (the 26-layer OpenLLaMA-3B shape, 3.43B parameters, by default) and one batch:
@@ -24,7 +24,9 @@ copy of the state after step K-1 instead (run B resumes in a new store and takes
 the reference). DIR needs the state and a quarter more free (53 GB for 3.43B parameters; twice the state with
 ``--copy``); ``--layers`` keeps the shape of every layer and takes fewer of them. The run refuses to start,
 naming both numbers, when DIR lacks the space. Prints one JSON line; DIR's stores and checkpoint are removed at
-the end.
+the end. ``--optimizer adamw8bit --model llama-3-8b --steps 2`` is the 8B full fine-tune of the optimizer formats'
+figures (its 128256-row embedding and head stream in parts: [Note: vocabulary slices] in
+terastack.llm.vocab_slices).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ import torch
 from terastack.llm import Trainer, TrainerConfig
 from terastack.training.model_registry import hf_config
 from terastack.memory import memory_left, peak_rss
+from terastack.plan.optimizer_formats import optimizer_format
 from terastack.units import format_bytes
 
 PROCESS_BUDGET = 4 << 30
@@ -53,10 +56,14 @@ PROBES = ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight", "lm_hea
 
 
 def digest(trainer: Trainer) -> dict[str, str]:
-    """sha256 of each probe parameter's fp32 bytes (one tensor in memory at a time)."""
+    """sha256 of each probe parameter's fp32 bytes, part by part where the engine slices it (one part in memory at
+    a time: a whole 8B head is 2 GiB)."""
     out = {}
     for name in PROBES:
-        out[name] = hashlib.sha256(trainer.parameter(name).numpy()).hexdigest()[:16]  # hashed in place
+        h = hashlib.sha256()
+        for part in trainer.slicing.parts.get(name, [name]):
+            h.update(trainer.parameter(part).numpy())  # hashed in place
+        out[name] = h.hexdigest()[:16]
     return out
 
 
@@ -72,6 +79,9 @@ def main() -> int:
     p.add_argument("--state-placement", default=None,
                    help="where masters and moments rest (TrainerConfig.state_placement; default: the plan's "
                         "choice); 'ssd' puts a tiny model's state on the SSD, as the 3.4B model's is")
+    p.add_argument("--optimizer", default="adamw", help="the optimizer state format (training.optimizer; default "
+                   "adamw)")
+    p.add_argument("--vocab-slice", default=None, help="offload.vocab_slice (default: the job's, 256MiB)")
     p.add_argument("--copy", action="store_true", help="copy the state into the checkpoint (not beside the store)")
     p.add_argument("--phase", choices=["a", "b", "r"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -92,9 +102,10 @@ def main() -> int:
         return 0
     root.mkdir(parents=True, exist_ok=True)
     params = _parameters(config)
-    # the store holds an fp32 master and two fp32 moments per parameter, and the checkpoint a share of it beyond
-    # (a copy: as much again); and room for activations and manifests
-    need = int((2 if args.copy else 1.25) * 12 * params) + (2 << 30)
+    # the store holds an fp32 master and the format's state per parameter (AdamW: two fp32 moments), and the
+    # checkpoint a share of it beyond (a copy: as much again); and room for activations and manifests
+    state = 4 * params + optimizer_format(args.optimizer).state_bytes((params,))
+    need = int((2 if args.copy else 1.25) * state) + (2 << 30)
     free = shutil.disk_usage(root).free
     if need > free:
         print(f"llm-3b-checkpoint-resume: needs {format_bytes(need)} free in {root} (the store of {params:,} "
@@ -103,13 +114,16 @@ def main() -> int:
               file=sys.stderr)
         return 2
     result: dict = {"model": args.model, "layers": config.num_hidden_layers, "parameters": params,
-                    "state_bytes": 12 * params, "beside_store": not args.copy, "steps": args.steps,
+                    "optimizer": args.optimizer, "state_bytes": state, "beside_store": not args.copy,
+                    "steps": args.steps,
                     "disk_free_bytes": free, "disk_needed_bytes": need}
     # each run is a process of its own, as a user's resume is: the budget is the whole process's either way
-    forward = [args.dir, "--model", args.model, "--steps", str(args.steps), "--kill-at", str(args.kill_at)]
+    forward = [args.dir, "--model", args.model, "--steps", str(args.steps), "--kill-at", str(args.kill_at),
+               "--optimizer", args.optimizer]
     forward += ["--layers", str(args.layers)] if args.layers is not None else []
     forward += ["--copy"] if args.copy else []
     forward += ["--state-placement", args.state_placement] if args.state_placement else []
+    forward += ["--vocab-slice", args.vocab_slice] if args.vocab_slice else []
     try:
         for phase in ("a", "b") if args.copy else ("a", "b", "r"):
             proc = subprocess.run([sys.executable, __file__, *forward, "--phase", phase], stdout=subprocess.PIPE,
@@ -153,10 +167,11 @@ def _batch() -> torch.Tensor:
     return torch.randint(0, 256, (1, 256), generator=gen)  # one batch repeated: its loss must fall
 
 
-def _trainer_config(store: Path, placement: str | None) -> TrainerConfig:
-    more = {"state_placement": placement} if placement else {}
+def _trainer_config(store: Path, args) -> TrainerConfig:
+    more = {"state_placement": args.state_placement} if args.state_placement else {}
+    more.update({"vocab_slice": args.vocab_slice} if args.vocab_slice else {})
     return TrainerConfig(store_dir=str(store), memory_budget=memory_left(PROCESS_BUDGET, "4 GiB"), seq_len=256,
-                         batch_size=1, lr=1e-4, **more)
+                         batch_size=1, lr=1e-4, optimizer=args.optimizer, **more)
 
 
 def disk_bytes(path: Path) -> int:
@@ -211,7 +226,7 @@ def run_a(root: Path, config, args) -> dict:
     result: dict = {"a_losses": []}
     t0 = time.perf_counter()
     try:
-        with Trainer.from_config(config, _trainer_config(store, args.state_placement),
+        with Trainer.from_config(config, _trainer_config(store, args),
                                  name=f"{args.model}-{config.num_hidden_layers}l") as a:
             result["a_setup_s"] = time.perf_counter() - t0
             sampler = ExtraBytes(a, ckpt)
@@ -266,7 +281,7 @@ def run_b(root: Path, config, args) -> dict:
     inside it), else in a new store (taking step K) -- on the same batch."""
     store, ckpt = root / "store-b", root / "ckpt"
     t0 = time.perf_counter()
-    with Trainer.load_checkpoint(ckpt, _trainer_config(store, args.state_placement)) as b:
+    with Trainer.load_checkpoint(ckpt, _trainer_config(store, args)) as b:
         result = {"resume_s": time.perf_counter() - t0, "b_resumed_inside_step": b.step_count + 1}
         sampler = ExtraBytes(b, ckpt)
         result["b_loss"] = b.step(_batch())
@@ -280,7 +295,7 @@ def run_b(root: Path, config, args) -> dict:
 def run_reference(root: Path, config, args) -> dict:
     """K steps from the same initialisation in a store of its own, no checkpoint: what A and B must equal."""
     store, batch = root / "store-r", _batch()
-    with Trainer.from_config(config, _trainer_config(store, args.state_placement),
+    with Trainer.from_config(config, _trainer_config(store, args),
                              name=f"{args.model}-{config.num_hidden_layers}l") as r:
         result = {"r_losses": [r.step(batch) for _ in range(args.steps)]}
         result["r_step_s"] = [h.seconds for h in r.history]

@@ -47,9 +47,12 @@ class EngineState:
     """The model and its training tensors in the store of ``runtime`` (a ``StepRuntime``), as a ``Stateful``.
     ``name``, ``hf_config`` and ``lora`` describe the model so that a checkpoint can rebuild it."""
 
-    def __init__(self, runtime, *, name: str, hf_config, lora=None, beside_store: bool = False, commit=None):
-        """``commit``: a pinned commit of the store to refer to (beside the store) instead of committing anew."""
+    def __init__(self, runtime, *, name: str, hf_config, lora=None, beside_store: bool = False, commit=None,
+                 slices: dict | None = None):
+        """``commit``: a pinned commit of the store to refer to (beside the store) instead of committing anew;
+        ``slices``: the model's vocabulary slices (terastack.llm.vocab_slices), saved so a resume slices alike."""
         self.rt, self.name, self.hf_config, self.lora = runtime, name, hf_config, lora
+        self.slices = dict(slices or {})
         self.tensors = runtime.tensors
         self.beside_store = beside_store or commit is not None
         self.commit = commit
@@ -84,7 +87,7 @@ class EngineState:
                                                "keep_native": sorted(self.lora.keep_native)}
         out = {"name": self.name, "model_type": getattr(self.hf_config, "model_type", "?"),
                "config": self.hf_config.to_dict(), "fingerprint": model_fingerprint(self.tensors), "lora": lora,
-               "optimizer": self.rt.format.name}
+               "optimizer": self.rt.format.name, "vocab_slices": self.slices}
         if self.beside_store:
             return self._referenced(out)
         for pname in self._ordered():
@@ -165,13 +168,15 @@ class EngineState:
             store.release(older)  # a crash after the snapshot was in place, before they were let go
         wanted = {spec.record: spec for pname in self._ordered() for spec in records_for(self.rt, pname)}
         same = all(r in store and (i := store.record(r)).shape == tuple(spec.shape) and i.dtype == spec.dtype
-                   and i.home is spec.home for r, spec in wanted.items())
+                   for r, spec in wanted.items())
         for name in store.names():
             if not same or name not in wanted:
                 store.delete(name)  # activations or gradients of the step that was under way; or another plan's
         if not same:
             return False
         for r, spec in wanted.items():
+            if store.record(r).home is not spec.home:
+                store.rehome(r, spec.home)  # placed in another tier by this budget: its bytes stay where they are
             if spec.home is not Tier.SSD:  # resident from the start, as after a put
                 self.rt.wait(store.prefetch(r, spec.home if spec.home is Tier.HOST else Tier.DEVICE),
                              f"{r!r} reaching its home")
@@ -198,7 +203,9 @@ class EngineState:
 # resumed from it opens that store where it is (``store_dirs``): a crash after a later commit but before the
 # snapshot naming it was in place is undone (``revert``), commits of older snapshots are let go, and when the
 # store's records are those the resuming plan asks for, nothing is copied -- the records rest in the pinned
-# extents, which no write overwrites. Otherwise (another plan, or a trainer on another store) the tensors are read
+# extents, which no write overwrites. A record the resuming plan places in another tier (its budget differs from
+# the run's: a process's memory left is never the same twice) changes its home without a copy (``rehome``):
+# rewriting it would hold the pinned version of every record, the whole state once more. Otherwise (another plan, or a trainer on another store) the tensors are read
 # from the referenced extents and put anew, after checking that the referenced store is the one written beside.
 #
 # What it holds beyond the store: the pinned versions of the records rewritten since the checkpoint
@@ -245,6 +252,8 @@ class Rebuilt:
     hf_config: object
     lora: object
     name: str
+    #: the run's vocabulary slices (module path -> rows per part; none in a checkpoint from before them)
+    slices: dict
 
 
 def open_checkpoint(path: str | os.PathLike) -> manager.Snapshot:
@@ -275,7 +284,8 @@ def rebuild_model(snapshot: manager.Snapshot, config, *, expect_model=None) -> R
         spec = LoraSpec(**model["lora"]["spec"])
         skeleton, lora = apply_lora(skeleton, spec, base_path=model["lora"].get("base"))
         lora.keep_native = set(model["lora"].get("keep_native") or ())
-    return Rebuilt(model=skeleton, hf_config=hf_config, lora=lora, name=model.get("name", str(snapshot.path)))
+    return Rebuilt(model=skeleton, hf_config=hf_config, lora=lora, name=model.get("name", str(snapshot.path)),
+                   slices=dict(model.get("vocab_slices") or {}))
 
 
 def _check_same_model(expected, hf_config, snap) -> None:

@@ -35,7 +35,7 @@ def export_pretrained(trainer, path: str | os.PathLike, *, dtype: str | None = N
             # the keys and tensors transformers' save_pretrained writes ([Note: checkpoint keys])
             groups = [({key: (shape, target) for key, shape in shapes.items()},
                        lambda run=run: run(trainer.parameter))
-                      for _, run, shapes in export_layout(trainer.model, trainer.tensors)]
+                      for _, run, shapes in export_layout(trainer.model, trainer.model_tensors())]
             write_safetensors_files(tmp, groups, max_shard_size=limit,
                                     total_parameters=sum(info.numel for info in trainer.tensors.values()))
             # the dtype the weights are written in (transformers loads in it); the trainer's config is untouched

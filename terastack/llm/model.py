@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from terastack.llm.vocab_slices import RowSlices, SliceParts
 from terastack.training.hf.model_files import materialized, seeded
 
 #: Families (transformers model_type) whose results are tested against plain PyTorch training
@@ -77,6 +78,8 @@ def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
     since its layers are not interchangeable units."""
     best = mixed = None
     for name, mod in model.named_modules():
+        if isinstance(mod, SliceParts):
+            continue  # a sliced embedding's or head's parts ([Note: vocabulary slices])
         if isinstance(mod, nn.ModuleList) and len(mod) > 0 and any(True for _ in mod.parameters()):
             if len({type(c) for c in mod}) == 1:
                 if best is None or len(mod) > len(best[1]):
@@ -136,6 +139,9 @@ def find_units(model: nn.Module) -> tuple[list[Unit], dict[str, TensorInfo]]:
                     add(f"{path}.{i}", layer, "layer")
             elif _contains(child, stack):
                 walk(path, child)
+            elif isinstance(child, RowSlices):  # [Note: vocabulary slices]: every part is a unit
+                for k, part in enumerate(child.parts):
+                    add(f"{path}.parts.{k}", part, "post" if seen_stack[0] else "pre")
             elif any(True for _ in child.parameters()):
                 add(path, child, "post" if seen_stack[0] else "pre")
 

@@ -186,7 +186,7 @@ class FollowingCheckpoint:
         committed = time.perf_counter()
         components = {
             "model": engine_state.EngineState(t.runtime, name=t.name, hf_config=t.hf_config, lora=t.lora,
-                                              commit=store.last_commit()),
+                                              commit=store.last_commit(), slices=t.slicing.decision),
             # the optimizer's own state (its format's name among it), with the point's rate and step counts
             "optimizer": JSONState({**t.optimizer.state_dict(), "lr": point.lr, "adam_steps": steps}),
             "progress": JSONState({"step": point.step + finished}),

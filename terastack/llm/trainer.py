@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 
 from terastack.llm.export import export_pretrained
-from terastack.llm.engine import records, store_layout as layout
+from terastack.llm.engine import store_layout as layout
 from terastack.llm.trainer_config import TrainerConfig
 from terastack.training.job_runner import default_lr
 from terastack.llm.machine import discover_hardware, make_plan, resolve_device, resolve_dtype, store_settings
 from terastack.training.hf.keys import CheckpointKeys
-from terastack.llm.model import TESTED_FAMILIES, find_units
+from terastack.llm.model import TESTED_FAMILIES, find_decoder_stack, find_units
+from terastack.llm.trainer_weights import TrainerWeights
+from terastack.llm import vocab_slices
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
 from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
 from terastack.llm.engine.profile import profile_model, with_stacked_times
@@ -52,15 +54,16 @@ from terastack.training.engine_protocol import StepCount, StepStats
 BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
 
 
-class Trainer(TrainerCheckpoints):
+class Trainer(TrainerCheckpoints, TrainerWeights):
     """Offloaded fine-tuning of one causal LM. Build it with :meth:`from_pretrained`, :meth:`from_config` or
     :meth:`load_checkpoint`."""
 
     def __init__(self, model, hf_config, config: TrainerConfig, *, name: str, source: "CheckpointReader | None",
                  source_keys: CheckpointKeys | None = None, lora=None, source_dir: str | None = None,
-                 empty: bool = False, store_dirs: Sequence[Path] | None = None):
+                 empty: bool = False, store_dirs: Sequence[Path] | None = None, slices: dict | None = None):
         # empty: the store is left without weights, for load_checkpoint to load a checkpoint's into; store_dirs:
-        # an existing store's directories to open instead of new run directories (a checkpoint beside the store)
+        # an existing store's directories to open instead of new run directories (a checkpoint beside the store);
+        # slices: a checkpoint's vocabulary slices (module path -> rows per part), else the job's rule decides
         self.config = config
         self.source_dir = source_dir          # tokenizer files are copied from here on export
         self.hf_config = hf_config
@@ -72,16 +75,20 @@ class Trainer(TrainerCheckpoints):
         # [Note: inline updates without an accelerator]
         self.inline_updates = (self.device.type != "cuda" if config.inline_updates is None
                                else bool(config.inline_updates))
-        self.units, self.tensors = find_units(model)
-        if lora is not None:
-            lora.mark_base(self.tensors)  # the frozen weights that rest as NF4 (lora.base_format)
-        self.family = getattr(hf_config, "model_type", "?")
         # checkpoint keys -> parameters, decided on the unmodified skeleton ([Note: checkpoint keys]); with LoRA
         # the caller decides them on a skeleton peft did not wrap
         if source is not None and source_keys is None:
             if lora is not None:
                 raise ValueError("a LoRA trainer's base checkpoint needs its keys decided on the unwrapped model")
             source_keys = CheckpointKeys(model, source.keys())
+        if slices is None:  # [Note: vocabulary slices]
+            slices = vocab_slices.decide(model, find_decoder_stack(model)[1], max_bytes=config.vocab_slice,
+                                         optimizer=config.optimizer)
+        self.slicing = vocab_slices.apply(model, slices)
+        self.units, self.tensors = find_units(model)
+        if lora is not None:
+            lora.mark_base(self.tensors)  # the frozen weights that rest as NF4 (lora.base_format)
+        self.family = getattr(hf_config, "model_type", "?")
         self._source_keys = source_keys
         if self.family not in TESTED_FAMILIES:
             warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
@@ -390,45 +397,6 @@ class Trainer(TrainerCheckpoints):
             self._following.drain()
         self.store.wait(timeout=self.config.timeout)
 
-    def parameter(self, name: str) -> torch.Tensor:
-        """A copy of parameter ``name`` (fp32 master if it trains, else its stored weight)."""
-        self._check_open()
-        self.synchronize()
-        if name not in self.tensors:
-            raise KeyError(f"no parameter named {name!r}")
-        info = self.tensors[name]
-        rt = self.runtime
-        if info.trainable:
-            parts = [rt.read_record(r).reshape(-1) for r in rt.master_records(name)]
-            return torch.cat(parts).view(info.shape) if len(parts) > 1 else parts[0].view(info.shape)
-        return rt.compute_weight(name, rt.read_record(records.compute(name))).to(torch.float32)
-
-    def named_parameters(self):
-        """(name, fp32 copy) for every parameter, one at a time."""
-        for name in sorted(self.tensors, key=lambda n: self.tensors[n].index):
-            yield name, self.parameter(name)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter as an fp32 copy (small models only: it materializes the whole model)."""
-        return dict(self.named_parameters())
-
-    def optimizer_state(self, name: str) -> dict:
-        """The optimizer state of trainable parameter ``name`` in its format's own terms, as the format's reference
-        library keeps it for the parameter (``optimizer.state[p]``; copies): ``step`` (the updates made, an int)
-        and the format's parts in their library shapes and dtypes -- AdamW's ``exp_avg`` and ``exp_avg_sq``;
-        AdamW8bit's ``state1`` and ``state2`` (uint8) with ``absmax1``, ``absmax2``, ``qmap1`` and ``qmap2``
-        (fp32 ``state1``/``state2`` only, under ``min_8bit_size``); Adafactor's ``row_var`` and ``col_var`` (a
-        vector: ``variance``)."""
-        self._check_open()
-        info = self.tensors.get(name)
-        if info is None or not info.trainable:
-            raise KeyError(f"no trainable parameter named {name!r} (only those have optimizer state)")
-        self.synchronize()
-        rt = self.runtime
-        parts = {part.key: torch.cat([rt.read_record(r).reshape(-1) for r in recs]).view(part.shape(info.shape))
-                 for part, recs in rt.state_parts(name).items()}
-        return {"step": self.optimizer.steps[name], **self.optimizer.format.library_state(parts)}
-
     def save_pretrained(self, path: str | os.PathLike, *, dtype: str | None = None,
                         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
         """Export a directory ``transformers`` (or, for LoRA, ``peft``) loads: ``model.safetensors``, or above
@@ -497,4 +465,4 @@ class Trainer(TrainerCheckpoints):
     def _fill(self, source: "CheckpointReader | None") -> None:
         """Write every weight into the store, one tensor at a time, and create zero moments."""
         fill_store(self.runtime, self.model, self.units, self.tensors, seed=self.config.seed, source=source,
-                   source_keys=self._source_keys, lora=self.lora)
+                   source_keys=self._source_keys, lora=self.lora, slicing=self.slicing)

@@ -33,7 +33,7 @@ class TrainerCheckpoints:
         snapshot = path if isinstance(path, Snapshot) else engine_state.open_checkpoint(path)
         rebuilt = engine_state.rebuild_model(snapshot, config, expect_model=expect_model)
         trainer = cls(rebuilt.model, rebuilt.hf_config, config, name=rebuilt.name, source=None, lora=rebuilt.lora,
-                      empty=True, store_dirs=engine_state.store_dirs(snapshot))
+                      empty=True, store_dirs=engine_state.store_dirs(snapshot), slices=rebuilt.slices)
         try:
             snapshot.load({**trainer.checkpoint_components(), STEP_IN_PROGRESS: trainer._pending,
                            **trainer._more_components(components)}, optional=(STEP_IN_PROGRESS,))
@@ -50,7 +50,8 @@ class TrainerCheckpoints:
         store (masters, moments, frozen weights), the optimizer's learning rate and step counts, the steps taken
         and the RNG state (dropout draws). ``beside_store``: see :meth:`save_checkpoint`."""
         return {"model": engine_state.EngineState(self.runtime, name=self.name, hf_config=self.hf_config,
-                                                  lora=self.lora, beside_store=beside_store),
+                                                  lora=self.lora, beside_store=beside_store,
+                                                  slices=self.slicing.decision),
                 "optimizer": self.optimizer, "progress": self.progress, "rng": RNGState()}
 
     def _more_components(self, components: Mapping[str, Stateful] | None) -> dict[str, Stateful]:

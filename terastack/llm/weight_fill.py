@@ -8,29 +8,31 @@ from terastack.llm.engine import store_layout as layout
 from terastack.llm.model import random_init
 
 
-def fill_store(runtime, model, units, tensors, *, seed: int, source, source_keys, lora) -> None:
+def fill_store(runtime, model, units, tensors, *, seed: int, source, source_keys, lora, slicing) -> None:
     """Every weight into the store (``source``: a CheckpointReader with ``source_keys`` deciding which tensor
-    each parameter is; None: random initialization), waiting until all of them have reached it."""
+    each parameter is; None: random initialization), waiting until all of them have reached it. ``slicing``: the
+    model's sliced parameters, split into their parts on the way in ([Note: vocabulary slices])."""
     in_flight: list = []
     if source is None:
         for name, tensor in random_init(model, units, tensors, seed):
             layout.put_initial(runtime, name, tensor, in_flight)
     else:
         fill_from_checkpoint(runtime, model, units, tensors, seed=seed, source=source, source_keys=source_keys,
-                             lora=lora, in_flight=in_flight)
+                             lora=lora, in_flight=in_flight, slicing=slicing)
     for fut, _ in in_flight:
         runtime.wait(fut, "initial weights reaching the SSD")
 
 
 def fill_from_checkpoint(runtime, model, units, tensors, *, seed: int, source, source_keys, lora,
-                         in_flight: list) -> None:
+                         in_flight: list, slicing) -> None:
     """The weights from the checkpoint, through transformers' key conversions; a LoRA model's frozen base
     alike (under peft's names), its adapters initialized (peft's initialization or ``lora.init_from``)."""
     filled = set()
     for name, tensor in source_keys.tensors(source.get):
         name = lora.peft_name(name) if lora is not None else name
-        filled.add(name)
-        layout.put_initial(runtime, name, tensor.to(torch.float32), in_flight)
+        for part, rows in slicing.split(name, tensor):
+            filled.add(part)
+            layout.put_initial(runtime, part, rows.to(torch.float32), in_flight)
     source.close()
     ordered = sorted(tensors, key=lambda n: tensors[n].index)
     adapters = [n for n in ordered if lora is not None and lora.is_adapter(n)]

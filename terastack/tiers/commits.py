@@ -47,6 +47,17 @@ class StoreCommits:
                 self._layout.free(ext)
             return path
 
+    def rehome(self, name: str, home: Tier | str) -> None:
+        """Let ``name``, at rest on the SSD (as every record is when a store is opened), rest in ``home`` from now
+        on; nothing is copied (a resumed plan placing it in another tier than the run that committed it)."""
+        home = Tier(home)
+        with self._lock:
+            rec = self._record(name)
+            if rec.state is not State.ON_SSD or not rec.on_disk:
+                raise ValueError(f"rehome {name!r}: only a record at rest on the SSD changes its home (it is "
+                                 f"{rec.state.value})")
+            rec.home = home
+
     def last_commit(self) -> Commit:
         """The last commit: the store's identity, its generation and the extent of every record it names."""
         with self._lock:

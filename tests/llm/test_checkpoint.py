@@ -11,6 +11,7 @@ import torch
 
 from .llm_helpers import batches, make_model, max_weight_diff, offloaded_train, reference_train
 from terastack.llm import Trainer
+from terastack.tiers import Tier
 from terastack.training.checkpoint import JSONState
 
 
@@ -255,6 +256,29 @@ def test_a_checkpoint_beside_the_store_copies_nothing_and_resumes_in_place(tmp_p
         assert resumed.store.pinned_generations() != first and len(resumed.store.pinned_generations()) == 1
         assert resumed.store.usage()["ssd"]["held"] == 0
     assert all(Path(d).exists() for d in run_dirs)
+
+
+def test_a_resume_beside_the_store_under_another_placement_copies_nothing(tmp_path, trainer_config):
+    """The run's state rested on the SSD; the resuming budget places it in host memory (a process's memory left is
+    never the same twice): each record changes its home in place, so the checkpoint holds nothing beyond the store
+    until the resumed run rewrites a record, and training continues to the uninterrupted weights."""
+    make_model("llama", tmp_path / "model")
+    data = batches(4)
+    cfg = trainer_config(state_placement="ssd")
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as full:
+        offloaded_train(full, data[:2])
+        full.save_checkpoint(tmp_path / "ckpt", beside_store=True)
+        for ids in data[2:]:
+            full.step(ids)
+        expected = full.state_dict()
+    roomy = trainer_config(state_placement="auto", host_budget="256MiB")
+    with Trainer.load_checkpoint(tmp_path / "ckpt", roomy) as resumed:
+        homes = {resumed.store.record(r).home for r in resumed.store.names()}
+        assert Tier.HOST in homes  # the resuming plan placed records elsewhere than the run that wrote them
+        assert resumed.store.usage()["ssd"]["held"] == 0  # and nothing was rewritten to get them there
+        for ids in data[2:]:
+            resumed.step(ids)
+        assert all(torch.equal(resumed.state_dict()[k], expected[k]) for k in expected)
 
 
 def test_a_checkpoint_beside_a_missing_or_other_store_is_refused(tmp_path, trainer_config):

@@ -366,13 +366,15 @@ def _sync(device: torch.device) -> None:
 
 def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, name: str, lora=None,
                    calibrate: bool = False, device: torch.device | None = None, times_file: Path | None = None,
-                   recalibrate: bool = False) -> ModelProfile:
+                   recalibrate: bool = False, vocab_slice: int = 0, optimizer: str = "adamw") -> ModelProfile:
     """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
     layers and the second one repeated: decoder layers of one model are identical. ``times_file``,
-    ``recalibrate``: see :func:`_calibrate`."""
+    ``recalibrate``: see :func:`_calibrate`; ``vocab_slice``, ``optimizer``: the job's, which decide the
+    vocabulary slices (terastack.llm.vocab_slices)."""
     import copy
 
-    from terastack.llm.model import find_units
+    from terastack.llm import vocab_slices
+    from terastack.llm.model import find_decoder_stack, find_units
     from terastack.training.hf.model_files import build_skeleton
 
     layers = int(getattr(hf_config, "num_hidden_layers", 0) or 0)
@@ -387,6 +389,8 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
         from terastack.llm.lora import apply_lora
 
         model, handle = apply_lora(model, lora)
+    vocab_slices.apply(model, vocab_slices.decide(model, find_decoder_stack(model)[1], max_bytes=vocab_slice,
+                                                  optimizer=optimizer))
     units, tensors = find_units(model)
     if lora is not None:
         handle.mark_base(tensors)

@@ -55,12 +55,16 @@ def batch_digest(inputs: dict) -> str:
     return h.hexdigest()[:32]
 
 
-def unit_chain(loss: torch.Tensor, order: list[int]) -> bool:
-    """Whether the units in ``loss``'s autograd graph form a chain in ``order`` (unit indices, forward order):
-    walking from the loss, the first unit reached is the last in order, and from each unit only the unit before
-    it is reached without passing another unit ([Note: points inside a step])."""
+def unit_chain(loss: torch.Tensor, order: list[int]) -> frozenset[int]:
+    """The units after whose backward a point may be taken ([Note: points inside a step]), given ``order`` (unit
+    indices, forward order); empty when the units in ``loss``'s autograd graph do not form a chain. Walking from
+    the loss by levels -- the units first reached from the loss, then those first reached from that level's
+    units, without passing another unit -- every level must lie wholly before the one above it in ``order``. A
+    level of one unit is a point: every gradient to the units before it passes through its inputs. A level of
+    several units side by side (the parts of a sliced head, terastack.llm.vocab_slices) is not, but the chain goes
+    on through the level below it."""
     if loss.grad_fn is None:
-        return False
+        return frozenset()
 
     def first_units(node) -> dict[int, object]:
         found, seen = {}, set()
@@ -78,17 +82,26 @@ def unit_chain(loss: torch.Tensor, order: list[int]) -> bool:
         return found
 
     pos = {u: i for i, u in enumerate(order)}
-    nodes = first_units(loss.grad_fn)
-    chain = []
-    while nodes:
-        if len(nodes) != 1:
-            return False
-        (index, node), = nodes.items()
-        if chain and pos.get(index, -1) >= pos.get(chain[-1], -1):
-            return False
-        chain.append(index)
-        nodes = first_units(node)
-    return bool(chain)
+    level = first_units(loss.grad_fn)
+    points: set[int] = set()
+    above = None  # the forward position of the level above (its first unit)
+    while level:
+        where = [pos.get(i, -1) for i in level]
+        if above is not None and max(where) >= above:
+            return frozenset()
+        if len(level) == 1:
+            points.update(level)
+        above = min(where)
+        below: dict[int, object] = {}
+        for node in level.values():
+            below.update(first_units(node))
+        level = below
+    return frozenset(points)
+
+
+#: a resumed step's points: any unit (the units before a point's own are a chain -- a sliced embedding's parts come
+#: first and take no gradient at their inputs, so they offer none)
+ANY_UNIT = None
 
 
 @dataclass(slots=True)
@@ -120,7 +133,8 @@ class PointTaker:
         self.on_point = on_point
         self.before_backward = before_backward  # called when backward is about to update (the keeper drains)
         self.active = False
-        self.chain = False
+        #: the units a point may follow (unit_chain), ANY_UNIT on a resumed step; empty: none
+        self.chain: frozenset[int] | None = frozenset()
         self.updated: list[str] = []
         self._since = 0
         self._step = 0
@@ -146,7 +160,8 @@ class PointTaker:
         if self.before_backward is not None:
             self.before_backward()
         done = set(point.updated)
-        self.updated, self.chain = list(point.updated), self.active
+        self.updated = list(point.updated)
+        self.chain = ANY_UNIT if self.active else frozenset()
         self._loss, self._rng = point.loss, point.rng_after_forward
         self._steps0 = {n: k - (n in done) for n, k in self.opt.steps.items()}
         self._gates0 = {n: self.opt.update_gate(n) for n in self._steps0}
@@ -173,7 +188,8 @@ class PointTaker:
                  if opt.update_gate(n) is not None and opt.update_gate(n) is not self._gates0.get(n)]
         self.updated += names
         self._since += sum(self.state_bytes.get(n, 0) for n in names)
-        if (not self.chain or self._since < self.min_bytes or opt.grads.incomplete()
+        if ((self.chain is not ANY_UNIT and unit.index not in self.chain) or self._since < self.min_bytes
+                or opt.grads.incomplete()
                 or all(g is None for g in input_grads)):
             return  # not a point (see the note); the first unit's backward ends the step: the trainer's point
         self._since = 0

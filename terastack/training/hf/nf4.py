@@ -84,8 +84,10 @@ def linear_weights(model: nn.Module) -> set[str]:
         head = get_out() if get_out is not None else None
     except (AttributeError, NotImplementedError):
         head = None
+    # the head, or its parts where it streams in slices (terastack.llm.vocab_slices)
+    skip = {id(m) for m in head.modules()} if isinstance(head, nn.Module) else set()
     return {f"{name}.weight" if name else "weight" for name, mod in model.named_modules()
-            if isinstance(mod, nn.Linear) and mod is not head}
+            if isinstance(mod, nn.Linear) and id(mod) not in skip}
 
 
 # ---------------------------------------------------------------- quantized model directories

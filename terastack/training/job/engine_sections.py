@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from terastack.units import parse_bytes
 from terastack.training.job.setting import SettingError, at_least, one_of, read_fields, setting
 
 #: the disaggregated engine's agent modes and server state homes (terastack.disdp.roles / .server)
@@ -41,9 +42,16 @@ class OffloadSection:
     check_family: str = setting("auto", choices=FAMILY_CHECKS, help="before the first step, compare each streamed "
                                 "layer's outputs and gradients with the model's own on a probe batch: auto (model "
                                 "families the tests do not verify), always, or never")
+    vocab_slice: str | int = setting("256MiB", metavar="BYTES", help="an embedding or output head whose fp32 "
+                                     "weight is larger than this streams in row slices of at most this size, each "
+                                     "its own unit (not with adafactor); 0: never")
 
     def __post_init__(self) -> None:
         read_fields(self)
+        try:
+            self.vocab_slice = parse_bytes(self.vocab_slice, field="offload.vocab_slice")
+        except ValueError as exc:
+            raise SettingError("offload.vocab_slice", str(exc).split(": ", 1)[1]) from None
         at_least(self, "prefetch_depth", 0)
         at_least(self, "optimizer_chunk", 1024)
         one_of(self, "state_placement", ("auto", "ssd"))

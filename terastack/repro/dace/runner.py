@@ -104,6 +104,7 @@ def dace_callable(kernel: Kernel, auto_optimize: bool, inputs: dict):
         # DaCe returns a scalar as a one-element array.
         return np.asarray(ret).reshape(()) if scalar else ret
 
+    call.library = compiled.filename  # the shared library the C++ was compiled into (reported by the runner)
     return call
 
 
@@ -156,6 +157,9 @@ def measure_framework(kernel: Kernel, framework: str, inputs: dict, reference: l
                    traceback=traceback.format_exc(limit=4)[-3000:])
         return rec
     rec["auto_optimize"] = auto_optimize if framework == "dace" else None
+    if framework == "dace":
+        # what the first call compiled: a shared library, built in that call (see [Note: timing protocol])
+        rec["compiled_library"] = os.path.basename(getattr(fn, "library", "") or "")
     check = validate(reference, outputs, rtol=kernel.rtol, atol=kernel.atol)
     changed = [k for k, crc in readonly_checksums(kernel, inputs).items() if crc != checksums[k]]
     if changed:

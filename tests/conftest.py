@@ -31,3 +31,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TERASTACK_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def cached_probe(_isolated_cache):
+    """The test's probe cache holds ``TEST_MACHINE`` (tests/described_machine.py): a command that takes the cached
+    probe or measures one (``terastack.probe.load_or_measure``) takes it, as a user's second run takes the first
+    run's, instead of probing this machine for seconds; test_probe.py covers the measuring and the caching."""
+    from .described_machine import write_machine
+
+    return write_machine(os.path.join(os.environ["TERASTACK_CACHE"], "probe.json"))

@@ -22,7 +22,7 @@ ZERO = {"llm": ("host_resident_store_bytes_per_step",)}
 
 
 @pytest.mark.parametrize("name", AVAILABLE)
-def test_benchmark_smoke(name, tmp_path, capsys):
+def test_benchmark_smoke(name, tmp_path, capsys, cached_probe):
     module = importlib.import_module({c.name: c.module for c in bench.BENCHMARKS}[name])
     args = ["bench", name, "--json", "--trace", str(tmp_path / "trace.json")] + module.PRESETS["smoke"]
     assert main(args + (["--dir", str(tmp_path)] if _takes_dir(module) else [])) == 0

@@ -55,6 +55,17 @@ def test_probe_command_caches(tmp_path, capsys, monkeypatch):
     assert len(calls) == 1 and "A100" in capsys.readouterr().out
 
 
+def test_load_or_measure_measures_once_then_takes_the_cache(tmp_path, monkeypatch):
+    """What the benchmarks call (their smoke tests start from a cached probe: tests/conftest.py's cached_probe)."""
+    fake = PRESETS["a100-server"].with_overrides(name="probed", probe_dir=str(tmp_path))
+    calls = []
+    monkeypatch.setattr(probe, "measure", lambda d, quick=False: calls.append((d, quick)) or fake)
+    monkeypatch.setenv("TERASTACK_CACHE", str(tmp_path / "cache"))
+    assert probe.load_or_measure(str(tmp_path)) == fake and calls == [(str(tmp_path), True)]
+    assert load_probe(tmp_path / "cache" / "probe.json") == fake
+    assert probe.load_or_measure(str(tmp_path / "elsewhere")) == fake and len(calls) == 1
+
+
 def test_probe_over_two_directories_measures_each(tmp_path, capsys, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     real = probe.measure_ssd

@@ -1,21 +1,14 @@
 """Fixtures of the LLM engine tests (helpers live in llm_helpers.py)."""
-import json
-
 import pytest
 
 from .llm_helpers import BATCH, SEQ
-from terastack.plan.hardware import Hardware
+from ..described_machine import write_machine
 
 
 @pytest.fixture
 def hardware_file(tmp_path):
     """A fixed machine description, so tests neither probe nor depend on timing."""
-    hw = Hardware(name="test machine", measured=True, cores=2, host_memory_bytes=8 << 30, cpu_flops=2e10,
-                  memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=1e9, ssd_write_bytes_per_s=8e8,
-                  cpu_adam_params_per_s=2e8)
-    path = tmp_path / "hw.json"
-    path.write_text(json.dumps(hw.to_dict()))
-    return str(path)
+    return write_machine(tmp_path / "hw.json")
 
 
 @pytest.fixture

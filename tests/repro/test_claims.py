@@ -224,7 +224,7 @@ def test_harness_arguments_parse_with_the_benchmark_modules_own_parser(bench, tm
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bench", sorted(SCALE_IDS))
-def test_smoke_preset_runs_the_real_scale_benchmarks(bench, tmp_path):
+def test_smoke_preset_runs_the_real_scale_benchmarks(bench, tmp_path, cached_probe):
     """`terastack repro scale --preset smoke` on the real benchmarks (one per test, so that they run side by side):
     each runs end to end in seconds, and every one of its scale claims is listed, not judged, with the reason."""
     from terastack.commands import available

@@ -196,7 +196,10 @@ def test_validation_loss_weights_batches_by_tokens():
 
 def test_builtin_docstrings_are_real_pairs():
     pairs = docstring_pairs()
-    assert pairs == docstring_pairs() and len(pairs) > 500
+    assert len(pairs) > 500
+    # the same pairs on every parse, in file order: a fresh parse of the first files gives the first pairs
+    first = docstring_pairs(max_files=40)
+    assert 0 < len(first) < len(pairs) and first == pairs[:len(first)]
     prompts = dict(pairs)
     assert prompts["textwrap.dedent(text)\n"].startswith("Remove any common leading whitespace")
     data = SupervisedData.load("builtin:docstrings", None, SupervisedData.Config(seq_len=128))

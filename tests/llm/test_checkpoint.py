@@ -153,6 +153,8 @@ with Trainer.from_pretrained({model!r}, cfg) as t:
             t.save_checkpoint({ckpt!r}, beside_store={beside!r})
             saved[0] += 1
             print("checkpoint", i + 1, flush=True)
+            if kill_at == "step" and i + 1 == {hold_at}:
+                sys.stdin.read()  # held here, however fast the steps ran, until the kill from outside
 """
 
 _UNINTERRUPTED: dict = {}
@@ -173,12 +175,15 @@ def run_killed(tmp_path, config, model_dir, *, beside: bool, kill_at: str, steps
                kill_after: int = 4) -> None:
     """Train ``steps`` steps of ``model_dir`` under ``config`` in a real process (store ``tmp_path/store-killed``),
     a checkpoint to ``tmp_path/ckpt`` every two steps, and end it with SIGKILL: at ``kill_at`` inside the
-    driver's third checkpoint, or (``kill_at`` "step") from here once checkpoint ``kill_after`` is written."""
+    driver's third checkpoint, or (``kill_at`` "step") from here once checkpoint ``kill_after`` is written: during
+    the two steps after it or while the next checkpoint is written, the process holding there (it cannot finish
+    first on a busy machine) once that checkpoint is written."""
     fields = config.replace(store_dir=str(tmp_path / "store-killed")).to_dict()   # the settings, by flat name
     script = KILL_DRIVER.format(tests=os.path.dirname(__file__), cfg=fields, model=str(model_dir),
-                                ckpt=str(tmp_path / "ckpt"), beside=beside, kill_at=kill_at, steps=steps)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
+                                ckpt=str(tmp_path / "ckpt"), beside=beside, kill_at=kill_at, steps=steps,
+                                hold_at=kill_after + 2)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -189,6 +194,7 @@ def run_killed(tmp_path, config, model_dir, *, beside: bool, kill_at: str, steps
             if not line:
                 break
     finally:
+        proc.stdin.close()  # a process held and never killed goes on (and the assertion below says so)
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the training process was not killed"
 

@@ -260,12 +260,15 @@ def test_cli_bad_input_fails_before_running_anything(argv, message, tmp_path, ca
 
 
 @pytest.mark.slow
-def test_smoke_preset_on_the_projects_storage_benchmarks(tmp_path):
-    """The real registry at `--preset smoke` for the io and kernels suites (the engines CI always has)."""
+@pytest.mark.parametrize("suite", ["io", "kernels"])
+def test_smoke_preset_on_the_projects_storage_benchmarks(tmp_path, suite):
+    """The real registry at `--preset smoke` for the io and kernels suites (the engines CI always has), one suite
+    per test so that they run side by side."""
     from terastack.repro.bench_child import module_present
     from terastack.repro.suites import registry
 
-    data = Harness(Harness.Config(suites=("io", "kernels"), preset="smoke", out_dir=str(tmp_path))).run()
+    data = Harness(Harness.Config(suites=(suite,), preset="smoke", out_dir=str(tmp_path))).run()
+    assert [s["name"] for s in data["suites"]] == [suite]
     reg = registry()
     for suite in data["suites"]:
         for b in suite["benchmarks"]:

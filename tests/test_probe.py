@@ -72,6 +72,14 @@ def test_probe_over_two_directories_measures_each(tmp_path, capsys, monkeypatch)
     # quick mode with a tiny file: the same measurement on 16 MiB
     monkeypatch.setattr(probe, "measure_ssd", lambda d, file_bytes, rand_seconds=2.0: real(d, 16 << 20,
                                                                                             rand_seconds=0.1))
+    # and the rest of the probe the same measurements at the sizes of the tests above
+    slowdown, flops, memcpy = probe.measure_io_slowdown, probe.measure_cpu_flops, probe.measure_memcpy
+    adam, updates = probe.measure_cpu_adam, probe.measure_cpu_updates
+    monkeypatch.setattr(probe, "measure_io_slowdown", lambda d, seconds=1.0: slowdown(d, 0.1, file_bytes=16 << 20))
+    monkeypatch.setattr(probe, "measure_cpu_flops", lambda seconds=1.0: flops(0.05, n=256))
+    monkeypatch.setattr(probe, "measure_memcpy", lambda seconds=0.5: memcpy(0.05, nbytes=8 << 20))
+    monkeypatch.setattr(probe, "measure_cpu_adam", lambda seconds=1.0: adam(0.05, params=1 << 16))
+    monkeypatch.setattr(probe, "measure_cpu_updates", lambda seconds=1.0: updates(0.05, params=1 << 16))
     cache = tmp_path / "probe.json"
     assert main(["probe", "--dir", f"{a},{b}", "--quick", "--json", "--cache", str(cache)]) == 0
     out = json.loads(capsys.readouterr().out)

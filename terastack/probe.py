@@ -361,6 +361,8 @@ def run(args: argparse.Namespace) -> int:
         print("probing this machine ...", file=sys.stderr)
         hw = measure(args.dir or tempfile.gettempdir(), quick=args.quick)
         path = save_probe(hw, args.cache)
+        # the units' calibrated times kept beside the probe were this machine's as it was: time them anew too
+        path.with_name("unit_times.json").unlink(missing_ok=True)
         print(f"cached in {path}", file=sys.stderr)
     if args.json:
         print(json.dumps(hw.to_dict(), indent=1))

@@ -33,7 +33,7 @@ from terastack.llm.trainer_weights import TrainerWeights
 from terastack.llm import vocab_slices
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, check_packing, load_hf_config
 from terastack.training.hf.sharded_writer import DEFAULT_MAX_SHARD_SIZE
-from terastack.llm.engine.profile import profile_model, with_stacked_times
+from terastack.llm.engine.profile import profile_model, unit_times_path, with_stacked_times
 from terastack.llm.engine.runtime import StepRuntime
 from terastack.llm.engine.accumulate import stack_micro_batches
 from terastack.llm.engine.byte_ledger import difference
@@ -121,8 +121,11 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
         self.hardware = discover_hardware(config, self.device)
         if config.packed:
             check_packing(self.hf_config, where="packed")
+        # the units' calibrated times are kept beside the machine's probe, as plan llm keeps them: a later run (a
+        # resume, the next job) plans from the same times instead of timing every unit again
         measure = dict(packed=config.packed, device=self.device,
-                       compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size())
+                       compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
+                       times_file=unit_times_path() if config.calibrate else None)
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
                                      seq_len=config.seq_len, name=self.name, calibrate=config.calibrate, **measure)
         self.planner, self.plan = self._make_plan()

@@ -20,9 +20,12 @@ the unit's own time: the threads of a matmul wait for a core. Timed five times,
 the fastest of them still moved a tiny job's predicted step by several times from
 one run of ``terastack plan llm --calibrate`` to the next. So a unit is timed
 until it has run for a while (``_MIN_TIMED_S``, up to ``_MAX_RUNS`` runs), and
-its fastest run is its time; and the times of a planning command are kept in a
-file beside the machine's probe (:func:`unit_times_path`), so the same question
-asked again gets the same answer (``--recalibrate`` times again).
+its fastest run is its time; and the times are kept in a file beside the
+machine's probe (:func:`unit_times_path`), by ``terastack plan llm`` and by
+every trainer, so the same question asked again gets the same answer and a
+resumed or later run does not time its units again (``plan llm --recalibrate``
+times again; ``terastack probe --refresh`` measures the machine, and then its
+units, anew).
 """
 from __future__ import annotations
 

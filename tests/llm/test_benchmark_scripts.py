@@ -9,25 +9,27 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    # the environment as the test has it: the test's own cache (its probe, the units' calibrated times)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
-                          text=True, env=ENV, timeout=600)
+                          text=True, env=env, timeout=600)
 
 
 def _last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_checkpoint_resume_script_continues_exactly(tmp_path):
+def test_checkpoint_resume_script_continues_exactly(tmp_path, cached_probe):
     """Run A, killed with SIGKILL inside step 3 while its checkpoint follows the steps beside the store (the state
     on the SSD, as the 3.4B model's is), resumes as run B, which finishes step 3 to the loss and parameters of
     run R, never killed; the checkpoint copies none of the state and holds beyond the store (measured on the file
-    system) a share of it; the stores and the checkpoint are gone afterwards."""
+    system) a share of it; the stores and the checkpoint are gone afterwards. The runs are forks of the script's
+    process (``--fork``: no interpreter to start and import into again; the test below starts new ones)."""
     proc = _run("llm-3b-checkpoint-resume.py", str(tmp_path / "run"), "--model", "tiny-llama", "--layers", "4",
-                "--steps", "3", "--state-placement", "ssd")
+                "--steps", "3", "--state-placement", "ssd", "--fork")
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = _last_json(proc.stdout)
     assert r["layers"] == 4 and len(r["a_losses"]) == 2 and len(r["r_losses"]) == 3

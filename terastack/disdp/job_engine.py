@@ -28,6 +28,7 @@ from terastack.disdp.control import Command, Control, Op, split_rows, target_tok
 from terastack.disdp.roles import Role
 from terastack.disdp.server import AdamWConfig, ParameterServer, scratch_dir
 from terastack.disdp.server_state import COMPONENT, KINDS, ServerState
+from terastack.disdp.train_config import inject_fault
 from terastack.disdp.worker import ShardedModel
 from terastack.training.engine_protocol import StepCount, StepStats
 from terastack.units import parse_bytes
@@ -235,17 +236,23 @@ class DisdpEngine:
 
 
 def follow(me, control: Control, part) -> int:
-    """What every rank but rank 0 does: carry out rank 0's commands until STOP; the passes it ran."""
-    passes = 0
+    """What every rank but rank 0 does: carry out rank 0's commands until STOP; the passes it ran. The job's
+    ``disdp.kill_at`` (ROLE:INDEX:STEP[:FAULT]) fails this rank as its first pass of step STEP (counted from 1)
+    comes: the checkpoints of the steps before it are written by then, and the job cannot end without it."""
+    passes = done = 0   # done: the steps the servers have applied (a resumed job's checkpoint counts)
     while True:
         command = control.next()
         if command.op is Op.STOP:
             control.max_of(part.figures())
             return passes
         if command.op in (Op.TRAIN, Op.EVAL):
+            if command.op is Op.TRAIN:
+                inject_fault(me.job.disdp.kill_at, me.role, me.index, done + 1, me.roles.describe(me.rank))
+                done += command.apply
             passes += 1
             control.add_up(part.run_pass(command))
         else:
+            done = int(command.adam_step) if command.op is Op.LOAD else done
             part.state(command)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from terastack import trace
 from terastack.disdp.agent import AgentCore, AgentProcess, RelayLink, ThreadAgent
 from terastack.disdp.aggregator import Aggregator
 from terastack.disdp.comm import Comm, gloo_group, join_process_group
-from terastack.disdp.train_config import TrainConfig, parse_kill_at
+from terastack.disdp.train_config import TrainConfig, inject_fault
 from terastack.disdp.launch import rank_main
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.workload import ModelSpec, build_model, loss_of, worker_batch
@@ -74,16 +73,7 @@ class Rank:
 
     def maybe_fail(self, step: int) -> None:
         """Fault injection (``--kill-at``): die or hang here when this rank and step are the ones named."""
-        if not self.config.kill_at:
-            return
-        kill = parse_kill_at(self.config.kill_at)
-        if kill[:3] == (self.role, self.index, step):
-            print(f"terastack dist: fault injection: {kill[3]} {self.roles.describe(self.rank)} at step {step}",
-                  flush=True)
-            if kill[3] == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            while True:        # "hang": alive (its network threads too) but never answers again
-                time.sleep(3600)
+        inject_fault(self.config.kill_at, self.role, self.index, step, self.roles.describe(self.rank))
 
 
 def run_role(config: TrainConfig) -> int:

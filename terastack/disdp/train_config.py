@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import time
 from dataclasses import dataclass
 
 from terastack.configfile import read_toml_table
@@ -166,3 +168,18 @@ def parse_kill_at(text: str) -> tuple[Role, int, int, str]:
     except ValueError:
         raise ValueError(f"kill_at: expected ROLE:INDEX:STEP[:FAULT] (ROLE one of worker, server, aggregator, "
                          f"agent; FAULT kill or hang), got {text!r}") from None
+
+
+def inject_fault(kill_at: str, role: Role, index: int, step: int, who: str) -> None:
+    """Fault injection (``kill_at``, ROLE:INDEX:STEP[:FAULT]): die or hang here when ``role``, ``index`` and
+    ``step`` are the ones named; ``who`` names the rank in the line printed first."""
+    if not kill_at:
+        return
+    kill = parse_kill_at(kill_at)
+    if kill[:3] != (role, index, step):
+        return
+    print(f"terastack dist: fault injection: {kill[3]} {who} at step {step}", flush=True)
+    if kill[3] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:        # "hang": alive (its network threads too) but never answers again
+        time.sleep(3600)

@@ -145,6 +145,13 @@ def main() -> int:
         for d in ("store-a", "store-b", "store-r", "ckpt", "run-a.json", "run-b.json", "run-r.json"):
             target = root / d
             target.unlink(missing_ok=True) if target.is_file() else shutil.rmtree(target, ignore_errors=True)
+    _compare(result, args)
+    print(json.dumps(result))
+    return 0 if result["resumed_loss_equal"] and result["resumed_parameters_equal"] else 1
+
+
+def _compare(result: dict, args) -> None:
+    """The figures across the runs: the peaks, what the checkpoint held, and whether B equals the reference."""
     result["peak_rss_bytes"] = max(v for k, v in result.items() if k.endswith("_peak_rss_bytes"))
     for key in ("checkpoint_extra_bytes", "checkpoint_held_bytes"):
         result[key] = max(result[f"a_{key}"], result[f"b_{key}"])
@@ -159,8 +166,6 @@ def main() -> int:
         result["followed_step_s_ratio"] = (sum(followed) / len(followed)) / result["r_step_s"][-1] if followed \
             else None
     result["peak_rss_within_4gib"] = result["peak_rss_bytes"] <= PROCESS_BUDGET
-    print(json.dumps(result))
-    return 0 if result["resumed_loss_equal"] and result["resumed_parameters_equal"] else 1
 
 
 def _phase(phase: str, root: Path, config, args) -> dict:

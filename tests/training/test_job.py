@@ -31,6 +31,7 @@ SAMPLES = {
     "offload.inline_updates": False, "offload.state_placement": "ssd", "offload.optimizer_impl": "foreach",
     "offload.optimizer_chunk": 4096, "offload.retain_weights": False, "offload.timeout": 30.0,
     "offload.check_family": "always",
+    "offload.vocab_slice": 64 << 20,
     "disdp.workers": 4, "disdp.servers": 2, "disdp.aggregator": False, "disdp.agents": "process",
     "disdp.state": "ssd", "disdp.run_dir": "runs/x", "disdp.prefetch": 3, "disdp.reshard": False,
     "disdp.timeout_s": 60.0, "disdp.threads": 2, "disdp.helper_nice": 5, "disdp.kill_at": "worker:0:3",

@@ -153,7 +153,17 @@ def test_kernel_short_reads_are_retried(engine):
         out = bytearray(want)
         with engine.open(path, "r", direct=False) as f:
             assert f.read(out, 0) == want
-        assert bytes(out) == reference[:want]
+        # The mappings of a stopped process stay, but the sizes of shared pages move while other processes map
+        # and unmap the same libraries (Pss is a share of each page among its mappers): every line is read in
+        # full and in order, the " kB" figures compared by name only
+        got = bytes(out).split(b"\n")[:-1]  # the last line may be cut at ``want``
+        ref = reference.split(b"\n")[:len(got)]
+        assert len(got) > 20 and len(ref) == len(got)
+        for g, r in zip(got, ref):
+            if r.endswith(b" kB"):
+                assert g.split(b":")[0] == r.split(b":")[0] and g.endswith(b" kB"), (g, r)
+            else:
+                assert g == r
     finally:
         sleeper.kill()
         sleeper.wait()

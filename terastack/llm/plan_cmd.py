@@ -58,9 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--optimizer", default=OPTIMIZER_NAMES[0], choices=OPTIMIZER_NAMES,
                    help="the optimizer state format, as --optimizer of terastack finetune (default adamw)")
-    p.add_argument("--vocab-slice", default="256MiB", metavar="BYTES",
+    from terastack.training.job.engine_sections import DEFAULT_VOCAB_SLICE
+
+    p.add_argument("--vocab-slice", default=DEFAULT_VOCAB_SLICE, metavar="BYTES",
                    help="as --vocab-slice of terastack finetune: an embedding or head larger than this streams in "
-                        "row slices of at most this size (default 256MiB; 0: never)")
+                        f"row slices of at most this size (default {DEFAULT_VOCAB_SLICE}; 0: never)")
     p.add_argument("--calibrate", action="store_true",
                    help="time each distinct unit on this machine instead of using FLOP rates (the times are kept "
                         "beside the machine's probe: the same question gets the same answer)")
@@ -141,7 +143,7 @@ def plan_model(args, hw):
     from terastack.llm.trainer_config import LoraSpec
     from terastack.llm.engine.profile import profile_config, unit_times_path
     from terastack.plan.llm_planner import LLMPlanner, PlanError
-    from terastack.plan.optimizer_formats import optimizer_format
+    from terastack.llm.vocab_slices import slice_bound
     from terastack.units import parse_bytes
 
     dtype = args.dtype or ("bfloat16" if hw.has_gpu else "float32")
@@ -152,7 +154,7 @@ def plan_model(args, hw):
     # process profiles a model at a shape once, while the measured unit times it read stay the same
     vocab_slice = parse_bytes(args.vocab_slice, field="--vocab-slice")
     # the profile's units depend on the format where it decides the vocabulary slices ([Note: vocabulary slices])
-    sliced = vocab_slice if not optimizer_format(args.optimizer).whole_tensor else 0
+    sliced = slice_bound(vocab_slice, args.optimizer)
     key = (args.model, args.batch_size, args.seq_len, dtype, args.lora, args.base_format, sliced,
            times.stat().st_mtime_ns if times.exists() else None)
     profile = None if calibrate else _PROFILES.get(key)

@@ -81,10 +81,8 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
             if lora is not None:
                 raise ValueError("a LoRA trainer's base checkpoint needs its keys decided on the unwrapped model")
             source_keys = CheckpointKeys(model, source.keys())
-        if slices is None:  # [Note: vocabulary slices]
-            slices = vocab_slices.decide(model, find_decoder_stack(model)[1], max_bytes=config.vocab_slice,
-                                         optimizer=config.optimizer)
-        self.slicing = vocab_slices.apply(model, slices)
+        self.slicing = vocab_slices.slice_model(model, find_decoder_stack(model)[1], max_bytes=config.vocab_slice,
+                                                optimizer=config.optimizer, decision=slices)
         self.units, self.tensors = find_units(model)
         if lora is not None:
             lora.mark_base(self.tensors)  # the frozen weights that rest as NF4 (lora.base_format)

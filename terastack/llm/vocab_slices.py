@@ -108,13 +108,19 @@ def slice_rows(module: nn.Module, max_bytes: int) -> int | None:
     return per_part if per_part < rows else None
 
 
-def decide(model: nn.Module, stack: nn.Module, *, max_bytes: int, optimizer: str) -> dict[str, int]:
-    """Module path -> rows per part, for every module of ``model`` outside the decoder ``stack`` that is sliced
-    ([Note: vocabulary slices]); ``optimizer``: the state format's name (one that updates a matrix whole slices
-    nothing)."""
+def slice_bound(max_bytes: int, optimizer: str) -> int:
+    """The bound a job's ``offload.vocab_slice`` (``max_bytes``) sets under its optimizer format: 0 (nothing is
+    sliced) for a format whose update needs a matrix whole, or when slicing is off."""
     from terastack.plan.optimizer_formats import optimizer_format
 
-    if optimizer_format(optimizer).whole_tensor or max_bytes <= 0:
+    return 0 if optimizer_format(optimizer).whole_tensor else max(0, max_bytes)
+
+
+def decide(model: nn.Module, stack: nn.Module, *, max_bytes: int, optimizer: str) -> dict[str, int]:
+    """Module path -> rows per part, for every module of ``model`` outside the decoder ``stack`` that is sliced
+    ([Note: vocabulary slices]); ``optimizer``: the state format's name (see :func:`slice_bound`)."""
+    max_bytes = slice_bound(max_bytes, optimizer)
+    if max_bytes == 0:
         return {}
     in_stack = {id(m) for m in stack.modules()}
     uses: dict[int, int] = {}
@@ -177,6 +183,15 @@ class Slicing:
     def whole_name(self, name: str) -> str:
         rng = self.part_of.get(name)
         return name if rng is None else rng.whole
+
+
+def slice_model(model: nn.Module, stack: nn.Module, *, max_bytes: int, optimizer: str,
+                decision: dict[str, int] | None = None) -> Slicing:
+    """Slice ``model`` (decoder ``stack``) in place: by ``decision`` when given (a checkpoint's), else as
+    :func:`decide` chooses for the job's ``max_bytes`` and ``optimizer``."""
+    if decision is None:
+        decision = decide(model, stack, max_bytes=max_bytes, optimizer=optimizer)
+    return apply(model, decision)
 
 
 def apply(model: nn.Module, decision: dict[str, int]) -> Slicing:

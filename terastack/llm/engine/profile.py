@@ -392,8 +392,7 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
         from terastack.llm.lora import apply_lora
 
         model, handle = apply_lora(model, lora)
-    vocab_slices.apply(model, vocab_slices.decide(model, find_decoder_stack(model)[1], max_bytes=vocab_slice,
-                                                  optimizer=optimizer))
+    vocab_slices.slice_model(model, find_decoder_stack(model)[1], max_bytes=vocab_slice, optimizer=optimizer)
     units, tensors = find_units(model)
     if lora is not None:
         handle.mark_base(tensors)

@@ -12,6 +12,8 @@ from terastack.training.job.setting import SettingError, at_least, one_of, read_
 DISDP_AGENTS = ("thread", "process")
 DISDP_STATES = ("memory", "ssd")
 DISDP_DEVICES = ("cpu", "cuda")
+#: the default bound on a vocabulary slice (terastack.llm.vocab_slices; terastack plan llm takes the same)
+DEFAULT_VOCAB_SLICE = "256MiB"
 #: when the offloaded engine checks a model family before training ([Note: the family check])
 FAMILY_CHECKS = ("auto", "always", "never")
 
@@ -42,7 +44,7 @@ class OffloadSection:
     check_family: str = setting("auto", choices=FAMILY_CHECKS, help="before the first step, compare each streamed "
                                 "layer's outputs and gradients with the model's own on a probe batch: auto (model "
                                 "families the tests do not verify), always, or never")
-    vocab_slice: str | int = setting("256MiB", metavar="BYTES", help="an embedding or output head whose fp32 "
+    vocab_slice: str | int = setting(DEFAULT_VOCAB_SLICE, metavar="BYTES", help="an embedding or output head whose fp32 "
                                      "weight is larger than this streams in row slices of at most this size, each "
                                      "its own unit (not with adafactor); 0: never")
 

@@ -9,12 +9,18 @@ import pytest
 from terastack.disdp.bench import measure as bench
 
 
-@pytest.mark.timeout(200)
-def test_bench_dist_smoke(tmp_path):
+def _smoke_args(tmp_path, *more: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(bench.PRESETS["smoke"] + ["--run-dir", str(tmp_path)])
-    result = bench.measure(args)
+    return parser.parse_args(bench.PRESETS["smoke"] + ["--run-dir", str(tmp_path), *more])
+
+
+@pytest.mark.timeout(200)
+def test_bench_dist_smoke(tmp_path):
+    """The three systems on the smoke job, end to end through ``measure``; the ingress sweep at the comparison's
+    2 workers only (its run with the aggregator is terastack's run of the comparison). The sweep over worker
+    counts: the test below, run beside this one."""
+    result = bench.measure(_smoke_args(tmp_path, "--ingress-workers", "2"))
     for system in ("terastack", "fsdp2", "zero3"):
         assert result[f"{system}_step_s"] > 0
         assert 0 <= result[f"{system}_exposed_comm_fraction"] <= 1
@@ -22,6 +28,21 @@ def test_bench_dist_smoke(tmp_path):
     assert result["worker_optimizer_bytes"] == 0               # terastack workers hold no optimizer state
     assert result["fsdp2_worker_optimizer_bytes"] > 0 and result["zero3_worker_optimizer_bytes"] > 0
     assert result["speedup_vs_fsdp2"] == pytest.approx(result["fsdp2_step_s"] / result["terastack_step_s"])
+    ingress = result["server_ingress_bytes_per_step"]
+    with_agg, without = ingress["with_aggregator"], ingress["without_aggregator"]
+    assert set(with_agg) == set(without) == {"2"}
+    # with the aggregator the server receives one gradient's worth per step; without it, one per worker
+    assert without["2"] == 2 * with_agg["2"] > 0
+    assert set(result["ps_scaling"]["by_workers"]) == {"2"} and result["ps_scaling_efficiency"] == 1.0
+
+
+@pytest.mark.timeout(200)
+def test_bench_dist_ingress_sweep(tmp_path):
+    """The servers' ingress as the workers grow from 1 to 2, with and without the aggregator, every run made by the
+    sweep itself (no comparison run to take one from)."""
+    args = _smoke_args(tmp_path)
+    bench._fill(args, model="tiny-llama", seq_len=64, steps=10, timeout=120.0)
+    result = bench._ingress_sweep(args, tmp_path, bench.job_settings(args), None)
     ingress = result["server_ingress_bytes_per_step"]
     with_agg, without = ingress["with_aggregator"], ingress["without_aggregator"]
     assert set(with_agg) == set(without) == {"1", "2"}
@@ -74,32 +95,75 @@ def test_summarize_takes_the_waits_of_the_critical_worker():
         _summed(kw | {"system": "terastack"}, stats=ts[1:])
 
 
+def _first_loss_of_one_process(spec_file) -> float:
+    """The benchmark's initial weights ([Note: the benchmark's initial weights]) on its first global batch, in this
+    process: the loss every system must start from."""
+    import torch
+
+    from terastack.disdp.bench.spec import BenchSpec, global_batch, init_std
+    from terastack.disdp.fsdp2 import materialize
+    from terastack.disdp.workload import loss_of
+    from terastack.training.hf.model_files import build_skeleton
+    from terastack.training.model_registry import hf_config
+
+    spec, hf = BenchSpec.load(str(spec_file)), hf_config("tiny-llama")
+    model = build_skeleton(hf)
+    materialize(model, "", seed=spec.seed, std=init_std(hf))
+    with torch.no_grad():
+        return float(loss_of(model, global_batch(spec, 0, hf.vocab_size)))
+
+
 @pytest.mark.timeout(180)
-def test_bench_dist_model_smoke(tmp_path, capsys):
-    """terastack and FSDP2 on the built-in tiny model, end to end through the command line."""
+@pytest.mark.parametrize("system", ["terastack", "fsdp2"])
+def test_bench_dist_model_smoke(tmp_path, capsys, system):
+    """One system on the built-in tiny model, end to end through the command line (a test per system, so that
+    they run side by side; the ratios between systems: the test below)."""
     from terastack.cli import main
     from terastack.training.hf.model_files import build_skeleton
     from terastack.training.model_registry import hf_config
 
-    assert main(["bench", "dist", "--model", "tiny-llama", "--systems", "terastack,fsdp2", "--steps", "1",
+    assert main(["bench", "dist", "--model", "tiny-llama", "--systems", system, "--steps", "1",
                  "--seq-len", "16", "--timeout", "60", "--run-dir", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["params"] == sum(p.numel() for p in build_skeleton(hf_config("tiny-llama")).parameters())
-    for system in ("terastack", "fsdp2"):
-        assert result[f"fits_{system}"] is True, result.get(f"error_{system}")
-        assert result[f"step_s_{system}"] > 0
-        assert 0 <= result[f"exposed_comm_fraction_{system}"] <= 1
-        # every process of the system counted: each one imports torch (well over 50 MB)
-        assert result[f"peak_rss_bytes_total_{system}"] > result[f"processes_{system}"] * (50 << 20)
-    assert result["processes_terastack"] >= 3 and result["processes_fsdp2"] >= 2   # 2 workers and a server
-    assert result["peak_rss_bytes_total_zero3"] is None and result["fits_zero3"] is None
-    assert result["exposed_comm_ratio_vs_fsdp2"] == pytest.approx(
-        result["exposed_comm_fraction_terastack"] / result["exposed_comm_fraction_fsdp2"])
-    # the same weights and the same rows: both systems start from the same loss (and it is a sane one)
-    assert result["loss_first_terastack"] == pytest.approx(result["loss_first_fsdp2"], abs=1e-5)
-    assert 4.0 < result["loss_first_fsdp2"] < 7.0                       # about ln(259) for random tokens
-    assert result["worker_optimizer_bytes_terastack"] == 0 and result["worker_optimizer_bytes_fsdp2"] > 0
+    assert result[f"fits_{system}"] is True, result.get(f"error_{system}")
+    assert result[f"step_s_{system}"] > 0
+    assert 0 <= result[f"exposed_comm_fraction_{system}"] <= 1
+    # every process of the system counted: each one imports torch (well over 50 MB)
+    assert result[f"peak_rss_bytes_total_{system}"] > result[f"processes_{system}"] * (50 << 20)
+    # 2 workers and a server; FSDP2: 2 workers
+    assert result[f"processes_{system}"] >= {"terastack": 3, "fsdp2": 2}[system]
+    for other in {"terastack", "fsdp2", "zero3"} - {system}:
+        assert result[f"peak_rss_bytes_total_{other}"] is None and result[f"fits_{other}"] is None
+    # the same weights and the same rows in every system: the loss of the one-process model on the first batch
+    # (and it is a sane one)
+    assert result[f"loss_first_{system}"] == pytest.approx(_first_loss_of_one_process(tmp_path / system /
+                                                                                      "spec.json"), abs=1e-5)
+    assert 4.0 < result[f"loss_first_{system}"] < 7.0                 # about ln(259) for random tokens
+    if system == "terastack":
+        assert result["worker_optimizer_bytes_terastack"] == 0
+    else:
+        assert result["worker_optimizer_bytes_fsdp2"] > 0
     assert not list(tmp_path.rglob("server-*")), "the servers' stores were left behind"
+
+
+def test_bench_dist_model_ratios_are_against_fsdp2(monkeypatch, tmp_path):
+    """The systems' figures as run_system gives them, read into the ratios against FSDP2 (no rank started)."""
+    from terastack.disdp.bench import on_model
+
+    figures = {"terastack": dict(step_s=2.0, exposed_comm_s=0.5, exposed_comm_fraction=0.25),
+               "fsdp2": dict(step_s=4.0, exposed_comm_s=2.0, exposed_comm_fraction=0.5)}
+    monkeypatch.setattr(on_model, "run_system", lambda spec, limit: dict(
+        figures[spec.system], fits=True, losses=[5.0], peak_rss_bytes_total=1 << 30, processes=3))
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--model", "tiny-llama", "--systems", "terastack,fsdp2", "--steps", "1",
+                              "--seq-len", "16", "--run-dir", str(tmp_path)])
+    result = bench.measure(args)
+    assert result["step_time_ratio_vs_fsdp2"] == 0.5 and result["speedup_vs_fsdp2"] == 2.0
+    assert result["exposed_comm_ratio_vs_fsdp2"] == 0.5 and result["exposed_comm_s_ratio_vs_fsdp2"] == 0.25
+    assert result["loss_first_terastack"] == result["loss_first_fsdp2"] == 5.0
+    assert result["step_time_ratio_zero3_vs_fsdp2"] is None and result["fits_zero3"] is None
 
 
 @pytest.mark.timeout(60)

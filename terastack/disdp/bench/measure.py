@@ -105,13 +105,18 @@ def measure(args: argparse.Namespace) -> dict:
     _fill(args, model="tiny-llama", seq_len=64, steps=10, timeout=120.0)
     with tempfile.TemporaryDirectory(prefix="terastack-bench-dist-") as tmp:
         root = Path(args.run_dir or tmp)
-        common = dict(model=args.model, dim=args.dim, layers=args.layers, heads=args.heads, vocab=args.vocab,
-                      seq_len=args.seq_len, micro_batch=args.micro_batch, timeout_s=args.timeout, progress=False)
+        common = job_settings(args)
         result, main_run = _compare_systems(args, root, common)
         result.update(_ingress_sweep(args, root, common, main_run))
         result["note"] = ("all systems share this machine's cores: the disaggregated job runs its workers, agent "
                           "threads, aggregator and servers on the same CPUs that FSDP2 uses for its workers alone")
     return result
+
+
+def job_settings(args: argparse.Namespace) -> dict:
+    """The settings every job of the mechanism benchmark shares (its model, rows and bounds)."""
+    return dict(model=args.model, dim=args.dim, layers=args.layers, heads=args.heads, vocab=args.vocab,
+                seq_len=args.seq_len, micro_batch=args.micro_batch, timeout_s=args.timeout, progress=False)
 
 
 def _compare_systems(args, root: Path, common: dict) -> tuple[dict, dict]:
@@ -172,14 +177,16 @@ def _compare_systems(args, root: Path, common: dict) -> tuple[dict, dict]:
     return result, best["terastack"][0]
 
 
-def _ingress_sweep(args, root: Path, common: dict, main_run: dict) -> dict:
+def _ingress_sweep(args, root: Path, common: dict, main_run: dict | None) -> dict:
     """The servers' ingress per step as workers grow, with and without the aggregator; the runs without it read
-    as the server's throughput as the workers grow (terastack.disdp.bench.ps)."""
+    as the server's throughput as the workers grow (terastack.disdp.bench.ps). ``main_run``: terastack's run of
+    the comparison (``args.workers`` with the aggregator), taken for that configuration; None: every
+    configuration runs here."""
     ingress: dict = {"with_aggregator": {}, "without_aggregator": {}}
     single_server_runs: dict[int, dict] = {}
     for w in (int(x) for x in args.ingress_workers.split(",")):
         for agg in (True, False):
-            if agg and w == args.workers:   # the main run is this configuration
+            if agg and main_run is not None and w == args.workers:   # the main run is this configuration
                 ingress["with_aggregator"][str(w)] = main_run["server_ingress_bytes_per_step"]
                 continue
             cfg = TrainConfig(**common, workers=w, servers=args.servers, aggregator=agg, steps=args.ingress_steps,

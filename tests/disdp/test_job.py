@@ -85,15 +85,16 @@ def test_resume_continues_exactly_with_state_on_ssd(tmp_path):
     """3 steps with a checkpoint, then --resume to step 5, the servers' parameters and moments resting on the SSD
     (the tiered store): the export equals finetune's 5 straight steps (the constant schedule and the data order
     are the same functions of the step in both). An 8-layer model: a worker holds a few layers at a time, and a
-    server's host memory holds a few buckets' state, not its shard. No aggregator (it keeps nothing from one step
-    to the next; the tests above run it): a rank fewer to start, twice."""
+    server's host memory holds a few buckets' state, not its shard. One worker and no aggregator (neither keeps
+    anything from one step to the next; the tests above run several workers and the aggregator, and
+    test_two_nodes.py resumes 3 workers): two ranks to start, twice."""
     from terastack.constants import padded_size
     from terastack.disdp.buckets import Layout
     from terastack.disdp.server import ParameterServer
     from terastack.training.hf.model_files import build_skeleton
     from terastack.training.model_registry import resolve_model
 
-    job_file = write_chat_job(tmp_path, workers=2, clip=0.5, model_size=(8, 64), training__lr_schedule="constant",
+    job_file = write_chat_job(tmp_path, workers=1, clip=0.5, model_size=(8, 64), training__lr_schedule="constant",
                               disdp__state="ssd", disdp__servers=1, disdp__aggregator=False)
     # the server's store gets exactly its working set ([Note: the server's host memory]): the job's host budget
     layout = Layout.of(build_skeleton(resolve_model(str(tmp_path / "model"))[0]), 1)

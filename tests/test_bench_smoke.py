@@ -19,11 +19,13 @@ POSITIVE = {"gnn": ("slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_se
                     "host_resident_cpu_ratio")}
 # Fields that must be exactly zero: with the host budget holding the whole state, terastack's store moves nothing.
 ZERO = {"llm": ("host_resident_store_bytes_per_step",)}
-# Benchmarks whose smoke preset runs its systems in a process each, in two tests (its --systems halves) that run
-# side by side; each half's ratios are the ones its systems give (llm's POSITIVE and ZERO: host_resident's).
-HALVES = {"llm": ("in_memory,terastack", "host_resident,small_budget")}
+# Benchmarks whose smoke preset runs its systems in a process each, in a test per system (its --systems one at a
+# time) that xdist runs side by side; each test's ratios are the ones its system gives (llm's POSITIVE and ZERO:
+# host_resident's, which pairs its steps with in-memory AdamW's in its own process); the ratios between systems
+# run apart: test_llm_ratios_between_systems below.
+SPLIT = {"llm": ("in_memory", "terastack", "host_resident", "small_budget")}
 CASES = [pytest.param(name, systems, id=f"{name}-{systems.replace(',', '-')}" if systems else name)
-         for name in AVAILABLE for systems in HALVES.get(name, (None,))]
+         for name in AVAILABLE for systems in SPLIT.get(name, (None,))]
 
 
 @pytest.mark.parametrize("name,systems", CASES)
@@ -39,7 +41,7 @@ def test_benchmark_smoke(name, systems, tmp_path, capsys, cached_probe):
         if isinstance(value, float):
             assert math.isfinite(value), f"{name}: {field} = {value}"
     if systems:
-        assert "errors" not in result, result["errors"]  # every system of the half ran
+        assert "errors" not in result, result["errors"]  # the system ran
         assert all(isinstance(result[s], dict) for s in systems.split(","))
     checked = systems is None or "host_resident" in systems
     for field in POSITIVE.get(name, ()) if checked else ():
@@ -70,3 +72,18 @@ def test_io_smoke_fields_are_ratios(tmp_path, capsys):
     for key in ("seq_read_vs_fio", "seq_write_vs_fio", "rand4k_read_vs_fio"):
         assert 0 < r[key] < 100
     assert r["batch_submit_ops_per_s"] > 1000 and r["backend"] in ("io_uring", "threads", "python")
+
+
+def test_llm_ratios_between_systems():
+    """bench llm's ratios between its systems' processes, on given figures (the smoke tests above run one system
+    each, so none of them has two to compare)."""
+    from terastack.llm.bench import bench_llm
+
+    r = {"in_memory": {"step_s": 0.5, "peak_rss_bytes": 100},
+         "terastack": {"planned": {"step_s": 2.0, "peak_rss_bytes": 50, "predicted_step_s": 1.5},
+                       "all_swap": {"step_s": 3.0}},
+         "zero_infinity": {"step_s": 8.0, "peak_rss_bytes": 200}}
+    bench_llm._ratios(r)
+    assert r["slowdown_vs_in_memory"] == 4.0 and r["speedup_vs_zero_infinity"] == 4.0
+    assert r["rss_vs_zero_infinity"] == 0.25 and r["prediction_error"] == -0.25 and r["ablation_all_swap"] == 1.5
+    assert "errors" not in r

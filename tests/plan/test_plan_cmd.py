@@ -26,7 +26,9 @@ def _json(capsys, argv) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_the_same_calibrated_plan_twice_predicts_the_same_step(capsys, monkeypatch):
+def _calibrated_step(capsys, monkeypatch) -> float:
+    """The first calibrated plan on the probed machine: its predicted step (the units' times now kept beside the
+    probe)."""
     from terastack.llm.engine import profile
 
     save_probe(PROBED)
@@ -35,6 +37,13 @@ def test_the_same_calibrated_plan_twice_predicts_the_same_step(capsys, monkeypat
     assert code == 0
     step = first["plan"]["predicted_step_s"]
     assert step > 0 and profile.unit_times_path().is_file()
+    return step
+
+
+def test_the_same_calibrated_plan_twice_predicts_the_same_step(capsys, monkeypatch):
+    from terastack.llm.engine import profile
+
+    step = _calibrated_step(capsys, monkeypatch)
     code, again = _json(capsys, TINY)  # the same process
     assert code == 0 and again["plan"]["predicted_step_s"] == pytest.approx(step, rel=0.05)
     # a new process on a busier machine: nothing in memory, and every unit would now time 50x slower (a shared
@@ -45,15 +54,20 @@ def test_the_same_calibrated_plan_twice_predicts_the_same_step(capsys, monkeypat
     code, busy = _json(capsys, TINY)
     monkeypatch.setattr(profile.time, "perf_counter", real)
     assert code == 0 and busy["plan"]["predicted_step_s"] == pytest.approx(step, rel=0.05)
-    # two processes
-    other = subprocess.run([sys.executable, "-m", "terastack", *TINY], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "TERASTACK_CACHE": os.environ["TERASTACK_CACHE"]})
-    assert other.returncode == 0, other.stderr
-    assert json.loads(other.stdout)["plan"]["predicted_step_s"] == pytest.approx(step, rel=0.05)
     # --recalibrate times the units again (here: 50x slower, so the prediction moves)
     monkeypatch.setattr(profile.time, "perf_counter", lambda: 50 * real())
     code, again = _json(capsys, [*TINY, "--recalibrate"])
     assert code == 0 and again["plan"]["predicted_step_s"] > 5 * step
+
+
+def test_a_calibrated_plan_in_another_process_predicts_the_same_step(capsys, monkeypatch):
+    """The times one process calibrated, read by a new one (a test of its own: the new interpreter's start-up runs
+    beside the test above)."""
+    step = _calibrated_step(capsys, monkeypatch)
+    other = subprocess.run([sys.executable, "-m", "terastack", *TINY], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "TERASTACK_CACHE": os.environ["TERASTACK_CACHE"]})
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["plan"]["predicted_step_s"] == pytest.approx(step, rel=0.05)
 
 
 @pytest.mark.parametrize("as_json", [False, True])

@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="timed steps (default 10; 3 with --model)")
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="rounds of the three systems (figures: fastest round)")
-    p.add_argument("--ingress-workers", default="1,2,4", help="worker counts for the server-ingress measurement")
+    p.add_argument("--ingress-workers", default="1,2,4", help="worker counts for the server-ingress measurement "
+                   "('': none, the systems' comparison alone)")
     p.add_argument("--ingress-steps", type=int, default=2)
     p.add_argument("--run-dir", help="where the jobs run (default: a temporary directory)")
     p.add_argument("--timeout", type=float, help="bound on every wait of a rank, seconds (default 120; 1200 with "
@@ -107,7 +108,8 @@ def measure(args: argparse.Namespace) -> dict:
         root = Path(args.run_dir or tmp)
         common = job_settings(args)
         result, main_run = _compare_systems(args, root, common)
-        result.update(_ingress_sweep(args, root, common, main_run))
+        if args.ingress_workers:
+            result.update(_ingress_sweep(args, root, common, main_run))
         result["note"] = ("all systems share this machine's cores: the disaggregated job runs its workers, agent "
                           "threads, aggregator and servers on the same CPUs that FSDP2 uses for its workers alone")
     return result
@@ -177,16 +179,15 @@ def _compare_systems(args, root: Path, common: dict) -> tuple[dict, dict]:
     return result, best["terastack"][0]
 
 
-def _ingress_sweep(args, root: Path, common: dict, main_run: dict | None) -> dict:
+def _ingress_sweep(args, root: Path, common: dict, main_run: dict) -> dict:
     """The servers' ingress per step as workers grow, with and without the aggregator; the runs without it read
-    as the server's throughput as the workers grow (terastack.disdp.bench.ps). ``main_run``: terastack's run of
-    the comparison (``args.workers`` with the aggregator), taken for that configuration; None: every
-    configuration runs here."""
+    as the server's throughput as the workers grow (terastack.disdp.bench.ps). ``main_run``: a run of
+    ``args.workers`` with the aggregator (terastack's run of the comparison), taken for that configuration."""
     ingress: dict = {"with_aggregator": {}, "without_aggregator": {}}
     single_server_runs: dict[int, dict] = {}
     for w in (int(x) for x in args.ingress_workers.split(",")):
         for agg in (True, False):
-            if agg and main_run is not None and w == args.workers:   # the main run is this configuration
+            if agg and w == args.workers:   # the main run is this configuration
                 ingress["with_aggregator"][str(w)] = main_run["server_ingress_bytes_per_step"]
                 continue
             cfg = TrainConfig(**common, workers=w, servers=args.servers, aggregator=agg, steps=args.ingress_steps,

@@ -5,14 +5,14 @@
 #
 #   benchmarks/llm-70b-nf4-lora.sh [DIR]      (DIR: a directory on the SSD; default /tmp/terastack-70b)
 #
-# Before anything is written, the bench's disk pre-flight sizes the row from the base as it rests: the base's
-# model directory (written in fp32, 4 bytes per parameter) plus the store's NF4 base (linear weights at 0.5625
-# bytes per parameter, embedding and head native). At 70.6B parameters that is about 338 GiB with the margin; with the base
-# directory written as it is today (bench_worker.write_base: a whole random-init model in memory, saved with
-# save_pretrained) the row is refused up front on this machine (about 65 GB free, 23 GiB RAM). The step itself
-# plans within 4 GiB (terastack plan llm --model llama-3-70b --lora 16 --base-format nf4 --dtype bfloat16
-# --seq-len 64 --host-budget 1GiB --device-budget 2.5GiB: fits, 38.9 GiB of NF4 base on the SSD, predicted
-# about 1860 s a step on this machine, compute-bound).
+# The frozen base is a random initialization written straight into the store (Trainer.from_config with LoRA: each
+# projection made in fp32 one at a time and quantized to NF4 as it reaches the store, [Note: a random
+# initialization in bounded memory] in terastack/llm/model.py), so nothing but the store's NF4 base (linear weights
+# at 0.5625 bytes per parameter, embedding and head in bf16) is on the disk: about 40 GiB at 70.6B parameters.
+# The step computes in bf16 (terastack plan llm --model llama-3-70b --lora 16 --base-format nf4 --dtype bfloat16
+# --seq-len 64 --host-budget 1GiB --device-budget 2.5GiB: fits, predicted about 219 s a step on this machine).
+# The engine's budget is 3.5 GiB of the 4 GiB the watchdog allows: at 1.1B with an NF4 base in bf16 the process
+# passed its memory budget by about 0.1 GB while the store filled and 0.04 GB in a step (2026-12-05).
 set -euo pipefail
 DIR=${1:-/tmp/terastack-70b}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +24,7 @@ cleanup() { rm -rf "$DIR"; }  # the bench deletes its rung's files; this removes
 trap cleanup EXIT
 cd "$HERE"
 PYTHONPATH=$HERE "$PY" -m terastack.cli bench llm-scale --json \
-    --sizes llama-3-70b --systems terastack --lora 16 --base-format nf4 \
+    --sizes llama-3-70b --systems terastack --lora 16 --base-format nf4 --dtype bfloat16 \
     --seq-len 64 --batch-size 1 --steps 1 --warmup 0 \
-    --budget 4GiB --rss-limit 4GiB --timeout 10800 --dir "$DIR" > "$OUT"
+    --budget 3.5GiB --rss-limit 4GiB --timeout 10800 --dir "$DIR" > "$OUT"
 echo "result: $OUT" >&2

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from terastack.llm.vocab_slices import RowSlices, SliceParts
 from terastack.training.hf.model_files import materialized, seeded
@@ -176,23 +177,103 @@ def set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:
 # ---------------------------------------------------------------- weights in
 
 
-def random_init(model: nn.Module, units: list[Unit], tensors: dict[str, TensorInfo], seed: int):
-    """Yield (name, fp32 tensor) for every canonical parameter, initialized unit by unit with the model's own
-    ``_init_weights``, so no more than one unit is ever materialized."""
+#: a unit whose fp32 weights exceed this many bytes is initialized in parts ([Note: a random initialization in
+#: bounded memory])
+WHOLE_UNIT_INIT_BYTES = 1 << 30
+
+
+def random_init(model: nn.Module, units: list[Unit], tensors: dict[str, TensorInfo], seed: int, *,
+                wanted: set[str] | None = None):
+    """Yield (name, fp32 tensor) for every canonical parameter (those in ``wanted``, if given), initialized unit by
+    unit with the model's own ``_init_weights``, so no more than one unit is ever materialized.
+
+    [Note: a random initialization in bounded memory]
+    A unit larger than :data:`WHOLE_UNIT_INIT_BYTES` (a 70B decoder layer is 3.4 GB in fp32) is initialized in
+    parts: each submodule whose parameters fit together, and each larger module alone (its own parameters, before
+    its children's), in the order of the unit's ``modules()``. That draws the random numbers the whole unit would,
+    in the same order, unless a module too large to be a part sets its submodules' parameters (GPT-2 rescales its
+    projections from the enclosing module): a write to a parameter that is not materialized stops the run, naming
+    the module, and so does a parameter left unset (its storage starts as NaN in parts), rather than train on a
+    different initialization or on uninitialized memory. Modules whose parameters are all outside ``wanted`` (a
+    LoRA model's adapters, which peft initializes) are left out, so a LoRA model's random base is the one the
+    plain model gets from the same seed.
+    """
     done: set[str] = set()
     with seeded(seed):
         for unit in units:
-            with materialized(list(unit.module.modules())), torch.no_grad():
-                for mod in unit.module.modules():
-                    for flag_holder in (mod, *mod._parameters.values()):
-                        # transformers skips what it believes is initialized already
-                        if flag_holder is not None and hasattr(flag_holder, "_is_hf_initialized"):
-                            try:
-                                del flag_holder._is_hf_initialized
-                            except AttributeError:
-                                pass
-                    model._init_weights(mod)
-                for lname, cname in unit.tensors.items():
-                    if cname not in done:
-                        done.add(cname)
-                        yield cname, unit.module.get_parameter(lname).detach().clone()
+            prefixes = {id(mod): prefix for prefix, mod in unit.module.named_modules()}
+            parts = list(_init_parts(unit.module, set()))
+            for part in parts:
+                group = []
+                for mod in part:
+                    prefix = prefixes[id(mod)]
+                    owned = [(mod, pname, unit.tensors[f"{prefix}.{pname}" if prefix else pname])
+                             for pname, p in mod._parameters.items() if p is not None]
+                    if not (owned and wanted is not None and not any(c in wanted for _, _, c in owned)):
+                        group.append((mod, owned))
+                yield from _init_modules(model, unit, group, wanted, done, check=len(parts) > 1)
+
+
+def _init_parts(module: nn.Module, seen: set[int]):
+    """``module``'s subtree as lists of modules initialized together: the whole subtree if its fp32 parameters fit
+    :data:`WHOLE_UNIT_INIT_BYTES`, else the module alone and then its children's parts."""
+    if id(module) in seen:
+        return
+    if 4 * sum(p.numel() for p in module.parameters()) <= WHOLE_UNIT_INIT_BYTES:
+        subtree = [m for m in module.modules() if id(m) not in seen]
+        seen.update(id(m) for m in subtree)
+        yield subtree
+        return
+    seen.add(id(module))
+    yield [module]
+    for child in module.children():
+        yield from _init_parts(child, seen)
+
+
+class _MetaWrites(TorchFunctionMode):
+    """Notes an in-place write to a meta tensor: a parameter the call was not given storage for."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes its tensor by keyword
+        if isinstance(target, torch.Tensor) and target.is_meta and getattr(func, "__name__", "").endswith("_"):
+            self.seen = True
+        return func(*args, **kwargs)
+
+
+def _init_modules(model, unit: Unit, group, wanted, done: set[str], *, check: bool):
+    """Initialize ``group`` ((module, [(module, parameter name, canonical name)])) together and yield its
+    parameters' values not yielded before; ``check``: refuse a write outside the group and a parameter left unset."""
+    with materialized([mod for mod, _ in group], fill=float("nan") if check else None), torch.no_grad():
+        for mod, _ in group:
+            for flag_holder in (mod, *mod._parameters.values()):
+                # transformers skips what it believes is initialized already
+                if flag_holder is not None and hasattr(flag_holder, "_is_hf_initialized"):
+                    try:
+                        del flag_holder._is_hf_initialized
+                    except AttributeError:
+                        pass
+            writes = _MetaWrites()
+            with writes:
+                model._init_weights(mod)
+            if check and writes.seen:
+                raise ValueError(f"{unit.family}: the initialization of {mod.__class__.__name__} in unit {unit.path} "
+                                 "sets its submodules' parameters, so this unit (over "
+                                 f"{WHOLE_UNIT_INIT_BYTES} bytes in fp32) cannot be initialized in parts; give the "
+                                 "model's weights (a checkpoint) instead")
+        for _, owned in group:
+            for mod, pname, cname in owned:
+                if cname in done or (wanted is not None and cname not in wanted):
+                    continue
+                done.add(cname)
+                value = mod._parameters[pname].detach()  # fresh storage: nothing writes it once yielded
+                if check and torch.isnan(value).any():
+                    raise ValueError(f"{unit.family}: {cname} is not set by its own module's initialization, so "
+                                     f"unit {unit.path} (over {WHOLE_UNIT_INIT_BYTES} bytes in fp32) cannot be "
+                                     "initialized in parts; give the model's weights (a checkpoint) instead")
+                yield cname, value
+                del value  # not held while the next part is made (a 70B projection is 0.9 GB in fp32)

@@ -220,12 +220,18 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
 
     @classmethod
     def from_config(cls, hf_config, config: TrainerConfig | None = None, *, name: str | None = None) -> "Trainer":
-        """Train ``hf_config``'s model from a random initialization written straight to the store."""
+        """Train ``hf_config``'s model from a random initialization written straight to the store. With
+        ``config.lora``: adapters on a frozen random base (the plain model's initialization from the same seed, NF4
+        under ``lora.base_format`` nf4), to measure a LoRA step at a size whose base is not at hand."""
         config = config or TrainerConfig()
-        if config.lora is not None:
-            raise ValueError("lora: adapters are trained on a pretrained base; use Trainer.from_pretrained")
         model = build_skeleton(hf_config, dtype=resolve_dtype(config.dtype, resolve_device(config.device)))
-        return cls(model, hf_config, config, name=name or f"{hf_config.model_type} (random init)", source=None)
+        lora = None
+        if config.lora is not None:
+            from terastack.llm.lora import apply_lora
+
+            model, lora = apply_lora(model, config.lora)
+        return cls(model, hf_config, config, name=name or f"{hf_config.model_type} (random init)", source=None,
+                   lora=lora)
 
     def _initial_lr(self, source) -> float:
         """The job's learning rate, else the default for this model ([Note: default learning rates]); a job's loop

@@ -1,5 +1,6 @@
 """A new trainer's store filled with its weights, one tensor at a time: a checkpoint's (through transformers' key
-conversions), or a seeded random initialization; a LoRA model's adapters initialized beside its frozen base."""
+conversions), or a seeded random initialization; a LoRA model's adapters initialized beside its frozen base (a
+checkpoint's, or a random one)."""
 from __future__ import annotations
 
 import torch
@@ -13,9 +14,12 @@ def fill_store(runtime, model, units, tensors, *, seed: int, source, source_keys
     each parameter is; None: random initialization), waiting until all of them have reached it. ``slicing``: the
     model's sliced parameters, split into their parts on the way in ([Note: vocabulary slices])."""
     in_flight: list = []
-    if source is None:
-        for name, tensor in random_init(model, units, tensors, seed):
+    if source is None:  # a LoRA model's random base is the plain model's from the same seed
+        base = {n for n in tensors if lora is None or not lora.is_adapter(n)}
+        for name, tensor in random_init(model, units, tensors, seed, wanted=base):
             layout.put_initial(runtime, name, tensor, in_flight)
+            del tensor  # let go before the next one is made
+        fill_adapters(runtime, model, units, tensors, seed=seed, lora=lora, in_flight=in_flight)
     else:
         fill_from_checkpoint(runtime, model, units, tensors, seed=seed, source=source, source_keys=source_keys,
                              lora=lora, in_flight=in_flight, slicing=slicing)
@@ -35,12 +39,16 @@ def fill_from_checkpoint(runtime, model, units, tensors, *, seed: int, source, s
             layout.put_initial(runtime, part, rows.to(torch.float32), in_flight)
     source.close()
     ordered = sorted(tensors, key=lambda n: tensors[n].index)
-    adapters = [n for n in ordered if lora is not None and lora.is_adapter(n)]
-    adapter_set = set(adapters)
-    missing = [n for n in ordered if n not in filled and n not in adapter_set]
+    missing = [n for n in ordered if n not in filled and not (lora is not None and lora.is_adapter(n))]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(f"checkpoint {source.path} has no tensor for parameter {missing[0]!r}{more}")
+    fill_adapters(runtime, model, units, tensors, seed=seed, lora=lora, in_flight=in_flight)
+
+
+def fill_adapters(runtime, model, units, tensors, *, seed: int, lora, in_flight: list) -> None:
+    """A LoRA model's adapters: peft's initialization, or ``lora.init_from``'s."""
+    adapters = [n for n in sorted(tensors, key=lambda n: tensors[n].index) if lora is not None and lora.is_adapter(n)]
     if adapters:
         for name, tensor in lora.initial_adapter(model, units, tensors, adapters, seed):
             layout.put_initial(runtime, name, tensor, in_flight)

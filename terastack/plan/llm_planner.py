@@ -350,8 +350,11 @@ class LLMPlanner(StateHomes, StepTimeModel):
         rounding = self._memo(profile, hw, "rounding", lambda: {t: device_held_bytes(n * cb, cuda=hw.has_gpu)
                                                                 - held_bytes(n * cb)
                                                                 for t, n in profile.tensor_numel.items()})
+        # an NF4 base's records are held beside the copy the unit computing dequantizes them into ([Note: a
+        # frozen NF4 base] in terastack.llm.engine.fetcher)
         wbytes = self._memo(profile, hw, "weight bytes held", lambda: [
-            u.weight_bytes + sum(rounding[t] for t in u.tensors) for u in units])
+            u.weight_bytes + sum(rounding[t] + held_bytes(profile.frozen_rest.get(t, 0)) for t in dict.fromkeys(u.tensors))
+            for u in units])
         weights_ws = self._memo(profile, hw, ("weights in flight", window),
                                 lambda: max(sum(wbytes[i:i + window]) for i in range(len(units))))
         swap_flight = 2 * split.max_swapped

@@ -178,7 +178,7 @@ def test_lora_rows_train_an_adapter_over_an_nf4_base_and_the_others_are_refused(
     assert leftovers(tmp_path) == []
 
 
-def test_lora_disk_preflight_counts_the_base_directory_and_the_nf4_store():
+def test_lora_disk_preflight_counts_the_nf4_store():
     import torch
 
     from terastack.plan.base_formats import nf4_bytes
@@ -190,8 +190,8 @@ def test_lora_disk_preflight_counts_the_base_directory_and_the_nf4_store():
     linear = [m.weight.numel() for name, m in model.named_modules()
               if isinstance(m, torch.nn.Linear) and name != "lm_head"]
     nf4_store = 4 * (n - sum(linear)) + sum(nf4_bytes(k) for k in linear)
-    assert bench_scale.lora_disk_bytes_per_param("tiny-llama", "nf4") == pytest.approx((4 * n + nf4_store) / n)
-    assert bench_scale.lora_disk_bytes_per_param("tiny-llama", "native") == pytest.approx(8.0)
+    assert bench_scale.lora_disk_bytes_per_param("tiny-llama", "nf4") == pytest.approx(nf4_store / n)
+    assert bench_scale.lora_disk_bytes_per_param("tiny-llama", "native") == pytest.approx(4.0)
 
 
 def test_nf4_base_without_lora_is_refused(capsys):

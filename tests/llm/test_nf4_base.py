@@ -276,3 +276,17 @@ def test_full_fine_tune_of_a_quantized_directory_starts_from_its_dequantized_wei
         assert not any(i.nf4 for i in t.tensors.values()) and all(i.trainable for i in t.tensors.values())
         for key, w in dequantized.items():
             assert torch.equal(t.parameter(key), w), key
+
+
+@pytest.mark.parametrize("numel", [64 * 40, 64 * 40 + 37, 64 * 39 + 1])
+def test_a_tensor_quantized_in_pieces_is_the_whole_calls_bytes(numel, monkeypatch):
+    from terastack.plan.base_formats import nf4_bytes
+    from terastack.training.hf import nf4
+
+    monkeypatch.setattr(nf4, "ENCODE_PIECE", 64 * 6)  # seven pieces, the last one short
+    w = torch.randn(numel, generator=torch.Generator().manual_seed(numel)) * 0.02
+    packed, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=False)
+    whole = torch.cat([state.absmax.view(torch.uint8), packed.reshape(-1)])
+    got = nf4.encode(w)
+    assert got.numel() == nf4_bytes(numel) and torch.equal(got, whole)
+    assert torch.equal(nf4.decode(got, (numel,), torch.float32), F.dequantize_4bit(packed, state))

@@ -84,11 +84,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="terastack's optimizer state formats, comma-separated (adamw, adamw8bit, adafactor): one "
                         "terastack row per format (default adamw; the other systems run AdamW)")
     p.add_argument("--lora", type=int, default=None, metavar="R",
-                   help="terastack rows train a LoRA adapter of rank R over a frozen base written as a random-init "
-                        "model directory (the other systems are refused: they run full fine-tuning only)")
+                   help="terastack rows train a LoRA adapter of rank R over a frozen random base, initialized "
+                        "straight into the store (the other systems are refused: they run full fine-tuning only)")
     p.add_argument("--base-format", default="auto", choices=("auto", "nf4", "native"),
                    help="with --lora: how the frozen base rests and streams (lora.base_format)")
     p.add_argument("--budget", default="4GiB", help="terastack's memory budget (default 4GiB)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="terastack's compute dtype (store.dtype; auto: float32 on a CPU, bfloat16 on a GPU)")
     p.add_argument("--state-placement", default="auto", choices=("auto", "ssd"),
                    help="terastack's training state: where the plan puts it (auto), or all of it on the SSD (ssd: "
                         "a small model's bytes per parameter as a large one's)")
@@ -206,10 +208,10 @@ def state_bytes_per_param(model: str, optimizer: str) -> float:
 
 
 def lora_disk_bytes_per_param(model: str, base_format: str) -> float:
-    """Bytes per parameter of ``model`` a LoRA row keeps on the disk: the base's directory (the random-init model
-    written in fp32, each tensor as it is made) and the store's frozen base (its linear weights in NF4 with
-    ``base_format`` nf4, the rest fp32; all fp32 with native). The adapters and their state are a rounding
-    error beside them. See [Note: pricing an NF4 base] in terastack.plan.base_formats."""
+    """Bytes per parameter of ``model`` a LoRA row keeps on the disk: the store's frozen base, initialized straight
+    into it (its linear weights in NF4 with ``base_format`` nf4, the rest fp32; all fp32 with native: the compute
+    dtype's bytes at most). The adapters and their state are a rounding error beside it. See [Note: pricing an
+    NF4 base] in terastack.plan.base_formats."""
     import torch
 
     from terastack.plan.base_formats import nf4_bytes
@@ -223,7 +225,7 @@ def lora_disk_bytes_per_param(model: str, base_format: str) -> float:
     store = 4 * numel
     if base_format == "nf4":
         store -= sum(4 * n - nf4_bytes(n) for n in linear)
-    return (4 * numel + store) / max(numel, 1)
+    return store / max(numel, 1)
 
 
 def disk_needed(params: int, system: str, per_param: float | None = None) -> int:
@@ -264,19 +266,9 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
            "--warmup", str(args.warmup), "--grad-accum", str(args.grad_accum), "--dir", str(workdir),
            "--out", str(out)]
     env = None
-    if system == "terastack" and args.lora:
-        # the frozen base: a random-init model directory, written by a child of its own so that its memory is not
-        # the row's
-        base = workdir / "base"
-        made = run_watched(cmd[:5] + ["--model", model, "--write-base", str(base), "--out", str(out)],
-                           rss_limit=rss_limit, timeout=args.timeout, log=workdir / "base.log")
-        if made.returncode != 0:
-            return _row("", model, system, params, optimizer=optimizer,
-                        reason=f"the base could not be written: {made.stderr_tail[-400:]}")
-        cmd += ["--base-dir", str(base)]
     if system == "terastack":
         cmd += ["--process-memory-budget", str(budget), "--hardware", str(probe), "--optimizer", optimizer,
-                "--state-placement", args.state_placement]
+                "--state-placement", args.state_placement, "--dtype", args.dtype]
         if args.lora:
             cmd += ["--lora", str(args.lora), "--base-format", args.base_format]
         env = dict(MEMORY_BUDGET_ENV)  # [Note: a memory budget bounds resident memory] (terastack.memory)

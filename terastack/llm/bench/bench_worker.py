@@ -200,17 +200,14 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
                   batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
                   activation_policy=args.activation_policy, state_placement=args.state_placement,
                   optimizer_impl=args.optimizer_impl, calibrate=True, hardware=args.hardware,
-                  optimizer=args.optimizer)
+                  optimizer=args.optimizer, dtype=args.dtype)
     fields.update(overrides)
     t0 = time.perf_counter()
-    if args.lora:
+    if args.lora:  # adapters over a frozen random base, initialized straight into the store
         from terastack.llm.trainer_config import LoraSpec
 
         fields["lora"] = LoraSpec(r=args.lora, alpha=2 * args.lora, base_format=args.base_format)
-        made = Trainer.from_pretrained(args.base_dir, TrainerConfig(**fields))
-    else:
-        made = Trainer.from_config(hf_config, TrainerConfig(**fields), name=args.model)
-    with made as trainer:
+    with Trainer.from_config(hf_config, TrainerConfig(**fields), name=args.model) as trainer:
         setup = time.perf_counter() - t0
         print(trainer.describe_plan(), file=sys.stderr, flush=True)
         # always traced: the step's timeline is read out of it ([Note: the step's timeline])
@@ -310,21 +307,6 @@ SYSTEMS = {"in_memory": run_in_memory, "terastack": run_terastack, "host_residen
            "zero_infinity": run_zero_infinity}
 
 
-def write_base(model: str, directory: str, seed: int) -> int:
-    """``model``'s random initialization saved as a Hugging Face directory (safetensors): the frozen base of a
-    LoRA row. The whole model is made in memory, so its size is bounded by this process's RAM."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from terastack.training.model_registry import resolve_model
-
-    hf_config, _ = resolve_model(model)
-    hf_config.pad_token_id = None  # as every system's model (see main)
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(hf_config).save_pretrained(directory)
-    return 0
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m terastack.llm.bench.bench_worker")
     p.add_argument("--system", required=True, choices=sorted(SYSTEMS))
@@ -350,15 +332,12 @@ def main(argv=None) -> int:
     p.add_argument("--optimizer", default="adamw", help="terastack's optimizer state format")
     p.add_argument("--trace", default=None)
     p.add_argument("--hardware", default=None, help="probe JSON the planner predicts from")
-    p.add_argument("--lora", type=int, default=None, help="terastack: train a LoRA adapter of this rank on --base-dir")
+    p.add_argument("--lora", type=int, default=None,
+                   help="terastack: train a LoRA adapter of this rank over a frozen random base")
     p.add_argument("--base-format", default="auto", help="with --lora: lora.base_format")
-    p.add_argument("--base-dir", default=None, help="with --lora: the frozen base's model directory")
-    p.add_argument("--write-base", default=None,
-                   help="write --model's random initialization (seed --seed) as a model directory here, and exit")
+    p.add_argument("--dtype", default="auto", help="terastack: the compute dtype (store.dtype)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    if args.write_base:
-        return write_base(args.model, args.write_base, args.seed)
 
     # Everything imported before the baseline, so peak RSS counts the system's own memory
     # (masking_utils pulls in torch._dynamo, which must also come before DeepSpeed patches tensor creation).
@@ -377,6 +356,10 @@ def main(argv=None) -> int:
     AutoModelForCausalLM._model_mapping[type(hf_config)]  # imports the model's modules
     if args.system == "zero_infinity":
         importlib.import_module("deepspeed")
+    if args.lora:  # peft wraps the model; bitsandbytes quantizes an NF4 base (80 MB of modules between them)
+        importlib.import_module("peft")
+        if args.base_format != "native":
+            importlib.import_module("bitsandbytes.functional")
     import gc
 
     gc.collect()

@@ -23,8 +23,8 @@ A LoRA base resting as NF4 (terastack.training.hf.nf4's [Note: the NF4 record]) 
 store reads, prefetches and holds those, about a quarter of bf16's. ``acquire`` hands the unit its weights
 dequantized by bitsandbytes in the compute dtype, where the record is (the GPU when there is one); the
 dequantized copy is the unit's working memory, outside the ledger like its activations while it computes, and is
-freed when the unit lets go of its weights. The planner sizes a unit's weights in flight at the compute dtype,
-which covers that copy. Backward dequantizes again (nothing of the base trains; its weights are never written).
+freed when the unit lets go of its weights. The planner sizes a unit's weights in flight at the compute dtype
+plus its NF4 bytes: while it computes, both are held. Backward dequantizes again (nothing of the base trains; its weights are never written).
 """
 from __future__ import annotations
 

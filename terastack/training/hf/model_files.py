@@ -250,17 +250,19 @@ def load_hf_config(path: str | os.PathLike):
 
 # ---------------------------------------------------------------- a skeleton's weights, piece by piece
 @contextmanager
-def materialized(modules):
-    """Give the parameters of ``modules`` (not of their children) real, uninitialized CPU fp32 storage for the
-    duration; the original meta parameters (and so every tie between them) come back afterwards."""
+def materialized(modules, fill: float | None = None):
+    """Give the parameters of ``modules`` (not of their children) real CPU fp32 storage for the duration,
+    uninitialized (or every element ``fill``); the original meta parameters (and so every tie between them) come
+    back afterwards."""
     originals = {}
     try:
         for mod in modules:
             for pname, p in list(mod._parameters.items()):
                 if p is not None:
                     originals[(mod, pname)] = p
-                    mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=torch.float32),
-                                                          requires_grad=p.requires_grad)
+                    data = (torch.empty(p.shape, dtype=torch.float32) if fill is None else
+                            torch.full(p.shape, fill, dtype=torch.float32))
+                    mod._parameters[pname] = nn.Parameter(data, requires_grad=p.requires_grad)
         yield
     finally:
         for (mod, pname), p in originals.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -47,12 +48,31 @@ def _functional():
         raise ValueError(str(exc)) from None
 
 
+#: elements quantized in one call: bitsandbytes' CPU quantizer makes fp32 and int32 copies of what it is given
+#: (2 GB beside a 70B model's 0.9 GB projection), so a larger tensor goes in pieces of whole blocks, one per core
+#: at a time. Its blocks are independent and a piece holds an even count, so the pieces' absmax and packed codes
+#: side by side are the whole call's bytes.
+ENCODE_PIECE = 1 << 22
+
+
 def encode(tensor: torch.Tensor) -> torch.Tensor:
-    """The NF4 record of ``tensor`` (quantized in fp32 by bitsandbytes' ``quantize_4bit``)."""
-    bnbf = _functional()
-    packed, state = bnbf.quantize_4bit(tensor.to(torch.float32).contiguous(), blocksize=BLOCKSIZE,
-                                       quant_type=QUANT_TYPE, compress_statistics=False)
-    return torch.cat([state.absmax.to(torch.float32).contiguous().view(torch.uint8), packed.reshape(-1)])
+    """The NF4 record of ``tensor`` (quantized in fp32 by bitsandbytes' ``quantize_4bit``, in pieces of
+    :data:`ENCODE_PIECE` elements)."""
+    flat = tensor.to(torch.float32).contiguous().reshape(-1)
+    pieces = [flat[i:i + ENCODE_PIECE] for i in range(0, flat.numel(), ENCODE_PIECE)] or [flat]
+    if len(pieces) == 1:
+        quantized = [_quantize(flat)]
+    else:
+        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+            quantized = list(pool.map(_quantize, pieces))
+    return torch.cat([a for a, _ in quantized] + [p for _, p in quantized])
+
+
+def _quantize(piece: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(absmax as bytes, packed codes) of one piece."""
+    packed, state = _functional().quantize_4bit(piece, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE,
+                                                compress_statistics=False)
+    return state.absmax.to(torch.float32).contiguous().view(torch.uint8), packed.reshape(-1)
 
 
 def decode(record: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:

@@ -290,3 +290,32 @@ def test_a_tensor_quantized_in_pieces_is_the_whole_calls_bytes(numel, monkeypatc
     got = nf4.encode(w)
     assert got.numel() == nf4_bytes(numel) and torch.equal(got, whole)
     assert torch.equal(nf4.decode(got, (numel,), torch.float32), F.dequantize_4bit(packed, state))
+
+
+def test_calibration_dequantizes_as_the_step_does(monkeypatch):
+    """The units' calibrated times include the dequantization: every timed forward and backward of a layer decodes
+    each of its NF4 weights once, as the step's acquire does; a native base decodes nothing."""
+    from terastack.llm.engine import profile as prof
+    from terastack.training.hf import nf4
+
+    from .llm_helpers import tiny_config
+
+    shapes, decode = [], nf4.decode
+
+    def counted(record, shape, dtype):
+        shapes.append(tuple(shape))
+        return decode(record, shape, dtype)
+
+    monkeypatch.setattr(nf4, "decode", counted)
+    for base_format, expect_decodes in (("native", False), ("nf4", True)):
+        monkeypatch.setattr(prof, "_CALIBRATED", {})  # nothing timed before in this process
+        shapes.clear()
+        profile = prof.profile_config(tiny_config("llama", layers=2), batch=1, seq_len=8, dtype=torch.float32,
+                                      name="tiny", lora=LoraSpec(r=4, alpha=8, base_format=base_format),
+                                      calibrate=True)
+        assert all(u.fwd_s is not None for u in profile.units)
+        assert bool(shapes) == expect_decodes
+    projections = {(32, 32), (16, 32), (64, 32), (32, 64)}  # q/o, k/v, gate/up, down (hidden 32, kv 16, mlp 64)
+    assert set(shapes) <= projections
+    # one layer timed (both are alike): seven NF4 weights, each decoded once per forward and once per backward
+    assert len(shapes) % 14 == 0 and len(shapes) >= 14 * 3

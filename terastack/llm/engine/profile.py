@@ -190,8 +190,9 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
     missing = [units[i].path for i in order if i not in rec.records]
     if missing:
         raise RuntimeError(f"profile: units {missing[:3]} never ran in the model's forward")
+    nf4_local = {u.index: frozenset(lname for lname, c in u.tensors.items() if tensors[c].nf4) for u in units}
     times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes, times_file=times_file,
-                       recalibrate=recalibrate) if calibrate else {}
+                       recalibrate=recalibrate, nf4_local=nf4_local) if calibrate else {}
     owner: dict[str, int] = {}
     for i in order:
         for cname in units[i].tensors.values():
@@ -268,9 +269,13 @@ def _read_times(path: Path | None) -> dict:
 
 
 def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: torch.dtype, compute_bytes: int,
-               gen: torch.Generator, reps: int) -> tuple[float, float]:
-    """(forward, backward) seconds of one unit on random weights and inputs of the recorded call's shapes."""
+               gen: torch.Generator, reps: int, nf4_names: frozenset = frozenset()) -> tuple[float, float]:
+    """(forward, backward) seconds of one unit on random weights and inputs of the recorded call's shapes.
+    ``nf4_names``: its weights resting as NF4, dequantized inside each timed forward and backward as the step
+    dequantizes them on every acquire ([Note: a frozen NF4 base] in terastack.llm.engine.fetcher)."""
     from torch.utils import _pytree as pytree
+
+    from terastack.training.hf import nf4
 
     shapes = [(n, p.shape) for n, p in unit.module.named_parameters(remove_duplicate=False)]
     # [Note: calibrating with weights from memory] In a step every unit's weights come from memory, not
@@ -281,6 +286,13 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
     copies = 3 if device.type == "cpu" and unit_bytes < _CACHE_COLD_BYTES else 1
     weight_sets = [{n: (torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02).to(device, dtype)
                     .requires_grad_(unit.trainable[n]) for n, shape in shapes} for _ in range(copies)]
+    records = [{n: nf4.encode(w).to(device) for n, w in ws.items() if n in nf4_names} for ws in weight_sets]
+    shape_of = dict(shapes)
+
+    def acquire(k: int) -> dict:
+        """Copy ``k``'s weights as a step acquires them: its NF4 records dequantized."""
+        return {**weight_sets[k], **{n: nf4.decode(r, tuple(shape_of[n]), dtype) for n, r in records[k].items()}}
+
     buffers = {n: b.to(device) for n, b in unit.buffers.items()}
     real = [a.to(device) if isinstance(a, torch.Tensor) else a for a in flat]
     for j in floating_in:
@@ -300,15 +312,15 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
         return len(fwds) < _MAX_RUNS + 2 and timed < 1.0 and (len(fwds) < reps + 2 or timed < _MIN_TIMED_S)
 
     while more():
-        weights = weight_sets[len(fwds) % copies]
-        grad_in = [real[j] for j in floating_in] + [w for n, w in weights.items() if unit.trainable[n]]
+        k = len(fwds) % copies
+        grad_in = [real[j] for j in floating_in] + [w for n, w in weight_sets[k].items() if unit.trainable[n]]
         t0 = time.perf_counter()
         with torch.no_grad():
-            torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
+            torch.func.functional_call(unit.module, {**acquire(k), **buffers}, args, kwargs,
                                        tie_weights=False, strict=False)
         _sync(device)
         t1 = time.perf_counter()
-        o = torch.func.functional_call(unit.module, {**weights, **buffers}, args, kwargs,
+        o = torch.func.functional_call(unit.module, {**acquire(k), **buffers}, args, kwargs,
                                        tie_weights=False, strict=False)
         diff = [x for x in pytree.tree_leaves(o) if isinstance(x, torch.Tensor) and x.requires_grad]
         if diff and grad_in:
@@ -325,9 +337,10 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
 
 
 def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5, *,
-               times_file: Path | None = None, recalibrate: bool = False) -> dict:
+               times_file: Path | None = None, recalibrate: bool = False, nf4_local: dict | None = None) -> dict:
     """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}.
-    ``times_file``: read times kept there (unless ``recalibrate``) and keep new ones there."""
+    ``times_file``: read times kept there (unless ``recalibrate``) and keep new ones there; ``nf4_local``: per
+    unit index, the local names of its weights resting as NF4."""
 
     dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
     done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
@@ -338,8 +351,9 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
     gen = torch.Generator().manual_seed(0)
     for i, (flat, spec, floating_in) in rec.calls.items():
         unit = units[i]
+        nf4_names = (nf4_local or {}).get(i, frozenset())
         sig = _signature(unit) + (tuple(tuple(a.shape) for a in flat if isinstance(a, torch.Tensor)), str(device),
-                                  str(dtype))
+                                  str(dtype)) + ((("nf4",) + tuple(sorted(nf4_names)),) if nf4_names else ())
         key = _times_key(sig)
         if key not in fresh:
             fresh.add(key)
@@ -349,7 +363,7 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
                 done[sig] = kept[key]  # the times this machine gave before: the same question, the same answer
         if sig not in done:
             done[sig] = _time_unit(unit, flat, spec, floating_in, device=device, dtype=dtype,
-                                   compute_bytes=compute_bytes, gen=gen, reps=reps)
+                                   compute_bytes=compute_bytes, gen=gen, reps=reps, nf4_names=nf4_names)
         if kept.get(key) != done[sig]:
             kept[key] = done[sig]
             changed = True

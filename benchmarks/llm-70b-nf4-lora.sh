@@ -13,12 +13,13 @@
 # --seq-len 64 --host-budget 1GiB --device-budget 2.5GiB: fits, predicted about 219 s a step on this machine).
 # The engine's budget is 3.5 GiB of the 4 GiB the watchdog allows: at 1.1B with an NF4 base in bf16 the process
 # passed its memory budget by about 0.1 GB while the store filled and 0.04 GB in a step (2026-12-05).
+# Measured on 2026-12-05: benchmarks/llm-70b-nf4-lora_2core-epyc_2026-12-05.md (175 s a step, peak RSS 3.69 GiB).
 set -euo pipefail
 DIR=${1:-/tmp/terastack-70b}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 [ -x "$PY" ] || PY=python
-OUT=$HERE/benchmarks/llm-70b-nf4-lora_$(hostname -s)_$(date -u +%F).json
+OUT=$HERE/benchmarks/llm-70b-nf4-lora_${MACHINE:-$(hostname -s)}_$(date -u +%F).json  # MACHINE: a name for this machine
 mkdir -p "$DIR"
 cleanup() { rm -rf "$DIR"; }  # the bench deletes its rung's files; this removes what is left (probe, logs)
 trap cleanup EXIT

@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from terastack.llm.vocab_slices import RowSlices, SliceParts
 from terastack.training.hf.model_files import materialized, seeded
+from terastack.units import format_bytes
 
 #: Families (transformers model_type) whose results are tested against plain PyTorch training
 #: (tests/llm/test_families.py, whose test_verified_families_are_the_tested_ones keeps the two lists equal; docs/llm.md
@@ -263,8 +264,8 @@ def _init_modules(model, unit: Unit, group, wanted, done: set[str], *, check: bo
             if check and writes.seen:
                 raise ValueError(f"{unit.family}: the initialization of {mod.__class__.__name__} in unit {unit.path} "
                                  "sets its submodules' parameters, so this unit (over "
-                                 f"{WHOLE_UNIT_INIT_BYTES} bytes in fp32) cannot be initialized in parts; give the "
-                                 "model's weights (a checkpoint) instead")
+                                 f"{format_bytes(WHOLE_UNIT_INIT_BYTES)} in fp32) cannot be initialized in parts; "
+                                 "give the model's weights (a checkpoint) instead")
         for _, owned in group:
             for mod, pname, cname in owned:
                 if cname in done or (wanted is not None and cname not in wanted):
@@ -273,7 +274,7 @@ def _init_modules(model, unit: Unit, group, wanted, done: set[str], *, check: bo
                 value = mod._parameters[pname].detach()  # fresh storage: nothing writes it once yielded
                 if check and torch.isnan(value).any():
                     raise ValueError(f"{unit.family}: {cname} is not set by its own module's initialization, so "
-                                     f"unit {unit.path} (over {WHOLE_UNIT_INIT_BYTES} bytes in fp32) cannot be "
+                                     f"unit {unit.path} (over {format_bytes(WHOLE_UNIT_INIT_BYTES)} in fp32) cannot be "
                                      "initialized in parts; give the model's weights (a checkpoint) instead")
                 yield cname, value
                 del value  # not held while the next part is made (a 70B projection is 0.9 GB in fp32)

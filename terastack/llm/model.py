@@ -19,6 +19,7 @@ gradients are summed before its update.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -258,8 +259,7 @@ def _init_modules(model, unit: Unit, group, wanted, done: set[str], *, check: bo
                         del flag_holder._is_hf_initialized
                     except AttributeError:
                         pass
-            writes = _MetaWrites()
-            with writes:
+            with _MetaWrites() if check else nullcontext() as writes:
                 model._init_weights(mod)
             if check and writes.seen:
                 raise ValueError(f"{unit.family}: the initialization of {mod.__class__.__name__} in unit {unit.path} "

@@ -59,12 +59,11 @@ def encode(tensor: torch.Tensor) -> torch.Tensor:
     """The NF4 record of ``tensor`` (quantized in fp32 by bitsandbytes' ``quantize_4bit``, in pieces of
     :data:`ENCODE_PIECE` elements)."""
     flat = tensor.to(torch.float32).contiguous().reshape(-1)
-    pieces = [flat[i:i + ENCODE_PIECE] for i in range(0, flat.numel(), ENCODE_PIECE)] or [flat]
-    if len(pieces) == 1:
+    if flat.numel() <= ENCODE_PIECE:
         quantized = [_quantize(flat)]
     else:
-        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-            quantized = list(pool.map(_quantize, pieces))
+        with ThreadPoolExecutor(torch.get_num_threads()) as pool:
+            quantized = list(pool.map(_quantize, flat.split(ENCODE_PIECE)))
     return torch.cat([a for a, _ in quantized] + [p for _, p in quantized])
 
 

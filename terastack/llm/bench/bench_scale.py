@@ -94,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-placement", default="auto", choices=("auto", "ssd"),
                    help="terastack's training state: where the plan puts it (auto), or all of it on the SSD (ssd: "
                         "a small model's bytes per parameter as a large one's)")
+    p.add_argument("--activations", default="auto", choices=("auto", "keep", "host", "ssd", "recompute"),
+                   help="terastack's activations: the planner's choice per layer (auto), or one policy for every "
+                        "layer (recompute: only each layer's input is kept, so none of them crosses the SSD)")
     p.add_argument("--rss-limit", default=None,
                    help="kill a system whose resident memory passes this (default min(0.8 x RAM, 20GiB))")
     p.add_argument("--dir", default=None, help="directory on the SSD for stores and ZeRO-Infinity's swap files")
@@ -268,7 +271,8 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
     env = None
     if system == "terastack":
         cmd += ["--process-memory-budget", str(budget), "--hardware", str(probe), "--optimizer", optimizer,
-                "--state-placement", args.state_placement, "--dtype", args.dtype]
+                "--state-placement", args.state_placement, "--dtype", args.dtype,
+                "--activation-policy", args.activations]
         if args.lora:
             cmd += ["--lora", str(args.lora), "--base-format", args.base_format]
         env = dict(MEMORY_BUDGET_ENV)  # [Note: a memory budget bounds resident memory] (terastack.memory)

@@ -68,7 +68,7 @@ class JobRank:
     comm: Comm
     hf_config: object
     model_dir: str | None
-    meta_model: nn.Module
+    meta_model: nn.Module | None      # on the ranks that hold the model's tensors: workers and servers
     layout: Layout
     schedule: Schedule
     liveness: Liveness | None = None
@@ -123,8 +123,14 @@ def join_job(job) -> tuple[JobRank, Control]:
         apply_rope_scaling(hf_config, *job.model.rope_scaling)
     if job.data.pack:
         check_packing(hf_config)   # packed rows need the attention that position ids restart
-    meta_model = build_skeleton(hf_config)
-    layout = Layout.of(meta_model, d.servers)
+    # Only the ranks that hold the model's tensors build its skeleton: importing transformers' modelling code is
+    # seconds of CPU a rank, which the aggregator and the agents, sharing the node's cores, need not spend. They
+    # take the layout rank 0 (worker 0) made.
+    meta_model = build_skeleton(hf_config) if role in (Role.WORKER, Role.SERVER) else None
+    mine = Layout.of(meta_model, d.servers) if meta_model is not None else None
+    sent = [mine]
+    dist.broadcast_object_list(sent, src=0, group=control.group)   # rank 0's layout, now on every rank
+    layout = mine if mine is not None else sent[0]
     check_same_layout(layout, roles, rank, group=control.group)
     return JobRank(job=job, rank=rank, role=role, index=index, roles=roles, comm=comm, hf_config=hf_config,
                    model_dir=model_dir, meta_model=meta_model, layout=layout,

@@ -116,23 +116,22 @@ def _finetune(job_file: str, tmp_path, steps: int) -> dict:
     return exported_weights(out)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(500)
-def test_two_nodes_train_lose_a_node_and_resume(tmp_path):
+STEPS = 4   # the kill comes inside step 3; the resume trains steps 3 and 4
+
+
+@pytest.fixture(scope="module")
+def lost_node(tmp_path_factory):
     """3 workers and 1 server on 2 nodes of 2 ranks (workers 0-1 on node 0; worker 2 and the server on node 1), a
     checkpoint every step. Node 1 is killed (SIGKILL: its torchrun and its ranks) while it trains -- worker 2 hangs
     as step 3 comes (``disdp.kill_at``), so the kill lands after step 2's checkpoint and before the job could end,
-    however busy the machine: node 0 ends within 60 s with one line naming the lost rank, its node and where to
-    resume. ``--resume`` on two nodes
-    again trains to the end, and the export equals the uninterrupted single-process job's within 1e-5
-    (``terastack finetune``, which test_job.py shows equal to the job on one node).
+    however busy the machine. The survivor must end within 60 s (or this raises).
 
-    One scenario, not two, to start the job's ranks (each imports torch and transformers) as few times as
-    possible: a two-node run (until the kill), a two-node resume (to the end)."""
-    steps = 4  # the kill comes inside step 3; the resume trains steps 3 and 4
-    job_file = write_chat_job(tmp_path, workers=3, clip=0.5, steps=steps, training__lr_schedule="constant",
+    One killed run, shared by the test of what the survivor says and the test of the resume after it: the job's
+    ranks (each imports torch and transformers) start as few times as possible."""
+    tmp_path = tmp_path_factory.mktemp("two-nodes")
+    job_file = write_chat_job(tmp_path, workers=3, clip=0.5, steps=STEPS, training__lr_schedule="constant",
                               disdp__servers=1, disdp__aggregator=False)
-    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    ckpt = tmp_path / "ckpt"
     nodes = TwoNodes(tmp_path, job_file, "--checkpoint", str(ckpt), "--checkpoint-every", "1",
                      "disdp.kill_at=worker:2:3:hang")
     try:
@@ -146,27 +145,43 @@ def test_two_nodes_train_lose_a_node_and_resume(tmp_path):
         survivor = nodes.procs[1 - lost].wait(timeout=60)   # it ends within 60 s, or this raises
     finally:
         nodes.close()
-    assert lost == 1, "node A (the rendezvous host, first by address) runs node 0"
-    table = nodes.log(0)
-    assert re.search(r"rank +2: worker 2 .*\[node 1", table) and re.search(r"rank +3: server 0 .*\[node 1", table)
-    log = nodes.log(0)
-    assert survivor != 0
+    # what the kill left, read before the resume test adds checkpoints
+    return SimpleNamespace(tmp_path=tmp_path, job_file=job_file, ckpt=ckpt, lost=lost, survivor=survivor,
+                           log=nodes.log(0), last=json.loads((ckpt / "LATEST").read_text())["step"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_two_nodes_lose_a_node(lost_node):
+    """Node 0 ends (not 0) with one line naming the lost rank, its node, the rank lost with it and where to resume;
+    the checkpoints are those of the steps before the hang."""
+    assert lost_node.lost == 1, "node A (the rendezvous host, first by address) runs node 0"
+    log = lost_node.log
+    assert re.search(r"rank +2: worker 2 .*\[node 1", log) and re.search(r"rank +3: server 0 .*\[node 1", log)
+    assert lost_node.survivor != 0
     lines = LOST.findall(log)
     assert len(lines) == 1, log[-4000:]
     rank, node, rest = lines[0]
     assert (rank, node) == ("2", "1") and rest.startswith("worker 2 on host ") and "also lost: rank 3" in rest
-    assert f"--resume {ckpt}" in rest
-    last = json.loads((ckpt / "LATEST").read_text())["step"]
-    assert last == 2, "the checkpoints of the steps before the hang, and none after"
+    assert f"--resume {lost_node.ckpt}" in rest
+    assert lost_node.last == 2, "the checkpoints of the steps before the hang, and none after"
 
-    nodes = TwoNodes(tmp_path, job_file, "--resume", str(ckpt), "--output", str(out))
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_two_nodes_resume_after_a_lost_node(lost_node):
+    """``--resume`` on two nodes again trains from the last checkpoint to the end, and the export equals the
+    uninterrupted single-process job's within 1e-5 (``terastack finetune``, which test_job.py shows equal to the
+    job on one node)."""
+    tmp_path, ckpt, out, last = lost_node.tmp_path, lost_node.ckpt, lost_node.tmp_path / "out", lost_node.last
+    nodes = TwoNodes(tmp_path, lost_node.job_file, "--resume", str(ckpt), "--output", str(out))
     try:
         assert nodes.wait(300) == [0, 0], nodes.log(0)[-3000:] + nodes.log(1)[-3000:]
     finally:
         nodes.close()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in metrics if "loss" in r] == list(range(last + 1, steps + 1))
-    assert _max_diff(exported_weights(out), _finetune(job_file, tmp_path, steps)) <= 1e-5
+    assert [r["step"] for r in metrics if "loss" in r] == list(range(last + 1, STEPS + 1))
+    assert _max_diff(exported_weights(out), _finetune(lost_node.job_file, tmp_path, STEPS)) <= 1e-5
 
 
 def test_roles_know_their_nodes():

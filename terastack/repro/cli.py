@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench-timeout", type=float, metavar="S", help="bound on each benchmark process, seconds")
     p.add_argument("--scratch", metavar="DIR", help="where the scale suite writes its stores and datasets while it "
                    "runs (default OUT/scratch; preset full needs about 50 GB free there)")
+    p.add_argument("--add", action="store_true",
+                   help="add the suites measured now to --out's earlier run of the same preset (a suite measured "
+                        "again replaces its earlier figures; the others are kept): the full preset in several "
+                        "sittings")
     p.add_argument("--render", metavar="DIR", help="measure nothing: rebuild DIR/REPORT.md, verdicts and plots "
                                                    "from an earlier run's report.json and raw/")
     g = p.add_argument_group("dace suite")
@@ -44,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         _print_summary(data, args.render)
         return 0
     suites = tuple(args.suites) or SUITE_NAMES
+    if args.add and not args.out:
+        raise ValueError("--add: name the earlier run's directory with --out")
     out = args.out or os.path.join("runs", f"repro-{args.preset}-{datetime.date.today().isoformat()}")
     dace: dict = {"frameworks": tuple(args.frameworks.split(",")), "scaling": not args.no_scaling,
                   "threads": args.threads, "max_procs": args.max_procs,
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dace_env:
         dace["env"] = {"path": args.dace_env}
     config = Harness.Config(suites=suites, preset=args.preset, out_dir=out, bench_timeout_s=args.bench_timeout,
-                            scratch_dir=args.scratch, dace=dace)
+                            scratch_dir=args.scratch, dace=dace, add=args.add)
     if "dace" in suites:
         # bad DaCe options fail now, not after the other suites have run
         from terastack.repro.dace.kernels import select

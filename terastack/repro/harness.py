@@ -12,6 +12,7 @@ Output directory layout::
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -49,6 +50,9 @@ class Harness:
         scratch_dir: str | None = None
         #: DaCe suite settings (see terastack.repro.dace.suite.DaceSuite.Config)
         dace: dict = field(default_factory=dict)
+        #: add the suites measured now to OUT_DIR's earlier run of the same preset, which keeps its other suites
+        #: as they were measured ([Note: a report measured in several runs])
+        add: bool = False
 
         def __post_init__(self) -> None:
             if self.preset not in ("smoke", "small", "full"):
@@ -66,37 +70,54 @@ class Harness:
 
     def run(self) -> dict:
         cfg = self.config
+        earlier = self._earlier() if cfg.add and (self.out / "report.json").exists() else None
+        if earlier is not None and earlier["preset"] != cfg.preset:
+            raise ValueError(f"--add: {self.out} holds a run of preset {earlier['preset']!r}, not {cfg.preset!r}; "
+                             "one report holds one preset")
         for sub in ("raw", "plots", "logs"):
             (self.out / sub).mkdir(parents=True, exist_ok=True)
         from terastack.io.backend import backend_record
         from terastack.reporting import environment
 
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), _now()
         load_start = _loadavg()
         suites, dace_env = [], None
         for name in cfg.suites:
-            t0 = time.perf_counter()
+            t0, suite_load, measured_at = time.perf_counter(), _loadavg(), _now()
             outcomes = self._run_dace() if name == "dace" else self._run_bench_suite(name)
             if name == "dace" and outcomes[0].result:
                 dace_env = outcomes[0].result.get("env")
-            suites.append({"name": name, "wall_s": time.perf_counter() - t0,
+            suites.append({"name": name, "wall_s": time.perf_counter() - t0, "measured_at": measured_at,
+                           "load_average": {"start": suite_load, "end": _loadavg()},
                            "benchmarks": [o.as_dict() for o in outcomes]})
         if cfg.scratch_dir is None:
             try:
                 (self.out / "scratch").rmdir()      # each benchmark removed its own; the folder if it is empty
             except OSError:
                 pass
-        verdicts = self._judge(suites, cfg.preset)
         raw_files = self._write_raw(suites)
-        data = {"preset": cfg.preset, "suites_requested": list(cfg.suites), "environment": environment(io_backend=backend_record()),
-                "load_average": {"start": load_start, "end": _loadavg()}, "dace_env": dace_env,
-                "suites": suites, "verdicts": verdicts, "raw_files": raw_files,
-                "wall_s": time.perf_counter() - started}
+        env = environment(io_backend=backend_record())
+        load = {"start": load_start, "end": _loadavg()}
+        wall_s = time.perf_counter() - started
+        runs = [{"date": started_at, "command": env.get("command"), "suites": list(cfg.suites),
+                 "load_average": load, "wall_s": wall_s}]
+        data = {"preset": cfg.preset, "suites_requested": list(cfg.suites), "environment": env,
+                "load_average": load, "dace_env": dace_env, "suites": suites, "raw_files": raw_files,
+                "wall_s": wall_s, "runs": runs}
+        if earlier is not None:
+            data = _added(earlier, data)
+        data["verdicts"] = self._judge(data["suites"], cfg.preset)
         return self._finish(data)
 
     def render(self) -> dict:
         """Rebuild REPORT.md, the verdicts and the plots of an earlier run from its report.json and raw/
         (after the claims table or the report's layout changed), without measuring anything again."""
+        data = self._earlier()
+        data["verdicts"] = self._judge(data["suites"], data["preset"])
+        return self._finish(data)
+
+    def _earlier(self) -> dict:
+        """OUT_DIR's earlier run: its report.json with each benchmark's result read back from raw/."""
         try:
             data = json.loads((self.out / "report.json").read_text())
         except (OSError, ValueError) as exc:
@@ -105,8 +126,7 @@ class Harness:
             for b in suite["benchmarks"]:
                 raw_path = safe_relative(self.out, f"raw/{b['name']}.json")
                 b["result"] = json.loads(raw_path.read_text()).get("result") if raw_path.exists() else None
-        data["verdicts"] = self._judge(data["suites"], data["preset"])
-        return self._finish(data)
+        return data
 
     def _finish(self, data: dict) -> dict:
         data["plots"], data["plots_missing"] = self._plots(data["suites"], data["verdicts"])
@@ -199,6 +219,40 @@ class Harness:
             keep("dace_scaling", plot_mod.dace_scaling((dace.get("scaling") or {}).get("efficiency") or {},
                                                        plots / "dace_scaling.png"))
         return made, None
+
+
+# [Note: a report measured in several runs]
+# The full preset takes hours, longer than one sitting at a machine that must run nothing else. ``--add`` lets
+# the suites be measured in separate runs into one directory: a suite measured now replaces that suite of the
+# earlier run, the others stay as they were measured, and every suite keeps the date and load average of its
+# own run, which REPORT.md prints beside it. Ratios are only ever taken within one benchmark, so a report whose
+# suites come from different days compares nothing across them.
+
+
+def _added(earlier: dict, now: dict) -> dict:
+    """``now``'s suites added to ``earlier``'s run (same preset): a suite measured now replaces the earlier one."""
+    fresh = {s["name"] for s in now["suites"]}
+    kept = []
+    for suite in earlier["suites"]:
+        if suite["name"] not in fresh:
+            # a run from before suites carried their own date: the run's date and load average are theirs
+            suite.setdefault("measured_at", earlier["environment"].get("date"))
+            suite.setdefault("load_average", earlier.get("load_average"))
+            kept.append(suite)
+    order = {name: i for i, name in enumerate(SUITE_NAMES)}
+    suites = sorted(kept + now["suites"], key=lambda s: order.get(s["name"], len(order)))
+    runs = earlier.get("runs") or [{"date": earlier["environment"].get("date"),
+                                    "command": earlier["environment"].get("command"),
+                                    "suites": earlier["suites_requested"], "load_average": earlier.get("load_average"),
+                                    "wall_s": earlier.get("wall_s")}]
+    return {**now, "suites": suites, "suites_requested": [s["name"] for s in suites],
+            "dace_env": now["dace_env"] if "dace" in fresh else earlier.get("dace_env"),
+            "raw_files": sorted(set(earlier.get("raw_files", ())) | set(now["raw_files"])),
+            "runs": runs + now["runs"]}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _loadavg() -> list[float] | None:

@@ -55,16 +55,35 @@ def machine_section(env: dict, load: dict, dace_env: dict | None) -> list[str]:
     return lines
 
 
+def _when(iso: str | None) -> str:
+    return iso[:16].replace("T", " ") if iso else "—"
+
+
+def runs_section(runs: list[dict]) -> list[str]:
+    """The runs a report's suites were measured in, when there was more than one (``repro --add``)."""
+    if len(runs) < 2:
+        return []
+    lines = ["## Runs", "", "The suites were measured in separate runs on this machine, each benchmark's ratios "
+             "within its own run ([Note: a report measured in several runs] in terastack.repro.harness).", "",
+             "| started | suites | load average at start / end | time |", "|---|---|---|---|"]
+    for r in runs:
+        load = r.get("load_average") or {}
+        lines.append(f"| {_when(r.get('date'))} | {', '.join(r.get('suites', ()))} | {load.get('start')} / "
+                     f"{load.get('end')} | {(r.get('wall_s') or 0) / 60:.0f} min |")
+    return lines + [""]
+
+
 def summary_section(suites: list[dict], verdicts: list[dict]) -> list[str]:
-    lines = ["## Summary", "", "| suite | benchmark | status | time | " + " | ".join(VERDICTS) + " |",
-             "|---|---|---|---|" + "---|" * len(VERDICTS)]
+    lines = ["## Summary", "", "| suite | benchmark | measured | status | time | " + " | ".join(VERDICTS) + " |",
+             "|---|---|---|---|---|" + "---|" * len(VERDICTS)]
     for s in suites:
         for b in s["benchmarks"]:
             counts = {k: 0 for k in VERDICTS}
             for v in verdicts:
                 if v["suite"] == s["name"] and v["benchmark"] == b["name"]:
                     counts[v["status"]] += 1
-            lines.append(f"| {s['name']} | {b['name']} | {b['status']} | {b.get('wall_s', 0):.0f} s | "
+            lines.append(f"| {s['name']} | {b['name']} | {_when(s.get('measured_at'))} | {b['status']} | "
+                         f"{b.get('wall_s', 0):.0f} s | "
                          + " | ".join(str(counts[k]) for k in VERDICTS) + " |")
     return lines + [""]
 
@@ -277,7 +296,8 @@ def write_report(path: Path, data: dict, claims: tuple[Claim, ...] = CLAIMS) -> 
     verdicts = data["verdicts"]
     lines = ["# terastack reproduction report", "",
              f"Preset `{data['preset']}`, suites: {', '.join(data['suites_requested'])}. Every figure below was "
-             f"measured in this run on this machine, as a ratio against a baseline measured in the same run; the "
+             f"measured {'in this run' if len(data.get('runs', ())) < 2 else 'in the runs listed below'} on this "
+             f"machine, as a ratio against a baseline measured in the same run; the "
              f"paper's figures are quoted with the hardware they were measured on. Absolute times hold for this "
              f"machine only.", ""]
     if data["preset"] == "smoke":
@@ -285,6 +305,7 @@ def write_report(path: Path, data: dict, claims: tuple[Claim, ...] = CLAIMS) -> 
                   "are not measurements of the claims (compute and I/O are not balanced at that size). Use "
                   "`--preset full` for figures.**", ""]
     lines += machine_section(data["environment"], data["load_average"], data.get("dace_env"))
+    lines += runs_section(data.get("runs", []))
     lines += summary_section(data["suites"], verdicts)
     lines += ["## Claims", ""]
     if "claims_chart" in data["plots"]:

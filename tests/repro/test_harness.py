@@ -308,3 +308,34 @@ def test_a_benchmark_whose_package_fails_to_import_is_an_error_not_missing(tmp_p
     out = run_module("fakebrokenpkg.bench", "smoke")
     assert out["status"] == "error" and "no_such_name" in out["reason"] and "traceback" in out
     assert run_module("fakebrokenpkg_absent.bench", "smoke")["status"] == "missing"
+
+
+def test_suites_measured_in_separate_runs_make_one_report(fake_path, tmp_path):
+    """``--add``: a second run's suite joins the first run's report; a suite measured again replaces its earlier
+    figures; each suite keeps its own run's date; a run of another preset is refused before it measures."""
+    def run(suites, preset="smoke", add=True):
+        return Harness(Harness.Config(suites=suites, preset=preset, out_dir=str(tmp_path), claims=CLAIMS,
+                                      bench_suites=SUITES, pythonpath=(str(fake_path),), add=add)).run()
+
+    first = run(("alpha",), add=False)
+    alpha_at = first["suites"][0]["measured_at"]
+    second = run(("beta",))
+    assert [s["name"] for s in second["suites"]] == ["alpha", "beta"]
+    assert second["suites"][0]["measured_at"] == alpha_at
+    assert _verdict(second, "a.speedup")["measured"] == pytest.approx(1.8)    # judged from the first run's raw/
+    assert _verdict(second, "b.err")["status"] == "not measured"
+    assert [r["suites"] for r in second["runs"]] == [["alpha"], ["beta"]]
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert [s["name"] for s in on_disk["suites"]] == ["alpha", "beta"]
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "## Runs" in text and "in the runs listed below" in text
+    assert {"raw/ok.json", "raw/err.json"} <= set(second["raw_files"])
+
+    third = run(("alpha",))
+    assert [s["name"] for s in third["suites"]] == ["beta", "alpha"]   # unknown suite names keep the run order
+    assert [r["suites"] for r in third["runs"]] == [["alpha"], ["beta"], ["alpha"]]
+    assert len([v for v in third["verdicts"] if v["claim"] == "a.speedup"]) == 1
+
+    with pytest.raises(ValueError, match="preset 'smoke', not 'small'"):
+        run(("beta",), preset="small")
+    assert json.loads((tmp_path / "report.json").read_text())["runs"] == json.loads(json.dumps(third["runs"]))

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import threading
 import uuid
@@ -31,6 +30,7 @@ from terastack.disdp.roles import RoleMap
 from terastack.disdp.job_stats import collect_stats, stats_dir
 from terastack.disdp.shutdown import exit_rank
 from terastack.training.checkpoint import latest_step
+from terastack.local_ranks import agent_logs, free_port
 
 #: the program every rank of the disaggregated job runs (``python -m MODULE JOB.json``)
 JOB_MODULE = "terastack.disdp.run"
@@ -46,12 +46,6 @@ class JobFailed(RuntimeError):
 #: ([Note: Ctrl-C on a job])
 _AGENT_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 _AGENT_SIGNALS_BUT_SIGINT = "SIGTERM,SIGHUP,SIGQUIT"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def classify_failure(failure) -> tuple[str, str]:
@@ -137,37 +131,38 @@ def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: in
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    launch = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=world_size,
-        run_id=f"terastack-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
-        rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
-        start_method="spawn", shutdown_timeout=2)
-    env = {QUIET_ENV: "1" if quiet else "0", _AGENT_SIGNALS_ENV: os.environ.get(_AGENT_SIGNALS_ENV)}
-    relay, previous = _InterruptRelay(module), None
-    if interruptible and threading.current_thread() is threading.main_thread():
-        # torchrun's launcher sets the variable from its config (older ones read only the variable)
-        launch.signals_to_handle = env[_AGENT_SIGNALS_ENV] = _AGENT_SIGNALS_BUT_SIGINT
-        previous = signal.signal(signal.SIGINT, relay)
-    env_before = {name: os.environ.get(name) for name in env}
-    os.environ.update({name: value for name, value in env.items() if value is not None})
-    try:
-        elastic_launch(launch, sys.executable)("-m", module, *args)
-    except ChildFailedError as exc:
-        raise JobFailed(describe_failures(roles, exc.failures, resume_hint())) from None
-    except SignalException:
-        if not relay.seen.is_set():
-            raise
-        return True   # a second Ctrl-C: torchrun's agent has stopped the ranks
-    finally:
-        for name, value in env_before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    return relay.seen.is_set()
+    with agent_logs() as logs:   # failure records are read inside: the directory goes after
+        launch = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=world_size,
+            run_id=f"terastack-{uuid.uuid4().hex[:8]}",
+            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
+            rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
+            start_method="spawn", shutdown_timeout=2, logs_specs=logs)
+        env = {QUIET_ENV: "1" if quiet else "0", _AGENT_SIGNALS_ENV: os.environ.get(_AGENT_SIGNALS_ENV)}
+        relay, previous = _InterruptRelay(module), None
+        if interruptible and threading.current_thread() is threading.main_thread():
+            # torchrun's launcher sets the variable from its config (older ones read only the variable)
+            launch.signals_to_handle = env[_AGENT_SIGNALS_ENV] = _AGENT_SIGNALS_BUT_SIGINT
+            previous = signal.signal(signal.SIGINT, relay)
+        env_before = {name: os.environ.get(name) for name in env}
+        os.environ.update({name: value for name, value in env.items() if value is not None})
+        try:
+            elastic_launch(launch, sys.executable)("-m", module, *args)
+        except ChildFailedError as exc:
+            raise JobFailed(describe_failures(roles, exc.failures, resume_hint())) from None
+        except SignalException:
+            if not relay.seen.is_set():
+                raise
+            return True   # a second Ctrl-C: torchrun's agent has stopped the ranks
+        finally:
+            for name, value in env_before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        return relay.seen.is_set()
 
 
 class _InterruptRelay:

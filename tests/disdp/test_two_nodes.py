@@ -27,7 +27,7 @@ pytest.importorskip("transformers", reason="the jobs' model is a transformers Ll
 
 from terastack.cli import main  # noqa: E402
 from terastack.disdp.control import Liveness, lost_line  # noqa: E402
-from terastack.disdp.launch import free_port  # noqa: E402
+from terastack.local_ranks import free_port  # noqa: E402
 from terastack.disdp.roles import RoleMap  # noqa: E402
 
 from ..exported import exported_weights  # noqa: E402
@@ -53,7 +53,7 @@ class TwoNodes:
         for addr, log in zip(("127.0.0.1", "localhost"), self.logs):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
                    str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                   "--local-addr", addr, "--max-restarts", "0",
+                   "--local-addr", addr, "--max-restarts", "0", "--log-dir", str(log.with_suffix(".ranks")),
                    "-m", "terastack", "dist", "train", "--config", job_file, *args]
             with open(log, "w") as out:
                 self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,

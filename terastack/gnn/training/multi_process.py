@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import uuid
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from terastack.atomic import atomic_write_json
 from terastack.gnn.training.train import GnnTrainer
+from terastack.local_ranks import agent_logs, free_port
 RESULT = "result.json"
 
 
@@ -32,12 +32,6 @@ class RankFailed(RuntimeError):
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _fields(config) -> dict:
@@ -97,15 +91,16 @@ def _launch(config: GnnTrainer.Config, nproc: int, timeout_s: float) -> dict:
     try:
         job = atomic_write_json(run_dir / "job.json", {"config": _fields(config),
                                                        "timeout_s": timeout_s})
-        launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                              run_id=f"terastack-gnn-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                              rdzv_endpoint=f"127.0.0.1:{_free_port()}", local_addr="127.0.0.1",
-                              rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
-                              start_method="spawn", shutdown_timeout=2)
-        try:
-            elastic_launch(launch, sys.executable)("-m", __name__, str(job))
-        except ChildFailedError as exc:
-            raise RankFailed(describe_failures(exc.failures)) from None
+        with agent_logs() as logs:   # failure records are read inside: the directory goes after
+            launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+                                  run_id=f"terastack-gnn-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+                                  rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
+                                  rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
+                                  start_method="spawn", shutdown_timeout=2, logs_specs=logs)
+            try:
+                elastic_launch(launch, sys.executable)("-m", __name__, str(job))
+            except ChildFailedError as exc:
+                raise RankFailed(describe_failures(exc.failures)) from None
         return json.loads((run_dir / RESULT).read_text())
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

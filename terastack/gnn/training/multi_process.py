@@ -23,6 +23,7 @@ from pathlib import Path
 from terastack.atomic import atomic_write_json
 from terastack.gnn.training.train import GnnTrainer
 from terastack.local_ranks import agent_logs, free_port
+
 RESULT = "result.json"
 
 

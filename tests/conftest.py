@@ -11,6 +11,11 @@ os.environ.setdefault("TERASTACK_CACHE", os.path.join(os.path.dirname(__file__),
 # that every process the tests start (ranks, benchmark scripts, the CLI) runs one thread too; a test or a
 # command that sets its own count (dist's --threads, gnn's threads) still does.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# bitsandbytes wraps its CPU quantize / dequantize in torch.compile(dynamic=False): the first call of each tensor
+# shape in a process builds C++ through inductor (2 s with a warm /tmp/torchinductor cache, 42-67 s on a fresh
+# machine in one test). Its functions run the same operations eagerly when dynamo is off, which is what the tests
+# compare terastack's NF4 and 8-bit state against; terastack itself compiles nothing.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 def pytest_collection_modifyitems(config, items):

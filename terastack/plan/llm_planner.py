@@ -361,7 +361,7 @@ class LLMPlanner(StateHomes, StepTimeModel):
         # working memory of the unit computing (outside the ledger): its activations while its forward runs or is
         # recomputed, its weight gradients before they leave, and the loss over the logits
         transient = self._memo(profile, None, "transient", lambda: int(
-            max(u.act_bytes + u.trainable * cb for u in units) + 3 * profile.logits_bytes))
+            max(u.act_bytes + u.trainable * cb for u in units) + profile.loss_bytes))
         resident = 0  # frozen weights resting in the device tier
         if hw.has_gpu and cfg.frozen_on_device:
             frozen, streamed_ws, _ = self._memo(profile, hw, ("frozen on the device", window, "rounded"),

@@ -13,6 +13,9 @@ from terastack.constants import padded_size
 
 #: fp32 master + AdamW exp_avg + exp_avg_sq, bytes per trainable parameter
 STATE_BYTES = 12
+#: fp32 bytes of the logit rows the engine's loss works on at once ([Note: the loss in place] in
+#: terastack.llm.engine.causal_loss)
+LOSS_CHUNK_BYTES = 16 << 20
 
 #: Bytes a record of ``nbytes`` takes in a tier of the store: the store's own padding rule (whole O_DIRECT
 #: blocks, at least one, so small tensors cost a block each), so that plan and store cannot disagree.
@@ -87,7 +90,14 @@ class ModelProfile:
     units: list[UnitProfile]
     tensor_numel: dict[str, int]
     tensor_trainable: dict[str, bool]
+    #: the logits of the whole head at one batch shape, in fp32
     logits_bytes: int = 0
+    #: the engine computes the loss over the logits in place ([Note: the loss in place] in
+    #: terastack.llm.engine.causal_loss); False: the model's own loss code runs
+    loss_in_place: bool = False
+    #: the head's parts when it streams in vocabulary slices (terastack.llm.vocab_slices): their outputs and the
+    #: logits they are joined into live at once
+    head_parts: int = 1
     #: {micro: [(fwd_s, bwd_s) per unit, in ``units``' order]}: the units timed on ``micro`` x ``batch`` rows at
     #: once, as vertical accumulation runs them ([Note: vertical and horizontal accumulation] in
     #: terastack.plan.accumulation_specs); a width absent here is priced as ``micro`` times one batch's time
@@ -114,6 +124,17 @@ class ModelProfile:
     def shape(self, name: str) -> tuple:
         """The shape of parameter ``name`` (a vector of its elements when the profile does not say)."""
         return tuple(self.tensor_shape.get(name) or (self.tensor_numel[name],))
+
+    @property
+    def loss_bytes(self) -> int:
+        """Working memory of the loss over the logits beyond the last unit's own: the logits, their log-softmax
+        and its gradient in fp32 for the model's own loss; in place, the logits once in the compute dtype (twice
+        while a sliced head joins them) and a chunk's fp32 rows four times (the rows, their log-softmax, the
+        gradient flowing in and the gradient computed)."""
+        if not self.loss_in_place:
+            return 3 * self.logits_bytes
+        held = self.logits_bytes * self.compute_bytes // 4 * (2 if self.head_parts > 1 else 1)
+        return held + 4 * min(self.logits_bytes, LOSS_CHUNK_BYTES)
 
     @property
     def total_params(self) -> int:

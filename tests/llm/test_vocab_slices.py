@@ -136,6 +136,22 @@ def test_planner_streams_an_8b_head_in_parts():
     assert largest_unit(256 << 20, "adafactor") == (128256 * 4096 * 4, 0)
 
 
+def test_the_logits_of_a_sliced_head_are_its_parts_together():
+    """The planner's logits are the whole vocabulary's, whether the head is one unit or eight parts; joining the
+    parts' outputs holds them twice ([Note: the loss in place] in terastack.llm.engine.causal_loss)."""
+    from terastack.llm.engine.profile import profile_config
+    from terastack.plan.llm_profile import LOSS_CHUNK_BYTES
+    from terastack.training.model_registry import resolve_model
+
+    hf_config, _ = resolve_model("llama-3-8b")
+    logits = 64 * 128256 * 4
+    for vocab_slice, parts in ((256 << 20, 8), (0, 1)):
+        profile = profile_config(hf_config, batch=1, seq_len=64, dtype=torch.float32, name="llama-3-8b",
+                                 vocab_slice=vocab_slice, optimizer="adamw8bit")
+        assert (profile.logits_bytes, profile.head_parts, profile.loss_in_place) == (logits, parts, True)
+        assert profile.loss_bytes == logits * (2 if parts > 1 else 1) + 4 * min(logits, LOSS_CHUNK_BYTES)
+
+
 def test_a_lora_run_streams_its_frozen_head_in_parts_never_as_nf4(tmp_path, trainer_config):
     """With --lora and an NF4 base the head stays in the compute dtype (QLoRA does not quantize it), also in parts;
     the adapters train over the parts as over the whole head."""

@@ -40,6 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from terastack.training.hf.model_files import check_seq_len
 from terastack.plan.base_formats import nf4_bytes
+from terastack.llm.engine import causal_loss
 from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
 from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
@@ -169,6 +170,16 @@ class _Recorder:
         return call.rebuild(real)
 
 
+def head_units(units, order: list[int]) -> list[int]:
+    """The units whose outputs are the logits: the last to run, or every part of a head streamed in vocabulary
+    slices (terastack.llm.vocab_slices), which run last, one after another."""
+    path = units[order[-1]].path
+    container, sep, _ = path.rpartition(".parts.")
+    if not sep:
+        return [order[-1]]
+    return [i for i in order if units[i].path.startswith(container + sep)]
+
+
 def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
                   calibrate: bool = False, device: torch.device | None = None, packed: bool = False,
                   times_file: Path | None = None, recalibrate: bool = False) -> ModelProfile:
@@ -211,11 +222,12 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
                                      act_bytes=r["act_bytes"], boundary_bytes=r["boundary_bytes"],
                                      out_bytes=r["out_bytes"], act_tensors=r["act_tensors"], fwd_s=fwd_s,
                                      bwd_s=bwd_s))
-    last = rec.records[order[-1]]
-    logits_bytes = last["out_bytes"] * (4 // compute_bytes if compute_bytes < 4 else 1)
+    head = head_units(units, order)
+    logits_bytes = sum(rec.records[i]["out_bytes"] for i in head) * (4 // compute_bytes if compute_bytes < 4 else 1)
     return ModelProfile(model=name, batch=batch, seq_len=seq_len, compute_bytes=compute_bytes, units=out_units,
                         tensor_numel={c: t.numel for c, t in tensors.items()},
                         tensor_trainable={c: t.trainable for c, t in tensors.items()}, logits_bytes=int(logits_bytes),
+                        loss_in_place=causal_loss.applies(model), head_parts=len(head),
                         tensor_shape={c: tuple(t.shape) for c, t in tensors.items()},
                         frozen_rest={c: nf4_bytes(t.numel) for c, t in tensors.items() if t.nf4})
 

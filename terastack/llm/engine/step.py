@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from terastack import trace
+from terastack.llm.engine import causal_loss
 from terastack.llm.engine.step_points import StopForward
 from terastack.training.rng_state import set_rng_states
 
@@ -48,7 +49,8 @@ def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = F
     """One forward and backward of ``model`` (its units installed for runtime ``rt``) on ``inputs`` (the model
     call's keyword arguments: ``input_ids``, ``labels``, and any of ``attention_mask``, ``position_ids``,
     ``num_items_in_batch``), and the optimizer step that closes it; returns the model's output (its ``loss`` is
-    this step's). ``accumulate``: a micro-batch of an accumulated step other than the last, whose backward only
+    this step's; its logits are not kept, [Note: the loss in place] in terastack.llm.engine.causal_loss).
+    ``accumulate``: a micro-batch of an accumulated step other than the last, whose backward only
     adds to the gradient sums ([Note: gradient accumulation] in terastack.llm.engine.accumulate). ``label`` and
     ``track``: its span in the trace (a micro-batch of an accumulated step is not a step of its own)."""
     fetcher, opt = rt.fetcher, rt.optimizer
@@ -60,8 +62,10 @@ def train_step(model, rt, *, inputs: dict, step_index: int, accumulate: bool = F
             fetcher.prefetch(u)
         # -- forward: the model calls each unit's stand-in -> UnitRunner.forward
         #    (prefetch next | acquire | compute, saving activations by policy | release)
-        with trace.span("forward", track="phase"):
+        with trace.span("forward", track="phase"), causal_loss.installed(model):
             out = model(**inputs, use_cache=False)
+        if "logits" in out:  # the loss has turned them into its gradient ([Note: the loss in place])
+            out["logits"] = None
         fetcher.end_forward()   # the order units ran in: backward prefetches by it, and the next step
         if rt.runner.points is not None:  # [Note: points inside a step] in terastack.llm.engine.step_points
             rt.runner.points.forward_done(out.loss, fetcher.order)

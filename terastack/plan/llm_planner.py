@@ -358,10 +358,8 @@ class LLMPlanner(StateHomes, StepTimeModel):
         weights_ws = self._memo(profile, hw, ("weights in flight", window),
                                 lambda: max(sum(wbytes[i:i + window]) for i in range(len(units))))
         swap_flight = 2 * split.max_swapped
-        # working memory of the unit computing (outside the ledger): its activations while its forward runs or is
-        # recomputed, its weight gradients before they leave, and the loss over the logits
-        transient = self._memo(profile, None, "transient", lambda: int(
-            max(u.act_bytes + u.trainable * cb for u in units) + profile.loss_bytes))
+        # working memory of the unit computing (outside the ledger), the loss over the logits beside the head's
+        transient = self._memo(profile, None, "transient", lambda: profile.working_bytes)
         resident = 0  # frozen weights resting in the device tier
         if hw.has_gpu and cfg.frozen_on_device:
             frozen, streamed_ws, _ = self._memo(profile, hw, ("frozen on the device", window, "rounded"),

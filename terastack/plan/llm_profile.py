@@ -137,6 +137,16 @@ class ModelProfile:
         return held + 4 * min(self.logits_bytes, LOSS_CHUNK_BYTES)
 
     @property
+    def working_bytes(self) -> int:
+        """The working memory of the unit computing, beside what the plan holds: its activations while its forward
+        runs or is recomputed and its weight gradients before they leave; for the head's units, also the loss over
+        the logits, which lives from the head's forward to the end of its backward and so beside no other unit's
+        computation."""
+        own = [u.act_bytes + u.trainable * self.compute_bytes for u in self.units]
+        body = len(own) - self.head_parts
+        return max(max(own[:body], default=0), max(own[body:], default=0) + self.loss_bytes)
+
+    @property
     def total_params(self) -> int:
         return sum(self.tensor_numel.values())
 

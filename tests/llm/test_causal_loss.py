@@ -128,3 +128,22 @@ def test_the_engine_step_runs_it_and_trains_as_plain_pytorch(tmp_path, trainer_c
         ref_losses, _ = reference_train(ref, data)
         assert losses == pytest.approx(ref_losses, abs=1e-6)
         assert max_weight_diff(trainer, ref) <= 1e-5
+
+
+def test_the_loss_counts_beside_the_head_alone():
+    """A unit's working memory and the loss never overlap but at the head: the loss lives from the head's forward
+    to the end of its backward."""
+    from terastack.plan.llm_profile import LOSS_CHUNK_BYTES, ModelProfile, UnitProfile
+
+    def unit(name, act, trainable):
+        return UnitProfile(name=name, kind="layer", tensors=(name,), params=trainable, trainable=trainable,
+                           weight_bytes=4 * trainable, fwd_flops=0, bwd_flops=0, act_bytes=act, boundary_bytes=0)
+
+    layers = [unit(f"l{i}", 300 << 20, 50 << 20) for i in range(3)]  # 500 MiB of working memory each
+    head = [unit(f"head.parts.{k}", 10 << 20, 10 << 20) for k in range(2)]  # 50 MiB each
+    prof = ModelProfile(model="m", batch=1, seq_len=8, compute_bytes=4, units=layers + head, tensor_numel={},
+                        tensor_trainable={}, logits_bytes=100 << 20, loss_in_place=True, head_parts=2)
+    assert prof.loss_bytes == (200 << 20) + 4 * LOSS_CHUNK_BYTES
+    assert prof.working_bytes == 500 << 20                                  # a layer's: more than head + loss
+    prof.logits_bytes = 400 << 20
+    assert prof.working_bytes == (50 << 20) + (800 << 20) + 4 * LOSS_CHUNK_BYTES   # the head's with the loss

@@ -105,6 +105,9 @@ class Claim:
             raise ValueError(f"claim {self.id}: related: not in PAPERS: {', '.join(unknown_related)}")
         if self.field is None and not self.differs_because:
             raise ValueError(f"claim {self.id}: differs_because: a claim not measured here must say why")
+        if self.target is not None and not self.differs_because:
+            raise ValueError(f"claim {self.id}: differs_because: a claim judged against a target must say why a "
+                             "machine could miss it (its report prints the reason beside a miss)")
         unknown = [p for p in self.measured_at if p not in PRESETS]
         if unknown or not self.measured_at:
             raise ValueError(f"claim {self.id}: measured_at: presets from {PRESETS}, got {self.measured_at!r}")

@@ -41,11 +41,11 @@ SCRATCH = "{scratch}"
 #: [Note: the scale presets]
 #: smoke is seconds: the llm ladder's tiny rung (terastack's row alone) and a 20,000-node graph (one np.memmap
 #: contender), to show both run end to end (the scale claims are not judged there; each baseline's worker has
-#: tests of its own in tests/llm/test_bench_scale.py and tests/gnn/test_gnn_scale.py). small is tens of minutes: the ladder to 1.1B under an 8 GiB RSS limit,
-#: where in-memory AdamW (9.5 GiB at 0.55B) and ZeRO-Infinity already stop and terastack goes on in 4 GiB, and
-#: a 4M-node graph (2.3 GB). full is the committed figures: the ladder to 3.4B (41 GB of state on the disk,
-#: about 30 minutes on 2 cores) and a 48M-node graph of 28 GB, larger than 23.5 GiB of RAM (30 minutes to
-#: generate). Each needs at most about 50 GB free at once, both runs delete what they wrote, and each refuses up
+#: tests of its own in tests/llm/test_bench_scale.py and tests/gnn/test_gnn_scale.py). small is tens of
+#: minutes: the ladder to 1.1B under an 8 GiB RSS limit, where in-memory AdamW (9.5 GiB at 0.55B) and
+#: ZeRO-Infinity already stop and terastack goes on in 4 GiB, and a 4M-node graph (2.3 GB). full is the
+#: committed figures: the ladder to 3.4B (41 GB of state on the disk, 13-30 minutes on 2 cores) and a 48M-node
+#: graph of 28 GB, larger than 23.5 GiB of RAM (6-30 minutes to generate, as the disk's rate goes). Each needs at most about 50 GB free at once, both runs delete what they wrote, and each refuses up
 #: front, naming the bytes, a run that would not fit the free disk.
 HARNESS_ARGS: dict[str, tuple[str, dict[str, list[str]]]] = {
     "llm-scale": ("llm-scale", {

@@ -45,8 +45,9 @@ SCRATCH = "{scratch}"
 #: minutes: the ladder to 1.1B under an 8 GiB RSS limit, where in-memory AdamW (9.5 GiB at 0.55B) and
 #: ZeRO-Infinity already stop and terastack goes on in 4 GiB, and a 4M-node graph (2.3 GB). full is the
 #: committed figures: the ladder to 3.4B (41 GB of state on the disk, 13-30 minutes on 2 cores) and a 48M-node
-#: graph of 28 GB, larger than 23.5 GiB of RAM (6-30 minutes to generate, as the disk's rate goes). Each needs at most about 50 GB free at once, both runs delete what they wrote, and each refuses up
-#: front, naming the bytes, a run that would not fit the free disk.
+#: graph of 28 GB, larger than 23.5 GiB of RAM (6-30 minutes to generate, as the disk's rate goes). Each needs
+#: at most about 50 GB free at once, both runs delete what they wrote, and each refuses up front, naming the
+#: bytes, a run that would not fit the free disk.
 HARNESS_ARGS: dict[str, tuple[str, dict[str, list[str]]]] = {
     "llm-scale": ("llm-scale", {
         "smoke": ["--sizes", "tiny", "--systems", "terastack", "--steps", "1", "--warmup", "1",

@@ -59,7 +59,7 @@ SUITES = {
 CLAIMS = (
     Claim(id="a.speedup", suite="alpha", benchmark="ok", title="speedup", source="paper", paper="CAM", where="abstract",
           paper_figure="P: 1.8x", paper_value=1.8, paper_hardware="a big GPU", field="speedup_vs_sync", baseline="sync", target=1.5,
-          target_reason="terastack's floor below the paper's figure"),
+          target_reason="terastack's floor below the paper's figure", differs_because="2 cores, not a big GPU"),
     Claim(id="a.hidden", suite="alpha", benchmark="ok", title="hidden", source="project", paper_figure=">= 0.8", rationale="hide most of it",
           field="hidden_fraction", baseline="alone", target=0.8, unit="fraction",
           differs_because="the cores are shared"),

@@ -12,6 +12,19 @@ import socket
 import tempfile
 
 
+def launch_config(nproc: int, *, name: str, timeout_s: float, logs):
+    """torchrun's ``LaunchConfig`` for ``nproc`` ranks of this machine: a loopback rendezvous on a free port, no
+    restarts, spawned ranks, the agent's logs in ``logs`` (from :func:`agent_logs`)."""
+    import uuid
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"{name}-{uuid.uuid4().hex[:8]}",
+                        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
+                        rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
+                        start_method="spawn", shutdown_timeout=2, logs_specs=logs)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -20,7 +20,6 @@ import shutil
 import signal
 import sys
 import threading
-import uuid
 from pathlib import Path
 
 from terastack.atomic import atomic_write_json
@@ -30,7 +29,7 @@ from terastack.disdp.roles import RoleMap
 from terastack.disdp.job_stats import collect_stats, stats_dir
 from terastack.disdp.shutdown import exit_rank
 from terastack.training.checkpoint import latest_step
-from terastack.local_ranks import agent_logs, free_port
+from terastack.local_ranks import agent_logs, launch_config
 
 #: the program every rank of the disaggregated job runs (``python -m MODULE JOB.json``)
 JOB_MODULE = "terastack.disdp.run"
@@ -129,15 +128,10 @@ def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: in
     set)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     with agent_logs() as logs:   # failure records are read inside: the directory goes after
-        launch = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=world_size,
-            run_id=f"terastack-{uuid.uuid4().hex[:8]}",
-            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
-            rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
-            start_method="spawn", shutdown_timeout=2, logs_specs=logs)
+        launch = launch_config(world_size, name="terastack", timeout_s=timeout_s, logs=logs)
         env = {QUIET_ENV: "1" if quiet else "0", _AGENT_SIGNALS_ENV: os.environ.get(_AGENT_SIGNALS_ENV)}
         relay, previous = _InterruptRelay(module), None
         if interruptible and threading.current_thread() is threading.main_thread():

@@ -15,14 +15,13 @@ import shutil
 import signal
 import sys
 import tempfile
-import uuid
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
 from terastack.atomic import atomic_write_json
 from terastack.gnn.training.train import GnnTrainer
-from terastack.local_ranks import agent_logs, free_port
+from terastack.local_ranks import agent_logs, launch_config
 
 RESULT = "result.json"
 
@@ -86,18 +85,14 @@ def dist_rank() -> int:
 
 def _launch(config: GnnTrainer.Config, nproc: int, timeout_s: float) -> dict:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     run_dir = Path(tempfile.mkdtemp(prefix="terastack-gnn-ranks-"))
     try:
         job = atomic_write_json(run_dir / "job.json", {"config": _fields(config),
                                                        "timeout_s": timeout_s})
         with agent_logs() as logs:   # failure records are read inside: the directory goes after
-            launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                                  run_id=f"terastack-gnn-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                                  rdzv_endpoint=f"127.0.0.1:{free_port()}", local_addr="127.0.0.1",
-                                  rdzv_configs={"timeout": int(timeout_s)}, max_restarts=0, monitor_interval=0.1,
-                                  start_method="spawn", shutdown_timeout=2, logs_specs=logs)
+            launch = launch_config(nproc, name="terastack-gnn", timeout_s=timeout_s, logs=logs)
             try:
                 elastic_launch(launch, sys.executable)("-m", __name__, str(job))
             except ChildFailedError as exc:

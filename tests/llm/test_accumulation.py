@@ -480,11 +480,11 @@ def test_auto_is_the_fewest_passes_that_fit(tmp_path, trainer_config):
     save_model(no_dropout_config("llama", 2), tmp_path / "model")
     with Trainer.from_pretrained(tmp_path / "model", trainer_config(grad_accum=8)) as trainer:
         assert trainer.plan.accumulation == "vertical" and not trainer.plan.sums_gradients
-    # what each order needs of the device budget (long rows: activations dominate), from its refusal of 1 MiB
+    # what each order needs of the device budget (long rows: activations dominate), from its refusal of 256 KiB
     orders = ("vertical", "grouped-4", "grouped-2", "horizontal")
     budgets = {}
     for order in orders:
-        cfg = trainer_config(grad_accum=8, accumulation=order, seq_len=64, batch_size=4, device_budget="1MiB",
+        cfg = trainer_config(grad_accum=8, accumulation=order, seq_len=64, batch_size=4, device_budget="256KiB",
                              store_dir=str(tmp_path / order))
         with pytest.raises(PlanError) as info:
             Trainer.from_pretrained(tmp_path / "model", cfg)

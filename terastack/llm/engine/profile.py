@@ -6,7 +6,8 @@ masks, rotary tables -- while every unit runs on the meta device: its
 parameters are the skeleton's meta parameters and its inputs are meta copies.
 Under ``FlopCounterMode`` and a saved-tensor hook this gives, per unit and
 exactly for this batch shape, the forward and backward FLOPs and the bytes its
-autograd graph saves, for any size of model (OPT-175B profiles in seconds on a
+autograd graph saves (with the kernels training takes, [Note: the profile's kernels
+are training's kernels] in ``meta_kernels``), for any size of model (OPT-175B profiles in seconds on a
 laptop). A unit returns real zeros of its output's shape, so the glue between
 units (residual adds, reshapes) runs as in training; the order units run in is
 recorded too. Calibration then times one real instance of each distinct unit
@@ -41,64 +42,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from terastack.training.hf.model_files import check_seq_len
 from terastack.plan.base_formats import nf4_bytes
 from terastack.llm.engine import causal_loss
+from terastack.llm.engine.meta_kernels import MetaKernels, register_flop_formulas
 from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
 from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
 _MATERIALIZE_LIMIT = 64 << 20
-
-
-class _MetaGroupedMM(torch.overrides.TorchFunctionMode):
-    """[Note: mixture-of-experts on the meta device]
-    transformers 5 runs a mixture of experts' stacked expert weights through ``torch.nn.functional.grouped_mm``
-    (``config._experts_implementation == "grouped_mm"``, its default; the CPU kernel takes fp32 and plain
-    training uses it). torch's *meta* kernel of ``_grouped_mm`` only accepts bf16 ("Expected inputs of BF16
-    type"), so the profile pass, where every unit runs on meta tensors, would stop there. For meta fp32 inputs
-    this mode calls transformers' own fallback op instead (``transformers::grouped_mm_fallback``: the same
-    result shape, the same tensors saved for backward, a registered fake kernel); its FLOPs are counted by the
-    formulas below (``FlopCounterMode`` knows neither op). Training and calibration run the real kernel."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _GROUPED_MM and len(args) >= 2 and _meta_fp32(args[0], args[1]) \
-                and kwargs.get("bias") is None and kwargs.get("out_dtype") is None and hasattr(torch.ops, "transformers"):
-            offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
-            return torch.ops.transformers.grouped_mm_fallback(args[0], args[1], offs=offs)
-        return func(*args, **kwargs)
-
-
-def _meta_fp32(a, b) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device.type == "meta"
-            and torch.bfloat16 not in (a.dtype, b.dtype))
-
-
-_GROUPED_MM = tuple(f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
-                    if f is not None)
-_FLOPS_REGISTERED = False
-
-
-def _register_grouped_mm_flops() -> None:
-    """FLOP formulas of transformers' grouped-mm fallback ops: (S, K) x (E, K, N) is 2*S*K*N forward, twice that
-    backward (grad of input and of weight)."""
-    global _FLOPS_REGISTERED
-    if _FLOPS_REGISTERED:
-        return
-    _FLOPS_REGISTERED = True
-    try:
-        import transformers.integrations.moe  # noqa: F401 - registers the ops
-        fwd_op = torch.ops.transformers.grouped_mm_fallback
-        bwd_op = torch.ops.transformers.grouped_mm_fallback_backward
-    except (ImportError, AttributeError):
-        return
-    from torch.utils.flop_counter import register_flop_formula
-
-    @register_flop_formula(fwd_op)
-    def _fwd(a_shape, b_shape, *_, **__) -> int:
-        return 2 * math.prod(a_shape) * b_shape[-1]
-
-    @register_flop_formula(bwd_op)
-    def _bwd(a_shape, b_shape, *_, **__) -> int:
-        return 4 * math.prod(a_shape) * b_shape[-1]
 
 
 class _Recorder:
@@ -137,8 +86,8 @@ class _Recorder:
 
         m_args, m_kwargs = pytree.tree_unflatten(meta_flat, call.spec)
         keep = []  # saved tensors stay alive until the backward count is done (ids must not be reused)
-        _register_grouped_mm_flops()
-        with FlopCounterMode(display=False) as fc, _MetaGroupedMM():
+        register_flop_formulas()
+        with FlopCounterMode(display=False) as fc, MetaKernels():
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: (keep.append(t), pack(t))[1],
                                                                               lambda t: t):
                 out = torch.func.functional_call(unit.module, {**leaves, **buffers}, m_args, m_kwargs,

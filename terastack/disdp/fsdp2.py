@@ -10,7 +10,6 @@ the work objects they return). ``python -m terastack.disdp.fsdp2 JOB.json`` unde
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 
@@ -162,4 +161,6 @@ def run_bench(spec: BenchSpec, rank: int, world: int) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(rank_main(run))
+    from terastack.local_ranks import end_rank_process
+
+    end_rank_process(rank_main(run))   # [Note: a rank leaves without teardown]

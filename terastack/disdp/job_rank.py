@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,4 +24,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from terastack.local_ranks import end_rank_process
+
+    end_rank_process(main())   # [Note: a rank leaves without teardown]

@@ -66,9 +66,9 @@ class JobRank:
     index: int
     roles: RoleMap
     comm: Comm
-    hf_config: object
+    hf_config: object | None          # these three on the ranks that hold the model's tensors: workers and servers
     model_dir: str | None
-    meta_model: nn.Module | None      # on the ranks that hold the model's tensors: workers and servers
+    meta_model: nn.Module | None
     layout: Layout
     schedule: Schedule
     liveness: Liveness | None = None
@@ -118,15 +118,17 @@ def join_job(job) -> tuple[JobRank, Control]:
     roles = control.roles = roles.with_nodes(nodes)
     liveness = Liveness(rank, world)
     comm = Comm.open(roles, rank, timeout_s=d.timeout_s, backend=backend)
-    hf_config, model_dir = resolve_model(job.model.path or DEFAULT_MODEL)
-    if job.model.rope_scaling is not None:
-        apply_rope_scaling(hf_config, *job.model.rope_scaling)
-    if job.data.pack:
-        check_packing(hf_config)   # packed rows need the attention that position ids restart
-    # Only the ranks that hold the model's tensors build its skeleton: importing transformers' modelling code is
-    # seconds of CPU a rank, which the aggregator and the agents, sharing the node's cores, need not spend. They
-    # take the layout rank 0 (worker 0) made.
-    meta_model = build_skeleton(hf_config) if role in (Role.WORKER, Role.SERVER) else None
+    # Only the ranks that hold the model's tensors read its config and build its skeleton: importing transformers
+    # is seconds of CPU a rank, which the aggregator and the agents, sharing the node's cores, need not spend.
+    # They take the layout rank 0 (worker 0) made; a model that cannot be read fails on the workers and servers.
+    hf_config = model_dir = meta_model = None
+    if role in (Role.WORKER, Role.SERVER):
+        hf_config, model_dir = resolve_model(job.model.path or DEFAULT_MODEL)
+        if job.model.rope_scaling is not None:
+            apply_rope_scaling(hf_config, *job.model.rope_scaling)
+        if job.data.pack:
+            check_packing(hf_config)   # packed rows need the attention that position ids restart
+        meta_model = build_skeleton(hf_config)
     mine = Layout.of(meta_model, d.servers) if meta_model is not None else None
     sent = [mine]
     dist.broadcast_object_list(sent, src=0, group=control.group)   # rank 0's layout, now on every rank

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,4 +255,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from terastack.local_ranks import end_rank_process
+
+    end_rank_process(main())   # [Note: a rank leaves without teardown]

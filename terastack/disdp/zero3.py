@@ -12,7 +12,6 @@ same on ``terastack bench dist --model``'s model and batches).
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
@@ -154,4 +153,6 @@ def run_bench(spec: BenchSpec, rank: int, world: int) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(rank_main(run))
+    from terastack.local_ranks import end_rank_process
+
+    end_rank_process(rank_main(run))   # [Note: a rank leaves without teardown]

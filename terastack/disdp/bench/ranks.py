@@ -144,4 +144,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from terastack.local_ranks import end_rank_process
+
+    end_rank_process(main())   # [Note: a rank leaves without teardown]

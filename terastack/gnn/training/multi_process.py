@@ -21,7 +21,7 @@ from pathlib import Path
 
 from terastack.atomic import atomic_write_json
 from terastack.gnn.training.train import GnnTrainer
-from terastack.local_ranks import agent_logs, launch_config
+from terastack.local_ranks import agent_logs, launch_config, end_rank_process
 
 RESULT = "result.json"
 
@@ -142,4 +142,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank_process(main())   # [Note: a rank leaves without teardown]

@@ -181,7 +181,10 @@ def test_the_step_is_timed_beside_the_predicted_epochs_reads(feature_file, monke
         batch = seconds_per_node * 100
         return SimpleNamespace(epoch_seconds=10 * batch, batch_seconds=batch, ssd_bytes_per_epoch=10 * 16 * BLOCK)
 
-    out = advise.measure_under_epoch_load(feature_file, load_sensitive_step(reads), predict, seconds=0.4, rounds=2,
+    # a read costs the step as much as its own base time: one read at the full rate inside a step is enough to tell
+    # the two rates apart, however few reads a loaded machine's reader thread manages
+    step = load_sensitive_step(reads, per_read=0.01)
+    out = advise.measure_under_epoch_load(feature_file, step, predict, seconds=0.4, rounds=2,
                                           window_seconds=0.1, min_steps=3, batch_blocks=8)
     full, paced = out["full_rate"], out["at_epoch_rate"]
     assert len(paced) == 2 and "rate" not in probes[0]
@@ -190,7 +193,7 @@ def test_the_step_is_timed_beside_the_predicted_epochs_reads(feature_file, monke
         assert probes[k + 1]["rate"] == pytest.approx(16 / batch)
         assert probes[k + 1]["batch_blocks"] == 16 and probed["request_blocks"] == 16
     # the reads at the epoch's rate slow the step far less than the full rate did, and the model takes that step
-    assert paced[-1]["compute_seconds_per_node"] < 0.5 * full["compute_seconds_per_node"]
+    assert paced[-1]["compute_seconds_per_node"] < 0.6 * full["compute_seconds_per_node"]
     assert out["compute_seconds_per_node"] == paced[-1]["compute_seconds_per_node"] == calls[-1][1]
     assert out["ssd_rand4k_iops"] == full["ssd_rand4k_iops"] == calls[-1][0]
 

@@ -75,7 +75,7 @@ import torch
 from terastack.bench_watchdog import RssWatchdog
 from terastack.gnn.advise import (feature_file_hardware, measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
-from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, skip_step, timed_batches, window_seconds
+from terastack.gnn.bench.workers import Contender, drop_mapped_pages, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, skip_step, start_fork_server, timed_batches, window_seconds
 from terastack.gnn.storage.baselines import MmapFeatures
 from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import MANIFEST, open_dataset
@@ -200,9 +200,11 @@ def measure_scale(args) -> dict:
     root = _scale_root(args, sizes)
     root.parent.mkdir(parents=True, exist_ok=True)
     try:
+        start_fork_server()   # the mmap contenders' fork server imports while the dataset is made
         gen = _generate(args, root, nodes, avg_degree, train_nodes, gen_memory)
         say(f"dataset {gen['status']} in {gen['wall_seconds']:.1f} s, generator peak RSS "
             f"{format_bytes(gen['peak_rss_bytes'])}")
+        fork_server_ready()   # and is done before terastack's epoch is timed
         if args.threads:
             torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
         ours = _terastack_epoch(args, root, fanouts=fanouts, budget=budget, batch_size=batch_size,

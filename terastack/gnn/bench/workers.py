@@ -90,6 +90,27 @@ def _context():
     return ctx
 
 
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports (seconds of CPU) overlap work that is not timed, such as a
+    dataset's generation, instead of delaying the first contender."""
+    _context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+def _nothing() -> None:
+    pass
+
+
+def fork_server_ready() -> None:
+    """Return once the fork server has finished its imports (it forks a first child only then), so that its CPU
+    is not spent beside an epoch being timed."""
+    child = _context().Process(target=_nothing, name="terastack-fork-server-ready", daemon=True)
+    child.start()
+    child.join()
+
+
 class Contender:
     """A contender built by ``factory`` (``"module:function"``, called with ``config``) in a child process;
     see [Note: contenders in child processes]. ``call(method, **kwargs)`` returns the method's dict plus the

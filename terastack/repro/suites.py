@@ -60,7 +60,7 @@ HARNESS_ARGS: dict[str, tuple[str, dict[str, list[str]]]] = {
         "smoke": ["--scale", "--nodes", "20000", "--avg-degree", "5", "--feat-dim", "16", "--classes", "4",
                   "--train-nodes", "512", "--batch-size", "128", "--fanouts", "5,5", "--hidden", "16",
                   "--budget", "512KiB", "--gen-memory", "256MiB", "--rss-limit", "4GiB", "--load-probe-seconds", "0.5",
-                  "--mmap-threads", "1", "--dir", SCRATCH, "--cleanup", "--quiet"],
+                  "--disk-probe-seconds", "0.3", "--mmap-threads", "1", "--dir", SCRATCH, "--cleanup", "--quiet"],
         "small": ["--scale", "--nodes", "4000000", "--budget", "256MiB", "--dir", SCRATCH,
                   "--cleanup", "--quiet"],
         "full": ["--scale", "--dir", SCRATCH, "--cleanup", "--quiet"],

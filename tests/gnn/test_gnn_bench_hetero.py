@@ -63,8 +63,8 @@ def test_bench_hetero_smoke(tmp_path, capsys):
     code = main(["bench", "gnn", "--hetero", "--papers", "2000", "--feat-dim", "16", "--train-nodes", "512",
                  "--test-nodes", "128", "--batch-size", "128", "--hidden", "8", "--fanouts", "4,2", "--epochs", "2",
                  "--presample-nodes", "128", "--holdout-nodes", "128", "--mmap-warmup-batches", "1",
-                 "--mmap-batches", "2", "--mmap-threads", "1,3", "--load-probe-seconds", "0.3", "--dir", str(d),
-                 "--quiet", "--json"])
+                 "--mmap-batches", "2", "--mmap-threads", "1,3", "--load-probe-seconds", "0.3",
+                 "--disk-probe-seconds", "0.3", "--dir", str(d), "--quiet", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
     r = json.loads(out.out)

@@ -26,7 +26,7 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
                              "--feat-dim", "32", "--batch-size", "64", "--fanouts", "5,5", "--hidden", "16",
                              "--budget", "300KiB", "--gen-memory", "64MiB", "--presample-nodes", "128",
                              "--holdout-nodes", "128", "--mmap-warmup-batches", "2", "--mmap-batches", "3",
-                             "--mmap-threads", "1,3", "--load-probe-seconds", "0.3",
+                             "--mmap-threads", "1,3", "--load-probe-seconds", "0.3", "--disk-probe-seconds", "0.3",
                              "--dir", str(d), "--quiet", "--json", "--cleanup")
     assert code == 0, err
     r = json.loads(out)

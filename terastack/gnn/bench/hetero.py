@@ -78,11 +78,13 @@ class HeteroContender:
 
     def __init__(self, *, kind: str, root: str, model: str, fanouts: str, hidden: int, lr: float, seed: int,
                  batch_size: int, budget: int, threads: int, presample_nodes: int = 0, holdout_nodes: int = 0,
-                 indptr: str = "auto", mmap_threads: int = 1, load_probe_seconds: float = 8.0):
+                 indptr: str = "auto", mmap_threads: int = 1, load_probe_seconds: float = 8.0,
+                 disk_probe_seconds: float = 1.5):
         if threads:
             torch.set_num_threads(threads)
         self.kind, self.batch_size, self.seed = kind, batch_size, seed
         self._model_kind, self._hidden, self._load_probe_seconds = model, hidden, load_probe_seconds
+        self._disk_probe_seconds = disk_probe_seconds
         topology = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind]
         ds = self.ds = open_hetero_dataset(root, topology=topology, indptr=indptr, topology_budget=budget)
         self.sampler = HeteroNeighborSampler.for_dataset(ds, fanouts=fanouts, seed=seed)
@@ -153,7 +155,7 @@ class HeteroContender:
         lead = ds.target if ds.target in featured else next(iter(featured))
         lead_file = SimpleNamespace(features_path=featured[lead].features_path,
                                     feature_bytes=featured[lead].num_nodes * row_bytes)
-        ssd = probe_feature_file(lead_file)
+        ssd = probe_feature_file(lead_file, seconds=self._disk_probe_seconds)
         nodes = sum(f.num_nodes for f in featured.values())
         cached = sum(features.sources[t].device_rows + features.sources[t].host_rows for t in featured)
         rows_per_batch = sum(prof["rows_per_batch"].get(t, 0.0) for t in featured)
@@ -269,7 +271,7 @@ def measure_hetero(args) -> dict:
         contenders["terastack"] = Contender("terastack", "terastack.gnn.bench.hetero:HeteroContender", dict(
             kind="terastack", presample_nodes=args.presample_nodes or HETERO_DEFAULTS["presample_nodes"],
             holdout_nodes=args.holdout_nodes or HETERO_DEFAULTS["holdout_nodes"], indptr=args.indptr,
-            load_probe_seconds=args.load_probe_seconds, **common),
+            load_probe_seconds=args.load_probe_seconds, disk_probe_seconds=args.disk_probe_seconds, **common),
             rss_limit=rss_limit)
         contenders["in_memory_pipelined"] = Contender(
             "in_memory_pipelined", "terastack.gnn.bench.hetero:HeteroContender",

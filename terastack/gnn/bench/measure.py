@@ -80,7 +80,8 @@ HEADLINE = ["slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial", "
 
 PRESETS = {
     "smoke": ["--nodes", "20000", "--feat-dim", "64", "--train-nodes", "1024", "--test-nodes", "512",
-              "--batch-size", "256", "--fanouts", "5,5", "--hidden", "32", "--epochs", "1", "--quiet"],
+              "--batch-size", "256", "--fanouts", "5,5", "--hidden", "32", "--epochs", "1", "--disk-probe-seconds", "0.3",
+              "--quiet"],
     "small": ["--nodes", "1000000", "--train-nodes", "16384", "--epochs", "1"],
     "full": [],
 }
@@ -136,6 +137,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holdout-nodes", type=int, default=None, help="with --scale or --hetero: training seeds, "
                    "disjoint from the pre-sampled ones, sampled with the caches in place to measure the TPC "
                    "model's inputs (default 8192)")
+    p.add_argument("--disk-probe-seconds", type=float, default=1.5, help="how long the random reads of the feature "
+                   "file's disk probe run (the TPC model's IOPS and the kernel's CPU per read; with --scale once "
+                   "before the epoch and once after it)")
     p.add_argument("--load-probe-seconds", type=float, default=8.0, help="with --scale or --hetero: how long each round of the TPC "
                    "model's calibration runs: the SSD's rate while the training steps run, then the step beside reads "
                    "at the predicted epoch's rate (see terastack.gnn.advise measure_under_epoch_load)")
@@ -339,7 +343,7 @@ def _tpc_check(args: argparse.Namespace, ds, sampler: NeighborSampler, hot, budg
     """The TPC model vs measured epochs at several cache sizes. [Note: checking the TPC model] explains the inputs."""
     train_ids = ds.splits["train"]
     common = dict(batch_size=args.batch_size, progress=not args.quiet)
-    ssd = probe_feature_file(ds)
+    ssd = probe_feature_file(ds, seconds=args.disk_probe_seconds)
     here = feature_file_hardware(ssd)
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
                   calibrate=False, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])

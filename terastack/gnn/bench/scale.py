@@ -311,7 +311,7 @@ def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int,
         presample_seconds = time.perf_counter() - t0
         # Order matters for the peak: the whole-graph temporaries (ranking, rank positions) are made before the
         # feature cache is filled, and the pre-sampling counts are dropped before training.
-        ssd = probe_feature_file(ds)
+        ssd = probe_feature_file(ds, seconds=args.disk_probe_seconds)
         ranking = hot.order()
         split, feature_budget = share_budget(ds, hot, budget, fanouts)  # fills the hot lists
         prof = profile_sampling(sampler, holdout, batch_size, seed=args.seed)
@@ -398,7 +398,7 @@ def _train_one_epoch(args, ds, sampler, cache, train_ids, *, fanouts, batch_size
     cache_info, topology_info = cache.describe(), ds.topology.describe()
     cache.close()
     # the disk's rates again after the epoch: how far they moved while the prediction's inputs held still
-    ssd_after = probe_feature_file(ds)
+    ssd_after = probe_feature_file(ds, seconds=args.disk_probe_seconds)
     return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "cache": cache_info,
             "topology": topology_info, "ssd_after": ssd_after, "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
             "ssd_requests": after["requests"] - before["requests"]}

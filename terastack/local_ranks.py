@@ -6,13 +6,9 @@ The agent makes that directory under the temporary directory on every launch and
 directory of its own and removes it once the launch, and the reading of its failure records, is over."""
 from __future__ import annotations
 
-import atexit
 import contextlib
-import logging
-import os
 import shutil
 import socket
-import sys
 import tempfile
 
 
@@ -46,19 +42,3 @@ def agent_logs():
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 
-
-def end_rank_process(code: int) -> None:
-    """End a rank's process with ``code`` once its work is done, without the interpreter's teardown.
-
-    [Note: a rank leaves without teardown]
-    After a rank's last line, CPython tears down every module and object it loaded; with torch and transformers
-    that is about a second of CPU a rank. The ranks of one machine share its cores, so the teardowns queue: a job
-    of 7 ranks on 2 cores spent 3.8 s between its ranks' exit handlers and their ends, and the launcher waits
-    for all of them. Nothing a finished rank holds needs the teardown -- its files are closed by the code that
-    wrote them, the process group is destroyed -- so a rank flushes its streams and logs, runs the exit handlers
-    (torch's and the user's), and ends. A rank that fails raises instead, and ends as any Python program does."""
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

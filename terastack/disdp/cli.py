@@ -138,9 +138,9 @@ def run_job(args: argparse.Namespace) -> int:
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     check_job(job)
     if _under_torchrun():   # one rank of a job torchrun started, on this node or several
-        from terastack.local_ranks import end_rank_process
+        from terastack.process_end import end_without_teardown
 
-        end_rank_process(run_torchrun_rank(job))   # [Note: a rank leaves without teardown]
+        end_without_teardown(run_torchrun_rank(job))   # [Note: a process leaves without teardown]
     try:
         result = launch_job(job, argv=getattr(args, "_argv", None))
     except JobInterrupted as exc:   # every rank has left in order; where to continue from, in one line

@@ -24,6 +24,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from terastack.local_ranks import end_rank_process
+    from terastack.process_end import end_without_teardown
 
-    end_rank_process(main())   # [Note: a rank leaves without teardown]
+    end_without_teardown(main())   # [Note: a process leaves without teardown]

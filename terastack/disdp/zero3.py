@@ -153,6 +153,6 @@ def run_bench(spec: BenchSpec, rank: int, world: int) -> dict:
 
 
 if __name__ == "__main__":
-    from terastack.local_ranks import end_rank_process
+    from terastack.process_end import end_without_teardown
 
-    end_rank_process(rank_main(run))   # [Note: a rank leaves without teardown]
+    end_without_teardown(rank_main(run))   # [Note: a process leaves without teardown]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from terastack.atomic import atomic_write_json
 from terastack.gnn.training.train import GnnTrainer
-from terastack.local_ranks import agent_logs, launch_config, end_rank_process
+from terastack.local_ranks import agent_logs, launch_config
+from terastack.process_end import end_without_teardown
 
 RESULT = "result.json"
 
@@ -142,4 +143,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    end_rank_process(main())   # [Note: a rank leaves without teardown]
+    end_without_teardown(main())   # [Note: a process leaves without teardown]

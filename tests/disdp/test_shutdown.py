@@ -41,14 +41,14 @@ def _run(how: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(120)
 def test_a_failing_rank_with_a_thread_inside_the_network_exits_with_its_error_not_sigabrt():
-    plain = _run("plain")   # what a rank did before: finalization under the busy thread
-    if plain.returncode == 1:
-        pytest.skip("this interpreter did not abort under a busy thread at exit; nothing to compare against")
-    assert plain.returncode == -6 and "terminate called" in plain.stderr, (plain.returncode, plain.stderr[-400:])
     # exit_rank ends such a rank with os._exit, before finalization: nothing is left to chance, so one run tells
     out = _run("exit_rank")
     assert out.returncode == 1, (out.returncode, out.stderr[-400:])
     assert "the rank's own error" in out.stderr and "terminate called" not in out.stderr
+    plain = _run("plain")   # what a rank did before: finalization under the busy thread
+    # usually an abort; a loaded machine can let the thread leave the network first (a race), and then it exits 1
+    assert plain.returncode in (-6, 1), (plain.returncode, plain.stderr[-400:])
+    assert (plain.returncode == -6) == ("terminate called" in plain.stderr), plain.stderr[-400:]
 
 
 def test_exit_rank_returns_the_entry_code_and_destroys_the_group(monkeypatch):

@@ -76,7 +76,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(id="io.batch_submit", suite="io", benchmark="io", title="small-request submission rate (batch API)",
           source="project", paper_figure=">= 1,000,000 ops/s, page cache hot",
           rationale="one Python call per request tops out near 0.5M ops/s; an NVMe drive serves about 1M 4 KiB "
-                    "reads/s, so submission must not be what limits a batch (DESIGN.md, the storage engine)",
+                    "reads/s, so submission must not be what limits a batch (docs/design.md, the storage engine)",
           field="batch_submit_ops_per_s", baseline="none (absolute rate on 2 cores)", target=1e6, unit="ops/s",
           differs_because="2 cores bound the rate"),
     Claim(id="hyperion.cpu_per_disk_rate", suite="io", benchmark="io-cpu",
@@ -349,8 +349,8 @@ CLAIMS: tuple[Claim, ...] = (
           differs_because="agents run on the same 2 cores as the workers"),
     Claim(id="disdp.equal", suite="dist", benchmark="dist", title="parameters equal single-process training",
           source="project", paper_figure="max abs diff <= 1e-5", field="correct_within_1e-5",
-          rationale="a distributed job must train the same model as the single-process one (DESIGN.md: results "
-                    "must equal the single-process job)",
+          rationale="a distributed job must train the same model as the single-process one "
+                    "(docs/design.md: results must equal the single-process job)",
           comparison="==", target=1, unit="bool", baseline="single-process AdamW, same data and seeds",
           differs_because="should not differ"),
     Claim(id="disdp.ingress_flat", suite="dist", benchmark="dist",

@@ -41,4 +41,3 @@ def agent_logs():
         yield DefaultLogsSpecs(log_dir=log_dir)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
-

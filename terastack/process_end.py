@@ -17,9 +17,10 @@ import logging
 import os
 import sys
 import threading
+from typing import NoReturn
 
 
-def end_without_teardown(code: int) -> None:
+def end_without_teardown(code: int) -> NoReturn:
     """End this process with ``code`` now (see the note above); only for a child whose work is done."""
     me = threading.current_thread()
     for thread in threading.enumerate():

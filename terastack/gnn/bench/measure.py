@@ -80,8 +80,8 @@ HEADLINE = ["slowdown_vs_in_memory_pipelined", "slowdown_vs_in_memory_serial", "
 
 PRESETS = {
     "smoke": ["--nodes", "20000", "--feat-dim", "64", "--train-nodes", "1024", "--test-nodes", "512",
-              "--batch-size", "256", "--fanouts", "5,5", "--hidden", "32", "--epochs", "1", "--disk-probe-seconds", "0.3",
-              "--quiet"],
+              "--batch-size", "256", "--fanouts", "5,5", "--hidden", "32", "--epochs", "1",
+              "--disk-probe-seconds", "0.3", "--quiet"],
     "small": ["--nodes", "1000000", "--train-nodes", "16384", "--epochs", "1"],
     "full": [],
 }

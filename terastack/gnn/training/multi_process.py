@@ -22,7 +22,6 @@ from pathlib import Path
 from terastack.atomic import atomic_write_json
 from terastack.gnn.training.train import GnnTrainer
 from terastack.local_ranks import agent_logs, launch_config
-from terastack.process_end import end_without_teardown
 
 RESULT = "result.json"
 
@@ -143,4 +142,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from terastack.process_end import end_without_teardown
+
     end_without_teardown(main())   # [Note: a process leaves without teardown]

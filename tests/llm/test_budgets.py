@@ -39,6 +39,40 @@ def test_ledger_peaks_within_plan(policy, placement, tmp_path, trainer_config):
         assert use["host"]["used"] == resting
 
 
+@pytest.mark.parametrize("policy,placement,optimizer", [("keep", "ssd", "adamw"), ("ssd", "ssd", "adamw"),
+                                                        ("keep", "ssd", "adafactor")])
+def test_each_write_back_had_room_made_for_it(policy, placement, optimizer, tmp_path, trainer_config, monkeypatch):
+    """Whatever the disk's pace, the write-backs in flight stay within the allowance only if room was made for every
+    group before it was sent home: made chunk by chunk, a unit's group of chunks joined the previous unit's writes
+    still in flight and the host peak passed the plan's on a slow disk ([Note: a group's write-back is made room
+    for whole]). Counted, not timed: each group sent must be no larger than the room made last before it."""
+    from terastack.llm.engine.optimizer_state import OptimizerState
+
+    made, groups = [], []
+    throttle, write_back = OptimizerState.throttle_writebacks, OptimizerState.write_back
+
+    def spy_throttle(self, incoming):
+        made.append(incoming)
+        return throttle(self, incoming)
+
+    def spy_write_back(self, recs):
+        groups.append((len(recs), sum(self.store.padded(r) for r in recs), made[-1] if made else 0))
+        made.clear()
+        return write_back(self, recs)
+    monkeypatch.setattr(OptimizerState, "throttle_writebacks", spy_throttle)
+    monkeypatch.setattr(OptimizerState, "write_back", spy_write_back)
+    make_model("llama", tmp_path / "model", layers=2)
+    cfg = trainer_config(activation_policy=policy, state_placement=placement, device_budget="4MiB",
+                         host_budget="3MiB", optimizer=optimizer)
+    with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+        for ids in batches(2):
+            t.step(ids)
+        t.synchronize()
+    assert max(n for n, _, _ in groups) > 2  # groups of several chunks' state were sent, not one chunk's
+    for _, sent, room in groups:
+        assert sent <= room, (sent, room)
+
+
 def test_weights_stream_one_unit_ahead(tmp_path, trainer_config):
     """With prefetch depth 1 and decoder layers recomputed, the device holds at most two units' weights (plus
     the inputs kept for recomputation and the small activations of the other units) at any time."""

@@ -358,17 +358,19 @@ class OffloadedAdamW:
             state = self.state
             whole: dict[str, torch.Tensor] = {}
             group: list[ChunkState] = []  # one chunk; a whole parameter where the format needs it
+            group_bytes = 0
             for j, (name, k, lo, hi) in enumerate(jobs):
                 if j + 1 < len(jobs):
                     self.prefetch_chunk(jobs[j + 1][0], jobs[j + 1][1])
                 elif nxt is not None:
                     self.prefetch_chunk(nxt.names[0], 0)
                 state.reached((name, k))
-                state.throttle_writebacks(state.chunk_bytes(name, k))
+                group_bytes += state.chunk_bytes(name, k)
+                state.throttle_writebacks(group_bytes)  # [Note: a group's write-back is made room for whole]
                 group.append(self._gather(task, name, k, lo, hi, whole))
                 if self._divisible(group):
                     self._apply(task, group, whole)
-                    group = []
+                    group, group_bytes = [], 0
 
     def _update_streamed(self, task: UpdateTask, jobs: list) -> None:
         """[Note: streaming a unit's state through the update]
@@ -405,9 +407,9 @@ class OffloadedAdamW:
                 self._apply(task, group, whole)
                 ahead -= group_bytes
                 group, group_bytes = [], 0
-            state.throttle_writebacks(sizes[j])
-            group.append(self._gather(task, name, k, lo, hi, whole))
             group_bytes += sizes[j]
+            state.throttle_writebacks(group_bytes)  # [Note: a group's write-back is made room for whole]
+            group.append(self._gather(task, name, k, lo, hi, whole))
         self._apply(task, group, whole)
 
     def _divisible(self, group: list[ChunkState]) -> bool:

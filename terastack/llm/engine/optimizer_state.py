@@ -283,5 +283,12 @@ class OptimizerState:
             self._writebacks.add(self.rt.track_write(fut), self.store.padded(record))
 
     def throttle_writebacks(self, incoming: int) -> None:
-        """Make room for ``incoming`` bytes of write-backs within the plan's allowance (waiting for older ones)."""
+        """Make room for ``incoming`` bytes of write-backs within the plan's allowance (waiting for older ones).
+
+        [Note: a group's write-back is made room for whole]
+        An update gathers a group of chunks and sends them home together, after the group is computed. Room is
+        therefore made before each chunk for the whole group gathered so far, not for the chunk alone: making
+        room chunk by chunk let a group join write-backs still in flight that, with the group, passed the
+        allowance (with a slow disk: the previous unit's state still on its way while this unit's whole group
+        was sent, the host ledger's peak above the plan's)."""
         self._writebacks.make_room(incoming)

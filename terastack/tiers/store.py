@@ -343,8 +343,7 @@ class TieredStore(StoreCommits, StoreTransfers):
                 return completed(None)
             # SSD home
             if rec.dirty or not rec.on_disk:
-                written = self._write_out(rec)
-                return written.then(lambda _: self._drop_working_copy(name))
+                return self._write_out(rec, drop=True)
             self._drop_working_copy(name)
             return completed(None)
 
@@ -371,8 +370,7 @@ class TieredStore(StoreCommits, StoreTransfers):
                 for rec, _ in group:
                     self._count(rec, "write", rec.padded)
                     rec.state, rec.dirty = State.INFLIGHT_OUT, False
-                    written = self._track(fut, self._written(rec), rec)
-                    out[rec.name] = written.then(lambda _, n=rec.name: self._drop_working_copy(n))
+                    out[rec.name] = self._track(fut, self._written(rec, drop=True), rec)
         return [out[name] for name in names]
 
     def delete(self, name: str) -> None:

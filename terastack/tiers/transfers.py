@@ -8,6 +8,7 @@ take it themselves).
 """
 from __future__ import annotations
 
+import contextvars
 
 from terastack.io import completed
 from terastack.io.cuda import event_future
@@ -22,8 +23,9 @@ class StoreTransfers:
     provides ``_lock``, ``_records``, ``_layout``, ``_versions``, ``pool``, ``pinned``, ``device``, ``config``
     and ``traffic``)."""
 
-    def _write_out(self, rec: TensorRecord) -> Future:
-        """Write the working copy to SSD (a fresh extent if the current one is committed)."""
+    def _write_out(self, rec: TensorRecord, *, drop: bool = False) -> Future:
+        """Write the working copy to SSD (a fresh extent if the current one is committed); with ``drop``, the
+        working copy is freed as the write completes ([Note: a write-back drops its copy as it lands])."""
         self._claim_extent(rec)
         source = rec.buffer
         file = self._layout.file(rec.extent)
@@ -34,7 +36,7 @@ class StoreTransfers:
             fut = file.pwrite(source, rec.extent.offset, rec.padded)
         self._count(rec, "write", rec.padded)
         rec.state, rec.dirty = State.INFLIGHT_OUT, False
-        return self._track(fut, self._written(rec), rec)
+        return self._track(fut, self._written(rec, drop=drop), rec)
 
     def _count(self, rec: TensorRecord, op: str, nbytes: int) -> None:
         if self.traffic is not None:
@@ -50,16 +52,28 @@ class StoreTransfers:
                 self._layout.free(ext)
             rec.extent = self._layout.alloc(rec.padded)
 
-    def _written(self, rec: TensorRecord):
-        """The completion of a write of ``rec``: on disk, or still dirty if the write failed."""
+    def _written(self, rec: TensorRecord, *, drop: bool = False):
+        """The completion of a write of ``rec``: on disk (with ``drop``, its working copy freed), or resident and
+        still dirty if the write failed.
+
+        [Note: a write-back drops its copy as it lands]
+        An eviction's write and the freeing of the working copy are one transition, under the lock: a record goes
+        from INFLIGHT_OUT to ON_SSD, never through RESIDENT. Were the copy freed by a callback after the write's,
+        a prefetch between the two would find the record resident and be served from memory -- whether it was
+        depended on the disk's pace, and so did the bytes a step reads, which the planner predicts."""
         def written(done: Future) -> None:
             with self._lock:
                 rec.future = None
-                rec.state = State.RESIDENT
-                if done.exception() is None:
-                    rec.on_disk = True
+                if done.exception() is not None:
+                    rec.state, rec.dirty = State.RESIDENT, True
+                    return
+                rec.on_disk = True
+                if drop:
+                    if rec.buffer is not None:
+                        self.pool.free(rec.tier, rec.buffer)
+                    rec.rest_on_ssd()
                 else:
-                    rec.dirty = True
+                    rec.state = State.RESIDENT
         return written
 
     def _persist_resident(self, rec: TensorRecord) -> Future:
@@ -119,12 +133,16 @@ class StoreTransfers:
         return self._track(event_future(done), moved, rec, result=lambda: rec.view(raw))
 
     def _after(self, rec: TensorRecord, then) -> Future:
-        """Run ``then()`` once the record's in-flight transfer finishes; forward its future's outcome."""
+        """Run ``then()`` once the record's in-flight transfer finishes; forward its future's outcome. ``then``
+        runs in the caller's context (its context variables), though on the thread that completes the transfer:
+        what the caller's context says of a request (the ``traffic`` callback's labels) holds for the request
+        chained."""
         out = Future()
+        context = contextvars.copy_context()
 
         def chain(_) -> None:
             try:
-                inner = then()
+                inner = context.run(then)
                 inner.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
                                         else out.set_result(f.result()))
             except BaseException as exc:  # noqa: BLE001

@@ -4,7 +4,7 @@ import pytest
 
 from .llm_helpers import BATCH, SEQ, batches, make_model
 from terastack.llm import Trainer
-from terastack.llm.engine.byte_ledger import ByteLedger
+from terastack.llm.engine.byte_ledger import ByteLedger, difference
 
 STATE_KINDS = ("weights_forward_read", "weights_backward_read", "masters_read", "masters_written", "moments_read",
                "moments_written")
@@ -78,3 +78,34 @@ def test_reads_are_labelled_by_the_phase_that_asked():
     assert got == {"masters_read": 10, "weights_backward_read": 20, "weights_forward_read": 30, "moments_read": 40,
                    "masters_written": 50, "compute_copies_written": 60, "gradients_written": 70,
                    "activations_read": 80, "other_read": 90}
+
+
+def test_a_read_chained_behind_a_write_back_keeps_the_phase_that_asked(tmp_path):
+    """A forward's read of a record whose write-back is still in flight is issued when the write lands, on the I/O
+    thread that completes it: it is still the forward's read, at any pace of the disk (counted as the optimizer's
+    master read when the label came from the issuing thread, the forward's reads fell short of the plan on a
+    loaded machine). The write lands when the test says ([Note: a gated disk in tests])."""
+    import torch
+
+    from terastack.tiers import TieredStore, Tier
+
+    from ..gated_disk import gated_disk
+
+    ledger = ByteLedger()
+    with gated_disk() as disk, TieredStore(TieredStore.Config(root=str(tmp_path / "store"), device_budget="1MiB",
+                                                              host_budget="1MiB")) as store:
+        store.traffic = ledger.observe
+        put = store.put("p:layer.weight", torch.ones(1024))
+        disk.release()  # the put lands
+        put.result(timeout=30)
+        store.get("p:layer.weight", Tier.DEVICE)
+        before = ledger.snapshot()
+        store.mark_dirty("p:layer.weight")
+        written = store.evict("p:layer.weight")
+        with ledger.reading("forward"):
+            read = store.prefetch("p:layer.weight", Tier.DEVICE)
+        assert not written.done() and not read.done()  # the read waits behind the write, as on a slow disk
+        disk.release()
+        read.result(timeout=30)
+        got = difference(ledger.snapshot(), before)
+    assert got["weights_forward_read"] == 4096 and got["masters_read"] == 0

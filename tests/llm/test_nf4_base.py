@@ -7,8 +7,6 @@ import shutil
 import pytest
 import torch
 
-from terastack.plan.llm_profile import held_bytes
-
 from .llm_helpers import AliveTensors, batches, make_model, offloaded_train, reference_train
 from terastack.llm import LoraSpec, Trainer
 from terastack.llm.engine.store_layout import records_for
@@ -106,11 +104,11 @@ def test_nf4_base_trains_like_peft_over_the_dequantized_base(tmp_path, trainer_c
         _check_equal(t, ref, losses, ref_losses)
         t.synchronize()
         got, planned = t.history[-1].bytes_by_kind, t.plan.prediction.bytes_by_kind
-        # the base's reads, as its NF4 bytes. An adapter record just written back may still be served from memory
-        # (how many depends on the disk's pace), so the reads may fall short of the plan by the adapters' records.
-        adapters = sum(held_bytes(i.numel * 4) for i in t.tensors.values() if i.trainable)
+        # the base's reads, as its NF4 bytes, at any pace of the disk: an adapter record written back is read
+        # again from the SSD, never served from a copy its write-back has not yet freed ([Note: a write-back
+        # drops its copy as it lands])
         for key in ("weights_forward_read", "weights_backward_read"):
-            assert planned[key] - adapters <= got[key] <= planned[key] * 1.06, key
+            assert got[key] == pytest.approx(planned[key], rel=0.06), key
     # the check can fail: training on the unquantized base ends far outside the tolerance
     assert max(abs(a - b) / abs(b) for a, b in zip(plain_losses, ref_losses)) > 100 * RTOL
     adapters = [(p, q) for (n, p), (_, q) in zip(ref.named_parameters(), plain.named_parameters()) if "lora_" in n]

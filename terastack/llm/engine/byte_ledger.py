@@ -6,9 +6,12 @@ The store reports each SSD transfer it submits with the record's name
 records: :mod:`terastack.llm.engine.records`), and who asked says the rest --
 an fp32 master read by the weight fetcher is a compute weight for forward or
 backward, the same record read by the optimizer is a master for its update.
-The fetcher marks its reads with :meth:`ByteLedger.reading` (a thread's
-current activity; a fetch a finished update starts runs on the optimizer's
-thread, so the fetcher names the phase itself rather than trusting the thread).
+The fetcher marks its reads with :meth:`ByteLedger.reading` (the current
+context's activity: a fetch a finished update starts runs on the optimizer's
+thread, so the fetcher names the phase itself rather than trusting the thread;
+and a read the store chains behind a write-back still in flight is issued by
+the write's completion, on an I/O thread, in the context of the request that
+chained it, so it keeps that request's phase at any pace of the disk).
 
 Kinds, each read and written:
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from terastack.llm.engine import records
 from terastack.plan.llm_plan import BYTE_KINDS as KINDS  # one list for the plan's prediction and the engine
@@ -38,6 +42,8 @@ from terastack.plan.llm_plan import BYTE_KINDS as KINDS  # one list for the plan
 _BY_RECORD = {records.EXP_AVG: "moments", records.EXP_AVG_SQ: "moments", records.OPTIMIZER_STATE: "moments",
               records.SPILLED_GRAD: "gradients",
               records.ACCUMULATED_GRAD: "gradients", records.ACTIVATION: "activations"}
+#: the phase ("forward", "backward") compute weights are read for in the current context
+_PHASE: ContextVar[str | None] = ContextVar("terastack_weights_phase", default=None)
 
 
 class ByteLedger:
@@ -46,18 +52,16 @@ class ByteLedger:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._local = threading.local()
         self._bytes = {f"{kind}_{op}": 0 for kind in KINDS for op in ("read", "written")}
 
     @contextmanager
     def reading(self, phase: str):
-        """Reads of compute weights on this thread are for ``phase`` ("forward" or "backward")."""
-        before = getattr(self._local, "phase", None)
-        self._local.phase = phase
+        """Reads of compute weights in this context are for ``phase`` ("forward" or "backward")."""
+        token = _PHASE.set(phase)
         try:
             yield
         finally:
-            self._local.phase = before
+            _PHASE.reset(token)
 
     def observe(self, record: str, op: str, nbytes: int) -> None:
         """The store's ``traffic`` callback: ``op`` "read" or "write" of ``nbytes`` for ``record``."""
@@ -69,7 +73,7 @@ class ByteLedger:
         if kind is None:
             label = "other"
         elif label is None:
-            phase = getattr(self._local, "phase", None)
+            phase = _PHASE.get()
             if op == "read" and phase is not None:
                 label = f"weights_{phase}"
             elif kind == records.COMPUTE:

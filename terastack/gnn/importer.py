@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.storage.dataset import DatasetError, write_manifest
+from terastack.gnn.storage.manifest import DatasetError, write_manifest
 from terastack.gnn.formats.source import BuildOptions
 from terastack.progress import Progress
 

@@ -56,35 +56,26 @@ def graph(tmp_path_factory):
 
 
 def observe(root) -> dict:
-    """The digests of the homogeneous path today: placement and every case's batches."""
-    from terastack.gnn.sampling.pipeline import Pipeline
-    from terastack.gnn.sampling.sampler import NeighborSampler
-    from terastack.gnn.storage.budget_split import share_budget
-    from terastack.gnn.storage.cache import UnifiedCache
+    """The digests of the homogeneous path through the one placement call: placement and every case's batches."""
+    from terastack.gnn.graph_placement import Placement
     from terastack.gnn.storage.dataset import open_dataset
-    from terastack.gnn.storage.hotness import presample
 
     out = {"cases": {}}
     for name, topology, fanouts, replace, overlap, samplers, epoch, split, shuffle in CASES:
         ds = open_dataset(root, topology=topology, indptr="ssd", topology_budget=HOST)
-        try:
-            if name == CASES[0][0]:
-                out["dataset"] = digest(np.asarray(ds.indptr), np.asarray(ds.indices), ds.read_features(),
-                                        ds.labels, ds.splits["train"], ds.splits["val"])
-            sampler = NeighborSampler(topology=ds.topology, fanouts=fanouts, replace=replace, seed=3)
-            hot = presample(sampler, ds.splits["train"], BATCH_SIZE, epochs=2, seed=3)
-            split_info, host_left = share_budget(ds, hot, HOST, fanouts)
-            cache = UnifiedCache(ds, hot.order(), device_budget=8 << 10, host_budget=host_left, device="cpu")
-            placement = {"ranking": digest(hot.order()), "counts": digest(hot.counts, hot.expansions),
+        if name == CASES[0][0]:
+            out["dataset"] = digest(np.asarray(ds.indptr), np.asarray(ds.indices), ds.read_features(), ds.labels,
+                                    ds.splits["train"], ds.splits["val"])
+        with Placement(ds, fanouts=fanouts, replace=replace, seed=3, batch_size=BATCH_SIZE, presample_epochs=2,
+                       device_cache=8 << 10, host_cache=HOST, device="cpu", overlap=overlap, samplers=samplers) as p:
+            cache = p.features.sources[ds.target]
+            placement = {"ranking": digest(p.hot.order()), "counts": digest(p.hot.counts, p.hot.expansions),
                          "device_rows": digest(cache.device_ids), "host_rows": digest(cache.host_ids)}
             if topology == "ssd":
                 placement["lists"] = digest(ds.topology.hot.ids)
-            pipe = Pipeline(sampler, cache, ds.labels, overlap=overlap, samplers=samplers, device="cpu")
-            batches = [batch_digest(b) for b in pipe.epoch(ds.splits[split], BATCH_SIZE, epoch=epoch,
-                                                           shuffle=shuffle, shard=False)]
-            cache.close()
-        finally:
-            ds.close()
+            batches = [batch_digest(b) for b in p.pipeline.epoch(ds.splits[split], BATCH_SIZE, epoch=epoch,
+                                                                 shuffle=shuffle, shard=False)]
+        ds.close()
         out["cases"][name] = {"placement": placement, "batches": batches}
     return out
 

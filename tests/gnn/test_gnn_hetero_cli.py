@@ -3,6 +3,8 @@ train/val/test accuracy per epoch, a saved model, and full-neighbourhood predict
 the model applied to the whole graph in memory."""
 from __future__ import annotations
 
+from terastack.gnn.storage.dataset import open_dataset
+
 import json
 
 import numpy as np
@@ -10,7 +12,6 @@ import pytest
 import torch
 
 from terastack.cli import main
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
 from terastack.gnn.training.models import load_hetero_model
 
 
@@ -33,7 +34,7 @@ def test_train_then_infer_equals_the_whole_graph(hetero, tmp_path, capsys, model
     assert result["fanouts"]["paper___written_by___author"] == [0, 2]
     assert len(result["epochs"]) == 2 and all(len(result[f"{k}_acc_per_epoch"]) == 2 for k in ("train", "val", "test"))
     assert result["test_acc"] > 0.5  # 4 classes; the features and the cited papers predict them
-    ds = open_hetero_dataset(hetero)
+    ds = open_dataset(hetero)
     net, meta = load_hetero_model(ckpt)
     assert meta["test_acc"] == result["test_acc"]
 
@@ -43,7 +44,7 @@ def test_train_then_infer_equals_the_whole_graph(hetero, tmp_path, capsys, model
                        "--quiet", "--threads", "1")
     assert code == 0
     inferred = json.loads(out)
-    x = {t: torch.from_numpy(ds.read_features(t)).float() for t in ds.node_types}
+    x = {t: torch.from_numpy(ds.read_type_features(t)).float() for t in ds.node_types}
     ei = {}
     for et, topo in ds.topologies.items():
         dst = np.repeat(np.arange(len(topo.indptr) - 1), np.diff(topo.indptr))
@@ -51,11 +52,11 @@ def test_train_then_infer_equals_the_whole_graph(hetero, tmp_path, capsys, model
     with torch.no_grad():
         full = net(x, ei).numpy()
     got = np.load(logits)
-    assert got.shape == (ds.num_nodes["paper"], ds.num_classes)
+    assert got.shape == (ds.node_counts["paper"], ds.num_classes)
     np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.load(preds), full.argmax(1))
     test = ds.splits["test"]
-    assert inferred["test_acc"] == pytest.approx(float(np.mean(full.argmax(1)[test] == ds.labels["paper"][test])))
+    assert inferred["test_acc"] == pytest.approx(float(np.mean(full.argmax(1)[test] == ds.target_labels[test])))
 
 
 def test_train_prints_accuracies_and_verify(hetero, capsys):

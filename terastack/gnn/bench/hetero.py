@@ -51,19 +51,14 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import (feature_file_hardware, hetero_training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
+from terastack.gnn.advise import (feature_file_hardware, training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
                                   probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
 from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
-from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
-from terastack.gnn.storage.dataset import DatasetError
+from terastack.gnn.graph_placement import Placement
+from terastack.gnn.storage.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.features import TypedFeatures
 from terastack.gnn.storage.gen import HeteroGraphGenerator
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
 from terastack.gnn.training.models import HeteroGNN, eval_step, train_step
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
-from terastack.gnn.storage.hotness import hetero_presample
-from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
-from terastack.gnn.sampling.pipeline import HeteroPipeline
-from terastack.gnn.storage.budget_split import hetero_share_budget
 from terastack.gnn.training.train import evaluate, training_threads
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss, predict_epoch
 from terastack.units import format_bytes, parse_bytes
@@ -86,66 +81,53 @@ class HeteroContender:
         self._model_kind, self._hidden, self._load_probe_seconds = model, hidden, load_probe_seconds
         self._disk_probe_seconds = disk_probe_seconds
         topology = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind]
-        ds = self.ds = open_hetero_dataset(root, topology=topology, indptr=indptr, topology_budget=budget)
-        self.sampler = HeteroNeighborSampler.for_dataset(ds, fanouts=fanouts, seed=seed)
+        ds = self.ds = open_dataset(root, topology=topology, indptr=indptr, topology_budget=budget)
         self.train_ids, self.test_ids = ds.splits["train"], ds.splits["test"]
-        self.info: dict = {}
-        if kind == "terastack":
-            features = self._out_of_core(budget, presample_nodes, holdout_nodes)
-        elif kind == "in_memory_pipelined":
-            features = HeteroFeatures({t: InMemoryFeatures(ds.read_features(t)) if ds.feat_dim[t]
-                                       else ConstantFeatures() for t in ds.node_types})
-        else:
+        if kind == "mmap":
             for topo in ds.topologies.values():  # the dataset's checks streamed them: start cold
                 drop_mapped_pages(topo.indptr)
                 drop_mapped_pages(topo.indices)
-            files = {t: f for t in ds.node_types if (f := ds.node_features(t)) is not None}
-            total = sum(f.num_nodes * f.row_bytes for f in files.values())
-            features = HeteroFeatures({t: MmapFeatures(f.features_path, num_rows=f.num_nodes, row_len=f.feat_dim,
-                                                       dtype=f.feat_dtype, budget=budget * f.num_nodes * f.row_bytes
-                                                       // total, threads=mmap_threads)
-                                       if t in files else ConstantFeatures()
-                                       for t, f in ((t, files.get(t)) for t in ds.node_types)})
-        self.features = features
-        self.pipeline = HeteroPipeline(self.sampler, features, ds.labels[ds.target], device="cpu")
+        self.info: dict = {}
+        started = time.perf_counter()
+        # one pass over a sample of the seeds: the hold-out below, not a pre-sampled epoch, scores the placement
+        self.placed_from, self.holdout = sample_seed_sets(self.train_ids, presample_nodes, holdout_nodes, seed=seed)
+        # every contender is placed by the one placement call; only the feature source differs
+        self.placed = Placement(ds, fanouts=fanouts, seed=seed, batch_size=batch_size, presample_epochs=1,
+                                host_cache=budget, device="cpu", mmap_threads=mmap_threads, seeds=self.placed_from,
+                                features={"terastack": "cache", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind])
+        self.sampler, self.features, self.pipeline = self.placed.sampler, self.placed.features, self.placed.pipeline
+        if kind == "terastack":
+            self._out_of_core(started)
         torch.manual_seed(seed)  # the same initial weights in every contender
-        self.model = HeteroGNN(model, ds.node_types, ds.edge_types, {t: ds.feat_dim[t] or 1 for t in ds.node_types},
+        self.model = HeteroGNN(model, ds.node_types, ds.edge_types, {t: ds.feature_dims[t] or 1 for t in ds.node_types},
                                hidden, ds.num_classes, self.sampler.hops, ds.target)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
 
-    def _out_of_core(self, budget: int, presample_nodes: int, holdout_nodes: int) -> HeteroFeatures:
-        """Pre-sample a sample of the seeds, split the budget (filling the hot lists), measure the hold-out with
-        the lists in place, build the caches, and predict the epoch (kept for :meth:`predict`)."""
-        ds, sampler = self.ds, self.sampler
-        started = time.perf_counter()
-        placed_from, holdout = sample_seed_sets(self.train_ids, presample_nodes, holdout_nodes, seed=self.seed)
-        # one pass: the hold-out below, not a pre-sampled epoch, scores the placement
-        hot = hetero_presample(sampler, placed_from, self.batch_size, epochs=1, seed=self.seed, keep_examples=4)
-        budgets, split = hetero_share_budget(ds, hot, sampler, host_budget=budget, device_budget=0)
-        rankings = {t: h.order() for t, h in hot.items()}
-        features = build_features(ds, rankings, budgets, device="cpu")
-        prof = profile_sampling(sampler, holdout, self.batch_size, seed=self.seed)
+    def _out_of_core(self, started: float) -> None:
+        """Measure the hold-out with the lists in place and the caches placed, and predict the epoch (kept for
+        :meth:`describe`)."""
+        ds, sampler, hot, features = self.ds, self.sampler, self.placed.hotness, self.features
+        prof = profile_sampling(sampler, self.holdout, self.batch_size, seed=self.seed)
         prof.pop("ids")
         per_batch = prof.pop("ids_per_batch")
         featured = {t: f for t in ds.node_types if (f := ds.node_features(t)) is not None}
         rows = missed = blocks = 0
         for t, f in featured.items():
             cache = features.sources[t]
-            r, m, b = miss_blocks(rank_positions(rankings[t], ds.num_nodes[t]), per_batch.get(t, []),
+            r, m, b = miss_blocks(rank_positions(hot[t].order(), ds.node_counts[t]), per_batch.get(t, []),
                                   cache.device_rows + cache.host_rows, f.row_bytes)
             rows, missed, blocks = rows + r, missed + m, blocks + b
         hits = rows - missed
         prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
-        self.info = {"split": split, "budgets": {t: list(b) for t, b in budgets.items()}, "holdout": prof,
-                     "placed_from_seeds": len(placed_from), "holdout_seeds": len(holdout),
+        self.info = {"split": self.placed.split.info, "budgets": {t: list(b) for t, b in self.placed.split.budgets.items()},
+                     "holdout": prof, "placed_from_seeds": len(self.placed_from), "holdout_seeds": len(self.holdout),
                      "presample": {"batches": hot[ds.target].batches,
                                    "nodes_per_batch": {t: h.nodes_per_batch for t, h in hot.items()}},
                      "holdout_feature_hit_rate": hits / max(rows, 1)}
         self._predict(featured, features, hot[ds.target].examples, prof, hits / max(rows, 1))
         self.info["setup_seconds"] = time.perf_counter() - started
-        return features
 
-    def _predict(self, featured: dict, features: HeteroFeatures, examples: list, prof: dict, hit: float) -> None:
+    def _predict(self, featured: dict, features: TypedFeatures, examples: list, prof: dict, hit: float) -> None:
         """The TPC prediction of one epoch; see [Note: the heterogeneous benchmark]."""
         ds = self.ds
         row_bytes = {f.row_bytes for f in featured.values()}
@@ -183,7 +165,8 @@ class HeteroContender:
 
         # the SSD's rate and the step under the epoch's own load (terastack.gnn.advise [Note: the step measured
         # beside the epoch's own read rate]); the disk alone is reported beside
-        steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
+        steps = training_steps(self._model_kind, examples, ds, hidden=self._hidden, layers=self.sampler.hops,
+                               seed=self.seed)
         loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed,
                                           extent_blocks=extent)
         pred = loaded.pop("prediction")
@@ -211,7 +194,7 @@ class HeteroContender:
                                      step=eval_step)}
 
     def close(self) -> None:
-        self.features.close()
+        self.placed.close()
         self.ds.close()
 
 
@@ -255,9 +238,9 @@ def measure_hetero(args) -> dict:
     try:
         gen = _generate(args, root, papers, train_nodes)
         gen_seconds = time.perf_counter() - started
-        ds = open_hetero_dataset(root, verify="size")
+        ds = open_dataset(root, verify="size")
         feature_bytes = {t: f.num_nodes * f.row_bytes for t in ds.node_types if (f := ds.node_features(t))}
-        nodes, edges = dict(ds.num_nodes), {"___".join(et): n for et, n in ds.num_edges.items()}
+        nodes, edges = dict(ds.node_counts), {"___".join(et): n for et, n in ds.edge_counts.items()}
         ds.close()
         budget = parse_bytes(args.budget, field="budget") if args.budget else feature_bytes["paper"] // 4
         if budget * 4 > feature_bytes["paper"]:

@@ -55,17 +55,14 @@ import numpy as np
 import torch
 
 from terastack.gnn.advise import calibrate_compute, feature_file_hardware, probe_feature_file, workload
-from terastack.gnn.storage.baselines import MmapFeatures
-from terastack.gnn.storage.cache import UnifiedCache
+from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch, plain_eval
+from terastack.gnn.graph_placement import Placement
+from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
+from terastack.gnn.sampling.hotness import presample
+from terastack.gnn.sampling.pipeline import Pipeline
 from terastack.gnn.storage.dataset import DatasetError, open_dataset
 from terastack.gnn.storage.gen import GraphGenerator
-from terastack.gnn.storage.hotness import presample
 from terastack.gnn.training.models import train_step
-from terastack.gnn.sampling.pipeline import Pipeline
-from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
-from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch, plain_eval
-from terastack.gnn.sampling.sampler import NeighborSampler
-from terastack.gnn.storage.budget_split import share_budget
 from terastack.gnn.training.train import evaluate, train_epoch, training_threads
 from terastack.memory import peak_rss
 from terastack.plan.hardware import Hardware
@@ -205,10 +202,9 @@ def measure(args: argparse.Namespace) -> dict:
                          f"{format_bytes(ds.feature_bytes)} feature file; the benchmark is out-of-core only below that")
     if not 0 <= args.device_share <= 1:
         raise ValueError(f"device_share: must be in [0, 1], got {args.device_share}")
-    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=fanouts, seed=args.seed)
-    _warm_up(args, ds, sampler)
-    run = _contest(args, ds, root, sampler, fanouts, budget)
-    check = _tpc_check(args, ds, sampler, run["hot"], budget, fanouts, run["results"]["in_memory"])
+    _warm_up(args, ds)
+    run = _contest(args, ds, root, fanouts, budget)
+    check = _tpc_check(args, ds, run["hot"], budget, fanouts, run["results"]["in_memory"])
     return _summary(args, ds, run, check, fanouts, budget, dataset={
         "dir": str(root), "generation": gen["status"], "generation_seconds": gen_seconds})
 
@@ -248,52 +244,43 @@ def _generate(args: argparse.Namespace, root: Path) -> tuple[dict, float]:
     return gen, time.perf_counter() - t0
 
 
-def _warm_up(args: argparse.Namespace, ds, sampler: NeighborSampler) -> None:
+def _warm_up(args: argparse.Namespace, ds) -> None:
     """The first steps of a process pay one-off costs (allocator, lazy init); none of the timed runs should."""
-    warm = presample(sampler, ds.splits["train"][: args.batch_size * 2], args.batch_size, epochs=1,
-                     seed=args.seed + 1)
+    from terastack.gnn.sampling.sampler import NeighborSampler
+
+    warm = presample(NeighborSampler(dataset=ds, fanouts=args.fanouts, seed=args.seed),
+                     ds.splits["train"][: args.batch_size * 2], args.batch_size, epochs=1, seed=args.seed + 1)[ds.target]
     model, opt = bench_model(args, ds)
     for b in warm.examples[:2]:
         train_step(model, opt, on_model(model, b.to_data(torch.randn(b.num_nodes, ds.feat_dim),
                                                           torch.zeros(b.num_nodes, dtype=torch.long))))
 
 
-def _build_cache(args: argparse.Namespace, ds, hot, total: int) -> UnifiedCache:
-    dev = int(total * args.device_share)
-    return UnifiedCache(ds, hot.order(), device_budget=dev, host_budget=total - dev)
+def _placed(args: argparse.Namespace, ds, total: int, topology: str | None = None, **fields) -> Placement:
+    """The terastack contender's placement call: ``total`` bytes of cache, ``--device-share`` of them in the device
+    tier, the topology as ``--topology`` says (opened here when on the SSD: the same batches, lists read per hop)."""
+    dev, topology = int(total * args.device_share), topology or args.topology
+    return Placement(ds if topology == "memory" else ds.root, fanouts=args.fanouts, seed=args.seed,
+                     batch_size=args.batch_size, device_cache=dev, host_cache=total - dev, topology=topology,
+                     indptr=args.indptr, **fields)
 
 
-def _contest(args: argparse.Namespace, ds, root: Path, sampler: NeighborSampler, fanouts, budget: int) -> dict:
-    """Every contender's epochs and accuracy, each with its own model (same initial weights) and feature source.
+def _contest(args: argparse.Namespace, ds, root: Path, fanouts, budget: int) -> dict:
+    """Every contender's epochs and accuracy, each with its own model (same initial weights) and feature source,
+    each placed by the one placement call (the baselines with their own feature source).
 
     The in-memory (serial and pipelined), terastack and sync epochs run round-robin (epoch 0 of each, then
     epoch 1 of each) so that interference from other work on the machine falls on all of them alike."""
-    from terastack.gnn.storage.baselines import InMemoryFeatures
-
     train_ids, test_ids = ds.splits["train"], ds.splits["test"]
     common = dict(batch_size=args.batch_size, progress=not args.quiet)
-    t0 = time.perf_counter()
-    features = InMemoryFeatures(ds.read_features())
-    load_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    hot = presample(sampler, train_ids, args.batch_size, epochs=2, seed=args.seed, keep_examples=8)
-    presample_seconds = time.perf_counter() - t0
-    device_cache = int(budget * args.device_share)
-    ts_sampler, split, ds_ssd = sampler, {}, None
-    if args.topology == "ssd":  # same batches (same draws), lists read per hop, hot ones cached from the budget
-        ds_ssd = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget - device_cache)
-        ts_sampler = NeighborSampler(topology=ds_ssd.topology, fanouts=fanouts, seed=args.seed)
-        split, host_left = share_budget(ds_ssd, hot, budget - device_cache, fanouts)
-        cache = UnifiedCache(ds, hot.order(), device_budget=device_cache, host_budget=host_left)
-    else:
-        cache = _build_cache(args, ds, hot, budget)
-    mm = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim, dtype=ds.feat_dtype,
-                      budget=budget)
+    mem = Placement(ds, fanouts=args.fanouts, seed=args.seed, batch_size=args.batch_size, features="memory")
+    load_seconds = mem.setup_seconds["cache_fill"]
+    ts = _placed(args, ds, budget, keep_examples=8)
+    sampler, features = mem.sampler, mem.features.sources[ds.target]
     # The pipelined in-memory contender differs from terastack's only in its feature source.
-    pipes = {"in_memory_pipelined": Pipeline(sampler, features, ds.labels),
-             "terastack": Pipeline(ts_sampler, cache, ds.labels),
-             "sync": Pipeline(ts_sampler, cache, ds.labels, overlap=False)}
-    sources = {"in_memory": features, "mmap": mm}
+    pipes = {"in_memory_pipelined": mem.pipeline, "terastack": ts.pipeline,
+             "sync": Pipeline(ts.sampler, ts.features, ds.labels, overlap=False)}
+    sources = {"in_memory": features}
     labels_ = {"in_memory": "in-memory serial", "in_memory_pipelined": "in-memory pipelined",
                "terastack": "terastack", "sync": "sync gather", "mmap": "mmap"}
     planned = {"in_memory": args.epochs, "in_memory_pipelined": args.epochs, "terastack": args.epochs,
@@ -320,26 +307,28 @@ def _contest(args: argparse.Namespace, ds, root: Path, sampler: NeighborSampler,
     # The mmap runs come after the in-memory copy is freed: its page cache (up to the budget) is mapped
     # into this process, and both together would double-count memory the benchmark is meant to bound.
     del features, sources["in_memory"], pipes["in_memory_pipelined"]
+    mem.close()
+    mm = Placement(ds, fanouts=args.fanouts, seed=args.seed, batch_size=args.batch_size, features="mmap",
+                   host_cache=budget)
+    sources["mmap"] = mm.features.sources[ds.target]
     for epoch in range(planned["mmap"]):
         run("mmap", epoch)
     acc["terastack"] = evaluate(pipes["terastack"], models["terastack"][0], test_ids, batch_size=args.batch_size)
-    cache_info = cache.describe()
-    cache.close()
+    cache_info, topology_info = ts.describe()
+    cache = ts.features.sources[ds.target]
+    evicted = sources["mmap"].evicted_pages
+    ts.close()
     mm.close()
-    topology_info = {**ts_sampler.topology.describe(), "split": split}
-    if ds_ssd is not None:
-        ds_ssd.close()
     sources.clear()  # the models and sources go; run() above still names the dicts
     models.clear()
-    return {"results": results, "accuracy": acc, "hot": hot, "cache_info": cache_info, "topology": topology_info,
-            "cached_rows": cache.device_rows + cache.host_rows, "evicted_pages": mm.evicted_pages,
-            "slot_bytes": sum(pipes["terastack"].last_stats.slot_bytes), "device_cache": device_cache,
-            "setup_seconds": {"in_memory_load": load_seconds, "presample": presample_seconds,
-                              "cache_fill": cache_info["fill_seconds"]}}
+    return {"results": results, "accuracy": acc, "hot": ts.hot, "cache_info": cache_info, "topology": topology_info,
+            "cached_rows": cache.device_rows + cache.host_rows, "evicted_pages": evicted,
+            "slot_bytes": sum(pipes["terastack"].last_stats.slot_bytes), "device_cache": int(budget * args.device_share),
+            "setup_seconds": {"in_memory_load": load_seconds, "presample": ts.setup_seconds["presample"],
+                              "cache_fill": ts.setup_seconds["cache_fill"]}}
 
 
-def _tpc_check(args: argparse.Namespace, ds, sampler: NeighborSampler, hot, budget: int, fanouts,
-               mem_epochs: list[dict]) -> dict:
+def _tpc_check(args: argparse.Namespace, ds, hot, budget: int, fanouts, mem_epochs: list[dict]) -> dict:
     """The TPC model vs measured epochs at several cache sizes. [Note: checking the TPC model] explains the inputs."""
     train_ids = ds.splits["train"]
     common = dict(batch_size=args.batch_size, progress=not args.quiet)
@@ -348,20 +337,19 @@ def _tpc_check(args: argparse.Namespace, ds, sampler: NeighborSampler, hot, budg
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
                   calibrate=False, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
     fractions = [float(f) for f in args.tpc_fractions.split(",")]
-    caches = [_build_cache(args, ds, hot, int(budget * f)) for f in fractions]
+    caches = [_placed(args, ds, int(budget * f), "memory", hotness={ds.target: hot}) for f in fractions]
     measured: list[list[dict]] = [[] for _ in fractions]
     steps: list[float] = []
     small_sync: list[dict] = []  # the CAM comparison where the SSD has the most to do: the smallest cache
     for rnd in range(args.tpc_rounds):  # the cache sizes take turns, so noise falls on all of them alike
-        steps.append(calibrate_compute(args.model, hot, feat_dim=ds.feat_dim, hidden=args.hidden,
-                                       classes=ds.num_classes, layers=len(fanouts), steps=12)[0])
+        steps.append(calibrate_compute(args.model, hot, ds, hidden=args.hidden, layers=len(fanouts), steps=12)[0])
         for i, (frac, c) in enumerate(zip(fractions, caches)):
             model, opt = bench_model(args, ds)
-            measured[i].append(train_epoch(Pipeline(sampler, c, ds.labels), model, opt, train_ids, epoch=0,
+            measured[i].append(train_epoch(c.pipeline, model, opt, train_ids, epoch=0,
                                            label=f"terastack {frac:g}x budget (round {rnd})", **common))
             if i == 0:
                 model, opt = bench_model(args, ds)
-                small_sync.append(train_epoch(Pipeline(sampler, c, ds.labels, overlap=False), model, opt,
+                small_sync.append(train_epoch(Pipeline(c.sampler, c.features, ds.labels, overlap=False), model, opt,
                                               train_ids, epoch=0, label=f"sync gather {frac:g}x budget", **common))
     wl_run = dataclasses.replace(wl, compute_seconds=float(np.mean(steps)))
     mem_batches = sum(len(e["losses"]) for e in mem_epochs)

@@ -76,15 +76,12 @@ from terastack.bench_watchdog import RssWatchdog
 from terastack.gnn.advise import (feature_file_hardware, measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
 from terastack.gnn.bench.workers import Contender, drop_mapped_pages, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, skip_step, start_fork_server, timed_batches, window_seconds
-from terastack.gnn.storage.baselines import MmapFeatures
-from terastack.gnn.storage.cache import UnifiedCache
-from terastack.gnn.storage.dataset import MANIFEST, open_dataset
-from terastack.gnn.storage.hotness import presample
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.manifest import MANIFEST
 from terastack.gnn.training.models import GNN, train_step
-from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
+from terastack.gnn.sampling.pipeline import resolve_samplers
 from terastack.gnn.sampling.fanouts import parse_fanouts
-from terastack.gnn.sampling.sampler import NeighborSampler
-from terastack.gnn.storage.budget_split import share_budget
+from terastack.gnn.graph_placement import Placement
 from terastack.gnn.training.train import train_epoch, training_threads
 from terastack.io import get_engine
 from terastack.memory import mem_total, peak_rss
@@ -138,23 +135,21 @@ def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int,
 
 class MmapContender:
     """The ``np.memmap`` contender: features and topology mapped, the same pipeline and model (built in a child
-    process by :class:`terastack.gnn.bench.workers.Contender`)."""
+    process by :class:`terastack.gnn.bench.workers.Contender`), placed by the one placement call."""
 
     def __init__(self, *, root: str, fanouts: list, seed: int, budget: int, hidden: int, lr: float, threads: int,
                  gather_threads: int = 1):
         if threads:
             torch.set_num_threads(threads)
-        self.ds = open_dataset(root, topology="mmap")
-        for array in (self.ds.indptr, self.ds.indices):  # the dataset's checks streamed them: start cold
+        ds = self.ds = open_dataset(root, topology="mmap")
+        for array in (ds.indptr, ds.indices):  # the dataset's checks streamed them: start cold
             drop_mapped_pages(array)
-        ds = self.ds
-        self.sampler = NeighborSampler(topology=ds.topology, fanouts=tuple(fanouts), seed=seed)
-        self.source = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim,
-                                   dtype=ds.feat_dtype, budget=budget, threads=gather_threads)
+        self.placed = Placement(ds, fanouts=tuple(fanouts), seed=seed, features="mmap", host_cache=budget,
+                                mmap_threads=gather_threads, device="cpu")
+        self.source, self.pipeline = self.placed.features.sources[ds.target], self.placed.pipeline
         torch.manual_seed(seed)  # the same initial weights as the terastack contender
         self.model = GNN("sage", ds.feat_dim, hidden, ds.num_classes, len(fanouts))
         self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.pipeline = Pipeline(self.sampler, self.source, ds.labels, device="cpu")
 
     def run(self, *, train_ids: list, batch_size: int, epoch: int, limit: int, train: bool = True) -> dict:
         """The first ``limit`` batches of ``epoch``; ``train=False`` leaves the step out (the loader alone)."""
@@ -165,7 +160,7 @@ class MmapContender:
                 "stall_seconds": self.pipeline.last_stats.stall_seconds}
 
     def close(self) -> None:
-        self.source.close()
+        self.placed.close()
         self.ds.close()
 
 
@@ -297,86 +292,93 @@ def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak:
 
 def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int, train_nodes: int,
                      presample_nodes: int, holdout_nodes: int, rss_limit: int) -> dict:
-    """Pre-sample, place the caches, measure the model's inputs on the hold-out, predict, train one epoch."""
+    """Place the dataset (pre-sample, split the budget, measure the model's inputs on the hold-out with the lists
+    in place, predict, fill the rows), then train one epoch."""
     engine = get_engine()
     with RssWatchdog(RssWatchdog.Config(limit_bytes=rss_limit, interval_s=0.2, include_self=True, on_exceed="exit",
                                         label="terastack bench gnn --scale")) as watchdog:
         t0 = time.perf_counter()
         ds = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget)
-        sampler = NeighborSampler(topology=ds.topology, fanouts=fanouts, seed=args.seed)
         train_ids = ds.splits["train"][:train_nodes]
         placed_from, holdout = sample_seed_sets(train_ids, presample_nodes, holdout_nodes, seed=args.seed)
-        # one pass: the hold-out below, not a pre-sampled epoch, scores the placement
-        hot = presample(sampler, placed_from, batch_size, epochs=1, seed=args.seed, keep_examples=4)
-        presample_seconds = time.perf_counter() - t0
-        # Order matters for the peak: the whole-graph temporaries (ranking, rank positions) are made before the
-        # feature cache is filled, and the pre-sampling counts are dropped before training.
         ssd = probe_feature_file(ds, seconds=args.disk_probe_seconds)
-        ranking = hot.order()
-        split, feature_budget = share_budget(ds, hot, budget, fanouts)  # fills the hot lists
-        prof = profile_sampling(sampler, holdout, batch_size, seed=args.seed)
-        positions = rank_positions(ranking, ds.num_nodes)
-        curve = out_of_sample_curve(positions, prof.pop("ids")[""])
-        per_batch = prof.pop("ids_per_batch")[""]
-        # the rows the feature cache will hold (the rule of UnifiedCache): blocks per missed row at that size
-        cached_rows = max(0, feature_budget - ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)) // ds.row_bytes
-        _, missed, blocks = miss_blocks(positions, per_batch, cached_rows, ds.row_bytes)
-        prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
-        del positions, per_batch
-        wl = workload(ds, hot, batch_size=batch_size, model="sage", hidden=args.hidden, layers=len(fanouts),
-                      calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
-                      curve=curve)
-        rows = prof["rows_per_batch"][""]  # the hold-out's batches, not the pre-sampled ones, set the shape
-        apart_per_batch = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
-        wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size), nodes_per_batch=rows,
-                                 sample_seconds=prof["sample_cpu_seconds_per_batch"],
-                                 topology_blocks_per_batch=prof["topology_blocks_per_batch"],
-                                 blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
-        samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, ds.topology)
-        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
-
-        def predict(iops: float, seconds_per_node: float):
-            return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows),
-                                 feature_file_hardware(ssd, iops=iops, where="the feature file, beside the steps",
-                                                       engine=engine, extent_blocks=extent),
-                                 device_cache=0, host_cache=feature_budget, train_threads=wl.compute_threads,
-                                 samplers=samplers, queue_depth=engine.config.queue_depth)
-
-        # the rate and the step the model takes, measured under the epoch's own load (advise [Note: the step
-        # measured beside the epoch's own read rate]); the figures apart are kept for the report
-        steps = training_steps("sage", hot, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
-        loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed,
-                                          extent_blocks=extent)
-        predicted = loaded.pop("prediction")
-        loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
-        loaded["compute_seconds_per_batch_apart"] = apart_per_batch
-        wl = dataclasses.replace(wl, compute_seconds=loaded["compute_seconds_per_batch"])
-        hot_summary = {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch, "seeds": len(placed_from)}
-        del hot
-        cache = UnifiedCache(ds, ranking, device_budget=0, host_budget=feature_budget, device="cpu")
-        del ranking
-        hot_summary["expected_feature_hit_rate"] = wl.hit_rate(cache.device_rows + cache.host_rows)
-        run = _train_one_epoch(args, ds, sampler, cache, train_ids, fanouts=fanouts, batch_size=batch_size,
-                               samplers=samplers, engine=engine)
+        inputs: dict = {"ssd": ssd, "holdout": holdout, "train_ids": train_ids, "placed_from": placed_from}
+        opened = time.perf_counter() - t0
+        # one pass: the hold-out, not a pre-sampled epoch, scores the placement; the counts go before the rows
+        # are cached (order matters for the peak: no whole-graph temporary beside the cache)
+        placed = Placement(ds, fanouts=fanouts, seed=args.seed, batch_size=batch_size, presample_epochs=1,
+                           host_cache=budget, device="cpu", samplers=getattr(args, "samplers", 0) or 0,
+                           seeds=placed_from, keep_hotness=False, engine=engine,
+                           after_split=lambda p: inputs.update(_model_inputs(args, p, inputs, fanouts=fanouts,
+                                                                             batch_size=batch_size, engine=engine)))
+        cache = placed.features.sources[ds.target]
+        inputs["presample"]["expected_feature_hit_rate"] = inputs["workload"].hit_rate(cache.device_rows
+                                                                                       + cache.host_rows)
+        run = _train_one_epoch(args, placed, train_ids, batch_size=batch_size, engine=engine)
         ds.close()
-    holdout_info = {k: v for k, v in prof.items()}
-    holdout_info["seeds"] = len(holdout)
-    epoch = run["epoch"]
-    return {"epoch": epoch, "loader_marks": run["loader_marks"], "predicted": predicted,
-            "workload": wl, "train_ids": train_ids, "samplers": samplers,
-            "train_nodes": len(train_ids), "split": split, "cache": run["cache"], "topology": run["topology"],
-            "ssd": ssd, "ssd_while_training": loaded, "ssd_after_epoch": run["ssd_after"], "holdout": holdout_info,
-            "presample": hot_summary,
-            "presample_seconds": presample_seconds,
+    return {"epoch": run["epoch"], "loader_marks": run["loader_marks"], "predicted": inputs["predicted"],
+            "workload": inputs["workload"], "train_ids": train_ids, "samplers": placed.pipeline.config.samplers,
+            "train_nodes": len(train_ids), "split": placed.split.info, "cache": run["cache"],
+            "topology": run["topology"], "ssd": ssd, "ssd_while_training": inputs["loaded"],
+            "ssd_after_epoch": run["ssd_after"], "holdout": {**inputs["profile"], "seeds": len(holdout)},
+            "presample": inputs["presample"],
+            "presample_seconds": opened + placed.setup_seconds["open"] + placed.setup_seconds["presample"],
             "ssd_bytes_read": run["ssd_bytes_read"], "ssd_requests": run["ssd_requests"],
             "max_sampled_rss": watchdog.max_sampled}
 
 
-def _train_one_epoch(args, ds, sampler, cache, train_ids, *, fanouts, batch_size: int, samplers: int, engine) -> dict:
+def _model_inputs(args, placed: Placement, inputs: dict, *, fanouts, batch_size: int, engine) -> dict:
+    """The TPC model's inputs, measured out of sample on the hold-out with the hot lists in place (before the rows
+    are cached), and its prediction; see [Note: the scale run]."""
+    ds, hot, ssd, train_ids = placed.dataset, placed.hot, inputs["ssd"], inputs["train_ids"]
+    prof = profile_sampling(placed.sampler, inputs["holdout"], batch_size, seed=args.seed)
+    positions = rank_positions(hot.order(), ds.num_nodes)
+    curve = out_of_sample_curve(positions, prof.pop("ids")[ds.target])
+    per_batch = prof.pop("ids_per_batch")[ds.target]
+    host = placed.split.budgets[ds.target][1]  # the rows the feature cache will hold (the rule of UnifiedCache)
+    cached_rows = max(0, host - ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)) // ds.row_bytes
+    _, missed, blocks = miss_blocks(positions, per_batch, cached_rows, ds.row_bytes)
+    prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
+    del positions, per_batch
+    wl = workload(ds, hot, batch_size=batch_size, model="sage", hidden=args.hidden, layers=len(fanouts),
+                  calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
+                  curve=curve)
+    rows = prof["rows_per_batch"][ds.target]  # the hold-out's batches, not the pre-sampled ones, set the shape
+    apart_per_batch = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
+    wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size), nodes_per_batch=rows,
+                             sample_seconds=prof["sample_cpu_seconds_per_batch"],
+                             topology_blocks_per_batch=prof["topology_blocks_per_batch"],
+                             blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
+    samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, placed.sampler.topology)
+    extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
+
+    def predict(iops: float, seconds_per_node: float):
+        return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows),
+                             feature_file_hardware(ssd, iops=iops, where="the feature file, beside the steps",
+                                                   engine=engine, extent_blocks=extent),
+                             device_cache=0, host_cache=host, train_threads=wl.compute_threads,
+                             samplers=samplers, queue_depth=engine.config.queue_depth)
+
+    # the rate and the step the model takes, measured under the epoch's own load (advise [Note: the step
+    # measured beside the epoch's own read rate]); the figures apart are kept for the report
+    steps = training_steps("sage", hot.examples, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
+    loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed,
+                                      extent_blocks=extent)
+    predicted = loaded.pop("prediction")
+    loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
+    loaded["compute_seconds_per_batch_apart"] = apart_per_batch
+    return {"profile": prof, "predicted": predicted, "loaded": loaded,
+            "workload": dataclasses.replace(wl, compute_seconds=loaded["compute_seconds_per_batch"]),
+            "presample": {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
+                          "seeds": len(inputs["placed_from"])}}
+
+
+def _train_one_epoch(args, placed: Placement, train_ids, *, batch_size: int, engine) -> dict:
     """One epoch over every training seed through the pipeline, the loader alone over the mmap window, and the
-    disk's rates after it; closes ``cache``."""
+    disk's rates after it; closes the caches."""
+    ds = placed.dataset
     torch.manual_seed(args.seed)
-    model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
+    model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, placed.sampler.hops)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     marks, started = [], [0.0]
 
@@ -387,16 +389,15 @@ def _train_one_epoch(args, ds, sampler, cache, train_ids, *, fanouts, batch_size
 
     before = engine.stats.snapshot()
     started[0] = time.perf_counter()
-    pipeline = Pipeline(sampler, cache, ds.labels, device="cpu", samplers=samplers)
-    epoch = train_epoch(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
+    epoch = train_epoch(placed.pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
                         progress=not args.quiet, label="scale", step=step)
     after = engine.stats.snapshot()
     # the mmap contenders' window again, the training step left out (bench_workers [Note: the np.memmap baselines])
     first, count = measure_window(epoch["batches"], args.mmap_warmup_batches, args.mmap_batches)
-    loader = timed_batches(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
+    loader = timed_batches(placed.pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
                            limit=first + count)
-    cache_info, topology_info = cache.describe(), ds.topology.describe()
-    cache.close()
+    cache_info, topology_info = placed.describe()
+    placed.close()
     # the disk's rates again after the epoch: how far they moved while the prediction's inputs held still
     ssd_after = probe_feature_file(ds, seconds=args.disk_probe_seconds)
     return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "cache": cache_info,

@@ -17,7 +17,7 @@ npy        ``edge_index.npy`` (terastack's ``--ogb-dir`` arrays)    :class:`tera
 ========== ======================================================= =====================================
 
 The heterogeneous layouts (ogb-mag, mag240m, igbh) become heterogeneous datasets
-(terastack.gnn.storage.hetero_dataset); the others homogeneous ones.
+(terastack.gnn.storage.manifest); the others homogeneous ones.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One importer for every heterogeneous layout: a :class:`HeteroSource` says how to stream each node type's
 features and labels and each relation's edges; :class:`HeteroImporter` writes them into a heterogeneous
-dataset directory (terastack.gnn.storage.hetero_dataset) with the homogeneous import's resumable, bounded-memory
+dataset directory (terastack.gnn.storage.dataset) with the homogeneous import's resumable, bounded-memory
 building blocks, one part (a node type or a relation) at a time.
 
 [Note: heterogeneous builds]
@@ -28,7 +28,7 @@ import numpy as np
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
 from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.formats.source import SPLITS, ImportOptions, check_ids, checked_splits
-from terastack.gnn.storage.hetero_dataset import EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir, write_hetero_manifest
+from terastack.gnn.storage.manifest import EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir, write_hetero_manifest
 from terastack.progress import Progress
 
 

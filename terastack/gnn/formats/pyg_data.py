@@ -143,7 +143,7 @@ def from_pyg(data, out: str | os.PathLike, *, engine=None, target: str | None = 
 
     Keyword arguments are :class:`~terastack.gnn.formats.source.SourceImporter.Config` fields
     (``undirected``, ``dtype``, ``classes``, ``memory_budget``, ``force``, ``progress``). A ``HeteroData``
-    becomes a heterogeneous dataset (terastack.gnn.storage.hetero_dataset) trained on node type ``target`` (default:
+    becomes a heterogeneous dataset (terastack.gnn.storage.manifest) trained on node type ``target`` (default:
     the only one with labels); ``undirected=True`` adds reverse edges as PyG's ``ToUndirected`` does. Returns
     the import summary (nodes, edges, classes, unlabelled nodes, split sizes).
     """

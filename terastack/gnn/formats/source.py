@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.storage.dataset import FEATURE_DTYPES, DatasetError, write_manifest
+from terastack.gnn.storage.manifest import FEATURE_DTYPES, DatasetError, write_manifest
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 

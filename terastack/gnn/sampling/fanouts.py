@@ -12,10 +12,7 @@ import argparse
 import numbers
 import re
 
-EdgeType = tuple[str, str, str]
-
-#: the one relation of a homogeneous graph, as the heterogeneous path names it
-HOMOGENEOUS_RELATION: EdgeType = ("node", "to", "node")
+from terastack.gnn.storage.manifest import HOMOGENEOUS_RELATION, EdgeType
 
 #: a fanout of -1 ("every neighbour") counts as this many draws wherever a list's saving is estimated
 ALL_NEIGHBOURS_DRAWS = 1 << 20

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.storage.dataset import FEATURE_DTYPES, write_manifest
+from terastack.gnn.storage.manifest import FEATURE_DTYPES, write_manifest
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 

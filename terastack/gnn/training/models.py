@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from terastack.gnn.settings import MODELS
 from terastack.gnn.training.hetero_net import HeteroGNN, check_depth
 
-MODELS = ("sage", "gcn", "gat")
 CHECKPOINT_FORMAT = "terastack-gnn-model"
 CHECKPOINT_VERSION = 1
 _META_MAX_BYTES = 1 << 20

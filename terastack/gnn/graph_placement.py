@@ -21,6 +21,7 @@ from terastack.gnn.sampling.fanouts import largest_draw, parse_fanout_spec
 from terastack.gnn.sampling.hotness import degree_hotness, presample
 from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
 from terastack.gnn.sampling.sampler import NeighborSampler
+from terastack.gnn.settings import setting_default
 from terastack.gnn.storage.budget_split import share_budget
 from terastack.gnn.storage.dataset import GraphDataset, check_read_modes, open_dataset
 from terastack.gnn.storage.features import SOURCES, build_features
@@ -37,33 +38,33 @@ class Placement:
 
     @dataclass(kw_only=True, slots=True)
     class Config:
-        #: one list for every relation, or per relation (terastack.gnn.sampling.fanouts)
-        fanouts: object = (15, 10)
-        replace: bool = False
-        seed: int = 0
-        batch_size: int = 1024
+        """A GNN job's settings (terastack.gnn.settings: the same names and defaults), and the placement's own."""
+
+        fanouts: object = setting_default("sampling.fanouts")
+        replace: bool = setting_default("sampling.replace")
+        seed: int = setting_default("training.seed")
+        batch_size: int = setting_default("sampling.batch_size")
+        presample_epochs: int = setting_default("sampling.presample_epochs")
+        device_cache: int | str = setting_default("cache.device_cache")
+        host_cache: int | str = setting_default("cache.host_cache")
+        device: str = setting_default("cache.device")
+        verify: str = setting_default("data.verify")
+        topology: str = setting_default("data.topology")
+        indptr: str = setting_default("data.indptr")
+        samplers: int = setting_default("sampling.samplers")
+        depth: int = setting_default("sampling.depth")
+        overlap: bool = setting_default("sampling.overlap")
         #: "presample": rank rows and lists by a pre-sampling pass over the seeds; "degree": rows by the lists
         #: they appear in (every row a full-neighbourhood pass reads), no pass
         rank_by: str = "presample"
-        presample_epochs: int = 2
         keep_examples: int = 4
-        #: False: let the per-node counts go once the rows are ranked, before the caches are filled (their
-        #: memory is not held beside the caches; ``hotness`` is then empty)
+        #: False: the per-node counts go once the rows are ranked, before the caches are filled (their memory is
+        #: not held beside the caches; ``hotness`` is then empty)
         keep_hotness: bool = True
-        device_cache: int | str = 0
-        host_cache: int | str = 0
-        #: "cache" (the unified cache), or a baseline's source: "memory", "mmap"
+        #: "cache" (the unified cache), or a baseline's source: "memory", "mmap" (with ``mmap_threads``)
         features: str = "cache"
         mmap_threads: int = 1
-        device: str = "auto"
-        #: opening a directory (terastack.gnn.storage.dataset.GraphDataset.Config)
-        verify: str = "stamp"
-        topology: str = "memory"
-        indptr: str = "auto"
-        #: the pipeline (terastack.gnn.sampling.pipeline.Pipeline.Config)
-        samplers: int = 0
-        depth: int = 1
-        overlap: bool = True
+        #: data parallelism (terastack.gnn.sampling.pipeline.Pipeline.Config)
         rank: int = 0
         world_size: int = 1
 
@@ -75,9 +76,9 @@ class Placement:
                 if getattr(self, name) not in allowed:
                     raise ValueError(f"{name}: must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
             check_read_modes(verify=self.verify, topology=self.topology)
-            for name in ("batch_size", "presample_epochs"):
-                if getattr(self, name) < 1:
-                    raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+            if self.batch_size < 1 or self.presample_epochs < 1:
+                raise ValueError(f"batch_size, presample_epochs: must be >= 1, got {self.batch_size}, "
+                                 f"{self.presample_epochs}")
             resolve_samplers(self.samplers, None)  # validates
 
     def __init__(self, data, config: "Placement.Config | None" = None, *, seeds=None, hotness: dict | None = None,

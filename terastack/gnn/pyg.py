@@ -43,19 +43,14 @@ from terastack.gnn.sampling.sampler import epoch_batches
 from terastack.gnn.settings import setting_default
 from terastack.gnn.storage.dataset import GraphDataset, open_dataset
 
-#: keyword arguments of PyG's loader that change what a batch is, which this loader refuses
-_REFUSED = ("input_time", "time_attr", "temporal_strategy", "weight_attr", "neighbor_sampler", "edge_label_index",
-            "transform_sampler_output", "filter_per_worker", "disjoint", "subgraph_type", "directed", "is_sorted")
-
-
 def _input_nodes(ds, input_nodes) -> tuple[np.ndarray, np.ndarray]:
     """(seed ids, their ``input_id``) of PyG's ``input_nodes``; see [Note: the loader's batches as PyG's]."""
     node_type, nodes = (input_nodes if isinstance(input_nodes, (tuple, list)) else
                         (input_nodes, None) if isinstance(input_nodes, str) else (ds.target, input_nodes))
+    if ds.hetero and not isinstance(input_nodes, (str, tuple, list)):
+        raise ValueError(f"input_nodes: a heterogeneous dataset needs the seeds' type, e.g. ({ds.target!r}, ids)")
     if node_type != ds.target:
         raise ValueError(f"input_nodes: seeds must be of the dataset's labelled type {ds.target!r}, got {node_type!r}")
-    if nodes is None and ds.hetero and not isinstance(input_nodes, (str, tuple, list)):
-        raise ValueError(f"input_nodes: a heterogeneous dataset needs the seeds' type, e.g. ({ds.target!r}, ids)")
     n = ds.node_counts[ds.target]
     if nodes is None:
         ids = np.arange(n)
@@ -80,35 +75,23 @@ class NeighborLoader:
                  device_cache: int | str = setting_default("cache.device_cache"),
                  host_cache: int | str = setting_default("cache.host_cache"), device: str = "cpu",
                  topology: str = setting_default("data.topology"), seed: int | None = None, engine=None, **kwargs):
-        refused = [k for k in kwargs if k in _REFUSED or k not in ("pin_memory", "persistent_workers")]
-        if refused:
-            raise ValueError(f"{refused[0]}: not served by terastack's NeighborLoader (it samples PyG's directional "
-                             "subgraphs, without times or weights)")
-        if batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        if kwargs:  # PyG's temporal, weighted, disjoint or undirected sampling, and DataLoader's worker options
+            raise ValueError(f"{next(iter(kwargs))}: not served by terastack's NeighborLoader, which samples PyG's "
+                             "directional subgraphs on its own threads (num_workers: how many)")
         self.batch_size, self.shuffle, self.drop_last, self.transform = batch_size, shuffle, drop_last, transform
         self.seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else int(seed)
         self.epoch = 0
-        ds = data if isinstance(data, GraphDataset) else None
-        self._open(data, ds, input_nodes, dict(fanouts=num_neighbors, replace=replace, device_cache=device_cache,
-                                               host_cache=host_cache, device=device, topology=topology,
-                                               samplers=num_workers), engine)
-
-    def _open(self, data, ds, input_nodes, fields: dict, engine) -> None:
-        owned = ds is None
-        if owned:
-            ds = open_dataset(data, topology=fields["topology"])
+        ds = self.data = data if isinstance(data, GraphDataset) else open_dataset(data, topology=topology)
         try:
             self.ids, self.input_id = _input_nodes(ds, input_nodes)
-            self.placed = Placement(ds, seeds=self.ids, seed=self.seed, batch_size=self.batch_size,
-                                    presample_epochs=setting_default("sampling.presample_epochs"), engine=engine,
-                                    **fields)
+            self.placed = Placement(ds, seeds=self.ids, seed=self.seed, batch_size=batch_size, fanouts=num_neighbors,
+                                    replace=replace, device_cache=device_cache, host_cache=host_cache, device=device,
+                                    topology=topology, samplers=num_workers, engine=engine)
         except BaseException:
-            if owned:
+            if ds is not data:
                 ds.close()
             raise
-        self.placed.owned = owned  # the dataset opened here closes with the loader
-        self.data = ds
+        self.placed.owned = ds is not data  # the dataset opened here closes with the loader
 
     def __len__(self) -> int:
         n = len(self.ids)
@@ -143,8 +126,6 @@ class NeighborLoader:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"NeighborLoader({self.data!r}, batch_size={self.batch_size}, shuffle={self.shuffle})"
 
 
 def _ids(index, num_nodes: int) -> np.ndarray:

@@ -19,14 +19,6 @@ from terastack.units import parse_bytes
 MODELS, HETERO_MODELS = ("sage", "gcn", "gat"), ("sage", "rgcn")
 
 
-def _bytes(section, name: str) -> None:
-    path = f"{section.SECTION}.{name}"
-    try:
-        setattr(section, name, parse_bytes(getattr(section, name), field=path))
-    except ValueError as exc:
-        raise SettingError(path, str(exc).split(": ", 1)[-1]) from None
-
-
 def fanouts_text(spec) -> str:
     """Fanouts as one line: ``15,10``, or per relation ``cites=15,10;*=5,5`` (a file's table, or a parsed spec)."""
     if isinstance(spec, dict):
@@ -114,8 +106,11 @@ class CacheSection:
 
     def __post_init__(self) -> None:
         read_fields(self)
-        _bytes(self, "device_cache")
-        _bytes(self, "host_cache")
+        for name in ("device_cache", "host_cache"):
+            try:
+                setattr(self, name, parse_bytes(getattr(self, name), field=f"cache.{name}"))
+            except ValueError as exc:
+                raise SettingError(f"cache.{name}", str(exc).split(": ", 1)[-1]) from None
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise SettingError("cache.device", f"must be auto, cpu or cuda[:N]; got {self.device!r}")
 
@@ -138,10 +133,8 @@ class GnnTrainingSection:
 
     def __post_init__(self) -> None:
         read_fields(self)
-        at_least(self, "epochs", 0)
-        at_least(self, "nproc", 1)
-        at_least(self, "eval_nodes", -1)
-        at_least(self, "threads", -1)
+        for name, low in (("epochs", 0), ("nproc", 1), ("eval_nodes", -1), ("threads", -1)):
+            at_least(self, name, low)
         if not self.lr > 0:
             raise SettingError("training.lr", f"must be > 0, got {self.lr}")
 

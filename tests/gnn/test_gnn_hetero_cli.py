@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from terastack.cli import main
-from terastack.gnn.training.models import load_hetero_model
+from terastack.gnn.training.models import load_model
 
 
 def run(capsys, *argv):
@@ -35,7 +35,7 @@ def test_train_then_infer_equals_the_whole_graph(hetero, tmp_path, capsys, model
     assert len(result["epochs"]) == 2 and all(len(result[f"{k}_acc_per_epoch"]) == 2 for k in ("train", "val", "test"))
     assert result["test_acc"] > 0.5  # 4 classes; the features and the cited papers predict them
     ds = open_dataset(hetero)
-    net, meta = load_hetero_model(ckpt)
+    net, meta = load_model(ckpt)
     assert meta["test_acc"] == result["test_acc"]
 
     preds, logits = tmp_path / "preds.npy", tmp_path / "logits.npy"
@@ -71,3 +71,11 @@ def test_train_prints_accuracies_and_verify(hetero, capsys):
 def test_homogeneous_models_are_refused_by_name(hetero, capsys):
     code, _, err = run(capsys, "gnn", "train", "--data", str(hetero), "--model", "gat", "--quiet")
     assert code == 2 and "model" in err and "sage, rgcn" in err
+
+
+def test_advise_refuses_a_heterogeneous_dataset_in_one_line_naming_what_it_serves(hetero, capsys):
+    code, out, err = run(capsys, "gnn", "advise", "--data", str(hetero), "--no-calibrate")
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert "is a heterogeneous dataset" in lines[0] and "predicts the epochs of homogeneous ones" in lines[0]
+    assert "terastack-gnn-hetero" not in lines[0]  # not the manifest's format, as it once said

@@ -17,7 +17,7 @@ from terastack.gnn.training.models import GNN
 from terastack.gnn.sampling.pipeline import Pipeline
 from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
 from terastack.gnn.settings import gnn_job
-from terastack.gnn.training.train import GnnTrainer, fit
+from terastack.gnn.training.train import GnnTrainer, train_epoch
 
 
 def in_memory_pyg(ds, sampler, kind, epochs, batch_size, lr=0.01):
@@ -54,8 +54,9 @@ def test_out_of_core_loss_curve_is_identical_to_in_memory(tiny, kind):
         torch.manual_seed(0)
         model = GNN(kind, ds.feat_dim, 32, ds.num_classes, 2)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
-        epochs = fit(Pipeline(sampler, cache, ds.labels), model, opt, ds.splits["train"], batch_size=100,
-                     epochs=2, progress=False)
+        pipe = Pipeline(sampler, cache, ds.labels)
+        epochs = [train_epoch(pipe, model, opt, ds.splits["train"], batch_size=100, epoch=e, progress=False)
+                  for e in range(2)]
         assert min(e["miss_rate"] for e in epochs) > 0  # the SSD really served part of every epoch
     losses = [loss for e in epochs for loss in e["losses"]]
     assert losses == ref  # bit-identical features, same seeds: the very same curve

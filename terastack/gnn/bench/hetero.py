@@ -40,7 +40,6 @@ contender's epoch is at least the step's, which caps ``speedup_vs_mmap`` at (mma
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import sys
 import time
@@ -53,9 +52,9 @@ import torch
 from terastack.constants import BLOCK
 from terastack.gnn.advise import (feature_file_hardware, training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
                                   probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
-from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
+from terastack.gnn.bench.workers import Contender, bench_dir, drop_mapped_pages, generate_or_replace, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
 from terastack.gnn.graph_placement import Placement
-from terastack.gnn.storage.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.storage.features import TypedFeatures
 from terastack.gnn.storage.gen import HeteroGraphGenerator
 from terastack.gnn.training.models import HeteroGNN, eval_step, train_step
@@ -198,25 +197,11 @@ class HeteroContender:
         self.ds.close()
 
 
-def _dataset_dir(args) -> Path:
-    if args.dir:
-        return Path(args.dir)
-    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
-    return Path(base) / "bench-gnn-hetero"
-
-
 def _generate(args, root: Path, papers: int, train_nodes: int) -> dict:
-    config = dict(out=str(root), papers=papers, feat_dim=args.feat_dim, classes=args.classes, dtype=args.dtype,
-                  seed=args.seed, train_nodes=train_nodes, test_nodes=args.test_nodes,
-                  memory_budget=args.gen_memory or HETERO_DEFAULTS["gen_memory"], progress=not args.quiet)
-    try:
-        return HeteroGraphGenerator(HeteroGraphGenerator.Config(force=bool(args.fresh), **config)).run()
-    except DatasetError as exc:
-        if "other parameters" not in str(exc):
-            raise
-        # the benchmark's own dataset directory, made for other sizes: replace it
-        return HeteroGraphGenerator(HeteroGraphGenerator.Config(force=True, **config)).run()
+    return generate_or_replace(HeteroGraphGenerator, dict(
+        out=str(root), papers=papers, feat_dim=args.feat_dim, classes=args.classes, dtype=args.dtype, seed=args.seed,
+        train_nodes=train_nodes, test_nodes=args.test_nodes, memory_budget=args.gen_memory or HETERO_DEFAULTS["gen_memory"],
+        progress=not args.quiet), fresh=bool(args.fresh))
 
 
 def measure_hetero(args) -> dict:
@@ -232,7 +217,7 @@ def measure_hetero(args) -> dict:
     threads = training_threads() if args.threads == -1 else args.threads
     mmap_threads = parse_mmap_threads(args.mmap_threads)
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    root = _dataset_dir(args)
+    root = bench_dir(args, "bench-gnn-hetero")
     started = time.perf_counter()
     contenders: dict[str, Contender] = {}
     try:

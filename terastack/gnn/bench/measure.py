@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shutil
 import time
 from pathlib import Path
@@ -56,11 +55,12 @@ import torch
 
 from terastack.gnn.advise import calibrate_compute, feature_file_hardware, probe_feature_file, workload
 from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch, plain_eval
+from terastack.gnn.bench.workers import bench_dir, generate_or_replace
 from terastack.gnn.graph_placement import Placement
 from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
 from terastack.gnn.sampling.hotness import presample
 from terastack.gnn.sampling.pipeline import Pipeline
-from terastack.gnn.storage.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.storage.gen import GraphGenerator
 from terastack.gnn.training.models import train_step
 from terastack.gnn.training.train import evaluate, train_epoch, training_threads
@@ -161,14 +161,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def _dataset_dir(args) -> Path:
-    if args.dir:
-        return Path(args.dir)
-    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
-    return Path(base) / "bench-gnn"
-
-
 #: defaults of the flags whose default differs with --scale (terastack.gnn.bench.scale.SCALE_DEFAULTS)
 _DEFAULTS = {"nodes": 4_000_000, "avg_degree": 10.0, "train_nodes": 65536, "batch_size": 1024, "gen_memory": "1GiB"}
 
@@ -191,7 +183,7 @@ def measure(args: argparse.Namespace) -> dict:
         return measure_hetero(args)
     _settle(args)
     fanouts = parse_fanouts(args.fanouts)
-    root = _dataset_dir(args)
+    root = bench_dir(args, "bench-gnn")
     if args.fresh and root.exists():
         shutil.rmtree(root)
     gen, gen_seconds = _generate(args, root)
@@ -229,18 +221,10 @@ def _settle(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace, root: Path) -> tuple[dict, float]:
     """The benchmark's dataset (kept between runs; regenerated when its parameters changed) and the seconds."""
     t0 = time.perf_counter()
-    gen_config = dict(out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
-                      classes=args.classes, dtype=args.dtype, seed=args.seed,
-                      train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
-                      test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory,
-                      progress=not args.quiet)
-    try:
-        gen = GraphGenerator(GraphGenerator.Config(**gen_config)).run()
-    except DatasetError as exc:
-        if "other parameters" not in str(exc):
-            raise
-        # the benchmark's own dataset directory, made for other sizes: replace it
-        gen = GraphGenerator(GraphGenerator.Config(force=True, **gen_config)).run()
+    gen = generate_or_replace(GraphGenerator, dict(
+        out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim, classes=args.classes,
+        dtype=args.dtype, seed=args.seed, train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
+        test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory, progress=not args.quiet))
     return gen, time.perf_counter() - t0
 
 

@@ -75,7 +75,7 @@ import torch
 from terastack.bench_watchdog import RssWatchdog
 from terastack.gnn.advise import (feature_file_hardware, measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
-from terastack.gnn.bench.workers import Contender, drop_mapped_pages, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, skip_step, start_fork_server, timed_batches, window_seconds
+from terastack.gnn.bench.workers import Contender, drop_mapped_pages, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, start_fork_server, window_seconds
 from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.storage.manifest import MANIFEST
 from terastack.gnn.training.models import GNN, train_step
@@ -153,8 +153,8 @@ class MmapContender:
 
     def run(self, *, train_ids: list, batch_size: int, epoch: int, limit: int, train: bool = True) -> dict:
         """The first ``limit`` batches of ``epoch``; ``train=False`` leaves the step out (the loader alone)."""
-        r = timed_batches(self.pipeline, self.model, self.opt, np.asarray(train_ids, np.int64), batch_size=batch_size,
-                          epoch=epoch, step=train_step if train else skip_step, limit=limit)
+        r = run_epoch(self.pipeline, self.model, self.opt, np.asarray(train_ids, np.int64), batch_size=batch_size,
+                      epoch=epoch, step=train_step if train else skip_step, limit=limit)
         return {**r, "evicted_pages": self.source.evicted_pages,
                 "gather_seconds": self.pipeline.last_stats.gather_seconds,
                 "stall_seconds": self.pipeline.last_stats.stall_seconds}
@@ -380,27 +380,19 @@ def _train_one_epoch(args, placed: Placement, train_ids, *, batch_size: int, eng
     torch.manual_seed(args.seed)
     model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, placed.sampler.hops)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    marks, started = [], [0.0]
-
-    def step(m, o, data):
-        loss = train_step(m, o, data)
-        marks.append(time.perf_counter() - started[0])
-        return loss
-
     before = engine.stats.snapshot()
-    started[0] = time.perf_counter()
     epoch = train_epoch(placed.pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
-                        progress=not args.quiet, label="scale", step=step)
+                        progress=not args.quiet, label="scale")
     after = engine.stats.snapshot()
     # the mmap contenders' window again, the training step left out (bench_workers [Note: the np.memmap baselines])
     first, count = measure_window(epoch["batches"], args.mmap_warmup_batches, args.mmap_batches)
-    loader = timed_batches(placed.pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
-                           limit=first + count)
+    loader = run_epoch(placed.pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
+                       limit=first + count)
     cache_info, topology_info = placed.describe()
     placed.close()
     # the disk's rates again after the epoch: how far they moved while the prediction's inputs held still
     ssd_after = probe_feature_file(ds, seconds=args.disk_probe_seconds)
-    return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "cache": cache_info,
+    return {"epoch": epoch, "loader_marks": loader["marks"], "cache": cache_info,
             "topology": topology_info, "ssd_after": ssd_after, "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
             "ssd_requests": after["requests"] - before["requests"]}
 

@@ -173,24 +173,6 @@ class Contender:
         self.close()
 
 
-def timed_batches(pipeline, model, optimizer, ids: np.ndarray, *, batch_size: int, epoch: int, step,
-                  limit: int = 0) -> dict:
-    """Train the batches of one epoch through ``pipeline`` (the first ``limit`` of them when ``limit`` > 0),
-    recording the time after each step; see [Note: comparing the same batches]."""
-    marks, losses = [], []
-    batches = pipeline.epoch(ids, batch_size, epoch=epoch)
-    started = time.perf_counter()
-    try:
-        for data in batches:
-            losses.append(step(model, optimizer, data))
-            marks.append(time.perf_counter() - started)
-            if limit and len(marks) >= limit:
-                break
-    finally:
-        batches.close()
-    return {"marks": marks, "losses": losses, "seconds": marks[-1] if marks else 0.0, "batches": len(marks)}
-
-
 def window_seconds(marks: list[float], start: int, count: int) -> float:
     """Seconds that batches ``start .. start + count - 1`` took (from the end of batch ``start - 1``)."""
     end = min(len(marks), start + count)
@@ -249,17 +231,37 @@ def drop_mapped_pages(array) -> None:
 
 def run_epoch(pipeline, model, optimizer, ids: np.ndarray, *, batch_size: int, epoch: int, step,
               limit: int = 0) -> dict:
-    """:func:`timed_batches` plus what the epoch read: feature hit rates and SSD bytes, list hits and bytes."""
-    source, topology = pipeline.source, pipeline.sampler.topology
-    before, topo_before = source.stats.snapshot(), topology.stats.snapshot()
-    r = timed_batches(pipeline, model, optimizer, ids, batch_size=batch_size, epoch=epoch, step=step, limit=limit)
-    after, topo_after = source.stats.snapshot(), topology.stats.snapshot()
-    rows = max(after["rows"] - before["rows"], 1)
-    hits = after["device_hits"] + after["host_hits"] - before["device_hits"] - before["host_hits"]
-    return {**r, "feature_hit_rate": hits / rows, "rows_per_batch": rows / max(r["batches"], 1),
-            "feature_ssd_bytes": after["ssd_bytes"] - before["ssd_bytes"],
-            "topology_hit_rate": (topo_after["hits"] - topo_before["hits"])
-            / max(topo_after["lookups"] - topo_before["lookups"], 1),
-            "topology_ssd_bytes": topo_after["ssd_bytes"] - topo_before["ssd_bytes"],
-            "stall_seconds": pipeline.last_stats.stall_seconds, "sample_seconds": pipeline.last_stats.sample_seconds,
-            "gather_seconds": pipeline.last_stats.gather_seconds, "seeds": pipeline.last_stats.seeds}
+    """One epoch (its first ``limit`` batches) timed batch by batch (terastack.gnn.training.train.train_epoch; see
+    [Note: comparing the same batches]): ``seconds`` to the last step, and what the epoch read."""
+    from terastack.gnn.training.train import train_epoch
+
+    r = train_epoch(pipeline, model, optimizer, ids, batch_size=batch_size, epoch=epoch, limit=limit, step=step,
+                    progress=False)
+    return {**r, "seconds": r["marks"][-1] if r["marks"] else 0.0,
+            "feature_hit_rate": r["device_hit_rate"] + r["host_hit_rate"],
+            "rows_per_batch": r["rows_gathered"] / max(r["batches"], 1), "feature_ssd_bytes": r["ssd_bytes"]}
+
+
+def bench_dir(args, name: str):
+    """Where a benchmark's generated dataset lives: ``--dir``, else ``$TERASTACK_CACHE/<name>`` (default
+    ``~/.cache/terastack/<name>``)."""
+    from pathlib import Path
+
+    if args.dir:
+        return Path(args.dir)
+    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
+    return Path(base) / name
+
+
+def generate_or_replace(generator, config: dict, *, fresh: bool = False) -> dict:
+    """Run ``generator`` (a generator class) with ``config``; the benchmark's own dataset directory, made for
+    other parameters, is replaced."""
+    from terastack.gnn.storage.dataset import DatasetError
+
+    try:
+        return generator(generator.Config(force=fresh, **config)).run()
+    except DatasetError as exc:
+        if "other parameters" not in str(exc):
+            raise
+        return generator(generator.Config(force=True, **config)).run()

@@ -25,11 +25,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.formats.source import SPLITS, ImportOptions, checked_splits, write_edges
+from terastack.gnn.storage.build import BuildState, FeatureWriter, write_array
 from terastack.gnn.storage.dataset import DatasetError
-from terastack.gnn.formats.source import SPLITS, ImportOptions, check_ids, checked_splits
 from terastack.gnn.storage.manifest import EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir, write_hetero_manifest
-from terastack.progress import Progress
 
 
 @dataclass(kw_only=True, slots=True)
@@ -202,32 +201,5 @@ class HeteroImporter:
 
     def _relation(self, part: BuildState, rel: RelationSource, n_src: int, n_dst: int, mode: str) -> int:
         """CSC of one written relation: the source's edges as they are, reversed, or both ways."""
-        cfg = self.config
-        saved = part.progress("edges")
-        total = None if ("buckets" in saved or part.done("edges") or part.done("topology")) else rel.count_edges()
-        factor = 2 if mode == "both" else 1
-        # written relation (a, r, b): ids of a are below n_a; for "reversed" the source's src/dst swap roles
-        out_src, out_dst = (n_dst, n_src) if mode == "reversed" else (n_src, n_dst)
-        builder = CSCBuilder(part, num_nodes=out_dst, num_src=out_src, expected_edges=(total or 0) * factor,
-                             memory_budget=max(16 << 20, cfg.memory_budget - 16 * max(n_src, n_dst)),
-                             progress=cfg.progress, drop_self_loops=False)
-        if not part.done("edges"):
-            step = int(max(1 << 16, min(1 << 22, cfg.memory_budget // 200)))
-            pos = builder.extra.get("edges", 0)
-            bar = Progress(total, label=f"edges {rel.where}", unit="edges", enabled=cfg.progress)
-            bar.update(pos)
-            for s, d in rel.edge_blocks(pos, step):
-                s, d = np.asarray(s, np.int64), np.asarray(d, np.int64)
-                check_ids(s, n_src, rel.where, "edge", pos)
-                check_ids(d, n_dst, rel.where, "edge", pos)
-                count = len(s)
-                if mode == "reversed":
-                    s, d = d, s
-                elif mode == "both":
-                    s, d = np.concatenate([s, d]), np.concatenate([d, s])
-                pos += count
-                builder.add_chunk(s, d, edges=pos)
-                bar.update(count)
-            bar.close()
-            builder.close_edges()
-        return builder.build()
+        return write_edges(part, rel.edge_blocks, rel.count_edges, rel.where, n_src=n_src, n_dst=n_dst, mode=mode,
+                           options=self.config, label=f"edges {rel.where}")

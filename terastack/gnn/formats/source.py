@@ -212,27 +212,40 @@ class SourceImporter:
         return cursor.rows
 
     def _edges(self, state: BuildState, undirected: bool) -> int:
-        src, cfg = self.source, self.config
-        n = src.num_nodes
-        saved = state.progress("edges")
-        total = None if ("buckets" in saved or state.done("edges") or state.done("topology")) else src.count_edges()
-        builder = CSCBuilder(state, num_nodes=n, expected_edges=(total or 0) * (2 if undirected else 1),
-                             memory_budget=max(16 << 20, cfg.memory_budget - 16 * n), progress=cfg.progress,
-                             drop_self_loops=False)  # an imported graph keeps its self-loops; duplicates merge
-        if not state.done("edges"):
-            step = int(max(1 << 16, min(1 << 22, cfg.memory_budget // 200)))
-            pos = builder.extra.get("edges", 0)
-            bar = Progress(total, label="edges", unit="edges", enabled=cfg.progress)
-            bar.update(pos)
-            for s, d in src.edge_blocks(pos, step):
-                s, d = np.asarray(s, np.int64), np.asarray(d, np.int64)
-                check_ids(s, n, src.edges_where, "edge", pos)
-                check_ids(d, n, src.edges_where, "edge", pos)
-                if undirected:
-                    s, d = np.concatenate([s, d]), np.concatenate([d, s])
-                pos += len(s) // (2 if undirected else 1)
-                builder.add_chunk(s, d, edges=pos)
-                bar.update(len(s) // (2 if undirected else 1))
-            bar.close()
-            builder.close_edges()
-        return builder.build()
+        src, n = self.source, self.source.num_nodes
+        return write_edges(state, src.edge_blocks, src.count_edges, src.edges_where, n_src=n, n_dst=n,
+                           mode="both" if undirected else "as_is", options=self.config, label="edges")
+
+
+def write_edges(state: BuildState, edge_blocks, count_edges, where: str, *, n_src: int, n_dst: int, mode: str,
+                options: BuildOptions, label: str) -> int:
+    """The CSC of one relation (resumable): the source's ``(src, dst)`` blocks checked (ids below ``n_src`` and
+    ``n_dst``) and taken as they are (``mode`` "as_is"), reversed ("reversed": the written relation's sources are
+    the source's destinations) or both ways ("both"); returns the edges written."""
+    saved = state.progress("edges")
+    total = None if ("buckets" in saved or state.done("edges") or state.done("topology")) else count_edges()
+    out_src, out_dst = (n_dst, n_src) if mode == "reversed" else (n_src, n_dst)
+    builder = CSCBuilder(state, num_nodes=out_dst, num_src=out_src,
+                         expected_edges=(total or 0) * (2 if mode == "both" else 1),
+                         memory_budget=max(16 << 20, options.memory_budget - 16 * max(n_src, n_dst)),
+                         progress=options.progress, drop_self_loops=False)  # imported graphs keep their self-loops
+    if not state.done("edges"):
+        step = int(max(1 << 16, min(1 << 22, options.memory_budget // 200)))
+        pos = builder.extra.get("edges", 0)
+        bar = Progress(total, label=label, unit="edges", enabled=options.progress)
+        bar.update(pos)
+        for s, d in edge_blocks(pos, step):
+            s, d = np.asarray(s, np.int64), np.asarray(d, np.int64)
+            check_ids(s, n_src, where, "edge", pos)
+            check_ids(d, n_dst, where, "edge", pos)
+            count = len(s)
+            if mode == "reversed":
+                s, d = d, s
+            elif mode == "both":
+                s, d = np.concatenate([s, d]), np.concatenate([d, s])
+            pos += count
+            builder.add_chunk(s, d, edges=pos)
+            bar.update(count)
+        bar.close()
+        builder.close_edges()
+    return builder.build()

@@ -35,6 +35,11 @@ from terastack.gnn.storage.manifest import HOMOGENEOUS_RELATION, NODE, EdgeType
 from terastack.gnn.storage.topology import ArrayTopology, Topologies
 
 
+#: PyG's name of each of a batch's typed fields
+_PYG_NAMES = {"n_id": "nodes", "row": "rows", "col": "cols", "num_sampled_nodes": "nodes_per_hop",
+              "num_sampled_edges": "edges_per_hop"}
+
+
 @dataclass(slots=True)
 class SampledBatch:
     """One sampled subgraph: per node type its global ids (seeds first), per relation local ``(row, col)``, the
@@ -55,28 +60,13 @@ class SampledBatch:
     index: int = 0
     epoch: int = 0
 
-    def _shaped(self, per: dict, key):
-        return per if self.hetero else per[key]
-
-    @property
-    def n_id(self):
-        return self._shaped(self.nodes, self.target)
-
-    @property
-    def row(self):
-        return self._shaped(self.rows, next(iter(self.rows)))
-
-    @property
-    def col(self):
-        return self._shaped(self.cols, next(iter(self.cols)))
-
-    @property
-    def num_sampled_nodes(self):
-        return self._shaped(self.nodes_per_hop, self.target)
-
-    @property
-    def num_sampled_edges(self):
-        return self._shaped(self.edges_per_hop, next(iter(self.edges_per_hop)))
+    def __getattr__(self, name: str):
+        # PyG's names (n_id, row, col, num_sampled_nodes, num_sampled_edges), in its shape for the graph's kind
+        field = _PYG_NAMES.get(name)
+        if field is None:
+            raise AttributeError(f"'SampledBatch' object has no attribute {name!r}")
+        per = getattr(self, field)
+        return per if self.hetero else next(iter(per.values()))
 
     @property
     def num_nodes(self) -> int:

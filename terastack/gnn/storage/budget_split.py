@@ -27,16 +27,12 @@ thousands of entries for two or three blocks saved, come last.
 
 [Note: one budget over node types and relations]
 The host budget pays first for what must be in memory (every featured type's lookup table, 4 bytes per
-node, and every relation's indptr when it is held in memory); the rest is divided by one greedy over
-every candidate at once -- each node type's feature rows and, with the topology on the SSD, each
-relation's neighbour lists -- by SSD bytes saved per byte of memory, the rule of
-[Note: splitting one budget between topology and features]: a row of type t saves ``c_v * B_row(t)`` per
-pass for ``row_bytes(t)``; the list of node v in relation r saves ``x_v * (B_list + B_ptr)`` for
-``d_v * s + 24``, where ``x_v`` counts how often v (of r's destination type) was expanded. Each type's
-cache (terastack.gnn.storage.cache.UnifiedCache) then gets the bytes its rows won and places its hottest rows.
-The device budget is divided the same way among feature rows only (lists stay in host memory). A
-homogeneous graph is the one-type, one-relation case: its one cache gets the device budget and the host bytes
-the lists leave.
+node, and every relation's indptr when held in memory); the rest goes by the greedy of [Note: splitting one
+budget between topology and features] over every candidate at once: each node type's rows (``row_bytes(t)``
+each) and, with the topology on the SSD, each relation's lists (``x_v`` counting how often v, of the
+relation's destination type, was expanded). Each type's cache (terastack.gnn.storage.cache.UnifiedCache)
+gets the bytes its rows won and places its hottest rows; the device budget is divided the same way among
+rows only. A homogeneous graph is the one-type, one-relation case.
 """
 from __future__ import annotations
 

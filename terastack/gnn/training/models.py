@@ -166,14 +166,6 @@ def load_model(path: str | os.PathLike) -> tuple[GNN | HeteroGNN, dict]:
     return model.eval(), meta
 
 
-def load_hetero_model(path: str | os.PathLike) -> tuple[HeteroGNN, dict]:
-    """:func:`load_model` for a checkpoint that must hold a heterogeneous model."""
-    model, meta = load_model(path)
-    if not isinstance(model, HeteroGNN):
-        raise ValueError(f"checkpoint: {path} holds a homogeneous model ({model.kind}); this dataset is heterogeneous")
-    return model, meta
-
-
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     """(state_dict, description) of a checkpoint written by :func:`save_model`, size and SHA-256 checked,
     the weights read with ``torch.load(weights_only=True)``; see [Note: model checkpoints]."""

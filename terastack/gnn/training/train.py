@@ -45,9 +45,10 @@ def training_threads() -> int:
 
 
 def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray,
-                *, batch_size: int, epoch: int, start: int = 0, progress: bool = True, label: str = "train",
-                step=train_step, after=None) -> dict:
-    """Train one epoch through ``pipeline`` from batch ``start``: time, losses, per-tier hit rates and SSD traffic.
+                *, batch_size: int, epoch: int, start: int = 0, limit: int = 0, progress: bool = True,
+                label: str = "train", step=train_step, after=None) -> dict:
+    """Train one epoch through ``pipeline`` from batch ``start`` (its first ``limit`` batches when ``limit`` > 0):
+    time (``marks``: the seconds after each step, from the start), losses, per-tier hit rates and SSD traffic.
 
     ``step(model, optimizer, batch) -> loss`` trains one batch (the default takes either graph kind's batches);
     ``after(k, loss)``, when given, is called once batch k is trained."""
@@ -55,23 +56,34 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
     before, topo_before = source.stats.snapshot(), topology.stats.snapshot()
     bar = Progress(-(-len(train_ids) // batch_size) - start, label=f"{label} epoch {epoch}", unit="batches",
                    enabled=progress)
-    losses = []
+    losses, marks = [], []
     started = time.perf_counter()
-    for k, data in enumerate(pipeline.epoch(train_ids, batch_size, epoch=epoch, start=start), start):
-        with trace.span(f"train {k}", track="train", cat="gnn", nodes=int(data.num_nodes)):
-            losses.append(step(model, optimizer, data))
-        if after is not None:
-            after(k, losses[-1])
-        if progress:
-            now = source.stats.snapshot()
-            rows = max(now["rows"] - before["rows"], 1)
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.update(1, loss=losses[-1], dev_hit=(now["device_hits"] - before["device_hits"]) / rows,
-                       host_hit=(now["host_hits"] - before["host_hits"]) / rows,
-                       ssd_GBps=(now["ssd_bytes"] - before["ssd_bytes"]) / elapsed / 1e9)
+    batches = pipeline.epoch(train_ids, batch_size, epoch=epoch, start=start)
+    try:
+        for k, data in enumerate(batches, start):
+            with trace.span(f"train {k}", track="train", cat="gnn", nodes=int(data.num_nodes)):
+                losses.append(step(model, optimizer, data))
+            marks.append(time.perf_counter() - started)
+            if after is not None:
+                after(k, losses[-1])
+            if progress:
+                now = source.stats.snapshot()
+                rows = max(now["rows"] - before["rows"], 1)
+                bar.update(1, loss=losses[-1], dev_hit=(now["device_hits"] - before["device_hits"]) / rows,
+                           host_hit=(now["host_hits"] - before["host_hits"]) / rows,
+                           ssd_GBps=(now["ssd_bytes"] - before["ssd_bytes"]) / max(marks[-1], 1e-9) / 1e9)
+            if limit and len(losses) >= limit:
+                break
+    finally:
+        batches.close()  # stopped early: the stages stop
     seconds = time.perf_counter() - started
     bar.close()
-    after_, topo_after = source.stats.snapshot(), topology.stats.snapshot()
+    return _epoch_figures(pipeline, before, topo_before, epoch=epoch, seconds=seconds, losses=losses, marks=marks)
+
+
+def _epoch_figures(pipeline: Pipeline, before: dict, topo_before: dict, *, epoch: int, seconds: float, losses: list,
+                   marks: list) -> dict:
+    after_, topo_after = pipeline.source.stats.snapshot(), pipeline.sampler.topology.stats.snapshot()
     delta = {k: after_[k] - before[k] for k in ("rows", "device_hits", "host_hits", "misses", "ssd_bytes",
                                                 "ssd_blocks", "ssd_calls", "batches", "io_wait_seconds")}
     rows = max(delta["rows"], 1)
@@ -79,7 +91,7 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
                                                         "ssd_bytes")}
     st = pipeline.last_stats
     return {
-        "epoch": epoch, "seconds": seconds, "batches": len(losses),
+        "epoch": epoch, "seconds": seconds, "batches": len(losses), "marks": marks,
         "batches_per_s": len(losses) / seconds if seconds else 0.0,
         "loss_mean": float(np.mean(losses)) if losses else float("nan"), "losses": losses,
         "device_hit_rate": delta["device_hits"] / rows, "host_hit_rate": delta["host_hits"] / rows,
@@ -93,13 +105,6 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
         "topology_hit_rate": topo["hits"] / max(topo["lookups"], 1), "topology_ssd_bytes": topo["ssd_bytes"],
         "topology_calls_per_batch": (topo["indptr_calls"] + topo["indices_calls"]) / max(len(losses), 1),
     }
-
-
-def fit(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray, *,
-        batch_size: int, epochs: int, first_epoch: int = 0, progress: bool = True, label: str = "train") -> list[dict]:
-    """Train ``epochs`` epochs; one :func:`train_epoch` dict per epoch."""
-    return [train_epoch(pipeline, model, optimizer, train_ids, batch_size=batch_size, epoch=e, progress=progress,
-                        label=label) for e in range(first_epoch, first_epoch + epochs)]
 
 
 def evaluate(pipeline: Pipeline, model: torch.nn.Module, ids: np.ndarray, *, batch_size: int,
@@ -206,7 +211,7 @@ class TrainingRun:
         self.sync = SyncCheck(model) if job.training.check_sync and ranks.active else None
         self.step = checked_step(train_step, self.sync)
         self.model, self.optimizer = model, torch.optim.Adam(model.parameters(), lr=job.training.lr)
-        self.state = RunProgress(resume_settings(job))
+        self.state = RunProgress({path: job.get(path) for path in RESUME_SETTINGS})
         self.components = {"model": ModuleState(model), "optimizer": OptimizerState(self.optimizer),
                            "progress": self.state, "rng": RNGState()}
         self.saved_at = None  # batches trained when the newest checkpoint was written
@@ -286,8 +291,3 @@ def _result(job: GnnJob, placed: Placement, report: dict, trained: dict, caches:
         "saved_model": saved, "checkpoint": job.checkpoint.dir, "resumed_from": job.checkpoint.resume,
         "ranks": {"world_size": ranks.world_size, **(sync.to_dict() if sync else {})},
     }
-
-
-def resume_settings(job: GnnJob) -> dict:
-    """The settings of ``job`` a checkpoint records and a resume must match."""
-    return {path: job.get(path) for path in RESUME_SETTINGS}

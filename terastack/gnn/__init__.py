@@ -33,16 +33,13 @@ Train your own PyG model on a dataset larger than memory::
     print(loader.placed.features.stats.snapshot())    # per-tier hit rates, SSD bytes
     loader.close()
 
-The loader samples and gathers the next batches while the model trains on this one (the pipeline,
-terastack.gnn.sampling.pipeline). Make a dataset with ``terastack gnn gen`` or ``terastack gnn import --from DIR``
-(an OGB ``ogbn_*`` directory in its CSV or npz form, an IGB ``<root>/<size>`` directory, ogbn-mag, MAG240M,
-IGBH, or ``.npy`` arrays; see docs/gnn.md), or from a PyG graph in memory with ``from_pyg(data, out_dir)``; train
-from the shell with ``terastack gnn train`` (a job: flags, a ``--config`` file, ``key=value`` overrides;
-``--checkpoint`` / ``--resume``; ``--save-model``), predict every node with full neighbourhoods, out of core, with
-``terastack gnn infer``; ask which hardware gives the most epochs per dollar with ``terastack gnn advise``. A
-heterogeneous dataset is opened, sampled (per-relation fanouts), cached and trained (R-GCN or
-``to_hetero(GraphSAGE)``) by the same calls; ``NeighborLoader`` yields its ``HeteroData`` batches, and
-:func:`terastack.gnn.pyg.stores` gives either kind to PyG's own loaders as a ``FeatureStore`` and ``GraphStore``.
+The loader samples and gathers the next batches while the model trains on this one. Make a dataset with
+``terastack gnn gen`` or ``terastack gnn import --from DIR`` (OGB, IGB, ogbn-mag, MAG240M, IGBH, ``.npy``; see
+docs/gnn.md) or ``from_pyg(data, out_dir)``; train from the shell with ``terastack gnn train`` (a job: flags, a
+``--config`` file, overrides, ``--checkpoint`` / ``--resume``, ``--save-model``), predict every node out of core
+with ``terastack gnn infer``, ask which hardware gives the most epochs per dollar with ``terastack gnn advise``. A
+heterogeneous dataset goes through the same calls (``NeighborLoader`` yields ``HeteroData``; R-GCN or
+``to_hetero(GraphSAGE)`` train on it); :func:`terastack.gnn.pyg.stores` serves either kind to PyG's own loaders.
 """
 from __future__ import annotations
 

@@ -369,6 +369,28 @@ def measure_under_epoch_load(features, train_once, predict, *, seconds: float = 
             "prediction": prediction}
 
 
+def predict_under_load(wl: GnnWorkload, ssd: dict, features, train_once, *, rows: float, host_cache: int,
+                       seconds: float, seed: int, where: str, engine=None, **predict):
+    """(the predicted epoch, the measurements) of ``wl`` with the SSD's rate and the step (``train_once``, scaled
+    to ``rows`` nodes a batch) measured under the epoch's own load ([Note: the step measured beside the epoch's
+    own read rate]); ``predict``: more arguments of :func:`terastack.plan.tpc.predict_epoch`."""
+    import dataclasses
+
+    from terastack.plan.tpc import predict_epoch
+
+    extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
+
+    def prediction(iops: float, seconds_per_node: float):
+        here = feature_file_hardware(ssd, iops=iops, where=where, engine=engine, extent_blocks=extent)
+        return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows), here, device_cache=0,
+                             host_cache=host_cache, train_threads=wl.compute_threads, **predict)
+
+    loaded = measure_under_epoch_load(features, train_once, prediction, seconds=seconds, seed=seed,
+                                      extent_blocks=extent, engine=engine)
+    loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
+    return loaded.pop("prediction"), loaded
+
+
 # ------------------------------------------------------------------ a sample of the epoch, the cache in place
 #: added to the training seed for the hold-out sampling pass (differs from the pre-sampling pass's offset)
 HOLDOUT_SEED_OFFSET = 104_729

@@ -139,7 +139,7 @@ def _set_threads(threads: int) -> None:
 
         from terastack.gnn.training.train import training_threads
 
-        torch.set_num_threads(training_threads() if threads == -1 else threads)
+        torch.set_num_threads(training_threads(threads))
 
 
 def _common(p) -> None:
@@ -163,17 +163,16 @@ def _emit(result: dict, as_json: bool, lines) -> None:
 def _gen(args) -> int:
     from terastack.gnn.storage.gen import GraphGenerator
 
-    return _build(GraphGenerator, args, nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
-                  classes=args.classes, dtype=args.dtype, seed=args.seed, train_fraction=args.train_fraction,
-                  val_fraction=args.val_fraction, test_fraction=args.test_fraction, signal=args.signal,
-                  noise=args.noise)
+    return _build(GraphGenerator, args)
 
 
 def _build(builder, args, **fields) -> int:
-    """Run a dataset builder (the generator or the importer) with the flags both take, and report the result."""
-    cfg = builder.Config(out=args.out, memory_budget=args.memory_budget, force=args.force, progress=not args.quiet,
-                         **fields)
-    result = builder(cfg).run()
+    """Run a dataset builder (the generator or an importer) with the flags of its Config's fields, and report."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(builder.Config)}
+    given = {k: v for k, v in vars(args).items() if k in names}
+    result = builder(builder.Config(**{**given, "progress": not args.quiet, **fields})).run()
     lines = [f"{result['status']}: {args.out} ({result.get('nodes', '?')} nodes, "
              f"{result.get('edges', '?')} edges) in {result['seconds']:.1f} s"]
     if "splits" in result:
@@ -187,17 +186,12 @@ def _build(builder, args, **fields) -> int:
 
 
 def _import(args) -> int:
+    from terastack.gnn.formats.detect import DirectoryImporter
     from terastack.gnn.importer import GraphImporter
 
     if args.source:
-        from terastack.gnn.formats.detect import DirectoryImporter
-
-        return _build(DirectoryImporter, args, source=args.source, split=args.split, label_set=args.label_set,
-                      split_seed=args.split_seed, undirected=args.undirected, dtype=args.dtype, classes=args.classes)
-    return _build(GraphImporter, args, ogb_dir=args.ogb_dir, edge_index=args.edge_index, indptr=args.indptr,
-                  indices=args.indices, features=args.features, labels=args.labels, train_idx=args.train_idx,
-                  val_idx=args.val_idx, test_idx=args.test_idx, undirected=bool(args.undirected), dtype=args.dtype,
-                  classes=args.classes)
+        return _build(DirectoryImporter, args)
+    return _build(GraphImporter, args, undirected=bool(args.undirected))
 
 
 def _verify(args) -> int:
@@ -287,14 +281,11 @@ def _infer(args) -> int:
                               progress=not args.quiet)
     _set_threads(job.training.threads)
     result = GnnInference(cfg).run()
-    d = result["dataset"]
-    if "target" in d:
-        lines = [f"{d['nodes'][d['target']]} {d['target']} nodes in {result['seconds']:.2f} s; input rows from the "
-                 f"cache {1 - result['input_reads']['miss_rate']:.1%}"]
-    else:
-        per_layer = ", ".join(f"{la['seconds']:.2f} s" for la in result["layers"])
-        lines = [f"{d['nodes']} nodes, {len(result['layers'])} layers in {result['seconds']:.2f} s "
-                 f"({per_layer}); input rows from the cache {1 - result['input_reads']['miss_rate']:.1%}"]
+    d, layers = result["dataset"], result["layers"]
+    nodes = f"{d['nodes'][d['target']]} {d['target']} nodes" if "target" in d else f"{d['nodes']} nodes"
+    timed = ", ".join(f"{la['seconds']:.2f} s" for la in layers)
+    lines = [f"{nodes}{f', {len(layers)} layers ({timed})' if layers else ''} in {result['seconds']:.2f} s; input "
+             f"rows from the cache {1 - result['input_reads']['miss_rate']:.1%}"]
     lines += [f"{name} written to {result[name]}" for name in ("out", "embeddings") if result[name]]
     if result["out"]:
         lines.append(f"full-neighbourhood accuracy:{_accuracies(result)[1:]}")

@@ -2,15 +2,13 @@
 contender.
 
 [Note: one placement call]
-:class:`Placement` opens the dataset (a directory, or one already open: the graph kind is the dataset's),
-builds the sampler over its relations, counts the hotness of each node type's rows and lists (a pre-sampling
-pass over the training seeds, or, for a pass that reads every neighbourhood, how many lists each row
-appears in), divides the host and device budgets over every featured type's rows and every relation's lists
-by SSD bytes saved per byte (terastack.gnn.storage.budget_split [Note: one budget over node types and
-relations]), fills the caches and starts the pipeline. A baseline asks for another feature source
-(``features="memory"``: every row in memory; ``"mmap"``: ``np.memmap`` held to the host budget) and gets the
-same dataset, sampler and pipeline, so that only the source differs. Storage (terastack.gnn.storage) and
-sampling (terastack.gnn.sampling) know nothing of each other's placement: it is made here, above both.
+:class:`Placement` opens the dataset (a directory, or one already open: the graph kind is the dataset's), builds
+the sampler over its relations, counts each node type's hotness (a pre-sampling pass over the training seeds,
+or, for a pass that reads every neighbourhood, the lists each row appears in), divides the host and device
+budgets over every featured type's rows and every relation's lists (terastack.gnn.storage.budget_split [Note:
+one budget over node types and relations]), fills the caches and starts the pipeline. A baseline asks for
+another feature source (``features="memory"`` or ``"mmap"``) and gets the same dataset, sampler and pipeline:
+only the source differs. It sits above storage and sampling, which know nothing of each other.
 """
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
 from terastack.gnn.sampling.sampler import NeighborSampler
 from terastack.gnn.settings import setting_default
 from terastack.gnn.storage.budget_split import share_budget
-from terastack.gnn.storage.dataset import GraphDataset, check_read_modes, open_dataset
+from terastack.gnn.storage.dataset import GraphDataset, open_dataset
 from terastack.gnn.storage.features import SOURCES, build_features
-from terastack.gnn.storage.topology import INDPTR_MODES
 from terastack.units import parse_bytes
 
 RANKINGS = ("presample", "degree")
@@ -72,10 +69,9 @@ class Placement:
             self.fanouts = parse_fanout_spec(self.fanouts)  # the relations are checked once the dataset is open
             self.device_cache = parse_bytes(self.device_cache, field="device_cache")
             self.host_cache = parse_bytes(self.host_cache, field="host_cache")
-            for name, allowed in (("rank_by", RANKINGS), ("features", SOURCES), ("indptr", INDPTR_MODES)):
+            for name, allowed in (("rank_by", RANKINGS), ("features", SOURCES)):  # the rest: where the dataset opens
                 if getattr(self, name) not in allowed:
                     raise ValueError(f"{name}: must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-            check_read_modes(verify=self.verify, topology=self.topology)
             if self.batch_size < 1 or self.presample_epochs < 1:
                 raise ValueError(f"batch_size, presample_epochs: must be >= 1, got {self.batch_size}, "
                                  f"{self.presample_epochs}")

@@ -1,29 +1,20 @@
 """terastack for a PyG user: :class:`NeighborLoader`, PyG's loader over a dataset larger than memory, and
-:func:`stores`, the dataset as PyG's ``FeatureStore`` and ``GraphStore``. Both graph kinds.
-
-    from terastack.gnn.pyg import NeighborLoader
-
-    loader = NeighborLoader("data/products", num_neighbors=[15, 10], input_nodes=train_idx, batch_size=1024,
-                            shuffle=True, host_cache="8GiB")
-    for batch in loader:                           # a torch_geometric Data, as PyG's loader lays it out
-        out = model(batch.x, batch.edge_index)[: batch.batch_size]
+:func:`stores`, the dataset as PyG's ``FeatureStore`` and ``GraphStore``. Both graph kinds (docs/gnn.md, "For a
+PyG user", shows them in a training script).
 
 [Note: the loader's batches as PyG's]
-``NeighborLoader(data, num_neighbors, input_nodes, batch_size, shuffle, ...)`` takes PyG's arguments: ``data`` a
-dataset directory (or an opened :class:`~terastack.gnn.storage.dataset.GraphDataset`); ``num_neighbors`` a list,
-or a dict per edge type ``(src, rel, dst)``; ``input_nodes`` node ids or a boolean mask, ``None`` (every node of
-a homogeneous graph), a node type, or ``(node type, ids | mask | None)``. A batch is what PyG's
-``NeighborLoader`` gives: a ``Data`` with ``x``, ``y``, ``edge_index``, ``n_id``, ``num_sampled_nodes``,
-``num_sampled_edges``, ``input_id`` and ``batch_size`` (seeds first), or a ``HeteroData`` with per node type
-``x`` (none for a type without features, as in PyG), ``n_id`` and ``num_sampled_nodes``, per edge type
-``edge_index`` (row: the source type's local ids, col: the destination's) and ``num_sampled_edges``, and the
-input type's ``y``, ``input_id`` and ``batch_size``; the sampling semantics are PyG's
-(terastack.gnn.sampling.sampler [Note: sampling semantics]). The batches are made by terastack's pipeline:
-the one placement call (terastack.gnn.graph_placement) pre-samples ``input_nodes``, places the unified cache
-in ``device_cache`` + ``host_cache`` and samples and gathers the next batches on threads while the caller
-trains on this one (``num_workers`` sets the sampler threads). Every batch owns its tensors (PyG's batches
-do). No pyg-lib or torch-sparse is needed. Each pass over the loader is the next epoch (``shuffle``: a new
-order, from ``seed``; by default drawn from torch's generator, so ``torch.manual_seed`` repeats a run).
+``NeighborLoader(data, num_neighbors, input_nodes, batch_size, shuffle, ...)`` takes PyG's arguments, ``data`` a
+dataset directory (or an opened :class:`~terastack.gnn.storage.dataset.GraphDataset`), and yields what PyG's
+``NeighborLoader`` yields: a ``Data`` (``x``, ``y``, ``edge_index``, ``n_id``, ``num_sampled_nodes``,
+``num_sampled_edges``, ``input_id``, ``batch_size``; seeds first) or a ``HeteroData`` (per node type ``x`` -- none
+for a type without features, as in PyG -- ``n_id`` and ``num_sampled_nodes``; per edge type ``edge_index``, row
+the source type's local ids, and ``num_sampled_edges``; the input type's ``y``, ``input_id``, ``batch_size``),
+sampled as PyG samples (terastack.gnn.sampling.sampler [Note: sampling semantics]). The one placement call
+(terastack.gnn.graph_placement) pre-samples ``input_nodes``, places the unified cache in ``device_cache`` +
+``host_cache``, and its pipeline samples and gathers the next batches on threads (``num_workers`` of them)
+while the caller trains on this one; every batch owns its tensors, as PyG's do. No pyg-lib or torch-sparse is
+needed. Each pass is the next epoch (``shuffle``: a new order from ``seed``, by default drawn from torch's
+generator so that ``torch.manual_seed`` repeats a run).
 
 [Note: the stores]
 :func:`stores` gives the dataset to PyG's own loaders (which need pyg-lib to sample): the ``FeatureStore``

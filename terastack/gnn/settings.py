@@ -35,12 +35,10 @@ class GnnDataSection:
                                "gnn gen / import), homogeneous or heterogeneous")
     verify: str = setting("stamp", choices=VERIFY_MODES, help="stamp: hash the files unless an unchanged dataset "
                           "was fully checked before; full: always; size: sizes only")
-    topology: str = setting("memory", choices=TOPOLOGY_MODES, help="read the CSC topology into memory, map it "
-                            "(pages come from the SSD on demand), or leave it on the SSD (read per hop through the "
-                            "storage engine, hot lists cached out of --host-cache)")
-    indptr: str = setting("auto", choices=INDPTR_MODES, help="with --topology ssd: indptr in memory (compact, about "
-                          "2.1 bytes per node), on the SSD, or auto (in memory when the compact form costs at most a "
-                          "quarter of --host-cache)")
+    topology: str = setting("memory", choices=TOPOLOGY_MODES, help="the CSC topology in memory, mapped, or on the "
+                            "SSD (read per hop through the storage engine, hot lists cached out of --host-cache)")
+    indptr: str = setting("auto", choices=INDPTR_MODES, help="with --topology ssd: indptr in memory (about 2.1 "
+                          "bytes a node), on the SSD, or auto (in memory when that is at most a quarter of --host-cache)")
 
     def __post_init__(self) -> None:
         read_fields(self)
@@ -68,10 +66,9 @@ class SamplingSection:
     """neighbour sampling, pre-sampling and the pipeline"""
     SECTION = "sampling"
 
-    fanouts: str | tuple[int, ...] = setting("15,10", help="neighbours sampled per hop, e.g. 15,10 (-1: every "
-                                             "neighbour); heterogeneous: one list for every relation, or per "
-                                             "relation, e.g. 'cites=15,10;writes=10,5;*=5,5' (0: none from that "
-                                             "relation at that hop)")
+    fanouts: str | tuple[int, ...] = setting("15,10", help="neighbours sampled per hop (-1: every neighbour); "
+                                             "heterogeneous: one list for every relation or per relation, e.g. "
+                                             "'cites=15,10;*=5,5' (0: none from that relation at that hop)")
     batch_size: int = setting(1024, help="seed nodes per batch")
     replace: bool = setting(False, help="sample neighbours with replacement")
     presample_epochs: int = setting(2, help="epochs of the pre-sampling pass that places the caches")

@@ -342,15 +342,15 @@ def test_interrupted_import_resumes(tmp_path, monkeypatch, reference_csc):
 
     root = tmp_path / "ogbn_arxiv"
     src, dst, feats, labels, perm = ogb_csv(root)
-    real = source_mod.SourceImporter._feature_rows
+    real = source_mod.write_features
 
-    def crash(self):
+    def crash(*args, **kwargs):
         raise KeyboardInterrupt  # after labels and topology are committed
-    monkeypatch.setattr(source_mod.SourceImporter, "_feature_rows", crash)
+    monkeypatch.setattr(source_mod, "write_features", crash)
     with pytest.raises(KeyboardInterrupt):
         import_directory(root, tmp_path / "out", progress=False)
     assert (tmp_path / "out" / ".build-state.json").exists()
-    monkeypatch.setattr(source_mod.SourceImporter, "_feature_rows", real)
+    monkeypatch.setattr(source_mod, "write_features", real)
     monkeypatch.setattr(source_mod.CSCBuilder, "add_chunk", lambda *a, **k: pytest.fail("edges were re-read"))
     assert import_directory(root, tmp_path / "out", progress=False)["status"] == "imported"
     check_dataset(open_dataset(tmp_path / "out"), src, dst, feats, labels, reference_csc)

@@ -38,7 +38,7 @@ def csc_neighbours(ds, et, v):
 
 @pytest.mark.parametrize("replace", [False, True])
 def test_edges_exist_and_per_relation_fanouts_hold(mem, replace):
-    sampler = NeighborSampler.for_dataset(mem, fanouts=FANOUTS, replace=replace, seed=2)
+    sampler = NeighborSampler(dataset=mem, fanouts=FANOUTS, replace=replace, seed=2)
     assert sampler.fanouts[("paper", "cites", "paper")] == (4, 3)
     assert sampler.fanouts[("author", "affiliated_to", "institution")] == (2, 1)
     seeds = mem.splits["train"][:100]
@@ -100,7 +100,7 @@ def _batches(pipeline, ids, epochs=2):
 def test_ssd_batches_equal_in_memory_batches(hetero, mem, indptr, replace, samplers):
     """Topology and features on the SSD behind one budget: the same batches, bit for bit, as everything in memory
     (and in the same order with several sampler threads)."""
-    ref_sampler = NeighborSampler.for_dataset(mem, fanouts=FANOUTS, replace=replace, seed=5)
+    ref_sampler = NeighborSampler(dataset=mem, fanouts=FANOUTS, replace=replace, seed=5)
     ref = Pipeline(ref_sampler, in_memory_features(mem), mem.target_labels)
     ssd = open_dataset(hetero, topology="ssd", indptr=indptr)
     train = ssd.splits["train"]
@@ -202,7 +202,7 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
 
         def logits(x, ei):
             return net(x, ei)
-    sampler = NeighborSampler.for_dataset(mem, fanouts="-1,-1")
+    sampler = NeighborSampler(dataset=mem, fanouts="-1,-1")
     pipe = Pipeline(sampler, in_memory_features(mem), mem.target_labels, overlap=False)
     seeds = mem.splits["test"][:64]
     data = next(iter(pipe.epoch(seeds, 64, shuffle=False)))

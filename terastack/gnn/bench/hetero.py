@@ -39,7 +39,6 @@ contender's epoch is at least the step's, which caps ``speedup_vs_mmap`` at (mma
 """
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import sys
 import time
@@ -50,16 +49,14 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import (feature_file_hardware, training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
+from terastack.gnn.advise import (training_steps, measure_gather_costs, miss_blocks, predict_under_load,
                                   probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
-from terastack.gnn.bench.workers import Contender, bench_dir, drop_mapped_pages, generate_or_replace, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
-from terastack.gnn.graph_placement import Placement
+from terastack.gnn.bench.workers import Contender, GraphContender, bench_dir, generate_or_replace, measure_window, mmap_name, parse_mmap_threads, window_seconds
 from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.storage.features import TypedFeatures
 from terastack.gnn.storage.gen import HeteroGraphGenerator
-from terastack.gnn.training.models import HeteroGNN, eval_step, train_step
-from terastack.gnn.training.train import evaluate, training_threads
-from terastack.plan.tpc import GnnWorkload, blocks_per_miss, predict_epoch
+from terastack.gnn.training.train import training_threads
+from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 from terastack.units import format_bytes, parse_bytes
 
 HETERO_DEFAULTS = {"papers": 250_000, "train_nodes": 65536, "batch_size": 1024, "fanouts": "10,5",
@@ -67,40 +64,24 @@ HETERO_DEFAULTS = {"papers": 250_000, "train_nodes": 65536, "batch_size": 1024, 
 CONTENDERS = ("terastack", "in_memory_pipelined", "mmap")
 
 
-class HeteroContender:
-    """One contender of [Note: the heterogeneous benchmark], built in its child process."""
+class HeteroContender(GraphContender):
+    """One contender of [Note: the heterogeneous benchmark], built in its child process; terastack's also measures
+    what the TPC model takes and predicts its epoch."""
 
-    def __init__(self, *, kind: str, root: str, model: str, fanouts: str, hidden: int, lr: float, seed: int,
-                 batch_size: int, budget: int, threads: int, presample_nodes: int = 0, holdout_nodes: int = 0,
-                 indptr: str = "auto", mmap_threads: int = 1, load_probe_seconds: float = 8.0,
-                 disk_probe_seconds: float = 1.5):
-        if threads:
-            torch.set_num_threads(threads)
-        self.kind, self.batch_size, self.seed = kind, batch_size, seed
-        self._model_kind, self._hidden, self._load_probe_seconds = model, hidden, load_probe_seconds
-        self._disk_probe_seconds = disk_probe_seconds
-        topology = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind]
-        ds = self.ds = open_dataset(root, topology=topology, indptr=indptr, topology_budget=budget)
-        self.train_ids, self.test_ids = ds.splits["train"], ds.splits["test"]
-        if kind == "mmap":
-            for topo in ds.topologies.values():  # the dataset's checks streamed them: start cold
-                drop_mapped_pages(topo.indptr)
-                drop_mapped_pages(topo.indices)
+    def __init__(self, *, kind: str, presample_nodes: int = 0, holdout_nodes: int = 0, load_probe_seconds: float = 8.0,
+                 disk_probe_seconds: float = 1.5, **common):
+        self._model_kind, self._hidden, self._load_probe_seconds = common["model"], common["hidden"], load_probe_seconds
+        self._disk_probe_seconds, self._sample_sizes = disk_probe_seconds, (presample_nodes, holdout_nodes)
         self.info: dict = {}
         started = time.perf_counter()
-        # one pass over a sample of the seeds: the hold-out below, not a pre-sampled epoch, scores the placement
-        self.placed_from, self.holdout = sample_seed_sets(self.train_ids, presample_nodes, holdout_nodes, seed=seed)
-        # every contender is placed by the one placement call; only the feature source differs
-        self.placed = Placement(ds, fanouts=fanouts, seed=seed, batch_size=batch_size, presample_epochs=1,
-                                host_cache=budget, device="cpu", mmap_threads=mmap_threads, seeds=self.placed_from,
-                                features={"terastack": "cache", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind])
-        self.sampler, self.features, self.pipeline = self.placed.sampler, self.placed.features, self.placed.pipeline
+        super().__init__(kind=kind, **common)
         if kind == "terastack":
             self._out_of_core(started)
-        torch.manual_seed(seed)  # the same initial weights in every contender
-        self.model = HeteroGNN(model, ds.node_types, ds.edge_types, {t: ds.feature_dims[t] or 1 for t in ds.node_types},
-                               hidden, ds.num_classes, self.sampler.hops, ds.target)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def presample_seeds(self):
+        # one pass over a sample of the seeds: the hold-out, not a pre-sampled epoch, scores the placement
+        self.placed_from, self.holdout = sample_seed_sets(self.train_ids, *self._sample_sizes, seed=self.seed)
+        return self.placed_from
 
     def _out_of_core(self, started: float) -> None:
         """Measure the hold-out with the lists in place and the caches placed, and predict the epoch (kept for
@@ -155,46 +136,18 @@ class HeteroContender:
                          miss_cpu_seconds_per_row=per_miss, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
                          table_bytes_per_node=4, topology_blocks_per_batch=prof["topology_blocks_per_batch"])
         host = cached * row_bytes + nodes * 4
-        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
-
-        def predict(iops: float, seconds_per_node: float):
-            here = feature_file_hardware(ssd, iops=iops, where="a feature file, beside the steps", extent_blocks=extent)
-            return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * trained_per_batch), here,
-                                 device_cache=0, host_cache=host, train_threads=wl.compute_threads)
-
-        # the SSD's rate and the step under the epoch's own load (terastack.gnn.advise [Note: the step measured
-        # beside the epoch's own read rate]); the disk alone is reported beside
+        # the SSD's rate and the step under the epoch's own load; the disk alone is reported beside
         steps = training_steps(self._model_kind, examples, ds, hidden=self._hidden, layers=self.sampler.hops,
                                seed=self.seed)
-        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed,
-                                          extent_blocks=extent)
-        pred = loaded.pop("prediction")
-        compute = loaded["compute_seconds_per_node"] * trained_per_batch
-        loaded["compute_seconds_per_batch"] = compute
+        pred, loaded = predict_under_load(wl, ssd, lead_file, steps, rows=trained_per_batch, host_cache=host,
+                                          seconds=self._load_probe_seconds, seed=self.seed,
+                                          where="a feature file, beside the steps")
+        compute = loaded["compute_seconds_per_batch"]
         self.info["tpc"] = {**pred.to_dict(), "ssd": ssd, "ssd_while_training": loaded,
                             "compute_seconds_per_batch": compute,
                             "topology_blocks_per_batch": wl.topology_blocks_per_batch,
                             "topology_read_seconds_per_batch": wl.topology_blocks_per_batch * BLOCK
                             / min(ssd["ssd_read_bytes_per_s"], ssd["ssd_rand4k_iops"] * BLOCK)}
-
-    # ------------------------------------------------------------------ requests from the parent
-    def describe(self) -> dict:
-        return {"info": self.info, "cache": self.features.describe(), "topology": self.sampler.topology.describe()}
-
-    def run(self, *, epoch: int, limit: int = 0, train: bool = True) -> dict:
-        """One epoch (its first ``limit`` batches); ``train=False`` leaves the step out (the loader alone)."""
-        return run_epoch(self.pipeline, self.model, self.opt, self.train_ids, batch_size=self.batch_size,
-                         epoch=epoch, step=train_step if train else skip_step, limit=limit)
-
-    def accuracy(self) -> dict:
-        if not len(self.test_ids):
-            return {"test_acc": None}
-        return {"test_acc": evaluate(self.pipeline, self.model, self.test_ids, batch_size=self.batch_size,
-                                     step=eval_step)}
-
-    def close(self) -> None:
-        self.placed.close()
-        self.ds.close()
 
 
 def _generate(args, root: Path, papers: int, train_nodes: int) -> dict:
@@ -212,9 +165,7 @@ def measure_hetero(args) -> dict:
     rss_limit = parse_bytes(args.rss_limit, field="rss_limit")
     if args.epochs < 1:
         raise ValueError(f"epochs: must be >= 1, got {args.epochs}")
-    if args.threads < -1:
-        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
-    threads = training_threads() if args.threads == -1 else args.threads
+    threads = training_threads(args.threads)
     mmap_threads = parse_mmap_threads(args.mmap_threads)
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = bench_dir(args, "bench-gnn-hetero")

@@ -54,10 +54,10 @@ import numpy as np
 import torch
 
 from terastack.gnn.advise import calibrate_compute, feature_file_hardware, probe_feature_file, workload
-from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch, plain_eval
+from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch
 from terastack.gnn.bench.workers import bench_dir, generate_or_replace
 from terastack.gnn.graph_placement import Placement
-from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
+from terastack.gnn.sampling.fanouts import accept_negative_lists, parse_fanouts
 from terastack.gnn.sampling.hotness import presample
 from terastack.gnn.sampling.pipeline import Pipeline
 from terastack.gnn.storage.dataset import open_dataset
@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
     p.add_argument("--hidden", type=int, default=128)
     accept_negative_lists(p)
-    p.add_argument("--fanouts", default=None, type=fanouts_argument, help="neighbours sampled per hop (default "
+    p.add_argument("--fanouts", default=None, help="neighbours sampled per hop (default "
                    "15,10; with --hetero: 10,5 for every relation, or per relation as `terastack gnn train` takes them)")
     p.add_argument("--batch-size", type=int, default=None, help="default 1024 (with --scale: 512)")
     p.add_argument("--epochs", type=int, default=2, help="epochs of the in-memory and terastack runs")
@@ -173,6 +173,8 @@ def measure(args: argparse.Namespace) -> dict:
         args.feat_dim = 1024 if args.hetero else 128
     if args.scale and args.hetero:
         raise ValueError("scale, hetero: choose one of --scale and --hetero")
+    if args.threads < -1:
+        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
     if args.scale:
         from terastack.gnn.bench.scale import measure_scale
 
@@ -208,10 +210,8 @@ def _settle(args: argparse.Namespace) -> None:
             setattr(args, name, default)
     if args.train_nodes < 1 or args.train_nodes + args.test_nodes > args.nodes:
         raise ValueError(f"train_nodes, test_nodes: must be >= 1 and fit in {args.nodes} nodes")
-    if args.threads < -1:
-        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
     if args.threads:
-        torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
+        torch.set_num_threads(training_threads(args.threads))
     if args.tpc_rounds < 1:
         raise ValueError(f"tpc_rounds: must be >= 1, got {args.tpc_rounds}")
     if not 1 <= args.baseline_epochs <= args.epochs:
@@ -285,9 +285,9 @@ def _contest(args: argparse.Namespace, ds, root: Path, fanouts, budget: int) -> 
         for name in ("in_memory", "in_memory_pipelined", "terastack", "sync"):
             if epoch < planned[name]:
                 run(name, epoch)
-    acc = {"in_memory": plain_eval(sampler, features, ds.labels, models["in_memory"][0], test_ids, args.batch_size),
-           "in_memory_pipelined": evaluate(pipes["in_memory_pipelined"], models["in_memory_pipelined"][0], test_ids,
-                                           batch_size=args.batch_size)}
+    acc = {name: evaluate(Pipeline(sampler, features, ds.labels, overlap=False) if name == "in_memory" else pipes[name],
+                          models[name][0], test_ids, batch_size=args.batch_size)
+           for name in ("in_memory", "in_memory_pipelined")}
     # The mmap runs come after the in-memory copy is freed: its page cache (up to the budget) is mapped
     # into this process, and both together would double-count memory the benchmark is meant to bound.
     del features, sources["in_memory"], pipes["in_memory_pipelined"]

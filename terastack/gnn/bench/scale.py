@@ -41,7 +41,7 @@ features]), and one epoch over every training seed runs through the pipeline
 (``epoch_seconds``: the whole epoch, measured, not extrapolated). SSD bytes are
 the storage engine's own count over the epoch.
 
-The ``np.memmap`` contenders (features held to the same budget, see
+The ``np.memmap`` contenders (terastack.gnn.bench.workers.GraphContender: features held to the same budget, see
 terastack.gnn.storage.cache [Note: the mmap baseline's memory budget]; topology mapped,
 its page cache left to the kernel, which favours them) run the same pipeline
 in child processes after the terastack caches are freed
@@ -73,19 +73,18 @@ import numpy as np
 import torch
 
 from terastack.bench_watchdog import RssWatchdog
-from terastack.gnn.advise import (feature_file_hardware, measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
+from terastack.gnn.advise import (miss_blocks, predict_under_load, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
-from terastack.gnn.bench.workers import Contender, drop_mapped_pages, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, start_fork_server, window_seconds
+from terastack.gnn.bench.workers import Contender, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, start_fork_server, window_seconds
 from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.storage.manifest import MANIFEST
-from terastack.gnn.training.models import GNN, train_step
+from terastack.gnn.training.models import GNN
 from terastack.gnn.sampling.pipeline import resolve_samplers
 from terastack.gnn.sampling.fanouts import parse_fanouts
 from terastack.gnn.graph_placement import Placement
 from terastack.gnn.training.train import train_epoch, training_threads
 from terastack.io import get_engine
 from terastack.memory import mem_total, peak_rss
-from terastack.plan.tpc import predict_epoch
 from terastack.units import format_bytes, parse_bytes
 
 #: defaults of a scale run: ~48M nodes x 15 x 128 fp32 = 24.6 GB of features + ~3.3 GB of topology; training
@@ -133,37 +132,6 @@ def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int,
     return result
 
 
-class MmapContender:
-    """The ``np.memmap`` contender: features and topology mapped, the same pipeline and model (built in a child
-    process by :class:`terastack.gnn.bench.workers.Contender`), placed by the one placement call."""
-
-    def __init__(self, *, root: str, fanouts: list, seed: int, budget: int, hidden: int, lr: float, threads: int,
-                 gather_threads: int = 1):
-        if threads:
-            torch.set_num_threads(threads)
-        ds = self.ds = open_dataset(root, topology="mmap")
-        for array in (ds.indptr, ds.indices):  # the dataset's checks streamed them: start cold
-            drop_mapped_pages(array)
-        self.placed = Placement(ds, fanouts=tuple(fanouts), seed=seed, features="mmap", host_cache=budget,
-                                mmap_threads=gather_threads, device="cpu")
-        self.source, self.pipeline = self.placed.features.sources[ds.target], self.placed.pipeline
-        torch.manual_seed(seed)  # the same initial weights as the terastack contender
-        self.model = GNN("sage", ds.feat_dim, hidden, ds.num_classes, len(fanouts))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
-
-    def run(self, *, train_ids: list, batch_size: int, epoch: int, limit: int, train: bool = True) -> dict:
-        """The first ``limit`` batches of ``epoch``; ``train=False`` leaves the step out (the loader alone)."""
-        r = run_epoch(self.pipeline, self.model, self.opt, np.asarray(train_ids, np.int64), batch_size=batch_size,
-                      epoch=epoch, step=train_step if train else skip_step, limit=limit)
-        return {**r, "evicted_pages": self.source.evicted_pages,
-                "gather_seconds": self.pipeline.last_stats.gather_seconds,
-                "stall_seconds": self.pipeline.last_stats.stall_seconds}
-
-    def close(self) -> None:
-        self.placed.close()
-        self.ds.close()
-
-
 def measure_scale(args) -> dict:
     nodes = args.nodes or SCALE_DEFAULTS["nodes"]
     avg_degree = args.avg_degree or SCALE_DEFAULTS["avg_degree"]
@@ -201,7 +169,7 @@ def measure_scale(args) -> dict:
             f"{format_bytes(gen['peak_rss_bytes'])}")
         fork_server_ready()   # and is done before terastack's epoch is timed
         if args.threads:
-            torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
+            torch.set_num_threads(training_threads(args.threads))
         ours = _terastack_epoch(args, root, fanouts=fanouts, budget=budget, batch_size=batch_size,
                                 train_nodes=train_nodes, presample_nodes=presample_nodes,
                                 holdout_nodes=holdout_nodes, rss_limit=rss_limit)
@@ -350,22 +318,11 @@ def _model_inputs(args, placed: Placement, inputs: dict, *, fanouts, batch_size:
                              topology_blocks_per_batch=prof["topology_blocks_per_batch"],
                              blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
     samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, placed.sampler.topology)
-    extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
-
-    def predict(iops: float, seconds_per_node: float):
-        return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows),
-                             feature_file_hardware(ssd, iops=iops, where="the feature file, beside the steps",
-                                                   engine=engine, extent_blocks=extent),
-                             device_cache=0, host_cache=host, train_threads=wl.compute_threads,
-                             samplers=samplers, queue_depth=engine.config.queue_depth)
-
-    # the rate and the step the model takes, measured under the epoch's own load (advise [Note: the step
-    # measured beside the epoch's own read rate]); the figures apart are kept for the report
+    # the rate and the step the model takes, measured under the epoch's own load; the figures apart are kept
     steps = training_steps("sage", hot.examples, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
-    loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed,
-                                      extent_blocks=extent)
-    predicted = loaded.pop("prediction")
-    loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
+    predicted, loaded = predict_under_load(wl, ssd, ds, steps, rows=rows, host_cache=host, seconds=args.load_probe_seconds,
+                                           seed=args.seed, where="the feature file, beside the steps", engine=engine,
+                                           samplers=samplers, queue_depth=engine.config.queue_depth)
     loaded["compute_seconds_per_batch_apart"] = apart_per_batch
     return {"profile": prof, "predicted": predicted, "loaded": loaded,
             "workload": dataclasses.replace(wl, compute_seconds=loaded["compute_seconds_per_batch"]),
@@ -409,12 +366,12 @@ def _mmap_epoch(args, root: Path, ours: dict, *, fanouts, budget: int, batch_siz
     for k in mmap_threads:
         say(f"np.memmap contender, {k} gathering thread(s): batches 0..{first + count - 1} of {total} (compared on "
             f"{first}..{first + count - 1}), trained and then the loader alone")
-        config = dict(root=str(root), fanouts=list(fanouts), seed=args.seed, budget=budget, hidden=args.hidden,
-                      lr=args.lr, threads=torch.get_num_threads(), gather_threads=k)
-        with Contender(mmap_name(k), "terastack.gnn.bench.scale:MmapContender", config, rss_limit=rss_limit) as mm:
-            ids = ours["train_ids"].tolist()
-            r = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count)
-            loader = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count, train=False)
+        config = dict(kind="mmap", root=str(root), model="sage", fanouts=list(fanouts), seed=args.seed,
+                      batch_size=batch_size, budget=budget, hidden=args.hidden, lr=args.lr,
+                      threads=torch.get_num_threads(), mmap_threads=k, train_nodes=len(ours["train_ids"]))
+        with Contender(mmap_name(k), "terastack.gnn.bench.workers:GraphContender", config, rss_limit=rss_limit) as mm:
+            r = mm.call("run", epoch=0, limit=first + count)
+            loader = mm.call("run", epoch=0, limit=first + count, train=False)
         theirs = window_seconds(r["marks"], first, count)
         runs[k] = {"batches_run": r["batches"], "window_seconds": theirs,
                    "loader_window_seconds": window_seconds(loader["marks"], first, count),

@@ -265,3 +265,67 @@ def generate_or_replace(generator, config: dict, *, fresh: bool = False) -> dict
         if "other parameters" not in str(exc):
             raise
         return generator(generator.Config(force=True, **config)).run()
+
+
+class GraphContender:
+    """A benchmark contender of either graph kind, built in its child process ([Note: contenders in child
+    processes]): the dataset opened with the topology its ``kind`` calls for (``terastack``: on the SSD;
+    ``in_memory_pipelined``: in memory; ``mmap``: mapped), placed by the one placement call (only the feature
+    source differs: the unified cache, every row in memory, an ``np.memmap`` held to ``budget``), and the model
+    of the dataset's kind from the same initial weights. ``train_nodes`` > 0: the first that many training seeds."""
+
+    TOPOLOGY = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}
+    FEATURES = {"terastack": "cache", "in_memory_pipelined": "memory", "mmap": "mmap"}
+
+    def __init__(self, *, kind: str, root: str, model: str, fanouts, hidden: int, lr: float, seed: int,
+                 batch_size: int, budget: int, threads: int, indptr: str = "auto", mmap_threads: int = 1,
+                 train_nodes: int = 0):
+        import torch
+
+        from terastack.gnn.graph_placement import Placement
+        from terastack.gnn.settings import gnn_job
+        from terastack.gnn.storage.dataset import open_dataset
+        from terastack.gnn.training.train import build_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.kind, self.batch_size, self.seed = kind, batch_size, seed
+        ds = self.ds = open_dataset(root, topology=self.TOPOLOGY[kind], indptr=indptr, topology_budget=budget)
+        self.train_ids, self.test_ids = ds.splits["train"][:train_nodes or None], ds.splits["test"]
+        if kind == "mmap":
+            for topo in ds.topologies.values():  # the dataset's checks streamed them: start cold
+                drop_mapped_pages(topo.indptr)
+                drop_mapped_pages(topo.indices)
+        self.placed = Placement(ds, fanouts=fanouts, seed=seed, batch_size=batch_size, presample_epochs=1,
+                                host_cache=budget, device="cpu", mmap_threads=mmap_threads,
+                                seeds=self.presample_seeds(), features=self.FEATURES[kind])
+        self.sampler, self.features, self.pipeline = self.placed.sampler, self.placed.features, self.placed.pipeline
+        self.model = build_model(gnn_job(model=model, hidden=hidden, seed=seed), ds, self.sampler.hops)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def presample_seeds(self):
+        """The seeds the caches are placed from (None: the training seeds)."""
+        return None
+
+    def run(self, *, epoch: int, limit: int = 0, train: bool = True) -> dict:
+        """One epoch (its first ``limit`` batches); ``train=False`` leaves the step out (the loader alone)."""
+        from terastack.gnn.training.models import train_step
+
+        r = run_epoch(self.pipeline, self.model, self.opt, self.train_ids, batch_size=self.batch_size, epoch=epoch,
+                      step=train_step if train else skip_step, limit=limit)
+        return {**r, "evicted_pages": sum(getattr(s, "evicted_pages", 0) for s in self.features.sources.values())}
+
+    def accuracy(self) -> dict:
+        from terastack.gnn.training.train import evaluate
+
+        if not len(self.test_ids):
+            return {"test_acc": None}
+        return {"test_acc": evaluate(self.pipeline, self.model, self.test_ids, batch_size=self.batch_size)}
+
+    def describe(self) -> dict:
+        return {"info": getattr(self, "info", {}), "cache": self.features.describe(),
+                "topology": self.sampler.topology.describe()}
+
+    def close(self) -> None:
+        self.placed.close()
+        self.ds.close()

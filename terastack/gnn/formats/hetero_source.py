@@ -25,8 +25,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from terastack.gnn.formats.source import SPLITS, ImportOptions, checked_splits, write_edges
-from terastack.gnn.storage.build import BuildState, FeatureWriter, write_array
+from terastack.gnn.formats.source import SPLITS, ImportOptions, checked_classes, checked_splits, write_edges, write_features
+from terastack.gnn.storage.build import BuildState, write_array
 from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.storage.manifest import EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir, write_hetero_manifest
 
@@ -123,17 +123,8 @@ class HeteroImporter:
         undirected = src.undirected if cfg.undirected is None else cfg.undirected
         written = output_relations(src.relations, undirected)
         labels = {t: s.labels() for t, s in src.node_types.items() if s.labels is not None}
-        for t, lab in labels.items():
-            if lab.shape != (src.node_types[t].num_nodes,):
-                raise DatasetError(f"{src.node_types[t].labels_where}: labels must have one entry per {t} node "
-                                   f"({src.node_types[t].num_nodes}), has {lab.shape}")
-        top = max(int(lab.max(initial=-1)) for lab in labels.values()) + 1
-        classes = cfg.classes or src.num_classes or top
-        for t, lab in labels.items():
-            if lab.max(initial=0) >= classes:
-                i = int(np.argmax(lab >= classes))
-                raise DatasetError(f"{src.node_types[t].labels_where}: label {int(lab[i])} of {t} node {i} is not "
-                                   f"below classes={classes}")
+        classes = checked_classes({f"{t} node": (lab, src.node_types[t].num_nodes, src.node_types[t].labels_where)
+                                   for t, lab in labels.items()}, cfg.classes or src.num_classes)
         splits = checked_splits(src.splits(labels[src.target]), labels[src.target], target.labels_where)
         dtypes = {t: self._dtype(s) for t, s in src.node_types.items()}
         params = {"importer": src.layout, "sources": src.files, "undirected": undirected, "classes": classes,
@@ -183,18 +174,11 @@ class HeteroImporter:
         return result
 
     def _node_type(self, part: BuildState, s: NodeTypeSource, dtype, labels, splits) -> None:
-        cfg = self.config
         if labels is not None:
             write_array(part, "labels", np.maximum(labels, 0).astype(np.int32))
         if s.feature_blocks is not None:
-            from terastack.gnn.formats.streams import RowCursor
-
-            rows = max(1, (4 << 20) // max(1, s.feat_dim * s.feat_dtype.itemsize))
-            cursor = RowCursor(lambda start: s.feature_blocks(start, rows), s.num_nodes, s.features_where,
-                               "the feature matrix")
-            FeatureWriter(part, num_nodes=s.num_nodes, feat_dim=s.feat_dim, dtype=dtype,
-                          chunk_bytes=max(4 << 20, min(64 << 20, cfg.memory_budget // 8)), progress=cfg.progress,
-                          engine=self.engine).write(lambda a, b: cursor.rows(a, b).astype(dtype))
+            write_features(part, s.feature_blocks, num_nodes=s.num_nodes, feat_dim=s.feat_dim, feat_dtype=s.feat_dtype,
+                           dtype=dtype, where=s.features_where, options=self.config, engine=self.engine)
         if splits is not None:
             for key in SPLITS:
                 write_array(part, key, splits[key])

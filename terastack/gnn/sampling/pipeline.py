@@ -109,11 +109,7 @@ def resolve_samplers(requested: int, topology) -> int:
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
         raise ValueError(f"samplers: must be an integer >= 0 (0: 2 with the topology on the SSD, else 1), "
                          f"got {requested!r}")
-    if requested:
-        return requested
-    parts = getattr(topology, "parts", None)
-    kinds = {getattr(t, "kind", "memory") for t in parts.values()} if parts else {getattr(topology, "kind", "memory")}
-    return 2 if "ssd" in kinds else 1
+    return requested or (2 if getattr(topology, "kind", "memory") == "ssd" else 1)
 
 
 class Pipeline:
@@ -181,14 +177,10 @@ class Pipeline:
         return self._synchronous(batches, epoch)
 
     # ------------------------------------------------------------- helpers
-    @staticmethod
-    def _slot_bytes(slot: dict) -> int:
-        return sum(t.numel() * t.element_size() for t in slot.values())
-
     def _begin_fill(self, batch: SampledBatch, k: int) -> Gathering:
         """Begin gathering ``batch``'s rows into slot ``k``, every type's reads submitted before any is waited for
         (they are in the disk's queue together); ``finish()`` gives the rows per type."""
-        slot, begun = self._slots[k], {}
+        slot, begun, x = self._slots[k], {}, {}
         for t, ids in batch.nodes.items():
             src = self.source.sources[t]
             buf = slot.get(t)
@@ -196,7 +188,6 @@ class Pipeline:
                 buf = slot[t] = torch.empty(int(len(ids) * 1.1) + 1, src.row_len, dtype=src.torch_dtype,
                                             device=self.device)
             begun[t] = src.begin(ids, buf[: len(ids)])
-        x = {}
 
         def finish_all() -> None:
             errors = []
@@ -243,7 +234,7 @@ class Pipeline:
         return data
 
     def _finish_stats(self, stats: EpochStats) -> None:
-        stats.slot_bytes = [self._slot_bytes(s) for s in self._slots]
+        stats.slot_bytes = [sum(t.numel() * t.element_size() for t in s.values()) for s in self._slots]
         self.last_stats = stats
 
     # --------------------------------------------------------- synchronous

@@ -72,10 +72,6 @@ class SampledBatch:
     def num_nodes(self) -> int:
         return sum(len(v) for v in self.nodes.values())
 
-    @property
-    def seeds(self) -> np.ndarray:
-        return self.nodes[self.target][: self.batch_size]
-
     def edge_index(self, edge_type: EdgeType | None = None):
         import torch
 
@@ -142,10 +138,6 @@ class NeighborSampler:
         self.hops = len(next(iter(self.fanouts.values())))
         self.topology = Topologies(topologies)
         self._local = threading.local()  # per-thread global -> local id map, reset after each batch
-
-    @classmethod
-    def for_dataset(cls, ds, **fields) -> "NeighborSampler":
-        return cls(dataset=ds, **fields)
 
     def batch_rng(self, epoch: int, index: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed, epoch, index])

@@ -34,21 +34,13 @@ from terastack.gnn.storage.invariants import DatasetError, check_csc, check_file
 from terastack.gnn.storage.manifest import MANIFEST, SPLIT_KEYS, read_manifest, verify_checksums
 from terastack.gnn.storage.topology import INDPTR_MODES, ArrayTopology, SsdTopology, indptr_fits
 
-__all__ = ["DatasetError", "GraphDataset", "NodeFeatures", "open_dataset", "check_read_modes"]
+__all__ = ["DatasetError", "GraphDataset", "NodeFeatures", "open_dataset"]
 
 VERIFY_MODES = ("stamp", "full", "size")
 TOPOLOGY_MODES = ("memory", "mmap", "ssd")
 #: a homogeneous dataset's names of its one type (absent on a heterogeneous one)
 _ONE_TYPE = ("num_nodes", "num_edges", "feat_dim", "feat_dtype", "row_bytes", "topology", "indptr", "indices",
              "labels", "features_path", "feature_bytes")
-
-
-def check_read_modes(*, verify: str, topology: str) -> None:
-    """Raise ValueError naming the field unless ``verify`` and ``topology`` are known modes."""
-    if verify not in VERIFY_MODES:
-        raise ValueError(f"verify: must be one of {', '.join(VERIFY_MODES)}; got {verify!r}")
-    if topology not in TOPOLOGY_MODES:
-        raise ValueError(f"topology: must be one of {', '.join(TOPOLOGY_MODES)}; got {topology!r}")
 
 
 @dataclass(slots=True)
@@ -91,9 +83,9 @@ class GraphDataset:
         def __post_init__(self) -> None:
             if not self.root:
                 raise ValueError("root: the dataset directory is required")
-            check_read_modes(verify=self.verify, topology=self.topology)
-            if self.indptr not in INDPTR_MODES:
-                raise ValueError(f"indptr: must be one of {', '.join(INDPTR_MODES)}; got {self.indptr!r}")
+            for name, allowed in (("verify", VERIFY_MODES), ("topology", TOPOLOGY_MODES), ("indptr", INDPTR_MODES)):
+                if getattr(self, name) not in allowed:
+                    raise ValueError(f"{name}: must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
             if self.topology_budget < 0:
                 raise ValueError(f"topology_budget: must be >= 0, got {self.topology_budget}")
 
@@ -138,10 +130,6 @@ class GraphDataset:
         if f is None:
             return np.ones((self.node_counts[node_type], 1), np.float32)
         return _read_rows(f, 0, f.num_nodes, self.engine)
-
-    def space(self, node_type: str) -> str:
-        """How errors name the id space of ``node_type``."""
-        return f"type {node_type!r}" if self.hetero else "the graph"
 
     def __repr__(self) -> str:
         if self.hetero:
@@ -204,16 +192,16 @@ class GraphDataset:
 
     def _check_invariants(self, labels: dict) -> None:
         # per relation, label array and split (terastack.gnn.storage.invariants)
-        m = self.manifest
+        m, space = self.manifest, (lambda t: f"type {t!r}" if self.hetero else "the graph")  # in errors
         for et in self.edge_types:
             ptr, idx = m.csc_keys(et)
             check_csc(self.topologies[et], self.edge_counts[et], (self.paths[ptr], self.paths[idx]),
-                      (self.node_counts[et[0]], self.space(et[0])))
+                      (self.node_counts[et[0]], space(et[0])))
         for t, lab in labels.items():
             check_labels(lab, self.num_classes, self.paths[m.labels_key(t)])
         for name, ids in self.splits.items():
             check_ids(ids, self.node_counts[self.target], self.paths[m.split_key(name)], f"{name} node id",
-                      self.space(self.target))
+                      space(self.target))
 
 
 def _read_rows(f: NodeFeatures, start: int, stop: int, engine) -> np.ndarray:

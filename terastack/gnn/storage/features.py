@@ -26,29 +26,22 @@ class ConstantFeatures(FeatureSource):
         return out
 
 
-class _Totals:
-    """Every type's gather statistics summed (a batch counts once)."""
-
-    def __init__(self, parts: tuple):
-        self.parts = parts
-
-    def snapshot(self) -> dict:
-        snaps = [p.stats.snapshot() for p in self.parts]
-        keys = [k for k, v in GatherStats().snapshot().items() if not k.endswith("_rate")]
-        out = {k: sum(s[k] for s in snaps) for k in keys}
-        out["batches"] = max((s["batches"] for s in snaps), default=0)
-        rows = max(out["rows"], 1)
-        out.update(device_hit_rate=out["device_hits"] / rows, host_hit_rate=out["host_hits"] / rows,
-                   miss_rate=out["misses"] / rows)
-        return out
-
-
 class TypedFeatures:
     """One feature source per node type, gathered per batch by the pipeline (terastack.gnn.sampling.pipeline)."""
 
     def __init__(self, sources: dict[str, FeatureSource]):
         self.sources = dict(sources)
-        self.stats = _Totals(tuple(self.sources.values()))
+        self.stats = self  # the sources' gather statistics together (``stats.snapshot()``, as one source's)
+
+    def snapshot(self) -> dict:
+        """Every type's gather statistics summed (a batch counts once)."""
+        snaps = [s.stats.snapshot() for s in self.sources.values()]
+        out = {k: sum(s[k] for s in snaps) for k in GatherStats().snapshot() if not k.endswith("_rate")}
+        out["batches"] = max((s["batches"] for s in snaps), default=0)
+        rows = max(out["rows"], 1)
+        out.update(device_hit_rate=out["device_hits"] / rows, host_hit_rate=out["host_hits"] / rows,
+                   miss_rate=out["misses"] / rows)
+        return out
 
     def new_epoch(self) -> None:
         for s in self.sources.values():

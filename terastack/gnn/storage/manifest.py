@@ -68,17 +68,13 @@ def check_name(name: str, what: str) -> str:
     return name
 
 
-def edge_key(edge_type: EdgeType) -> str:
-    """``src___rel___dst``: the relation's directory name (OGB's and MAG240M's spelling)."""
-    return "___".join(edge_type)
-
-
 def node_dir(node_type: str) -> str:
     return f"nodes/{node_type}"
 
 
 def edge_dir(edge_type: EdgeType) -> str:
-    return f"edges/{edge_key(edge_type)}"
+    """``edges/src___rel___dst``: the relation's directory (OGB's and MAG240M's spelling)."""
+    return f"edges/{'___'.join(edge_type)}"
 
 
 # ---------------------------------------------------------------- checksums
@@ -189,23 +185,6 @@ class EdgeTypeInfo:
         return {"num_edges": self.num_edges, "index_dtype": self.index_dtype}
 
 
-def hetero_layout(node_types: dict[str, NodeTypeInfo], edge_types: dict[EdgeType, EdgeTypeInfo], target: str,
-                  split_sizes: dict[str, int]) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """A heterogeneous dataset's file key (also its path without ``.bin``) -> (dtype, shape) every file must have."""
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name, info in node_types.items():
-        if info.feat_dim:
-            out[f"{node_dir(name)}/features"] = (info.feat_dtype, (info.num_nodes, info.feat_dim))
-        if info.labelled:
-            out[f"{node_dir(name)}/labels"] = ("int32", (info.num_nodes,))
-    for key in SPLIT_KEYS:
-        out[f"{node_dir(target)}/{key}"] = ("int64", (split_sizes[key],))
-    for et, info in edge_types.items():
-        out[f"{edge_dir(et)}/indptr"] = ("int64", (node_types[et[2]].num_nodes + 1,))
-        out[f"{edge_dir(et)}/indices"] = (info.index_dtype, (info.num_edges,))
-    return out
-
-
 @dataclass(kw_only=True, slots=True)
 class Manifest:
     """Either format's manifest as one typed description (see the module docstring); ``hetero`` says which."""
@@ -232,16 +211,21 @@ class Manifest:
     def csc_keys(self, et: EdgeType) -> tuple[str, str]:
         return (f"{edge_dir(et)}/indptr", f"{edge_dir(et)}/indices") if self.hetero else ("indptr", "indices")
 
-    def layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """File key -> (dtype, shape) every file must have for these counts."""
-        sizes = {k: (self.files[key].shape or (-1,))[0] if (key := self.split_key(k[:-4])) in self.files else -1
-                 for k in SPLIT_KEYS}
-        if self.hetero:
-            return hetero_layout(self.node_types, self.edge_types, self.target, sizes)
-        node, (edges,) = self.node_types[NODE], self.edge_types.values()
-        return {"indptr": ("int64", (node.num_nodes + 1,)), "indices": (edges.index_dtype, (edges.num_edges,)),
-                "labels": ("int32", (node.num_nodes,)), **{k: ("int64", (sizes[k],)) for k in SPLIT_KEYS},
-                "features": (node.feat_dtype, (node.num_nodes, node.feat_dim))}
+    def layout(self, sizes: dict | None = None) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """File key (its path without ``.bin``) -> (dtype, shape) every file must have; the splits' sizes are
+        ``sizes`` (split key -> length), else the listed files'."""
+        if sizes is None:
+            sizes = {k: (self.files[key].shape or (-1,))[0] if (key := self.split_key(k[:-4])) in self.files else -1
+                     for k in SPLIT_KEYS}
+        out = {}  # in the order they are written and checked: topology, labels, splits, features (FILES')
+        for et, info in self.edge_types.items():
+            ptr, idx = self.csc_keys(et)
+            out[ptr], out[idx] = ("int64", (self.node_types[et[2]].num_nodes + 1,)), (info.index_dtype, (info.num_edges,))
+        out.update({self.labels_key(t): ("int32", (i.num_nodes,)) for t, i in self.node_types.items() if i.labelled})
+        out.update({self.split_key(k[:-4]): ("int64", (sizes[k],)) for k in SPLIT_KEYS})
+        out.update({self.features_key(t): (i.feat_dtype, (i.num_nodes, i.feat_dim))
+                    for t, i in self.node_types.items() if i.feat_dim})
+        return out
 
     def to_dict(self) -> dict:
         files = {k: e.to_dict() for k, e in self.files.items()}
@@ -347,7 +331,13 @@ def read_manifest_json(root: Path) -> dict:
 
 
 # ---------------------------------------------------------------- writing
-def _commit(root: Path, manifest: Manifest) -> Manifest:
+def _commit(root: str | os.PathLike, manifest: Manifest, engine) -> Manifest:
+    """Hash every file of a finished build (``<key>.bin``, in either format) and commit the manifest atomically:
+    the dataset's commit point."""
+    root = Path(root)
+    sizes = {k: os.path.getsize(root / f"{manifest.split_key(k[:-4])}.bin") // 8 for k in SPLIT_KEYS}
+    manifest.files = {key: file_entry(root, key, f"{key}.bin", dtype, shape, engine=engine)
+                      for key, (dtype, shape) in manifest.layout(sizes).items()}
     atomic_write_json(root / MANIFEST, manifest.to_dict())
     write_stamp(root, manifest.files)
     return manifest
@@ -355,29 +345,19 @@ def _commit(root: Path, manifest: Manifest) -> Manifest:
 
 def write_manifest(root: str | os.PathLike, *, num_nodes: int, num_edges: int, feat_dim: int, feat_dtype: str,
                    num_classes: int, index_dtype: str, origin: dict, engine=None) -> Manifest:
-    """Hash every file of a finished homogeneous build and commit the manifest atomically (its commit point)."""
-    root = Path(root)
-    sizes = {k: os.path.getsize(root / FILES[k]) // 8 for k in SPLIT_KEYS}
-    layout = Manifest(hetero=False, target=NODE, num_classes=num_classes, files={}, origin=origin,
-                      node_types={NODE: NodeTypeInfo(num_nodes=num_nodes, feat_dim=feat_dim, feat_dtype=feat_dtype,
-                                                     labelled=True)},
-                      edge_types={HOMOGENEOUS_RELATION: EdgeTypeInfo(num_edges=num_edges, index_dtype=index_dtype)})
-    files = {key: file_entry(root, key, FILES[key], dtype, (sizes[key],) if key in sizes else shape, engine=engine)
-             for key, (dtype, shape) in layout.layout().items()}
-    layout.files = files
-    return _commit(root, layout)
+    """Commit a finished homogeneous build (see :func:`_commit`)."""
+    return _commit(root, Manifest(
+        hetero=False, target=NODE, num_classes=num_classes, files={}, origin=origin,
+        node_types={NODE: NodeTypeInfo(num_nodes=num_nodes, feat_dim=feat_dim, feat_dtype=feat_dtype, labelled=True)},
+        edge_types={HOMOGENEOUS_RELATION: EdgeTypeInfo(num_edges=num_edges, index_dtype=index_dtype)}), engine)
 
 
 def write_hetero_manifest(root: str | os.PathLike, *, node_types: dict[str, NodeTypeInfo],
                           edge_types: dict[EdgeType, EdgeTypeInfo], target: str, num_classes: int, origin: dict,
                           engine=None) -> Manifest:
-    """Hash every file of a finished heterogeneous build and commit the manifest (the dataset's commit point)."""
-    root = Path(root)
-    sizes = {k: os.path.getsize(root / f"{node_dir(target)}/{k}.bin") // 8 for k in SPLIT_KEYS}
-    files = {key: file_entry(root, key, f"{key}.bin", dtype, shape, engine=engine)
-             for key, (dtype, shape) in hetero_layout(node_types, edge_types, target, sizes).items()}
+    """Commit a finished heterogeneous build (see :func:`_commit`)."""
     return _commit(root, Manifest(hetero=True, target=target, num_classes=num_classes, node_types=node_types,
-                                  edge_types=edge_types, files=files, origin=origin))
+                                  edge_types=edge_types, files={}, origin=origin), engine)
 
 
 # ---------------------------------------------------------------- verification

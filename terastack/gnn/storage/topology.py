@@ -239,9 +239,6 @@ class ArrayTopology:
     def neighbours(self, hop: HopLookup, owner: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return np.asarray(self.indices[positions], dtype=np.int64)
 
-    def appearance_counts(self) -> np.ndarray:
-        return appearance_counts(self.indices, self.num_nodes)
-
     def degrees(self, nodes: np.ndarray) -> np.ndarray:
         nodes = np.asarray(nodes, dtype=np.int64)
         return np.asarray(self.indptr[nodes + 1], np.int64) - np.asarray(self.indptr[nodes], np.int64)
@@ -401,9 +398,6 @@ class SsdTopology:
 
     def degrees(self, nodes: np.ndarray) -> np.ndarray:
         return self._ranges(np.asarray(nodes, dtype=np.int64))[1]
-
-    def appearance_counts(self) -> np.ndarray:
-        return appearance_counts(self.indices, self.num_nodes)
 
     def describe(self) -> dict:
         return {"topology": self.kind, "indptr": "memory" if self.indptr_in_memory else "ssd",

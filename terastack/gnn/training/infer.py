@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from terastack.atomic import fsync_dir
 from terastack.gnn.graph_placement import Placement
 from terastack.gnn.settings import setting_default
 from terastack.gnn.storage.dataset import GraphDataset
@@ -42,8 +43,6 @@ from terastack.units import parse_bytes
 
 def commit_file(tmp: Path, dest: Path) -> None:
     """Make a finished .npy file durable under its final name (fsync, rename, fsync the directory)."""
-    from terastack.atomic import fsync_dir
-
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -51,16 +50,6 @@ def commit_file(tmp: Path, dest: Path) -> None:
         os.close(fd)
     os.replace(tmp, dest)
     fsync_dir(dest.parent)
-
-
-def check_outputs(*, out: str, embeddings: str) -> None:
-    """Raise ValueError naming the field unless at least one of ``out`` and ``embeddings`` is given and each
-    given one names a .npy file (homogeneous and heterogeneous inference take the same two outputs)."""
-    if not out and not embeddings:
-        raise ValueError("out, embeddings: give at least one file to write")
-    for name, value in (("out", out), ("embeddings", embeddings)):
-        if value and not str(value).endswith(".npy"):
-            raise ValueError(f"{name}: must name a .npy file, got {value!r}")
 
 
 class Outputs:
@@ -187,7 +176,11 @@ class GnnInference:
             GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology)  # validates both
             if not self.checkpoint:
                 raise ValueError("checkpoint: a model saved by `terastack gnn train --save-model` is required")
-            check_outputs(out=self.out, embeddings=self.embeddings)
+            if not self.out and not self.embeddings:
+                raise ValueError("out, embeddings: give at least one file to write")
+            for name in ("out", "embeddings"):
+                if getattr(self, name) and not str(getattr(self, name)).endswith(".npy"):
+                    raise ValueError(f"{name}: must name a .npy file, got {getattr(self, name)!r}")
             if self.out and self.embeddings and Path(self.out).resolve() == Path(self.embeddings).resolve():
                 raise ValueError("out, embeddings: must be different files")
             if not isinstance(self.chunk_nodes, int) or self.chunk_nodes < 0:

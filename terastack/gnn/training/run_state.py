@@ -2,13 +2,13 @@
 optimizer, where the run stands, and the random number generators.
 
 [Note: a GNN run resumed]
-A batch is a function of the seed, the epoch and its place in the epoch (terastack.gnn.sampling.sampler
-[Note: sampling semantics]), and the caches give the feature file's bytes whatever they hold, so the sampler's
-random state is the epoch and the next batch in it: a run resumed at batch j of epoch e samples exactly the
-batches a run never stopped samples from there, trains the model and the optimizer it saved, and ends with the
-same weights. The state also keeps the finished epochs' results and this epoch's losses (the result of a resumed
-run is the whole run's), and the settings a different value of which would make other batches or another model;
-a checkpoint of another job is refused naming the first that differs.
+A batch is a function of the seed, the epoch and its place in the epoch (terastack.gnn.sampling.sampler [Note:
+sampling semantics]) and the caches give the feature file's bytes whatever they hold, so the sampler's random
+state is the epoch and the next batch in it: a run resumed at batch j of epoch e samples exactly the batches a
+run never stopped samples from there, trains the model and optimizer it saved, and ends with the same weights.
+The state also keeps the finished epochs' results and this epoch's losses (a resumed run's result is the whole
+run's) and the settings that make the batches and the model; a checkpoint of another job is refused naming the
+first that differs.
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """``terastack gnn train``: out-of-core training of a PyG model over an on-disk dataset of either graph kind.
 
-The steps are the Python API's, in order: one placement call (terastack.gnn.graph_placement [Note: one
-placement call]: open and verify the dataset, build the sampler, pre-sample to count hotness, split the
-budget, fill the caches, start the pipeline), then the model (a homogeneous one, or a heterogeneous one for a
-heterogeneous dataset), then epochs through the pipeline, each scored on the held-out splits (sampled
-inference, at most ``eval_nodes`` nodes of each), checkpointed as the job asks and resumable from any of its
-checkpoints (terastack.gnn.training.run_state [Note: a GNN run resumed]), and optionally the model saved
-(terastack.gnn.training.models [Note: model checkpoints]). The settings are a :class:`terastack.gnn.settings.GnnJob`.
+The steps, in order: one placement call (terastack.gnn.graph_placement [Note: one placement call]), the model of
+the dataset's kind, then epochs through the pipeline, each scored on the held-out splits (sampled inference, at
+most ``eval_nodes`` nodes of each) and checkpointed as the job asks (terastack.gnn.training.run_state [Note: a GNN
+run resumed]), and the model saved if asked (terastack.gnn.training.models [Note: model checkpoints]). The settings
+are a :class:`terastack.gnn.settings.GnnJob`.
 """
 from __future__ import annotations
 
@@ -34,14 +32,15 @@ RESUME_SETTINGS = ("data.path", "model.kind", "model.hidden", "sampling.fanouts"
                    "sampling.replace", "training.seed", "training.lr", "training.nproc")
 
 
-def training_threads() -> int:
-    """Intra-op threads for training on the CPU beside the pipeline: one less than the cores.
+def training_threads(requested: int = -1) -> int:
+    """Intra-op threads for training on the CPU beside the pipeline: ``requested``, or for -1 one less than the
+    cores.
 
     The sampling and gathering threads need a core; an OpenMP team that spans every core stalls each time one of
     its threads is descheduled (measured: steps 5-10x slower on a busy 2-core machine)."""
     import os
 
-    return max(1, (os.cpu_count() or 1) - 1)
+    return max(1, (os.cpu_count() or 1) - 1) if requested == -1 else requested
 
 
 def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray,

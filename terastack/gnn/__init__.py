@@ -20,9 +20,9 @@ Train your own PyG model on a dataset larger than memory::
 
     ds = open_dataset(DATA_DIR)                        # checks sizes, structure and checksums
     loader = NeighborLoader(ds, num_neighbors=[15, 10], input_nodes=ds.splits["train"], batch_size=1024,
-                            shuffle=True, device_cache="64MiB", host_cache="256MiB")  # PyG's loader, on the SSD
+                            shuffle=True, device_cache="64MiB", host_cache="512MiB")  # PyG's loader, on the SSD
     model = MyModel(ds.feat_dim, 128, ds.num_classes)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for epoch in range(2):
         for batch in loader:                           # a torch_geometric Data, as PyG's NeighborLoader gives
             opt.zero_grad()

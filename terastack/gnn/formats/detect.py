@@ -27,7 +27,7 @@ from pathlib import Path
 
 from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.formats import hetero_layouts, igb, ogb
-from terastack.gnn.formats.hetero_source import HeteroImporter
+from terastack.gnn.formats.hetero_importer import HeteroImporter
 from terastack.gnn.formats.source import BuildOptions, SourceImporter
 
 LAYOUTS = (("ogb-npz", ogb.is_ogb_npz), ("ogb-csv", ogb.is_ogb_csv), ("ogb-mag", hetero_layouts.is_ogb_mag),

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from terastack.gnn.storage.dataset import DatasetError
-from terastack.gnn.formats.hetero_source import HeteroImporter, HeteroSource, NodeTypeSource, RelationSource
+from terastack.gnn.formats.hetero_importer import HeteroImporter, HeteroSource, NodeTypeSource, RelationSource
 from terastack.gnn.formats.source import GraphSource, SourceImporter, labels_from_values
 
 MASKS = {"train_idx": ("train_mask", "train_idx"), "val_idx": ("val_mask", "val_idx", "valid_idx"),

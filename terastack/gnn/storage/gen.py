@@ -310,7 +310,7 @@ class HeteroGraphGenerator:
         return {et: max(1, int(round(n[et[0]] * per * self.config.degree_scale))) for et, per in IGBH_RELATIONS.items()}
 
     def source(self):
-        from terastack.gnn.formats.hetero_source import HeteroSource, NodeTypeSource, RelationSource
+        from terastack.gnn.formats.hetero_importer import HeteroSource, NodeTypeSource, RelationSource
 
         cfg = self.config
         counts, dtype = self.node_counts(), np.dtype(cfg.dtype)
@@ -380,7 +380,7 @@ class HeteroGraphGenerator:
         return blocks
 
     def run(self) -> dict:
-        from terastack.gnn.formats.hetero_source import HeteroImporter
+        from terastack.gnn.formats.hetero_importer import HeteroImporter
 
         cfg = self.config
         return HeteroImporter(self.source(), HeteroImporter.Config(

@@ -1,12 +1,14 @@
-"""terastack.gnn: out-of-core GNN training (features and topology on SSD, a unified static cache,
-a pipeline that overlaps sampling, I/O and training, and a throughput-per-cost model).
+"""terastack.gnn: out-of-core GNN training (features and topology on SSD, a unified static cache, a pipeline that
+overlaps sampling, I/O and training, and a throughput-per-cost model), one path for homogeneous and
+heterogeneous graphs.
 
 Train your own PyG model on a dataset larger than memory::
 
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import SAGEConv
-    from terastack.gnn import NeighborSampler, Pipeline, UnifiedCache, open_dataset, presample
+    from terastack.gnn import open_dataset
+    from terastack.gnn.pyg import NeighborLoader
 
     class MyModel(torch.nn.Module):                    # any PyG model taking (x, edge_index)
         def __init__(self, d_in, d_hidden, d_out):
@@ -17,33 +19,27 @@ Train your own PyG model on a dataset larger than memory::
             return self.conv2(F.relu(self.conv1(x, edge_index)), edge_index)
 
     ds = open_dataset(DATA_DIR)                        # checks sizes, structure and checksums
-    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=(15, 10), seed=0)
-    train = ds.splits["train"]
-    hot = presample(sampler, train, batch_size=1024)   # access counts -> cache placement
-    cache = UnifiedCache(ds, hot.order(), device_budget="64MiB", host_budget="256MiB")
-    loader = Pipeline(sampler, cache, ds.labels)       # samples k+2 | gathers k+1 | you train k
+    loader = NeighborLoader(ds, num_neighbors=[15, 10], input_nodes=ds.splits["train"], batch_size=1024,
+                            shuffle=True, device_cache="64MiB", host_cache="512MiB")  # PyG's loader, on the SSD
     model = MyModel(ds.feat_dim, 128, ds.num_classes)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for epoch in range(2):
-        for batch in loader.epoch(train, batch_size=1024, epoch=epoch):   # a torch_geometric Data
+        for batch in loader:                           # a torch_geometric Data, as PyG's NeighborLoader gives
             opt.zero_grad()
             out = model(batch.x.float(), batch.edge_index)[: batch.batch_size]
             loss = F.cross_entropy(out, batch.y[: batch.batch_size])
             loss.backward()
             opt.step()
-    print(cache.stats.snapshot())                      # per-tier hit rates, SSD bytes
-    cache.close()
+    print(loader.placed.features.stats.snapshot())    # per-tier hit rates, SSD bytes
+    loader.close()
 
-``batch.x`` is valid until the next batch is requested (its memory is reused).
-Make a dataset with ``terastack gnn gen`` or ``terastack gnn import --from DIR`` (an OGB
-``ogbn_*`` directory in its CSV or npz form, an IGB ``<root>/<size>`` directory, or ``.npy``
-arrays; see docs/gnn.md), or from a PyG graph in memory with ``from_pyg(data, out_dir)``; train
-from the shell with ``terastack gnn train`` (``--save-model``), predict every node with full
-neighbourhoods, layer by layer out of core, with ``terastack gnn infer``; ask which hardware gives the most
-epochs per dollar with ``terastack gnn advise``. Heterogeneous graphs (ogbn-mag, MAG240M, IGBH, a PyG
-``HeteroData``) import into a heterogeneous dataset (``open_hetero_dataset``) and train with
-the same ``GnnTrainer`` (R-GCN or ``to_hetero(GraphSAGE)``; per-relation fanouts) through the same commands. PyG's own ``NodeLoader`` runs
-over the same storage through :mod:`terastack.gnn.pyg`.
+The loader samples and gathers the next batches while the model trains on this one. Make a dataset with
+``terastack gnn gen`` or ``terastack gnn import --from DIR`` (OGB, IGB, ogbn-mag, MAG240M, IGBH, ``.npy``; see
+docs/gnn.md) or ``from_pyg(data, out_dir)``; train from the shell with ``terastack gnn train`` (a job: flags, a
+``--config`` file, overrides, ``--checkpoint`` / ``--resume``, ``--save-model``), predict every node out of core
+with ``terastack gnn infer``, ask which hardware gives the most epochs per dollar with ``terastack gnn advise``. A
+heterogeneous dataset goes through the same calls (``NeighborLoader`` yields ``HeteroData``; R-GCN or
+``to_hetero(GraphSAGE)`` train on it); :func:`terastack.gnn.pyg.stores` serves either kind to PyG's own loaders.
 """
 from __future__ import annotations
 
@@ -57,19 +53,18 @@ _EXPORTS = {
     "NeighborSampler": "terastack.gnn.sampling.sampler", "SampledBatch": "terastack.gnn.sampling.sampler",
     "SsdTopology": "terastack.gnn.storage.topology", "ArrayTopology": "terastack.gnn.storage.topology",
     "DiskArray": "terastack.gnn.storage.topology",
-    "presample": "terastack.gnn.storage.hotness", "Hotness": "terastack.gnn.storage.hotness",
+    "presample": "terastack.gnn.sampling.hotness", "Hotness": "terastack.gnn.sampling.hotness",
     "UnifiedCache": "terastack.gnn.storage.cache", "InMemoryFeatures": "terastack.gnn.storage.baselines",
     "MmapFeatures": "terastack.gnn.storage.baselines", "FeatureSource": "terastack.gnn.storage.cache",
+    "TypedFeatures": "terastack.gnn.storage.features", "Placement": "terastack.gnn.graph_placement",
     "Pipeline": "terastack.gnn.sampling.pipeline", "PipelineError": "terastack.gnn.sampling.pipeline",
-    "GNN": "terastack.gnn.training.models", "GnnTrainer": "terastack.gnn.training.train", "GnnInference": "terastack.gnn.training.infer",
+    "GNN": "terastack.gnn.training.models", "HeteroGNN": "terastack.gnn.training.hetero_net",
+    "GnnTrainer": "terastack.gnn.training.train", "GnnInference": "terastack.gnn.training.infer",
+    "GnnJob": "terastack.gnn.settings", "gnn_job": "terastack.gnn.settings",
     "save_model": "terastack.gnn.training.models", "load_model": "terastack.gnn.training.models",
-    "TerastackFeatureStore": "terastack.gnn.pyg", "CSCGraphStore": "terastack.gnn.pyg",
-    "PygNeighborSampler": "terastack.gnn.pyg",
+    "NeighborLoader": "terastack.gnn.pyg", "stores": "terastack.gnn.pyg",
     "from_pyg": "terastack.gnn.formats.pyg_data", "import_directory": "terastack.gnn.formats.detect",
     "detect_layout": "terastack.gnn.formats.detect",
-    "HeteroDataset": "terastack.gnn.storage.hetero_dataset", "open_hetero_dataset": "terastack.gnn.storage.hetero_dataset",
-    "HeteroNeighborSampler": "terastack.gnn.sampling.hetero_sampler", "hetero_presample": "terastack.gnn.storage.hotness",
-    "HeteroGNN": "terastack.gnn.training.hetero_net", "HeteroPipeline": "terastack.gnn.sampling.pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,36 +16,33 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.storage.hotness import Hotness
-from terastack.gnn.training.models import GNN, train_step
+from terastack.gnn.sampling.hotness import Hotness
+from terastack.gnn.training.models import train_step
 from terastack.plan.hardware import Hardware
 from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 
 
-def _calibration_batches(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: int, classes: int, layers: int,
-                         seed: int) -> tuple:
-    """The model, its optimizer and the pre-sampling's example batches with random features: what a calibration
-    trains on."""
-    torch.manual_seed(seed)
-    model = GNN(model_kind, feat_dim, hidden, classes, layers)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    examples = hot.examples or []
+def _calibration_batches(model_kind: str, examples: list, ds, *, hidden: int, layers: int, seed: int) -> tuple:
+    """The model of ``ds``'s kind, its optimizer, and the pre-sampling's example batches with random features and
+    labels: what a calibration trains on."""
+    from terastack.gnn.training.train import build_model
+    from terastack.gnn.settings import gnn_job
+
     if not examples:
         raise ValueError("hotness: pre-sampling kept no example batches to calibrate with")
-    datas = []
+    model = build_model(gnn_job(model=model_kind, hidden=hidden, seed=seed), ds, layers)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(seed)
-    for b in examples:
-        x = torch.randn(b.num_nodes, feat_dim, generator=gen)
-        y = torch.randint(0, classes, (b.num_nodes,), generator=gen)
-        datas.append(b.to_data(x, y))
+    dims = {t: ds.feature_dims[t] or 1 for t in ds.node_types}
+    datas = [b.to_data({t: torch.randn(len(v), dims[t], generator=gen) for t, v in b.nodes.items()},
+                       torch.randint(0, ds.num_classes, (len(b.nodes[ds.target]),), generator=gen)) for b in examples]
     return model, opt, datas
 
 
-def calibrate_compute(model_kind: str, hot: Hotness, *, feat_dim: int, hidden: int, classes: int, layers: int,
-                      steps: int = 5, seed: int = 0) -> tuple[float, float]:
+def calibrate_compute(model_kind: str, hot: Hotness, ds, *, hidden: int, layers: int, steps: int = 5,
+                      seed: int = 0) -> tuple[float, float]:
     """(seconds per training step scaled to the mean batch, FLOPs per batch) measured on this machine's CPU."""
-    model, opt, datas = _calibration_batches(model_kind, hot, feat_dim=feat_dim, hidden=hidden, classes=classes,
-                                             layers=layers, seed=seed)
+    model, opt, datas = _calibration_batches(model_kind, hot.examples, ds, hidden=hidden, layers=layers, seed=seed)
     weights = sum(p.numel() for p in model.parameters() if p.dim() > 1)
     flops = 6.0 * hot.nodes_per_batch * weights + 6.0 * hot.edges_per_batch * hidden * layers
     if steps < 1:
@@ -61,7 +58,7 @@ def _stepper(model, opt, datas: list):
     def train_once(k: int) -> int:
         d = datas[k % len(datas)]
         train_step(model, opt, d)
-        return d.num_nodes
+        return d.num_nodes  # of every type
 
     return train_once
 
@@ -131,8 +128,8 @@ def workload(ds, hot: Hotness, *, batch_size: int, model: str, hidden: int, laye
     """The TPC workload of training ``model`` on ``ds`` with ``batch_size`` seeds per batch (``curve``: a
     hit-rate curve scored elsewhere, e.g. :func:`out_of_sample_curve`; default the pre-sampling's own)."""
     ks, hits = hot.curve() if curve is None else curve
-    compute, flops = calibrate_compute(model, hot, feat_dim=ds.feat_dim, hidden=hidden, classes=ds.num_classes,
-                                       layers=layers, steps=calibration_steps if calibrate else 0)
+    compute, flops = calibrate_compute(model, hot, ds, hidden=hidden, layers=layers,
+                                       steps=calibration_steps if calibrate else 0)
     compute = compute if calibrate else None
     dtype = torch.from_numpy(np.zeros(0, ds.feat_dtype)).dtype
     per_row, per_miss = measure_gather_costs(ds.num_nodes, ds.feat_dim, dtype, hot.nodes_per_batch)
@@ -259,11 +256,11 @@ def _random_read_windows(f, blocks_in_file: int, n: int, rng, *, window_seconds:
     return iops, cpu_per_block
 
 
-def training_steps(model_kind: str, hot: Hotness, ds, *, hidden: int, layers: int, seed: int = 0):
-    """``train_once(k)``: the calibration's k-th training step (the model and the pre-sampling's example batches,
-    random features); returns the nodes it trained on. The first call also warms the model up."""
-    return _stepper(*_calibration_batches(model_kind, hot, feat_dim=ds.feat_dim, hidden=hidden,
-                                          classes=ds.num_classes, layers=layers, seed=seed))
+def training_steps(model_kind: str, examples: list, ds, *, hidden: int, layers: int, seed: int = 0):
+    """``train_once(k)``: the calibration's k-th training step (the model of ``ds``'s kind and the sampled
+    ``examples``, e.g. a pre-sampling's, with random features); returns the nodes (of every type) it trained on.
+    The first call also warms the model up."""
+    return _stepper(*_calibration_batches(model_kind, examples, ds, hidden=hidden, layers=layers, seed=seed))
 
 
 def probe_while_training(features, train_once, *, seconds: float = 8.0, window_seconds: float = 1.0,
@@ -372,6 +369,28 @@ def measure_under_epoch_load(features, train_once, predict, *, seconds: float = 
             "prediction": prediction}
 
 
+def predict_under_load(wl: GnnWorkload, ssd: dict, features, train_once, *, rows: float, host_cache: int,
+                       seconds: float, seed: int, where: str, engine=None, **predict):
+    """(the predicted epoch, the measurements) of ``wl`` with the SSD's rate and the step (``train_once``, scaled
+    to ``rows`` nodes a batch) measured under the epoch's own load ([Note: the step measured beside the epoch's
+    own read rate]); ``predict``: more arguments of :func:`terastack.plan.tpc.predict_epoch`."""
+    import dataclasses
+
+    from terastack.plan.tpc import predict_epoch
+
+    extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
+
+    def prediction(iops: float, seconds_per_node: float):
+        here = feature_file_hardware(ssd, iops=iops, where=where, engine=engine, extent_blocks=extent)
+        return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows), here, device_cache=0,
+                             host_cache=host_cache, train_threads=wl.compute_threads, **predict)
+
+    loaded = measure_under_epoch_load(features, train_once, prediction, seconds=seconds, seed=seed,
+                                      extent_blocks=extent, engine=engine)
+    loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
+    return loaded.pop("prediction"), loaded
+
+
 # ------------------------------------------------------------------ a sample of the epoch, the cache in place
 #: added to the training seed for the hold-out sampling pass (differs from the pre-sampling pass's offset)
 HOLDOUT_SEED_OFFSET = 104_729
@@ -391,7 +410,7 @@ def sample_seed_sets(train_ids: np.ndarray, presample_nodes: int, holdout_nodes:
 def profile_sampling(sampler, seeds: np.ndarray, batch_size: int, *, seed: int) -> dict:
     """Sample the batches of ``seeds`` with the topology's list cache in place: per batch, the sampler's own
     CPU time (``time.thread_time``: without the waits for its reads), the 4 KiB blocks its topology read,
-    and the rows each node type gathers; plus every gathered id (per type for heterogeneous batches), to
+    and the rows each node type gathers; plus every gathered id per node type, to
     score a cache ranking out of sample (:func:`out_of_sample_curve`)."""
     from terastack.gnn.sampling.sampler import epoch_batches
 
@@ -403,8 +422,7 @@ def profile_sampling(sampler, seeds: np.ndarray, batch_size: int, *, seed: int) 
         batch = sampler.sample(chunk, np.random.default_rng([seed + HOLDOUT_SEED_OFFSET, k]))
         cpu += time.thread_time() - t0
         batches += 1
-        n_id = batch.n_id if isinstance(batch.n_id, dict) else {"": batch.n_id}
-        for t, v in n_id.items():
+        for t, v in batch.nodes.items():
             ids.setdefault(t, []).append(v)
     after = topo.stats.snapshot()
     b = max(batches, 1)
@@ -434,29 +452,6 @@ def rank_positions(ranking: np.ndarray, num_nodes: int, *, step: int = 1 << 22) 
     for lo in range(0, len(ranking), step):
         out[ranking[lo:lo + step]] = np.arange(lo, min(len(ranking), lo + step), dtype=out.dtype)
     return out
-
-
-def hetero_training_steps(model_kind: str, examples: list, ds, *, hidden: int, seed: int = 0):
-    """``train_once(k)`` of :func:`training_steps` for a heterogeneous model: the k-th of the sampled ``examples``
-    with random features; returns the nodes (of every type) it trained on."""
-    from terastack.gnn.training.models import HeteroGNN, train_step
-
-    torch.manual_seed(seed)
-    hops = len(examples[0].num_sampled_nodes[ds.target]) - 1
-    model = HeteroGNN(model_kind, ds.node_types, ds.edge_types, {t: ds.feat_dim[t] or 1 for t in ds.node_types},
-                      hidden, ds.num_classes, hops, ds.target)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(seed)
-    datas = [b.to_hetero_data({t: torch.randn(len(v), ds.feat_dim[t] or 1, generator=gen) for t, v in b.n_id.items()},
-                              torch.randint(0, ds.num_classes, (len(b.n_id[ds.target]),), generator=gen))
-             for b in examples]
-
-    def train_once(k: int) -> int:
-        d = datas[k % len(datas)]
-        train_step(model, opt, d)
-        return sum(d[t].num_nodes for t in d.node_types)
-
-    return train_once
 
 
 def miss_blocks(rank_of: np.ndarray, batches: list, cached_rows: int, row_bytes: int) -> tuple[int, int, int]:

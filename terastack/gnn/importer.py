@@ -2,7 +2,8 @@
 
 Sources are ``.npy`` files, read memory-mapped (``allow_pickle=False``: an
 object array is refused, never unpickled) in chunks, so the import runs in
-bounded memory and resumes if interrupted (see [Note: resumable builds]).
+bounded memory and resumes if interrupted (see [Note: resumable builds]), through the
+one source importer (terastack.gnn.formats.source).
 
 An OGB-style directory (``--ogb-dir``) holds ``edge_index.npy`` (2 x E, source
 row then destination row, as ``ogb``'s ``graph["edge_index"]``),
@@ -15,18 +16,13 @@ dtype, ids in range) with errors naming the file.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.storage.dataset import DatasetError, write_manifest
 from terastack.gnn.formats.source import BuildOptions
-from terastack.progress import Progress
-
-_EDGE_CHUNK = 1 << 22
+from terastack.gnn.storage.manifest import DatasetError
 
 
 def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
@@ -79,17 +75,10 @@ def _need_int(arr: np.ndarray, path, what: str) -> None:
         raise DatasetError(f"{path}: {what} must hold integers, holds {arr.dtype}")
 
 
-def _check_range(arr: np.ndarray, hi: int, path, what: str, chunk: int = 1 << 24) -> None:
-    flat = arr.reshape(-1)
-    for s in range(0, flat.size, chunk):
-        part = np.asarray(flat[s:s + chunk])
-        bad = (part < 0) | (part >= hi)
-        if bad.any():
-            i = s + int(np.argmax(bad))
-            raise DatasetError(f"{path}: {what} {int(flat[i])} at position {i} is out of range 0..{hi - 1}")
-
-
 class GraphImporter:
+    """``.npy`` arrays as a :class:`~terastack.gnn.formats.source.GraphSource`, written by the one source importer
+    (terastack.gnn.formats.source.SourceImporter: resumable, bounded memory)."""
+
     @dataclass(kw_only=True, slots=True)
     class Config(BuildOptions):
         out: str
@@ -135,6 +124,36 @@ class GraphImporter:
         self.config = config
         self.engine = engine
 
+    def run(self) -> dict:
+        from terastack.gnn.formats.source import SourceImporter
+
+        cfg = self.config
+        options = SourceImporter.Config(out=cfg.out, undirected=cfg.undirected, dtype=cfg.dtype, classes=cfg.classes,
+                                        memory_budget=cfg.memory_budget, force=cfg.force, progress=cfg.progress)
+        return SourceImporter(self.source(), options, engine=self.engine).run()
+
+    def source(self):
+        """The arrays as a GraphSource, each checked (shape, dtype) with errors naming its file."""
+        from terastack.gnn.formats.source import GraphSource, labels_from_values
+
+        cfg = self.config
+        feats = load_npy(cfg.features, "features")
+        if feats.ndim != 2:
+            raise DatasetError(f"{cfg.features}: features must be 2-D (nodes x features), shape is {feats.shape}")
+        if not np.issubdtype(feats.dtype, np.floating) and not np.issubdtype(feats.dtype, np.integer):
+            raise DatasetError(f"{cfg.features}: features must be numeric, dtype is {feats.dtype}")
+        labels = load_npy(cfg.labels, "labels")
+        edge_blocks, total, where = self._edges(feats.shape[0])
+        splits = {key: path for key, path in (("train_idx", cfg.train_idx), ("val_idx", cfg.val_idx),
+                                              ("test_idx", cfg.test_idx)) if path}
+        return GraphSource(
+            layout="npy", num_nodes=feats.shape[0], feat_dim=feats.shape[1], feat_dtype=feats.dtype,
+            edge_blocks=edge_blocks, count_edges=lambda: total, edges_where=str(where),
+            feature_blocks=lambda first, rows: (np.asarray(feats[a:a + rows]) for a in range(first, len(feats), rows)),
+            features_where=str(cfg.features), labels=lambda: labels_from_values(np.asarray(labels), cfg.labels),
+            labels_where=str(cfg.labels), files=self._sources(),
+            splits=lambda _labels: {key: (load_npy(path, key), path) for key, path in splits.items()})
+
     def _sources(self) -> dict:
         cfg = self.config
         out = {}
@@ -146,58 +165,8 @@ class GraphImporter:
                             "mtime_ns": st.st_mtime_ns if st else None}
         return out
 
-    def run(self) -> dict:
-        cfg = self.config
-        started = time.perf_counter()
-        feats = load_npy(cfg.features, "features")
-        if feats.ndim != 2:
-            raise DatasetError(f"{cfg.features}: features must be 2-D (nodes x features), shape is {feats.shape}")
-        if not np.issubdtype(feats.dtype, np.floating) and not np.issubdtype(feats.dtype, np.integer):
-            raise DatasetError(f"{cfg.features}: features must be numeric, dtype is {feats.dtype}")
-        n, f = feats.shape
-        dtype = cfg.dtype if cfg.dtype != "auto" else ("float16" if feats.dtype == np.float16 else "float32")
-        labels = load_npy(cfg.labels, "labels")
-        if labels.ndim == 2 and labels.shape[1] == 1:
-            labels = labels[:, 0]
-        if labels.shape != (n,):
-            raise DatasetError(f"{cfg.labels}: labels must have one entry per node ({n}), shape is {labels.shape}")
-        labels = np.asarray(labels)
-        if np.issubdtype(labels.dtype, np.floating):
-            if not np.isfinite(labels).all():
-                i = int(np.argmax(~np.isfinite(labels)))
-                raise DatasetError(f"{cfg.labels}: label of node {i} is {labels[i]} (unlabelled nodes need a class id)")
-            if (labels != np.round(labels)).any():
-                raise DatasetError(f"{cfg.labels}: labels must be whole class ids")
-            labels = labels.astype(np.int64)
-        _need_int(labels, cfg.labels, "labels")
-        classes = cfg.classes or int(labels.max(initial=0)) + 1
-        _check_range(labels, classes, cfg.labels, "label")
-        params = {"importer": "npy", "sources": self._sources(), "undirected": cfg.undirected, "dtype": dtype,
-                  "classes": classes}
-        state = BuildState(cfg.out, params, force=cfg.force)
-        if state.complete:
-            return {"out": cfg.out, "status": "already complete", "seconds": 0.0}
-        write_array(state, "labels", labels.astype(np.int32))
-        edges = self._edges(state, n)
-        FeatureWriter(state, num_nodes=n, feat_dim=f, dtype=dtype,
-                      chunk_bytes=max(4 << 20, min(64 << 20, cfg.memory_budget // 8)), progress=cfg.progress,
-                      engine=self.engine).write(lambda a, b: np.asarray(feats[a:b]).astype(dtype))
-        for key, path in (("train_idx", cfg.train_idx), ("val_idx", cfg.val_idx), ("test_idx", cfg.test_idx)):
-            if path:
-                ids = load_npy(path, key).reshape(-1)
-                _need_int(ids, path, key)
-                _check_range(ids, n, path, "node id")
-                ids = np.sort(np.asarray(ids, dtype=np.int64))
-            else:
-                ids = np.zeros(0, np.int64)
-            write_array(state, key, ids)
-        write_manifest(cfg.out, num_nodes=n, num_edges=edges, feat_dim=f, feat_dtype=dtype, num_classes=classes,
-                       index_dtype="int32" if n < 2**31 else "int64", origin=state.params, engine=self.engine)
-        state.finish()
-        return {"out": cfg.out, "status": "imported", "nodes": n, "edges": edges,
-                "seconds": time.perf_counter() - started}
-
-    def _edges(self, state: BuildState, n: int) -> int:
+    def _edges(self, n: int):
+        """(edge_blocks, edge count, the file named in errors) of edge_index (2 x E) or CSC indptr + indices."""
         cfg = self.config
         if cfg.edge_index:
             ei = load_npy(cfg.edge_index, "edge_index")
@@ -205,51 +174,25 @@ class GraphImporter:
                 raise DatasetError(f"{cfg.edge_index}: edge_index must be 2 x E (sources, destinations), "
                                    f"shape is {ei.shape}")
             _need_int(ei, cfg.edge_index, "edge_index")
-            total = ei.shape[1]
 
-            def chunk(s: int, e: int):
-                return np.asarray(ei[0, s:e], dtype=np.int64), np.asarray(ei[1, s:e], dtype=np.int64)
-            where = cfg.edge_index
-        else:
-            indptr, indices = load_npy(cfg.indptr, "indptr"), load_npy(cfg.indices, "indices")
-            _need_int(indptr, cfg.indptr, "indptr")
-            _need_int(indices, cfg.indices, "indices")
-            if indptr.shape != (n + 1,):
-                raise DatasetError(f"{cfg.indptr}: indptr must have num_nodes + 1 = {n + 1} entries, has {indptr.shape}")
-            ip = np.asarray(indptr, dtype=np.int64)
-            if ip[0] != 0 or ip[-1] != len(indices) or (np.diff(ip) < 0).any():
-                raise DatasetError(f"{cfg.indptr}: indptr must rise from 0 to len(indices) = {len(indices)}")
-            total = len(indices)
+            def blocks(first: int, step: int):
+                for s in range(first, ei.shape[1], step):
+                    yield np.asarray(ei[0, s:s + step], np.int64), np.asarray(ei[1, s:s + step], np.int64)
+            return blocks, ei.shape[1], cfg.edge_index
+        indptr, indices = load_npy(cfg.indptr, "indptr"), load_npy(cfg.indices, "indices")
+        _need_int(indptr, cfg.indptr, "indptr")
+        _need_int(indices, cfg.indices, "indices")
+        if indptr.shape != (n + 1,):
+            raise DatasetError(f"{cfg.indptr}: indptr must have num_nodes + 1 = {n + 1} entries, has {indptr.shape}")
+        ip = np.asarray(indptr, dtype=np.int64)
+        if ip[0] != 0 or ip[-1] != len(indices) or (np.diff(ip) < 0).any():
+            raise DatasetError(f"{cfg.indptr}: indptr must rise from 0 to len(indices) = {len(indices)}")
 
-            def chunk(s: int, e: int):
-                dst = np.searchsorted(ip, np.arange(s, e), side="right") - 1
-                return np.asarray(indices[s:e], dtype=np.int64), dst
-            where = cfg.indices
-        factor = 2 if cfg.undirected else 1
-        builder = CSCBuilder(state, num_nodes=n, expected_edges=total * factor,
-                             memory_budget=max(16 << 20, cfg.memory_budget - 16 * n), progress=cfg.progress,
-                             drop_self_loops=False)  # an imported graph keeps its self-loops; duplicates merge
-        if not state.done("edges"):
-            step = int(max(1 << 16, min(_EDGE_CHUNK, cfg.memory_budget // 200)))
-            done = builder.extra.get("edges", 0)
-            bar = Progress(total, label="edges", unit="edges", enabled=cfg.progress)
-            bar.update(done)
-            for s in range(done, total, step):
-                e = min(total, s + step)
-                src, dst = chunk(s, e)
-                for arr in (src, dst):
-                    bad = (arr < 0) | (arr >= n)
-                    if bad.any():
-                        i = int(np.argmax(bad))
-                        raise DatasetError(f"{where}: node id {int(arr[i])} of edge {s + i} is out of range "
-                                           f"(the graph has {n} nodes)")
-                if cfg.undirected:
-                    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-                builder.add_chunk(src, dst, edges=e)
-                bar.update(e - s)
-            bar.close()
-            builder.close_edges()
-        return builder.build()
+        def csc_blocks(first: int, step: int):
+            for s in range(first, len(indices), step):
+                e = min(len(indices), s + step)
+                yield np.asarray(indices[s:e], np.int64), np.searchsorted(ip, np.arange(s, e), side="right") - 1
+        return csc_blocks, len(indices), cfg.indices
 
 
 def import_arrays(out: str | os.PathLike, **kwargs) -> dict:

@@ -7,7 +7,6 @@ import pytest
 
 from terastack.gnn.storage.compact_indptr import GROUP, CompactIndptr, compact_indptr_bytes
 from terastack.gnn.storage.dataset import DatasetError, open_dataset
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
 from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
 from terastack.gnn.storage.topology import ArrayTopology, DiskArray, SsdTopology, stream_chunks
 
@@ -188,11 +187,11 @@ def test_auto_holds_indptr_when_four_times_the_compact_estimate_fits(hub_graph):
 
 
 def test_hetero_auto_weighs_every_relation_s_compact_indptr(hetero):
-    mem = open_hetero_dataset(hetero)
-    estimate = sum(compact_indptr_bytes(mem.num_nodes[et[2]], mem.manifest.edge_types[et].num_edges)
+    mem = open_dataset(hetero)
+    estimate = sum(compact_indptr_bytes(mem.node_counts[et[2]], mem.manifest.edge_types[et].num_edges)
                    for et in mem.edge_types)
-    fits = open_hetero_dataset(hetero, topology="ssd", topology_budget=4 * estimate)
-    short = open_hetero_dataset(hetero, topology="ssd", topology_budget=4 * estimate - 1)
+    fits = open_dataset(hetero, topology="ssd", topology_budget=4 * estimate)
+    short = open_dataset(hetero, topology="ssd", topology_budget=4 * estimate - 1)
     try:
         assert all(t.indptr_in_memory and isinstance(t.indptr, CompactIndptr) for t in fits.topologies.values())
         assert not any(t.indptr_in_memory for t in short.topologies.values())

@@ -2,6 +2,8 @@
 the generator's own edge streams."""
 from __future__ import annotations
 
+from terastack.gnn.storage.dataset import open_dataset
+
 import json
 
 import numpy as np
@@ -9,7 +11,6 @@ import pytest
 
 from terastack.cli import main
 from terastack.gnn.storage.gen import IGBH_RELATIONS, HeteroGraphGenerator
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
 
 
 def _reference_csc(src: np.ndarray, dst: np.ndarray, n_dst: int) -> tuple[np.ndarray, np.ndarray]:
@@ -24,10 +25,10 @@ def test_hetero_generator_writes_igbh_shaped_relations_and_their_reverses(tmp_pa
     gen = HeteroGraphGenerator(HeteroGraphGenerator.Config(out=str(tmp_path / "g"), papers=700, feat_dim=8,
                                                            train_nodes=200, test_nodes=100, progress=False))
     result = gen.run()
-    ds = open_hetero_dataset(tmp_path / "g", verify="full")
+    ds = open_dataset(tmp_path / "g", verify="full")
     counts = gen.node_counts()
-    assert ds.num_nodes == counts and set(counts) == {"paper", "author", "institute", "fos"}
-    assert ds.target == "paper" and all(ds.feat_dim[t] == 8 for t in counts)
+    assert ds.node_counts == counts and set(counts) == {"paper", "author", "institute", "fos"}
+    assert ds.target == "paper" and all(ds.feature_dims[t] == 8 for t in counts)
     reverses = {(d, f"rev_{r}", s) for s, r, d in IGBH_RELATIONS if s != d}
     assert set(ds.edge_types) == set(IGBH_RELATIONS) | reverses
     source = gen.source()
@@ -47,7 +48,7 @@ def test_hetero_generator_writes_igbh_shaped_relations_and_their_reverses(tmp_pa
     blocks = source.node_types["author"].feature_blocks
     whole = np.concatenate(list(blocks(0, 64)))
     assert (np.concatenate(list(blocks(777, 64))) == whole[777:]).all()
-    assert (ds.read_features("author") == whole).all()
+    assert (ds.read_type_features("author") == whole).all()
     ds.close()
 
 

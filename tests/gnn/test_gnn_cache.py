@@ -13,7 +13,7 @@ from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
 from terastack.gnn.storage.baselines import _mincore
 from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import open_dataset
-from terastack.gnn.storage.hotness import presample, rank_nodes
+from terastack.gnn.sampling.hotness import presample, rank_nodes
 from terastack.gnn.storage.rows import RowReader
 from terastack.gnn.sampling.sampler import NeighborSampler
 from terastack.io import File
@@ -22,7 +22,7 @@ from terastack.errors import BudgetError
 
 def _ranking(ds, seed=0):
     s = NeighborSampler(ds.indptr, ds.indices, fanouts=(5, 5), seed=seed)
-    return presample(s, ds.splits["train"], 64, epochs=2, seed=seed)
+    return presample(s, ds.splits["train"], 64, epochs=2, seed=seed)["node"]
 
 
 def _budgets(ds):

@@ -7,7 +7,7 @@ import torch
 
 from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import open_dataset
-from terastack.gnn.storage.hotness import presample
+from terastack.gnn.sampling.hotness import presample
 from terastack.gnn.sampling.sampler import NeighborSampler
 
 
@@ -16,7 +16,7 @@ def test_back_to_back_gathers_without_synchronising(half):
     ds = open_dataset(half)
     reference = torch.from_numpy(ds.read_features())
     s = NeighborSampler(ds.indptr, ds.indices, fanouts=(5, 5), seed=0)
-    hot = presample(s, ds.splits["train"], 64, epochs=2, seed=0)
+    hot = presample(s, ds.splits["train"], 64, epochs=2, seed=0)["node"]
     quarter = ds.num_nodes // 4 * ds.row_bytes
     rng = np.random.default_rng(0)
     with UnifiedCache(ds, hot.order(), device_budget=quarter // 2, host_budget=ds.num_nodes * 4 + quarter,

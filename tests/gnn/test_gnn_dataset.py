@@ -11,8 +11,8 @@ import pytest
 
 from terastack.gnn.storage import build as build_mod
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter
-from terastack.gnn.storage.dataset import FILES, MANIFEST, DatasetError, open_dataset, write_manifest
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
+from terastack.gnn.storage.dataset import DatasetError, open_dataset
+from terastack.gnn.storage.manifest import FILES, MANIFEST, write_manifest
 from terastack.gnn.storage.gen import generate
 
 
@@ -167,16 +167,15 @@ def test_bad_manifest_fields_are_named(copy_of, edit, message):
         open_dataset(root)
 
 
-@pytest.mark.parametrize("opener", [open_dataset, open_hetero_dataset])
 @pytest.mark.parametrize("field, value, message", [
     ("verify", "crc", "verify: must be one of"),
     ("topology", "disk", "topology: must be one of"),
     ("indptr", "ram", "indptr: must be one of"),
     ("topology_budget", -1, "topology_budget: must be >= 0"),
 ])
-def test_read_settings_errors_name_the_field_for_both_graph_kinds(tmp_path, opener, field, value, message):
+def test_read_settings_errors_name_the_field(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
-        opener(tmp_path, **{field: value})
+        open_dataset(tmp_path, **{field: value})
 
 
 def test_not_a_dataset(tmp_path):

@@ -11,7 +11,7 @@ from terastack.cli import build_parser, main
 from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.sampling.fanouts import parse_fanouts, parse_relation_fanouts
 from terastack.gnn.sampling.sampler import NeighborSampler
-from terastack.gnn.training.train import GnnTrainer
+from terastack.gnn.settings import gnn_job
 
 ETS = [("paper", "cites", "paper"), ("paper", "written_by", "author")]
 
@@ -51,14 +51,14 @@ def test_minus_one_takes_every_in_neighbour_on_a_homogeneous_graph(tiny):
 
 
 def test_cli_parses_negative_lists_and_refuses_empty_items(tmp_path, capsys):
+    from terastack.training.job import job_flags
+
     parser = build_parser()
     args = parser.parse_args(["gnn", "train", "--data", "d", "--fanouts", "-1,5"])
-    assert args.fanouts == "-1,5"
+    assert job_flags(args)["sampling.fanouts"] == "-1,5"
     args = parser.parse_args(["gnn", "advise", "--data", "d", "--fanouts", "-1"])
-    assert args.fanouts == "-1"
-    with pytest.raises(SystemExit) as exit_:
-        parser.parse_args(["gnn", "train", "--data", "d", "--fanouts", "5,,5"])
-    assert exit_.value.code == 2
+    assert job_flags(args)["sampling.fanouts"] == "-1"
+    assert main(["gnn", "train", "--data", str(tmp_path), "--fanouts", "5,,5"]) == 2
     err = capsys.readouterr().err
     assert "--fanouts" in err and "empty hop" in err and "fanouts: fanouts" not in err
 
@@ -67,13 +67,14 @@ def test_cli_trains_both_kinds_with_minus_one(tiny, hetero, capsys):
     common = ["--batch-size", "500", "--epochs", "1", "--hidden", "8", "--eval-nodes", "0", "--json", "--quiet",
               "--threads", "0"]
     assert main(["gnn", "train", "--data", str(tiny), "--fanouts", "-1,3", *common]) == 0
-    assert json.loads(capsys.readouterr().out)["config"]["fanouts"] == [-1, 3]
+    assert json.loads(capsys.readouterr().out)["fanouts"] == {"node___to___node": [-1, 3]}
     assert main(["gnn", "train", "--data", str(hetero), "--model", "rgcn", "--fanouts", "-1,3", *common]) == 0
     assert set(map(tuple, json.loads(capsys.readouterr().out)["fanouts"].values())) == {(-1, 3)}
 
 
 def test_trainer_config_takes_minus_one_and_names_the_field_once(tiny):
-    assert GnnTrainer.Config(data=str(tiny), fanouts="-1,5").fanouts == (-1, 5)
+    assert gnn_job(data=str(tiny), fanouts="-1,5").sampling.fanouts == "-1,5"
+    assert gnn_job(data=str(tiny), fanouts=(-1, 5)).sampling.fanouts == "-1,5"
     with pytest.raises(ValueError) as err:
-        GnnTrainer.Config(data=str(tiny), fanouts="5,,5")
-    assert str(err.value).startswith("fanouts: ") and str(err.value).count("fanouts:") == 1
+        gnn_job(data=str(tiny), fanouts="5,,5")
+    assert str(err.value).startswith("sampling.fanouts: ") and str(err.value).count("fanouts:") == 1

@@ -14,6 +14,7 @@ from terastack.cli import main
 from terastack.gnn import from_pyg
 from terastack.gnn.storage.dataset import DatasetError, open_dataset
 from terastack.gnn.formats.streams import CsvGz, RowCursor, npz_member
+from terastack.gnn.settings import gnn_job
 from terastack.gnn.training.train import GnnTrainer
 
 N, E, F, C = 60, 240, 5, 3
@@ -112,8 +113,8 @@ def check_dataset(ds, src, dst, feats, labels, reference_csc, undirected=False):
 
 
 def train_a_little(data):
-    result = GnnTrainer(GnnTrainer.Config(data=str(data), fanouts="3,3", batch_size=8, epochs=1, hidden=8,
-                                          host_cache="8KiB", eval_nodes=-1, progress=False)).run()
+    result = GnnTrainer(gnn_job(data=str(data), fanouts="3,3", batch_size=8, epochs=1, hidden=8,
+                                          host_cache="8KiB", eval_nodes=-1), progress=False).run()
     losses = result["loss_curve"]
     assert len(losses) >= 2 and np.isfinite(losses).all() and result["accuracy"] is not None
 
@@ -341,15 +342,15 @@ def test_interrupted_import_resumes(tmp_path, monkeypatch, reference_csc):
 
     root = tmp_path / "ogbn_arxiv"
     src, dst, feats, labels, perm = ogb_csv(root)
-    real = source_mod.SourceImporter._feature_rows
+    real = source_mod.write_features
 
-    def crash(self):
+    def crash(*args, **kwargs):
         raise KeyboardInterrupt  # after labels and topology are committed
-    monkeypatch.setattr(source_mod.SourceImporter, "_feature_rows", crash)
+    monkeypatch.setattr(source_mod, "write_features", crash)
     with pytest.raises(KeyboardInterrupt):
         import_directory(root, tmp_path / "out", progress=False)
     assert (tmp_path / "out" / ".build-state.json").exists()
-    monkeypatch.setattr(source_mod.SourceImporter, "_feature_rows", real)
+    monkeypatch.setattr(source_mod, "write_features", real)
     monkeypatch.setattr(source_mod.CSCBuilder, "add_chunk", lambda *a, **k: pytest.fail("edges were re-read"))
     assert import_directory(root, tmp_path / "out", progress=False)["status"] == "imported"
     check_dataset(open_dataset(tmp_path / "out"), src, dst, feats, labels, reference_csc)

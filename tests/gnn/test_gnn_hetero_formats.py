@@ -13,8 +13,7 @@ import torch
 
 from terastack.cli import main
 from terastack.gnn import from_pyg
-from terastack.gnn.storage.dataset import DatasetError
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
+from terastack.gnn.storage.dataset import DatasetError, open_dataset
 
 C = 3
 COUNTS = {"paper": 50, "author": 40, "institution": 7, "field_of_study": 11}
@@ -115,7 +114,7 @@ def write_igbh(size_dir):
 
 
 def check_relation(ds, et, s, d, reference_csc):
-    indptr, indices = reference_csc(s, d, ds.num_nodes[et[2]], False)
+    indptr, indices = reference_csc(s, d, ds.node_counts[et[2]], False)
     topo = ds.topologies[et]
     np.testing.assert_array_equal(topo.indptr, indptr)
     np.testing.assert_array_equal(topo.indices, indices)
@@ -136,10 +135,11 @@ def check_undirected(ds, rel, reference_csc):
 
 
 def train_a_little(root, **extra):
+    from terastack.gnn.settings import gnn_job
     from terastack.gnn.training.train import GnnTrainer
 
-    result = GnnTrainer(GnnTrainer.Config(data=str(root), fanouts="4,3", batch_size=8, epochs=2, hidden=8,
-                                                host_cache="64KiB", progress=False, **extra)).run()
+    result = GnnTrainer(gnn_job(data=str(root), fanouts="4,3", batch_size=8, epochs=2, hidden=8,
+                                                host_cache="64KiB", **extra), progress=False).run()
     losses = result["loss_curve"]
     assert len(losses) == 2 * 4 and np.isfinite(losses).all()  # 30 training papers, batches of 8, two epochs
     assert all(0.0 <= e[k] <= 1.0 for e in result["epochs"] for k in ("train_acc", "val_acc", "test_acc")
@@ -155,26 +155,27 @@ def test_ogb_mag_layout(tmp_path, capsys, reference_csc):
                  "--undirected"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["layout"] == "ogb-mag" and result["target"] == "paper" and result["classes"] == 349
-    ds = open_hetero_dataset(out, verify="full")
+    ds = open_dataset(out, verify="full")
     check_undirected(ds, rel, reference_csc)
-    assert ds.feat_dim == {"paper": 6, "author": 0, "institution": 0, "field_of_study": 0}
-    np.testing.assert_array_equal(ds.read_features("paper"), feats["paper"])
-    np.testing.assert_array_equal(ds.labels["paper"], labels)
+    assert ds.feature_dims == {"paper": 6, "author": 0, "institution": 0, "field_of_study": 0}
+    np.testing.assert_array_equal(ds.read_type_features("paper"), feats["paper"])
+    np.testing.assert_array_equal(ds.target_labels, labels)
     for name, key in (("train", "train"), ("val", "valid"), ("test", "test")):
         np.testing.assert_array_equal(ds.splits[name], split[key])
     train_a_little(out, model="rgcn")
     # as stored (OGB's add_inverse_edge is off for mag): the four relations, nothing added
     plain = tmp_path / "plain"
     assert main(["gnn", "import", "--from", str(src), "--out", str(plain), "--quiet"]) == 0
-    ds = open_hetero_dataset(plain)
+    ds = open_dataset(plain)
     assert ds.edge_types == sorted(OGB_RELATIONS)
     for et, (s, d) in rel.items():
         check_relation(ds, et, s, d, reference_csc)
     # to_hetero(GraphSAGE) needs every sending type to receive: refused by name, with the remedy
+    from terastack.gnn.settings import gnn_job
     from terastack.gnn.training.train import GnnTrainer
 
     with pytest.raises(ValueError, match="author.*--undirected"):
-        GnnTrainer(GnnTrainer.Config(data=str(plain), fanouts="2,2", progress=False)).run()
+        GnnTrainer(gnn_job(data=str(plain), fanouts="2,2"), progress=False).run()
 
 
 @pytest.mark.parametrize("numpy_split", [True, False])
@@ -186,15 +187,15 @@ def test_mag240m_layout(tmp_path, capsys, reference_csc, numpy_split):
                  "--undirected"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["layout"] == "mag240m" and result["classes"] == C
-    ds = open_hetero_dataset(out)
+    ds = open_dataset(out)
     check_undirected(ds, rel, reference_csc)
     assert ds.manifest.node_types["paper"].feat_dtype == "float16"  # as the source stores them
-    np.testing.assert_array_equal(ds.read_features("paper"), feats["paper"])
+    np.testing.assert_array_equal(ds.read_type_features("paper"), feats["paper"])
     np.testing.assert_array_equal(ds.splits["train"], split["train"])
     np.testing.assert_array_equal(ds.splits["val"], split["valid"])
     assert len(ds.splits["test"]) == 0  # withheld labels: left out
-    np.testing.assert_array_equal(ds.labels["paper"][split["train"]], labels[split["train"]])
-    assert ds.num_nodes == MAG_COUNTS
+    np.testing.assert_array_equal(ds.target_labels[split["train"]], labels[split["train"]])
+    assert ds.node_counts == MAG_COUNTS
     train_a_little(out, model="sage")
 
 
@@ -214,15 +215,15 @@ def test_igbh_layout(tmp_path, capsys, reference_csc):
     assert main(["gnn", "import", "--from", str(tmp_path / "igbh"), "--out", str(out), "--json", "--quiet"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["layout"] == "igbh" and result["classes"] == 19 and result["undirected"]
-    ds = open_hetero_dataset(out)
+    ds = open_dataset(out)
     check_undirected(ds, rel, reference_csc)
     for t, x in feats.items():
-        np.testing.assert_array_equal(ds.read_features(t), x)
+        np.testing.assert_array_equal(ds.read_type_features(t), x)
     # IGB's split: torch.randperm(N) from seed 0, 60/20/20
     perm = torch.randperm(IGBH_COUNTS["paper"], generator=torch.Generator().manual_seed(0)).numpy()
     np.testing.assert_array_equal(ds.splits["train"], np.sort(perm[:30]))
     np.testing.assert_array_equal(ds.splits["val"], np.sort(perm[30:40]))
-    np.testing.assert_array_equal(ds.labels["paper"], labels)
+    np.testing.assert_array_equal(ds.target_labels, labels)
     train_a_little(out, model="sage")
 
 
@@ -244,7 +245,7 @@ def test_from_pyg_hetero(tmp_path, reference_csc):
         data[et].edge_index = torch.from_numpy(np.stack([s, d]))
     result = from_pyg(data, tmp_path / "out", undirected=True)
     assert result["status"] == "imported"
-    ds = open_hetero_dataset(tmp_path / "out")
+    ds = open_dataset(tmp_path / "out")
     check_undirected(ds, rel, reference_csc)
     # the same graph through PyG's own ToUndirected: the same relations, the same edges (as sets)
     import torch_geometric.transforms as T
@@ -253,10 +254,10 @@ def test_from_pyg_hetero(tmp_path, reference_csc):
     assert set(ref.edge_types) == set(ds.edge_types)
     for et in ref.edge_types:
         topo = ds.topologies[et]
-        dst = np.repeat(np.arange(ds.num_nodes[et[2]]), np.diff(topo.indptr))
+        dst = np.repeat(np.arange(ds.node_counts[et[2]]), np.diff(topo.indptr))
         got = set(zip(np.asarray(topo.indices).tolist(), dst.tolist()))
         assert got == set(map(tuple, ref[et].edge_index.t().tolist())), et
-    np.testing.assert_array_equal(ds.read_features("author"), feats["author"])
+    np.testing.assert_array_equal(ds.read_type_features("author"), feats["author"])
     assert from_pyg(data, tmp_path / "out", undirected=True)["status"] == "already complete"
     train_a_little(tmp_path / "out", model="rgcn", topology="ssd")
 
@@ -297,6 +298,6 @@ def test_interrupted_import_resumes(tmp_path, monkeypatch, reference_csc):
     monkeypatch.setattr(CSCBuilder, "build", original)
     result = import_directory(src, tmp_path / "out", progress=False)
     assert result["status"] == "imported"
-    ds = open_hetero_dataset(tmp_path / "out", verify="full")
+    ds = open_dataset(tmp_path / "out", verify="full")
     for et, (s, d) in rel.items():
         check_relation(ds, et, s, d, reference_csc)

@@ -4,18 +4,19 @@ PyG's to_hetero(GraphSAGE) and R-GCN consume them unchanged and, with every neig
 what they give on the whole graph in memory; the one-budget split is the greedy it claims to be."""
 from __future__ import annotations
 
+from terastack.gnn.storage.dataset import open_dataset
+
 import numpy as np
 import pytest
 import torch
 
-from terastack.gnn.storage.baselines import InMemoryFeatures
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler, parse_hetero_fanouts
-from terastack.gnn.storage.hotness import hetero_presample
-from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
-from terastack.gnn.sampling.pipeline import HeteroPipeline
-from terastack.gnn.storage.budget_split import hetero_share_budget
+from terastack.gnn.graph_placement import Placement
+from terastack.gnn.sampling.fanouts import parse_relation_fanouts as parse_hetero_fanouts
+from terastack.gnn.sampling.pipeline import Pipeline
+from terastack.gnn.sampling.sampler import NeighborSampler
 from terastack.gnn.storage.budget_split import FeaturePart, ListPart, split_budget_parts
+from terastack.gnn.storage.features import build_features
+from terastack.gnn.settings import gnn_job
 from terastack.gnn.training.train import GnnTrainer
 
 FANOUTS = "cites=4,3;written_by=3,0;rev_written_by=2,2;*=2,1"
@@ -23,12 +24,11 @@ FANOUTS = "cites=4,3;written_by=3,0;rev_written_by=2,2;*=2,1"
 
 @pytest.fixture(scope="module")
 def mem(hetero):
-    return open_hetero_dataset(hetero)
+    return open_dataset(hetero)
 
 
-def in_memory_features(ds) -> HeteroFeatures:
-    return HeteroFeatures({t: InMemoryFeatures(ds.read_features(t)) if ds.feat_dim[t] else ConstantFeatures()
-                           for t in ds.node_types})
+def in_memory_features(ds):
+    return build_features(ds, "memory")
 
 
 def csc_neighbours(ds, et, v):
@@ -38,7 +38,7 @@ def csc_neighbours(ds, et, v):
 
 @pytest.mark.parametrize("replace", [False, True])
 def test_edges_exist_and_per_relation_fanouts_hold(mem, replace):
-    sampler = HeteroNeighborSampler.for_dataset(mem, fanouts=FANOUTS, replace=replace, seed=2)
+    sampler = NeighborSampler(dataset=mem, fanouts=FANOUTS, replace=replace, seed=2)
     assert sampler.fanouts[("paper", "cites", "paper")] == (4, 3)
     assert sampler.fanouts[("author", "affiliated_to", "institution")] == (2, 1)
     seeds = mem.splits["train"][:100]
@@ -100,19 +100,18 @@ def _batches(pipeline, ids, epochs=2):
 def test_ssd_batches_equal_in_memory_batches(hetero, mem, indptr, replace, samplers):
     """Topology and features on the SSD behind one budget: the same batches, bit for bit, as everything in memory
     (and in the same order with several sampler threads)."""
-    ref_sampler = HeteroNeighborSampler.for_dataset(mem, fanouts=FANOUTS, replace=replace, seed=5)
-    ref = HeteroPipeline(ref_sampler, in_memory_features(mem), mem.labels["paper"])
-    ssd = open_hetero_dataset(hetero, topology="ssd", indptr=indptr)
-    sampler = HeteroNeighborSampler.for_dataset(ssd, fanouts=FANOUTS, replace=replace, seed=5)
+    ref_sampler = NeighborSampler(dataset=mem, fanouts=FANOUTS, replace=replace, seed=5)
+    ref = Pipeline(ref_sampler, in_memory_features(mem), mem.target_labels)
+    ssd = open_dataset(hetero, topology="ssd", indptr=indptr)
     train = ssd.splits["train"]
-    hot = hetero_presample(sampler, train, 48, epochs=2, seed=5)
     fixed = 4 * (1200 + 900 + 150) + sum(t.memory_bytes for t in ssd.topologies.values())  # tables, indptr
     budget = fixed + (24 << 10)
-    budgets, split = hetero_share_budget(ssd, hot, sampler, host_budget=budget, device_budget=2048)
+    placed = Placement(ssd, fanouts=FANOUTS, replace=replace, seed=5, batch_size=48, host_cache=budget,
+                       device_cache=2048, device="cpu", samplers=samplers)
+    sampler, features, split = placed.sampler, placed.features, placed.split.info
     assert split["fixed_bytes"] == fixed
-    features = build_features(ssd, {t: h.order() for t, h in hot.items()}, budgets, device="cpu")
     try:
-        got = HeteroPipeline(sampler, features, ssd.labels["paper"], samplers=samplers)
+        got = placed.pipeline
         a, b = _batches(ref, train), _batches(got, train)
         assert len(a) == len(b) == 2 * -(-len(train) // 48)
         for x, y in zip(a, b):
@@ -133,7 +132,7 @@ def test_ssd_batches_equal_in_memory_batches(hetero, mem, indptr, replace, sampl
         held = sum(c.host_rows * c.row_bytes for c in features.sources.values() if hasattr(c, "host_rows"))
         assert held <= budget - fixed - sum(split["list_bytes"].values())  # rows + lists within the one budget
     finally:
-        features.close()
+        placed.close()
         ssd.close()
 
 
@@ -173,7 +172,7 @@ def test_budget_split_is_one_greedy_over_every_part():
 
 
 def _full_graph(ds):
-    x = {t: torch.from_numpy(ds.read_features(t)).float() for t in ds.node_types}
+    x = {t: torch.from_numpy(ds.read_type_features(t)).float() for t in ds.node_types}
     ei = {}
     for et, topo in ds.topologies.items():
         ip = np.asarray(topo.indptr)
@@ -192,7 +191,7 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
     from terastack.gnn.training.models import HeteroGNN
 
     torch.manual_seed(0)
-    in_dims = {t: mem.feat_dim[t] or 1 for t in mem.node_types}
+    in_dims = {t: mem.feature_dims[t] or 1 for t in mem.node_types}
     if kind == "sage":
         model = to_hetero(GraphSAGE((-1, -1), 8, 2, out_channels=4), (mem.node_types, mem.edge_types), aggr="sum")
 
@@ -203,8 +202,8 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
 
         def logits(x, ei):
             return net(x, ei)
-    sampler = HeteroNeighborSampler.for_dataset(mem, fanouts="-1,-1")
-    pipe = HeteroPipeline(sampler, in_memory_features(mem), mem.labels["paper"], overlap=False)
+    sampler = NeighborSampler(dataset=mem, fanouts="-1,-1")
+    pipe = Pipeline(sampler, in_memory_features(mem), mem.target_labels, overlap=False)
     seeds = mem.splits["test"][:64]
     data = next(iter(pipe.epoch(seeds, 64, shuffle=False)))
     x, ei = _full_graph(mem)
@@ -215,10 +214,10 @@ def test_models_consume_batches_and_match_the_whole_graph(mem, kind):
 
 
 def test_loss_curve_with_everything_on_the_ssd_equals_in_memory(hetero):
-    common = dict(data=str(hetero), fanouts="3,2", batch_size=96, epochs=1, hidden=8, eval_nodes=64, progress=False,
+    common = dict(data=str(hetero), fanouts="3,2", batch_size=96, epochs=1, hidden=8, eval_nodes=64,
                   model="rgcn")
-    a = GnnTrainer(GnnTrainer.Config(**common, topology="memory", host_cache="8MiB")).run()
-    b = GnnTrainer(GnnTrainer.Config(**common, topology="ssd", indptr="ssd", host_cache="48KiB")).run()
+    a = GnnTrainer(gnn_job(**common, topology="memory", host_cache="8MiB"), progress=False).run()
+    b = GnnTrainer(gnn_job(**common, topology="ssd", indptr="ssd", host_cache="48KiB"), progress=False).run()
     assert a["loss_curve"] == b["loss_curve"] and len(a["loss_curve"]) == 7
     assert a["val_acc"] == b["val_acc"] and a["test_acc"] == b["test_acc"]
     assert b["epochs"][0]["topology_ssd_bytes"] > 0 and b["epochs"][0]["miss_rate"] > 0

@@ -13,6 +13,7 @@ from terastack.gnn.storage.dataset import open_dataset
 from terastack.gnn.storage.gen import generate
 from terastack.gnn.training.infer import GnnInference
 from terastack.gnn.training.models import load_model
+from terastack.gnn.settings import gnn_job
 from terastack.gnn.training.train import GnnTrainer
 
 
@@ -37,10 +38,9 @@ def _in_memory_logits(model, data) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
 def test_infer_equals_full_graph_in_memory(small, tmp_path, kind):
     ckpt = tmp_path / "model.pt"
-    trained = GnnTrainer(GnnTrainer.Config(data=str(small), model=kind, hidden=16, fanouts=(4, 3), batch_size=64,
-                                           epochs=1, host_cache="16KiB", eval_nodes=50, save_model=str(ckpt),
-                                           progress=False)).run()
-    assert trained["checkpoint"] == str(ckpt) and (tmp_path / "model.pt.json").is_file()
+    trained = GnnTrainer(gnn_job(data=str(small), model=kind, hidden=16, fanouts=(4, 3), batch_size=64,
+                                           epochs=1, host_cache="16KiB", eval_nodes=50, save_model=str(ckpt)), progress=False).run()
+    assert trained["saved_model"] == str(ckpt) and (tmp_path / "model.pt.json").is_file()
     model, meta = load_model(ckpt)
     assert meta["model"]["kind"] == kind and meta["dataset"]["nodes"] == 500
     # chunks of 37 destination nodes: most in-neighbours lie outside the chunk; the cache holds few rows
@@ -112,8 +112,8 @@ def test_train_reports_val_and_test_per_epoch_and_infer_cli(small, tmp_path, cap
 
 def test_checkpoint_errors_name_the_file(small, tmp_path, capsys):
     ckpt = tmp_path / "m.pt"
-    GnnTrainer(GnnTrainer.Config(data=str(small), hidden=8, fanouts=(2,), epochs=0, eval_nodes=0,
-                                 save_model=str(ckpt), progress=False)).run()
+    GnnTrainer(gnn_job(data=str(small), hidden=8, fanouts=(2,), epochs=0, eval_nodes=0,
+                                 save_model=str(ckpt)), progress=False).run()
     data = bytearray(ckpt.read_bytes())
     data[-30] ^= 1
     ckpt.write_bytes(bytes(data))
@@ -122,15 +122,15 @@ def test_checkpoint_errors_name_the_file(small, tmp_path, capsys):
     assert code == 2 and "m.pt: size or SHA-256 differs from m.pt.json" in err
     assert not (tmp_path / "p.npy").exists()
     with pytest.raises(ValueError, match="ends in .json"):
-        GnnTrainer.Config(data=str(small), save_model=str(tmp_path / "m.json"))
+        gnn_job(data=str(small), save_model=str(tmp_path / "m.json"))
     with pytest.raises(ValueError, match="out, embeddings"):
         GnnInference.Config(data=str(small), checkpoint=str(ckpt))
 
 
 def test_a_checkpoint_of_the_other_graph_kind_is_refused(small, hetero, tmp_path):
     ckpt = tmp_path / "m.pt"
-    GnnTrainer(GnnTrainer.Config(data=str(small), hidden=8, fanouts=(2,), epochs=0, eval_nodes=0,
-                                 save_model=str(ckpt), progress=False)).run()
+    GnnTrainer(gnn_job(data=str(small), hidden=8, fanouts=(2,), epochs=0, eval_nodes=0,
+                                 save_model=str(ckpt)), progress=False).run()
     with pytest.raises(ValueError, match="holds a homogeneous model; .* is a heterogeneous dataset"):
         GnnInference(GnnInference.Config(data=str(hetero), checkpoint=str(ckpt), out=str(tmp_path / "p.npy"),
                                          progress=False)).run()
@@ -140,8 +140,8 @@ def test_a_checkpoint_of_the_other_graph_kind_is_refused(small, hetero, tmp_path
 @pytest.mark.parametrize("kind", ["gcn", "sage"])
 def test_infer_with_topology_on_ssd_equals_topology_in_memory(small, tmp_path, kind):
     ckpt = tmp_path / "model.pt"
-    GnnTrainer(GnnTrainer.Config(data=str(small), model=kind, hidden=8, fanouts=(3, 3), batch_size=64, epochs=1,
-                                 host_cache="16KiB", eval_nodes=0, save_model=str(ckpt), progress=False)).run()
+    GnnTrainer(gnn_job(data=str(small), model=kind, hidden=8, fanouts=(3, 3), batch_size=64, epochs=1,
+                                 host_cache="16KiB", eval_nodes=0, save_model=str(ckpt)), progress=False).run()
     outs = {}
     for topology in ("memory", "ssd"):
         GnnInference(GnnInference.Config(data=str(small), checkpoint=str(ckpt), embeddings=str(tmp_path / f"{topology}.npy"),

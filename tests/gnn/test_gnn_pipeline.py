@@ -12,7 +12,7 @@ from terastack import trace
 from terastack.gnn.storage.baselines import InMemoryFeatures
 from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import open_dataset
-from terastack.gnn.storage.hotness import presample
+from terastack.gnn.sampling.hotness import presample
 from terastack.gnn.sampling.pipeline import Pipeline, PipelineError
 from terastack.gnn.sampling.sampler import NeighborSampler
 
@@ -31,7 +31,7 @@ def _pipeline_threads():
 
 def test_overlapped_batches_equal_synchronous_and_in_memory(setup):
     ds, sampler, features = setup
-    hot = presample(sampler, ds.splits["train"], 64)
+    hot = presample(sampler, ds.splits["train"], 64)["node"]
     train = ds.splits["train"]
     with UnifiedCache(ds, hot.order(), device_budget=50 * ds.row_bytes,
                       host_budget=ds.num_nodes * 4 + 200 * ds.row_bytes) as cache:
@@ -49,7 +49,7 @@ def test_overlapped_batches_equal_synchronous_and_in_memory(setup):
         # bounded: depth + 3 feature slots (one's reads in flight while the last is cut), none larger than ~1.1x
         # the largest batch
         assert len(over._slots) == 4
-        assert max(s.shape[0] for s in over._slots) <= int(over.last_stats.max_rows * 1.1) + 1
+        assert max(s["node"].shape[0] for s in over._slots) <= int(over.last_stats.max_rows * 1.1) + 1
     assert not _pipeline_threads()
 
 
@@ -220,7 +220,7 @@ def _logged(setup, *, ahead: bool = False, **kwargs):
     """A :class:`LoggedCache` over the tiny dataset; ``ahead``: with a :class:`SampledLog` (``cache.sampled``, the
     sampler to give the pipeline) so each batch of 32 is sampled before the gather thread looks for it."""
     ds, sampler, _ = setup
-    hot = presample(sampler, ds.splits["train"], 64)
+    hot = presample(sampler, ds.splits["train"], 64)["node"]
     if ahead:
         kwargs.update(sampled=SampledLog(sampler), batches=-(-len(ds.splits["train"]) // 32))
     return LoggedCache(ds, hot.order(), device_budget=0, host_budget=ds.num_nodes * 4 + 100 * ds.row_bytes,
@@ -279,7 +279,7 @@ def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup):
 
 def test_two_gathers_begun_by_hand_finish_in_order_into_their_own_rows(setup):
     ds, sampler, features = setup
-    hot = presample(sampler, ds.splits["train"], 64)
+    hot = presample(sampler, ds.splits["train"], 64)["node"]
     rng = np.random.default_rng(3)
     with UnifiedCache(ds, hot.order(), device_budget=0, host_budget=ds.num_nodes * 4 + 50 * ds.row_bytes) as cache:
         a, b = (np.sort(rng.choice(ds.num_nodes, 300, replace=False)) for _ in range(2))

@@ -8,15 +8,15 @@ import json
 import pytest
 
 from terastack.cli import main
-from terastack.gnn.training.train import GnnTrainer
+from terastack.gnn.settings import gnn_job
 from terastack.gnn.training.multi_process import run_training
 
 
 def test_two_ranks_heterogeneous(hetero):
     common = dict(data=str(hetero), model="rgcn", fanouts="4,3", batch_size=100, epochs=2, hidden=16, eval_nodes=-1,
-                  host_cache="128KiB", topology="ssd", progress=False)
-    one = run_training(GnnTrainer.Config(**common))
-    two = run_training(GnnTrainer.Config(**common, check_sync=True), nproc=2)
+                  host_cache="128KiB", topology="ssd")
+    one = run_training(gnn_job(**common), progress=False)
+    two = run_training(gnn_job(**common, check_sync=True, nproc=2), progress=False)
     assert two["ranks"]["world_size"] == 2
     # every step of both epochs was checked, and no parameter differed between the ranks
     assert two["ranks"]["steps_checked"] == 2 * (600 // 100) and two["ranks"]["max_param_diff"] == 0.0
@@ -54,4 +54,4 @@ def test_a_failing_rank_ends_the_job_naming_it(hetero, tmp_path, capsys):
 
 def test_nproc_is_checked(hetero):
     with pytest.raises(ValueError, match="nproc"):
-        run_training(GnnTrainer.Config(data=str(hetero), progress=False), nproc=0)
+        gnn_job(data=str(hetero), nproc=0)

@@ -80,7 +80,7 @@ def test_fanouts_must_be_positive(bad):
     with pytest.raises(ValueError, match="fanouts"):
         parse_fanouts(bad)
     with pytest.raises(ValueError, match="fanouts"):
-        NeighborSampler.Config(fanouts=bad)
+        NeighborSampler(np.zeros(2, np.int64), np.zeros(0, np.int64), fanouts=bad)
 
 
 def test_bad_seeds(ds):

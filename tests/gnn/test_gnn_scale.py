@@ -40,7 +40,7 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
     assert 0 < r["peak_rss_bytes"] and r["generation"]["peak_rss_bytes"] > 0
     assert r["ssd_bytes_read"] >= r["feature_ssd_bytes"] + r["topology_ssd_bytes"] > 0
     assert 0 <= r["feature_hit_rate"] < 1 and 0 < r["topology_hit_rate"] < 1
-    assert r["split"]["topology_bytes"] > 0 and r["topology"]["topology"] == "ssd"
+    assert sum(r["split"]["list_bytes"].values()) > 0 and r["topology"]["topology"] == "ssd"
     # the TPC model's topology term: the hold-out read list blocks, and the prediction carries them
     assert r["tpc"]["predicted_topology_blocks_per_batch"] > 0 and r["tpc_prediction_error"] >= 0
     # the model's SSD rate and step: measured while the other ran (the disk alone is reported beside)
@@ -60,7 +60,7 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
     assert all(0 <= k["rate_limit"] < full["ssd_rand4k_iops"] for k in loaded["at_epoch_rate"])
     assert loaded["compute_seconds_per_node"] == (loaded["at_epoch_rate"] or [full])[-1]["compute_seconds_per_node"]
     assert loaded["compute_seconds_per_batch"] == pytest.approx(
-        loaded["compute_seconds_per_node"] * r["tpc"]["holdout"]["rows_per_batch"][""])
+        loaded["compute_seconds_per_node"] * r["tpc"]["holdout"]["rows_per_batch"]["node"])
     assert r["tpc"]["stages_seconds_per_batch"]["compute"] == pytest.approx(loaded["compute_seconds_per_batch"])
     assert r["tpc_prediction_error"] == pytest.approx(
         abs(r["tpc_predicted_epoch_seconds"] - r["epoch_seconds"]) / r["epoch_seconds"])
@@ -101,5 +101,5 @@ def test_bench_with_topology_on_ssd_keeps_loss_curves_identical(tmp_path, capsys
     assert code == 0, err
     r = json.loads(out)
     assert r["loss_curves_identical"] is True
-    assert r["topology"]["topology"] == "ssd" and r["topology"]["split"]["topology_bytes"] > 0
+    assert r["topology"]["topology"] == "ssd" and sum(r["topology"]["split"]["list_bytes"].values()) > 0
     assert 0 < r["hit_rates"]["topology"] < 1

@@ -10,11 +10,11 @@ import pytest
 from terastack.constants import BLOCK
 from terastack.gnn.storage.cache import UnifiedCache
 from terastack.gnn.storage.dataset import DatasetError, open_dataset
-from terastack.gnn.storage.hotness import presample
 from terastack.gnn.sampling.pipeline import Pipeline
 from terastack.gnn.sampling.sampler import NeighborSampler, epoch_batches
 from terastack.gnn.storage.topology import DiskArray
-from terastack.gnn.storage.budget_split import list_read_bytes, split_budget
+from terastack.gnn.storage.budget_split import FeaturePart, ListPart, list_read_bytes, split_budget_parts
+from terastack.gnn.settings import gnn_job
 from terastack.gnn.training.train import GnnTrainer
 from terastack.io import IOEngine
 from terastack.io.backend import backend_unavailable_reason
@@ -76,7 +76,7 @@ def test_engine_submissions_per_batch(tiny, indptr, per_hop):
         for k, seeds in enumerate(epoch_batches(ids, 50, seed=2, epoch=0)[:5]):
             before = engine.stats.snapshot()["batches"]
             sampler.sample(seeds, sampler.batch_rng(0, k))
-            assert engine.stats.snapshot()["batches"] - before == per_hop * len(sampler.fanouts)
+            assert engine.stats.snapshot()["batches"] - before == per_hop * sampler.hops
         with UnifiedCache(ds, np.arange(ds.num_nodes), host_budget=0, engine=engine) as cache:
             pipe = Pipeline(sampler, cache, ds.labels, overlap=True)
             before = engine.stats.snapshot()["batches"]
@@ -86,9 +86,9 @@ def test_engine_submissions_per_batch(tiny, indptr, per_hop):
 
 
 def _train(root, topology, host_cache, **kw):
-    cfg = GnnTrainer.Config(data=str(root), fanouts=(5, 3), batch_size=64, epochs=2, hidden=16, host_cache=host_cache,
-                            topology=topology, eval_nodes=200, progress=False, seed=5, device="cpu", **kw)
-    return GnnTrainer(cfg).run()
+    cfg = gnn_job(data=str(root), fanouts=(5, 3), batch_size=64, epochs=2, hidden=16, host_cache=host_cache,
+                  topology=topology, eval_nodes=200, seed=5, device="cpu", **kw)
+    return GnnTrainer(cfg, progress=False).run()
 
 
 def test_training_with_topology_on_ssd_gives_the_same_loss_curve(tiny):
@@ -109,7 +109,7 @@ def test_one_budget_is_split_between_lists_and_rows_on_a_power_law_graph(tiny):
     budget = ds.num_nodes * 4 + 60_000
     r = _train(tiny, "ssd", budget)
     split = r["topology"]["split"]
-    assert split["topology_bytes"] > 0 and split["feature_bytes"] > 0
+    assert sum(split["list_bytes"].values()) > 0 and sum(split["feature_bytes"].values()) > 0
     assert r["topology"]["memory_bytes"] + r["cache"]["host_bytes"] + r["cache"]["table_bytes"] <= budget
     e = r["epochs"][0]
     assert 0 < e["topology_hit_rate"] < 1
@@ -117,16 +117,11 @@ def test_one_budget_is_split_between_lists_and_rows_on_a_power_law_graph(tiny):
     # the measured list hit rate is the share of expansions of the cached lists in this epoch's batches
     sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=(5, 3), seed=5)
     cached = np.zeros(ds.num_nodes, bool)
-    assert r["topology"]["cached_lists"] == split["topology_lists"]
-    hot = presample(sampler, ds.splits["train"], 64, epochs=2, seed=5)
-    from terastack.gnn.storage.budget_split import share_budget
+    assert r["topology"]["cached_lists"] == sum(split["lists"].values())
+    from terastack.gnn.graph_placement import Placement
 
-    ssd = open_dataset(tiny, topology="ssd", topology_budget=budget)
-    try:
-        share_budget(ssd, hot, budget, (5, 3))
-        cached[ssd.topology.hot.ids] = True
-    finally:
-        ssd.close()
+    with Placement(tiny, fanouts=(5, 3), seed=5, batch_size=64, topology="ssd", host_cache=budget, device="cpu") as p:
+        cached[p.dataset.topology.hot.ids] = True  # the lists the trainer's placement call cached
     lookups = hits = 0
     for k, seeds in enumerate(epoch_batches(ds.splits["train"], 64, seed=5, epoch=0)):
         b = sampler.sample(seeds, sampler.batch_rng(0, k))
@@ -144,9 +139,8 @@ def test_split_budget_follows_saved_bytes_per_byte():
     expansions = (counts * rng.random(n)).astype(np.int64)
     deg = rng.zipf(1.5, n).clip(0, 5000) - 1  # some lists empty
     budget = 40_000
-    split = split_budget(budget, feature_counts=counts, expansions=expansions, degrees_of=lambda v: deg[v],
-                         row_bytes=row_bytes, feature_read_bytes=BLOCK, index_itemsize=4, max_fanout=fanout,
-                         indptr_on_ssd=True)
+    split = split_budget_parts(budget, lists={"": ListPart(expansions, lambda v: deg[v], 4, fanout, True)},
+                               features={"": FeaturePart(counts, row_bytes, BLOCK)})
     items = []
     for v in range(n):
         if counts[v] > 0:
@@ -162,10 +156,10 @@ def test_split_budget_follows_saved_bytes_per_byte():
         used += cost
         if kind == "t":
             lists.append(v)
-    assert sorted(lists) == split.topology_nodes.tolist() and len(lists) > 0
-    assert (deg[split.topology_nodes] == 0).any()  # cheap and worth one indptr read each
-    assert split.topology_bytes == sum(deg[v] * 4 + 24 for v in lists)
-    assert split.feature_bytes == budget - split.topology_bytes
+    assert sorted(lists) == split.lists[""].tolist() and len(lists) > 0
+    assert (deg[split.lists[""]] == 0).any()  # cheap and worth one indptr read each
+    assert split.list_bytes[""] == sum(deg[v] * 4 + 24 for v in lists)
+    assert split.feature_bytes[""] <= budget - split.list_bytes[""]
     assert list_read_bytes(np.array([0]), 4, fanout)[0] == 0
 
 

@@ -8,7 +8,7 @@ import pytest
 from terastack.constants import BLOCK
 from terastack.gnn.advise import probe_feature_file, probe_while_training, training_steps
 from terastack.gnn.storage.dataset import open_dataset
-from terastack.gnn.storage.hotness import presample
+from terastack.gnn.sampling.hotness import presample
 from terastack.gnn.sampling.sampler import NeighborSampler
 from terastack.io.file import File
 
@@ -63,7 +63,7 @@ def test_bad_window_counts_are_refused(feature_file):
 def tiny_hot(tiny):
     ds = open_dataset(tiny)
     sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=(5, 5), seed=0)
-    yield ds, presample(sampler, ds.splits["train"], 64, epochs=1, seed=0)
+    yield ds, presample(sampler, ds.splits["train"], 64, epochs=1, seed=0)["node"]
     ds.close()
 
 
@@ -87,7 +87,7 @@ def test_reads_run_while_the_steps_run(tiny_hot, monkeypatch):
 
     monkeypatch.setattr(File, "pread_many", pread_many)
     monkeypatch.setattr(advise, "train_step", train_step)
-    out = probe_while_training(ds, training_steps("sage", hot, ds, hidden=8, layers=2), seconds=0.3,
+    out = probe_while_training(ds, training_steps("sage", hot.examples, ds, hidden=8, layers=2), seconds=0.3,
                                window_seconds=0.05, min_steps=4, batch_blocks=8)
     timed = steps[1:]  # the first is the warm-up, before the reads start
     assert out["steps"] == len(timed) >= 4 and out["seconds"] >= 0.3
@@ -110,14 +110,14 @@ def test_a_failed_read_stops_the_training_and_is_raised(tiny_hot, monkeypatch):
     monkeypatch.setattr(File, "pread_many", pread_many)
     started = time.perf_counter()
     with pytest.raises(OSError, match="Input/output error"):
-        probe_while_training(ds, training_steps("sage", hot, ds, hidden=8, layers=2), seconds=30.0, min_steps=1000)
+        probe_while_training(ds, training_steps("sage", hot.examples, ds, hidden=8, layers=2), seconds=30.0, min_steps=1000)
     assert time.perf_counter() - started < 10  # the steps stopped at the failure, not after 30 s
 
 
 def test_loaded_probe_refuses_bad_durations(tiny_hot):
     ds, hot = tiny_hot
     with pytest.raises(ValueError, match="min_steps"):
-        probe_while_training(ds, training_steps("sage", hot, ds, hidden=8, layers=2), min_steps=0)
+        probe_while_training(ds, training_steps("sage", hot.examples, ds, hidden=8, layers=2), min_steps=0)
 
 
 # ----------------------------------------------------------------- the step beside the epoch's own read rate

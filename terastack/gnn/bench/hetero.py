@@ -39,8 +39,6 @@ contender's epoch is at least the step's, which caps ``speedup_vs_mmap`` at (mma
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 import shutil
 import sys
 import time
@@ -51,21 +49,14 @@ import numpy as np
 import torch
 
 from terastack.constants import BLOCK
-from terastack.gnn.advise import (feature_file_hardware, hetero_training_steps, measure_gather_costs, measure_under_epoch_load, miss_blocks,
+from terastack.gnn.advise import (training_steps, measure_gather_costs, miss_blocks, predict_under_load,
                                   probe_feature_file, profile_sampling, rank_positions, sample_seed_sets)
-from terastack.gnn.bench.workers import Contender, drop_mapped_pages, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, window_seconds
-from terastack.gnn.storage.baselines import InMemoryFeatures, MmapFeatures
-from terastack.gnn.storage.dataset import DatasetError
+from terastack.gnn.bench.workers import Contender, GraphContender, bench_dir, generate_or_replace, measure_window, mmap_name, parse_mmap_threads, window_seconds
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.features import TypedFeatures
 from terastack.gnn.storage.gen import HeteroGraphGenerator
-from terastack.gnn.storage.hetero_dataset import open_hetero_dataset
-from terastack.gnn.training.models import HeteroGNN, eval_step, train_step
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
-from terastack.gnn.storage.hotness import hetero_presample
-from terastack.gnn.storage.hetero_cache import ConstantFeatures, HeteroFeatures, build_features
-from terastack.gnn.sampling.pipeline import HeteroPipeline
-from terastack.gnn.storage.budget_split import hetero_share_budget
-from terastack.gnn.training.train import evaluate, training_threads
-from terastack.plan.tpc import GnnWorkload, blocks_per_miss, predict_epoch
+from terastack.gnn.training.train import training_threads
+from terastack.plan.tpc import GnnWorkload, blocks_per_miss
 from terastack.units import format_bytes, parse_bytes
 
 HETERO_DEFAULTS = {"papers": 250_000, "train_nodes": 65536, "batch_size": 1024, "fanouts": "10,5",
@@ -73,79 +64,50 @@ HETERO_DEFAULTS = {"papers": 250_000, "train_nodes": 65536, "batch_size": 1024, 
 CONTENDERS = ("terastack", "in_memory_pipelined", "mmap")
 
 
-class HeteroContender:
-    """One contender of [Note: the heterogeneous benchmark], built in its child process."""
+class HeteroContender(GraphContender):
+    """One contender of [Note: the heterogeneous benchmark], built in its child process; terastack's also measures
+    what the TPC model takes and predicts its epoch."""
 
-    def __init__(self, *, kind: str, root: str, model: str, fanouts: str, hidden: int, lr: float, seed: int,
-                 batch_size: int, budget: int, threads: int, presample_nodes: int = 0, holdout_nodes: int = 0,
-                 indptr: str = "auto", mmap_threads: int = 1, load_probe_seconds: float = 8.0,
-                 disk_probe_seconds: float = 1.5):
-        if threads:
-            torch.set_num_threads(threads)
-        self.kind, self.batch_size, self.seed = kind, batch_size, seed
-        self._model_kind, self._hidden, self._load_probe_seconds = model, hidden, load_probe_seconds
-        self._disk_probe_seconds = disk_probe_seconds
-        topology = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}[kind]
-        ds = self.ds = open_hetero_dataset(root, topology=topology, indptr=indptr, topology_budget=budget)
-        self.sampler = HeteroNeighborSampler.for_dataset(ds, fanouts=fanouts, seed=seed)
-        self.train_ids, self.test_ids = ds.splits["train"], ds.splits["test"]
+    def __init__(self, *, kind: str, presample_nodes: int = 0, holdout_nodes: int = 0, load_probe_seconds: float = 8.0,
+                 disk_probe_seconds: float = 1.5, **common):
+        self._model_kind, self._hidden, self._load_probe_seconds = common["model"], common["hidden"], load_probe_seconds
+        self._disk_probe_seconds, self._sample_sizes = disk_probe_seconds, (presample_nodes, holdout_nodes)
         self.info: dict = {}
-        if kind == "terastack":
-            features = self._out_of_core(budget, presample_nodes, holdout_nodes)
-        elif kind == "in_memory_pipelined":
-            features = HeteroFeatures({t: InMemoryFeatures(ds.read_features(t)) if ds.feat_dim[t]
-                                       else ConstantFeatures() for t in ds.node_types})
-        else:
-            for topo in ds.topologies.values():  # the dataset's checks streamed them: start cold
-                drop_mapped_pages(topo.indptr)
-                drop_mapped_pages(topo.indices)
-            files = {t: f for t in ds.node_types if (f := ds.node_features(t)) is not None}
-            total = sum(f.num_nodes * f.row_bytes for f in files.values())
-            features = HeteroFeatures({t: MmapFeatures(f.features_path, num_rows=f.num_nodes, row_len=f.feat_dim,
-                                                       dtype=f.feat_dtype, budget=budget * f.num_nodes * f.row_bytes
-                                                       // total, threads=mmap_threads)
-                                       if t in files else ConstantFeatures()
-                                       for t, f in ((t, files.get(t)) for t in ds.node_types)})
-        self.features = features
-        self.pipeline = HeteroPipeline(self.sampler, features, ds.labels[ds.target], device="cpu")
-        torch.manual_seed(seed)  # the same initial weights in every contender
-        self.model = HeteroGNN(model, ds.node_types, ds.edge_types, {t: ds.feat_dim[t] or 1 for t in ds.node_types},
-                               hidden, ds.num_classes, self.sampler.hops, ds.target)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
-
-    def _out_of_core(self, budget: int, presample_nodes: int, holdout_nodes: int) -> HeteroFeatures:
-        """Pre-sample a sample of the seeds, split the budget (filling the hot lists), measure the hold-out with
-        the lists in place, build the caches, and predict the epoch (kept for :meth:`predict`)."""
-        ds, sampler = self.ds, self.sampler
         started = time.perf_counter()
-        placed_from, holdout = sample_seed_sets(self.train_ids, presample_nodes, holdout_nodes, seed=self.seed)
-        # one pass: the hold-out below, not a pre-sampled epoch, scores the placement
-        hot = hetero_presample(sampler, placed_from, self.batch_size, epochs=1, seed=self.seed, keep_examples=4)
-        budgets, split = hetero_share_budget(ds, hot, sampler, host_budget=budget, device_budget=0)
-        rankings = {t: h.order() for t, h in hot.items()}
-        features = build_features(ds, rankings, budgets, device="cpu")
-        prof = profile_sampling(sampler, holdout, self.batch_size, seed=self.seed)
+        super().__init__(kind=kind, **common)
+        if kind == "terastack":
+            self._out_of_core(started)
+
+    def presample_seeds(self):
+        # one pass over a sample of the seeds: the hold-out, not a pre-sampled epoch, scores the placement
+        self.placed_from, self.holdout = sample_seed_sets(self.train_ids, *self._sample_sizes, seed=self.seed)
+        return self.placed_from
+
+    def _out_of_core(self, started: float) -> None:
+        """Measure the hold-out with the lists in place and the caches placed, and predict the epoch (kept for
+        :meth:`describe`)."""
+        ds, sampler, hot, features = self.ds, self.sampler, self.placed.hotness, self.features
+        prof = profile_sampling(sampler, self.holdout, self.batch_size, seed=self.seed)
         prof.pop("ids")
         per_batch = prof.pop("ids_per_batch")
         featured = {t: f for t in ds.node_types if (f := ds.node_features(t)) is not None}
         rows = missed = blocks = 0
         for t, f in featured.items():
             cache = features.sources[t]
-            r, m, b = miss_blocks(rank_positions(rankings[t], ds.num_nodes[t]), per_batch.get(t, []),
+            r, m, b = miss_blocks(rank_positions(hot[t].order(), ds.node_counts[t]), per_batch.get(t, []),
                                   cache.device_rows + cache.host_rows, f.row_bytes)
             rows, missed, blocks = rows + r, missed + m, blocks + b
         hits = rows - missed
         prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
-        self.info = {"split": split, "budgets": {t: list(b) for t, b in budgets.items()}, "holdout": prof,
-                     "placed_from_seeds": len(placed_from), "holdout_seeds": len(holdout),
+        self.info = {"split": self.placed.split.info, "budgets": {t: list(b) for t, b in self.placed.split.budgets.items()},
+                     "holdout": prof, "placed_from_seeds": len(self.placed_from), "holdout_seeds": len(self.holdout),
                      "presample": {"batches": hot[ds.target].batches,
                                    "nodes_per_batch": {t: h.nodes_per_batch for t, h in hot.items()}},
                      "holdout_feature_hit_rate": hits / max(rows, 1)}
         self._predict(featured, features, hot[ds.target].examples, prof, hits / max(rows, 1))
         self.info["setup_seconds"] = time.perf_counter() - started
-        return features
 
-    def _predict(self, featured: dict, features: HeteroFeatures, examples: list, prof: dict, hit: float) -> None:
+    def _predict(self, featured: dict, features: TypedFeatures, examples: list, prof: dict, hit: float) -> None:
         """The TPC prediction of one epoch; see [Note: the heterogeneous benchmark]."""
         ds = self.ds
         row_bytes = {f.row_bytes for f in featured.values()}
@@ -174,66 +136,25 @@ class HeteroContender:
                          miss_cpu_seconds_per_row=per_miss, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
                          table_bytes_per_node=4, topology_blocks_per_batch=prof["topology_blocks_per_batch"])
         host = cached * row_bytes + nodes * 4
-        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
-
-        def predict(iops: float, seconds_per_node: float):
-            here = feature_file_hardware(ssd, iops=iops, where="a feature file, beside the steps", extent_blocks=extent)
-            return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * trained_per_batch), here,
-                                 device_cache=0, host_cache=host, train_threads=wl.compute_threads)
-
-        # the SSD's rate and the step under the epoch's own load (terastack.gnn.advise [Note: the step measured
-        # beside the epoch's own read rate]); the disk alone is reported beside
-        steps = hetero_training_steps(self._model_kind, examples, ds, hidden=self._hidden, seed=self.seed)
-        loaded = measure_under_epoch_load(lead_file, steps, predict, seconds=self._load_probe_seconds, seed=self.seed,
-                                          extent_blocks=extent)
-        pred = loaded.pop("prediction")
-        compute = loaded["compute_seconds_per_node"] * trained_per_batch
-        loaded["compute_seconds_per_batch"] = compute
+        # the SSD's rate and the step under the epoch's own load; the disk alone is reported beside
+        steps = training_steps(self._model_kind, examples, ds, hidden=self._hidden, layers=self.sampler.hops,
+                               seed=self.seed)
+        pred, loaded = predict_under_load(wl, ssd, lead_file, steps, rows=trained_per_batch, host_cache=host,
+                                          seconds=self._load_probe_seconds, seed=self.seed,
+                                          where="a feature file, beside the steps")
+        compute = loaded["compute_seconds_per_batch"]
         self.info["tpc"] = {**pred.to_dict(), "ssd": ssd, "ssd_while_training": loaded,
                             "compute_seconds_per_batch": compute,
                             "topology_blocks_per_batch": wl.topology_blocks_per_batch,
                             "topology_read_seconds_per_batch": wl.topology_blocks_per_batch * BLOCK
                             / min(ssd["ssd_read_bytes_per_s"], ssd["ssd_rand4k_iops"] * BLOCK)}
 
-    # ------------------------------------------------------------------ requests from the parent
-    def describe(self) -> dict:
-        return {"info": self.info, "cache": self.features.describe(), "topology": self.sampler.topology.describe()}
-
-    def run(self, *, epoch: int, limit: int = 0, train: bool = True) -> dict:
-        """One epoch (its first ``limit`` batches); ``train=False`` leaves the step out (the loader alone)."""
-        return run_epoch(self.pipeline, self.model, self.opt, self.train_ids, batch_size=self.batch_size,
-                         epoch=epoch, step=train_step if train else skip_step, limit=limit)
-
-    def accuracy(self) -> dict:
-        if not len(self.test_ids):
-            return {"test_acc": None}
-        return {"test_acc": evaluate(self.pipeline, self.model, self.test_ids, batch_size=self.batch_size,
-                                     step=eval_step)}
-
-    def close(self) -> None:
-        self.features.close()
-        self.ds.close()
-
-
-def _dataset_dir(args) -> Path:
-    if args.dir:
-        return Path(args.dir)
-    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
-    return Path(base) / "bench-gnn-hetero"
-
 
 def _generate(args, root: Path, papers: int, train_nodes: int) -> dict:
-    config = dict(out=str(root), papers=papers, feat_dim=args.feat_dim, classes=args.classes, dtype=args.dtype,
-                  seed=args.seed, train_nodes=train_nodes, test_nodes=args.test_nodes,
-                  memory_budget=args.gen_memory or HETERO_DEFAULTS["gen_memory"], progress=not args.quiet)
-    try:
-        return HeteroGraphGenerator(HeteroGraphGenerator.Config(force=bool(args.fresh), **config)).run()
-    except DatasetError as exc:
-        if "other parameters" not in str(exc):
-            raise
-        # the benchmark's own dataset directory, made for other sizes: replace it
-        return HeteroGraphGenerator(HeteroGraphGenerator.Config(force=True, **config)).run()
+    return generate_or_replace(HeteroGraphGenerator, dict(
+        out=str(root), papers=papers, feat_dim=args.feat_dim, classes=args.classes, dtype=args.dtype, seed=args.seed,
+        train_nodes=train_nodes, test_nodes=args.test_nodes, memory_budget=args.gen_memory or HETERO_DEFAULTS["gen_memory"],
+        progress=not args.quiet), fresh=bool(args.fresh))
 
 
 def measure_hetero(args) -> dict:
@@ -244,20 +165,18 @@ def measure_hetero(args) -> dict:
     rss_limit = parse_bytes(args.rss_limit, field="rss_limit")
     if args.epochs < 1:
         raise ValueError(f"epochs: must be >= 1, got {args.epochs}")
-    if args.threads < -1:
-        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
-    threads = training_threads() if args.threads == -1 else args.threads
+    threads = training_threads(args.threads)
     mmap_threads = parse_mmap_threads(args.mmap_threads)
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    root = _dataset_dir(args)
+    root = bench_dir(args, "bench-gnn-hetero")
     started = time.perf_counter()
     contenders: dict[str, Contender] = {}
     try:
         gen = _generate(args, root, papers, train_nodes)
         gen_seconds = time.perf_counter() - started
-        ds = open_hetero_dataset(root, verify="size")
+        ds = open_dataset(root, verify="size")
         feature_bytes = {t: f.num_nodes * f.row_bytes for t in ds.node_types if (f := ds.node_features(t))}
-        nodes, edges = dict(ds.num_nodes), {"___".join(et): n for et, n in ds.num_edges.items()}
+        nodes, edges = dict(ds.node_counts), {"___".join(et): n for et, n in ds.edge_counts.items()}
         ds.close()
         budget = parse_bytes(args.budget, field="budget") if args.budget else feature_bytes["paper"] // 4
         if budget * 4 > feature_bytes["paper"]:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shutil
 import time
 from pathlib import Path
@@ -55,17 +54,15 @@ import numpy as np
 import torch
 
 from terastack.gnn.advise import calibrate_compute, feature_file_hardware, probe_feature_file, workload
-from terastack.gnn.storage.baselines import MmapFeatures
-from terastack.gnn.storage.cache import UnifiedCache
-from terastack.gnn.storage.dataset import DatasetError, open_dataset
-from terastack.gnn.storage.gen import GraphGenerator
-from terastack.gnn.storage.hotness import presample
-from terastack.gnn.training.models import train_step
+from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch
+from terastack.gnn.bench.workers import bench_dir, generate_or_replace
+from terastack.gnn.graph_placement import Placement
+from terastack.gnn.sampling.fanouts import accept_negative_lists, parse_fanouts
+from terastack.gnn.sampling.hotness import presample
 from terastack.gnn.sampling.pipeline import Pipeline
-from terastack.gnn.sampling.fanouts import accept_negative_lists, fanouts_argument, parse_fanouts
-from terastack.gnn.bench.plain_loop import bench_model, on_model, plain_epoch, plain_eval
-from terastack.gnn.sampling.sampler import NeighborSampler
-from terastack.gnn.storage.budget_split import share_budget
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.gen import GraphGenerator
+from terastack.gnn.training.models import train_step
 from terastack.gnn.training.train import evaluate, train_epoch, training_threads
 from terastack.memory import peak_rss
 from terastack.plan.hardware import Hardware
@@ -104,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
     p.add_argument("--hidden", type=int, default=128)
     accept_negative_lists(p)
-    p.add_argument("--fanouts", default=None, type=fanouts_argument, help="neighbours sampled per hop (default "
+    p.add_argument("--fanouts", default=None, help="neighbours sampled per hop (default "
                    "15,10; with --hetero: 10,5 for every relation, or per relation as `terastack gnn train` takes them)")
     p.add_argument("--batch-size", type=int, default=None, help="default 1024 (with --scale: 512)")
     p.add_argument("--epochs", type=int, default=2, help="epochs of the in-memory and terastack runs")
@@ -164,14 +161,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def _dataset_dir(args) -> Path:
-    if args.dir:
-        return Path(args.dir)
-    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
-    return Path(base) / "bench-gnn"
-
-
 #: defaults of the flags whose default differs with --scale (terastack.gnn.bench.scale.SCALE_DEFAULTS)
 _DEFAULTS = {"nodes": 4_000_000, "avg_degree": 10.0, "train_nodes": 65536, "batch_size": 1024, "gen_memory": "1GiB"}
 
@@ -184,6 +173,8 @@ def measure(args: argparse.Namespace) -> dict:
         args.feat_dim = 1024 if args.hetero else 128
     if args.scale and args.hetero:
         raise ValueError("scale, hetero: choose one of --scale and --hetero")
+    if args.threads < -1:
+        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
     if args.scale:
         from terastack.gnn.bench.scale import measure_scale
 
@@ -194,7 +185,7 @@ def measure(args: argparse.Namespace) -> dict:
         return measure_hetero(args)
     _settle(args)
     fanouts = parse_fanouts(args.fanouts)
-    root = _dataset_dir(args)
+    root = bench_dir(args, "bench-gnn")
     if args.fresh and root.exists():
         shutil.rmtree(root)
     gen, gen_seconds = _generate(args, root)
@@ -205,10 +196,9 @@ def measure(args: argparse.Namespace) -> dict:
                          f"{format_bytes(ds.feature_bytes)} feature file; the benchmark is out-of-core only below that")
     if not 0 <= args.device_share <= 1:
         raise ValueError(f"device_share: must be in [0, 1], got {args.device_share}")
-    sampler = NeighborSampler(ds.indptr, ds.indices, fanouts=fanouts, seed=args.seed)
-    _warm_up(args, ds, sampler)
-    run = _contest(args, ds, root, sampler, fanouts, budget)
-    check = _tpc_check(args, ds, sampler, run["hot"], budget, fanouts, run["results"]["in_memory"])
+    _warm_up(args, ds)
+    run = _contest(args, ds, root, fanouts, budget)
+    check = _tpc_check(args, ds, run["hot"], budget, fanouts, run["results"]["in_memory"])
     return _summary(args, ds, run, check, fanouts, budget, dataset={
         "dir": str(root), "generation": gen["status"], "generation_seconds": gen_seconds})
 
@@ -220,10 +210,8 @@ def _settle(args: argparse.Namespace) -> None:
             setattr(args, name, default)
     if args.train_nodes < 1 or args.train_nodes + args.test_nodes > args.nodes:
         raise ValueError(f"train_nodes, test_nodes: must be >= 1 and fit in {args.nodes} nodes")
-    if args.threads < -1:
-        raise ValueError(f"threads: must be -1 (auto), 0 (torch default) or a count, got {args.threads}")
     if args.threads:
-        torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
+        torch.set_num_threads(training_threads(args.threads))
     if args.tpc_rounds < 1:
         raise ValueError(f"tpc_rounds: must be >= 1, got {args.tpc_rounds}")
     if not 1 <= args.baseline_epochs <= args.epochs:
@@ -233,67 +221,50 @@ def _settle(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace, root: Path) -> tuple[dict, float]:
     """The benchmark's dataset (kept between runs; regenerated when its parameters changed) and the seconds."""
     t0 = time.perf_counter()
-    gen_config = dict(out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
-                      classes=args.classes, dtype=args.dtype, seed=args.seed,
-                      train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
-                      test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory,
-                      progress=not args.quiet)
-    try:
-        gen = GraphGenerator(GraphGenerator.Config(**gen_config)).run()
-    except DatasetError as exc:
-        if "other parameters" not in str(exc):
-            raise
-        # the benchmark's own dataset directory, made for other sizes: replace it
-        gen = GraphGenerator(GraphGenerator.Config(force=True, **gen_config)).run()
+    gen = generate_or_replace(GraphGenerator, dict(
+        out=str(root), nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim, classes=args.classes,
+        dtype=args.dtype, seed=args.seed, train_fraction=args.train_nodes / args.nodes, val_fraction=0.0,
+        test_fraction=args.test_nodes / args.nodes, memory_budget=args.gen_memory, progress=not args.quiet))
     return gen, time.perf_counter() - t0
 
 
-def _warm_up(args: argparse.Namespace, ds, sampler: NeighborSampler) -> None:
+def _warm_up(args: argparse.Namespace, ds) -> None:
     """The first steps of a process pay one-off costs (allocator, lazy init); none of the timed runs should."""
-    warm = presample(sampler, ds.splits["train"][: args.batch_size * 2], args.batch_size, epochs=1,
-                     seed=args.seed + 1)
+    from terastack.gnn.sampling.sampler import NeighborSampler
+
+    warm = presample(NeighborSampler(dataset=ds, fanouts=args.fanouts, seed=args.seed),
+                     ds.splits["train"][: args.batch_size * 2], args.batch_size, epochs=1, seed=args.seed + 1)[ds.target]
     model, opt = bench_model(args, ds)
     for b in warm.examples[:2]:
         train_step(model, opt, on_model(model, b.to_data(torch.randn(b.num_nodes, ds.feat_dim),
                                                           torch.zeros(b.num_nodes, dtype=torch.long))))
 
 
-def _build_cache(args: argparse.Namespace, ds, hot, total: int) -> UnifiedCache:
-    dev = int(total * args.device_share)
-    return UnifiedCache(ds, hot.order(), device_budget=dev, host_budget=total - dev)
+def _placed(args: argparse.Namespace, ds, total: int, topology: str | None = None, **fields) -> Placement:
+    """The terastack contender's placement call: ``total`` bytes of cache, ``--device-share`` of them in the device
+    tier, the topology as ``--topology`` says (opened here when on the SSD: the same batches, lists read per hop)."""
+    dev, topology = int(total * args.device_share), topology or args.topology
+    return Placement(ds if topology == "memory" else ds.root, fanouts=args.fanouts, seed=args.seed,
+                     batch_size=args.batch_size, device_cache=dev, host_cache=total - dev, topology=topology,
+                     indptr=args.indptr, **fields)
 
 
-def _contest(args: argparse.Namespace, ds, root: Path, sampler: NeighborSampler, fanouts, budget: int) -> dict:
-    """Every contender's epochs and accuracy, each with its own model (same initial weights) and feature source.
+def _contest(args: argparse.Namespace, ds, root: Path, fanouts, budget: int) -> dict:
+    """Every contender's epochs and accuracy, each with its own model (same initial weights) and feature source,
+    each placed by the one placement call (the baselines with their own feature source).
 
     The in-memory (serial and pipelined), terastack and sync epochs run round-robin (epoch 0 of each, then
     epoch 1 of each) so that interference from other work on the machine falls on all of them alike."""
-    from terastack.gnn.storage.baselines import InMemoryFeatures
-
     train_ids, test_ids = ds.splits["train"], ds.splits["test"]
     common = dict(batch_size=args.batch_size, progress=not args.quiet)
-    t0 = time.perf_counter()
-    features = InMemoryFeatures(ds.read_features())
-    load_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    hot = presample(sampler, train_ids, args.batch_size, epochs=2, seed=args.seed, keep_examples=8)
-    presample_seconds = time.perf_counter() - t0
-    device_cache = int(budget * args.device_share)
-    ts_sampler, split, ds_ssd = sampler, {}, None
-    if args.topology == "ssd":  # same batches (same draws), lists read per hop, hot ones cached from the budget
-        ds_ssd = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget - device_cache)
-        ts_sampler = NeighborSampler(topology=ds_ssd.topology, fanouts=fanouts, seed=args.seed)
-        split, host_left = share_budget(ds_ssd, hot, budget - device_cache, fanouts)
-        cache = UnifiedCache(ds, hot.order(), device_budget=device_cache, host_budget=host_left)
-    else:
-        cache = _build_cache(args, ds, hot, budget)
-    mm = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim, dtype=ds.feat_dtype,
-                      budget=budget)
+    mem = Placement(ds, fanouts=args.fanouts, seed=args.seed, batch_size=args.batch_size, features="memory")
+    load_seconds = mem.setup_seconds["cache_fill"]
+    ts = _placed(args, ds, budget, keep_examples=8)
+    sampler, features = mem.sampler, mem.features.sources[ds.target]
     # The pipelined in-memory contender differs from terastack's only in its feature source.
-    pipes = {"in_memory_pipelined": Pipeline(sampler, features, ds.labels),
-             "terastack": Pipeline(ts_sampler, cache, ds.labels),
-             "sync": Pipeline(ts_sampler, cache, ds.labels, overlap=False)}
-    sources = {"in_memory": features, "mmap": mm}
+    pipes = {"in_memory_pipelined": mem.pipeline, "terastack": ts.pipeline,
+             "sync": Pipeline(ts.sampler, ts.features, ds.labels, overlap=False)}
+    sources = {"in_memory": features}
     labels_ = {"in_memory": "in-memory serial", "in_memory_pipelined": "in-memory pipelined",
                "terastack": "terastack", "sync": "sync gather", "mmap": "mmap"}
     planned = {"in_memory": args.epochs, "in_memory_pipelined": args.epochs, "terastack": args.epochs,
@@ -314,32 +285,34 @@ def _contest(args: argparse.Namespace, ds, root: Path, sampler: NeighborSampler,
         for name in ("in_memory", "in_memory_pipelined", "terastack", "sync"):
             if epoch < planned[name]:
                 run(name, epoch)
-    acc = {"in_memory": plain_eval(sampler, features, ds.labels, models["in_memory"][0], test_ids, args.batch_size),
-           "in_memory_pipelined": evaluate(pipes["in_memory_pipelined"], models["in_memory_pipelined"][0], test_ids,
-                                           batch_size=args.batch_size)}
+    acc = {name: evaluate(Pipeline(sampler, features, ds.labels, overlap=False) if name == "in_memory" else pipes[name],
+                          models[name][0], test_ids, batch_size=args.batch_size)
+           for name in ("in_memory", "in_memory_pipelined")}
     # The mmap runs come after the in-memory copy is freed: its page cache (up to the budget) is mapped
     # into this process, and both together would double-count memory the benchmark is meant to bound.
     del features, sources["in_memory"], pipes["in_memory_pipelined"]
+    mem.close()
+    mm = Placement(ds, fanouts=args.fanouts, seed=args.seed, batch_size=args.batch_size, features="mmap",
+                   host_cache=budget)
+    sources["mmap"] = mm.features.sources[ds.target]
     for epoch in range(planned["mmap"]):
         run("mmap", epoch)
     acc["terastack"] = evaluate(pipes["terastack"], models["terastack"][0], test_ids, batch_size=args.batch_size)
-    cache_info = cache.describe()
-    cache.close()
+    cache_info, topology_info = ts.describe()
+    cache = ts.features.sources[ds.target]
+    evicted = sources["mmap"].evicted_pages
+    ts.close()
     mm.close()
-    topology_info = {**ts_sampler.topology.describe(), "split": split}
-    if ds_ssd is not None:
-        ds_ssd.close()
     sources.clear()  # the models and sources go; run() above still names the dicts
     models.clear()
-    return {"results": results, "accuracy": acc, "hot": hot, "cache_info": cache_info, "topology": topology_info,
-            "cached_rows": cache.device_rows + cache.host_rows, "evicted_pages": mm.evicted_pages,
-            "slot_bytes": sum(pipes["terastack"].last_stats.slot_bytes), "device_cache": device_cache,
-            "setup_seconds": {"in_memory_load": load_seconds, "presample": presample_seconds,
-                              "cache_fill": cache_info["fill_seconds"]}}
+    return {"results": results, "accuracy": acc, "hot": ts.hot, "cache_info": cache_info, "topology": topology_info,
+            "cached_rows": cache.device_rows + cache.host_rows, "evicted_pages": evicted,
+            "slot_bytes": sum(pipes["terastack"].last_stats.slot_bytes), "device_cache": int(budget * args.device_share),
+            "setup_seconds": {"in_memory_load": load_seconds, "presample": ts.setup_seconds["presample"],
+                              "cache_fill": ts.setup_seconds["cache_fill"]}}
 
 
-def _tpc_check(args: argparse.Namespace, ds, sampler: NeighborSampler, hot, budget: int, fanouts,
-               mem_epochs: list[dict]) -> dict:
+def _tpc_check(args: argparse.Namespace, ds, hot, budget: int, fanouts, mem_epochs: list[dict]) -> dict:
     """The TPC model vs measured epochs at several cache sizes. [Note: checking the TPC model] explains the inputs."""
     train_ids = ds.splits["train"]
     common = dict(batch_size=args.batch_size, progress=not args.quiet)
@@ -348,20 +321,19 @@ def _tpc_check(args: argparse.Namespace, ds, sampler: NeighborSampler, hot, budg
     wl = workload(ds, hot, batch_size=args.batch_size, model=args.model, hidden=args.hidden, layers=len(fanouts),
                   calibrate=False, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"])
     fractions = [float(f) for f in args.tpc_fractions.split(",")]
-    caches = [_build_cache(args, ds, hot, int(budget * f)) for f in fractions]
+    caches = [_placed(args, ds, int(budget * f), "memory", hotness={ds.target: hot}) for f in fractions]
     measured: list[list[dict]] = [[] for _ in fractions]
     steps: list[float] = []
     small_sync: list[dict] = []  # the CAM comparison where the SSD has the most to do: the smallest cache
     for rnd in range(args.tpc_rounds):  # the cache sizes take turns, so noise falls on all of them alike
-        steps.append(calibrate_compute(args.model, hot, feat_dim=ds.feat_dim, hidden=args.hidden,
-                                       classes=ds.num_classes, layers=len(fanouts), steps=12)[0])
+        steps.append(calibrate_compute(args.model, hot, ds, hidden=args.hidden, layers=len(fanouts), steps=12)[0])
         for i, (frac, c) in enumerate(zip(fractions, caches)):
             model, opt = bench_model(args, ds)
-            measured[i].append(train_epoch(Pipeline(sampler, c, ds.labels), model, opt, train_ids, epoch=0,
+            measured[i].append(train_epoch(c.pipeline, model, opt, train_ids, epoch=0,
                                            label=f"terastack {frac:g}x budget (round {rnd})", **common))
             if i == 0:
                 model, opt = bench_model(args, ds)
-                small_sync.append(train_epoch(Pipeline(sampler, c, ds.labels, overlap=False), model, opt,
+                small_sync.append(train_epoch(Pipeline(c.sampler, c.features, ds.labels, overlap=False), model, opt,
                                               train_ids, epoch=0, label=f"sync gather {frac:g}x budget", **common))
     wl_run = dataclasses.replace(wl, compute_seconds=float(np.mean(steps)))
     mem_batches = sum(len(e["losses"]) for e in mem_epochs)

@@ -1,5 +1,5 @@
 """The reference training loop of ``terastack bench gnn`` (PyG's own: sample, fetch features, train, one batch at
-a time, no pipeline), its evaluation, and the one model every contender starts from."""
+a time, no pipeline) and the one model every contender starts from."""
 from __future__ import annotations
 
 import time
@@ -8,8 +8,7 @@ import torch
 
 from terastack.gnn.sampling.sampler import epoch_batches
 from terastack.gnn.storage.cache import resolve_device
-from terastack.gnn.training.models import GNN, eval_step, train_step
-from terastack.gnn.training.train import EVAL_EPOCH
+from terastack.gnn.training.models import GNN, train_step
 from terastack.gnn.sampling.fanouts import parse_fanouts
 
 
@@ -38,19 +37,6 @@ def plain_epoch(sampler, source, labels, model, optimizer, train_ids, *, batch_s
     bar.close()
     return {"epoch": epoch, "seconds": time.perf_counter() - started, "losses": losses,
             "sample_seconds": sampling, "gather_seconds": gathering}
-
-
-def plain_eval(sampler, gather, labels, model, ids, batch_size: int) -> float:
-    y_all = torch.from_numpy(labels).long()
-    correct = total = 0
-    for k, seeds in enumerate(epoch_batches(ids, batch_size, seed=sampler.config.seed, epoch=EVAL_EPOCH,
-                                            shuffle=False)):
-        batch = sampler.sample(seeds, sampler.batch_rng(EVAL_EPOCH, k))
-        n_id = torch.from_numpy(batch.n_id)
-        x = gather.gather(batch.n_id, torch.empty(len(n_id), gather.row_len, dtype=gather.torch_dtype))
-        c, t = eval_step(model, on_model(model, batch.to_data(x, y_all[n_id])))
-        correct, total = correct + c, total + t
-    return correct / max(total, 1)
 
 
 def bench_device() -> torch.device:

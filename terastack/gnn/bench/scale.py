@@ -41,7 +41,7 @@ features]), and one epoch over every training seed runs through the pipeline
 (``epoch_seconds``: the whole epoch, measured, not extrapolated). SSD bytes are
 the storage engine's own count over the epoch.
 
-The ``np.memmap`` contenders (features held to the same budget, see
+The ``np.memmap`` contenders (terastack.gnn.bench.workers.GraphContender: features held to the same budget, see
 terastack.gnn.storage.cache [Note: the mmap baseline's memory budget]; topology mapped,
 its page cache left to the kernel, which favours them) run the same pipeline
 in child processes after the terastack caches are freed
@@ -73,22 +73,18 @@ import numpy as np
 import torch
 
 from terastack.bench_watchdog import RssWatchdog
-from terastack.gnn.advise import (feature_file_hardware, measure_under_epoch_load, miss_blocks, out_of_sample_curve, probe_feature_file,
+from terastack.gnn.advise import (miss_blocks, predict_under_load, out_of_sample_curve, probe_feature_file,
                                   profile_sampling, rank_positions, sample_seed_sets, training_steps, workload)
-from terastack.gnn.bench.workers import Contender, drop_mapped_pages, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, skip_step, start_fork_server, timed_batches, window_seconds
-from terastack.gnn.storage.baselines import MmapFeatures
-from terastack.gnn.storage.cache import UnifiedCache
-from terastack.gnn.storage.dataset import MANIFEST, open_dataset
-from terastack.gnn.storage.hotness import presample
-from terastack.gnn.training.models import GNN, train_step
-from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
+from terastack.gnn.bench.workers import Contender, fork_server_ready, measure_window, mmap_name, parse_mmap_threads, run_epoch, skip_step, start_fork_server, window_seconds
+from terastack.gnn.storage.dataset import open_dataset
+from terastack.gnn.storage.manifest import MANIFEST
+from terastack.gnn.training.models import GNN
+from terastack.gnn.sampling.pipeline import resolve_samplers
 from terastack.gnn.sampling.fanouts import parse_fanouts
-from terastack.gnn.sampling.sampler import NeighborSampler
-from terastack.gnn.storage.budget_split import share_budget
+from terastack.gnn.graph_placement import Placement
 from terastack.gnn.training.train import train_epoch, training_threads
 from terastack.io import get_engine
 from terastack.memory import mem_total, peak_rss
-from terastack.plan.tpc import predict_epoch
 from terastack.units import format_bytes, parse_bytes
 
 #: defaults of a scale run: ~48M nodes x 15 x 128 fp32 = 24.6 GB of features + ~3.3 GB of topology; training
@@ -136,39 +132,6 @@ def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int,
     return result
 
 
-class MmapContender:
-    """The ``np.memmap`` contender: features and topology mapped, the same pipeline and model (built in a child
-    process by :class:`terastack.gnn.bench.workers.Contender`)."""
-
-    def __init__(self, *, root: str, fanouts: list, seed: int, budget: int, hidden: int, lr: float, threads: int,
-                 gather_threads: int = 1):
-        if threads:
-            torch.set_num_threads(threads)
-        self.ds = open_dataset(root, topology="mmap")
-        for array in (self.ds.indptr, self.ds.indices):  # the dataset's checks streamed them: start cold
-            drop_mapped_pages(array)
-        ds = self.ds
-        self.sampler = NeighborSampler(topology=ds.topology, fanouts=tuple(fanouts), seed=seed)
-        self.source = MmapFeatures(ds.features_path, num_rows=ds.num_nodes, row_len=ds.feat_dim,
-                                   dtype=ds.feat_dtype, budget=budget, threads=gather_threads)
-        torch.manual_seed(seed)  # the same initial weights as the terastack contender
-        self.model = GNN("sage", ds.feat_dim, hidden, ds.num_classes, len(fanouts))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.pipeline = Pipeline(self.sampler, self.source, ds.labels, device="cpu")
-
-    def run(self, *, train_ids: list, batch_size: int, epoch: int, limit: int, train: bool = True) -> dict:
-        """The first ``limit`` batches of ``epoch``; ``train=False`` leaves the step out (the loader alone)."""
-        r = timed_batches(self.pipeline, self.model, self.opt, np.asarray(train_ids, np.int64), batch_size=batch_size,
-                          epoch=epoch, step=train_step if train else skip_step, limit=limit)
-        return {**r, "evicted_pages": self.source.evicted_pages,
-                "gather_seconds": self.pipeline.last_stats.gather_seconds,
-                "stall_seconds": self.pipeline.last_stats.stall_seconds}
-
-    def close(self) -> None:
-        self.source.close()
-        self.ds.close()
-
-
 def measure_scale(args) -> dict:
     nodes = args.nodes or SCALE_DEFAULTS["nodes"]
     avg_degree = args.avg_degree or SCALE_DEFAULTS["avg_degree"]
@@ -206,7 +169,7 @@ def measure_scale(args) -> dict:
             f"{format_bytes(gen['peak_rss_bytes'])}")
         fork_server_ready()   # and is done before terastack's epoch is timed
         if args.threads:
-            torch.set_num_threads(training_threads() if args.threads == -1 else args.threads)
+            torch.set_num_threads(training_threads(args.threads))
         ours = _terastack_epoch(args, root, fanouts=fanouts, budget=budget, batch_size=batch_size,
                                 train_nodes=train_nodes, presample_nodes=presample_nodes,
                                 holdout_nodes=holdout_nodes, rss_limit=rss_limit)
@@ -297,109 +260,96 @@ def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak:
 
 def _terastack_epoch(args, root: Path, *, fanouts, budget: int, batch_size: int, train_nodes: int,
                      presample_nodes: int, holdout_nodes: int, rss_limit: int) -> dict:
-    """Pre-sample, place the caches, measure the model's inputs on the hold-out, predict, train one epoch."""
+    """Place the dataset (pre-sample, split the budget, measure the model's inputs on the hold-out with the lists
+    in place, predict, fill the rows), then train one epoch."""
     engine = get_engine()
     with RssWatchdog(RssWatchdog.Config(limit_bytes=rss_limit, interval_s=0.2, include_self=True, on_exceed="exit",
                                         label="terastack bench gnn --scale")) as watchdog:
         t0 = time.perf_counter()
         ds = open_dataset(root, topology="ssd", indptr=args.indptr, topology_budget=budget)
-        sampler = NeighborSampler(topology=ds.topology, fanouts=fanouts, seed=args.seed)
         train_ids = ds.splits["train"][:train_nodes]
         placed_from, holdout = sample_seed_sets(train_ids, presample_nodes, holdout_nodes, seed=args.seed)
-        # one pass: the hold-out below, not a pre-sampled epoch, scores the placement
-        hot = presample(sampler, placed_from, batch_size, epochs=1, seed=args.seed, keep_examples=4)
-        presample_seconds = time.perf_counter() - t0
-        # Order matters for the peak: the whole-graph temporaries (ranking, rank positions) are made before the
-        # feature cache is filled, and the pre-sampling counts are dropped before training.
         ssd = probe_feature_file(ds, seconds=args.disk_probe_seconds)
-        ranking = hot.order()
-        split, feature_budget = share_budget(ds, hot, budget, fanouts)  # fills the hot lists
-        prof = profile_sampling(sampler, holdout, batch_size, seed=args.seed)
-        positions = rank_positions(ranking, ds.num_nodes)
-        curve = out_of_sample_curve(positions, prof.pop("ids")[""])
-        per_batch = prof.pop("ids_per_batch")[""]
-        # the rows the feature cache will hold (the rule of UnifiedCache): blocks per missed row at that size
-        cached_rows = max(0, feature_budget - ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)) // ds.row_bytes
-        _, missed, blocks = miss_blocks(positions, per_batch, cached_rows, ds.row_bytes)
-        prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
-        del positions, per_batch
-        wl = workload(ds, hot, batch_size=batch_size, model="sage", hidden=args.hidden, layers=len(fanouts),
-                      calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
-                      curve=curve)
-        rows = prof["rows_per_batch"][""]  # the hold-out's batches, not the pre-sampled ones, set the shape
-        apart_per_batch = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
-        wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size), nodes_per_batch=rows,
-                                 sample_seconds=prof["sample_cpu_seconds_per_batch"],
-                                 topology_blocks_per_batch=prof["topology_blocks_per_batch"],
-                                 blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
-        samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, ds.topology)
-        extent = max(1, round(wl.blocks_per_miss))  # blocks a missed row's read spans: the gather's request
-
-        def predict(iops: float, seconds_per_node: float):
-            return predict_epoch(dataclasses.replace(wl, compute_seconds=seconds_per_node * rows),
-                                 feature_file_hardware(ssd, iops=iops, where="the feature file, beside the steps",
-                                                       engine=engine, extent_blocks=extent),
-                                 device_cache=0, host_cache=feature_budget, train_threads=wl.compute_threads,
-                                 samplers=samplers, queue_depth=engine.config.queue_depth)
-
-        # the rate and the step the model takes, measured under the epoch's own load (advise [Note: the step
-        # measured beside the epoch's own read rate]); the figures apart are kept for the report
-        steps = training_steps("sage", hot, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
-        loaded = measure_under_epoch_load(ds, steps, predict, seconds=args.load_probe_seconds, seed=args.seed,
-                                          extent_blocks=extent)
-        predicted = loaded.pop("prediction")
-        loaded["compute_seconds_per_batch"] = loaded["compute_seconds_per_node"] * rows
-        loaded["compute_seconds_per_batch_apart"] = apart_per_batch
-        wl = dataclasses.replace(wl, compute_seconds=loaded["compute_seconds_per_batch"])
-        hot_summary = {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch, "seeds": len(placed_from)}
-        del hot
-        cache = UnifiedCache(ds, ranking, device_budget=0, host_budget=feature_budget, device="cpu")
-        del ranking
-        hot_summary["expected_feature_hit_rate"] = wl.hit_rate(cache.device_rows + cache.host_rows)
-        run = _train_one_epoch(args, ds, sampler, cache, train_ids, fanouts=fanouts, batch_size=batch_size,
-                               samplers=samplers, engine=engine)
+        inputs: dict = {"ssd": ssd, "holdout": holdout, "train_ids": train_ids, "placed_from": placed_from}
+        opened = time.perf_counter() - t0
+        # one pass: the hold-out, not a pre-sampled epoch, scores the placement; the counts go before the rows
+        # are cached (order matters for the peak: no whole-graph temporary beside the cache)
+        placed = Placement(ds, fanouts=fanouts, seed=args.seed, batch_size=batch_size, presample_epochs=1,
+                           host_cache=budget, device="cpu", samplers=getattr(args, "samplers", 0) or 0,
+                           seeds=placed_from, keep_hotness=False, engine=engine,
+                           after_split=lambda p: inputs.update(_model_inputs(args, p, inputs, fanouts=fanouts,
+                                                                             batch_size=batch_size, engine=engine)))
+        cache = placed.features.sources[ds.target]
+        inputs["presample"]["expected_feature_hit_rate"] = inputs["workload"].hit_rate(cache.device_rows
+                                                                                       + cache.host_rows)
+        run = _train_one_epoch(args, placed, train_ids, batch_size=batch_size, engine=engine)
         ds.close()
-    holdout_info = {k: v for k, v in prof.items()}
-    holdout_info["seeds"] = len(holdout)
-    epoch = run["epoch"]
-    return {"epoch": epoch, "loader_marks": run["loader_marks"], "predicted": predicted,
-            "workload": wl, "train_ids": train_ids, "samplers": samplers,
-            "train_nodes": len(train_ids), "split": split, "cache": run["cache"], "topology": run["topology"],
-            "ssd": ssd, "ssd_while_training": loaded, "ssd_after_epoch": run["ssd_after"], "holdout": holdout_info,
-            "presample": hot_summary,
-            "presample_seconds": presample_seconds,
+    return {"epoch": run["epoch"], "loader_marks": run["loader_marks"], "predicted": inputs["predicted"],
+            "workload": inputs["workload"], "train_ids": train_ids, "samplers": placed.pipeline.config.samplers,
+            "train_nodes": len(train_ids), "split": placed.split.info, "cache": run["cache"],
+            "topology": run["topology"], "ssd": ssd, "ssd_while_training": inputs["loaded"],
+            "ssd_after_epoch": run["ssd_after"], "holdout": {**inputs["profile"], "seeds": len(holdout)},
+            "presample": inputs["presample"],
+            "presample_seconds": opened + placed.setup_seconds["open"] + placed.setup_seconds["presample"],
             "ssd_bytes_read": run["ssd_bytes_read"], "ssd_requests": run["ssd_requests"],
             "max_sampled_rss": watchdog.max_sampled}
 
 
-def _train_one_epoch(args, ds, sampler, cache, train_ids, *, fanouts, batch_size: int, samplers: int, engine) -> dict:
+def _model_inputs(args, placed: Placement, inputs: dict, *, fanouts, batch_size: int, engine) -> dict:
+    """The TPC model's inputs, measured out of sample on the hold-out with the hot lists in place (before the rows
+    are cached), and its prediction; see [Note: the scale run]."""
+    ds, hot, ssd, train_ids = placed.dataset, placed.hot, inputs["ssd"], inputs["train_ids"]
+    prof = profile_sampling(placed.sampler, inputs["holdout"], batch_size, seed=args.seed)
+    positions = rank_positions(hot.order(), ds.num_nodes)
+    curve = out_of_sample_curve(positions, prof.pop("ids")[ds.target])
+    per_batch = prof.pop("ids_per_batch")[ds.target]
+    host = placed.split.budgets[ds.target][1]  # the rows the feature cache will hold (the rule of UnifiedCache)
+    cached_rows = max(0, host - ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)) // ds.row_bytes
+    _, missed, blocks = miss_blocks(positions, per_batch, cached_rows, ds.row_bytes)
+    prof["feature_blocks_per_missed_row"] = blocks / max(missed, 1)
+    del positions, per_batch
+    wl = workload(ds, hot, batch_size=batch_size, model="sage", hidden=args.hidden, layers=len(fanouts),
+                  calibrate=True, calibration_steps=5, io_cpu_seconds_per_block=ssd["io_cpu_seconds_per_block"],
+                  curve=curve)
+    rows = prof["rows_per_batch"][ds.target]  # the hold-out's batches, not the pre-sampled ones, set the shape
+    apart_per_batch = wl.compute_seconds * rows / max(hot.nodes_per_batch, 1e-9)
+    wl = dataclasses.replace(wl, batches_per_epoch=-(-len(train_ids) // batch_size), nodes_per_batch=rows,
+                             sample_seconds=prof["sample_cpu_seconds_per_batch"],
+                             topology_blocks_per_batch=prof["topology_blocks_per_batch"],
+                             blocks_per_miss=prof["feature_blocks_per_missed_row"] or wl.blocks_per_miss)
+    samplers = resolve_samplers(getattr(args, "samplers", 0) or 0, placed.sampler.topology)
+    # the rate and the step the model takes, measured under the epoch's own load; the figures apart are kept
+    steps = training_steps("sage", hot.examples, ds, hidden=args.hidden, layers=len(fanouts), seed=args.seed)
+    predicted, loaded = predict_under_load(wl, ssd, ds, steps, rows=rows, host_cache=host, seconds=args.load_probe_seconds,
+                                           seed=args.seed, where="the feature file, beside the steps", engine=engine,
+                                           samplers=samplers, queue_depth=engine.config.queue_depth)
+    loaded["compute_seconds_per_batch_apart"] = apart_per_batch
+    return {"profile": prof, "predicted": predicted, "loaded": loaded,
+            "workload": dataclasses.replace(wl, compute_seconds=loaded["compute_seconds_per_batch"]),
+            "presample": {"batches": hot.batches, "nodes_per_batch": hot.nodes_per_batch,
+                          "seeds": len(inputs["placed_from"])}}
+
+
+def _train_one_epoch(args, placed: Placement, train_ids, *, batch_size: int, engine) -> dict:
     """One epoch over every training seed through the pipeline, the loader alone over the mmap window, and the
-    disk's rates after it; closes ``cache``."""
+    disk's rates after it; closes the caches."""
+    ds = placed.dataset
     torch.manual_seed(args.seed)
-    model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, len(fanouts))
+    model = GNN("sage", ds.feat_dim, args.hidden, ds.num_classes, placed.sampler.hops)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    marks, started = [], [0.0]
-
-    def step(m, o, data):
-        loss = train_step(m, o, data)
-        marks.append(time.perf_counter() - started[0])
-        return loss
-
     before = engine.stats.snapshot()
-    started[0] = time.perf_counter()
-    pipeline = Pipeline(sampler, cache, ds.labels, device="cpu", samplers=samplers)
-    epoch = train_epoch(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
-                        progress=not args.quiet, label="scale", step=step)
+    epoch = train_epoch(placed.pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0,
+                        progress=not args.quiet, label="scale")
     after = engine.stats.snapshot()
     # the mmap contenders' window again, the training step left out (bench_workers [Note: the np.memmap baselines])
     first, count = measure_window(epoch["batches"], args.mmap_warmup_batches, args.mmap_batches)
-    loader = timed_batches(pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
-                           limit=first + count)
-    cache_info, topology_info = cache.describe(), ds.topology.describe()
-    cache.close()
+    loader = run_epoch(placed.pipeline, model, opt, train_ids, batch_size=batch_size, epoch=0, step=skip_step,
+                       limit=first + count)
+    cache_info, topology_info = placed.describe()
+    placed.close()
     # the disk's rates again after the epoch: how far they moved while the prediction's inputs held still
     ssd_after = probe_feature_file(ds, seconds=args.disk_probe_seconds)
-    return {"epoch": {**epoch, "marks": marks}, "loader_marks": loader["marks"], "cache": cache_info,
+    return {"epoch": epoch, "loader_marks": loader["marks"], "cache": cache_info,
             "topology": topology_info, "ssd_after": ssd_after, "ssd_bytes_read": after["bytes_read"] - before["bytes_read"],
             "ssd_requests": after["requests"] - before["requests"]}
 
@@ -416,12 +366,12 @@ def _mmap_epoch(args, root: Path, ours: dict, *, fanouts, budget: int, batch_siz
     for k in mmap_threads:
         say(f"np.memmap contender, {k} gathering thread(s): batches 0..{first + count - 1} of {total} (compared on "
             f"{first}..{first + count - 1}), trained and then the loader alone")
-        config = dict(root=str(root), fanouts=list(fanouts), seed=args.seed, budget=budget, hidden=args.hidden,
-                      lr=args.lr, threads=torch.get_num_threads(), gather_threads=k)
-        with Contender(mmap_name(k), "terastack.gnn.bench.scale:MmapContender", config, rss_limit=rss_limit) as mm:
-            ids = ours["train_ids"].tolist()
-            r = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count)
-            loader = mm.call("run", train_ids=ids, batch_size=batch_size, epoch=0, limit=first + count, train=False)
+        config = dict(kind="mmap", root=str(root), model="sage", fanouts=list(fanouts), seed=args.seed,
+                      batch_size=batch_size, budget=budget, hidden=args.hidden, lr=args.lr,
+                      threads=torch.get_num_threads(), mmap_threads=k, train_nodes=len(ours["train_ids"]))
+        with Contender(mmap_name(k), "terastack.gnn.bench.workers:GraphContender", config, rss_limit=rss_limit) as mm:
+            r = mm.call("run", epoch=0, limit=first + count)
+            loader = mm.call("run", epoch=0, limit=first + count, train=False)
         theirs = window_seconds(r["marks"], first, count)
         runs[k] = {"batches_run": r["batches"], "window_seconds": theirs,
                    "loader_window_seconds": window_seconds(loader["marks"], first, count),

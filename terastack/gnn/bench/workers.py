@@ -173,24 +173,6 @@ class Contender:
         self.close()
 
 
-def timed_batches(pipeline, model, optimizer, ids: np.ndarray, *, batch_size: int, epoch: int, step,
-                  limit: int = 0) -> dict:
-    """Train the batches of one epoch through ``pipeline`` (the first ``limit`` of them when ``limit`` > 0),
-    recording the time after each step; see [Note: comparing the same batches]."""
-    marks, losses = [], []
-    batches = pipeline.epoch(ids, batch_size, epoch=epoch)
-    started = time.perf_counter()
-    try:
-        for data in batches:
-            losses.append(step(model, optimizer, data))
-            marks.append(time.perf_counter() - started)
-            if limit and len(marks) >= limit:
-                break
-    finally:
-        batches.close()
-    return {"marks": marks, "losses": losses, "seconds": marks[-1] if marks else 0.0, "batches": len(marks)}
-
-
 def window_seconds(marks: list[float], start: int, count: int) -> float:
     """Seconds that batches ``start .. start + count - 1`` took (from the end of batch ``start - 1``)."""
     end = min(len(marks), start + count)
@@ -249,17 +231,101 @@ def drop_mapped_pages(array) -> None:
 
 def run_epoch(pipeline, model, optimizer, ids: np.ndarray, *, batch_size: int, epoch: int, step,
               limit: int = 0) -> dict:
-    """:func:`timed_batches` plus what the epoch read: feature hit rates and SSD bytes, list hits and bytes."""
-    source, topology = pipeline.source, pipeline.sampler.topology
-    before, topo_before = source.stats.snapshot(), topology.stats.snapshot()
-    r = timed_batches(pipeline, model, optimizer, ids, batch_size=batch_size, epoch=epoch, step=step, limit=limit)
-    after, topo_after = source.stats.snapshot(), topology.stats.snapshot()
-    rows = max(after["rows"] - before["rows"], 1)
-    hits = after["device_hits"] + after["host_hits"] - before["device_hits"] - before["host_hits"]
-    return {**r, "feature_hit_rate": hits / rows, "rows_per_batch": rows / max(r["batches"], 1),
-            "feature_ssd_bytes": after["ssd_bytes"] - before["ssd_bytes"],
-            "topology_hit_rate": (topo_after["hits"] - topo_before["hits"])
-            / max(topo_after["lookups"] - topo_before["lookups"], 1),
-            "topology_ssd_bytes": topo_after["ssd_bytes"] - topo_before["ssd_bytes"],
-            "stall_seconds": pipeline.last_stats.stall_seconds, "sample_seconds": pipeline.last_stats.sample_seconds,
-            "gather_seconds": pipeline.last_stats.gather_seconds, "seeds": pipeline.last_stats.seeds}
+    """One epoch (its first ``limit`` batches) timed batch by batch (terastack.gnn.training.train.train_epoch; see
+    [Note: comparing the same batches]): ``seconds`` to the last step, and what the epoch read."""
+    from terastack.gnn.training.train import train_epoch
+
+    r = train_epoch(pipeline, model, optimizer, ids, batch_size=batch_size, epoch=epoch, limit=limit, step=step,
+                    progress=False)
+    return {**r, "seconds": r["marks"][-1] if r["marks"] else 0.0,
+            "feature_hit_rate": r["device_hit_rate"] + r["host_hit_rate"],
+            "rows_per_batch": r["rows_gathered"] / max(r["batches"], 1), "feature_ssd_bytes": r["ssd_bytes"]}
+
+
+def bench_dir(args, name: str):
+    """Where a benchmark's generated dataset lives: ``--dir``, else ``$TERASTACK_CACHE/<name>`` (default
+    ``~/.cache/terastack/<name>``)."""
+    from pathlib import Path
+
+    if args.dir:
+        return Path(args.dir)
+    base = os.environ.get("TERASTACK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "terastack")
+    return Path(base) / name
+
+
+def generate_or_replace(generator, config: dict, *, fresh: bool = False) -> dict:
+    """Run ``generator`` (a generator class) with ``config``; the benchmark's own dataset directory, made for
+    other parameters, is replaced."""
+    from terastack.gnn.storage.dataset import DatasetError
+
+    try:
+        return generator(generator.Config(force=fresh, **config)).run()
+    except DatasetError as exc:
+        if "other parameters" not in str(exc):
+            raise
+        return generator(generator.Config(force=True, **config)).run()
+
+
+class GraphContender:
+    """A benchmark contender of either graph kind, built in its child process ([Note: contenders in child
+    processes]): the dataset opened with the topology its ``kind`` calls for (``terastack``: on the SSD;
+    ``in_memory_pipelined``: in memory; ``mmap``: mapped), placed by the one placement call (only the feature
+    source differs: the unified cache, every row in memory, an ``np.memmap`` held to ``budget``), and the model
+    of the dataset's kind from the same initial weights. ``train_nodes`` > 0: the first that many training seeds."""
+
+    TOPOLOGY = {"terastack": "ssd", "in_memory_pipelined": "memory", "mmap": "mmap"}
+    FEATURES = {"terastack": "cache", "in_memory_pipelined": "memory", "mmap": "mmap"}
+
+    def __init__(self, *, kind: str, root: str, model: str, fanouts, hidden: int, lr: float, seed: int,
+                 batch_size: int, budget: int, threads: int, indptr: str = "auto", mmap_threads: int = 1,
+                 train_nodes: int = 0):
+        import torch
+
+        from terastack.gnn.graph_placement import Placement
+        from terastack.gnn.settings import gnn_job
+        from terastack.gnn.storage.dataset import open_dataset
+        from terastack.gnn.training.train import build_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.kind, self.batch_size, self.seed = kind, batch_size, seed
+        ds = self.ds = open_dataset(root, topology=self.TOPOLOGY[kind], indptr=indptr, topology_budget=budget)
+        self.train_ids, self.test_ids = ds.splits["train"][:train_nodes or None], ds.splits["test"]
+        if kind == "mmap":
+            for topo in ds.topologies.values():  # the dataset's checks streamed them: start cold
+                drop_mapped_pages(topo.indptr)
+                drop_mapped_pages(topo.indices)
+        self.placed = Placement(ds, fanouts=fanouts, seed=seed, batch_size=batch_size, presample_epochs=1,
+                                host_cache=budget, device="cpu", mmap_threads=mmap_threads,
+                                seeds=self.presample_seeds(), features=self.FEATURES[kind])
+        self.sampler, self.features, self.pipeline = self.placed.sampler, self.placed.features, self.placed.pipeline
+        self.model = build_model(gnn_job(model=model, hidden=hidden, seed=seed), ds, self.sampler.hops)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def presample_seeds(self):
+        """The seeds the caches are placed from (None: the training seeds)."""
+        return None
+
+    def run(self, *, epoch: int, limit: int = 0, train: bool = True) -> dict:
+        """One epoch (its first ``limit`` batches); ``train=False`` leaves the step out (the loader alone)."""
+        from terastack.gnn.training.models import train_step
+
+        r = run_epoch(self.pipeline, self.model, self.opt, self.train_ids, batch_size=self.batch_size, epoch=epoch,
+                      step=train_step if train else skip_step, limit=limit)
+        return {**r, "evicted_pages": sum(getattr(s, "evicted_pages", 0) for s in self.features.sources.values())}
+
+    def accuracy(self) -> dict:
+        from terastack.gnn.training.train import evaluate
+
+        if not len(self.test_ids):
+            return {"test_acc": None}
+        return {"test_acc": evaluate(self.pipeline, self.model, self.test_ids, batch_size=self.batch_size)}
+
+    def describe(self) -> dict:
+        return {"info": getattr(self, "info", {}), "cache": self.features.describe(),
+                "topology": self.sampler.topology.describe()}
+
+    def close(self) -> None:
+        self.placed.close()
+        self.ds.close()

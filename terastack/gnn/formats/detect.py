@@ -17,7 +17,7 @@ npy        ``edge_index.npy`` (terastack's ``--ogb-dir`` arrays)    :class:`tera
 ========== ======================================================= =====================================
 
 The heterogeneous layouts (ogb-mag, mag240m, igbh) become heterogeneous datasets
-(terastack.gnn.storage.hetero_dataset); the others homogeneous ones.
+(terastack.gnn.storage.manifest); the others homogeneous ones.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from terastack.gnn.storage.dataset import DatasetError
 from terastack.gnn.formats import hetero_layouts, igb, ogb
-from terastack.gnn.formats.hetero_source import HeteroImporter
+from terastack.gnn.formats.hetero_importer import HeteroImporter
 from terastack.gnn.formats.source import BuildOptions, SourceImporter
 
 LAYOUTS = (("ogb-npz", ogb.is_ogb_npz), ("ogb-csv", ogb.is_ogb_csv), ("ogb-mag", hetero_layouts.is_ogb_mag),

@@ -1,5 +1,5 @@
 """Heterogeneous datasets as their publishers' downloads leave them: ogbn-mag (OGB's raw CSV layout),
-MAG240M (OGB-LSC) and IGBH (IGB's heterogeneous sets), each as a :class:`.hetero_source.HeteroSource`.
+MAG240M (OGB-LSC) and IGBH (IGB's heterogeneous sets), each as a :class:`.hetero_importer.HeteroSource`.
 
 ogbn-mag, as ``ogb`` (``io/read_graph_raw.py`` ``read_csv_heterograph_raw``, ``read_node_label_hetero``,
 ``read_nodesplitidx_split_hetero``) reads ``<root>/ogbn_mag``::
@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from terastack.gnn.storage.dataset import DatasetError
-from terastack.gnn.formats.hetero_source import HeteroSource, NodeTypeSource, RelationSource
+from terastack.gnn.formats.hetero_importer import HeteroSource, NodeTypeSource, RelationSource
 from terastack.gnn.formats.igb import igb_splits, read_array, resolve_label_set
 from terastack.gnn.formats.ogb import SPLIT_FILES, KNOWN
 from terastack.gnn.formats.source import labels_from_values

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from terastack.gnn.storage.dataset import DatasetError
-from terastack.gnn.formats.hetero_source import HeteroImporter, HeteroSource, NodeTypeSource, RelationSource
+from terastack.gnn.formats.hetero_importer import HeteroImporter, HeteroSource, NodeTypeSource, RelationSource
 from terastack.gnn.formats.source import GraphSource, SourceImporter, labels_from_values
 
 MASKS = {"train_idx": ("train_mask", "train_idx"), "val_idx": ("val_mask", "val_idx", "valid_idx"),
@@ -143,7 +143,7 @@ def from_pyg(data, out: str | os.PathLike, *, engine=None, target: str | None = 
 
     Keyword arguments are :class:`~terastack.gnn.formats.source.SourceImporter.Config` fields
     (``undirected``, ``dtype``, ``classes``, ``memory_budget``, ``force``, ``progress``). A ``HeteroData``
-    becomes a heterogeneous dataset (terastack.gnn.storage.hetero_dataset) trained on node type ``target`` (default:
+    becomes a heterogeneous dataset (terastack.gnn.storage.manifest) trained on node type ``target`` (default:
     the only one with labels); ``undirected=True`` adds reverse edges as PyG's ``ToUndirected`` does. Returns
     the import summary (nodes, edges, classes, unlabelled nodes, split sizes).
     """

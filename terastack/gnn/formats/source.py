@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.storage.dataset import FEATURE_DTYPES, DatasetError, write_manifest
+from terastack.gnn.storage.manifest import FEATURE_DTYPES, DatasetError, write_manifest
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 
@@ -92,6 +92,20 @@ def check_ids(ids: np.ndarray, n: int, where, item: str, offset: int = 0) -> Non
         i = int(np.argmax(bad))
         raise DatasetError(f"{where}: node id {int(ids[i])} of {item} {offset + i} is out of range "
                            f"(the graph has {n} nodes)")
+
+
+def checked_classes(labels: dict, classes: int | None) -> int:
+    """The class count (``classes``, given or published, else the largest label + 1), every labelled type's labels
+    checked against it: ``labels[what] = (labels, node count, where)``, ``what`` naming a node in errors."""
+    for what, (lab, n, where) in labels.items():
+        if lab.shape != (n,):
+            raise DatasetError(f"{where}: labels must have one entry per {what} ({n}), has {lab.shape[0]}")
+    classes = classes or max(int(lab.max(initial=-1)) for lab, _, _ in labels.values()) + 1
+    for what, (lab, _, where) in labels.items():
+        if lab.max(initial=0) >= classes:
+            i = int(np.argmax(lab >= classes))
+            raise DatasetError(f"{where}: label {int(lab[i])} of {what} {i} is not below classes={classes}")
+    return classes
 
 
 def checked_splits(given: dict, labels: np.ndarray, labels_where: str) -> dict[str, np.ndarray]:
@@ -169,12 +183,7 @@ class SourceImporter:
         started = time.perf_counter()
         n = src.num_nodes
         labels = src.labels()
-        if labels.shape != (n,):
-            raise DatasetError(f"{src.labels_where}: labels must have one entry per node ({n}), has {labels.shape[0]}")
-        classes = cfg.classes or src.num_classes or int(labels.max(initial=0)) + 1
-        if labels.max(initial=0) >= classes:
-            i = int(np.argmax(labels >= classes))
-            raise DatasetError(f"{src.labels_where}: label {int(labels[i])} of node {i} is not below classes={classes}")
+        classes = checked_classes({"node": (labels, n, src.labels_where)}, cfg.classes or src.num_classes)
         undirected = src.undirected if cfg.undirected is None else cfg.undirected
         dtype = cfg.dtype if cfg.dtype != "auto" else ("float16" if src.feat_dtype == np.float16 else "float32")
         params = {"importer": src.layout, "sources": src.files, "undirected": undirected, "dtype": dtype,
@@ -182,13 +191,11 @@ class SourceImporter:
         state = BuildState(cfg.out, params, force=cfg.force)
         if state.complete:
             return {"out": cfg.out, "status": "already complete", "seconds": 0.0}
-        splits = self._splits(labels)  # checked before anything is written
+        splits = checked_splits(src.splits(labels), labels, src.labels_where)  # checked before anything is written
         write_array(state, "labels", np.maximum(labels, 0).astype(np.int32))
         edges = self._edges(state, undirected)
-        cursor_rows = self._feature_rows()
-        FeatureWriter(state, num_nodes=n, feat_dim=src.feat_dim, dtype=dtype,
-                      chunk_bytes=max(4 << 20, min(64 << 20, cfg.memory_budget // 8)), progress=cfg.progress,
-                      engine=self.engine).write(lambda a, b: cursor_rows(a, b).astype(dtype))
+        write_features(state, src.feature_blocks, num_nodes=n, feat_dim=src.feat_dim, feat_dtype=src.feat_dtype,
+                       dtype=dtype, where=src.features_where, options=cfg, engine=self.engine)
         for key in SPLITS:
             write_array(state, key, splits[key])
         write_manifest(cfg.out, num_nodes=n, num_edges=edges, feat_dim=src.feat_dim, feat_dtype=dtype,
@@ -199,40 +206,53 @@ class SourceImporter:
                 "classes": classes, "unlabelled": int((labels < 0).sum()), "undirected": undirected,
                 "splits": {k: len(v) for k, v in splits.items()}, "seconds": time.perf_counter() - started}
 
-    def _splits(self, labels: np.ndarray) -> dict[str, np.ndarray]:
-        return checked_splits(self.source.splits(labels), labels, self.source.labels_where)
-
-    def _feature_rows(self):
-        from terastack.gnn.formats.streams import RowCursor
-
-        src = self.source
-        rows = max(1, (4 << 20) // max(1, src.feat_dim * src.feat_dtype.itemsize))
-        cursor = RowCursor(lambda start: src.feature_blocks(start, rows), src.num_nodes, src.features_where,
-                           "the feature matrix")
-        return cursor.rows
-
     def _edges(self, state: BuildState, undirected: bool) -> int:
-        src, cfg = self.source, self.config
-        n = src.num_nodes
-        saved = state.progress("edges")
-        total = None if ("buckets" in saved or state.done("edges") or state.done("topology")) else src.count_edges()
-        builder = CSCBuilder(state, num_nodes=n, expected_edges=(total or 0) * (2 if undirected else 1),
-                             memory_budget=max(16 << 20, cfg.memory_budget - 16 * n), progress=cfg.progress,
-                             drop_self_loops=False)  # an imported graph keeps its self-loops; duplicates merge
-        if not state.done("edges"):
-            step = int(max(1 << 16, min(1 << 22, cfg.memory_budget // 200)))
-            pos = builder.extra.get("edges", 0)
-            bar = Progress(total, label="edges", unit="edges", enabled=cfg.progress)
-            bar.update(pos)
-            for s, d in src.edge_blocks(pos, step):
-                s, d = np.asarray(s, np.int64), np.asarray(d, np.int64)
-                check_ids(s, n, src.edges_where, "edge", pos)
-                check_ids(d, n, src.edges_where, "edge", pos)
-                if undirected:
-                    s, d = np.concatenate([s, d]), np.concatenate([d, s])
-                pos += len(s) // (2 if undirected else 1)
-                builder.add_chunk(s, d, edges=pos)
-                bar.update(len(s) // (2 if undirected else 1))
-            bar.close()
-            builder.close_edges()
-        return builder.build()
+        src, n = self.source, self.source.num_nodes
+        return write_edges(state, src.edge_blocks, src.count_edges, src.edges_where, n_src=n, n_dst=n,
+                           mode="both" if undirected else "as_is", options=self.config, label="edges")
+
+
+def write_edges(state: BuildState, edge_blocks, count_edges, where: str, *, n_src: int, n_dst: int, mode: str,
+                options: BuildOptions, label: str) -> int:
+    """The CSC of one relation (resumable): the source's ``(src, dst)`` blocks checked (ids below ``n_src`` and
+    ``n_dst``) and taken as they are (``mode`` "as_is"), reversed ("reversed": the written relation's sources are
+    the source's destinations) or both ways ("both"); returns the edges written."""
+    saved = state.progress("edges")
+    total = None if ("buckets" in saved or state.done("edges") or state.done("topology")) else count_edges()
+    out_src, out_dst = (n_dst, n_src) if mode == "reversed" else (n_src, n_dst)
+    builder = CSCBuilder(state, num_nodes=out_dst, num_src=out_src,
+                         expected_edges=(total or 0) * (2 if mode == "both" else 1),
+                         memory_budget=max(16 << 20, options.memory_budget - 16 * max(n_src, n_dst)),
+                         progress=options.progress, drop_self_loops=False)  # imported graphs keep their self-loops
+    if not state.done("edges"):
+        step = int(max(1 << 16, min(1 << 22, options.memory_budget // 200)))
+        pos = builder.extra.get("edges", 0)
+        bar = Progress(total, label=label, unit="edges", enabled=options.progress)
+        bar.update(pos)
+        for s, d in edge_blocks(pos, step):
+            s, d = np.asarray(s, np.int64), np.asarray(d, np.int64)
+            check_ids(s, n_src, where, "edge", pos)
+            check_ids(d, n_dst, where, "edge", pos)
+            count = len(s)
+            if mode == "reversed":
+                s, d = d, s
+            elif mode == "both":
+                s, d = np.concatenate([s, d]), np.concatenate([d, s])
+            pos += count
+            builder.add_chunk(s, d, edges=pos)
+            bar.update(count)
+        bar.close()
+        builder.close_edges()
+    return builder.build()
+
+
+def write_features(state: BuildState, feature_blocks, *, num_nodes: int, feat_dim: int, feat_dtype, dtype: str,
+                   where: str, options: BuildOptions, engine=None) -> None:
+    """A source's feature rows (``feature_blocks(first_row, max_rows)``) written as ``dtype`` (resumable)."""
+    from terastack.gnn.formats.streams import RowCursor
+
+    rows = max(1, (4 << 20) // max(1, feat_dim * np.dtype(feat_dtype).itemsize))
+    cursor = RowCursor(lambda start: feature_blocks(start, rows), num_nodes, where, "the feature matrix")
+    FeatureWriter(state, num_nodes=num_nodes, feat_dim=feat_dim, dtype=dtype,
+                  chunk_bytes=max(4 << 20, min(64 << 20, options.memory_budget // 8)), progress=options.progress,
+                  engine=engine).write(lambda a, b: cursor.rows(a, b).astype(dtype))

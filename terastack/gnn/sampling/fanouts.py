@@ -12,10 +12,7 @@ import argparse
 import numbers
 import re
 
-EdgeType = tuple[str, str, str]
-
-#: the one relation of a homogeneous graph, as the heterogeneous path names it
-HOMOGENEOUS_RELATION: EdgeType = ("node", "to", "node")
+from terastack.gnn.storage.manifest import HOMOGENEOUS_RELATION, EdgeType
 
 #: a fanout of -1 ("every neighbour") counts as this many draws wherever a list's saving is estimated
 ALL_NEIGHBOURS_DRAWS = 1 << 20
@@ -58,12 +55,7 @@ def parse_relation_fanouts(spec, edge_types: list[EdgeType]) -> dict[EdgeType, t
     Every list has the same number of hops, and at every hop some relation samples.
     """
     if isinstance(spec, str) and "=" in spec:
-        items = {}
-        for part in spec.split(";"):
-            if part.strip():
-                name, _, values = part.partition("=")
-                items[name.strip()] = fanout_list(values, name.strip())
-        spec = items
+        spec = parse_fanout_spec(spec)
     if not isinstance(spec, dict):
         hops = fanout_list(spec)
         out = {et: hops for et in edge_types}
@@ -139,19 +131,6 @@ def parse_fanout_spec(spec):
         return {key: fanout_list(values, key if isinstance(key, str) else "___".join(key))
                 for key, values in spec.items()}
     return parse_fanouts(spec)
-
-
-def fanouts_argument(text: str):
-    """argparse ``type`` of ``--fanouts``: the text's syntax checked (each list strictly; what the lists mean is
-    checked by the command's config, with the other settings), and returned as given."""
-    try:
-        if "=" in text:
-            parse_fanout_spec(text)
-        else:
-            fanout_list(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("fanouts: ")) from None
-    return text
 
 
 def accept_negative_lists(parser: argparse.ArgumentParser) -> None:

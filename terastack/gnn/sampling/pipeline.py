@@ -17,7 +17,9 @@ Memory is bounded: ``depth + 3`` feature slots exist (one trained on, ``depth``
 ready, one being cut, one whose reads are in flight: terastack.gnn.storage.cache
 [Note: one batch's reads in flight while the last is cut]), each grown only to the largest batch it has held,
 and at most ``depth + S - 1`` sampled batches wait. A batch's ``x`` is a view of its
-slot and is valid until the caller asks for the next batch (clone it to keep it).
+slot and is valid until the caller asks for the next batch (clone it to keep it). A slot holds one tensor
+per node type (a homogeneous graph has one); every type's reads of a batch are submitted before any is
+waited for. An epoch resumed at batch j (``start``) numbers its batches from j, as the whole epoch would.
 
 [Note: several sampler threads]
 With the topology on the SSD a sampler waits for one read per hop, so one
@@ -59,9 +61,9 @@ import numpy as np
 import torch
 
 from terastack import trace
-from terastack.gnn.storage.cache import FeatureSource, Gathering, resolve_device
-from terastack.gnn.sampling.hetero_sampler import HeteroSampledBatch
 from terastack.gnn.sampling.sampler import NeighborSampler, SampledBatch, epoch_batches
+from terastack.gnn.storage.cache import FeatureSource, Gathering, resolve_device
+from terastack.gnn.storage.features import TypedFeatures
 
 _POLL = 0.05
 _END = object()
@@ -107,15 +109,11 @@ def resolve_samplers(requested: int, topology) -> int:
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
         raise ValueError(f"samplers: must be an integer >= 0 (0: 2 with the topology on the SSD, else 1), "
                          f"got {requested!r}")
-    if requested:
-        return requested
-    parts = getattr(topology, "parts", None)
-    kinds = {getattr(t, "kind", "memory") for t in parts.values()} if parts else {getattr(topology, "kind", "memory")}
-    return 2 if "ssd" in kinds else 1
+    return requested or (2 if getattr(topology, "kind", "memory") == "ssd" else 1)
 
 
 class Pipeline:
-    """Feeds PyG ``Data`` batches to a training loop from a feature source; see [Note: pipeline schedule]."""
+    """Feeds PyG ``Data`` (``HeteroData``) batches to a training loop from a feature source; see [Note: pipeline schedule]."""
 
     @dataclass(kw_only=True, slots=True)
     class Config:
@@ -144,19 +142,24 @@ class Pipeline:
             if not self.wait_timeout_s > 0:
                 raise ValueError(f"wait_timeout_s: must be > 0, got {self.wait_timeout_s}")
 
-    def __init__(self, sampler: NeighborSampler, source: FeatureSource, labels: np.ndarray,
+    def __init__(self, sampler: NeighborSampler, source: TypedFeatures | FeatureSource, labels: np.ndarray,
                  config: "Pipeline.Config | None" = None, **fields):
+        """``source``: every node type's features (terastack.gnn.storage.features), or the one type's source of a
+        homogeneous graph; ``labels``: the target type's."""
         self.config = config or Pipeline.Config(**fields)
         self.sampler = sampler
-        self.source = source
+        self.source = source if isinstance(source, TypedFeatures) else TypedFeatures({sampler.target: source})
         self.labels = torch.from_numpy(np.asarray(labels)).long()
         self.device = resolve_device(self.config.device)
-        self._slots: list[torch.Tensor] = []
+        self._slots: list[dict] = []  # a feature slot: one grow-only tensor per node type
         self.last_stats = EpochStats()
 
     # ------------------------------------------------------------------ api
-    def epoch(self, ids: np.ndarray, batch_size: int, *, epoch: int = 0, shuffle: bool = True, shard: bool = True):
-        """Iterate over the batches of one epoch of seed nodes ``ids``: PyG ``Data`` objects.
+    def epoch(self, ids: np.ndarray, batch_size: int, *, epoch: int = 0, shuffle: bool = True, shard: bool = True,
+              start: int = 0):
+        """Iterate over the batches of one epoch of seed nodes ``ids`` of the target type: PyG ``Data`` (or
+        ``HeteroData``) objects, from batch ``start`` on (the ones before are not sampled: a batch depends only
+        on the seed, the epoch and its place in it).
 
         With several ranks and ``shard``, this rank's share of every global batch (global batches smaller
         than the number of ranks are dropped: every rank makes the same number of steps)."""
@@ -166,32 +169,37 @@ class Pipeline:
             batches = [b[self.config.rank::world] for b in batches if len(b) >= world]
         self.source.new_epoch()
         self.sampler.topology.new_epoch()
+        batches = dict(enumerate(batches))  # batch index -> seeds
+        for k in range(min(start, len(batches))):
+            del batches[k]
         if self.config.overlap:
             return self._overlapped(batches, epoch)
         return self._synchronous(batches, epoch)
 
     # ------------------------------------------------------------- helpers
-    # A feature slot is one tensor here; the heterogeneous pipeline below keeps one per node type by
-    # overriding _empty_slot, _fill, _slot_bytes and _data.
-    def _empty_slot(self):
-        return torch.empty(0, self.source.row_len, dtype=self.source.torch_dtype, device=self.device)
-
-    @staticmethod
-    def _slot_bytes(slot) -> int:
-        return slot.numel() * slot.element_size()
-
     def _begin_fill(self, batch: SampledBatch, k: int) -> Gathering:
-        """Begin gathering ``batch``'s feature rows into slot ``k``; ``finish()`` gives what ``_data`` takes as
-        ``x``."""
-        return self.source.begin(batch.n_id, self._slot(k, batch.num_nodes))
+        """Begin gathering ``batch``'s rows into slot ``k``, every type's reads submitted before any is waited for
+        (they are in the disk's queue together); ``finish()`` gives the rows per type."""
+        slot, begun, x = self._slots[k], {}, {}
+        for t, ids in batch.nodes.items():
+            src = self.source.sources[t]
+            buf = slot.get(t)
+            if buf is None or buf.shape[0] < len(ids):  # grow-only: bounded by the largest batch the slot has held
+                buf = slot[t] = torch.empty(int(len(ids) * 1.1) + 1, src.row_len, dtype=src.torch_dtype,
+                                            device=self.device)
+            begun[t] = src.begin(ids, buf[: len(ids)])
 
-    def _slot(self, k: int, rows: int) -> torch.Tensor:
-        slot = self._slots[k]
-        if slot.shape[0] < rows:  # grow-only: bounded by the largest batch this slot has held
-            slot = torch.empty(int(rows * 1.1) + 1, self.source.row_len, dtype=self.source.torch_dtype,
-                               device=self.device)
-            self._slots[k] = slot
-        return slot[:rows]
+        def finish_all() -> None:
+            errors = []
+            for t, g in begun.items():  # every one, so no cache keeps a gather in flight after a failure
+                try:
+                    x[t] = g.finish()
+                except BaseException as exc:  # noqa: BLE001 -- the first is raised below
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+        return Gathering(x, finish_all)
 
     def _sample(self, batch_seeds: np.ndarray, k: int, epoch: int, stats: EpochStats) -> SampledBatch:
         started = time.perf_counter()
@@ -217,24 +225,25 @@ class Pipeline:
         stats.gather_seconds += time.perf_counter() - started
         return x
 
-    def _data(self, batch: SampledBatch, x: torch.Tensor):
-        y = self.labels[torch.from_numpy(batch.n_id)]
+    def _data(self, batch: SampledBatch, x: dict):
+        y = self.labels[torch.from_numpy(batch.nodes[batch.target])]
         data = batch.to_data(x, y.to(self.device, non_blocking=True))
         if self.device.type != "cpu":
-            data.edge_index = data.edge_index.to(self.device, non_blocking=True)
+            for store in data.edge_stores:
+                store.edge_index = store.edge_index.to(self.device, non_blocking=True)
         return data
 
     def _finish_stats(self, stats: EpochStats) -> None:
-        stats.slot_bytes = [self._slot_bytes(s) for s in self._slots]
+        stats.slot_bytes = [sum(t.numel() * t.element_size() for t in s.values()) for s in self._slots]
         self.last_stats = stats
 
     # --------------------------------------------------------- synchronous
     def _synchronous(self, batches, epoch: int):
         stats = EpochStats()
         if not self._slots:
-            self._slots = [self._empty_slot()]
+            self._slots = [{}]
         try:
-            for k, seeds in enumerate(batches):
+            for k, seeds in batches.items():
                 batch = self._sample(seeds, k, epoch, stats)
                 x = self._finish_gather(batch, self._begin_gather(batch, 0, stats), stats)
                 stats.batches += 1
@@ -248,7 +257,7 @@ class Pipeline:
         stats = EpochStats()
         nslots = cfg.depth + 3  # + the batch whose reads are in flight while the one before is cut
         while len(self._slots) < nslots:
-            self._slots.append(self._empty_slot())
+            self._slots.append({})
         stages = _Stages(self, batches, epoch, stats, nslots)
         threads = stages.threads()
         for t in threads:
@@ -302,9 +311,10 @@ class _Stages:
     def __init__(self, pipeline: "Pipeline", batches, epoch: int, stats: EpochStats, nslots: int):
         cfg = pipeline.config
         self.pipeline, self.batches, self.epoch, self.stats = pipeline, batches, epoch, stats
+        self.first = min(batches, default=0)  # batch indices run from here (an epoch resumed part way)
         self.timeout_s = cfg.wait_timeout_s
         self.nsamplers = cfg.samplers
-        # one queue per sampler thread; batch k is in queue k % nsamplers ([Note: several sampler threads])
+        # one queue per sampler thread; batch k is in queue (k - first) % nsamplers ([Note: several sampler threads])
         self.sampled = [queue.Queue(-(-cfg.depth // self.nsamplers)) for _ in range(self.nsamplers)]
         self.ready: queue.Queue = queue.Queue(cfg.depth)
         self.free: queue.Queue = queue.Queue()
@@ -361,7 +371,7 @@ class _Stages:
         out, batches = self.sampled[i], self.batches
         k = None
         try:
-            for k in range(i, len(batches), self.nsamplers):
+            for k in range(self.first + i, self.first + len(batches), self.nsamplers):
                 if self.stop.is_set() or not self.put(
                         out, self.pipeline._sample(batches[k], k, self.epoch, self.stats), f"sampled batch {k}"):
                     return
@@ -401,8 +411,8 @@ class _Stages:
 
     def _gather_all(self) -> None:
         in_flight = self._in_flight
-        for want in itertools.count():
-            source = self.sampled[want % self.nsamplers]
+        for want in itertools.count(self.first):
+            source = self.sampled[(want - self.first) % self.nsamplers]
             if in_flight and source.empty() and not self._hand_on():
                 return
             batch = self.get(source, f"the sampling stage (batch {want})")
@@ -423,46 +433,3 @@ class _Stages:
             in_flight.append((batch, slot, self.pipeline._begin_gather(batch, slot, self.stats)))
             if len(in_flight) == 2 and not self._hand_on():
                 return
-
-
-class HeteroPipeline(Pipeline):
-    """:class:`~terastack.gnn.sampling.pipeline.Pipeline` over heterogeneous batches: a slot holds one tensor per type."""
-
-    def _empty_slot(self):
-        return {}
-
-    @staticmethod
-    def _slot_bytes(slot) -> int:
-        return sum(t.numel() * t.element_size() for t in slot.values())
-
-    def _begin_fill(self, batch: HeteroSampledBatch, k: int) -> Gathering:
-        # every type's reads are submitted before any is waited for: they are in the disk's queue together
-        slot, begun = self._slots[k], {}
-        for t, ids in batch.n_id.items():
-            src = self.source.sources[t]
-            buf = slot.get(t)
-            if buf is None or buf.shape[0] < len(ids):  # grow-only, per type
-                buf = slot[t] = torch.empty(int(len(ids) * 1.1) + 1, src.row_len, dtype=src.torch_dtype,
-                                            device=self.device)
-            begun[t] = src.begin(ids, buf[: len(ids)])
-        x = {}
-
-        def finish_all() -> None:
-            errors = []
-            for t, g in begun.items():  # every one, so no cache keeps a gather in flight after a failure
-                try:
-                    x[t] = g.finish()
-                except BaseException as exc:  # noqa: BLE001 -- the first is raised below
-                    errors.append(exc)
-            if errors:
-                raise errors[0]
-
-        return Gathering(x, finish_all)
-
-    def _data(self, batch: HeteroSampledBatch, x: dict):
-        y = self.labels[torch.from_numpy(batch.n_id[batch.target])]
-        data = batch.to_hetero_data(x, y.to(self.device, non_blocking=True))
-        if self.device.type != "cpu":
-            for store in data.edge_stores:
-                store.edge_index = store.edge_index.to(self.device, non_blocking=True)
-        return data

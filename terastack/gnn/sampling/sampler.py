@@ -1,25 +1,27 @@
-"""Vectorized uniform multi-hop neighbour sampling over CSC.
+"""Vectorized uniform multi-hop neighbour sampling over every relation of a graph, batches as PyG's.
 
-PyG's own ``NeighborLoader`` needs pyg-lib or torch-sparse, which PyPI does not
-carry for current PyTorch; this sampler is written with numpy only and its
-batches are plain ``torch_geometric.data.Data`` objects, so ``SAGEConv``,
-``GCNConv`` and ``GATConv`` consume them unchanged.
+PyG's own ``NeighborLoader`` needs pyg-lib or torch-sparse, which PyPI does not carry for current PyTorch;
+this sampler is written with numpy only and its batches are plain ``torch_geometric.data.Data`` (a
+homogeneous graph) or ``HeteroData`` objects, so PyG's layers consume them unchanged.
 
 [Note: sampling semantics]
-As in PyG's neighbour sampling: hop 1 samples up to ``fanouts[0]`` in-neighbours
-of each seed, hop i samples up to ``fanouts[i-1]`` in-neighbours of the nodes
-first reached at hop i-1. Nodes are numbered locally in order of discovery,
-seeds first (``n_id[:batch_size] == seeds``). An edge (row, col) means "row is a
-sampled in-neighbour of col": messages flow row -> col, as PyG expects.
-Without replacement a node with degree <= fanout keeps all its neighbours and
-one with more gets a uniform random subset of exactly ``fanout`` distinct ones
-(Floyd's algorithm, vectorized over nodes: ``fanout`` steps of O(nodes x fanout));
-with replacement every node with a neighbour gets ``fanout`` independent uniform
-draws (duplicate edges possible, as in PyG).
+As in PyG's neighbour sampling (``num_neighbors`` a list, or a dict per edge type): seeds are nodes of the
+target type; at hop i, for every relation (src, rel, dst) in sorted order, each node of type dst first
+reached at hop i-1 (the seeds at hop 1) gets up to ``fanouts[relation][i-1]`` sampled in-neighbours of type
+src (0 skips the relation at that hop, -1 takes every neighbour). A homogeneous graph is the one-type,
+one-relation case. Nodes are numbered per type in order of discovery, seeds first
+(``n_id[:batch_size] == seeds``). An edge (row, col) means "row is a sampled in-neighbour of col": messages
+flow row -> col, as PyG expects. Without replacement a node with degree <= fanout keeps all its neighbours
+and one with more gets a uniform random subset of exactly ``fanout`` distinct ones (Floyd's algorithm,
+vectorized over nodes: ``fanout`` steps of O(nodes x fanout)); with replacement every node with a neighbour
+gets ``fanout`` independent uniform draws (duplicate edges possible, as in PyG). A heterogeneous batch holds
+every node type and relation of the dataset, empty ones included, so models built from the dataset's
+metadata (``to_hetero``) find every key they expect.
 
-Randomness comes only from the generator passed to :meth:`sample`;
-:meth:`batch_rng` derives it from (seed, epoch, batch), so a batch is the same
-whichever thread samples it and in whatever order.
+Randomness comes only from the generator passed to :meth:`NeighborSampler.sample`, every relation's draws
+from it in a fixed order; :meth:`NeighborSampler.batch_rng` derives it from (seed, epoch, batch), so a batch is
+the same whichever thread samples it and in whatever order. The draws depend only on list lengths, so
+batches with the topology on the SSD equal batches with it in memory.
 """
 from __future__ import annotations
 
@@ -28,104 +30,124 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terastack.gnn.sampling.fanouts import parse_fanouts
-from terastack.gnn.storage.topology import ArrayTopology
+from terastack.gnn.sampling.fanouts import parse_fanouts, parse_relation_fanouts
+from terastack.gnn.storage.manifest import HOMOGENEOUS_RELATION, NODE, EdgeType
+from terastack.gnn.storage.topology import ArrayTopology, Topologies
+
+
+#: PyG's name of each of a batch's typed fields
+_PYG_NAMES = {"n_id": "nodes", "row": "rows", "col": "cols", "num_sampled_nodes": "nodes_per_hop",
+              "num_sampled_edges": "edges_per_hop"}
 
 
 @dataclass(slots=True)
 class SampledBatch:
-    """One sampled subgraph. ``n_id`` are global node ids (seeds first); ``row``/``col`` are local ids."""
+    """One sampled subgraph: per node type its global ids (seeds first), per relation local ``(row, col)``, the
+    nodes first reached at each hop per type and the edges sampled at each hop per relation.
 
-    n_id: np.ndarray
-    row: np.ndarray
-    col: np.ndarray
+    ``n_id``, ``row``, ``col``, ``num_sampled_nodes`` and ``num_sampled_edges`` have PyG's shapes for the graph's
+    kind: the one type's array (list) of a homogeneous graph, dicts for a heterogeneous one."""
+
+    nodes: dict[str, np.ndarray]
+    rows: dict[EdgeType, np.ndarray]
+    cols: dict[EdgeType, np.ndarray]
+    nodes_per_hop: dict[str, list[int]]
+    edges_per_hop: dict[EdgeType, list[int]]
+    target: str
     batch_size: int
-    num_sampled_nodes: list[int]
-    num_sampled_edges: list[int]
+    hetero: bool = False
     #: position of this batch in its epoch, and the epoch
     index: int = 0
     epoch: int = 0
 
+    def __getattr__(self, name: str):
+        # PyG's names (n_id, row, col, num_sampled_nodes, num_sampled_edges), in its shape for the graph's kind
+        field = _PYG_NAMES.get(name)
+        if field is None:
+            raise AttributeError(f"'SampledBatch' object has no attribute {name!r}")
+        per = getattr(self, field)
+        return per if self.hetero else next(iter(per.values()))
+
     @property
     def num_nodes(self) -> int:
-        return len(self.n_id)
+        return sum(len(v) for v in self.nodes.values())
 
-    @property
-    def seeds(self) -> np.ndarray:
-        return self.n_id[: self.batch_size]
-
-    def edge_index(self):
+    def edge_index(self, edge_type: EdgeType | None = None):
         import torch
 
-        return torch.from_numpy(np.stack([self.row, self.col]))
+        et = edge_type or next(iter(self.rows))
+        return torch.from_numpy(np.stack([self.rows[et], self.cols[et]]))
 
     def to_data(self, x, y=None):
-        """A ``torch_geometric.data.Data`` with ``x``, ``edge_index``, ``y`` (if given), ``n_id``, ``batch_size``."""
+        """A PyG ``Data`` (``x``, ``edge_index``, ``y`` if given, ``n_id``, ``batch_size``, the hop counts) of a
+        homogeneous batch, or a ``HeteroData`` of a heterogeneous one: per type ``x`` (``x[type]``), ``n_id`` and
+        hop counts, per relation ``edge_index`` and hop counts, the target's ``y`` and ``batch_size``."""
         import torch
-        from torch_geometric.data import Data
+        from torch_geometric.data import Data, HeteroData
 
-        data = Data(x=x, edge_index=self.edge_index(), n_id=torch.from_numpy(self.n_id))
+        if not self.hetero:
+            data = Data(x=x[self.target] if isinstance(x, dict) else x, edge_index=self.edge_index(),
+                        n_id=torch.from_numpy(self.n_id))
+            data.num_sampled_nodes, data.num_sampled_edges = list(self.num_sampled_nodes), list(self.num_sampled_edges)
+            store = data
+        else:
+            data = HeteroData()
+            for t, ids in self.nodes.items():
+                data[t].x, data[t].n_id = x[t], torch.from_numpy(ids)
+                data[t].num_sampled_nodes = list(self.nodes_per_hop[t])
+            for et in self.rows:
+                data[et].edge_index = self.edge_index(et)
+                data[et].num_sampled_edges = list(self.edges_per_hop[et])
+            store = data[self.target]
         if y is not None:
-            data.y = y
-        data.batch_size = self.batch_size
-        data.num_sampled_nodes = list(self.num_sampled_nodes)
-        data.num_sampled_edges = list(self.num_sampled_edges)
+            store.y = y
+        store.batch_size = self.batch_size
         return data
 
 
-#: the node type and relation a homogeneous graph is the one-type, one-relation case of
-_NODE = "node"
-_EDGE = (_NODE, "to", _NODE)
-
-
 class NeighborSampler:
-    """Uniform neighbour sampler over a CSC graph; see [Note: sampling semantics]."""
+    """Uniform neighbour sampler over every relation of a graph; see [Note: sampling semantics]."""
 
     @dataclass(kw_only=True, slots=True)
     class Config:
-        fanouts: tuple[int, ...] = (15, 10)
+        #: one list for every relation ("15,10"; -1: every neighbour), or per relation on a heterogeneous graph
+        #: (terastack.gnn.sampling.fanouts)
+        fanouts: object = (15, 10)
         replace: bool = False
         seed: int = 0
 
-        def __post_init__(self) -> None:
-            self.fanouts = parse_fanouts(self.fanouts)  # strict; -1 takes every neighbour
-
     def __init__(self, indptr: np.ndarray | None = None, indices: np.ndarray | None = None,
-                 config: "NeighborSampler.Config | None" = None, *, topology=None, **fields):
-        """Sample over CSC arrays ``indptr``/``indices``, or over a ``topology``
-        (terastack.gnn.storage.topology: arrays, or files on the SSD with hot lists cached)."""
+                 config: "NeighborSampler.Config | None" = None, *, topology=None, dataset=None, **fields):
+        """Sample over an opened dataset of either kind (``dataset``), or over one relation: a ``topology``
+        (terastack.gnn.storage.topology: arrays, or files on the SSD with hot lists cached) or CSC arrays
+        ``indptr``/``indices``."""
         self.config = config or NeighborSampler.Config(**fields)
-        if topology is None:
-            if indptr is None or indices is None:
-                raise ValueError("indptr, indices: give the CSC arrays, or a topology")
-            topology = ArrayTopology(indptr, indices)
-        self.topology = topology
-        self.num_nodes = topology.num_nodes
+        if dataset is not None:
+            topologies, self.node_counts, self.target = dataset.topologies, dict(dataset.node_counts), dataset.target
+            self.hetero = dataset.hetero
+        else:
+            if topology is None:
+                if indptr is None or indices is None:
+                    raise ValueError("indptr, indices: give the CSC arrays, a topology or a dataset")
+                topology = ArrayTopology(indptr, indices)
+            topologies, self.node_counts, self.target = {HOMOGENEOUS_RELATION: topology}, {NODE: topology.num_nodes}, NODE
+            self.hetero = False
+        self.edge_types = sorted(topologies)
+        self.fanouts = (parse_relation_fanouts(self.config.fanouts, self.edge_types) if self.hetero
+                        else {HOMOGENEOUS_RELATION: parse_fanouts(self.config.fanouts)})
+        self.hops = len(next(iter(self.fanouts.values())))
+        self.topology = Topologies(topologies)
         self._local = threading.local()  # per-thread global -> local id map, reset after each batch
-
-    @property
-    def indptr(self):
-        return self.topology.indptr
-
-    @property
-    def indices(self):
-        return self.topology.indices
-
-    @property
-    def fanouts(self) -> tuple[int, ...]:
-        return self.config.fanouts
 
     def batch_rng(self, epoch: int, index: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed, epoch, index])
 
     def sample(self, seeds, rng: np.random.Generator, *, index: int = 0, epoch: int = 0) -> SampledBatch:
-        # the one-type, one-relation case of the heterogeneous sampler's hops (sample_relations)
-        maps = thread_maps(self._local, {_NODE: self.num_nodes})
         n_id, rows, cols, per_hop, edges = sample_relations(
-            maps, {_EDGE: self.topology}, {_EDGE: self.fanouts}, _NODE, seeds, rng, replace=self.config.replace,
-            space="the graph")
-        return SampledBatch(n_id=n_id[_NODE], row=rows[_EDGE], col=cols[_EDGE], batch_size=per_hop[_NODE][0],
-                            num_sampled_nodes=per_hop[_NODE], num_sampled_edges=edges[_EDGE], index=index,
+            thread_maps(self._local, self.node_counts), self.topology.parts, self.fanouts, self.target, seeds, rng,
+            replace=self.config.replace, space="the type" if self.hetero else "the graph")
+        return SampledBatch(nodes=n_id, rows=rows, cols=cols, nodes_per_hop=per_hop, edges_per_hop=edges,
+                            target=self.target, batch_size=per_hop[self.target][0], hetero=self.hetero, index=index,
                             epoch=epoch)
 
 
@@ -142,8 +164,7 @@ def thread_maps(local: threading.local, num_nodes: dict[str, int]) -> dict[str, 
 def sample_relations(maps: dict[str, np.ndarray], topologies: dict, fanouts: dict, target: str, seeds,
                      rng: np.random.Generator, *, replace: bool, space: str = "the type"):
     """The hops of one batch over every relation: (n_id, row, col, nodes per hop, edges per hop), keyed by node
-    type and relation. See terastack.gnn.sampling.hetero_sampler [Note: heterogeneous sampling semantics]; a
-    homogeneous graph is its one-type, one-relation case ([Note: sampling semantics]).
+    type and relation; see [Note: sampling semantics].
 
     ``maps``: :func:`thread_maps`, all -1 on entry and on return; ``space`` names the seeds' id space in errors.
     """

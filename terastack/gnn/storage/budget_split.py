@@ -3,7 +3,7 @@
 [Note: splitting one budget between topology and features]
 Both caches exist to save SSD reads, so memory goes where a byte of it saves
 the most bytes read per epoch, measured by the pre-sampling pass
-(terastack.gnn.storage.hotness): ``c_v`` = times node v's feature row was gathered,
+(terastack.gnn.sampling.hotness): ``c_v`` = times node v's feature row was gathered,
 ``x_v`` = times v was expanded (its in-neighbour list sampled), ``d_v`` its
 in-degree, ``s`` the index itemsize, ``F`` the largest fanout::
 
@@ -27,14 +27,12 @@ thousands of entries for two or three blocks saved, come last.
 
 [Note: one budget over node types and relations]
 The host budget pays first for what must be in memory (every featured type's lookup table, 4 bytes per
-node, and every relation's indptr when it is held in memory); the rest is divided by one greedy over
-every candidate at once -- each node type's feature rows and, with the topology on the SSD, each
-relation's neighbour lists -- by SSD bytes saved per byte of memory, the rule of
-[Note: splitting one budget between topology and features]: a row of type t saves ``c_v * B_row(t)`` per
-pass for ``row_bytes(t)``; the list of node v in relation r saves ``x_v * (B_list + B_ptr)`` for
-``d_v * s + 24``, where ``x_v`` counts how often v (of r's destination type) was expanded. Each type's
-cache (terastack.gnn.storage.cache.UnifiedCache) then gets the bytes its rows won and places its hottest rows.
-The device budget is divided the same way among feature rows only (lists stay in host memory).
+node, and every relation's indptr when held in memory); the rest goes by the greedy of [Note: splitting one
+budget between topology and features] over every candidate at once: each node type's rows (``row_bytes(t)``
+each) and, with the topology on the SSD, each relation's lists (``x_v`` counting how often v, of the
+relation's destination type, was expanded). Each type's cache (terastack.gnn.storage.cache.UnifiedCache)
+gets the bytes its rows won and places its hottest rows; the device budget is divided the same way among
+rows only. A homogeneous graph is the one-type, one-relation case.
 """
 from __future__ import annotations
 
@@ -44,28 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from terastack.constants import BLOCK
-from terastack.gnn.sampling.fanouts import largest_draw
-from terastack.gnn.sampling.hetero_sampler import HeteroNeighborSampler
-from terastack.gnn.storage.hetero_dataset import HeteroDataset
 from terastack.gnn.storage.topology import LIST_OVERHEAD, SsdTopology
 from terastack.plan.tpc import blocks_per_miss
-
-
-@dataclass(slots=True)
-class CacheSplit:
-    """How one memory budget is divided; see [Note: splitting one budget between topology and features]."""
-
-    topology_nodes: np.ndarray
-    topology_bytes: int
-    feature_bytes: int
-    #: predicted SSD bytes saved per pre-sampled pass by each part (upper bounds)
-    topology_saved_bytes: float
-    feature_saved_bytes: float
-
-    def to_dict(self) -> dict:
-        return {"topology_lists": int(len(self.topology_nodes)), "topology_bytes": int(self.topology_bytes),
-                "feature_bytes": int(self.feature_bytes), "topology_saved_bytes": float(self.topology_saved_bytes),
-                "feature_saved_bytes": float(self.feature_saved_bytes)}
 
 
 def list_read_bytes(deg: np.ndarray, itemsize: int, max_fanout: int) -> np.ndarray:
@@ -155,78 +133,43 @@ def split_budget_parts(budget: int, *, lists: dict, features: dict) -> PartsSpli
     return out
 
 
-def split_budget(budget: int, *, feature_counts: np.ndarray, expansions: np.ndarray, degrees_of, row_bytes: int,
-                 feature_read_bytes: int, index_itemsize: int, max_fanout: int, indptr_on_ssd: bool) -> CacheSplit:
-    """Divide ``budget`` bytes between cached lists and feature rows by SSD bytes saved per byte.
+@dataclass(slots=True)
+class BudgetSplit:
+    """What :func:`share_budget` decided: per featured node type the (device bytes, host bytes) its cache gets
+    (the host bytes pay for its lookup table too), and a description of the split."""
 
-    ``feature_counts``/``expansions``: per-node gathers and expansions from pre-sampling;
-    ``degrees_of(nodes)``: in-degrees of those nodes; ``feature_read_bytes``: bytes one row miss reads.
-    See [Note: splitting one budget between topology and features]. Whatever the lists leave goes to the
-    feature rows (the cache places them in hotness order).
-    """
-    parts = split_budget_parts(budget, lists={"": ListPart(expansions, degrees_of, index_itemsize, max_fanout,
-                                                            indptr_on_ssd)},
-                               features={"": FeaturePart(feature_counts, row_bytes, feature_read_bytes)})
-    topo_bytes = parts.list_bytes[""]
-    return CacheSplit(topology_nodes=parts.lists[""], topology_bytes=topo_bytes,
-                      feature_bytes=max(0, budget - topo_bytes), topology_saved_bytes=parts.list_saved[""],
-                      feature_saved_bytes=parts.feature_saved[""])
+    budgets: dict[str, tuple[int, int]]
+    info: dict
 
 
-def share_budget(ds, hot, host_budget: int, fanouts) -> tuple[dict, int]:
-    """With the topology on the SSD: cache hot neighbour lists out of ``host_budget``, by SSD bytes saved per
-    byte (terastack.gnn.storage.topology [Note: splitting one budget between topology and features]).
-
-    Returns (a description of the split, the host budget left for feature rows). indptr, when the topology
-    holds it in memory, is paid for first; the feature cache's lookup table (4 bytes per node) is set aside.
-    """
-    topo = ds.topology
-    if not isinstance(topo, SsdTopology):
-        return {}, host_budget
-    held = topo.memory_bytes  # indptr, if in memory
-    if held > host_budget:
-        raise ValueError(f"host_cache: {host_budget} bytes cannot hold indptr in memory ({held} bytes for "
-                         f"{ds.num_nodes} nodes); raise host_cache or read indptr from the SSD (indptr='ssd')")
-    table = ds.num_nodes * (4 if ds.num_nodes < 2**31 else 8)
-    split = split_budget(max(0, host_budget - held - table), feature_counts=hot.counts, expansions=hot.expansions,
-                         degrees_of=topo.degrees, row_bytes=ds.row_bytes,
-                         feature_read_bytes=blocks_per_miss(ds.row_bytes) * BLOCK,
-                         index_itemsize=topo.index_dtype.itemsize, max_fanout=largest_draw(fanouts),
-                         indptr_on_ssd=not topo.indptr_in_memory)
-    started = time.perf_counter()
-    read = topo.fill(split.topology_nodes)
-    info = {**split.to_dict(), "indptr": "memory" if topo.indptr_in_memory else "ssd", "indptr_bytes": held,
-            "fill_bytes_read": read, "fill_seconds": time.perf_counter() - started}
-    return info, max(0, host_budget - topo.memory_bytes)
-
-
-def hetero_share_budget(ds: HeteroDataset, hot: dict, sampler: HeteroNeighborSampler, *, host_budget: int,
-                        device_budget: int) -> tuple[dict, dict]:
-    """Per node type (device bytes, host bytes) for its cache, and a description of the split; caches the
-    chosen lists in the relations' topologies. See [Note: one budget over node types and relations]."""
+def share_budget(ds, hot: dict, max_draws: dict, *, host_budget: int, device_budget: int) -> BudgetSplit:
+    """Divide the host and device budgets over every featured type's rows and, with the topology on the SSD, every
+    relation's lists, and cache the chosen lists in their topologies; see [Note: one budget over node types and
+    relations]. ``hot``: the pre-sampled :class:`~terastack.gnn.sampling.hotness.Hotness` per node type;
+    ``max_draws``: per relation the most neighbours one hop draws per node (terastack.gnn.sampling.fanouts)."""
     featured = {t: f for t in ds.node_types if (f := ds.node_features(t)) is not None}
     tables = {t: f.num_nodes * (4 if f.num_nodes < 2**31 else 8) for t, f in featured.items()}
     topos = {et: topo for et, topo in ds.topologies.items() if isinstance(topo, SsdTopology)}
     held = sum(topo.memory_bytes for topo in topos.values())  # indptr, where held in memory
     fixed = held + sum(tables.values())
-    if host_budget and fixed > host_budget:
+    if host_budget and fixed > host_budget or held > host_budget:
         raise ValueError(f"host_cache: {host_budget} bytes cannot hold the fixed part ({fixed} bytes: lookup tables "
                          f"{sum(tables.values())}, indptr in memory {held}); raise host_cache or read indptr from the "
                          "SSD (indptr='ssd')")
     features = {t: FeaturePart(hot[t].counts, f.row_bytes, blocks_per_miss(f.row_bytes) * BLOCK)
                 for t, f in featured.items()}
-    lists = {et: ListPart(hot[et[2]].expansions, topo.degrees, topo.index_dtype.itemsize,
-                          largest_draw(sampler.fanouts[et]), not topo.indptr_in_memory)
-             for et, topo in topos.items()}
+    lists = {et: ListPart(hot[et[2]].expansions, topo.degrees, topo.index_dtype.itemsize, max_draws[et],
+                          not topo.indptr_in_memory) for et, topo in topos.items()}
     host = split_budget_parts(max(0, host_budget - fixed), lists=lists, features=features)
     device = split_budget_parts(device_budget, lists={}, features=features)
-    read = 0
+    started, read = time.perf_counter(), 0
     for et, topo in topos.items():
         read += topo.fill(host.lists[et])
-    budgets = {}
+    # what the greedy left (rows no pass touched) goes to the target's cache, or the first featured type's
     lead = ds.target if ds.target in featured else next(iter(featured), None)
     left_host = max(0, host_budget - fixed) - sum(host.list_bytes.values()) - sum(host.feature_bytes.values())
     left_dev = device_budget - sum(device.feature_bytes.values())
+    budgets = {}
     for t in featured:
         dev = device.feature_bytes[t] + (left_dev if t == lead else 0)
         rows = host.feature_bytes[t] + (max(0, left_host) if t == lead else 0)
@@ -237,5 +180,6 @@ def hetero_share_budget(ds: HeteroDataset, hot: dict, sampler: HeteroNeighborSam
             "lists": {"___".join(et): int(len(v)) for et, v in host.lists.items()},
             "saved_bytes": {**{t: v for t, v in host.feature_saved.items()},
                             **{"___".join(et): v for et, v in host.list_saved.items()}},
-            "fixed_bytes": fixed, "fill_bytes_read": read}
-    return budgets, info
+            "fixed_bytes": fixed, "indptr_bytes": held, "fill_bytes_read": read,
+            "fill_seconds": time.perf_counter() - started}
+    return BudgetSplit(budgets, info)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from terastack.atomic import atomic_write_json
-from terastack.gnn.storage.dataset import FILES, MANIFEST, DatasetError
+from terastack.gnn.storage.manifest import FILES, MANIFEST, DatasetError
 from terastack.gnn.storage.rows import block_period_rows
 from terastack.progress import Progress
 

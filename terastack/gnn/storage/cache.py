@@ -203,7 +203,6 @@ class UnifiedCache(FeatureSource):
         self._host_t = torch.from_numpy(self.host_cache)
         # not page-locked: only the CPU reads the host cache (hits are gathered into the pinned staging buffer,
         # which is what the GPU copies from); locking it would take the whole cache from the OS for nothing
-        self._pinned = False
         if self.device.type == "cuda":
             self._device_t = torch.empty(self.device_rows, self.row_len, dtype=self.torch_dtype, device=self.device)
             self._side_stream = torch.cuda.Stream(self.device)
@@ -391,7 +390,4 @@ class UnifiedCache(FeatureSource):
                 "staging_bytes": self.reader.staging_bytes + sum(st.buffer.nbytes for st in self._stagings)}
 
     def close(self) -> None:
-        if getattr(self, "_pinned", False):
-            torch.cuda.cudart().cudaHostUnregister(self._host_t.data_ptr())
-            self._pinned = False
         self.reader.close()

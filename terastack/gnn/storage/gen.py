@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
-from terastack.gnn.storage.dataset import FEATURE_DTYPES, write_manifest
+from terastack.gnn.storage.manifest import FEATURE_DTYPES, write_manifest
 from terastack.progress import Progress
 from terastack.units import parse_bytes
 
@@ -310,7 +310,7 @@ class HeteroGraphGenerator:
         return {et: max(1, int(round(n[et[0]] * per * self.config.degree_scale))) for et, per in IGBH_RELATIONS.items()}
 
     def source(self):
-        from terastack.gnn.formats.hetero_source import HeteroSource, NodeTypeSource, RelationSource
+        from terastack.gnn.formats.hetero_importer import HeteroSource, NodeTypeSource, RelationSource
 
         cfg = self.config
         counts, dtype = self.node_counts(), np.dtype(cfg.dtype)
@@ -380,7 +380,7 @@ class HeteroGraphGenerator:
         return blocks
 
     def run(self) -> dict:
-        from terastack.gnn.formats.hetero_source import HeteroImporter
+        from terastack.gnn.formats.hetero_importer import HeteroImporter
 
         cfg = self.config
         return HeteroImporter(self.source(), HeteroImporter.Config(

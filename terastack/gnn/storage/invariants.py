@@ -1,5 +1,4 @@
-"""What opening a dataset checks, written once for both formats (terastack.gnn.storage.dataset, one feature file
-and one relation; terastack.gnn.storage.hetero_dataset, a file per node type and a CSC per relation).
+"""What opening a dataset checks (terastack.gnn.storage.dataset), written once for both kinds.
 
 A homogeneous dataset is the one-type, one-relation case: every check here takes one relation's CSC, one label
 array or one id list with the file it came from and the id space it points into, and raises a

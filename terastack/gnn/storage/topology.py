@@ -239,9 +239,6 @@ class ArrayTopology:
     def neighbours(self, hop: HopLookup, owner: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return np.asarray(self.indices[positions], dtype=np.int64)
 
-    def appearance_counts(self) -> np.ndarray:
-        return appearance_counts(self.indices, self.num_nodes)
-
     def degrees(self, nodes: np.ndarray) -> np.ndarray:
         nodes = np.asarray(nodes, dtype=np.int64)
         return np.asarray(self.indptr[nodes + 1], np.int64) - np.asarray(self.indptr[nodes], np.int64)
@@ -402,9 +399,6 @@ class SsdTopology:
     def degrees(self, nodes: np.ndarray) -> np.ndarray:
         return self._ranges(np.asarray(nodes, dtype=np.int64))[1]
 
-    def appearance_counts(self) -> np.ndarray:
-        return appearance_counts(self.indices, self.num_nodes)
-
     def describe(self) -> dict:
         return {"topology": self.kind, "indptr": "memory" if self.indptr_in_memory else "ssd",
                 "cached_lists": len(self.hot.ids), "cached_entries": int(len(self.hot.lists)),
@@ -419,3 +413,34 @@ class SsdTopology:
         self.indices.close()
         if not self.indptr_in_memory:
             self.indptr.close()
+
+
+class Topologies:
+    """Every relation's topology (one for a homogeneous graph) behind the one interface the pipeline and the
+    epoch reports use: traffic summed over the relations."""
+
+    def __init__(self, parts: dict):
+        self.parts = dict(parts)
+
+    @property
+    def kind(self) -> str:
+        return "ssd" if any(t.kind == "ssd" for t in self.parts.values()) else "memory"
+
+    @property
+    def stats(self) -> TopologyStats:
+        total = TopologyStats()
+        for topo in self.parts.values():
+            total.add(**{k: v for k, v in topo.stats.snapshot().items() if k != "hit_rate"})
+        return total
+
+    def new_epoch(self) -> None:
+        for topo in self.parts.values():
+            topo.new_epoch()
+
+    def describe(self) -> dict:
+        """Traffic and kind; each relation's own description (the one relation's, of a homogeneous graph, at the
+        top too)."""
+        parts = {"___".join(et): t.describe() for et, t in self.parts.items()}
+        one = next(iter(parts.values())) if len(parts) == 1 else {}
+        return {**one, **self.stats.snapshot(), "topology": self.kind, "relations": parts,
+                "memory_bytes": sum(getattr(t, "memory_bytes", 0) for t in self.parts.values())}

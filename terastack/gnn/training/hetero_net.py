@@ -13,14 +13,14 @@ seam: any module with that ``forward`` and a ``config`` dict (what rebuilds it) 
   graph made homogeneous (types concatenated in sorted order, one relation id per edge type), as PyG's
   R-GCN examples do; a type that receives nothing keeps its own (root) term.
 
-Types without stored features get a constant feature of width 1 (terastack.gnn.storage.hetero_dataset).
+Types without stored features get a constant feature of width 1 (terastack.gnn.storage.features).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-HETERO_MODELS = ("sage", "rgcn")
+from terastack.gnn.settings import HETERO_MODELS
 
 
 def check_depth(kind: str, kinds: tuple[str, ...], num_layers: int, what: str) -> None:

@@ -24,9 +24,9 @@ normalisation switched off for the call.
 Memory holds one chunk's rows. Layer l's output (nodes x width, float32) is
 written to a ``.npy`` memory map in the work directory (default: beside the
 output) and streamed back as the next layer's input; layer 0 reads the input
-features through the unified cache (ranked by how many edges leave each node,
-i.e. how many chunks need the row), one batched SSD read per chunk for the
-misses. The last layer writes the logits (``embeddings``) and their argmax
+features through the unified cache of the placement call (ranked by how many
+edges leave each node, i.e. how many chunks need the row), one batched SSD read
+per chunk for the misses. The last layer writes the logits (``embeddings``) and their argmax
 (int64 ``out``): ``.npy`` files numpy can memory-map, each committed atomically
 (temporary name beside it, fsync, rename, fsync of the directory).
 """
@@ -43,7 +43,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from terastack.gnn.storage.cache import UnifiedCache
 from terastack.progress import Progress
 
 
@@ -124,17 +123,13 @@ class LayerwiseInference:
 
     default_chunk_nodes = 8192
 
-    def __init__(self, cfg, model, ds, engine=None):
-        """``model`` (a GNN) over the opened dataset ``ds``, as GnnInference opens them."""
-        self.cfg, self.model, self.ds, self.engine = cfg, model, ds, engine
-        if model.config["in_dim"] != ds.feat_dim:
-            raise ValueError(f"checkpoint: the model takes {model.config['in_dim']} input features; {ds.root} has "
-                             f"{ds.feat_dim} per node")
-        self.num_nodes, self.labels, self.cache = ds.num_nodes, ds.labels, None
-
-    def describe(self) -> dict:
-        ds = self.ds
-        return {"root": str(ds.root), "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim}
+    def __init__(self, cfg, model, placed):
+        """``model`` (a GNN) over a homogeneous dataset placed by terastack.gnn.graph_placement."""
+        self.cfg, self.model, self.placed, self.ds = cfg, model, placed, placed.dataset
+        if model.config["in_dim"] != self.ds.feat_dim:
+            raise ValueError(f"checkpoint: the model takes {model.config['in_dim']} input features; {self.ds.root} "
+                             f"has {self.ds.feat_dim} per node")
+        self.cache = placed.features.sources[self.ds.target]
 
     def predict(self, outputs, chunk: int) -> list[dict]:
         """Every layer for every node, chunk by chunk; the last one into ``outputs``. One dict per layer."""
@@ -144,10 +139,6 @@ class LayerwiseInference:
         work_root = Path(cfg.work_dir) if cfg.work_dir else next(iter(outputs.finals.values())).parent
         work_root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".terastack-infer-", dir=work_root))
-        # Layer 0's rows come through the unified cache, hottest first: the nodes most edges leave from.
-        ranking = np.argsort(-ds.topology.appearance_counts(), kind="stable")
-        self.cache = UnifiedCache(ds, ranking, device_budget=cfg.device_cache, host_budget=cfg.host_cache,
-                                  device="cpu", engine=self.engine)
         bar = Progress(len(widths) * -(-ds.num_nodes // chunk), label="infer", unit="chunks", enabled=cfg.progress)
         layers, prev = [], None
         try:
@@ -194,8 +185,3 @@ class LayerwiseInference:
         del out, preds
         return {"layer": i, "width": width, "seconds": time.perf_counter() - t0, "rows_read": rows,
                 "bytes_written": n * width * 4}
-
-    def close(self) -> None:
-        if self.cache is not None:
-            self.cache.close()
-        self.ds.close()

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from terastack.gnn.settings import MODELS
 from terastack.gnn.training.hetero_net import HeteroGNN, check_depth
 
-MODELS = ("sage", "gcn", "gat")
 CHECKPOINT_FORMAT = "terastack-gnn-model"
 CHECKPOINT_VERSION = 1
 _META_MAX_BYTES = 1 << 20
@@ -164,14 +164,6 @@ def load_model(path: str | os.PathLike) -> tuple[GNN | HeteroGNN, dict]:
     except RuntimeError as exc:
         raise ValueError(f"{path}: weights do not fit the model in {meta_path.name}: {exc}") from None
     return model.eval(), meta
-
-
-def load_hetero_model(path: str | os.PathLike) -> tuple[HeteroGNN, dict]:
-    """:func:`load_model` for a checkpoint that must hold a heterogeneous model."""
-    model, meta = load_model(path)
-    if not isinstance(model, HeteroGNN):
-        raise ValueError(f"checkpoint: {path} holds a homogeneous model ({model.kind}); this dataset is heterogeneous")
-    return model, meta
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:

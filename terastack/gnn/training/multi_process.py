@@ -15,11 +15,11 @@ import shutil
 import signal
 import sys
 import tempfile
-from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
 from terastack.atomic import atomic_write_json
+from terastack.gnn.settings import GnnJob
 from terastack.gnn.training.train import GnnTrainer
 from terastack.local_ranks import agent_logs, launch_config
 
@@ -34,36 +34,24 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def _fields(config) -> dict:
-    """A trainer config as JSON (per-relation fanouts keyed ``src___rel___dst``)."""
-    fields = asdict(config)
-    if isinstance(fields.get("fanouts"), dict):
-        fields["fanouts"] = {("___".join(k) if isinstance(k, tuple) else k): list(v)
-                             for k, v in fields["fanouts"].items()}
-    elif isinstance(fields.get("fanouts"), tuple):
-        fields["fanouts"] = list(fields["fanouts"])
-    return fields
-
-
-def run_training(config: GnnTrainer.Config, *, nproc: int = 1, timeout_s: float = 600.0) -> dict | None:
-    """Train ``config`` (either graph kind) in one process, as a torchrun rank, or on ``nproc``
-    ranks started here; returns the result (None on ranks other than 0 under an outer torchrun)."""
-    if nproc < 1:
-        raise ValueError(f"nproc: must be >= 1, got {nproc}")
+def run_training(job: GnnJob, *, timeout_s: float = 600.0, progress: bool = True,
+                 argv: list[str] | None = None) -> dict | None:
+    """Train ``job`` (either graph kind) in one process, as a torchrun rank, or on ``job.training.nproc`` ranks
+    started here; returns the result (None on ranks other than 0 under an outer torchrun)."""
     if under_torchrun():
-        return _as_rank(config, timeout_s)
-    if nproc == 1:
-        return GnnTrainer(config).run()
-    return _launch(config, nproc, timeout_s)
+        return _as_rank(job, timeout_s, progress=progress and dist_rank() == 0)
+    if job.training.nproc == 1:
+        return GnnTrainer(job, progress=progress, argv=argv).run()
+    return _launch(job, timeout_s, progress)
 
 
-def _as_rank(config: GnnTrainer.Config, timeout_s: float) -> dict | None:
+def _as_rank(job: GnnJob, timeout_s: float, *, progress: bool) -> dict | None:
     import torch
     import torch.distributed as dist
 
     owned = not dist.is_initialized()
     if owned:
-        cuda = torch.cuda.is_available() and config.device != "cpu"
+        cuda = torch.cuda.is_available() and job.cache.device != "cpu"
         local, per_node = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if cuda:
             torch.cuda.set_device(local % torch.cuda.device_count())
@@ -71,7 +59,7 @@ def _as_rank(config: GnnTrainer.Config, timeout_s: float) -> dict | None:
         nccl = cuda and torch.cuda.device_count() >= per_node
         dist.init_process_group("nccl" if nccl else "gloo", timeout=timedelta(seconds=timeout_s))
     try:
-        result = GnnTrainer(config).run()
+        result = GnnTrainer(job, progress=progress).run()
         dist.barrier()  # every rank done before any leaves the group
     finally:
         if owned:
@@ -83,18 +71,18 @@ def dist_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _launch(config: GnnTrainer.Config, nproc: int, timeout_s: float) -> dict:
+def _launch(job: GnnJob, timeout_s: float, progress: bool) -> dict:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     run_dir = Path(tempfile.mkdtemp(prefix="terastack-gnn-ranks-"))
     try:
-        job = atomic_write_json(run_dir / "job.json", {"config": _fields(config),
-                                                       "timeout_s": timeout_s})
+        path = atomic_write_json(run_dir / "job.json", {"job": job.to_dict(everything=True), "timeout_s": timeout_s,
+                                                        "progress": progress})
         with agent_logs() as logs:   # failure records are read inside: the directory goes after
-            launch = launch_config(nproc, name="terastack-gnn", timeout_s=timeout_s, logs=logs)
+            launch = launch_config(job.training.nproc, name="terastack-gnn", timeout_s=timeout_s, logs=logs)
             try:
-                elastic_launch(launch, sys.executable)("-m", __name__, str(job))
+                elastic_launch(launch, sys.executable)("-m", __name__, str(path))
             except ChildFailedError as exc:
                 raise RankFailed(describe_failures(exc.failures)) from None
         return json.loads((run_dir / RESULT).read_text())
@@ -130,11 +118,11 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     job_path = Path(argv[0])
-    job = json.loads(job_path.read_text())
-    config = GnnTrainer.Config(**{**job["config"], "progress": job["config"]["progress"] and dist_rank() == 0})
+    saved = json.loads(job_path.read_text())
+    job = GnnJob(**saved["job"])
 
     def entry() -> int:
-        result = _as_rank(config, job["timeout_s"])
+        result = _as_rank(job, saved["timeout_s"], progress=saved["progress"] and dist_rank() == 0)
         if result is not None:
             atomic_write_json(job_path.parent / RESULT, json.loads(json.dumps(result, default=str)))
         return 0

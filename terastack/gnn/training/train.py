@@ -1,83 +1,96 @@
-"""``terastack gnn train``: out-of-core training of a PyG model over an on-disk dataset, either graph kind.
+"""``terastack gnn train``: out-of-core training of a PyG model over an on-disk dataset of either graph kind.
 
-The steps are the Python API's, in order: open (and verify) the dataset, build
-the sampler, pre-sample to count hotness, place and fill the unified cache,
-then train epochs through the pipeline, scoring each on the held-out splits
-(sampled inference, at most ``eval_nodes`` nodes of each), and optionally save
-the model (see terastack.gnn.training.models [Note: model checkpoints]). A homogeneous
-and a heterogeneous dataset run the same recipe; what differs is a graph kind
-(terastack.gnn.training.graph_kinds [Note: one training recipe for both graph kinds]).
+The steps, in order: one placement call (terastack.gnn.graph_placement [Note: one placement call]), the model of
+the dataset's kind, then epochs through the pipeline, each scored on the held-out splits (sampled inference, at
+most ``eval_nodes`` nodes of each) and checkpointed as the job asks (terastack.gnn.training.run_state [Note: a GNN
+run resumed]), and the model saved if asked (terastack.gnn.training.models [Note: model checkpoints]). The settings
+are a :class:`terastack.gnn.settings.GnnJob`.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from terastack import trace
+from terastack.gnn.graph_placement import Placement
+from terastack.gnn.sampling.pipeline import Pipeline
+from terastack.gnn.settings import HETERO_MODELS, MODELS, GnnJob
 from terastack.gnn.training.data_parallel import SyncCheck, checked_step, current_ranks, wrap
-from terastack.gnn.storage.dataset import GraphDataset
-from terastack.gnn.sampling.fanouts import parse_fanout_spec
-from terastack.gnn.training.graph_kinds import open_graph
-from terastack.gnn.training.hetero_net import HETERO_MODELS
-from terastack.gnn.training.models import MODELS, checkpoint_meta_path, eval_step, train_step
-from terastack.gnn.sampling.pipeline import Pipeline, resolve_samplers
+from terastack.gnn.training.hetero_net import HeteroGNN
+from terastack.gnn.training.models import GNN, eval_step, save_model, train_step
+from terastack.gnn.training.run_state import ModuleState, OptimizerState, RunProgress
 from terastack.progress import Progress
-from terastack.units import parse_bytes
 
 #: the epoch number whose random stream drives evaluation batches (never a training epoch)
 EVAL_EPOCH = 1 << 30
+#: the splits scored after every epoch
+SCORED = ("train", "val", "test")
+#: the settings a resumed run must share with the run that saved its checkpoint ([Note: a GNN run resumed])
+RESUME_SETTINGS = ("data.path", "model.kind", "model.hidden", "sampling.fanouts", "sampling.batch_size",
+                   "sampling.replace", "training.seed", "training.lr", "training.nproc")
 
 
-def training_threads() -> int:
-    """Intra-op threads for training on the CPU beside the pipeline: one less than the cores.
+def training_threads(requested: int = -1) -> int:
+    """Intra-op threads for training on the CPU beside the pipeline: ``requested``, or for -1 one less than the
+    cores.
 
-    The sampling and gathering threads need a core; an OpenMP team that spans
-    every core stalls each time one of its threads is descheduled (measured:
-    steps 5-10x slower on a busy 2-core machine).
-    """
+    The sampling and gathering threads need a core; an OpenMP team that spans every core stalls each time one of
+    its threads is descheduled (measured: steps 5-10x slower on a busy 2-core machine)."""
     import os
 
-    return max(1, (os.cpu_count() or 1) - 1)
+    return max(1, (os.cpu_count() or 1) - 1) if requested == -1 else requested
 
 
 def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray,
-                *, batch_size: int, epoch: int, progress: bool = True, label: str = "train", step=train_step) -> dict:
-    """Train one epoch through ``pipeline``: time, losses, per-tier hit rates and SSD traffic.
+                *, batch_size: int, epoch: int, start: int = 0, limit: int = 0, progress: bool = True,
+                label: str = "train", step=train_step, after=None) -> dict:
+    """Train one epoch through ``pipeline`` from batch ``start`` (its first ``limit`` batches when ``limit`` > 0):
+    time (``marks``: the seconds after each step, from the start), losses, per-tier hit rates and SSD traffic.
 
-    ``step(model, optimizer, batch) -> loss`` trains one batch (the default takes either graph kind's batches)."""
-    source = pipeline.source
-    topology = pipeline.sampler.topology
-    before = source.stats.snapshot()
-    topo_before = topology.stats.snapshot()
-    batches = -(-len(train_ids) // batch_size)
-    bar = Progress(batches, label=f"{label} epoch {epoch}", unit="batches", enabled=progress)
-    losses = []
+    ``step(model, optimizer, batch) -> loss`` trains one batch (the default takes either graph kind's batches);
+    ``after(k, loss)``, when given, is called once batch k is trained."""
+    source, topology = pipeline.source, pipeline.sampler.topology
+    before, topo_before = source.stats.snapshot(), topology.stats.snapshot()
+    bar = Progress(-(-len(train_ids) // batch_size) - start, label=f"{label} epoch {epoch}", unit="batches",
+                   enabled=progress)
+    losses, marks = [], []
     started = time.perf_counter()
-    for k, data in enumerate(pipeline.epoch(train_ids, batch_size, epoch=epoch)):
-        with trace.span(f"train {k}", track="train", cat="gnn", nodes=int(data.num_nodes)):
-            losses.append(step(model, optimizer, data))
-        if progress:
-            now = source.stats.snapshot()
-            rows = max(now["rows"] - before["rows"], 1)
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.update(1, loss=losses[-1], dev_hit=(now["device_hits"] - before["device_hits"]) / rows,
-                       host_hit=(now["host_hits"] - before["host_hits"]) / rows,
-                       ssd_GBps=(now["ssd_bytes"] - before["ssd_bytes"]) / elapsed / 1e9)
+    batches = pipeline.epoch(train_ids, batch_size, epoch=epoch, start=start)
+    try:
+        for k, data in enumerate(batches, start):
+            with trace.span(f"train {k}", track="train", cat="gnn", nodes=int(data.num_nodes)):
+                losses.append(step(model, optimizer, data))
+            marks.append(time.perf_counter() - started)
+            if after is not None:
+                after(k, losses[-1])
+            if progress:
+                now = source.stats.snapshot()
+                rows = max(now["rows"] - before["rows"], 1)
+                bar.update(1, loss=losses[-1], dev_hit=(now["device_hits"] - before["device_hits"]) / rows,
+                           host_hit=(now["host_hits"] - before["host_hits"]) / rows,
+                           ssd_GBps=(now["ssd_bytes"] - before["ssd_bytes"]) / max(marks[-1], 1e-9) / 1e9)
+            if limit and len(losses) >= limit:
+                break
+    finally:
+        batches.close()  # stopped early: the stages stop
     seconds = time.perf_counter() - started
     bar.close()
-    after = source.stats.snapshot()
-    delta = {k: after[k] - before[k] for k in ("rows", "device_hits", "host_hits", "misses", "ssd_bytes", "ssd_blocks",
-                                               "ssd_calls", "batches", "io_wait_seconds")}
+    return _epoch_figures(pipeline, before, topo_before, epoch=epoch, seconds=seconds, losses=losses, marks=marks)
+
+
+def _epoch_figures(pipeline: Pipeline, before: dict, topo_before: dict, *, epoch: int, seconds: float, losses: list,
+                   marks: list) -> dict:
+    after_, topo_after = pipeline.source.stats.snapshot(), pipeline.sampler.topology.stats.snapshot()
+    delta = {k: after_[k] - before[k] for k in ("rows", "device_hits", "host_hits", "misses", "ssd_bytes",
+                                                "ssd_blocks", "ssd_calls", "batches", "io_wait_seconds")}
     rows = max(delta["rows"], 1)
-    topo_after = topology.stats.snapshot()
     topo = {k: topo_after[k] - topo_before[k] for k in ("lookups", "hits", "indptr_calls", "indices_calls",
                                                         "ssd_bytes")}
     st = pipeline.last_stats
     return {
-        "epoch": epoch, "seconds": seconds, "batches": len(losses),
+        "epoch": epoch, "seconds": seconds, "batches": len(losses), "marks": marks,
         "batches_per_s": len(losses) / seconds if seconds else 0.0,
         "loss_mean": float(np.mean(losses)) if losses else float("nan"), "losses": losses,
         "device_hit_rate": delta["device_hits"] / rows, "host_hit_rate": delta["host_hits"] / rows,
@@ -93,13 +106,6 @@ def train_epoch(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.opt
     }
 
 
-def fit(pipeline: Pipeline, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_ids: np.ndarray, *,
-        batch_size: int, epochs: int, first_epoch: int = 0, progress: bool = True, label: str = "train") -> list[dict]:
-    """Train ``epochs`` epochs; one :func:`train_epoch` dict per epoch."""
-    return [train_epoch(pipeline, model, optimizer, train_ids, batch_size=batch_size, epoch=e, progress=progress,
-                        label=label) for e in range(first_epoch, first_epoch + epochs)]
-
-
 def evaluate(pipeline: Pipeline, model: torch.nn.Module, ids: np.ndarray, *, batch_size: int,
              step=eval_step) -> float:
     """Accuracy on the seed nodes ``ids`` (sampled inference, fixed random stream); ``step(model, batch)``
@@ -111,137 +117,176 @@ def evaluate(pipeline: Pipeline, model: torch.nn.Module, ids: np.ndarray, *, bat
     return correct / max(total, 1)
 
 
+def build_model(job: GnnJob, ds, hops: int) -> torch.nn.Module:
+    """The job's model for the dataset ``ds``'s kind: :class:`GNN` over a homogeneous graph, :class:`HeteroGNN`
+    over a heterogeneous one."""
+    kind, hidden = job.model.kind, job.model.hidden
+    allowed = HETERO_MODELS if ds.hetero else MODELS
+    if kind not in allowed:
+        raise ValueError(f"model: {'heterogeneous' if ds.hetero else 'homogeneous'} graphs train one of "
+                         f"{', '.join(allowed)}; got {kind!r}")
+    torch.manual_seed(job.training.seed)
+    if not ds.hetero:
+        return GNN(kind, ds.feat_dim, hidden, ds.num_classes, hops)
+    return HeteroGNN(kind, ds.node_types, ds.edge_types, {t: ds.feature_dims[t] or 1 for t in ds.node_types}, hidden,
+                     ds.num_classes, hops, ds.target)
+
+
+def dataset_report(ds) -> dict:
+    """What the result and a saved model say about the dataset (its kind's counts)."""
+    out = {"root": str(ds.root), "classes": ds.num_classes, "verified": ds.verified}
+    if ds.hetero:
+        return {**out, "target": ds.target, "nodes": ds.node_counts, "feat_dim": ds.feature_dims,
+                "edges": {"___".join(et): n for et, n in ds.edge_counts.items()}}
+    return {**out, "nodes": ds.num_nodes, "edges": ds.num_edges, "feat_dim": ds.feat_dim,
+            "feat_dtype": ds.feat_dtype.name, "feature_bytes": ds.feature_bytes}
+
+
 class GnnTrainer:
     """Trains a GNN out of core on a homogeneous (``sage``, ``gcn``, ``gat``) or heterogeneous (``sage`` as
-    ``to_hetero(GraphSAGE)``, ``rgcn``) dataset; ``run()`` returns the result dict."""
+    ``to_hetero(GraphSAGE)``, ``rgcn``) dataset; ``run()`` returns the result dict. ``argv``: the command's words
+    after ``terastack`` (for the resume command of an interrupted run)."""
 
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        data: str
-        model: str = "sage"
-        hidden: int = 128
-        #: one list for every relation ("15,10"; -1: every neighbour), or per relation on a heterogeneous
-        #: dataset ("cites=15,10;*=5,5"; 0: none from that relation at that hop); see terastack.gnn.sampling.fanouts
-        fanouts: tuple[int, ...] | dict | str = (15, 10)
-        batch_size: int = 1024
-        epochs: int = 1
-        lr: float = 3e-3
-        device_cache: int | str = 0
-        host_cache: int | str = "256MiB"
-        seed: int = 0
-        replace: bool = False
-        #: False: sample, gather and train one after another (no overlap)
-        overlap: bool = True
-        depth: int = 1
-        #: sampler threads of the pipeline (0: 2 with the topology on the SSD, else 1;
-        #: terastack.gnn.sampling.pipeline [Note: several sampler threads])
-        samplers: int = 0
-        #: nodes of each held-out split (validation and test; on a heterogeneous dataset train too) scored after
-        #: every epoch (0: none, -1: the whole splits)
-        eval_nodes: int = 4096
-        #: write the trained model here (weights; its description beside it as PATH.json), "" for nowhere
-        save_model: str = ""
-        presample_epochs: int = 2
-        verify: str = "stamp"
-        #: "memory": topology read into RAM; "mmap": topology pages read from SSD on demand; "ssd": topology
-        #: read per hop through the storage engine, hot lists cached out of host_cache (terastack.gnn.storage.topology)
-        topology: str = "memory"
-        #: with topology="ssd": indptr in memory, on the SSD, or "auto" (memory when <= a quarter of host_cache)
-        indptr: str = "auto"
-        device: str = "auto"
-        progress: bool = True
-        #: with several ranks: gather every rank's parameters after every step and report the largest difference
-        check_sync: bool = False
+    def __init__(self, job: GnnJob, *, progress: bool = True, engine=None, argv: list[str] | None = None):
+        if not job.data.path:
+            raise ValueError("data: a dataset directory is required (--data DIR)")
+        self.job, self.progress, self.engine, self.argv = job, progress, engine, argv
+        self.run_: TrainingRun | None = None
 
-        def __post_init__(self) -> None:
-            if not self.data:
-                raise ValueError("data: a dataset directory is required")
-            if self.model not in MODELS + HETERO_MODELS:
-                raise ValueError(f"model: must be one of {', '.join(dict.fromkeys(MODELS + HETERO_MODELS))}; "
-                                 f"got {self.model!r}")
-            self.fanouts = parse_fanout_spec(self.fanouts)  # the relations are checked once the dataset is open
-            for name in ("hidden", "batch_size", "depth", "presample_epochs"):
-                if getattr(self, name) < 1:
-                    raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-            resolve_samplers(self.samplers, None)  # validates
-            if self.epochs < 0:
-                raise ValueError(f"epochs: must be >= 0, got {self.epochs}")
-            if not self.lr > 0:
-                raise ValueError(f"lr: must be > 0, got {self.lr}")
-            GraphDataset.Config(root=self.data, verify=self.verify, topology=self.topology,
-                                indptr=self.indptr)  # validates them
-            if self.save_model:
-                checkpoint_meta_path(self.save_model)  # validates the name
-            self.device_cache = parse_bytes(self.device_cache, field="device_cache")
-            self.host_cache = parse_bytes(self.host_cache, field="host_cache")
-
-    def __init__(self, config: "GnnTrainer.Config", *, engine=None):
-        self.config = config
-        self.engine = engine
+    def placement_config(self, ranks) -> Placement.Config:
+        job, s = self.job, self.job.sampling
+        return Placement.Config(fanouts=s.fanouts, replace=s.replace, seed=job.training.seed, batch_size=s.batch_size,
+                                presample_epochs=s.presample_epochs, device_cache=job.cache.device_cache,
+                                host_cache=job.cache.host_cache, device=job.cache.device, verify=job.data.verify,
+                                topology=job.data.topology, indptr=job.data.indptr, samplers=s.samplers,
+                                depth=s.depth, overlap=s.overlap, rank=ranks.rank, world_size=ranks.world_size)
 
     def run(self) -> dict:
-        cfg = self.config
-        t0 = time.perf_counter()
-        graph = open_graph(cfg, self.engine)
-        ranks = current_ranks()
+        """Place the dataset, train (resumed when the job says so), save the model; the result. Ctrl-C raises
+        :class:`~terastack.training.interrupt.JobInterrupted` with the line naming the ``--resume`` command."""
+        job, ranks = self.job, current_ranks()
+        self.run_ = None
         try:
-            graph.make_sampler()
-            train_ids = graph.train_ids()
-            opened = time.perf_counter()
-            graph.presample(train_ids)
-            presampled = time.perf_counter()
-            graph.place()
-            pipeline = graph.pipeline(ranks)
-            torch.manual_seed(cfg.seed)
-            model = graph.model().to(pipeline.device)
-            trained = _train(cfg, graph, pipeline, model, train_ids, ranks)
-            caches = graph.describe_caches()
-        finally:
-            graph.close()
-        checkpoint = graph.save(model, trained["final"]) if cfg.save_model and ranks.leader else None
-        return _result(cfg, graph, trained, caches, checkpoint, ranks,
-                       setup={"open": opened - t0, "presample": presampled - opened})
+            with Placement(job.data.path, self.placement_config(ranks), engine=self.engine) as placed:
+                ds = placed.dataset
+                if len(ds.splits["train"]) == 0:
+                    raise ValueError(f"{ds.root}: the training split is empty")
+                model = build_model(job, ds, placed.sampler.hops).to(placed.pipeline.device)
+                self.run_ = TrainingRun(job, placed, model, ranks, progress=self.progress)
+                trained = self.run_.train()
+                caches = placed.describe()
+                report = dataset_report(ds)
+        except KeyboardInterrupt:
+            raise self.interrupted() from None
+        saved = None
+        if job.output.save_model and ranks.leader:
+            saved = str(save_model(model.cpu(), job.output.save_model, dataset=report, training={
+                "fanouts": job.sampling.fanouts, "epochs": job.training.epochs, "lr": job.training.lr,
+                "seed": job.training.seed}, **trained["final"]))
+        return _result(job, placed, report, trained, caches, saved, ranks)
+
+    def interrupted(self):
+        """Where the run stood when Ctrl-C came, as one line (terastack.training.interrupt [Note: an interrupted
+        run]): the batch reached, the newest checkpoint and the command that resumes from it."""
+        from terastack.training.interrupt import JobInterrupted, interrupted_line, latest_checkpoint
+
+        job, run = self.job, self.run_
+        last = latest_checkpoint(job.checkpoint.dir) or latest_checkpoint(job.checkpoint.resume)
+        where = "before training started" if run is None else \
+            f"at batch {run.state.batch} of epoch {run.state.epoch} ({run.state.trained} batches trained)"
+        return JobInterrupted(interrupted_line(step=None, total=None, last=last, argv=self.argv, where=where,
+                                               checkpoint_dir=job.checkpoint.dir, command=("gnn", "train")))
 
 
-def _train(cfg: "GnnTrainer.Config", graph, pipeline: Pipeline, model: torch.nn.Module, train_ids: np.ndarray,
-           ranks) -> dict:
-    """Train ``cfg.epochs`` epochs, scoring each on the held-out nodes; the epochs, the final scores, the check."""
-    net = wrap(model, ranks, pipeline.device)  # data-parallel: terastack.gnn.training.data_parallel
-    sync = SyncCheck(model) if cfg.check_sync and ranks.active else None
-    step = checked_step(graph.train_step, sync)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    # Evaluation nodes: the first eval_nodes of each split, the same ones after every epoch.
-    ds = graph.ds
-    held_out = {name: ds.splits[name] if cfg.eval_nodes < 0 else ds.splits[name][: cfg.eval_nodes]
-                for name in graph.scored if cfg.eval_nodes and len(ds.splits[name])}
-    unscored = {f"{k}_acc": None for k in graph.scored}
+class TrainingRun:
+    """The epochs of one run over a placed dataset: each trained from the batch the run stands at, scored, and
+    checkpointed as the job asks (terastack.gnn.training.run_state [Note: a GNN run resumed])."""
 
-    def scores() -> dict:
-        return {f"{k}_acc": evaluate(pipeline, model, ids, batch_size=cfg.batch_size, step=graph.eval_step)
-                for k, ids in held_out.items()}
+    def __init__(self, job: GnnJob, placed: Placement, model: torch.nn.Module, ranks, *, progress: bool):
+        from terastack.training.rng_state import RNGState
 
-    epochs = []
-    for epoch in range(cfg.epochs):  # train an epoch, then score it on the held-out nodes
-        result = train_epoch(pipeline, net, optimizer, train_ids, batch_size=cfg.batch_size, epoch=epoch,
-                             progress=cfg.progress and ranks.leader, step=step)
-        epochs.append({**result, **unscored, **scores()})
-    final = {k: epochs[-1][k] for k in unscored} if epochs else {**unscored, **scores()}
-    return {"epochs": epochs, "final": final, "sync": sync}
+        self.job, self.placed, self.ranks, self.progress = job, placed, ranks, progress
+        self.net = wrap(model, ranks, placed.pipeline.device)  # data-parallel: terastack.gnn.training.data_parallel
+        self.sync = SyncCheck(model) if job.training.check_sync and ranks.active else None
+        self.step = checked_step(train_step, self.sync)
+        self.model, self.optimizer = model, torch.optim.Adam(model.parameters(), lr=job.training.lr)
+        self.state = RunProgress({path: job.get(path) for path in RESUME_SETTINGS})
+        self.components = {"model": ModuleState(model), "optimizer": OptimizerState(self.optimizer),
+                           "progress": self.state, "rng": RNGState()}
+        self.saved_at = None  # batches trained when the newest checkpoint was written
+
+    def train(self) -> dict:
+        """Every epoch left; the epochs' results, the final scores and the ranks' check."""
+        from terastack.training.checkpoint import open_checkpoint
+
+        job, st = self.job, self.state
+        if job.checkpoint.resume:
+            open_checkpoint(job.checkpoint.resume).load(self.components)
+            self.saved_at = st.trained
+        while st.epoch < job.training.epochs:
+            self.epoch()
+        if job.checkpoint.dir and self.saved_at != st.trained:
+            self.save()
+        unscored = {f"{k}_acc": None for k in SCORED}
+        final = {k: st.epochs[-1][k] for k in unscored} if st.epochs else {**unscored, **self.scores()}
+        return {"epochs": st.epochs, "final": final, "sync": self.sync}
+
+    def epoch(self) -> None:
+        """The epoch the run stands in, from its next batch; scored; checkpointed every N batches, or at its end."""
+        job, st, every = self.job, self.state, self.job.checkpoint.every
+
+        def after(k: int, loss: float) -> None:
+            st.batch, st.trained = k + 1, st.trained + 1
+            st.losses.append(loss)
+            if every and st.trained % every == 0:
+                self.save()
+
+        first = st.batch
+        result = train_epoch(self.placed.pipeline, self.net, self.optimizer, self.placed.dataset.splits["train"],
+                             batch_size=job.sampling.batch_size, epoch=st.epoch, start=first,
+                             progress=self.progress and self.ranks.leader, step=self.step, after=after)
+        st.epochs.append({**result, "first_batch": first, "losses": list(st.losses), **self.scores()})
+        st.epoch, st.batch, st.losses = st.epoch + 1, 0, []
+        if job.checkpoint.dir and not every:
+            self.save()
+
+    def scores(self) -> dict:
+        """Accuracy on the first ``eval_nodes`` nodes of each held-out split (the same ones after every epoch)."""
+        n, ds = self.job.training.eval_nodes, self.placed.dataset
+        out = {}
+        for name in SCORED:
+            ids = ds.splits[name] if n < 0 else ds.splits[name][:n]
+            out[f"{name}_acc"] = evaluate(self.placed.pipeline, self.model, ids, batch_size=self.job.sampling.batch_size
+                                          ) if n and len(ids) else None
+        return out
+
+    def save(self) -> None:
+        from terastack.training.checkpoint import save_checkpoint
+
+        if self.ranks.leader:  # the ranks' states are identical (terastack.gnn.training.data_parallel)
+            save_checkpoint(self.job.checkpoint.dir, self.components, step=self.state.trained)
+        self.saved_at = self.state.trained
 
 
-def _result(cfg: "GnnTrainer.Config", graph, trained: dict, caches: tuple[dict, dict], checkpoint: str | None,
-            ranks, *, setup: dict) -> dict:
+def _result(job: GnnJob, placed: Placement, report: dict, trained: dict, caches: tuple[dict, dict],
+            saved: str | None, ranks) -> dict:
     epochs, final, sync = trained["epochs"], trained["final"], trained["sync"]
+    hot = placed.hotness[placed.dataset.target]
+    target = caches[0]["types"].get(placed.dataset.target, {})
+    cached = target.get("device_rows", 0) + target.get("host_rows", 0)
     return {
-        **graph.report(setup),
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-        "cache": caches[0], "topology": caches[1],
+        "dataset": report, "config": job.to_dict(everything=True),
+        "fanouts": {"___".join(et): list(f) for et, f in placed.sampler.fanouts.items()},
+        "presample": {"batches": hot.batches, "nodes_per_batch": {t: h.nodes_per_batch for t, h in placed.hotness.items()},
+                      "sample_seconds_per_batch": hot.sample_seconds_per_batch,
+                      "expected_hit_rate": hot.hit_rate(cached)},
+        "setup_seconds": placed.setup_seconds, "cache": caches[0], "topology": caches[1],
         "epochs": [{k: v for k, v in e.items() if k != "losses"} for e in epochs],
         "loss_curve": [loss for e in epochs for loss in e["losses"]],
         **final,
         "accuracy": final["test_acc"],  # the last epoch's test accuracy (the older name of test_acc)
-        **{f"{k}_acc_per_epoch": [e[f"{k}_acc"] for e in epochs] for k in graph.scored},
+        **{f"{k}_acc_per_epoch": [e[f"{k}_acc"] for e in epochs] for k in SCORED},
         "epoch_seconds": [e["seconds"] for e in epochs],
-        "checkpoint": checkpoint,
+        "saved_model": saved, "checkpoint": job.checkpoint.dir, "resumed_from": job.checkpoint.resume,
         "ranks": {"world_size": ranks.world_size, **(sync.to_dict() if sync else {})},
     }

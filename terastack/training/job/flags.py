@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from terastack.training.job.sections import ALTERNATIVES, SECTIONS
+from terastack.training.job.sections import JobConfig, alternatives_of, sections_of
 from terastack.training.job.setting import flat_name, hints, kinds
 
 #: flags' ``dest`` start with this, then ``section.field``
@@ -25,13 +25,16 @@ def _type(hint):
     return None  # a string: the section reads it (sizes, comma-separated lists)
 
 
-def add_job_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
-    """One argument group per section (but those in ``skip``), one flag per setting."""
-    exclusive = {p: pair for pair in ALTERNATIVES for p in pair}
-    for name, cls in SECTIONS.items():
+def add_job_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = (), job: type = JobConfig,
+                      only: tuple[str, ...] = ()) -> None:
+    """One argument group per section of job class ``job`` (but those in ``skip``), one flag per setting (with
+    ``only``: the settings it names as ``section.field``, for a command that takes a few of a job's settings)."""
+    exclusive = {p: pair for pair in alternatives_of(job) for p in pair}
+    for name, cls in sections_of(job).items():
         if name in skip:
             continue
-        fields = [f for f in dataclasses.fields(cls) if f.metadata.get("flag", True)]
+        fields = [f for f in dataclasses.fields(cls) if f.metadata.get("flag", True)
+                  and (not only or f"{name}.{f.name}" in only)]
         if not fields:
             continue
         group = parser.add_argument_group(f"{name}: {cls.__doc__.strip()}")

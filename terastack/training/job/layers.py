@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from terastack.training.job.legacy import OLD_LORA_KEYS, old_section_key, old_trainer_key
-from terastack.training.job.sections import ALTERNATIVES, FLAT, SECTIONS, JobConfig, build_section
+from terastack.training.job.sections import JobConfig, alternatives_of, build_section, flat_index, sections_of
 from terastack.training.job.setting import SettingError, flat_name
 
 #: a layer: ``section.field`` -> value
@@ -36,10 +36,11 @@ Layer = dict
 
 
 class _Reader:
-    """Places the keys of one layer, new spellings over old ones, and collects the notes on old ones."""
+    """Places the keys of one layer of job class ``job``'s settings, new spellings over old ones (only the
+    language-model job has old ones), and collects the notes on old ones."""
 
-    def __init__(self, where: str):
-        self.where = where
+    def __init__(self, where: str, job: type = JobConfig):
+        self.where, self.sections, self.flat, self.legacy = where, sections_of(job), flat_index(job), job is JobConfig
         self.new: Layer = {}
         self.old: Layer = {}
         self.notes: list[str] = []
@@ -53,31 +54,31 @@ class _Reader:
 
     def top(self, key: str, value) -> None:
         """One top-level key: a section table, the old trainer table, or a flat name."""
-        if key in SECTIONS and isinstance(value, dict):
+        if key in self.sections and isinstance(value, dict):
             for inner, v in value.items():
                 self.in_section(key, inner, v)
-        elif key == "trainer":
+        elif key == "trainer" and self.legacy:
             if not isinstance(value, dict):
                 raise ValueError(f"{self.where}: 'trainer' must be a table of settings")
             for inner, v in value.items():
                 self.trainer_key(inner, v)
-        elif key in FLAT:
-            self.new[FLAT[key]] = value
-        elif old_trainer_key(key):  # an old trainer field at the top level
+        elif key in self.flat:
+            self.new[self.flat[key]] = value
+        elif self.legacy and old_trainer_key(key):  # an old trainer field at the top level
             self.moved(key, old_trainer_key(key), value)
         else:
-            raise self.unknown(key, f"sections: {', '.join(SECTIONS)}; or a setting's flat name: "
-                                    f"{', '.join(FLAT)}", [*SECTIONS, *FLAT, *FLAT.values()])
+            raise self.unknown(key, f"sections: {', '.join(self.sections)}; or a setting's flat name: "
+                                    f"{', '.join(self.flat)}", [*self.sections, *self.flat, *self.flat.values()])
 
     def in_section(self, section: str, key: str, value) -> None:
-        fields = SECTIONS[section].__dataclass_fields__
+        fields = self.sections[section].__dataclass_fields__
         if key in fields:
             self.new[f"{section}.{key}"] = value
-        elif old_section_key(section, key):
+        elif self.legacy and old_section_key(section, key):
             self.moved(f"{section}.{key}", old_section_key(section, key), value)
         else:
             raise self.unknown(f"{section}.{key}", f"the {section} settings: {', '.join(fields)}",
-                               [f"{section}.{f}" for f in fields] + [f"{section}.{f}" for f in FLAT])
+                               [f"{section}.{f}" for f in fields] + [f"{section}.{f}" for f in self.flat])
 
     def trainer_key(self, key: str, value) -> None:
         if key == "lora" and isinstance(value, dict):
@@ -130,15 +131,15 @@ def _read_mapping(path: Path) -> dict:
     return data
 
 
-def read_job_file(path: str | os.PathLike, *, log: TextIO | None = None) -> Layer:
+def read_job_file(path: str | os.PathLike, *, log: TextIO | None = None, job: type = JobConfig) -> Layer:
     """The settings of a YAML or TOML job file as ``{section.field: value}`` (old spellings noted on ``log``)."""
-    reader = _Reader(str(path))
+    reader = _Reader(str(path), job)
     for key, value in _read_mapping(Path(path)).items():
         reader.top(key, value)
     return reader.layer(log)
 
 
-def parse_overrides(items: list[str], *, log: TextIO | None = None) -> Layer:
+def parse_overrides(items: list[str], *, log: TextIO | None = None, job: type = JobConfig) -> Layer:
     """``key=value`` words: ``section.field=VALUE`` or ``flat_name=VALUE`` (values parsed as YAML)."""
     import yaml
 
@@ -152,11 +153,11 @@ def parse_overrides(items: list[str], *, log: TextIO | None = None) -> Layer:
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError:
             value = text
-        reader = _Reader(f"override {item!r}")
+        reader = _Reader(f"override {item!r}", job)
         head, dot, rest = key.partition(".")
-        if dot and head == "trainer":
+        if dot and head == "trainer" and reader.legacy:
             reader.trainer_key(rest, value)
-        elif dot and head in SECTIONS:
+        elif dot and head in reader.sections:
             reader.in_section(head, rest, value)
         else:
             reader.top(key, value)
@@ -164,12 +165,12 @@ def parse_overrides(items: list[str], *, log: TextIO | None = None) -> Layer:
     return out
 
 
-def merge_layers(*layers: Layer) -> Layer:
+def merge_layers(*layers: Layer, job: type = JobConfig) -> Layer:
     """Later layers win setting by setting; a layer giving one of an alternative pair drops the other from the
     layers below."""
     out: Layer = {}
     for layer in layers:
-        for a, b in ALTERNATIVES:
+        for a, b in alternatives_of(job):
             for mine, other in ((a, b), (b, a)):
                 if layer.get(mine) is not None and layer.get(other) is None:
                     out.pop(other, None)
@@ -177,36 +178,36 @@ def merge_layers(*layers: Layer) -> Layer:
     return out
 
 
-def build_job(layer: Layer) -> JobConfig:
-    """The job of a layer of ``section.field`` settings (every value checked by its section)."""
+def build_job(layer: Layer, job: type = JobConfig):
+    """The job (of class ``job``) of a layer of ``section.field`` settings (every value checked by its section)."""
     sections: dict[str, dict] = {}
     for path, value in layer.items():
         section, name = path.split(".", 1)
         sections.setdefault(section, {})[name] = value
-    return JobConfig(**{name: build_section(SECTIONS[name], values) for name, values in sections.items()})
+    return job(**{name: build_section(sections_of(job)[name], values) for name, values in sections.items()})
 
 
 def resolve_job(*, file: str | os.PathLike | None, flags: Layer, overrides: list[str],
-                log: TextIO | None | str = "stderr") -> JobConfig:
+                log: TextIO | None | str = "stderr", job: type = JobConfig):
     """The job of [Note: job config resolution]: file < flags < ``key=value``. ``flags``: the settings the
     command line gave, as ``{section.field: value}`` (None values are ignored); ``log``: where notes on old
     spellings go (the process's stderr at the time of the call by default; None: nowhere)."""
     if log == "stderr":
         log = sys.stderr
-    from_file = read_job_file(file, log=log) if file else {}
+    from_file = read_job_file(file, log=log, job=job) if file else {}
     if file:
         try:  # the file's own mistakes are named with the file
-            build_job(from_file)
+            build_job(from_file, job)
         except ValueError as exc:
             raise ValueError(f"{file}: {exc}") from None
     given = {k: v for k, v in flags.items() if v is not None}
-    spelled = {path: _flag_of(path) for path in given}  # a setting is named as the user gave it
+    spelled = {path: _flag_of(path, job) for path in given}  # a setting is named as the user gave it
     for item in overrides:
         key = item.partition("=")[0].strip()
-        path = FLAT.get(key.replace("-", "_")) or key.replace("-", "_")
+        path = flat_index(job).get(key.replace("-", "_")) or key.replace("-", "_")
         spelled[path] = key
     try:
-        return build_job(merge_layers(from_file, given, parse_overrides(overrides, log=log)))
+        return build_job(merge_layers(from_file, given, parse_overrides(overrides, log=log, job=job), job=job), job)
     except SettingError as exc:
         parts = exc.path.split("/")
         if not any(p in spelled for p in parts):
@@ -214,10 +215,10 @@ def resolve_job(*, file: str | os.PathLike | None, flags: Layer, overrides: list
         raise SettingError("/".join(spelled.get(p, p) for p in parts), exc.reason) from None
 
 
-def _flag_of(path: str) -> str:
+def _flag_of(path: str, job: type = JobConfig) -> str:
     """The flag of setting ``section.field`` (``store.host_budget`` -> ``--host-budget``)."""
     section, name = path.split(".", 1)
-    f = SECTIONS[section].__dataclass_fields__[name]
+    f = sections_of(job)[section].__dataclass_fields__[name]
     return "--" + flat_name(f).replace("_", "-")
 
 

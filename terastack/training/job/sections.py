@@ -10,6 +10,7 @@ measured on the machine).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -322,8 +323,67 @@ class LoraSection:
             self.target_modules = tuple(m.strip() for m in self.target_modules.split(",") if m.strip())
 
 
+class SectionedJob:
+    """What every sectioned job does, whatever its sections: a job class is a dataclass whose fields are its
+    sections (:class:`JobConfig` for language models; another engine defines its own of the same shape, and the
+    flags, file keys and overrides follow from it as from this one). Sections given as mappings are built and
+    checked; ``get``, ``with_absolute_paths`` and ``to_dict`` read every section."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        for name, cls in sections_of(type(self)).items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, build_section(cls, value))
+            elif not isinstance(value, cls):
+                raise SettingError(name, f"must be a table of {name} settings, got {value!r}")
+
+    def get(self, path: str):
+        """The value of ``section.field``."""
+        section, name = path.split(".", 1)
+        return getattr(getattr(self, section), name)
+
+    def with_absolute_paths(self, base: str | os.PathLike | None = None):
+        """This job with every setting that names files (``setting(path=...)``) absolute, relative ones taken
+        from ``base`` (default: the working directory): a saved job then runs the same from any directory. A
+        setting that may be a name instead (a built-in model, a Hub id, ``builtin:docstrings``) is a path when
+        it names something that exists."""
+        base = os.path.abspath(base or os.getcwd())
+
+        def absolute(value: str) -> str:
+            return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+
+        sections = {}
+        for name in sections_of(type(self)):
+            section = getattr(self, name)
+            changes = {}
+            for f in dataclasses.fields(section):
+                kind, value = f.metadata.get("path"), getattr(section, f.name)
+                if kind is None or not isinstance(value, str) or not value:
+                    continue
+                if kind == "paths":
+                    changes[f.name] = ",".join(absolute(p.strip()) for p in value.split(","))
+                elif kind == "path" or os.path.exists(absolute(value)):
+                    changes[f.name] = absolute(value)
+            sections[name] = dataclasses.replace(section, **changes) if changes else section
+        return dataclasses.replace(self, **sections)
+
+    def to_dict(self, *, everything: bool = False) -> dict:
+        """``{section: {field: value}}`` of the settings that differ from their defaults (all of them with
+        ``everything``): what a saved job file holds. Tuples become lists (YAML and TOML have no tuples)."""
+        out: dict = {}
+        for name in sections_of(type(self)):
+            section = getattr(self, name)
+            for f in dataclasses.fields(section):
+                value = getattr(section, f.name)
+                if everything or value != f.default:
+                    out.setdefault(name, {})[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
 @dataclass(kw_only=True, slots=True)
-class JobConfig:
+class JobConfig(SectionedJob):
     """A language-model job: one section per concern, each validated when built. ``JobConfig()`` is the default
     job (the built-in model on the built-in corpus); sections may be given as mappings of their fields."""
 
@@ -340,63 +400,43 @@ class JobConfig:
     disdp: DisdpSection = field(default_factory=DisdpSection)
 
     def __post_init__(self) -> None:
-        for name, cls in SECTIONS.items():
-            value = getattr(self, name)
-            if isinstance(value, dict):
-                setattr(self, name, build_section(cls, value))
-            elif not isinstance(value, cls):
-                raise SettingError(name, f"must be a table of {name} settings, got {value!r}")
+        SectionedJob.__post_init__(self)
         if self.schedule.optimizer != AUTO:  # the schedule's own word on clipping (terastack.plan.schedule_specs)
             try:
                 schedule_specs.SCHEDULES[self.schedule.optimizer].check_clipping(self.training.max_grad_norm)
             except ValueError as exc:
                 raise SettingError("schedule.optimizer", str(exc).split(": ", 1)[1]) from None
 
-    def get(self, path: str):
-        """The value of ``section.field``."""
-        section, name = path.split(".", 1)
-        return getattr(getattr(self, section), name)
 
-    def with_absolute_paths(self, base: str | os.PathLike | None = None) -> "JobConfig":
-        """This job with every setting that names files (``setting(path=...)``) absolute, relative ones taken
-        from ``base`` (default: the working directory): a saved job then runs the same from any directory. A
-        setting that may be a name instead (a built-in model, a Hub id, ``builtin:docstrings``) is a path when
-        it names something that exists."""
-        base = os.path.abspath(base or os.getcwd())
+@functools.cache
+def sections_of(job: type) -> dict[str, type]:
+    """Section name -> its class, in the order of the job class ``job``'s fields."""
+    return {f.name: f.default_factory for f in dataclasses.fields(job)}
 
-        def absolute(value: str) -> str:
-            return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
 
-        sections = {}
-        for name in SECTIONS:
-            section = getattr(self, name)
-            changes = {}
-            for f in dataclasses.fields(section):
-                kind, value = f.metadata.get("path"), getattr(section, f.name)
-                if kind is None or not isinstance(value, str) or not value:
-                    continue
-                if kind == "paths":
-                    changes[f.name] = ",".join(absolute(p.strip()) for p in value.split(","))
-                elif kind == "path" or os.path.exists(absolute(value)):
-                    changes[f.name] = absolute(value)
-            sections[name] = dataclasses.replace(section, **changes) if changes else section
-        return dataclasses.replace(self, **sections)
+@functools.cache
+def flat_index(job: type) -> dict[str, str]:
+    """Flat name (a top-level file key, an override's key, a flag's name) -> ``section.field``, over job class
+    ``job``'s sections; a flat name shared by two settings is refused (it must name one)."""
+    out: dict[str, str] = {}
+    for name, cls in sections_of(job).items():
+        for f in dataclasses.fields(cls):
+            flat = flat_name(f)
+            if flat in out:
+                raise TypeError(f"job settings {out[flat]} and {name}.{f.name} share the flat name {flat!r}")
+            out[flat] = f"{name}.{f.name}"
+    return out
 
-    def to_dict(self, *, everything: bool = False) -> dict:
-        """``{section: {field: value}}`` of the settings that differ from their defaults (all of them with
-        ``everything``): what ``finetune.yaml`` holds. Tuples become lists (YAML and TOML have no tuples)."""
-        out: dict = {}
-        for name in SECTIONS:
-            section = getattr(self, name)
-            for f in dataclasses.fields(section):
-                value = getattr(section, f.name)
-                if everything or value != f.default:
-                    out.setdefault(name, {})[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+
+@functools.cache
+def alternatives_of(job: type) -> tuple:
+    """``section.field`` pairs of job class ``job`` of which a job gives at most one (a section's ALTERNATIVES)."""
+    return tuple((f"{name}.{a}", f"{name}.{b}") for name, cls in sections_of(job).items()
+                 for a, b in getattr(cls, "ALTERNATIVES", ()))
 
 
 #: section name -> its class, in the job's order
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}
+SECTIONS: dict[str, type] = sections_of(JobConfig)
 
 
 def build_section(cls, values: dict):
@@ -409,18 +449,7 @@ def build_section(cls, values: dict):
     return cls(**values)
 
 
-def _flat_index() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            flat = flat_name(f)
-            if flat in out:  # a flat key or a flag must name one setting
-                raise TypeError(f"job settings {out[flat]} and {name}.{f.name} share the flat name {flat!r}")
-            out[flat] = f"{name}.{f.name}"
-    return out
-
-
 #: flat name (a top-level file key, an override's key, a flag's name) -> ``section.field``
-FLAT: dict[str, str] = _flat_index()
+FLAT: dict[str, str] = flat_index(JobConfig)
 #: ``section.field`` pairs of which a job gives at most one
-ALTERNATIVES = tuple((f"training.{a}", f"training.{b}") for a, b in TrainingSection.ALTERNATIVES)
+ALTERNATIVES = alternatives_of(JobConfig)

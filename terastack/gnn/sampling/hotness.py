@@ -123,64 +123,61 @@ class _Pass:
     sampling: float = 0.0
     examples: list = field(default_factory=list)
 
-    def hotness(self, tally: _TypeTally, degree: np.ndarray, *, edges: bool) -> Hotness:
+    def hotness(self, tally: _TypeTally, degree: np.ndarray) -> Hotness:
         b = max(self.batches, 1)
         return Hotness(counts=tally.counts, expansions=tally.expansions, degree=degree, holdout_counts=tally.last,
                        batches=self.batches, epochs=self.epochs, nodes_per_batch=tally.nodes / b,
-                       edges_per_batch=self.edges / b if edges else 0.0, seeds_per_batch=self.seeds / b,
+                       edges_per_batch=self.edges / b, seeds_per_batch=self.seeds / b,
                        sample_seconds_per_batch=self.sampling / b, examples=self.examples)
 
 
-def _presample_pass(sampler, train_ids: np.ndarray, batch_size: int, num_nodes: dict[str, int], parts, *,
-                    epochs: int, seed: int, keep_examples: int) -> tuple[dict[str, _TypeTally], _Pass]:
-    """Sample ``epochs`` epochs of ``train_ids`` with the pass's own random stream; ``parts(batch)`` gives
-    ``({type: (n_id, first reached at the last hop)}, edges)`` of a batch of either graph kind."""
+def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2, seed: int = 0,
+              keep_examples: int = 4) -> dict[str, Hotness]:
+    """Run the sampler over ``epochs`` epochs of ``train_ids`` with the pass's own random stream and count, per
+    node type, the feature gathers and the list expansions (for every relation into the type, whose lists a
+    frontier node has sampled): one :class:`Hotness` per type (a homogeneous graph's one type, ``node``)."""
     if epochs < 1:
         raise ValueError(f"epochs: pre-sampling needs at least one epoch, got {epochs}")
-    tallies = {t: _TypeTally(n) for t, n in num_nodes.items()}
+    tallies = {t: _TypeTally(n) for t, n in sampler.node_counts.items()}
     run = _Pass(epochs=epochs)
     for epoch in range(epochs):
         for k, ids in enumerate(epoch_batches(train_ids, batch_size, seed=seed + PRESAMPLE_SEED_OFFSET, epoch=epoch)):
             t0 = time.perf_counter()
             batch = sampler.sample(ids, np.random.default_rng([seed + PRESAMPLE_SEED_OFFSET, epoch, k]))
             run.sampling += time.perf_counter() - t0
-            per_type, edges = parts(batch)
-            for t, (n_id, reached_last) in per_type.items():
-                tallies[t].add(n_id, reached_last)
-            run.edges += edges
+            for t, n_id in batch.nodes.items():
+                tallies[t].add(n_id, batch.nodes_per_hop[t][-1])
+            run.edges += sum(len(r) for r in batch.rows.values())
             run.seeds += batch.batch_size
             run.batches += 1
             if len(run.examples) < keep_examples:
                 run.examples.append(batch)
         for tally in tallies.values():
             tally.end_epoch(holdout=epoch == epochs - 1 and epochs > 1)
-    return tallies, run
+    degree = appearance_degrees(sampler.node_counts, sampler.topology.parts)
+    return {t: run.hotness(tally, degree[t]) for t, tally in tallies.items()}
 
 
-def presample(sampler: NeighborSampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2,
-              seed: int = 0, keep_examples: int = 4, degree: np.ndarray | None = None) -> Hotness:
-    """Run the sampler over ``epochs`` epochs of ``train_ids`` and count accesses per node."""
-    tallies, run = _presample_pass(
-        sampler, train_ids, batch_size, {"node": sampler.num_nodes},
-        lambda b: ({"node": (b.n_id, b.num_sampled_nodes[-1])}, len(b.row)),
-        epochs=epochs, seed=seed, keep_examples=keep_examples)
-    if degree is None:  # streamed: the topology may be memory-mapped or on the SSD, larger than memory
-        degree = sampler.topology.appearance_counts()
-        if degree.max(initial=0) < 2**31:
-            degree = degree.astype(np.int32)
-    return run.hotness(tallies["node"], degree, edges=True)
+def appearance_degrees(node_counts: dict[str, int], topologies: dict) -> dict[str, np.ndarray]:
+    """Per node type, how many in-neighbour lists each node appears in, over every relation it is a source of
+    (streamed: the topology may be memory-mapped or on the SSD, larger than memory); int32 where it fits."""
+    degree: dict[str, np.ndarray] = {}
+    for et, topo in topologies.items():  # one int64 count per node at a time: the pass's largest temporaries
+        counts = appearance_counts(topo.indices, node_counts[et[0]])
+        if et[0] in degree:
+            degree[et[0]] += counts
+        else:
+            degree[et[0]] = counts
+    return {t: (d.astype(np.int32) if d.max(initial=0) < 2**31 else d) if (d := degree.get(t)) is not None
+            else np.zeros(n, np.int32) for t, n in node_counts.items()}
 
 
-def hetero_presample(sampler, train_ids: np.ndarray, batch_size: int, *, epochs: int = 2, seed: int = 0,
-                     keep_examples: int = 2) -> dict[str, Hotness]:
-    """Per node type of a heterogeneous sampler (terastack.gnn.sampling.hetero_sampler): feature gathers and list
-    expansions counted as :func:`presample` counts them, one :class:`Hotness` per type (its ``expansions`` count
-    for every relation into the type, whose lists a frontier node has sampled)."""
-    tallies, run = _presample_pass(
-        sampler, train_ids, batch_size, sampler.num_nodes,
-        lambda b: ({t: (n_id, b.num_sampled_nodes[t][-1]) for t, n_id in b.n_id.items()}, 0),
-        epochs=epochs, seed=seed, keep_examples=keep_examples)
-    degree = {t: np.zeros(n, np.int64) for t, n in sampler.num_nodes.items()}
-    for et, topo in sampler.topology.parts.items():  # lists a node appears in, over every relation it is a source of
-        degree[et[0]] += appearance_counts(topo.indices, sampler.num_nodes[et[0]])
-    return {t: run.hotness(tally, degree[t], edges=False) for t, tally in tallies.items()}
+def degree_hotness(node_counts: dict[str, int], topologies: dict) -> dict[str, Hotness]:
+    """Per node type, rows counted by the lists they appear in and no list worth caching: the hotness of a pass
+    that reads every neighbourhood (full-neighbourhood inference), made without sampling."""
+    out = {}
+    for t, degree in appearance_degrees(node_counts, topologies).items():
+        out[t] = Hotness(counts=degree, expansions=np.zeros(len(degree), np.int32), degree=degree,
+                         holdout_counts=None, batches=0, epochs=0, nodes_per_batch=0.0, edges_per_batch=0.0,
+                         seeds_per_batch=0.0, sample_seconds_per_batch=0.0, examples=[])
+    return out

@@ -1,6 +1,6 @@
 """One importer for every heterogeneous layout: a :class:`HeteroSource` says how to stream each node type's
 features and labels and each relation's edges; :class:`HeteroImporter` writes them into a heterogeneous
-dataset directory (terastack.gnn.storage.hetero_dataset) with the homogeneous import's resumable, bounded-memory
+dataset directory (terastack.gnn.storage.dataset) with the homogeneous import's resumable, bounded-memory
 building blocks, one part (a node type or a relation) at a time.
 
 [Note: heterogeneous builds]
@@ -25,11 +25,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from terastack.gnn.storage.build import BuildState, CSCBuilder, FeatureWriter, write_array
+from terastack.gnn.formats.source import SPLITS, ImportOptions, checked_classes, checked_splits, write_edges, write_features
+from terastack.gnn.storage.build import BuildState, write_array
 from terastack.gnn.storage.dataset import DatasetError
-from terastack.gnn.formats.source import SPLITS, ImportOptions, check_ids, checked_splits
-from terastack.gnn.storage.hetero_dataset import EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir, write_hetero_manifest
-from terastack.progress import Progress
+from terastack.gnn.storage.manifest import EdgeType, EdgeTypeInfo, NodeTypeInfo, check_name, edge_dir, node_dir, write_hetero_manifest
 
 
 @dataclass(kw_only=True, slots=True)
@@ -124,17 +123,8 @@ class HeteroImporter:
         undirected = src.undirected if cfg.undirected is None else cfg.undirected
         written = output_relations(src.relations, undirected)
         labels = {t: s.labels() for t, s in src.node_types.items() if s.labels is not None}
-        for t, lab in labels.items():
-            if lab.shape != (src.node_types[t].num_nodes,):
-                raise DatasetError(f"{src.node_types[t].labels_where}: labels must have one entry per {t} node "
-                                   f"({src.node_types[t].num_nodes}), has {lab.shape}")
-        top = max(int(lab.max(initial=-1)) for lab in labels.values()) + 1
-        classes = cfg.classes or src.num_classes or top
-        for t, lab in labels.items():
-            if lab.max(initial=0) >= classes:
-                i = int(np.argmax(lab >= classes))
-                raise DatasetError(f"{src.node_types[t].labels_where}: label {int(lab[i])} of {t} node {i} is not "
-                                   f"below classes={classes}")
+        classes = checked_classes({f"{t} node": (lab, src.node_types[t].num_nodes, src.node_types[t].labels_where)
+                                   for t, lab in labels.items()}, cfg.classes or src.num_classes)
         splits = checked_splits(src.splits(labels[src.target]), labels[src.target], target.labels_where)
         dtypes = {t: self._dtype(s) for t, s in src.node_types.items()}
         params = {"importer": src.layout, "sources": src.files, "undirected": undirected, "classes": classes,
@@ -184,50 +174,16 @@ class HeteroImporter:
         return result
 
     def _node_type(self, part: BuildState, s: NodeTypeSource, dtype, labels, splits) -> None:
-        cfg = self.config
         if labels is not None:
             write_array(part, "labels", np.maximum(labels, 0).astype(np.int32))
         if s.feature_blocks is not None:
-            from terastack.gnn.formats.streams import RowCursor
-
-            rows = max(1, (4 << 20) // max(1, s.feat_dim * s.feat_dtype.itemsize))
-            cursor = RowCursor(lambda start: s.feature_blocks(start, rows), s.num_nodes, s.features_where,
-                               "the feature matrix")
-            FeatureWriter(part, num_nodes=s.num_nodes, feat_dim=s.feat_dim, dtype=dtype,
-                          chunk_bytes=max(4 << 20, min(64 << 20, cfg.memory_budget // 8)), progress=cfg.progress,
-                          engine=self.engine).write(lambda a, b: cursor.rows(a, b).astype(dtype))
+            write_features(part, s.feature_blocks, num_nodes=s.num_nodes, feat_dim=s.feat_dim, feat_dtype=s.feat_dtype,
+                           dtype=dtype, where=s.features_where, options=self.config, engine=self.engine)
         if splits is not None:
             for key in SPLITS:
                 write_array(part, key, splits[key])
 
     def _relation(self, part: BuildState, rel: RelationSource, n_src: int, n_dst: int, mode: str) -> int:
         """CSC of one written relation: the source's edges as they are, reversed, or both ways."""
-        cfg = self.config
-        saved = part.progress("edges")
-        total = None if ("buckets" in saved or part.done("edges") or part.done("topology")) else rel.count_edges()
-        factor = 2 if mode == "both" else 1
-        # written relation (a, r, b): ids of a are below n_a; for "reversed" the source's src/dst swap roles
-        out_src, out_dst = (n_dst, n_src) if mode == "reversed" else (n_src, n_dst)
-        builder = CSCBuilder(part, num_nodes=out_dst, num_src=out_src, expected_edges=(total or 0) * factor,
-                             memory_budget=max(16 << 20, cfg.memory_budget - 16 * max(n_src, n_dst)),
-                             progress=cfg.progress, drop_self_loops=False)
-        if not part.done("edges"):
-            step = int(max(1 << 16, min(1 << 22, cfg.memory_budget // 200)))
-            pos = builder.extra.get("edges", 0)
-            bar = Progress(total, label=f"edges {rel.where}", unit="edges", enabled=cfg.progress)
-            bar.update(pos)
-            for s, d in rel.edge_blocks(pos, step):
-                s, d = np.asarray(s, np.int64), np.asarray(d, np.int64)
-                check_ids(s, n_src, rel.where, "edge", pos)
-                check_ids(d, n_dst, rel.where, "edge", pos)
-                count = len(s)
-                if mode == "reversed":
-                    s, d = d, s
-                elif mode == "both":
-                    s, d = np.concatenate([s, d]), np.concatenate([d, s])
-                pos += count
-                builder.add_chunk(s, d, edges=pos)
-                bar.update(count)
-            bar.close()
-            builder.close_edges()
-        return builder.build()
+        return write_edges(part, rel.edge_blocks, rel.count_edges, rel.where, n_src=n_src, n_dst=n_dst, mode=mode,
+                           options=self.config, label=f"edges {rel.where}")

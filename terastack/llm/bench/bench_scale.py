@@ -41,6 +41,7 @@ from terastack import trace
 from terastack.bench_watchdog import tree_rss_bytes
 from terastack.plan.hardware import save_probe
 from terastack.llm.bench.bench_llm import deepspeed_missing
+from terastack.llm.bench.ladder_summary import entry_name, summarize
 from terastack.llm.trainer_config import MEMORY_BUDGET_ENV
 from terastack.memory import mem_total
 from terastack.units import format_bytes, parse_bytes
@@ -395,6 +396,8 @@ def measure(args: argparse.Namespace) -> dict:
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             row["size"] = label
+            if per_param is not None:
+                row["state_bytes_per_param"] = per_param   # what its rung's state keeps on the disk, per parameter
             if hw is not None and row.get("ssd_read_bytes_per_step") is not None:
                 # the step's own bytes at the probe's rates (reads and writes at once where it measured both): no
                 # schedule moves them faster
@@ -403,7 +406,7 @@ def measure(args: argparse.Namespace) -> dict:
             print(f"  {_describe(row)}", file=sys.stderr, flush=True)
             if row["fits"] is not True:
                 stopped[entry] = f"not tried: {entry} did not run at {label} ({row['reason']})"
-    _summarize(result)
+    summarize(result, SYSTEMS)
     return result
 
 
@@ -420,12 +423,6 @@ def resolve_optimizers(spec: str) -> list[str]:
         except ValueError as exc:
             raise ValueError(f"--{exc}") from None
     return list(dict.fromkeys(names))
-
-
-def entry_name(system: str, optimizer: str) -> str:
-    """A row's system as its ratios and headline name it: terastack with a format other than AdamW is
-    ``terastack_<format>``."""
-    return system if optimizer == "adamw" else f"{system}_{optimizer}"
 
 
 def _describe(row: dict) -> str:
@@ -448,41 +445,3 @@ def _describe(row: dict) -> str:
     if row.get("bytes_prediction_error") is not None:
         text += f", its bytes {100 * row['bytes_prediction_error']:+.1f}%"
     return text
-
-
-def _summarize(result: dict) -> None:
-    rows = result["rows"]
-    for system in SYSTEMS:
-        fit = [r["params"] for r in rows if r["system"] == system and r["fits"]]
-        result[f"max_params_{system}"] = max(fit) if fit else None
-    for optimizer in result.get("optimizers", ()):
-        if optimizer != "adamw":
-            fit = [r["params"] for r in rows if r["system"] == "terastack" and r["optimizer"] == optimizer
-                   and r["fits"]]
-            result[f"max_params_terastack_{optimizer}"] = max(fit) if fit else None
-    ratios = {}
-    for label in result["sizes"]:
-        by = {entry_name(r["system"], r["optimizer"]): r for r in rows if r["size"] == label and r["fits"]}
-        base = (by.get("terastack") or {}).get("bytes_per_parameter_per_step")
-        for system, ts in by.items():
-            mine = ts.get("bytes_per_parameter_per_step")
-            if base and mine and system.startswith("terastack_") and base["read"] + base["written"] > 0:
-                # a format's bytes against AdamW's, read and written together
-                ratios[f"{label}_{system}_bytes_vs_adamw"] = ((mine["read"] + mine["written"])
-                                                              / (base["read"] + base["written"]))
-        ref = by.get("in_memory")
-        if ref is None:
-            continue
-        for system in by:
-            if system != "in_memory":
-                ratios[f"{label}_{system}_step_vs_in_memory"] = by[system]["step_s"] / ref["step_s"]
-                ratios[f"{label}_{system}_rss_vs_in_memory"] = by[system]["peak_rss_bytes"] / ref["peak_rss_bytes"]
-                ratios[f"{label}_{system}_tokens_per_s_vs_in_memory"] = (by[system]["tokens_per_s"]
-                                                                       / ref["tokens_per_s"])
-        for system, ts in by.items():
-            if ts["system"] == "terastack" and ts.get("io_floor_s") is not None:
-                # the floor: no schedule beats the slower of in-memory compute and the step's own bytes on the disk
-                ts["floor_s"] = max(ref["step_s"], ts["io_floor_s"])
-                ratios[f"{label}_{system}_step_vs_floor"] = ts["step_s"] / ts["floor_s"]
-    result["ratios_vs_in_memory"] = ratios
-    result.update(ratios)  # printed as scalar lines

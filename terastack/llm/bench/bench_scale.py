@@ -7,7 +7,9 @@ A ladder of Llama models (default 0.15B, 0.55B, 1.1B and 3.4B parameters: ``llam
   the SSD, one row per optimizer state format (``--optimizer adamw,adamw8bit,adafactor``); the planner's
   predicted step time and bytes per parameter per step by kind are reported beside the measured ones (the byte
   ledger's: [Note: the byte ledger] in terastack.llm.engine.byte_ledger);
-* ``zero_infinity``: DeepSpeed ZeRO-3 with parameters and optimizer state offloaded to NVMe;
+* ``zero_infinity``: DeepSpeed ZeRO-3 with parameters and optimizer state offloaded to NVMe, every parameter on
+  the NVMe (``max_in_cpu`` 0) and its swap buffers sized from the model ([Note: ZeRO-Infinity configured for the
+  model] in terastack.llm.bench.zero_infinity);
 * ``in_memory``: the unmodified model and ``torch.optim.AdamW`` in RAM.
 
 [Note: the RSS watchdog]
@@ -16,8 +18,10 @@ reads the resident memory of the child and all its descendants from ``/proc`` ev
 ``--rss-limit`` (default min(0.8 x RAM, 20 GiB), below what the machine has, so the kernel's OOM killer never
 decides a result) the whole process group is killed and the system "does not fit" at that size. A child that
 dies by SIGKILL it was not sent (the OOM killer), or that fails with an out-of-memory error, does not fit
-either. A system that does not fit at one size is not tried at larger ones. Peak RSS is the whole process's,
-children included: the larger of the watchdog's samples and the kernel's high-water mark the child reports.
+either. A system that does not fit at one size is not tried at larger ones. A run that fails for another reason
+(a configuration error, a timeout) is not "does not fit": it stops that system's ladder with its largest model
+unmeasured (terastack.llm.bench.ladder_summary). Peak RSS is the whole process's, children included: the larger
+of the watchdog's samples and the kernel's high-water mark the child reports.
 
 Before each run, the state the system keeps on the disk (:data:`STATE_BYTES_PER_PARAM`; terastack's from its
 optimizer format's spec, :func:`state_bytes_per_param`; with a margin) must fit on the free disk of ``--dir``; otherwise it is refused, naming both numbers. Every
@@ -277,6 +281,8 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
         if args.lora:
             cmd += ["--lora", str(args.lora), "--base-format", args.base_format]
         env = dict(MEMORY_BUDGET_ENV)  # [Note: a memory budget bounds resident memory] (terastack.memory)
+    elif system == "zero_infinity":
+        cmd += ["--zero-max-in-cpu", "0"]   # the largest model in a fixed memory: every parameter on the NVMe
     outcome = run_watched(cmd, rss_limit=rss_limit, timeout=args.timeout, env=env, log=workdir / f"{system}.log")
     fits, reason = classify(outcome, rss_limit)
     result = json.loads(out.read_text()) if fits and out.exists() else {}

@@ -105,6 +105,10 @@ def _measure(claim: Claim, result: dict) -> tuple[float | None, str]:
     return value, ""
 
 
+def _sentence(text: str) -> str:
+    return text if text.endswith(".") else text + "."
+
+
 def _why_none(result: dict, field: str) -> str:
     """What the benchmark said about a field it left empty (its ``why_none`` mapping), or ""."""
     why = (result.get("why_none") or {}).get(field) if isinstance(result, dict) else None
@@ -162,13 +166,13 @@ def evaluate(claim: Claim, suite_status: str, suite_reason: str, result: dict | 
 def judge(claim: Claim, value: float, result: dict | None = None) -> Verdict:
     """The verdict for a measured ``value`` of ``claim``; ``result``: the run it came from (for its evidence)."""
     evidence = evidence_text(claim, result)
-    why_here = f" Why this machine differs: {claim.differs_because}"
+    why_here = f" Why this machine differs: {_sentence(claim.differs_because)}"
     if claim.target is None:
         why = claim.target_reason or "reported for comparison"
         # the paper's figure as stated (93.16%, not the table's rounding of it to 93.2%)
         stated = f"{claim.paper_value * 100:g}%" if claim.unit == "fraction" else fmt(claim.paper_value, claim.unit)
         beside = f" (paper: {stated})" if claim.paper_value is not None else ""
-        return Verdict(claim, REPORTED, value, f"no target{beside}: {why}.{why_here}{evidence}")
+        return Verdict(claim, REPORTED, value, f"no target{beside}: {_sentence(why)}{why_here}{evidence}")
     target_txt = f"{claim.comparison} {fmt(claim.target, claim.unit)}"
     if _meets(value, claim.comparison, claim.target):
         note = f"meets {target_txt}"

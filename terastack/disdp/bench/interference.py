@@ -7,10 +7,10 @@ NCCL), and storage (i.e., optimizer states)". This measures the same thing on th
 run ``--collectives`` gloo all-reduces of ``--elements`` fp32 values, timed
 
 - alone, just before and just after (the baseline, the mean of the two), and
-- beside a compute loop (matrix products of side ``--dim`` on ``--compute-threads`` threads) and storage traffic
-  (a thread reading and writing back an optimizer-state file of ``--storage-bytes`` in ``--storage-chunk``
-  pieces through terastack's storage engine, as a CPU optimizer streams its state), both running for the whole
-  of the collectives' time.
+- beside a compute loop (matrix products of side ``--dim`` on ``--compute-threads`` threads, in this process)
+  and storage traffic (a process of its own reading and writing back an optimizer-state file of
+  ``--storage-bytes`` in ``--storage-chunk`` pieces through terastack's storage engine, as a CPU optimizer
+  streams its state), both running for the whole of the collectives' time.
 
 ``collective_time_increase`` is the collectives' time beside over alone, minus 1 (0.41: the paper's 41%).
 ``collective_cpu_share`` is the share of the machine's cores the collective's processes used while alone (their
@@ -20,10 +20,12 @@ the compute loop's time per matrix product beside the collective and the storage
 (timed just before and just after, on its own).
 
 [Note: the phases of a round]
-The ranks start once per round and wait on a barrier between phases, so no process start falls in a timed
-phase: collective alone, compute alone, all three together, compute alone, collective alone. In the together
-phase the compute and storage threads start first and stop only after the last all-reduce, so the collective
-never runs without them.
+The ranks and the storage process start once per round and wait on barriers and events between phases, so no
+process start falls in a timed phase: collective alone, compute alone, all three together, compute alone,
+collective alone. In the together phase the storage traffic starts first, the compute loop starts as the
+all-reduces do and runs until rank 0 has finished them, and the storage traffic stops only after that, so the
+collective never runs without them. Each is a process or this process's own thread: no two of them share an
+interpreter lock.
 """
 from __future__ import annotations
 
@@ -32,7 +34,6 @@ import multiprocessing as mp
 import os
 import statistics
 import tempfile
-import threading
 import time
 
 import torch
@@ -63,15 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fp32 elements per all-reduce (default 1Mi: 4 MiB, a gradient bucket's size)")
     p.add_argument("--collectives", type=int, default=50, help="all-reduces per timed collective phase (default 50)")
     p.add_argument("--storage-bytes", default="64MiB",
-                   help="the optimizer-state file the storage thread reads and writes back (default 64MiB; 0: no "
+                   help="the optimizer-state file the storage process reads and writes back (default 64MiB; 0: no "
                         "storage traffic, compute alone beside the collective)")
-    p.add_argument("--storage-chunk", default="1MiB", help="bytes per read and write of the storage thread")
+    p.add_argument("--storage-chunk", default="1MiB", help="bytes per read and write of the storage process")
     p.add_argument("--dir", default=None, help="directory of the storage file (default: the system temp dir)")
     p.add_argument("--repeat", type=int, default=3, help="rounds of the five phases (median; default 3)")
 
 
-def allreduce_rank(rank: int, ranks: int, init_file: str, elements: int, collectives: int, go, done, quit_,
-                   seconds, cpu) -> None:
+def allreduce_rank(rank: int, ranks: int, init_file: str, elements: int, collectives: int, sync, seconds,
+                   cpu) -> None:
     """One rank: ``collectives`` all-reduces per collective phase, timed ([Note: the phases of a round])."""
     import torch.distributed as dist
 
@@ -81,19 +82,40 @@ def allreduce_rank(rank: int, ranks: int, init_file: str, elements: int, collect
     join_process_group("cpu", rank=rank, world_size=ranks, timeout_s=_WAIT_S, init_method=f"file://{init_file}")
     try:
         buf = torch.zeros(elements)
-        dist.all_reduce(buf)     # the connections are made before anything is timed
+        for _ in range(min(collectives, 10)):   # connections made and buffers sized before anything is timed
+            dist.all_reduce(buf)
         for phase in range(len(_COLLECTIVE_PHASES)):
-            go.wait(_WAIT_S)
-            if quit_.is_set():
-                return
+            sync.go.wait(_WAIT_S)
             cpu0, t0 = time.process_time(), time.perf_counter()
             for _ in range(collectives):
                 dist.all_reduce(buf)
             seconds[phase * ranks + rank] = time.perf_counter() - t0
             cpu[phase * ranks + rank] = time.process_time() - cpu0
-            done.wait(_WAIT_S)
+            if rank == 0:
+                sync.finished.set()
+            sync.done.wait(_WAIT_S)
     finally:
         dist.destroy_process_group()
+
+
+def storage_traffic(path: str, chunk: int, sync, moved) -> None:
+    """Read and write back ``path`` in ``chunk`` pieces, as a CPU optimizer streams its state, from
+    ``sync.storage_go`` until ``sync.storage_stop``; the bytes and seconds into ``moved``."""
+    from terastack import io
+
+    buf = io.aligned_empty(chunk)
+    with io.open(path, "r+") as f:
+        size = f.size
+        sync.storage_go.wait(_WAIT_S)
+        t0, n = time.perf_counter(), 0
+        while not sync.storage_stop.is_set():
+            for offset in range(0, size, chunk):
+                f.read(buf, offset)      # the state in, updated, and back out: read and write each piece
+                f.write(buf, offset)
+                n += 2 * chunk
+                if sync.storage_stop.is_set():
+                    break
+        moved[0], moved[1] = n, time.perf_counter() - t0
 
 
 def _compute(a: torch.Tensor, iters: int, label: str) -> float:
@@ -106,48 +128,31 @@ def _compute(a: torch.Tensor, iters: int, label: str) -> float:
         return (time.perf_counter() - t0) / iters
 
 
-class _Background:
-    """The compute loop and the storage traffic, each on its own thread until :meth:`stop`."""
+def _compute_until(a: torch.Tensor, finished) -> tuple[int, float]:
+    """(products, seconds) of the compute loop until ``finished`` is set."""
+    out = torch.empty_like(a)
+    with tracer.span("compute beside the collective and the storage traffic", track="compute"):
+        t0, n = time.perf_counter(), 0
+        while not finished.is_set():
+            torch.mm(a, a, out=out)
+            n += 1
+        return n, time.perf_counter() - t0
 
-    def __init__(self, a: torch.Tensor, state_file, chunk: int):
-        self.a, self.file, self.chunk = a, state_file, chunk
-        self.stopping = threading.Event()
-        self.products = 0
-        self.storage_bytes = 0
-        self.threads = [threading.Thread(target=self._compute, name="compute", daemon=True)]
-        if state_file is not None:
-            self.threads.append(threading.Thread(target=self._storage, name="storage", daemon=True))
 
-    def _compute(self) -> None:
-        out = torch.empty_like(self.a)
-        while not self.stopping.is_set():
-            torch.mm(self.a, self.a, out=out)
-            self.products += 1
+class _Sync:
+    """The events and barriers of a round ([Note: the phases of a round])."""
 
-    def _storage(self) -> None:
-        from terastack import io
+    def __init__(self, ctx, ranks: int):
+        self.go, self.done = ctx.Barrier(ranks + 1), ctx.Barrier(ranks + 1)
+        self.finished = ctx.Event()                      # rank 0 finished a phase's all-reduces
+        self.storage_go, self.storage_stop = ctx.Event(), ctx.Event()
 
-        buf = io.aligned_empty(self.chunk)
-        size = self.file.size
-        while not self.stopping.is_set():
-            for offset in range(0, size, self.chunk):
-                if self.stopping.is_set():
-                    return
-                self.file.read(buf, offset)      # the state in, updated, and back out: read and write each piece
-                self.file.write(buf, offset)
-                self.storage_bytes += 2 * self.chunk
-
-    def __enter__(self) -> "_Background":
-        self.t0 = time.perf_counter()
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stopping.set()
-        for t in self.threads:
-            t.join(_WAIT_S)
-        self.seconds = time.perf_counter() - self.t0
+    def abort(self) -> None:
+        """Let every process waiting for a phase that will not come leave now, not after _WAIT_S."""
+        self.storage_go.set()
+        self.storage_stop.set()
+        self.go.abort()
+        self.done.abort()
 
 
 def _context():
@@ -158,60 +163,68 @@ def _context():
     return ctx
 
 
-def _round(a: torch.Tensor, args: argparse.Namespace, tmp: str, round_no: int, state_file) -> dict:
+def _phases(a: torch.Tensor, args: argparse.Namespace, sync: _Sync, storage: bool) -> dict:
+    """The five phases, once every process of the round waits for them."""
+    def collective(label: str) -> None:
+        with tracer.span(label, track="collective"):
+            sync.finished.clear()
+            sync.go.wait(_WAIT_S)
+            sync.done.wait(_WAIT_S)
+
+    collective("collective alone")
+    compute_before = _compute(a, args.iters, "compute alone")
+    sync.finished.clear()
+    if storage:
+        sync.storage_go.set()
+    sync.go.wait(_WAIT_S)      # the compute starts as the collectives do and runs until they finish
+    products, seconds = _compute_until(a, sync.finished)
+    sync.storage_stop.set()
+    sync.done.wait(_WAIT_S)
+    compute_after = _compute(a, args.iters, "compute alone")
+    collective("collective alone")
+    return {"compute_alone_s": (compute_before + compute_after) / 2, "products_beside": products,
+            "compute_beside_s": seconds / products if products else float("inf")}
+
+
+def _round(a: torch.Tensor, args: argparse.Namespace, tmp: str, round_no: int, state_path: str | None) -> dict:
     """One round of the five phases ([Note: the phases of a round]): the collective's seconds per all-reduce
-    alone and beside, the compute's seconds per product alone and beside, the storage thread's bytes."""
+    alone and beside, the compute's seconds per product alone and beside, the storage traffic's bytes."""
     ctx, n = _context(), args.ranks
-    go, done, quit_ = ctx.Barrier(n + 1), ctx.Barrier(n + 1), ctx.Event()
+    sync = _Sync(ctx, n)
     seconds, cpu = ctx.Array("d", n * len(_COLLECTIVE_PHASES)), ctx.Array("d", n * len(_COLLECTIVE_PHASES))
+    moved = ctx.Array("d", 2)
     init_file = os.path.join(tmp, f"store-{round_no}")
-    procs = [ctx.Process(target=allreduce_rank, args=(r, n, init_file, args.elements, args.collectives, go, done,
-                                                      quit_, seconds, cpu), daemon=True) for r in range(n)]
+    procs = [ctx.Process(target=allreduce_rank, args=(r, n, init_file, args.elements, args.collectives, sync,
+                                                      seconds, cpu), daemon=True) for r in range(n)]
+    if state_path is not None:
+        procs.append(ctx.Process(target=storage_traffic, args=(state_path, args.storage_chunk, sync, moved),
+                                 daemon=True))
     for p in procs:
         p.start()
-
-    def collective() -> None:
-        go.wait(_WAIT_S)
-        done.wait(_WAIT_S)
-
     try:
-        with tracer.span("collective alone", track="collective"):
-            collective()
-        compute_before = _compute(a, args.iters, "compute alone")
-        with _Background(a, state_file, args.storage_chunk) as load:
-            with tracer.span("collective beside compute and storage", track="collective"):
-                collective()
-        compute_after = _compute(a, args.iters, "compute alone")
-        with tracer.span("collective alone", track="collective"):
-            collective()
+        compute = _phases(a, args, sync, state_path is not None)
     except BaseException:
-        quit_.set()
-        go.abort()       # ranks waiting for a phase that will not come leave now, not after _WAIT_S
-        done.abort()
+        sync.abort()
         raise
     finally:
-        quit_.set()
         for p in procs:
             p.join(_WAIT_S)
         for p in procs:
             if p.is_alive():
                 p.kill()
     if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"an all-reduce rank failed (exit codes {[p.exitcode for p in procs]})")
+        raise RuntimeError(f"a rank or the storage process failed (exit codes {[p.exitcode for p in procs]})")
     per_op = [statistics.fmean(seconds[ph * n:(ph + 1) * n]) / args.collectives for ph in range(3)]
     wall = [max(seconds[ph * n:(ph + 1) * n]) for ph in range(3)]
-    alone, compute_alone = (per_op[0] + per_op[2]) / 2, (compute_before + compute_after) / 2
-    beside_compute = load.seconds / load.products if load.products else float("inf")
+    alone = (per_op[0] + per_op[2]) / 2
     cores = len(os.sched_getaffinity(0))
     alone_cpu_share = statistics.fmean(sum(cpu[ph * n:(ph + 1) * n]) / wall[ph] / cores for ph in (0, 2))
     return {"collective_alone_s": alone, "collective_alone_before_s": per_op[0], "collective_alone_after_s": per_op[2],
             "collective_beside_s": per_op[1], "collective_time_increase": per_op[1] / alone - 1,
             "collective_cpu_share": alone_cpu_share,
-            "collective_cpu_share_beside": sum(cpu[n:2 * n]) / wall[1] / cores,
-            "compute_alone_s": compute_alone, "compute_beside_s": beside_compute,
-            "compute_slowdown_beside_collective": beside_compute / compute_alone,
-            "products_beside": load.products, "storage_bytes_beside": load.storage_bytes,
-            "storage_gb_per_s_beside": load.storage_bytes / load.seconds / 1e9,
+            "collective_cpu_share_beside": sum(cpu[n:2 * n]) / wall[1] / cores, **compute,
+            "compute_slowdown_beside_collective": compute["compute_beside_s"] / compute["compute_alone_s"],
+            "storage_bytes_beside": moved[0], "storage_gb_per_s_beside": moved[0] / moved[1] / 1e9 if moved[1] else 0.0,
             "allreduce_gb_per_s": args.elements * 4 / alone / 1e9}
 
 
@@ -231,20 +244,20 @@ def _check(args: argparse.Namespace) -> tuple[int, int]:
     return storage, chunk
 
 
-def _state_file(directory: str, storage: int, chunk: int):
+def _state_file(directory: str, storage: int, chunk: int) -> str:
     """The optimizer-state file, written in full (never a sparse file: it would read back zeros for free)."""
     from terastack import io
 
     path = os.path.join(directory, "optimizer-state.bin")
-    f = io.open(path, "w", size=storage)
     buf = io.aligned_empty(chunk)
     rng = torch.Generator().manual_seed(0)
-    for offset in range(0, storage, chunk):
-        buf[:] = torch.randint(0, 256, (chunk,), dtype=torch.uint8, generator=rng).numpy()
-        f.write(buf, offset)
-    f.sync()
-    f.drop_cache()
-    return f
+    with io.open(path, "w", size=storage) as f:
+        for offset in range(0, storage, chunk):
+            buf[:] = torch.randint(0, 256, (chunk,), dtype=torch.uint8, generator=rng).numpy()
+            f.write(buf, offset)
+        f.sync()
+        f.drop_cache()
+    return path
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -255,13 +268,9 @@ def measure(args: argparse.Namespace) -> dict:
     _compute(a, max(1, args.iters // 4), "warm-up")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="terastack-interference-", dir=args.dir) as tmp:
-        state_file = _state_file(tmp, storage, chunk) if storage else None
-        try:
-            for i in range(args.repeat):
-                rounds.append(_round(a, args, tmp, i, state_file))
-        finally:
-            if state_file is not None:
-                state_file.close()
+        state_path = _state_file(tmp, storage, chunk) if storage else None
+        for i in range(args.repeat):
+            rounds.append(_round(a, args, tmp, i, state_path))
     median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     return {**{k: median[k] for k in HEADLINE}, "collective_alone_s": median["collective_alone_s"],
             "collective_beside_s": median["collective_beside_s"],

@@ -4,23 +4,24 @@ parameters and optimizer state offloaded to NVMe, configured as its users config
 [Note: ZeRO-Infinity configured for the model]
 DeepSpeed's parameter swapper moves each parameter between the NVMe and a pool of ``buffer_count`` host buffers
 of ``buffer_size`` elements, one parameter per buffer whatever its size; ``max_in_cpu`` parameter elements stay in
-host memory instead (DeepSpeed's default, 1e9, keeps every parameter of a model below a billion there). Its
-defaults (5 buffers of 1e8 elements) fit neither a small model nor a large one, so they are sized from the model,
-as its documentation and its error messages direct a user to:
+host memory instead (DeepSpeed's default, 1e9, keeps every parameter of a model below a billion there). Sized
+from the model, as DeepSpeed's documentation and its error messages direct a user:
 
 - ``buffer_size``: the model's largest parameter (DeepSpeed refuses a parameter larger than a buffer);
-- ``stage3_max_reuse_distance``, ``stage3_max_live_parameters``, ``sub_group_size``: one buffer's worth, so a
-  parameter is released after its module runs unless it is needed again within that many elements (DeepSpeed's
-  default distance, 1e9 elements, keeps nearly every parameter of a 1.1B model in its buffer, and the pool runs
-  dry: "Not enough buffers 0 for swapping 1");
-- ``buffer_count``: the parameters one decoder layer holds, twice (the layer in use and the next, prefetched),
-  plus the two the layers' neighbours hold at once (the embedding and the head), and never below DeepSpeed's 5;
+- ``stage3_max_reuse_distance``: when parameters swap from the NVMe, one buffer's worth, so a parameter is
+  released after its module runs unless it is needed again that soon. DeepSpeed's default distance, 1e9
+  elements, keeps nearly every parameter of a 1.1B model in its buffer and the pool runs dry ("Not enough buffers
+  0 for swapping 1", the assertion that ended the ladder of 2026-12-05 at 1.1B); with parameters in host memory
+  the default stays;
+- ``buffer_count``: DeepSpeed's 5, enough once parameters are released after use (1.1B ran with it, peak RSS 13.6
+  GiB, most of it the fp32 gradients ZeRO-3 keeps in host memory for its CPU optimizer), and every buffer more is
+  host memory the ladder would count against it;
 - ``max_in_cpu``: the caller's (:func:`ds_config`): DeepSpeed's default for the throughput comparison, where a
   user keeps what fits in host memory, and 0 for the ladder of the largest model in a fixed memory, where a user
   puts every parameter on the NVMe.
 
 A run that fails for any other reason than memory leaves the largest model unmeasured
-(terastack.llm.bench.bench_scale's ``classify``), never "does not fit".
+(terastack.llm.bench.ladder_summary), never "does not fit".
 """
 from __future__ import annotations
 
@@ -30,35 +31,33 @@ import time
 #: DeepSpeed's own defaults, kept where the model does not call for another value
 DEFAULT_BUFFER_COUNT = 5
 DEFAULT_MAX_IN_CPU = 10**9
+DEFAULT_REUSE_DISTANCE = 10**9
 #: the swapper aligns each buffer to this many elements (the aio block over an fp32 element, with room to spare)
 _ALIGN = 1 << 20
 
 
 def model_shape(hf_config) -> tuple[int, int]:
-    """(the largest parameter's elements, the most parameters one repeated layer holds) of the model."""
-    import torch
-
+    """(the model's parameters, its largest parameter's elements)."""
     from terastack.training.hf.model_files import build_skeleton
 
-    skeleton = build_skeleton(hf_config)   # meta: no memory
-    largest = max(p.numel() for p in skeleton.parameters())
-    layers = max((m for m in skeleton.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
-    per_layer = max((sum(1 for _ in layer.parameters()) for layer in layers), default=1) if layers else 1
-    return largest, per_layer
+    sizes = [p.numel() for p in build_skeleton(hf_config).parameters()]   # meta: no memory
+    return sum(sizes), max(sizes)
 
 
-def offload_sizes(largest: int, per_layer: int) -> dict:
+def offload_sizes(params: int, largest: int, max_in_cpu: int) -> dict:
     """The parameter swapper's sizes for a model ([Note: ZeRO-Infinity configured for the model])."""
     buffer = -(-max(largest, _ALIGN) // _ALIGN) * _ALIGN
-    return {"buffer_size": buffer, "buffer_count": max(DEFAULT_BUFFER_COUNT, 2 * per_layer + 2)}
+    swapped = params > max_in_cpu
+    return {"buffer_size": buffer, "buffer_count": DEFAULT_BUFFER_COUNT,
+            "reuse_distance": buffer if swapped else DEFAULT_REUSE_DISTANCE}
 
 
 def ds_config(args, hf_config, *, max_in_cpu: int = DEFAULT_MAX_IN_CPU) -> dict:
     """The DeepSpeed configuration of the contender for ``args`` (a bench worker's) and the model."""
     nvme = os.path.join(args.dir, "zero-infinity")
     os.makedirs(nvme, exist_ok=True)
-    largest, per_layer = model_shape(hf_config)
-    sizes = offload_sizes(largest, per_layer)
+    params, largest = model_shape(hf_config)
+    sizes = offload_sizes(params, largest, max_in_cpu)
     buffer = sizes["buffer_size"]
     return {
         "train_micro_batch_size_per_gpu": args.batch_size, "gradient_accumulation_steps": args.grad_accum,
@@ -66,11 +65,11 @@ def ds_config(args, hf_config, *, max_in_cpu: int = DEFAULT_MAX_IN_CPU) -> dict:
                                                     "weight_decay": 0.0}},
         "zero_optimization": {
             "stage": 3,
-            "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": False, **sizes,
-                              "max_in_cpu": max_in_cpu},
+            "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": False, "buffer_size": buffer,
+                              "buffer_count": sizes["buffer_count"], "max_in_cpu": max_in_cpu},
             "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": False, "buffer_count": 4},
             "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": buffer,
-            "stage3_max_reuse_distance": buffer, "stage3_prefetch_bucket_size": buffer // 2,
+            "stage3_max_reuse_distance": sizes["reuse_distance"], "stage3_prefetch_bucket_size": buffer // 2,
             "sub_group_size": buffer,
         },
         "aio": {"block_size": 1048576, "queue_depth": 16, "thread_count": 2, "single_submit": False,
@@ -111,7 +110,8 @@ def run(args, hf_config, rss, measure, batches) -> dict:
             total += float(out.loss) / len(micro)
         return total
     out = measure(step, batches, args.warmup, rss)
-    offload = config["zero_optimization"]["offload_param"]
+    zero = config["zero_optimization"]
     out.update(setup_s=setup, deepspeed=deepspeed.__version__,
-               offload_param={k: offload[k] for k in ("buffer_count", "buffer_size", "max_in_cpu")})
+               offload_param={**{k: zero["offload_param"][k] for k in ("buffer_count", "buffer_size", "max_in_cpu")},
+                              "stage3_max_reuse_distance": zero["stage3_max_reuse_distance"]})
     return out

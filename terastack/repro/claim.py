@@ -91,6 +91,9 @@ class Claim:
     #: result fields (dotted paths) whose values this run's verdict prints beside its reason: the run's own figures
     #: that say which of ``differs_because``'s explanations holds for it
     evidence: tuple[str, ...] = ()
+    #: result fields a run must have written for ``field`` to mean what the claim says: a run from before the
+    #: benchmark wrote them measured something else, and its figure is not judged
+    requires: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.comparison not in (">=", "<=", "=="):

@@ -113,6 +113,7 @@ RATEL_CLAIMS: tuple[Claim, ...] = (
           rationale="offloading earns its cost where it changes which model a user can fine-tune; terastack "
                     "does it inside a budget smaller than the limit in-memory training is given",
           field="max_params_terastack", ratio_to="max_params_in_memory", target=2.0, evidence=LADDER_ENDS[:2],
+          requires=LADDER_ENDS[:2],
           baseline="plain PyTorch AdamW in RAM, in its own process under the same RSS watchdog",
           differs_because="the ladder's rungs are 0.15B, 0.55B, 1.1B and 3.4B, so the ratio moves in steps",
           measured_at=("small", "full"), not_measured_because=SMOKE_SCALE),
@@ -122,7 +123,7 @@ RATEL_CLAIMS: tuple[Claim, ...] = (
           rationale="Ratel's holistic planning is meant to fit models that ZeRO-Infinity's NVMe offload cannot "
                     "in the same memory; 2x is one rung of the ladder",
           field="max_params_terastack", ratio_to="max_params_zero_infinity", target=2.0,
-          evidence=(LADDER_ENDS[0], LADDER_ENDS[2]),
+          evidence=(LADDER_ENDS[0], LADDER_ENDS[2]), requires=(LADDER_ENDS[0], LADDER_ENDS[2]),
           baseline="DeepSpeed ZeRO-3, parameters and optimizer state offloaded to NVMe (no parameters kept in host "
                    "memory: max_in_cpu 0), its parameter swapper's buffers sized from the model's largest "
                    "parameter, under the same watchdog",

@@ -83,10 +83,15 @@ def fmt(value: float | None, unit: str = "") -> str:
 
 def _measure(claim: Claim, result: dict) -> tuple[float | None, str]:
     """(value, "") from ``result`` for ``claim``, or (None, why not)."""
+    older = [path for path in claim.requires if lookup(result, path) is _MISSING]
+    if older:
+        return None, (f"the {claim.benchmark} result has no `{'`, `'.join(older)}`: its run is from before the "
+                      f"benchmark measured what this claim reads; a new run measures it.")
     raw = lookup(result, claim.field)
     if raw is _MISSING:
         keys = ", ".join(sorted(k for k in result if not isinstance(result[k], (dict, list)))[:25])
-        return None, f"field `{claim.field}` is not in the {claim.benchmark} result (its scalar fields: {keys})"
+        return None, (f"field `{claim.field}` is not in the {claim.benchmark} result: the run did not measure it "
+                      f"(its scalar fields: {keys}).")
     value = _number(raw, claim.aggregate)
     if value is None:
         return None, f"field `{claim.field}` is {raw!r}, not a number" + _why_none(result, claim.field)

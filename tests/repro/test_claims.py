@@ -142,7 +142,7 @@ def test_the_engine_cost_claims_read_a_committed_run():
 
 
 def test_scale_claims_at_smoke_say_why_they_are_not_judged():
-    result = _committed("llm-scale_2core-xeon_2026-12-01/full-ladder.json")
+    result = _ladder("llm-scale_2core-xeon_2026-12-01/full-ladder.json")
     v = evaluate(BY_ID["ratel.scale_vs_in_memory"], "ok", "", result, "smoke")
     assert v.status == NOT_MEASURED and v.measured is None
     assert "judged at preset small and full only" in v.reason and "tiny size" in v.reason
@@ -154,7 +154,8 @@ def test_scale_claims_at_smoke_say_why_they_are_not_judged():
 
 
 def test_a_scale_claim_that_misses_says_why():
-    result = {"max_params_terastack": 1_100_048_384, "max_params_in_memory": 1_100_048_384,
+    ends = {f"ladder_end_{s}": "trained every rung" for s in ("terastack", "in_memory", "zero_infinity")}
+    result = {**ends, "max_params_terastack": 1_100_048_384, "max_params_in_memory": 1_100_048_384,
               "max_params_zero_infinity": None, "memory_budget_bytes": 4 << 30,
               "why_none": {"max_params_zero_infinity": "zero_infinity's ladder stopped at 0.15b (0.15B), not for "
                                                        "memory: not run: deepspeed is not installed"}}

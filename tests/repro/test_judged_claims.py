@@ -22,7 +22,7 @@ def _missing(claim) -> dict:
     """A result whose value for ``claim`` misses its target."""
     t = claim.target
     value = {">=": t * 0.5 if t else -1.0, "<=": t * 2 + 1, "==": t + 1}[claim.comparison]
-    result: dict = {}
+    result: dict = {path: "how the run ended" for path in claim.requires}
     raw = value / claim.factor
     if claim.ratio_to:
         _put(result, claim.ratio_to, 1.0)
@@ -140,3 +140,13 @@ def test_three_runs_give_the_median_and_the_spread():
     assert low.status == NOT_REPRODUCED and low.measured == pytest.approx(1.7)
     failed = evaluate_runs(claim, [("ok", "", {"speedup_vs_zero_infinity": 1.9}), ("error", "killed", None)], "full")
     assert failed.measured == pytest.approx(1.9) and "1 of 2 runs measured it" in failed.reason
+
+
+def test_a_ladder_from_before_its_ends_were_recorded_is_not_judged():
+    """The ladder of 2026-12-05 counted ZeRO-Infinity's swapper assertion at 1.1B as the end of its ladder (6.21x):
+    a result that does not say how each ladder ended is not judged."""
+    result = {"max_params_terastack": 3_426_473_600, "max_params_zero_infinity": 551_755_776,
+              "max_params_in_memory": 1_100_048_384}
+    for cid in ("ratel.scale_vs_zero_infinity", "ratel.scale_vs_in_memory"):
+        v = evaluate(BY_ID[cid], "ok", "", result, "full")
+        assert v.status == NOT_MEASURED and "ladder_end_terastack" in v.reason and "a new run" in v.reason

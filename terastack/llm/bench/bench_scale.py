@@ -318,7 +318,7 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
             # the planner's bytes against the ledger's, all kinds together ([Note: the byte ledger])
             row["bytes_prediction_error"] = sum(predicted.values()) / moved - 1
     elif system == "zero_infinity":
-        row["deepspeed"] = result.get("deepspeed")
+        row["deepspeed"], row["offload_param"] = result.get("deepspeed"), result.get("offload_param")
     return row
 
 

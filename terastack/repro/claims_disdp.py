@@ -122,9 +122,9 @@ DISDP_CLAIMS: tuple[Claim, ...] = (
                     "every optimizer state lives on the parameter-server shards, and a byte left on a worker is "
                     "memory the model cannot use",
           field="worker_state_bytes", comparison="==", target=0, unit="bytes",
-          baseline="a census of the worker's tensors and arrays at the end of its first and last steps: what "
-                   "outlives a step, other than the model's parameters and gradients (FSDP2's and ZeRO-3's workers "
-                   "hold their moments and masters this way: fsdp2_worker_state_bytes, zero3_worker_state_bytes)",
+          baseline="a census, once its steps are over, of every tensor and array the worker made and still holds, "
+                   "its model's parameters, gradients and buffers excepted ([Note: state a worker holds]); FSDP2's "
+                   "and ZeRO-3's workers, whose moments (and ZeRO-3's masters) it finds, are printed beside",
           evidence=("fsdp2_worker_state_bytes", "zero3_worker_state_bytes"),
           differs_because="should not differ: it counts bytes, not time"),
 )

@@ -164,7 +164,7 @@ def evaluate(claim: Claim, suite_status: str, suite_reason: str, result: dict | 
         return Verdict(claim, NOT_MEASURED, None, f"{claim.benchmark}: {suite_status}: {suite_reason}")
     value, why = _measure(claim, result)
     if value is None:
-        return Verdict(claim, NOT_MEASURED, None, why + evidence_text(claim, result))
+        return Verdict(claim, NOT_MEASURED, None, _sentence(why) + evidence_text(claim, result))
     return judge(claim, value, result)
 
 

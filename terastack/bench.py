@@ -31,7 +31,7 @@ BENCHMARKS = [
     Command("dist", "terastack.disdp.bench.measure", "disaggregated sharded data parallel vs FSDP2 and serial ZeRO-3",
             needs=("transformers",), extra="dist"),
     Command("dist-interference", "terastack.disdp.bench.interference",
-            "a compute loop's slowdown while gloo all-reduces run beside it on the same cores"),
+            "a collective's own time beside compute and storage traffic, against alone (gloo, same cores)"),
 ]
 
 

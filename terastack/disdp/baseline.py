@@ -10,7 +10,7 @@ import torch.distributed as dist
 from terastack.disdp.comm import join_process_group
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.buckets import Layout
-from terastack.disdp.job_stats import optimizer_state_bytes, write_stats
+from terastack.disdp.job_stats import write_stats
 from terastack.disdp.server_state import save_parameters
 
 
@@ -25,8 +25,9 @@ def init_baseline(config: TrainConfig, system: str) -> tuple[int, int]:
 
 
 def finish_baseline(config: TrainConfig, rank: int, stats: dict) -> int:
-    write_stats(config, rank, {"rank": rank, "role": "worker", "index": rank,
-                               "optimizer_state_bytes": optimizer_state_bytes()} | stats)
+    """Write the rank's statistics (``stats`` holds its ``held_state`` census, taken right after its steps) and
+    leave the process group."""
+    write_stats(config, rank, {"rank": rank, "role": "worker", "index": rank} | stats)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"step {result.get('step_s', float('nan')):.4f} s (median), exposed communication "
               f"{100 * result.get('exposed_comm_fraction', float('nan')):.1f}% of the step, server ingress "
-              f"{result.get('server_ingress_bytes_per_step', 0):,} B/step, worker optimizer state "
-              f"{result.get('worker_optimizer_bytes', 0)} B", file=sys.stdout)
+              f"{result.get('server_ingress_bytes_per_step', 0):,} B/step, state a worker holds beyond its model "
+              f"{result.get('worker_state_bytes', 0):,} B", file=sys.stdout)
     return 0
 
 

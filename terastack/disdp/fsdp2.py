@@ -20,6 +20,7 @@ from terastack.disdp.baseline import finish_baseline, init_baseline, save_final
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import rank_main
 from terastack.disdp.bench.spec import BenchSpec, init_std, init_tensor, worker_rows
+from terastack.disdp.held_state import StateCensus
 from terastack.disdp.job_stats import optimizer_state_bytes
 from terastack.disdp.buckets import Layout, find_layers
 from terastack.disdp.workload import build_model, loss_of, worker_batch
@@ -108,6 +109,7 @@ def train_steps(model, opt, batch_of, steps: int) -> dict:
 
 def run(config: TrainConfig) -> int:
     rank, world = init_baseline(config, "FSDP2")
+    census = StateCensus()   # [Note: state a worker holds]
     spec = config.model_spec()
     model = build_model(spec, seed=config.seed)
     layout = Layout.of(model, 1)
@@ -119,6 +121,7 @@ def run(config: TrainConfig) -> int:
     stats = train_steps(model, opt, lambda step: worker_batch(spec, step=step, seed=config.seed,
                                                               micro_batch=config.micro_batch, worker=rank,
                                                               workers=world), config.steps)
+    stats["held_state"] = census.held_beyond_model()   # before the full parameters are gathered for the check
     full = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for n, p in params.items()}
     if rank == 0:
         save_final(config, layout, layout.flatten(full), config.steps)

@@ -40,7 +40,8 @@ from terastack.disdp.workload import ModelSpec, build_model, loss_of, worker_bat
 from terastack.disdp.roles import Role, RoleMap
 from terastack.disdp.server import ParameterServer, scratch_dir
 from terastack.disdp.server_state import resume_server, save_servers
-from terastack.disdp.job_stats import optimizer_state_bytes, write_stats
+from terastack.disdp.held_state import StateCensus
+from terastack.disdp.job_stats import write_stats
 from terastack.disdp.worker import ShardedModel
 from terastack.progress import Progress
 from terastack.training.checkpoint import JSONState, latest_step
@@ -160,6 +161,7 @@ def leave(me: Rank, stats: dict) -> None:
 def run_worker(me: Rank) -> dict:
     """Forward and backward of the model; parameters arrive and gradients leave through the worker's agent."""
     config, roles, index = me.config, me.roles, me.index
+    census = StateCensus()   # [Note: state a worker holds]
     sharded = ShardedModel(me.meta_model, me.layout, me.schedule)
     if roles.agents == "thread":
         core = AgentCore(roles=roles, comm=me.comm, layout=me.layout, worker=index)
@@ -190,10 +192,12 @@ def run_worker(me: Rank) -> dict:
         raise
     finally:
         progress.close()
+    batch = loss = None   # the last step's batch and loss are not state the worker holds between steps
+    held = census.held_beyond_model()
     link.close()
     return dict(step_s=step_s, wait_s=wait_s, loss=losses, peak_param_bytes=sharded.peak_param_bytes,
                 model_param_bytes=me.layout.numel * 4, param_bytes_after_run=sharded.resident_param_bytes(),
-                optimizer_state_bytes=optimizer_state_bytes())
+                held_state=held)
 
 
 def run_server(me: Rank) -> dict:

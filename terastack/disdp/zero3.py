@@ -21,6 +21,7 @@ from terastack.disdp.baseline import finish_baseline, init_baseline, save_final
 from terastack.disdp.train_config import TrainConfig
 from terastack.disdp.launch import rank_main
 from terastack.disdp.bench.spec import BenchSpec, init_std, init_tensor, worker_rows
+from terastack.disdp.held_state import StateCensus
 from terastack.disdp.job_stats import optimizer_state_bytes
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.workload import build_model, loss_of, worker_batch
@@ -99,6 +100,7 @@ def train_steps(sharded: ShardedModel, link: SerialZero3Link, batch_of, steps: i
 
 def run(config: TrainConfig) -> int:
     rank, world = init_baseline(config, "ZeRO-3")
+    census = StateCensus()   # [Note: state a worker holds]
     spec = config.model_spec()
     meta = build_model(spec, seed=config.seed, meta=True)
     layout = Layout.of(meta, 1)
@@ -110,6 +112,7 @@ def run(config: TrainConfig) -> int:
     stats = train_steps(sharded, link, lambda step: worker_batch(spec, step=step, seed=config.seed,
                                                                  micro_batch=config.micro_batch, worker=rank,
                                                                  workers=world), config.steps)
+    stats["held_state"] = census.held_beyond_model()   # before the full parameters are gathered for the check
     # Gather the full parameters for the correctness check.
     flats = []
     for b, bucket in enumerate(sharded.buckets):

@@ -28,6 +28,13 @@ OUT_OF_SCOPE = "needs other hardware"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, REPORTED, NOT_MEASURED, OUT_OF_SCOPE)
 PRESETS = ("smoke", "small", "full")
 
+#: texts several claim tables share
+GPU_NVME = "a GPU server with NVMe SSDs (the paper's testbed)"
+HERE_2CORE = ("this machine has 2 CPU cores and one virtual disk; compute is the CPU, "
+              "so ratios that depend on a GPU's speed relative to the SSD differ")
+SMOKE_SCALE = ("preset smoke runs the benchmark at a tiny size to show it works end to end; a model or graph "
+               "that small fits in memory, so there is no scale to judge")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Claim:
@@ -81,6 +88,12 @@ class Claim:
     measured_at: tuple[str, ...] = PRESETS
     #: why the other presets do not judge it
     not_measured_because: str = ""
+    #: result fields (dotted paths) whose values this run's verdict prints beside its reason: the run's own figures
+    #: that say which of ``differs_because``'s explanations holds for it
+    evidence: tuple[str, ...] = ()
+    #: result fields a run must have written for ``field`` to mean what the claim says: a run from before the
+    #: benchmark wrote them measured something else, and its figure is not judged
+    requires: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.comparison not in (">=", "<=", "=="):

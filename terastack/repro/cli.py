@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="add the suites measured now to --out's earlier run of the same preset (a suite measured "
                         "again replaces its earlier figures; the others are kept): the full preset in several "
                         "sittings")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run each benchmark N times, one after the other: every verdict is its median run's, with "
+                        "each run's value and the spread beside it (the dace suite runs once)")
     p.add_argument("--render", metavar="DIR", help="measure nothing: rebuild DIR/REPORT.md, verdicts and plots "
                                                    "from an earlier run's report.json and raw/")
     g = p.add_argument_group("dace suite")
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dace_env:
         dace["env"] = {"path": args.dace_env}
     config = Harness.Config(suites=suites, preset=args.preset, out_dir=out, bench_timeout_s=args.bench_timeout,
-                            scratch_dir=args.scratch, dace=dace, add=args.add)
+                            scratch_dir=args.scratch, dace=dace, add=args.add, repeat=args.repeat)
     if "dace" in suites:
         # bad DaCe options fail now, not after the other suites have run
         from terastack.repro.dace.kernels import select

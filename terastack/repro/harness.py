@@ -26,7 +26,7 @@ from terastack.repro import plots as plot_mod
 from terastack.repro.claims import CLAIMS, Claim
 from terastack.repro.report import write_report
 from terastack.repro.suites import BENCH_SUITES, SUITE_NAMES, BenchOutcome, BenchSuite
-from terastack.repro.verdicts import evaluate
+from terastack.repro.verdicts import evaluate_runs
 
 
 def log(msg: str) -> None:
@@ -53,6 +53,10 @@ class Harness:
         #: add the suites measured now to OUT_DIR's earlier run of the same preset, which keeps its other suites
         #: as they were measured ([Note: a report measured in several runs])
         add: bool = False
+        #: runs of each benchmark of the benchmark suites, one after the other: every claim's verdict is its median
+        #: run's, with each run's value and the spread beside it (the dace suite runs once: it repeats every
+        #: kernel's timing itself)
+        repeat: int = 1
 
         def __post_init__(self) -> None:
             if self.preset not in ("smoke", "small", "full"):
@@ -63,6 +67,8 @@ class Harness:
                 raise ValueError(f"suites: unknown {unknown}; choose from {', '.join(sorted(known))}")
             if not self.suites:
                 raise ValueError("suites: name at least one")
+            if self.repeat < 1:
+                raise ValueError(f"repeat: must be >= 1, got {self.repeat}")
 
     def __init__(self, config: Config):
         self.config = config
@@ -125,14 +131,17 @@ class Harness:
         for suite in data["suites"]:
             for b in suite["benchmarks"]:
                 raw_path = safe_relative(self.out, f"raw/{b['name']}.json")
-                b["result"] = json.loads(raw_path.read_text()).get("result") if raw_path.exists() else None
+                raw = json.loads(raw_path.read_text()) if raw_path.exists() else {}
+                b["result"] = raw.get("result")
+                if raw.get("runs"):
+                    b["runs"] = raw["runs"]
         return data
 
     def _finish(self, data: dict) -> dict:
         data["plots"], data["plots_missing"] = self._plots(data["suites"], data["verdicts"])
         # report.json keeps everything but the benchmarks' results, which are in raw/
-        slim = {**data, "suites": [{**s, "benchmarks": [{k: v for k, v in b.items() if k != "result"}
-                                                        for b in s["benchmarks"]]} for s in data["suites"]]}
+        slim = {**data, "suites": [{**s, "benchmarks": [_without_results(b) for b in s["benchmarks"]]}
+                                   for s in data["suites"]]}
         atomic_write_json(self.out / "report.json", slim)
         write_report(self.out / "REPORT.md", data, self.config.claims)
         log(f"report written to {self.out / 'REPORT.md'}")
@@ -143,7 +152,8 @@ class Harness:
     def _run_bench_suite(self, name: str) -> list[BenchOutcome]:
         cfg = self.config
         common = dict(preset=cfg.preset, out_dir=str(self.out / "logs"), timeout_s=cfg.bench_timeout_s,
-                      pythonpath=cfg.pythonpath, scratch_dir=cfg.scratch_dir or str(self.out / "scratch"))
+                      pythonpath=cfg.pythonpath, scratch_dir=cfg.scratch_dir or str(self.out / "scratch"),
+                      repeat=cfg.repeat)
         if cfg.bench_suites is not None:
             suite = BenchSuite(BenchSuite.Config(name=name, benchmarks=cfg.bench_suites[name], **common))
         else:
@@ -178,10 +188,12 @@ class Harness:
                 if claim.suite != suite["name"]:
                     continue
                 b = by_bench.get(claim.benchmark)
-                status = b["status"] if b else "missing"
-                reason = (b.get("reason") or "").splitlines()[0] if b and b.get("reason") else \
-                    ("" if b else f"no benchmark {claim.benchmark!r} in suite {suite['name']}")
-                v = evaluate(claim, status, reason, b.get("result") if b else None, preset)
+                if b is None:
+                    runs = [("missing", f"no benchmark {claim.benchmark!r} in suite {suite['name']}", None)]
+                else:
+                    runs = [(r["status"], _first_line(r.get("reason")), r.get("result"))
+                            for r in (b.get("runs") or [b])]
+                v = evaluate_runs(claim, runs, preset)
                 out.append({**v.as_dict(), "suite": claim.suite, "benchmark": claim.benchmark})
         return out
 
@@ -190,7 +202,10 @@ class Harness:
         for suite in suites:
             for b in suite["benchmarks"]:
                 rel = f"raw/{b['name']}.json"
-                atomic_write_json(self.out / rel, {k: b[k] for k in ("name", "module", "status", "reason", "result")})
+                raw = {k: b[k] for k in ("name", "module", "status", "reason", "result")}
+                if b.get("runs"):
+                    raw["runs"] = [{k: r.get(k) for k in ("status", "reason", "result", "wall_s")} for r in b["runs"]]
+                atomic_write_json(self.out / rel, raw)
                 files.append(rel)
         # the DaCe suite's own JSON (runner, scaling) sits in logs/; copy it beside the others
         for extra in sorted((self.out / "logs").glob("dace_*.json")):
@@ -249,6 +264,18 @@ def _added(earlier: dict, now: dict) -> dict:
             "dace_env": now["dace_env"] if "dace" in fresh else earlier.get("dace_env"),
             "raw_files": sorted(set(earlier.get("raw_files", ())) | set(now["raw_files"])),
             "runs": runs + now["runs"]}
+
+
+def _first_line(text: str | None) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+def _without_results(bench: dict) -> dict:
+    """A benchmark's entry in report.json: its results (and its runs' results) are in raw/."""
+    out = {k: v for k, v in bench.items() if k != "result"}
+    if out.get("runs"):
+        out["runs"] = [{k: v for k, v in r.items() if k != "result"} for r in out["runs"]]
+    return out
 
 
 def _now() -> str:

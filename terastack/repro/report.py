@@ -101,16 +101,26 @@ def claims_section(suite: dict, verdicts: list[dict], claims: dict[str, Claim]) 
         c = claims[v["claim"]]
         target = f"{c.comparison} {fmt(c.target, c.unit)}" if c.target is not None else "—"
         lines.append(f"| {_cell(c.title)} (`{c.id}`) | {_cell(c.source_text())} | {_cell(c.paper_hardware or '—')} | "
-                     f"{fmt(v['measured'], c.unit)} | {_cell(c.baseline_text() or '—')} | {target} | {MARK[v['status']]} |")
-        if v["status"] not in ("reproduced", "reported") and (v["status"], v["reason"]) not in seen:
-            # claims of a benchmark that did not run share one reason: say it once
+                     f"{_measured_cell(v, c)} | {_cell(c.baseline_text() or '—')} | {target} | {MARK[v['status']]} |")
+        # every row but a plain reproduced one says why (a reported row too: its figure belongs to this machine);
+        # claims of a benchmark that did not run share one reason: say it once
+        if (v["status"] != "reproduced" or len(v.get("runs") or ())) and (v["status"], v["reason"]) not in seen:
             seen.add((v["status"], v["reason"]))
             same = [w["claim"] for w in rows if (w["status"], w["reason"]) == (v["status"], v["reason"])]
             reasons.append(f"- {', '.join(f'`{i}`' for i in same)} — {v['status']}: {_cell(v['reason'])}")
     lines.append("")
     if reasons:
-        lines += ["Why the verdicts differ:", "", *reasons, ""]
+        lines += ["Why each verdict is what it is, with this machine's reasons:", "", *reasons, ""]
     return lines
+
+
+def _measured_cell(v: dict, claim: Claim) -> str:
+    """The measured figure; over several runs, the median with the spread."""
+    runs = [r for r in v.get("runs") or () if r is not None]
+    if len(runs) < 2:
+        return fmt(v["measured"], claim.unit)
+    return (f"{fmt(v['measured'], claim.unit)} (median of {len(runs)} runs: {fmt(min(runs), claim.unit)} to "
+            f"{fmt(max(runs), claim.unit)})")
 
 
 def sources_section(verdicts: list[dict], claims: dict[str, Claim]) -> list[str]:
@@ -120,8 +130,9 @@ def sources_section(verdicts: list[dict], claims: dict[str, Claim]) -> list[str]
     if not cited:
         return []
     lines = ["## Sources", "", "Rows marked \"terastack's target\" are targets terastack set itself, each with its "
-             "reason in the row; the others quote these works (a figure whose abstract was not found is marked in "
-             "its row as read for terastack, not quoted):", ""]
+             "reason in the row; the others quote these works' abstracts in short quotes (a figure an abstract does "
+             "not state is marked in its row as derived by terastack, with the arithmetic, or named as another "
+             "work's):", ""]
     lines += [f"- **{PAPERS[key].short}**{' (related work)' if PAPERS[key].role == 'related' else ''}: "
               f"{PAPERS[key].reference}. {_sentence(PAPERS[key].where_quoted())}" for key in cited]
     return lines + [""]
@@ -173,9 +184,12 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
         lines += [f"Crashed measurements (the process died; excluded, the suite went on): **{len(crashes)}**", ""]
         lines += [f"- {c['kernel']} / {c['framework']}: {_cell(c['detail'][-400:])}" for c in crashes]
         lines.append("")
-    failures = dace.get("validation_failure_list") or []
-    lines += [f"Validation failures: **{len(failures)}**" + (":" if failures else "."), ""]
-    lines += [f"- {f['kernel']} / {f['framework']}: {_cell(f['detail'])}" for f in failures]
+    # a run from before the count took in crashes and build failures listed only the outputs that did not match
+    failures = dace.get("not_validated_list", dace.get("validation_failure_list")) or []
+    lines += [f"Measurements not validated (an output unlike NumPy's, a build or run that failed, a runner that "
+              f"died, or no record): **{len(failures)}**" + (":" if failures else "."), ""]
+    lines += [f"- {f['kernel']} / {f['framework']}: {f.get('status', 'invalid')}: {_cell(f['detail'])}"
+              for f in failures]
     if failures:
         lines.append("")
     sp = dace.get("speedups", {})
@@ -198,9 +212,10 @@ def dace_section(dace: dict, plots: dict[str, str]) -> list[str]:
               "barriers suffer most from preemption; the previous best here is the faster of NumPy and Numba only "
               "(no Pythran, CuPy or Legate); 15 kernels rather than NPBench's 52; and at most 2 MPI processes, "
               "with DaCe compiling each rank's local kernel while communication goes through mpi4py, not DaCe's "
-              "own distributed code generation. terastack's seed for this part is a student team's reproduction "
-              "of the paper in the SC22 Student Cluster Competition (Azure CycleCloud, up to 32 nodes / 64 "
-              "processes); that report was not found to quote, so its figures are not compared here.", ""]
+              "own distributed code generation. terastack's seed for this part is a student reproduction of the "
+              "paper (CPU and GPU, Azure CycleCloud, up to 32 nodes / 64 processes), whose abstract states no "
+              "figure of its own, only that its results are \"in accordance with the SC paper\": its rows in the "
+              "claims table (`dace.scc_*`) report what this machine reran beside what it says.", ""]
     return lines
 
 
@@ -300,6 +315,10 @@ def write_report(path: Path, data: dict, claims: tuple[Claim, ...] = CLAIMS) -> 
              f"machine, as a ratio against a baseline measured in the same run; the "
              f"paper's figures are quoted with the hardware they were measured on. Absolute times hold for this "
              f"machine only.", ""]
+    repeated = max((len(b.get("runs") or ()) for s in data["suites"] for b in s["benchmarks"]), default=0)
+    if repeated > 1:
+        lines += [f"Benchmarks ran up to {repeated} times one after the other: each verdict is its median run's, "
+                  f"with every run's value and the spread beside it.", ""]
     if data["preset"] == "smoke":
         lines += ["**Preset `smoke` runs every benchmark at a tiny size to show that it runs end to end; its ratios "
                   "are not measurements of the claims (compute and I/O are not balanced at that size). Use "

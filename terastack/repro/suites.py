@@ -78,10 +78,27 @@ class BenchOutcome:
     wall_s: float = 0.0
     log: str | None = None
     headline: list = field(default_factory=list)
+    #: with ``--repeat N`` (N > 1): every run's {status, reason, result, wall_s, log}, in order; the outcome's own
+    #: status and result are those of its first run that finished ("ok"), else of its first run
+    runs: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "module": self.module, "status": self.status, "reason": self.reason,
-                "wall_s": self.wall_s, "log": self.log, "headline": self.headline, "result": self.result}
+        out = {"name": self.name, "module": self.module, "status": self.status, "reason": self.reason,
+               "wall_s": self.wall_s, "log": self.log, "headline": self.headline, "result": self.result}
+        if self.runs:
+            out["runs"] = self.runs
+        return out
+
+    @classmethod
+    def of_runs(cls, runs: list["BenchOutcome"]) -> "BenchOutcome":
+        """One benchmark's repeated runs as one outcome (see ``runs``)."""
+        if len(runs) == 1:
+            return runs[0]
+        first = next((r for r in runs if r.status == "ok"), runs[0])
+        return cls(name=first.name, module=first.module, status=first.status, reason=first.reason,
+                   result=first.result, wall_s=sum(r.wall_s for r in runs), log=first.log, headline=first.headline,
+                   runs=[{"status": r.status, "reason": r.reason, "result": r.result, "wall_s": r.wall_s,
+                          "log": r.log} for r in runs])
 
 
 def registry() -> dict[str, str]:
@@ -113,10 +130,14 @@ class BenchSuite:
         pythonpath: tuple[str, ...] = ()
         #: what ``{scratch}`` in a benchmark's arguments stands for (default: OUT_DIR/scratch)
         scratch_dir: str | None = None
+        #: runs of each benchmark, one after the other (the verdicts take the median run's value, with the spread)
+        repeat: int = 1
 
         def __post_init__(self) -> None:
             if self.preset not in BENCH_TIMEOUT_S:
                 raise ValueError(f"preset: must be one of {list(BENCH_TIMEOUT_S)}, got {self.preset!r}")
+            if self.repeat < 1:
+                raise ValueError(f"repeat: must be >= 1, got {self.repeat}")
             if self.timeout_s is not None and self.timeout_s <= 0:
                 raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
             if not self.benchmarks:
@@ -136,8 +157,16 @@ class BenchSuite:
         return cls(cls.Config(name=name, benchmarks=benches, **kwargs))
 
     def run(self, log=lambda msg: None) -> list[BenchOutcome]:
-        return [self._run_one(entry[0], entry[1], entry[2][self.config.preset] if len(entry) == 3 else None, log)
-                for entry in self.config.benchmarks]
+        out = []
+        for entry in self.config.benchmarks:
+            args = entry[2][self.config.preset] if len(entry) == 3 else None
+            runs = []
+            for i in range(self.config.repeat):
+                if self.config.repeat > 1:
+                    log(f"{self.config.name}/{entry[0]}: run {i + 1} of {self.config.repeat}")
+                runs.append(self._run_one(entry[0], entry[1], args, log, run=i))
+            out.append(BenchOutcome.of_runs(runs))
+        return out
 
     def _child_env(self) -> dict:
         import terastack
@@ -149,11 +178,12 @@ class BenchSuite:
         env["PYTHONPATH"] = os.pathsep.join(paths)
         return env
 
-    def _run_one(self, bench: str, module: str, args: list[str] | None, log) -> BenchOutcome:
+    def _run_one(self, bench: str, module: str, args: list[str] | None, log, run: int = 0) -> BenchOutcome:
         cfg = self.config
         out_dir = Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        out_json, log_path = out_dir / f"{bench}.child.json", out_dir / f"{bench}.log"
+        stem = bench if run == 0 else f"{bench}.run{run + 1}"
+        out_json, log_path = out_dir / f"{stem}.child.json", out_dir / f"{stem}.log"
         timeout = cfg.timeout_s or BENCH_TIMEOUT_OVERRIDES.get(bench, {}).get(cfg.preset) or BENCH_TIMEOUT_S[cfg.preset]
         log(f"{cfg.name}/{bench}: {module} at preset {cfg.preset} (bound {timeout:.0f} s)")
         started = time.perf_counter()

@@ -45,7 +45,7 @@ def test_equals_single_process_adamw(tmp_path, capfd, workers, servers, agents, 
                       run_dir=str(tmp_path / "run"))
     result = launch_local(cfg, quiet=True)
     _check_equal(cfg, result)
-    assert result["worker_optimizer_bytes"] == 0
+    assert result["worker_state_bytes"] == 0
     assert result["worker_param_bytes_after_run"] == 0
     out = capfd.readouterr().out
     # Roles are printed at start, one line per rank.
@@ -64,7 +64,7 @@ def test_cli_train_launches_the_local_job(tmp_path, capfd):
             str(tmp_path / "run"), "--json", "--steps", "3"]
     assert main(argv) == 0
     out = capfd.readouterr().out
-    assert "rank   2: server 0" in out and "rank   3: aggregator" in out and '"worker_optimizer_bytes": 0' in out
+    assert "rank   2: server 0" in out and "rank   3: aggregator" in out and '"worker_state_bytes": 0' in out
     cfg = TrainConfig(**(TINY | {"workers": 2, "servers": 1, "run_dir": str(tmp_path / "run")}))
     params, step = load_parameters(cfg.checkpoint_dir)
     ref, _ = _reference(cfg)

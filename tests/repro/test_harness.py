@@ -1,4 +1,5 @@
 """The harness on fake suites: report structure, verdicts, and every way a suite can fail to run being reported."""
+import dataclasses
 import json
 import textwrap
 
@@ -40,6 +41,18 @@ FAKE_MODULES = {
             pass
         def measure(args):
             return {}
+    """,
+    # a benchmark whose figure moves from run to run (its runs count themselves in a file beside it)
+    "fakebench_moving": """
+        import os
+        PRESETS = {"smoke": []}
+        def add_arguments(p):
+            pass
+        def measure(args):
+            path = os.path.join(os.path.dirname(__file__), "moving.count")
+            n = int(open(path).read()) if os.path.exists(path) else 0
+            open(path, "w").write(str(n + 1))
+            return {"speedup": (2.82, 1.87, 2.0)[n % 3]}
     """,
     "fakebench_slow": """
         import time
@@ -144,7 +157,9 @@ def test_report_structure(report):
     # per claim: the paper's figure and hardware, the measurement, the baseline, the verdict
     row = next(line for line in text.splitlines() if "`a.speedup`" in line and line.startswith("|"))
     assert "P: 1.8x" in row and "a big GPU" in row and "1.80x" in row and "sync" in row and "yes" in row
-    assert "Why the verdicts differ" in text and "the cores are shared" in text
+    assert "with this machine's reasons" in text and "the cores are shared" in text
+    # a reported row says why too
+    assert "`a.reported` — reported: no target" in text
     # every suite that did not run is named with its reason, none silently dropped
     not_run = text.split("## Suites that did not run")[1]
     for name, why in (("dep", "dependency-missing"), ("absent", "missing"), ("err", "error"),
@@ -308,6 +323,29 @@ def test_a_benchmark_whose_package_fails_to_import_is_an_error_not_missing(tmp_p
     out = run_module("fakebrokenpkg.bench", "smoke")
     assert out["status"] == "error" and "no_such_name" in out["reason"] and "traceback" in out
     assert run_module("fakebrokenpkg_absent.bench", "smoke")["status"] == "missing"
+
+
+def test_repeated_runs_are_judged_at_their_median_with_the_spread(fake_path, tmp_path):
+    """``--repeat 3``: each benchmark runs three times; a verdict is its median run's, the report gives every run's
+    value and the spread, and a re-render keeps them."""
+    claims = (Claim(id="m.speedup", suite="moving", benchmark="moving", title="moving speedup", source="project",
+                    rationale="why", paper_figure=">= 1.8", field="speedup", target=1.8, differs_because="a busy VM"),
+              Claim(id="m.strict", suite="moving", benchmark="moving", title="stricter", source="project",
+                    rationale="why", paper_figure=">= 2.5", field="speedup", target=2.5, differs_because="a busy VM"))
+    (fake_path / "moving.count").unlink(missing_ok=True)
+    config = Harness.Config(suites=("moving",), preset="smoke", out_dir=str(tmp_path), claims=claims, repeat=3,
+                            bench_suites={"moving": (("moving", "fakebench_moving"),)}, pythonpath=(str(fake_path),))
+    data = Harness(config).run()
+    bench = data["suites"][0]["benchmarks"][0]
+    assert [r["result"]["speedup"] for r in bench["runs"]] == [2.82, 1.87, 2.0]
+    ok, strict = _verdict(data, "m.speedup"), _verdict(data, "m.strict")
+    assert ok["status"] == "reproduced" and ok["measured"] == pytest.approx(2.0) and ok["runs"] == [2.82, 1.87, 2.0]
+    assert strict["status"] == "not reproduced" and "spread 1.87x to 2.82x" in strict["reason"]
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "2.00x (median of 3 runs: 1.87x to 2.82x)" in text and "ran up to 3 times" in text
+    assert (tmp_path / "logs" / "moving.run3.log").exists()
+    again = Harness(dataclasses.replace(config, repeat=1)).render()
+    assert _verdict(again, "m.speedup")["runs"] == [2.82, 1.87, 2.0]
 
 
 def test_suites_measured_in_separate_runs_make_one_report(fake_path, tmp_path):

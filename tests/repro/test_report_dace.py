@@ -5,7 +5,7 @@ import pytest
 from terastack.repro import plots
 from terastack.repro.dace import runner
 from terastack.repro.dace.kernel import Kernel, fresh_args, readonly_checksums
-from terastack.repro.dace.suite import scaling_efficiency, scaling_summary, summarize_speedups, validation_failures
+from terastack.repro.dace.suite import not_validated, scaling_efficiency, scaling_summary, summarize_speedups
 from terastack.repro.report import dace_section
 
 
@@ -48,10 +48,10 @@ def dace_result():
     runs = {1: {"status": "ok", "records": [rec("atax", "numpy", "strong", 1, 1.0), rec("atax", "numpy", "weak", 1, 1.0)]},
             2: {"status": "ok", "records": [rec("atax", "numpy", "strong", 2, 0.6), rec("atax", "numpy", "weak", 2, 1.25)]}}
     eff = scaling_efficiency(runs)
-    failures = validation_failures(kernels)
+    failures = not_validated(kernels)
     return {"status": "ok", "preset": "smoke", "threads": 2, "kernels": kernels,
-            "speedups": summarize_speedups(kernels), "validation_failures": len(failures),
-            "validation_failure_list": failures,
+            "speedups": summarize_speedups(kernels), "not_validated": len(failures),
+            "not_validated_list": failures,
             "scaling": {"status": "ok", "process_counts": [1, 2], "runs": runs, "efficiency": eff,
                         "note": "rank-local compute in numpy"},
             "scaling_summary": scaling_summary({"efficiency": eff})}
@@ -59,8 +59,8 @@ def dace_result():
 
 def test_dace_section_lists_speedups_failures_and_scaling(dace_result):
     text = "\n".join(dace_section(dace_result, {}))
-    assert "Validation failures: **1**" in text
-    assert "broken / numba" in text and "not allclose" in text
+    assert "not validated (an output unlike NumPy's, a build or run that failed" in text and "**1**" in text
+    assert "broken / numba: invalid:" in text and "not allclose" in text
     row = next(l for l in text.splitlines() if l.startswith("| double |"))
     assert "y = 2 x" in row and "x [" in row          # a speedup with its confidence interval
     broken = next(l for l in text.splitlines() if l.startswith("| broken |"))

@@ -7,7 +7,7 @@ import pytest
 from terastack.repro.dace import runner
 from terastack.repro.dace.kernel import Kernel, validate
 from terastack.repro.dace.stats import geomean, median_ci, ratio_ci
-from terastack.repro.dace.suite import summarize_speedups, validation_failures
+from terastack.repro.dace.suite import not_validated, summarize_speedups
 
 
 def test_validate_accepts_within_tolerance():
@@ -75,8 +75,8 @@ def test_wrong_framework_is_invalid_untimed_and_excluded():
     sp = summarize_speedups(result)
     assert sp["per_kernel"]["double"]["numba"] == {"status": "invalid"}
     assert sp["counted"] == {}
-    assert validation_failures(result) == [{"kernel": "double", "framework": "numba",
-                                            "detail": bad["validation"]["detail"]}]
+    assert not_validated(result) == [{"kernel": "double", "framework": "numba", "status": "invalid",
+                                      "detail": bad["validation"]["detail"]}]
 
 
 def test_correct_framework_is_timed_and_counted():

@@ -108,6 +108,12 @@ def dataset_bytes(nodes: int, avg_degree: float, feat_dim: int, itemsize: int, t
     return {**parts, "total": sum(parts.values()), "scratch": edges * 2 * index, "edges_at_most": edges}
 
 
+def disk_bytes(root: Path) -> int:
+    """Bytes the files under ``root`` hold on the disk: their allocated blocks (a sparse file counts only what it
+    holds)."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+
+
 def _generate(args, root: Path, nodes: int, avg_degree: float, train_nodes: int, gen_memory: str) -> dict:
     """``terastack gnn gen`` in a child process; returns its JSON result plus its peak RSS."""
     config = dict(out=str(root), nodes=nodes, avg_degree=avg_degree, feat_dim=args.feat_dim, classes=args.classes,
@@ -176,11 +182,12 @@ def measure_scale(args) -> dict:
         peak = peak_rss()  # the training's: no child ran in this process's lifetime but the generator
         mmap = _mmap_epoch(args, root, ours, fanouts=fanouts, budget=budget, batch_size=batch_size,
                            rss_limit=rss_limit, say=say, mmap_threads=mmap_threads)
+        disk = disk_bytes(root)   # the graph the epochs trained on, as it lies on the disk
     finally:
         if args.cleanup:
             shutil.rmtree(root, ignore_errors=True)
-    return _scale_report(args, ours, mmap, gen, sizes, peak=peak, ram=ram, exceeds=exceeds, root=root, nodes=nodes,
-                         avg_degree=avg_degree, fanouts=fanouts, batch_size=batch_size, budget=budget,
+    return _scale_report(args, ours, mmap, gen, sizes, peak=peak, ram=ram, disk=disk, exceeds=exceeds, root=root,
+                         nodes=nodes, avg_degree=avg_degree, fanouts=fanouts, batch_size=batch_size, budget=budget,
                          gen_memory=gen_memory, rss_limit=rss_limit, presample_nodes=presample_nodes,
                          holdout_nodes=holdout_nodes, mmap_threads=mmap_threads)
 
@@ -201,7 +208,8 @@ def _scale_root(args, sizes: dict) -> Path:
     return root
 
 
-def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak: int, ram: int, exceeds: bool,
+def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak: int, ram: int, disk: int,
+                  exceeds: bool,
                   root: Path, nodes: int, avg_degree: float, fanouts, batch_size: int, budget: int, gen_memory,
                   rss_limit: int, presample_nodes: int, holdout_nodes: int, mmap_threads: list[int]) -> dict:
     epoch, predicted = ours["epoch"], ours["predicted"]
@@ -210,6 +218,9 @@ def _scale_report(args, ours: dict, mmap: dict, gen: dict, sizes: dict, *, peak:
         "scale_run": exceeds,
         "exceeds_ram": exceeds,
         "dataset_bytes": sizes["total"], "mem_total_bytes": ram, "dataset_to_ram_ratio": sizes["total"] / ram,
+        # measured: the blocks the dataset's files hold on the disk after the run, against RAM and the training's
+        # own peak RSS
+        "dataset_disk_bytes": disk, "dataset_disk_to_ram": disk / ram, "dataset_disk_to_peak_rss": disk / peak,
         "train_nodes": ours["train_nodes"], "train_fraction": ours["train_nodes"] / nodes,
         "epoch_seconds": epoch["seconds"], "epoch_measured": "whole epoch (every training seed)",
         "seeds_per_s": ours["train_nodes"] / epoch["seconds"],

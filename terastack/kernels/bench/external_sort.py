@@ -5,10 +5,11 @@ with every transfer waited for (sync), its compute alone (the same run
 formation and merge on in-memory data), its I/O alone (the same transfers,
 no sorting), and fio's sequential read and write bandwidth on the same disk.
 The output is checked sorted and a permutation of the input (order-independent
-checksums). On 2 cores sorting is compute-bound, so ``hidden_fraction`` =
-(sync - pipelined) / min(compute_only, io_only) is the figure that shows
-whether the I/O is hidden; ``io_bound_ratio`` = (bytes moved / fio bandwidth)
-/ pipelined time says how far the run is from the disk's limit.
+checksums). On 2 cores sorting is compute-bound, so ``smaller_side_hidden`` =
+(compute_only + io_only - pipelined) / min(compute_only, io_only), in [0, 1], is the figure that
+shows whether the I/O is hidden ([Note: the share of the smaller side hidden] in
+terastack.kernels.overlap); ``io_bound_ratio`` = (bytes moved / fio bandwidth) / pipelined time
+says how far the run is from the disk's limit.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from terastack.kernels.overlap import overlap_figures
 from terastack.memory import PeakRSS
 from terastack.units import format_bytes, parse_bytes
 
-HEADLINE = ["hidden_fraction", "speedup_vs_sync", "io_bound_ratio", "compute_only_s", "io_only_s", "sync_s",
+HEADLINE = ["smaller_side_hidden", "speedup_vs_sync", "io_bound_ratio", "compute_only_s", "io_only_s", "sync_s",
             "pipelined_s", "peak_rss_bytes", "host_budget_bytes", "verified"]
 PRESETS = {
     "smoke": ["--host-budget", "1MiB", "--repeat", "1"],

@@ -8,7 +8,8 @@ an overlap figure says nothing when one side dominates.
 
 Four schedules over the same tiles, each run ``--repeat`` times, medians kept:
 compute only (no I/O), I/O only (no compute), synchronous, pipelined.
-hidden_fraction = (sync - pipelined) / min(compute_only, io_only).
+smaller_side_hidden = (compute_only + io_only - pipelined) / min(compute_only, io_only), in [0, 1] ([Note: the
+share of the smaller side hidden] in terastack.kernels.overlap).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from terastack.progress import Progress
 from terastack.tiers import Tier, TieredStore
 from terastack.units import format_bytes, parse_bytes
 
-HEADLINE = ["speedup_vs_sync", "hidden_fraction", "compute_only_s", "io_only_s", "sync_s", "pipelined_s",
+HEADLINE = ["speedup_vs_sync", "smaller_side_hidden", "compute_only_s", "io_only_s", "sync_s", "pipelined_s",
             "peak_rss_bytes", "host_budget_bytes", "max_abs_error"]
 PRESETS = {
     "smoke": ["--host-budget", "4MiB", "--k", "256", "--tile-rows", "512", "--n", "32", "--repeat", "1"],

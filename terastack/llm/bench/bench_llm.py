@@ -208,6 +208,10 @@ def _ratios(r: dict) -> None:
     r["in_memory_step_s"] = _get(r, "in_memory", "step_s")
     r["zero_infinity_step_s"] = _get(r, "zero_infinity", "step_s")
     r["speedup_vs_zero_infinity"] = _ratio(r["zero_infinity_step_s"], r["terastack_step_s"])
+    if r["speedup_vs_zero_infinity"] is None:   # what the report says in its place
+        missing = "zero_infinity" if r["zero_infinity_step_s"] is None else "terastack"
+        why = (r.get(missing) or {}).get("error") or f"{missing} was not among --systems"
+        r.setdefault("why_none", {})["speedup_vs_zero_infinity"] = why
     r["slowdown_vs_in_memory"] = _ratio(r["terastack_step_s"], r["in_memory_step_s"])
     r["terastack_peak_rss_bytes"] = ts.get("peak_rss_bytes")
     r["in_memory_peak_rss_bytes"] = _get(r, "in_memory", "peak_rss_bytes")

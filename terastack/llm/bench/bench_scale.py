@@ -7,7 +7,9 @@ A ladder of Llama models (default 0.15B, 0.55B, 1.1B and 3.4B parameters: ``llam
   the SSD, one row per optimizer state format (``--optimizer adamw,adamw8bit,adafactor``); the planner's
   predicted step time and bytes per parameter per step by kind are reported beside the measured ones (the byte
   ledger's: [Note: the byte ledger] in terastack.llm.engine.byte_ledger);
-* ``zero_infinity``: DeepSpeed ZeRO-3 with parameters and optimizer state offloaded to NVMe;
+* ``zero_infinity``: DeepSpeed ZeRO-3 with parameters and optimizer state offloaded to NVMe, every parameter on
+  the NVMe (``max_in_cpu`` 0) and its swap buffers sized from the model ([Note: ZeRO-Infinity configured for the
+  model] in terastack.llm.bench.zero_infinity);
 * ``in_memory``: the unmodified model and ``torch.optim.AdamW`` in RAM.
 
 [Note: the RSS watchdog]
@@ -16,8 +18,10 @@ reads the resident memory of the child and all its descendants from ``/proc`` ev
 ``--rss-limit`` (default min(0.8 x RAM, 20 GiB), below what the machine has, so the kernel's OOM killer never
 decides a result) the whole process group is killed and the system "does not fit" at that size. A child that
 dies by SIGKILL it was not sent (the OOM killer), or that fails with an out-of-memory error, does not fit
-either. A system that does not fit at one size is not tried at larger ones. Peak RSS is the whole process's,
-children included: the larger of the watchdog's samples and the kernel's high-water mark the child reports.
+either. A system that does not fit at one size is not tried at larger ones. A run that fails for another reason
+(a configuration error, a timeout) is not "does not fit": it stops that system's ladder with its largest model
+unmeasured (terastack.llm.bench.ladder_summary). Peak RSS is the whole process's, children included: the larger
+of the watchdog's samples and the kernel's high-water mark the child reports.
 
 Before each run, the state the system keeps on the disk (:data:`STATE_BYTES_PER_PARAM`; terastack's from its
 optimizer format's spec, :func:`state_bytes_per_param`; with a margin) must fit on the free disk of ``--dir``; otherwise it is refused, naming both numbers. Every
@@ -41,6 +45,7 @@ from terastack import trace
 from terastack.bench_watchdog import tree_rss_bytes
 from terastack.plan.hardware import save_probe
 from terastack.llm.bench.bench_llm import deepspeed_missing
+from terastack.llm.bench.ladder_summary import entry_name, summarize
 from terastack.llm.trainer_config import MEMORY_BUDGET_ENV
 from terastack.memory import mem_total
 from terastack.units import format_bytes, parse_bytes
@@ -276,6 +281,8 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
         if args.lora:
             cmd += ["--lora", str(args.lora), "--base-format", args.base_format]
         env = dict(MEMORY_BUDGET_ENV)  # [Note: a memory budget bounds resident memory] (terastack.memory)
+    elif system == "zero_infinity":
+        cmd += ["--zero-max-in-cpu", "0"]   # the largest model in a fixed memory: every parameter on the NVMe
     outcome = run_watched(cmd, rss_limit=rss_limit, timeout=args.timeout, env=env, log=workdir / f"{system}.log")
     fits, reason = classify(outcome, rss_limit)
     result = json.loads(out.read_text()) if fits and out.exists() else {}
@@ -311,7 +318,7 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
             # the planner's bytes against the ledger's, all kinds together ([Note: the byte ledger])
             row["bytes_prediction_error"] = sum(predicted.values()) / moved - 1
     elif system == "zero_infinity":
-        row["deepspeed"] = result.get("deepspeed")
+        row["deepspeed"], row["offload_param"] = result.get("deepspeed"), result.get("offload_param")
     return row
 
 
@@ -395,6 +402,8 @@ def measure(args: argparse.Namespace) -> dict:
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             row["size"] = label
+            if per_param is not None:
+                row["state_bytes_per_param"] = per_param   # what its rung's state keeps on the disk, per parameter
             if hw is not None and row.get("ssd_read_bytes_per_step") is not None:
                 # the step's own bytes at the probe's rates (reads and writes at once where it measured both): no
                 # schedule moves them faster
@@ -403,7 +412,7 @@ def measure(args: argparse.Namespace) -> dict:
             print(f"  {_describe(row)}", file=sys.stderr, flush=True)
             if row["fits"] is not True:
                 stopped[entry] = f"not tried: {entry} did not run at {label} ({row['reason']})"
-    _summarize(result)
+    summarize(result, SYSTEMS)
     return result
 
 
@@ -420,12 +429,6 @@ def resolve_optimizers(spec: str) -> list[str]:
         except ValueError as exc:
             raise ValueError(f"--{exc}") from None
     return list(dict.fromkeys(names))
-
-
-def entry_name(system: str, optimizer: str) -> str:
-    """A row's system as its ratios and headline name it: terastack with a format other than AdamW is
-    ``terastack_<format>``."""
-    return system if optimizer == "adamw" else f"{system}_{optimizer}"
 
 
 def _describe(row: dict) -> str:
@@ -448,41 +451,3 @@ def _describe(row: dict) -> str:
     if row.get("bytes_prediction_error") is not None:
         text += f", its bytes {100 * row['bytes_prediction_error']:+.1f}%"
     return text
-
-
-def _summarize(result: dict) -> None:
-    rows = result["rows"]
-    for system in SYSTEMS:
-        fit = [r["params"] for r in rows if r["system"] == system and r["fits"]]
-        result[f"max_params_{system}"] = max(fit) if fit else None
-    for optimizer in result.get("optimizers", ()):
-        if optimizer != "adamw":
-            fit = [r["params"] for r in rows if r["system"] == "terastack" and r["optimizer"] == optimizer
-                   and r["fits"]]
-            result[f"max_params_terastack_{optimizer}"] = max(fit) if fit else None
-    ratios = {}
-    for label in result["sizes"]:
-        by = {entry_name(r["system"], r["optimizer"]): r for r in rows if r["size"] == label and r["fits"]}
-        base = (by.get("terastack") or {}).get("bytes_per_parameter_per_step")
-        for system, ts in by.items():
-            mine = ts.get("bytes_per_parameter_per_step")
-            if base and mine and system.startswith("terastack_") and base["read"] + base["written"] > 0:
-                # a format's bytes against AdamW's, read and written together
-                ratios[f"{label}_{system}_bytes_vs_adamw"] = ((mine["read"] + mine["written"])
-                                                              / (base["read"] + base["written"]))
-        ref = by.get("in_memory")
-        if ref is None:
-            continue
-        for system in by:
-            if system != "in_memory":
-                ratios[f"{label}_{system}_step_vs_in_memory"] = by[system]["step_s"] / ref["step_s"]
-                ratios[f"{label}_{system}_rss_vs_in_memory"] = by[system]["peak_rss_bytes"] / ref["peak_rss_bytes"]
-                ratios[f"{label}_{system}_tokens_per_s_vs_in_memory"] = (by[system]["tokens_per_s"]
-                                                                       / ref["tokens_per_s"])
-        for system, ts in by.items():
-            if ts["system"] == "terastack" and ts.get("io_floor_s") is not None:
-                # the floor: no schedule beats the slower of in-memory compute and the step's own bytes on the disk
-                ts["floor_s"] = max(ref["step_s"], ts["io_floor_s"])
-                ratios[f"{label}_{system}_step_vs_floor"] = ts["step_s"] / ts["floor_s"]
-    result["ratios_vs_in_memory"] = ratios
-    result.update(ratios)  # printed as scalar lines

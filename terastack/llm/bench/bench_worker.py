@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -240,67 +239,12 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
     return out
 
 
-def _ds_config(args, largest: int) -> dict:
-    nvme = os.path.join(args.dir, "zero-infinity")
-    os.makedirs(nvme, exist_ok=True)
-    # Buffers sized to the model (the largest parameter), not DeepSpeed's 1e8-element default, so its memory
-    # reflects what the model needs.
-    buffer = max(1 << 20, largest)
-    return {
-        "train_micro_batch_size_per_gpu": args.batch_size, "gradient_accumulation_steps": args.grad_accum,
-        "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                    "weight_decay": 0.0}},
-        "zero_optimization": {
-            "stage": 3,
-            "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": False, "buffer_count": 5,
-                              "buffer_size": buffer},
-            "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": False, "buffer_count": 4},
-            "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": buffer,
-            "stage3_prefetch_bucket_size": buffer // 2, "sub_group_size": buffer,
-        },
-        "aio": {"block_size": 1048576, "queue_depth": 16, "thread_count": 2, "single_submit": False,
-                "overlap_events": True},
-        "steps_per_print": 1 << 30, "wall_clock_breakdown": False,
-    }
-
-
 def run_zero_infinity(args, hf_config, rss) -> dict:
-    import torch
+    """DeepSpeed ZeRO-Infinity ([Note: ZeRO-Infinity configured for the model] in terastack.llm.bench.zero_infinity)."""
+    from terastack.llm.bench import zero_infinity
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # one local process: loopback only
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(k, v)
-    import deepspeed
-    from transformers import AutoModelForCausalLM
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    from terastack.training.hf.model_files import build_skeleton
-
-    largest = max(p.numel() for p in build_skeleton(hf_config).parameters())
-    ds_config = _ds_config(args, largest)
-    torch.manual_seed(args.seed)
-    t0 = time.perf_counter()
-    with deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device="nvme"):
-        model = AutoModelForCausalLM.from_config(hf_config)
-    model.train()
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
-    setup = time.perf_counter() - t0
-
-    def step(ids):
-        micro = ids if isinstance(ids, list) else [ids]
-        total = 0.0
-        for part in micro:  # DeepSpeed scales the loss and steps the optimizer at the accumulation boundary
-            out = engine(input_ids=part, labels=part, use_cache=False)
-            engine.backward(out.loss)
-            engine.step()
-            total += float(out.loss) / len(micro)
-        return total
-    out = _measure(step, _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps,
-                                  args.grad_accum), args.warmup, rss)
-    out["setup_s"] = setup
-    out["deepspeed"] = deepspeed.__version__
-    return out
+    batches = _batches(hf_config.vocab_size, args.batch_size, args.seq_len, args.warmup + args.steps, args.grad_accum)
+    return zero_infinity.run(args, hf_config, rss, _measure, batches)
 
 
 SYSTEMS = {"in_memory": run_in_memory, "terastack": run_terastack, "host_resident": run_host_resident,
@@ -336,6 +280,9 @@ def main(argv=None) -> int:
                    help="terastack: train a LoRA adapter of this rank over a frozen random base")
     p.add_argument("--base-format", default="auto", help="with --lora: lora.base_format")
     p.add_argument("--dtype", default="auto", help="terastack: the compute dtype (store.dtype)")
+    p.add_argument("--zero-max-in-cpu", type=int, default=None,
+                   help="zero_infinity: parameter elements DeepSpeed keeps in host memory instead of on the NVMe "
+                        "(default DeepSpeed's, 1e9; 0: every parameter on the NVMe)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 

@@ -109,8 +109,9 @@ class DaceSuite:
         result = {"status": "ok", "preset": cfg.preset, "env": env_info, "threads": threads}
         result["kernels"] = self._run_kernels(threads)
         result["speedups"] = summarize_speedups(result["kernels"])
-        failures = validation_failures(result["kernels"])
-        result["validation_failures"], result["validation_failure_list"] = len(failures), failures
+        failures = not_validated(result["kernels"], names=[k.name for k in select_kernels(list(cfg.kernels))],
+                                 frameworks=list(cfg.frameworks))
+        result["not_validated"], result["not_validated_list"] = len(failures), failures
         if result["kernels"].get("status") != "ok":
             result["status"], result["reason"] = "error", result["kernels"].get("reason", "kernel runner failed")
         if cfg.scaling:
@@ -308,13 +309,27 @@ def summarize_speedups(kernels_result: dict) -> dict:
             "vs_best_other_geomean": geomean([v["ratio"] for v in vs_best.values()]) if vs_best else None}
 
 
-def validation_failures(kernels_result: dict) -> list[dict]:
-    """Every (kernel, framework) whose output did not match NumPy's, with the detail."""
+def not_validated(kernels_result: dict, names: list[str] | None = None,
+                  frameworks: list[str] | None = None) -> list[dict]:
+    """Every (kernel, framework) whose output was not shown equal to NumPy's, with its status and the detail: an
+    output that did not match ("invalid"), a build or run that raised ("failed": a kernel that does not compile
+    is one), a runner process that died or ran out of time ("crashed"), and a measurement asked for that left no
+    record at all ("missing": the runner died before it, or the kernel produced nothing). ``names`` and
+    ``frameworks``: what was asked for (default: what the result lists)."""
+    kernels = kernels_result.get("kernels") or {}
+    frameworks = frameworks or kernels_result.get("frameworks") or []
     out = []
-    for name, entry in (kernels_result.get("kernels") or {}).items():
-        for fw, rec in entry.get("frameworks", {}).items():
-            if rec.get("status") == "invalid":
-                out.append({"kernel": name, "framework": fw, "detail": rec["validation"]["detail"]})
+    for name in names or list(kernels):
+        recorded = (kernels.get(name) or {}).get("frameworks", {})
+        for fw in dict.fromkeys([*frameworks, *recorded]):
+            rec = recorded.get(fw)
+            if rec is None:
+                out.append({"kernel": name, "framework": fw, "status": "missing",
+                            "detail": "no record: the runner stopped before this measurement"})
+            elif rec.get("status") != "ok":
+                detail = ((rec.get("validation") or {}).get("detail") or rec.get("error") or "no detail")
+                out.append({"kernel": name, "framework": fw, "status": rec.get("status", "missing"),
+                            "detail": detail})
     return out
 
 

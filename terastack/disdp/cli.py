@@ -64,6 +64,9 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kill-at", metavar="ROLE:INDEX:STEP[:FAULT]",
                    help="fault injection: SIGKILL that rank at that step (FAULT kill), or make it hang (FAULT hang)")
     g.add_argument("--trace", dest="trace_dir", metavar="DIR", help="write a Chrome trace per rank into DIR")
+    g.add_argument("--census", action="store_const", const=True,
+                   help="report the state a worker holds between steps beyond its model (scans every object: seconds "
+                        "per worker)")
     g.add_argument("--json", action="store_true", help="print the job's figures as JSON")
 
 
@@ -120,10 +123,11 @@ def run(args: argparse.Namespace) -> int:
         result.pop("per_rank", None)
         print(dumps(result))
     else:
+        held = ("" if "worker_state_bytes" not in result else
+                f", state a worker holds beyond its model {result['worker_state_bytes']:,} B")
         print(f"step {result.get('step_s', float('nan')):.4f} s (median), exposed communication "
               f"{100 * result.get('exposed_comm_fraction', float('nan')):.1f}% of the step, server ingress "
-              f"{result.get('server_ingress_bytes_per_step', 0):,} B/step, state a worker holds beyond its model "
-              f"{result.get('worker_state_bytes', 0):,} B", file=sys.stdout)
+              f"{result.get('server_ingress_bytes_per_step', 0):,} B/step{held}", file=sys.stdout)
     return 0
 
 

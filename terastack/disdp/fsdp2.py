@@ -109,7 +109,7 @@ def train_steps(model, opt, batch_of, steps: int) -> dict:
 
 def run(config: TrainConfig) -> int:
     rank, world = init_baseline(config, "FSDP2")
-    census = StateCensus()   # [Note: state a worker holds]
+    census = StateCensus() if config.census else None   # [Note: state a worker holds]
     spec = config.model_spec()
     model = build_model(spec, seed=config.seed)
     layout = Layout.of(model, 1)
@@ -121,7 +121,8 @@ def run(config: TrainConfig) -> int:
     stats = train_steps(model, opt, lambda step: worker_batch(spec, step=step, seed=config.seed,
                                                               micro_batch=config.micro_batch, worker=rank,
                                                               workers=world), config.steps)
-    stats["held_state"] = census.held_beyond_model()   # before the full parameters are gathered for the check
+    if census is not None:
+        stats["held_state"] = census.held_beyond_model()   # before the full parameters are gathered for the check
     full = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for n, p in params.items()}
     if rank == 0:
         save_final(config, layout, layout.flatten(full), config.steps)

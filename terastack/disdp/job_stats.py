@@ -68,8 +68,9 @@ def collect_stats(config: TrainConfig, world_size: int) -> dict:
         out["loss"] = [statistics.fmean(w["loss"][i] for w in workers) for i in range(n)]
         out["comm_s"] = statistics.median(wait[steady])
         # [Note: state a worker holds] in terastack.disdp.held_state: the census of the worker that holds most
-        held = max((w["held_state"] for w in workers), key=lambda h: h["bytes"])
-        out["worker_state_bytes"], out["worker_held_state"] = held["bytes"], held
+        if all(w.get("held_state") is not None for w in workers):
+            held = max((w["held_state"] for w in workers), key=lambda h: h["bytes"])
+            out["worker_state_bytes"], out["worker_held_state"] = held["bytes"], held
         for key, field in (("worker_peak_param_bytes", "peak_param_bytes"), ("model_param_bytes", "model_param_bytes"),
                            ("worker_param_bytes_after_run", "param_bytes_after_run")):
             if all(field in w for w in workers):

@@ -161,7 +161,7 @@ def leave(me: Rank, stats: dict) -> None:
 def run_worker(me: Rank) -> dict:
     """Forward and backward of the model; parameters arrive and gradients leave through the worker's agent."""
     config, roles, index = me.config, me.roles, me.index
-    census = StateCensus()   # [Note: state a worker holds]
+    census = StateCensus() if config.census else None   # [Note: state a worker holds]
     sharded = ShardedModel(me.meta_model, me.layout, me.schedule)
     if roles.agents == "thread":
         core = AgentCore(roles=roles, comm=me.comm, layout=me.layout, worker=index)
@@ -193,7 +193,7 @@ def run_worker(me: Rank) -> dict:
     finally:
         progress.close()
     batch = loss = None   # the last step's batch and loss are not state the worker holds between steps
-    held = census.held_beyond_model()
+    held = census.held_beyond_model() if census is not None else None
     link.close()
     return dict(step_s=step_s, wait_s=wait_s, loss=losses, peak_param_bytes=sharded.peak_param_bytes,
                 model_param_bytes=me.layout.numel * 4, param_bytes_after_run=sharded.resident_param_bytes(),

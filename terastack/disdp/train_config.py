@@ -51,6 +51,9 @@ class DemoSettings:
     #: checkpoint every N steps (0: only after the last step)
     checkpoint_every: int = 0
     resume: bool = False
+    #: count what each worker holds between steps beyond its model ([Note: state a worker holds]): a scan of every
+    #: object the process holds, seconds per worker, so only the benchmarks that report it ask for it
+    census: bool = False
 
     def __post_init__(self) -> None:
         for f in ("micro_batch", "steps"):

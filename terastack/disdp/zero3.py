@@ -100,7 +100,7 @@ def train_steps(sharded: ShardedModel, link: SerialZero3Link, batch_of, steps: i
 
 def run(config: TrainConfig) -> int:
     rank, world = init_baseline(config, "ZeRO-3")
-    census = StateCensus()   # [Note: state a worker holds]
+    census = StateCensus() if config.census else None   # [Note: state a worker holds]
     spec = config.model_spec()
     meta = build_model(spec, seed=config.seed, meta=True)
     layout = Layout.of(meta, 1)
@@ -112,7 +112,8 @@ def run(config: TrainConfig) -> int:
     stats = train_steps(sharded, link, lambda step: worker_batch(spec, step=step, seed=config.seed,
                                                                  micro_batch=config.micro_batch, worker=rank,
                                                                  workers=world), config.steps)
-    stats["held_state"] = census.held_beyond_model()   # before the full parameters are gathered for the check
+    if census is not None:
+        stats["held_state"] = census.held_beyond_model()   # before the full parameters are gathered for the check
     # Gather the full parameters for the correctness check.
     flats = []
     for b, bucket in enumerate(sharded.buckets):

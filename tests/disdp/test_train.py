@@ -32,7 +32,7 @@ def _check_equal(cfg: TrainConfig, result: dict) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers,servers,agents,aggregator,extra", [
-    (2, 2, "thread", True, {}),
+    (2, 2, "thread", True, {"census": True}),
     (3, 1, "thread", True, {}),
     (1, 2, "process", True, {}),
     (2, 1, "process", False, {"model": "tiny-llama", "heads": 2, "state": "ssd"}),
@@ -45,7 +45,8 @@ def test_equals_single_process_adamw(tmp_path, capfd, workers, servers, agents, 
                       run_dir=str(tmp_path / "run"))
     result = launch_local(cfg, quiet=True)
     _check_equal(cfg, result)
-    assert result["worker_state_bytes"] == 0
+    # [Note: state a worker holds]: asked for in one case (a scan of every object costs each worker seconds)
+    assert result.get("worker_state_bytes") == (0 if cfg.census else None)
     assert result["worker_param_bytes_after_run"] == 0
     out = capfd.readouterr().out
     # Roles are printed at start, one line per rank.
@@ -61,7 +62,7 @@ def test_cli_train_launches_the_local_job(tmp_path, capfd):
 
     argv = ["dist", "demo", "--workers", "2", "--servers", "1", "--model", "toy", "--dim", "16", "--layers", "2",
             "--vocab", "32", "--seq-len", "8", "--micro-batch", "2", "--timeout", "40", "--run-dir",
-            str(tmp_path / "run"), "--json", "--steps", "3"]
+            str(tmp_path / "run"), "--json", "--steps", "3", "--census"]
     assert main(argv) == 0
     out = capfd.readouterr().out
     assert "rank   2: server 0" in out and "rank   3: aggregator" in out and '"worker_state_bytes": 0' in out

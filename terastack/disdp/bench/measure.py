@@ -128,7 +128,7 @@ def _compare_systems(args, root: Path, common: dict) -> tuple[dict, dict]:
     # With --trace, every rank of the terastack job also writes its own Chrome trace beside it.
     rank_traces = str(Path(args.trace).with_suffix("")) + "-ranks" if getattr(args, "trace", None) else ""
     main = TrainConfig(**common, workers=args.workers, servers=args.servers, steps=args.steps,
-                       prefetch=args.prefetch, run_dir=str(root / "terastack"), trace_dir=rank_traces)
+                       prefetch=args.prefetch, run_dir=str(root / "terastack"), trace_dir=rank_traces, census=True)
     rows = main.micro_batch * main.workers
     # [Note: fp32 noise floor] in terastack.disdp.reference: the check is against single-process AdamW
     # with the global batch as W accumulated micro-batches; the one-backward reference is reported too.

@@ -1,0 +1,89 @@
+"""The model a Trainer holds, made the offloaded engine's skeleton, and where its weights come from.
+
+[Note: the Trainer's model is the skeleton]
+The engine trains the very model object the Trainer holds (``trainer.model``), so everything the Trainer and TRL
+do with it afterwards -- ``model(**inputs)`` in evaluation, ``model.config``, callbacks -- reaches the streamed
+model. Its parameters move to the meta device (ties and ``requires_grad`` kept: a peft model's frozen base stays
+frozen), and its weights reach the store one tensor at a time from where they were:
+
+* a model in memory (``from_pretrained``, or built from a config): its own tensors, taken off it (the memory
+  they held is freed as each reaches the store, unless the caller keeps other references to them);
+* an empty model (:func:`terastack.hf.empty_model`): its checkpoint files, through transformers' key conversions,
+  as ``terastack finetune`` reads them; a peft model over it takes its adapters' initial values from peft's own
+  initialization under the run's seed (the base's parameters are meta, so peft drew none).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+#: an empty model carries its checkpoint directory under this attribute (set by terastack.hf.empty_model)
+SOURCE_ATTR = "_terastack_checkpoint"
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSource:
+    """The engine's model: ``model`` (the Trainer's, peft-wrapped or not), ``causal_lm`` (the transformers model
+    inside, whose forward computes the loss), and its weights: ``tensors`` (canonical name -> tensor, taken off a
+    model in memory) or ``reader`` and ``keys`` (an empty model's checkpoint files)."""
+
+    model: nn.Module
+    causal_lm: nn.Module
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    reader: object = None
+    keys: object = None
+    checkpoint_dir: str | None = None
+
+    @property
+    def hf_config(self):
+        return self.causal_lm.config
+
+
+def causal_lm_of(model: nn.Module) -> nn.Module:
+    """The transformers causal LM inside ``model`` (a PreTrainedModel, or a peft model over one)."""
+    from transformers import PreTrainedModel
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    if not isinstance(inner, PreTrainedModel) or not hasattr(inner, "get_output_embeddings"):
+        raise ValueError(f"terastack.hf.offload: the Trainer's model is a {type(model).__name__}; served: a "
+                         "transformers causal LM (AutoModelForCausalLM), or a peft LoRA model over one")
+    if getattr(inner, "is_loaded_in_4bit", False) or getattr(inner, "is_loaded_in_8bit", False):
+        raise ValueError("terastack.hf.offload: a bitsandbytes-quantized model in memory; give "
+                         "terastack.hf.empty_model(path) and offload(..., base_format='nf4') for a QLoRA base")
+    return inner
+
+
+def take_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter of ``model`` by its canonical name (the first of ``named_parameters``), the model's own
+    parameters replaced by meta ones (ties and ``requires_grad`` kept)."""
+    out = {name: p.detach() for name, p in model.named_parameters()}
+    meta: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for pname, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in meta:
+                meta[id(p)] = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+            mod._parameters[pname] = meta[id(p)]
+    return out
+
+
+def model_source(model: nn.Module) -> ModelSource:
+    """The engine's model and its weights ([Note: the Trainer's model is the skeleton])."""
+    from terastack.training.hf.keys import CheckpointKeys
+    from terastack.training.hf.model_files import CheckpointReader, build_skeleton
+
+    causal_lm = causal_lm_of(model)
+    path = getattr(causal_lm, SOURCE_ATTR, None)
+    if path is None:
+        meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+        if meta:
+            raise ValueError(f"terastack.hf.offload: parameter {meta[0]!r} has no data (a meta tensor) and the model "
+                             "is not a terastack.hf.empty_model; build it with empty_model(path) or load its weights")
+        return ModelSource(model=model, causal_lm=causal_lm, tensors=take_weights(model))
+    reader = CheckpointReader.of_model(path, causal_lm.config)
+    # the keys are decided on an unwrapped skeleton, as finetune decides them ([Note: checkpoint keys])
+    keys = CheckpointKeys(build_skeleton(causal_lm.config), reader.keys())
+    return ModelSource(model=model, causal_lm=causal_lm, reader=reader, keys=keys, checkpoint_dir=str(path))

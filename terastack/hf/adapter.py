@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 
 from terastack.hf import served
-from terastack.hf.model_source import ModelSource, model_source
+from terastack.hf.model_source import ModelSource, draws_dropout, model_source
 from terastack.hf.offloaded_run import OffloadedRun
 from terastack.hf.offloaded_trainer import OffloadedTrainer, offloaded_class
 from terastack.hf.training_arguments import check_settings, job_settings
@@ -35,6 +35,9 @@ def offload(trainer, *, store, device_budget=None, host_budget=None, memory_budg
     source = model_source(trainer.model)
     decay = set(trainer.get_decay_parameter_names(source.model))
     flat = job_settings(trainer.args, device=str(trainer.args.device), settings={**budgets, **settings})
+    if flat["grad_accum"] > 1 and "accumulation" not in flat and draws_dropout(source.model):
+        # [Note: dropout and the order of micro-batches]
+        flat["accumulation"] = "horizontal"
     flat.setdefault("seq_len", longest_row(trainer, packed_rows=_padding_free(trainer)))
     if _padding_free(trainer):  # one row of the batch's examples end to end (TRL's padding-free collator)
         flat.update(pack=True, seq_len=flat["seq_len"] * flat["batch_size"], batch_size=1)

@@ -87,3 +87,20 @@ def model_source(model: nn.Module) -> ModelSource:
     # the keys are decided on an unwrapped skeleton, as finetune decides them ([Note: checkpoint keys])
     keys = CheckpointKeys(build_skeleton(causal_lm.config), reader.keys())
     return ModelSource(model=model, causal_lm=causal_lm, reader=reader, keys=keys, checkpoint_dir=str(path))
+
+
+def draws_dropout(model: nn.Module) -> bool:
+    """Whether ``model``'s training forward draws random numbers: a dropout module, or a config's dropout
+    probability (attention dropout, which the attention kernel draws), above zero.
+
+    [Note: dropout and the order of micro-batches]
+    The engine's vertical order runs the micro-batches of a step stacked into one batch, so a dropout layer draws
+    one mask for all of them, where the Trainer draws one per micro-batch: the same distribution, other numbers.
+    For a model that draws, ``offload`` takes the horizontal order unless ``accumulation`` is given, so the run
+    equals the Trainer's own, draw for draw (recomputed units replay their draws: [Note: recomputation and
+    randomness] in terastack.llm.engine.streamed_units)."""
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    if any(isinstance(m, kinds) and m.p > 0 for m in model.modules()):
+        return True
+    config = causal_lm_of(model).config.get_text_config()
+    return any(isinstance(v, float) and v > 0 and ("dropout" in k or "pdrop" in k) for k, v in vars(config).items())

@@ -26,6 +26,8 @@ import torch
 from terastack.hf.checkpoint_files import export_model, load_engine_state, save_engine_state
 from terastack.hf.engine_optimizer import EngineOptimizer
 
+#: the Trainer's own files (their names as transformers.trainer spells them)
+OPTIMIZER_NAME = "optimizer.pt"
 SCHEDULER_NAME = "scheduler.pt"
 TRAINING_ARGS_NAME = "training_args.bin"
 
@@ -83,7 +85,8 @@ class OffloadedTrainer:
 
     def _save_optimizer_and_scheduler(self, output_dir):
         save_engine_state(self.terastack.engine, output_dir)
-        if self.args.should_save:
+        if self.args.should_save:  # the groups' learning rates (the engine's state holds the rest), the scheduler
+            torch.save(self.optimizer.state_dict(), os.path.join(output_dir, OPTIMIZER_NAME))
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
@@ -92,9 +95,11 @@ class OffloadedTrainer:
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, SCHEDULER_NAME)
-        if os.path.isfile(path):
-            self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))
+        for name, part in ((OPTIMIZER_NAME, self.optimizer), (SCHEDULER_NAME, self.lr_scheduler)):
+            path = os.path.join(checkpoint, name)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"resume_from_checkpoint: {checkpoint} has no {name}")
+            part.load_state_dict(torch.load(path, weights_only=True))
 
     # ----------------------------------------------------------------------- logs
     def log(self, logs, start_time=None):

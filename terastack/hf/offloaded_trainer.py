@@ -54,6 +54,7 @@ class OffloadedTrainer:
         return samples, num_items
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        model.train()  # as the Trainer's own training_step does (an evaluation left the model in eval mode)
         return self.terastack.training_step(self, inputs)
 
     def _clip_grad_norm(self, model):

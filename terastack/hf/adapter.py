@@ -33,6 +33,8 @@ def offload(trainer, *, store, device_budget=None, host_budget=None, memory_budg
     budgets = {k: v for k, v in (("device_budget", device_budget), ("host_budget", host_budget),
                                  ("memory_budget", memory_budget)) if v is not None}
     source = model_source(trainer.model)
+    if source.base_format is not None:  # empty_model(..., quantization_config=BitsAndBytesConfig(nf4))
+        settings.setdefault("base_format", source.base_format)
     decay = set(trainer.get_decay_parameter_names(source.model))
     flat = job_settings(trainer.args, device=str(trainer.args.device), settings={**budgets, **settings})
     if flat["grad_accum"] > 1 and "accumulation" not in flat and draws_dropout(source.model):

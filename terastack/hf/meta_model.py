@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from terastack.hf.model_source import SOURCE_ATTR
+from terastack.hf.model_source import BASE_FORMAT_ATTR, SOURCE_ATTR
 
 #: from_pretrained's keywords that change what is built here (the others, about where files come from or how
 #: fast they load, do not apply: nothing is loaded)
@@ -53,7 +53,7 @@ def empty_model(path_or_hub_id: str | os.PathLike, **from_pretrained_kwargs):
     setattr(model, SOURCE_ATTR, path)
     model.hf_device_map = {"": "disk"}
     if quantization is not None:
-        model._terastack_base_format = _base_format(quantization)
+        setattr(model, BASE_FORMAT_ATTR, _base_format(quantization))
     return model
 
 

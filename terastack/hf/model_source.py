@@ -21,6 +21,8 @@ from torch import nn
 
 #: an empty model carries its checkpoint directory under this attribute (set by terastack.hf.empty_model)
 SOURCE_ATTR = "_terastack_checkpoint"
+#: ... and the LoRA base format its quantization_config asked for
+BASE_FORMAT_ATTR = "_terastack_base_format"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -39,6 +41,11 @@ class ModelSource:
     @property
     def hf_config(self):
         return self.causal_lm.config
+
+    @property
+    def base_format(self) -> str | None:
+        """The LoRA base format the empty model's ``quantization_config`` asked for (None: not asked)."""
+        return getattr(self.causal_lm, BASE_FORMAT_ATTR, None)
 
 
 def causal_lm_of(model: nn.Module) -> nn.Module:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 import torch
 
@@ -113,3 +114,24 @@ def assert_same_run(plain: tuple, offloaded: tuple, *, atol: float = 1e-5) -> No
             if key in line0 or key in line1:
                 a, b = line0[key], line1[key]
                 assert abs(a - b) <= atol * max(1.0, abs(a)), f"{key}: {a} (plain) vs {b} (offloaded)"
+
+
+def dataset(kind: str, n: int = 16):
+    """TRL's data kinds over the chat tokenizer's words: "text", "prompt_completion" or "conversational"."""
+    from datasets import Dataset
+
+    from ..chat_tokenizer import WORDS
+
+    rnd = random.Random(0)
+
+    def words(k):
+        return " ".join(rnd.choice(WORDS[8:]) for _ in range(k))
+
+    if kind == "text":
+        rows = [{"text": words(rnd.randint(3, 10))} for _ in range(n)]
+    elif kind == "prompt_completion":
+        rows = [{"prompt": words(rnd.randint(2, 5)), "completion": words(rnd.randint(2, 5))} for _ in range(n)]
+    else:
+        rows = [{"messages": [{"role": "user", "content": words(3)},
+                              {"role": "assistant", "content": words(rnd.randint(2, 5))}]} for _ in range(n)]
+    return Dataset.from_list(rows)

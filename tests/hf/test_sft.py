@@ -2,47 +2,12 @@
 (completion-only loss), conversational data (assistant-only loss) and packing end with the same saved weights and
 the same logs, TRL's own figures included (entropy, mean_token_accuracy, num_tokens); trainers with another loss
 are refused by name."""
-import random
-
 import pytest
 
-from ..chat_tokenizer import WORDS, save_chat_tokenizer
-from .hf_helpers import ARGS, assert_same_run, log_callback, offload, saved_weights, tiny_model
+from ..chat_tokenizer import WORDS
+from .hf_helpers import ARGS, assert_same_run, dataset, log_callback, offload, saved_weights, tiny_model
 
 trl = pytest.importorskip("trl")
-
-#: the tests' chat template with generation markers around the assistant's turns (what assistant_only_loss reads)
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}<|assistant|> {% generation %}"
-            "{{ m['content'] }} <|end|> {% endgeneration %}{% else %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> "
-            "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(save_chat_tokenizer(tmp_path_factory.mktemp("tok")))
-    tok.chat_template = TEMPLATE
-    return tok
-
-
-def dataset(kind: str, n: int = 16):
-    from datasets import Dataset
-
-    rnd = random.Random(0)
-
-    def words(k):
-        return " ".join(rnd.choice(WORDS[8:]) for _ in range(k))
-
-    if kind == "text":
-        rows = [{"text": words(rnd.randint(3, 10))} for _ in range(n)]
-    elif kind == "prompt_completion":
-        rows = [{"prompt": words(rnd.randint(2, 5)), "completion": words(rnd.randint(2, 5))} for _ in range(n)]
-    else:
-        rows = [{"messages": [{"role": "user", "content": words(3)},
-                              {"role": "assistant", "content": words(rnd.randint(2, 5))}]} for _ in range(n)]
-    return Dataset.from_list(rows)
-
 
 def run(tmp_path, tokenizer, *, kind, family="llama", dropout=0.0, hardware=None, name="run", **config):
     from trl import SFTConfig, SFTTrainer

@@ -37,14 +37,15 @@ def offload(trainer, *, store, device_budget=None, host_budget=None, memory_budg
         settings.setdefault("base_format", source.base_format)
     decay = set(trainer.get_decay_parameter_names(source.model))
     flat = job_settings(trainer.args, device=str(trainer.args.device), settings={**budgets, **settings})
-    if flat["grad_accum"] > 1 and "accumulation" not in flat and draws_dropout(source.model):
-        # [Note: dropout and the order of micro-batches]
-        flat["accumulation"] = "horizontal"
+    if flat["grad_accum"] > 1 and "accumulation" not in flat and (
+            draws_dropout(source.model) or flat["optimizer"] == "adamw8bit"):
+        flat["accumulation"] = "horizontal"  # [Note: the Trainer's order of micro-batches]
     flat.setdefault("seq_len", longest_row(trainer, packed_rows=_padding_free(trainer)))
     if _padding_free(trainer):  # one row of the batch's examples end to end (TRL's padding-free collator)
         flat.update(pack=True, seq_len=flat["seq_len"] * flat["batch_size"], batch_size=1)
-    engine = build_engine(source, flat, store=store, no_decay=[
-        n for n, p in source.model.named_parameters() if p.requires_grad and n not in decay])
+    trainable = [n for n, p in source.model.named_parameters() if p.requires_grad]
+    engine = build_engine(source, flat, store=store, no_decay=[n for n in trainable if n not in decay],
+                          full_width_state=full_width_state(source.model, flat["optimizer"], trainable))
     run = OffloadedRun(engine, causal_lm=source.causal_lm, kind=kind)
     run.decay_names = sorted(decay)
     trainer.__class__ = offloaded_class(type(trainer), kind)
@@ -98,7 +99,19 @@ def _longest(data) -> int:
         return 0
 
 
-def build_engine(source: ModelSource, flat: dict, *, store, no_decay: list[str]):
+def full_width_state(model, optimizer: str, trainable: list[str]) -> list[str]:
+    """The parameters the Trainer's 8-bit optimizers keep at 32 bits: every ``nn.Embedding`` weight
+    (``Trainer.create_optimizer`` registers bitsandbytes' ``optim_bits=32`` override for them); none otherwise."""
+    from torch import nn
+
+    if optimizer != "adamw8bit":
+        return []
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    ids = {n: id(p) for n, p in model.named_parameters()}
+    return [n for n in trainable if ids[n] in embeddings]
+
+
+def build_engine(source: ModelSource, flat: dict, *, store, no_decay: list[str], full_width_state: list[str]):
     """The offloaded engine over the Trainer's model, its store filled from ``source``."""
     from terastack.hf.engine_fill import fill, lora_of
     from terastack.llm.trainer import Trainer
@@ -108,7 +121,7 @@ def build_engine(source: ModelSource, flat: dict, *, store, no_decay: list[str])
     config = TrainerConfig(store_dir=str(store), lora=spec, **flat)
     name = getattr(source.hf_config, "_name_or_path", None) or source.hf_config.model_type
     engine = Trainer(source.model, source.hf_config, config, name=str(name), source=None, lora=lora, empty=True,
-                     source_dir=source.checkpoint_dir, no_decay=no_decay)
+                     source_dir=source.checkpoint_dir, no_decay=no_decay, full_width_state=full_width_state)
     try:
         fill(engine, source)
     except BaseException:

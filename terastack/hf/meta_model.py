@@ -28,7 +28,7 @@ IGNORED_KWARGS = ("low_cpu_mem_usage", "device_map", "use_safetensors", "local_f
 def empty_model(path_or_hub_id: str | os.PathLike, **from_pretrained_kwargs):
     """The causal LM of the checkpoint at ``path_or_hub_id`` (a local directory with safetensors, or a Hub id
     ``ORG/NAME`` found in the local Hugging Face cache or downloaded as ``terastack finetune --model`` does), with
-    no weights in memory. ``from_pretrained_kwargs``: ``dtype`` / ``torch_dtype`` (the engine's compute dtype is
+    no weights in memory (a directory with a config alone: a random initialization, made in the store). ``from_pretrained_kwargs``: ``dtype`` / ``torch_dtype`` (the engine's compute dtype is
     TrainingArguments' bf16; the model is built in float32) and ``attn_implementation`` are read; ``revision``
     picks the Hub revision; a ``quantization_config`` with 4-bit NF4 says the LoRA base rests as NF4
     (``base_format`` "nf4" at ``offload``); ``trust_remote_code`` is refused (code from the checkpoint)."""

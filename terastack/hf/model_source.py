@@ -10,7 +10,9 @@ frozen), and its weights reach the store one tensor at a time from where they we
   they held is freed as each reaches the store, unless the caller keeps other references to them);
 * an empty model (:func:`terastack.hf.empty_model`): its checkpoint files, through transformers' key conversions,
   as ``terastack finetune`` reads them; a peft model over it takes its adapters' initial values from peft's own
-  initialization under the run's seed (the base's parameters are meta, so peft drew none).
+  initialization under the run's seed (the base's parameters are meta, so peft drew none). A directory with a
+  config and no weights is a random initialization under the run's seed, written straight to the store, as
+  ``terastack finetune --model DIR`` makes it for such a directory.
 """
 from __future__ import annotations
 
@@ -90,22 +92,38 @@ def model_source(model: nn.Module) -> ModelSource:
             raise ValueError(f"terastack.hf.offload: parameter {meta[0]!r} has no data (a meta tensor) and the model "
                              "is not a terastack.hf.empty_model; build it with empty_model(path) or load its weights")
         return ModelSource(model=model, causal_lm=causal_lm, tensors=take_weights(model))
+    if not has_weights(path):  # a config alone: a random initialization, in the store
+        return ModelSource(model=model, causal_lm=causal_lm, checkpoint_dir=str(path))
     reader = CheckpointReader.of_model(path, causal_lm.config)
     # the keys are decided on an unwrapped skeleton, as finetune decides them ([Note: checkpoint keys])
     keys = CheckpointKeys(build_skeleton(causal_lm.config), reader.keys())
     return ModelSource(model=model, causal_lm=causal_lm, reader=reader, keys=keys, checkpoint_dir=str(path))
 
 
+def has_weights(path) -> bool:
+    """Whether the model directory ``path`` holds weights (safetensors, or pickled files CheckpointReader refuses by
+    name) rather than a config alone."""
+    from pathlib import Path
+
+    return any(Path(path).glob("*.safetensors")) or any(Path(path).glob("*.safetensors.index.json")) or any(
+        Path(path).glob("*.bin"))
+
+
 def draws_dropout(model: nn.Module) -> bool:
     """Whether ``model``'s training forward draws random numbers: a dropout module, or a config's dropout
     probability (attention dropout, which the attention kernel draws), above zero.
 
-    [Note: dropout and the order of micro-batches]
-    The engine's vertical order runs the micro-batches of a step stacked into one batch, so a dropout layer draws
-    one mask for all of them, where the Trainer draws one per micro-batch: the same distribution, other numbers.
-    For a model that draws, ``offload`` takes the horizontal order unless ``accumulation`` is given, so the run
-    equals the Trainer's own, draw for draw (recomputed units replay their draws: [Note: recomputation and
-    randomness] in terastack.llm.engine.streamed_units)."""
+    [Note: the Trainer's order of micro-batches]
+    The engine's vertical order runs the micro-batches of a step stacked into one batch: each layer's weights are
+    read once a step, and the step is the plain one on the stacked batch. Two things a Trainer's run depends on
+    change with it. A dropout layer draws one mask for all the micro-batches, where the Trainer draws one per
+    micro-batch (the same distribution, other numbers). And a weight's gradient comes out of one matmul over all
+    the rows instead of one per micro-batch added up: equal up to the order of float sums, which 8-bit moments
+    can turn into a neighbouring quantization level (1e-4 apart in the tests). So for a model that draws dropout,
+    and under ``adamw_bnb_8bit``, ``offload`` takes the horizontal order unless ``accumulation`` is given, and the
+    run equals the Trainer's own, draw for draw and byte for byte (recomputed units replay their draws: [Note:
+    recomputation and randomness] in terastack.llm.engine.streamed_units); ``accumulation="vertical"`` trades
+    that for the weights read once a step."""
     kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
     if any(isinstance(m, kinds) and m.p > 0 for m in model.modules()):
         return True

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from terastack.hf.engine_optimizer import EngineOptimizer
 from terastack.hf.step_figures import StepFigures
 
 #: keys of a batch the engine takes
@@ -63,7 +64,7 @@ class OffloadedRun:
         """One engine step over ``group``; each micro-batch's loss."""
         engine = self.engine
         batches = [self.batch(mb) for mb in group]
-        engine.lr = trainer.optimizer.lr if hasattr(trainer.optimizer, "lr") else trainer.optimizer.optimizer.lr
+        engine.lr = engine_optimizer(trainer.optimizer).lr
         figures = StepFigures([b["input_ids"].shape[0] for b in batches])
         with figures.reading(self.causal_lm):
             if len(batches) == 1 and engine.plan.grad_accum == 1:
@@ -125,3 +126,14 @@ class OffloadedRun:
     def close(self) -> None:
         """Stop the engine and remove its store's scratch directory."""
         self.engine.close()
+
+
+def engine_optimizer(optimizer) -> EngineOptimizer:
+    """The engine's optimizer inside the Trainer's (accelerate wraps it: ``AcceleratedOptimizer.optimizer``)."""
+    while not isinstance(optimizer, EngineOptimizer):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None:
+            raise ValueError(f"the Trainer's optimizer is a {type(optimizer).__name__}, not the offloaded engine's "
+                             "(a trainer's optimizer was replaced after offload())")
+        optimizer = inner
+    return optimizer

@@ -20,11 +20,12 @@ FIGURES = ("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy
            "train_loss", "eval_entropy", "eval_mean_token_accuracy")
 
 
-def tiny_config(family: str, *, dropout: float = 0.1):
+def tiny_config(family: str, *, dropout: float = 0.1, hidden: int = 32):
     from transformers import GPTNeoXConfig, LlamaConfig, Qwen2Config
 
     # attention dropout: the run draws from the RNG the Trainer seeds (args.seed), in the same order either way
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                  num_attention_heads=4,
                   max_position_embeddings=64, bos_token_id=0, eos_token_id=1, pad_token_id=2, attention_dropout=dropout)
     if family == "llama":
         return LlamaConfig(num_key_value_heads=2, **common)
@@ -35,10 +36,10 @@ def tiny_config(family: str, *, dropout: float = 0.1):
     raise ValueError(family)
 
 
-def tiny_model(family: str, *, vocab: int = VOCAB, seed: int = 0, dropout: float = 0.1):
+def tiny_model(family: str, *, vocab: int = VOCAB, seed: int = 0, dropout: float = 0.1, hidden: int = 32):
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(family, dropout=dropout)
+    config = tiny_config(family, dropout=dropout, hidden=hidden)
     config.vocab_size = vocab
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

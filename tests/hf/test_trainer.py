@@ -9,13 +9,13 @@ from terastack.tiers import Tier
 from .hf_helpers import ARGS, assert_same_run, log_callback, offload, pad_collate, saved_weights, tiny_model, token_rows
 
 
-def run(tmp_path, family="llama", *, hardware=None, name="run", dropout=0.1, **changes):
+def run(tmp_path, family="llama", *, hardware=None, name="run", dropout=0.1, hidden=32, **changes):
     """The script: a Trainer over a tiny model; offloaded when ``hardware`` is given. (saved weights, logs, trainer)."""
     from transformers import Trainer, TrainingArguments
 
     logs = []
     args = TrainingArguments(output_dir=str(tmp_path / name), **{**ARGS, **changes})
-    trainer = Trainer(model=tiny_model(family, dropout=dropout), args=args, train_dataset=token_rows(),
+    trainer = Trainer(model=tiny_model(family, dropout=dropout, hidden=hidden), args=args, train_dataset=token_rows(),
                       data_collator=pad_collate, callbacks=[log_callback(logs)])
     if hardware is not None:
         offload(trainer, tmp_path / name, hardware)
@@ -66,6 +66,21 @@ def test_every_honoured_argument_changes_the_result(argument, reference, tmp_pat
     value, more = CHANGED[argument] if isinstance(CHANGED[argument], tuple) else (CHANGED[argument], {})
     weights = run(tmp_path, **{argument: value, **more})[0]
     assert max((weights[k] - reference[k]).abs().max().item() for k in reference) > 1e-4
+
+
+def test_adamw_bnb_8bit_equals_the_trainers_own(tmp_path, hardware_file):
+    """optim="adamw_bnb_8bit": the engine's adamw8bit, with the embedding's state at 32 bits as the Trainer registers
+    it with bitsandbytes, equals the Trainer's own bitsandbytes AdamW."""
+    pytest.importorskip("bitsandbytes")
+    plain = run(tmp_path, name="plain", dropout=0.0, hidden=64, optim="adamw_bnb_8bit")
+    weights, logs, trainer = run(tmp_path, name="offloaded", dropout=0.0, hidden=64, optim="adamw_bnb_8bit",
+                                 hardware=hardware_file)
+    assert_same_run(plain[:2], (weights, logs))
+    rt = trainer.terastack.engine.runtime
+    width = {n: {p.key: p.dtype for p in rt.state_parts(n)}["state1"] for n in ("model.embed_tokens.weight",
+                                                                                "model.layers.0.mlp.up_proj.weight")}
+    assert width == {"model.embed_tokens.weight": torch.float32, "model.layers.0.mlp.up_proj.weight": torch.uint8}
+    trainer.terastack.close()
 
 
 def test_bf16_computes_in_bfloat16(tmp_path, hardware_file):

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         tokenizer.chat_template = TEMPLATE
     config = SFTConfig(output_dir=args.output or str(work / "out"), max_steps=args.steps,
                        per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=2e-4,
-                       lr_scheduler_type="cosine", warmup_ratio=0.1, max_grad_norm=1.0, logging_steps=1,
+                       lr_scheduler_type="cosine", warmup_steps=0.1, max_grad_norm=1.0, logging_steps=1,
                        save_steps=args.steps // 2, eval_strategy="steps", eval_steps=args.steps // 2,
                        assistant_only_loss=True, max_length=128, bf16=False, report_to=[], use_cpu=True)
     trainer = SFTTrainer(model=terastack.hf.empty_model(str(model_dir)), args=config,

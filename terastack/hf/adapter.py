@@ -47,7 +47,6 @@ def offload(trainer, *, store, device_budget=None, host_budget=None, memory_budg
     engine = build_engine(source, flat, store=store, no_decay=[n for n in trainable if n not in decay],
                           full_width_state=full_width_state(source.model, flat["optimizer"], trainable))
     run = OffloadedRun(engine, causal_lm=source.causal_lm, kind=kind)
-    run.decay_names = sorted(decay)
     trainer.__class__ = offloaded_class(type(trainer), kind)
     trainer.terastack = run
     # accelerate leaves the model where the engine put it: no device move, no autocast wrapper

@@ -89,6 +89,18 @@ class OffloadedRun:
                              "adds them)")
         return {k: inputs[k] for k in BATCH_KEYS if inputs.get(k) is not None}
 
+    def param_groups(self) -> list[dict]:
+        """The Trainer's two parameter groups over the engine's tensors: the decayed weights and the no-decay group
+        (the model's parameter objects, found through the units that use them)."""
+        engine = self.engine
+        param_of = {unit.tensors[local]: p for unit in engine.units
+                    for local, p in unit.module.named_parameters(remove_duplicate=False)}
+        exempt = engine.optimizer.config.no_decay
+        trainable = [n for n, info in sorted(engine.tensors.items(), key=lambda kv: kv[1].index) if info.trainable]
+        return [{"params": [param_of[n] for n in trainable if n not in exempt],
+                 "weight_decay": engine.optimizer.config.weight_decay},
+                {"params": [param_of[n] for n in trainable if n in exempt], "weight_decay": 0.0}]
+
     @property
     def grad_norm(self) -> float | None:
         """The global gradient norm of the last step (before clipping), where the engine clipped."""

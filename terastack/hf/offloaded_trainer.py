@@ -40,11 +40,7 @@ class OffloadedTrainer:
     # ------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
         if self.optimizer is None:
-            decay = set(self.terastack.decay_names)
-            params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-            groups = [{"params": [p for n, p in params if n in decay], "weight_decay": self.args.weight_decay},
-                      {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
-            self.optimizer = EngineOptimizer(groups, lr=self.args.learning_rate)
+            self.optimizer = EngineOptimizer(self.terastack.param_groups(), lr=self.args.learning_rate)
         return self.optimizer
 
     # ----------------------------------------------------------------------- step

@@ -36,7 +36,7 @@ FROM_ARGUMENTS = {
     "max_grad_norm": "max_grad_norm", "grad_accum": "gradient_accumulation_steps",
     "batch_size": "per_device_train_batch_size", "seed": "seed", "optimizer": "optim", "optimizer_impl": "optim",
     "dtype": "bf16", "steps": "max_steps", "epochs": "num_train_epochs", "lr_schedule": "lr_scheduler_type",
-    "warmup_steps": "warmup_steps", "warmup_ratio": "warmup_ratio", "min_lr": "lr_scheduler_kwargs",
+    "warmup_steps": "warmup_steps", "warmup_ratio": "warmup_steps (a ratio below 1)", "min_lr": "lr_scheduler_kwargs",
     "lora": "the peft_config / PeftModel", "lora_alpha": "the peft_config / PeftModel",
     "lora_dropout": "the peft_config / PeftModel", "lora_target_modules": "the peft_config / PeftModel",
     "lora_init_from": "the PeftModel", "store": "offload(store=...)",

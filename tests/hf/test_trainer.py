@@ -36,13 +36,16 @@ def test_offloaded_trainer_equals_the_plain_one(family, dropout, changes, tmp_pa
     engine = trainer.terastack.engine
     assert set(engine.plan.state_home.values()) == {Tier.SSD}  # the state rested on the SSD
     assert [h.ssd_read_bytes > 0 for h in engine.history] == [True] * 4
+    # the Trainer's two groups: the decayed weights, then biases and norms (the engine exempts those)
+    exempt = {n for n in engine.tensors if "norm" in n or n.endswith(".bias")}
+    assert engine.optimizer.config.no_decay == exempt
+    groups = trainer.optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0] and len(groups[1]["params"]) == len(exempt)
     assert [line["learning_rate"] for line in logs[:4]] == [line["learning_rate"] for line in plain[1][:4]]
     assert engine.plan.accumulation == ("horizontal" if dropout else "vertical")
     if changes.get("gradient_checkpointing"):  # every decoder layer recomputed, by the engine
         layers = [p for u, p in zip(engine.profile.units, engine.plan.policies) if ".layers." in u.name]
         assert layers == ["recompute"] * 2
-    else:
-        assert engine.optimizer.config.no_decay == {n for n in engine.tensors if "norm" in n}
     trainer.terastack.close()
 
 
@@ -58,7 +61,7 @@ CHANGED = {"learning_rate": 5e-3, "lr_scheduler_type": ("linear", {"lr_scheduler
            "lr_scheduler_kwargs": {}, "warmup_steps": 0,
            "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
            "max_grad_norm": 0.0, "gradient_accumulation_steps": 1, "per_device_train_batch_size": 4,
-           "max_steps": 3, "seed": 42, "data_seed": None}
+           "max_steps": 3, "num_train_epochs": (0.5, {"max_steps": -1}), "seed": 42, "data_seed": None}
 
 
 @pytest.mark.parametrize("argument", sorted(CHANGED))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 
 from terastack.hf import served
-from terastack.hf.model_source import ModelSource, draws_dropout, model_source
+from terastack.hf.model_source import BASE_FORMAT_ATTR, ModelSource, causal_lm_of, draws_dropout, model_source
 from terastack.hf.offloaded_run import OffloadedRun
 from terastack.hf.offloaded_trainer import OffloadedTrainer, offloaded_class
 from terastack.hf.training_arguments import check_settings, job_settings
@@ -32,20 +32,27 @@ def offload(trainer, *, store, device_budget=None, host_budget=None, memory_budg
     check_settings(settings)
     budgets = {k: v for k, v in (("device_budget", device_budget), ("host_budget", host_budget),
                                  ("memory_budget", memory_budget)) if v is not None}
-    source = model_source(trainer.model)
-    if source.base_format is not None:  # empty_model(..., quantization_config=BitsAndBytesConfig(nf4))
-        settings.setdefault("base_format", source.base_format)
-    decay = set(trainer.get_decay_parameter_names(source.model))
+    model = trainer.model
+    base_format = getattr(causal_lm_of(model), BASE_FORMAT_ATTR, None)
+    if base_format is not None:  # empty_model(..., quantization_config=BitsAndBytesConfig(nf4))
+        settings.setdefault("base_format", base_format)
+    decay = set(trainer.get_decay_parameter_names(model))
     flat = job_settings(trainer.args, device=str(trainer.args.device), settings={**budgets, **settings})
     if flat["grad_accum"] > 1 and "accumulation" not in flat and (
-            draws_dropout(source.model) or flat["optimizer"] == "adamw8bit"):
+            draws_dropout(model) or flat["optimizer"] == "adamw8bit"):
         flat["accumulation"] = "horizontal"  # [Note: the Trainer's order of micro-batches]
-    flat.setdefault("seq_len", longest_row(trainer, packed_rows=_padding_free(trainer)))
+    flat.setdefault("seq_len", longest_row(trainer))
     if _padding_free(trainer):  # one row of the batch's examples end to end (TRL's padding-free collator)
         flat.update(pack=True, seq_len=flat["seq_len"] * flat["batch_size"], batch_size=1)
-    trainable = [n for n, p in source.model.named_parameters() if p.requires_grad]
-    engine = build_engine(source, flat, store=store, no_decay=[n for n in trainable if n not in decay],
-                          full_width_state=full_width_state(source.model, flat["optimizer"], trainable))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    source = model_source(model)  # from here on a failure puts the model's weights back
+    try:
+        engine = build_engine(source, flat, store=store, no_decay=[n for n in trainable if n not in decay],
+                              full_width_state=full_width_state(model, flat["optimizer"], trainable))
+    except BaseException:
+        source.restore()
+        raise
+    source.keep()
     run = OffloadedRun(engine, causal_lm=source.causal_lm, kind=kind)
     trainer.__class__ = offloaded_class(type(trainer), kind)
     trainer.terastack = run
@@ -59,7 +66,7 @@ def _padding_free(trainer) -> bool:
     return bool(getattr(trainer, "padding_free", False))
 
 
-def longest_row(trainer, *, packed_rows: bool) -> int:
+def longest_row(trainer) -> int:
     """The longest row of the Trainer's data (its ``input_ids``), rounded up as its collator pads
     (``pad_to_multiple_of``): the planned sequence length when ``seq_len`` is not given."""
     longest = 0

@@ -36,6 +36,12 @@ class ModelSource:
     model: nn.Module
     causal_lm: nn.Module
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: (module, parameter name, the parameter as it was) of a model in memory: put back if offload fails
+    taken: list = field(default_factory=list)
+    #: (module, child name, the child as it was) of every module, and the model's own forward attribute: the
+    #: engine puts stand-ins into the model (its units, vocabulary slices), taken out again if offload fails
+    tree: list = field(default_factory=list)
+    forward: object = None
     reader: object = None
     keys: object = None
     checkpoint_dir: str | None = None
@@ -44,10 +50,23 @@ class ModelSource:
     def hf_config(self):
         return self.causal_lm.config
 
-    @property
-    def base_format(self) -> str | None:
-        """The LoRA base format the empty model's ``quantization_config`` asked for (None: not asked)."""
-        return getattr(self.causal_lm, BASE_FORMAT_ATTR, None)
+    def restore(self) -> None:
+        """Put the model back as it was (``offload`` failed after taking its weights: nothing is lost)."""
+        for mod, name, child in self.tree:
+            mod._modules[name] = child
+        if self.forward is None:
+            self.model.__dict__.pop("forward", None)
+        else:
+            self.model.forward = self.forward
+        for mod, pname, p in self.taken:
+            mod._parameters[pname] = p
+        self.taken.clear()
+
+    def keep(self) -> None:
+        """``offload`` succeeded: let go of what :meth:`restore` would put back."""
+        self.taken.clear()
+        self.tree.clear()
+
 
 
 def causal_lm_of(model: nn.Module) -> nn.Module:
@@ -64,19 +83,21 @@ def causal_lm_of(model: nn.Module) -> nn.Module:
     return inner
 
 
-def take_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+def take_weights(model: nn.Module) -> tuple[dict[str, torch.Tensor], list]:
     """Every parameter of ``model`` by its canonical name (the first of ``named_parameters``), the model's own
-    parameters replaced by meta ones (ties and ``requires_grad`` kept)."""
+    parameters replaced by meta ones (ties and ``requires_grad`` kept); and what was replaced, to put back."""
     out = {name: p.detach() for name, p in model.named_parameters()}
     meta: dict[int, nn.Parameter] = {}
+    taken = []
     for mod in model.modules():
         for pname, p in list(mod._parameters.items()):
             if p is None:
                 continue
             if id(p) not in meta:
                 meta[id(p)] = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+            taken.append((mod, pname, p))
             mod._parameters[pname] = meta[id(p)]
-    return out
+    return out, taken
 
 
 def model_source(model: nn.Module) -> ModelSource:
@@ -86,18 +107,21 @@ def model_source(model: nn.Module) -> ModelSource:
 
     causal_lm = causal_lm_of(model)
     path = getattr(causal_lm, SOURCE_ATTR, None)
+    shape = dict(tree=[(m, name, child) for m in model.modules() for name, child in m._modules.items()],
+                 forward=model.__dict__.get("forward"))
     if path is None:
         meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
         if meta:
             raise ValueError(f"terastack.hf.offload: parameter {meta[0]!r} has no data (a meta tensor) and the model "
                              "is not a terastack.hf.empty_model; build it with empty_model(path) or load its weights")
-        return ModelSource(model=model, causal_lm=causal_lm, tensors=take_weights(model))
+        tensors, taken = take_weights(model)
+        return ModelSource(model=model, causal_lm=causal_lm, tensors=tensors, taken=taken, **shape)
     if not has_weights(path):  # a config alone: a random initialization, in the store
-        return ModelSource(model=model, causal_lm=causal_lm, checkpoint_dir=str(path))
+        return ModelSource(model=model, causal_lm=causal_lm, checkpoint_dir=str(path), **shape)
     reader = CheckpointReader.of_model(path, causal_lm.config)
     # the keys are decided on an unwrapped skeleton, as finetune decides them ([Note: checkpoint keys])
     keys = CheckpointKeys(build_skeleton(causal_lm.config), reader.keys())
-    return ModelSource(model=model, causal_lm=causal_lm, reader=reader, keys=keys, checkpoint_dir=str(path))
+    return ModelSource(model=model, causal_lm=causal_lm, reader=reader, keys=keys, checkpoint_dir=str(path), **shape)
 
 
 def has_weights(path) -> bool:

@@ -18,6 +18,8 @@ DeepSpeed, FSDP, TRL's activation offloading).
 """
 from __future__ import annotations
 
+import sys
+
 from terastack.hf.training_arguments import SERVED_OPTIMIZERS
 
 #: what offload() serves, for the refusals' second half
@@ -52,11 +54,10 @@ def trainer_kind(trainer) -> str:
 
 
 def _sft_class():
-    try:
-        from trl import SFTTrainer
-    except ImportError:  # TRL absent: no SFTTrainer to serve
-        return None
-    return SFTTrainer
+    """TRL's SFTTrainer when TRL is imported (a trainer of its classes imported it; a plain Trainer's offload does not
+    pay for importing it)."""
+    trl = sys.modules.get("trl")
+    return getattr(trl, "SFTTrainer", None) if trl is not None else None
 
 
 def check_trainer(trainer, kind: str) -> None:

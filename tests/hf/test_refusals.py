@@ -97,3 +97,16 @@ def test_an_offloaded_trainer_is_not_offloaded_again(tmp_path, hardware_file):
     with pytest.raises(ValueError, match="offloaded already"):
         offload(trainer, tmp_path, hardware_file)
     trainer.terastack.close()
+
+
+def test_a_budget_that_cannot_fit_leaves_the_model_as_it_was(tmp_path, hardware_file):
+    """The plan is refused after the weights were taken off the model: they are put back, nothing is lost."""
+    from terastack.plan.llm_plan import PlanError
+
+    trainer = make(tmp_path)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.raises(PlanError, match="memory budget exceeded"):
+        offload(trainer, tmp_path, hardware_file, memory_budget="16KiB")
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert type(trainer).__name__ == "Trainer"
+    trainer.train()  # and the plain Trainer still trains it

@@ -46,6 +46,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--rss-limit", default="12GiB", help="the watchdog's limit on each contender (default 12GiB)")
     p.add_argument("--hardware", help="a probe JSON to plan for (default: this machine's probe)")
+    p.add_argument("--no-calibrate", action="store_true", help="plan from the probe alone, without timing each "
+                   "distinct layer first (both contenders; the smoke test)")
     p.add_argument("--fork", action="store_true", help="children are forks of this process (the smoke test)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     p.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
@@ -81,7 +83,8 @@ def finetune_argv(args, model_dir: Path, data: Path, out: Path) -> list[str]:
             "--seq-len", str(args.seq_len), "--batch-size", str(args.batch), "--grad-accum", str(args.grad_accum),
             "--lr", str(LR), "--max-grad-norm", "1.0", "--memory-budget", args.budget,
             "--store", str(out / "store"), "--metrics", str(out / "metrics.jsonl"), "--json"]
-    return argv + (["--hardware", args.hardware] if args.hardware else [])
+    return (argv + (["--hardware", args.hardware] if args.hardware else [])
+            + (["offload.calibrate=false"] if args.no_calibrate else []))
 
 
 # ------------------------------------------------------------------------------------------------ children
@@ -138,7 +141,8 @@ def run_sft(args, model_dir: Path, data: Path, out: Path) -> dict:
     trainer = SFTTrainer(model=terastack.hf.empty_model(str(model_dir)), args=config,
                          train_dataset=Dataset.from_dict({"input_ids": sft_rows(args, data)}),
                          processing_class=byte_tokenizer(), callbacks=[StepEnds()])
-    settings = {"hardware": args.hardware} if args.hardware else {}
+    settings = ({"hardware": args.hardware} if args.hardware else {}) | (
+        {"calibrate": False} if args.no_calibrate else {})
     start = time.perf_counter()
     terastack.hf.offload(trainer, store=str(out / "store"), memory_budget=args.budget, **settings)
     ends.append(time.perf_counter())

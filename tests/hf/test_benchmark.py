@@ -20,7 +20,7 @@ def test_benchmark_script_runs_both_contenders(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hf_sft_offload.py"), "--size", "tiny",
                            "--dir", str(tmp_path / "run"), "--budget", "64MiB", "--steps", "2", "--warmup", "1",
                            "--seq-len", "32", "--batch", "2", "--grad-accum", "2", "--rss-limit", "6GiB",
-                           "--hardware", write_machine(tmp_path / "hw.json"), "--fork", "--json"],
+                           "--hardware", write_machine(tmp_path / "hw.json"), "--no-calibrate", "--fork", "--json"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -83,6 +83,12 @@ def test_adamw_bnb_8bit_equals_the_trainers_own(tmp_path, hardware_file):
     width = {n: {p.key: p.dtype for p in rt.state_parts(n)}["state1"] for n in ("model.embed_tokens.weight",
                                                                                 "model.layers.0.mlp.up_proj.weight")}
     assert width == {"model.embed_tokens.weight": torch.float32, "model.layers.0.mlp.up_proj.weight": torch.uint8}
+    # the planner counts the state the store holds: the embedding's at 32 bits
+    engine = trainer.terastack.engine
+    assert engine.profile.full_width == ("model.embed_tokens.weight",)
+    held = sum(part.nbytes(info.shape) for name, info in engine.tensors.items() if info.trainable
+               for part in rt.state_parts(name))
+    assert engine.profile.optimizer_state_bytes(rt.format) == held
     trainer.terastack.close()
 
 

@@ -12,7 +12,7 @@ The methods it overrides are the ones the Trainer documents for subclasses, or s
     _inner_training_loop            the model's own activation checkpointing off (the engine's activation policy
                                     carries ``gradient_checkpointing``)
     prediction_step                 evaluation on the engine's weights
-    _save, _save_optimizer_and_scheduler, _load_from_checkpoint, _load_optimizer_and_scheduler
+    _save, _save_optimizer_and_scheduler, _load_from_checkpoint, _load_optimizer_and_scheduler, _load_best_model
                                     the model and the engine's state in checkpoint-N folders ([Note: checkpoint-N
                                     under the engine] in terastack.hf.checkpoint_files)
     log                             terastack's figures in each training log line
@@ -88,6 +88,10 @@ class OffloadedTrainer:
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         load_engine_state(self.terastack.engine, resume_from_checkpoint)
+
+    def _load_best_model(self):
+        # load_best_model_at_end: the best checkpoint's engine state (its weights; training is over)
+        load_engine_state(self.terastack.engine, self.state.best_model_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:

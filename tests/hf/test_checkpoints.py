@@ -73,3 +73,17 @@ def test_save_model_and_evaluate_match_the_plain_trainer(tmp_path, hardware_file
         assert torch.allclose(loaded.get_parameter(name), p, atol=1e-5), name
     assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
     offloaded.terastack.close()
+
+
+def test_load_best_model_at_end_takes_the_best_checkpoints_weights(tmp_path, hardware_file):
+    from safetensors.torch import load_file
+
+    trainer, _ = trainer_for(tmp_path, hardware_file, eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
+                             metric_for_best_model="eval_loss", greater_is_better=True)  # the worse loss: not the last
+    trainer.train()
+    best = trainer.state.best_model_checkpoint
+    assert best is not None and best.endswith("checkpoint-2")
+    saved = load_file(os.path.join(best, "model.safetensors"))
+    engine = trainer.terastack.engine
+    assert all(torch.equal(engine.parameter(name), t) for name, t in saved.items())
+    trainer.terastack.close()

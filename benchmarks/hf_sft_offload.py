@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 #: --size -> the built-in model it trains
-SIZES = {"1.1b": "llama-1.1b", "tiny": "tiny-llama"}
+SIZES = {"1.1b": "llama-1.1b", "150m": "llama-150m", "tiny": "tiny-llama"}
 CONTENDERS = ("finetune", "sft")
 LR = 1e-4
 
@@ -89,14 +89,22 @@ def finetune_argv(args, model_dir: Path, data: Path, out: Path) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ children
 def run_finetune(args, model_dir: Path, data: Path, out: Path) -> dict:
+    """``terastack finetune`` as its command line runs it (its --json result kept for its plan)."""
+    import contextlib
+    import io
+
     from terastack.cli import main
 
-    code = main(finetune_argv(args, model_dir, data, out))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(finetune_argv(args, model_dir, data, out))
     if code != 0:
         raise SystemExit(code)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return {"step_s": [x["seconds"] for x in lines if "seconds" in x],
-            "losses": [x["loss"] for x in lines if "loss" in x and "seconds" in x]}
+            "losses": [x["loss"] for x in lines if "loss" in x and "seconds" in x],
+            "ssd_bytes_per_step": [x["ssd_read_bytes"] + x["ssd_write_bytes"] for x in lines if "seconds" in x],
+            "plan": json.loads(printed.getvalue())["plan"]}
 
 
 def sft_rows(args, data: Path) -> list[list[int]]:
@@ -149,7 +157,9 @@ def run_sft(args, model_dir: Path, data: Path, out: Path) -> dict:
     trainer.train()
     engine = trainer.terastack.engine
     result = {"step_s": [b - a for a, b in zip(ends, ends[1:])], "offload_s": ends[0] - start,
-              "engine_step_s": [h.seconds for h in engine.history], "losses": [h.loss for h in engine.history]}
+              "engine_step_s": [h.seconds for h in engine.history], "losses": [h.loss for h in engine.history],
+              "ssd_bytes_per_step": [h.ssd_read_bytes + h.ssd_write_bytes for h in engine.history],
+              "plan": engine.plan.summary()}
     trainer.terastack.close()
     return result
 

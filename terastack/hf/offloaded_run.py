@@ -12,7 +12,6 @@ terastack.hf.step_figures). Nothing else runs a step: there is no loop here.
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
@@ -41,7 +40,6 @@ class OffloadedRun:
         self._losses: list[float] = []
         #: the engine's history index of the first step not yet in a training log
         self.logged_steps = 0
-        self.wall_start = time.perf_counter()
 
     # ------------------------------------------------------------------ the step
     def begin_group(self, samples: list, num_items) -> None:

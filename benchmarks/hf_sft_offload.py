@@ -1,7 +1,7 @@
 """A TRL SFTTrainer script through ``terastack.hf.offload`` against ``terastack finetune``, on the same rows, sequence
 length and memory budget: each one's peak RSS and step time, and their ratio.
 
-    python benchmarks/hf_sft_offload.py --size 1.1b --dir /nvme/bench --budget 3GiB --steps 6 --rss-limit 12GiB --json
+    python benchmarks/hf_sft_offload.py --size 1.1b --dir /nvme/bench --budget 2560MiB --steps 6 --rss-limit 12GiB --json
 
 Both contenders train the TinyLlama-shape 1.1B model (``llama-1.1b``: a directory holding its config alone, so
 each writes a random initialization straight to its store, seeded alike; nothing downloads), float32 on the CPU,
@@ -38,11 +38,12 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="1.1b")
     p.add_argument("--dir", required=True, help="a directory on the SSD: the model config, the data, the stores")
-    p.add_argument("--budget", default="3GiB", help="each contender's memory_budget (default 3GiB)")
+    p.add_argument("--budget", default="2560MiB", help="each contender's memory_budget (default 2560MiB: the "
+                   "process holds about 1 GiB more, its libraries and working memory)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the median (default 2)")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--rss-limit", default="12GiB", help="the watchdog's limit on each contender (default 12GiB)")
     p.add_argument("--hardware", help="a probe JSON to plan for (default: this machine's probe)")

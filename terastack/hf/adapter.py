@@ -33,6 +33,7 @@ def offload(trainer, *, store, device_budget=None, host_budget=None, memory_budg
     budgets = {k: v for k, v in (("device_budget", device_budget), ("host_budget", host_budget),
                                  ("memory_budget", memory_budget)) if v is not None}
     model = trainer.model
+    served.check_model_loss(causal_lm_of(model))
     base_format = getattr(causal_lm_of(model), BASE_FORMAT_ATTR, None)
     if base_format is not None:  # empty_model(..., quantization_config=BitsAndBytesConfig(nf4))
         settings.setdefault("base_format", base_format)

@@ -60,6 +60,16 @@ def _sft_class():
     return getattr(trl, "SFTTrainer", None) if trl is not None else None
 
 
+def check_model_loss(causal_lm) -> None:
+    """Refuse a model whose forward computes its loss otherwise than through transformers' causal-LM loss
+    (``self.loss_function``, ``ForCausalLMLoss``): the engine's loss and the logs read it there."""
+    from terastack.llm.engine.causal_loss import applies
+
+    if not applies(causal_lm):
+        _refuse(f"{type(causal_lm).__name__} computes its loss without transformers' causal-LM loss "
+                f"(ForCausalLMLoss through self.loss_function): another loss; served: {SERVED}")
+
+
 def check_trainer(trainer, kind: str) -> None:
     """Refuse what the engine cannot equal ([Note: what a Trainer may bring])."""
     args = trainer.args

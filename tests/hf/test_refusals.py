@@ -84,6 +84,12 @@ def test_a_model_that_is_not_a_causal_lm(tmp_path, hardware_file):
     assert "served: a transformers causal LM" in msg
 
 
+def test_a_model_with_a_loss_of_its_own(tmp_path, hardware_file):
+    trainer = make(tmp_path)
+    trainer.model.loss_function = lambda logits, labels, vocab_size, **kw: logits.float().pow(2).mean()
+    refused(trainer, tmp_path, hardware_file, "LlamaForCausalLM computes its loss without transformers' causal-LM")
+
+
 @pytest.mark.parametrize("settings, match", [({"lr": 1e-3}, "lr is set by learning_rate"),
                                              ({"weight_decay": 0.1}, "weight_decay is set by weight_decay"),
                                              ({"checkpoint_every": 2}, "checkpoint_every is not an engine setting"),

@@ -66,6 +66,8 @@ class TensorInfo:
     users: list[int] = field(default_factory=list)
     #: a frozen weight resting and streaming as NF4 (terastack.training.hf.nf4's [Note: the NF4 record])
     nf4: bool = False
+    #: its optimizer state kept at the format's full width ([Note: optimizer state formats])
+    full_width: bool = False
     numel: int = field(init=False)  # elements (asked for thousands of times a step: computed once)
 
     def __post_init__(self) -> None:

@@ -60,11 +60,15 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
 
     def __init__(self, model, hf_config, config: TrainerConfig, *, name: str, source: "CheckpointReader | None",
                  source_keys: CheckpointKeys | None = None, lora=None, source_dir: str | None = None,
-                 empty: bool = False, store_dirs: Sequence[Path] | None = None, slices: dict | None = None):
+                 empty: bool = False, store_dirs: Sequence[Path] | None = None, slices: dict | None = None,
+                 no_decay: Sequence[str] = (), full_width_state: Sequence[str] = ()):
         # empty: the store is left without weights, for load_checkpoint to load a checkpoint's into; store_dirs:
         # an existing store's directories to open instead of new run directories (a checkpoint beside the store);
-        # slices: a checkpoint's vocabulary slices (module path -> rows per part), else the job's rule decides
+        # slices: a checkpoint's vocabulary slices (module path -> rows per part), else the job's rule decides;
+        # no_decay: parameters (the model's names) updated without weight decay (OffloadedAdamW.Config.no_decay);
+        # full_width_state: parameters whose optimizer state the format keeps at full width (TensorInfo.full_width)
         self.config = config
+        self.no_decay = frozenset(no_decay)
         self.source_dir = source_dir          # tokenizer files are copied from here on export
         self.hf_config = hf_config
         self.name = name
@@ -86,6 +90,9 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
         self.units, self.tensors = find_units(model)
         if lora is not None:
             lora.mark_base(self.tensors)  # the frozen weights that rest as NF4 (lora.base_format)
+        for name in full_width_state:
+            for part in self.slicing.parts.get(name, [name]):
+                self.tensors[part].full_width = True
         self.family = getattr(hf_config, "model_type", "?")
         self._source_keys = source_keys
         if self.family not in TESTED_FAMILIES:
@@ -155,7 +162,8 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
             policies={u.name: p for u, p in zip(self.profile.units, self.plan.policies)},
             order=[next(u.index for u in self.units if u.path == p.name) for p in self.profile.units],
             compute_dtype=self.compute_dtype, timeout=config.timeout,
-            optimizer_config=config.optimizer_config(lr=self._initial_lr(source)),
+            optimizer_config=config.optimizer_config(lr=self._initial_lr(source), no_decay=frozenset(
+                part for name in self.no_decay for part in self.slicing.parts.get(name, [name]))),
             inline_updates=self.inline_updates)
         self.optimizer = self.runtime.optimizer
         install_units(self.model, self.units, self.runtime.runner)

@@ -145,13 +145,15 @@ class TrainerConfig:
         store) applied over it."""
         return cls(job, **given)
 
-    def optimizer_config(self, *, lr: float):
-        """The optimizer's settings at peak learning rate ``lr`` (the job's, or the default for the model)."""
+    def optimizer_config(self, *, lr: float, no_decay: frozenset[str] = frozenset()):
+        """The optimizer's settings at peak learning rate ``lr`` (the job's, or the default for the model);
+        ``no_decay``: parameters the caller exempts from weight decay (a Hugging Face Trainer's no-decay group)."""
         from terastack.llm.engine.optimizer import OffloadedAdamW
 
         return OffloadedAdamW.Config(lr=lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                      max_grad_norm=self.max_grad_norm, optimizer_schedule=self.optimizer_schedule,
-                                     impl=self.optimizer_impl, timeout=self.timeout, format=self.optimizer)
+                                     impl=self.optimizer_impl, timeout=self.timeout, format=self.optimizer,
+                                     no_decay=no_decay)
 
     def planner_config(self, *, device_budget: int, host_budget: int, inline_updates: bool,
                        accumulation: str | None = None):

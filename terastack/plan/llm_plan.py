@@ -158,7 +158,8 @@ class LLMPlan:
         out = {f"{kind}_{tier.value}": 0 for kind in ("state", "compute") for tier in _PLACES[kind]}
         fmt = optimizer_format(self.optimizer)
         for name, home in self.state_home.items():
-            out[f"state_{home.value}"] += profile.tensor_numel[name] * 4 + fmt.state_bytes(profile.shape(name))
+            out[f"state_{home.value}"] += profile.tensor_numel[name] * 4 + fmt.state_bytes(
+                profile.shape(name), full_width=profile.full_width_state(name))
         for name, home in self.compute_home.items():
             out[f"compute_{home.value}"] += (profile.tensor_numel[name] * profile.compute_bytes
                                              if name in self.state_home else profile.frozen_bytes(name))

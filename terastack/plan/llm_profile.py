@@ -108,6 +108,13 @@ class ModelProfile:
     #: bytes at rest of the frozen tensors that rest in another format than the compute dtype (a LoRA base in NF4:
     #: about 0.56 bytes a parameter); a frozen tensor absent here rests in the compute dtype
     frozen_rest: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: trainable tensors whose optimizer state the format keeps at full width ([Note: optimizer state formats]:
+    #: bitsandbytes' 32-bit override of an embedding)
+    full_width: tuple[str, ...] = ()
+
+    def full_width_state(self, name: str) -> bool:
+        """Whether trainable ``name``'s optimizer state is kept at the format's full width."""
+        return name in self.full_width
 
     def frozen_bytes(self, name: str) -> int:
         """Bytes of frozen tensor ``name`` as it rests on the store and streams from it."""
@@ -178,7 +185,8 @@ class ModelProfile:
         OptimizerFormat`; None: AdamW's two fp32 moments) over every trainable parameter, besides the masters."""
         if fmt is None:
             return (STATE_BYTES - 4) * self.trainable_params
-        return sum(fmt.state_bytes(self.shape(n)) for n, t in self.tensor_trainable.items() if t)
+        return sum(fmt.state_bytes(self.shape(n), full_width=self.full_width_state(n))
+                   for n, t in self.tensor_trainable.items() if t)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -16,6 +16,11 @@ layout, the byte ledger, the optimizer and the checkpoint all read; nothing bran
 * :meth:`OptimizerFormat.library_state`: a parameter's state as the reference library keeps it
   (``Trainer.optimizer_state``).
 
+Every method that reads a parameter's parts takes ``full_width``: the parameter keeps its state at the format's
+full width where the reference library lets a parameter be overridden so (bitsandbytes' ``optim_bits=32`` for a
+module's weight, which transformers' Trainer sets for every ``nn.Embedding`` under its 8-bit optimizers); a format
+without a narrower state ignores it.
+
 The formats:
 
 ``adamw`` (the default)
@@ -102,8 +107,9 @@ class OptimizerFormat:
     def __repr__(self) -> str:
         return f"<optimizer format {self.name}>"
 
-    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
-        """The state tensors a trainable parameter of ``shape`` keeps beside its fp32 master."""
+    def parts(self, shape: tuple, *, full_width: bool = False) -> tuple[StatePart, ...]:
+        """The state tensors a trainable parameter of ``shape`` keeps beside its fp32 master (``full_width``: see
+        [Note: optimizer state formats])."""
         raise NotImplementedError
 
     def require(self) -> None:
@@ -113,14 +119,14 @@ class OptimizerFormat:
         """The optimizer chunk (elements) used for a configured ``chunk``: a multiple of :attr:`block`."""
         return max(self.block, chunk - chunk % self.block)
 
-    def state_bytes(self, shape: tuple) -> int:
+    def state_bytes(self, shape: tuple, *, full_width: bool = False) -> int:
         """Bytes of state (not counting the fp32 master) a parameter of ``shape`` keeps, unpadded."""
-        return sum(p.nbytes(shape) for p in self.parts(shape))
+        return sum(p.nbytes(shape) for p in self.parts(shape, full_width=full_width))
 
-    def chunk_state_bytes(self, shape: tuple, lo: int, hi: int) -> int:
+    def chunk_state_bytes(self, shape: tuple, lo: int, hi: int, *, full_width: bool = False) -> int:
         """Bytes of state the chunk ``[lo, hi)`` reads (unchunked parts counted with the first chunk)."""
         out = 0
-        for p in self.parts(shape):
+        for p in self.parts(shape, full_width=full_width):
             if p.chunked:
                 a, b = p.span(lo, hi)
                 out += (b - a) * p.dtype.itemsize
@@ -128,13 +134,13 @@ class OptimizerFormat:
                 out += p.nbytes(shape)
         return out
 
-    def held_bytes(self, shape: tuple, chunk: int) -> int:
+    def held_bytes(self, shape: tuple, chunk: int, *, full_width: bool = False) -> int:
         """Bytes a parameter of ``shape``'s state records take in a tier of the store (each record padded as the
         store pads it), in optimizer chunks of ``chunk`` elements (:meth:`chunk_elements` applied here)."""
         chunk = self.chunk_elements(chunk)  # a multiple of every chunked part's ``per``
         full, rest = divmod(max(math.prod(shape), 1), chunk)
         out = 0
-        for p in self.parts(shape):
+        for p in self.parts(shape, full_width=full_width):
             if not p.chunked:
                 out += padded_size(p.nbytes(shape))
                 continue
@@ -142,14 +148,15 @@ class OptimizerFormat:
             out += padded_size(-(-rest // p.per) * p.dtype.itemsize) if rest else 0
         return out
 
-    def chunk_held_bytes(self, shape: tuple, elements: int) -> int:
+    def chunk_held_bytes(self, shape: tuple, elements: int, *, full_width: bool = False) -> int:
         """Bytes one chunk of ``elements`` takes in the store, chunked parts only (what an update holds per chunk
         besides its master and gradient chunks)."""
-        return sum(padded_size(-(-elements // p.per) * p.dtype.itemsize) for p in self.parts(shape) if p.chunked)
+        return sum(padded_size(-(-elements // p.per) * p.dtype.itemsize)
+                   for p in self.parts(shape, full_width=full_width) if p.chunked)
 
-    def bytes_per_param(self, shape: tuple) -> float:
+    def bytes_per_param(self, shape: tuple, *, full_width: bool = False) -> float:
         """State bytes per element of a parameter of ``shape``, unpadded (AdamW: 8)."""
-        return self.state_bytes(shape) / max(math.prod(shape), 1)
+        return self.state_bytes(shape, full_width=full_width) / max(math.prod(shape), 1)
 
     def library_state(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A parameter's state as the reference library keeps it, from its whole ``parts`` (key -> tensor in
@@ -197,7 +204,7 @@ class AdamWFormat(OptimizerFormat):
     _PARTS = (StatePart(key="exp_avg", dtype=torch.float32, kind=EXP_AVG_KIND),
               StatePart(key="exp_avg_sq", dtype=torch.float32, kind=EXP_AVG_SQ_KIND))
 
-    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
+    def parts(self, shape: tuple, *, full_width: bool = False) -> tuple[StatePart, ...]:
         return self._PARTS
 
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:
@@ -241,8 +248,9 @@ class AdamW8bitFormat(OptimizerFormat):
     def __init__(self) -> None:
         self._qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
-        return self._PARTS_8BIT if math.prod(shape) >= self.min_8bit_size else self._PARTS_32BIT
+    def parts(self, shape: tuple, *, full_width: bool = False) -> tuple[StatePart, ...]:
+        # full width: the library's optim_bits=32 override, its 32-bit update on fp32 moments
+        return self._PARTS_8BIT if math.prod(shape) >= self.min_8bit_size and not full_width else self._PARTS_32BIT
 
     def require(self) -> None:
         bitsandbytes_functional(f"optimizer {self.name}")
@@ -341,7 +349,7 @@ class AdafactorFormat(OptimizerFormat):
                  StatePart(key="col_var", dtype=torch.float32, chunked=False, factored=-2))
     _FULL = (StatePart(key="variance", dtype=torch.float32, chunked=False),)
 
-    def parts(self, shape: tuple) -> tuple[StatePart, ...]:
+    def parts(self, shape: tuple, *, full_width: bool = False) -> tuple[StatePart, ...]:
         return self._FACTORED if len(shape) > 1 else self._FULL
 
     def update(self, chunks: list, steps: list[int], *, lr: float, hyper, impl: dict) -> None:

@@ -100,7 +100,7 @@ def tensor_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, name: str,
     precision, a spilled gradient chunk)."""
     fp32_chunks = schedule.records_per_chunk(profile.mixed_precision) - 2  # less the two moments AdamW has
     return (fp32_chunks * chunked_bytes(profile.tensor_numel[name], 4, fmt.chunk_elements(chunk))
-            + fmt.held_bytes(profile.shape(name), chunk))
+            + fmt.held_bytes(profile.shape(name), chunk, full_width=profile.full_width_state(name)))
 
 
 def unit_state_bytes(profile: ModelProfile, schedule: ScheduleSpec, chunk: int,
@@ -131,15 +131,16 @@ def size_candidates(profile: ModelProfile, schedule: ScheduleSpec, *, inline: bo
     largest = largest_trainable(profile)
     fp32_chunks = schedule.records_per_chunk(mixed) - 2  # the format's state counted apart
     # the shapes a chunk of state may belong to (the largest tensor's too: a chunk is sized by it)
-    shapes = {profile.shape(t) for t, trains in profile.tensor_trainable.items() if trains} | {(largest,)}
+    shapes = {(profile.shape(t), profile.full_width_state(t)) for t, trains in profile.tensor_trainable.items()
+              if trains} | {((largest,), False)}
     unit_masters = [sum(held_bytes(profile.tensor_numel[t] * 4) for t in u.tensors if profile.tensor_trainable[t])
                     for u in profile.units]
 
     def sizes(kind: str, *, lean: bool, window: int | None = None, hand_over_one: bool = False) -> OptimizerSizes:
         c = fmt.chunk_elements(min(chunk, LEAN_CHUNK) if lean else chunk)
         chunk_held = min(c, largest)
-        job = fp32_chunks * held_bytes(chunk_held * 4) + max(fmt.chunk_held_bytes(s, min(chunk_held, math.prod(s)))
-                                                             for s in shapes)
+        job = fp32_chunks * held_bytes(chunk_held * 4) + max(
+            fmt.chunk_held_bytes(s, min(chunk_held, math.prod(s)), full_width=wide) for s, wide in shapes)
         read_ahead = 2 * job  # the chunk being updated and the one read ahead
         writeback = job if lean else read_ahead
         if window is not None:

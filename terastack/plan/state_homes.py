@@ -121,7 +121,8 @@ class StateHomes:
             low = held_bytes(n * cb if profile.tensor_trainable[name] else profile.frozen_bytes(name))
             weights = {"weights_forward": (micro * low, 0), "weights_backward": (micro * low, 0)}
             if profile.tensor_trainable[name]:
-                moments = self.format.held_bytes(profile.shape(name), chunk)  # the format's state
+                wide = profile.full_width_state(name)
+                moments = self.format.held_bytes(profile.shape(name), chunk, full_width=wide)  # the format's state
                 if mixed:
                     master = chunked_bytes(n, 4, self.format.chunk_elements(chunk))
                     items.append((2.0 * micro, "compute", name, low, {**weights, "compute_copies": (0, low)}))
@@ -130,7 +131,7 @@ class StateHomes:
                 else:
                     # fp32: the master is the compute copy: read in forward and backward (backward hands it to
                     # the optimizer), the state (s bytes a parameter; AdamW's 8) read once; all written once
-                    s = self.format.bytes_per_param(profile.shape(name))
+                    s = self.format.bytes_per_param(profile.shape(name), full_width=wide)
                     items.append(((8 * micro + 4 + 2 * s) / (4 + s), "state", name, moments + low,
                                   {**weights, "masters": (0, low), "moments": (moments, moments)}))
                 if micro > 1:
@@ -160,8 +161,8 @@ class StateHomes:
                     by_kind[f"{part}_written"] = by_kind.get(f"{part}_written", 0) + pw
             {"state": state_home, "compute": compute_home, "grad": grad_home}[kind][name] = home
         ssd_state = sum(profile.tensor_numel[n] for n, h in state_home.items() if h is Tier.SSD)
-        ssd_state_bytes = sum(4 * profile.tensor_numel[n] + self.format.state_bytes(profile.shape(n))
-                              for n, h in state_home.items() if h is Tier.SSD)
+        ssd_state_bytes = sum(4 * profile.tensor_numel[n] + self.format.state_bytes(
+            profile.shape(n), full_width=profile.full_width_state(n)) for n, h in state_home.items() if h is Tier.SSD)
         self._homes_cache[key] = homes = Homes(state_home=state_home, compute_home=compute_home,
                                                 grad_home=grad_home, host_bytes=host, ssd_read_bytes=read,
                                                 ssd_write_bytes=write, ssd_state_params=ssd_state,

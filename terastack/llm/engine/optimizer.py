@@ -61,6 +61,7 @@ masters and moments are read and written by
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -105,6 +106,9 @@ class OffloadedAdamW:
         timeout: float = 600.0
         #: the optimizer state format's name ([Note: optimizer state formats] in terastack.plan.optimizer_formats)
         format: str = ADAMW.name
+        #: trainable tensors (canonical names) updated without weight decay, as a torch optimizer's parameter group
+        #: with ``weight_decay=0`` updates them (transformers' Trainer puts biases and norms there)
+        no_decay: frozenset[str] = frozenset()
 
         def __post_init__(self) -> None:
             if not self.lr >= 0:
@@ -439,17 +443,18 @@ class OffloadedAdamW:
         scheduling a whole-matrix gather] in terastack.llm.engine.optimizer_state)."""
         if not group:
             return
-        steps = [self.steps[c.name] for c in group]
-        scratch = self.format.scratch_bytes(group, steps)
-        if scratch:
-            ledger = self.rt.store.budgets[Tier.HOST]
-            what = f"{self.format.name} update of {group[0].name!r} (its chunks joined)"
-            self.rt.with_room(lambda: ledger.reserve(scratch, what=what), what)
-        try:
-            self.format.update(group, steps, lr=task.lr, hyper=self.config, impl=self._adam)
-        finally:
+        for chunks, hyper in self._decay_groups(group):
+            steps = [self.steps[c.name] for c in chunks]
+            scratch = self.format.scratch_bytes(chunks, steps)
             if scratch:
-                ledger.release(scratch)
+                ledger = self.rt.store.budgets[Tier.HOST]
+                what = f"{self.format.name} update of {chunks[0].name!r} (its chunks joined)"
+                self.rt.with_room(lambda: ledger.reserve(scratch, what=what), what)
+            try:
+                self.format.update(chunks, steps, lr=task.lr, hyper=hyper, impl=self._adam)
+            finally:
+                if scratch:
+                    ledger.release(scratch)
         done = []
         for c in group:
             done += self.state.records(c.name, c.chunk)
@@ -460,6 +465,17 @@ class OffloadedAdamW:
             self.grads.chunk_done(c.name, c.chunk)
             if c.hi == self.tensors[c.name].numel:
                 self._finish(c.name, whole.pop(c.name, None))
+
+    def _decay_groups(self, group: list[ChunkState]) -> list[tuple[list[ChunkState], "OffloadedAdamW.Config"]]:
+        """``group`` as the update calls it takes: one, or (with ``no_decay``) the decayed chunks and the others,
+        each with its hyperparameters (a torch optimizer's two parameter groups, updated elementwise alike)."""
+        exempt = self.config.no_decay
+        if not exempt or not self.config.weight_decay:
+            return [(group, self.config)]
+        decayed = [c for c in group if c.name not in exempt]
+        plain = [c for c in group if c.name in exempt]
+        return ([(decayed, self.config)] if decayed else []) + (
+            [(plain, dataclasses.replace(self.config, weight_decay=0.0))] if plain else [])
 
     def _finish(self, name: str, master: torch.Tensor | None) -> None:
         """The last chunk of ``name`` is updated: its master or compute copy goes home, its gate opens."""

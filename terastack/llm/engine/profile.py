@@ -178,7 +178,8 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
                         tensor_trainable={c: t.trainable for c, t in tensors.items()}, logits_bytes=int(logits_bytes),
                         loss_in_place=causal_loss.applies(model), head_parts=len(head),
                         tensor_shape={c: tuple(t.shape) for c, t in tensors.items()},
-                        frozen_rest={c: nf4_bytes(t.numel) for c, t in tensors.items() if t.nf4})
+                        frozen_rest={c: nf4_bytes(t.numel) for c, t in tensors.items() if t.nf4},
+                        full_width=tuple(c for c, t in tensors.items() if t.full_width))
 
 
 def with_stacked_times(profile: ModelProfile, model, units, tensors, *, micro: int, **kw) -> ModelProfile:

@@ -119,7 +119,7 @@ class StepRuntime:
             self._state_recs[name] = {
                 part: ([records.state_part(name, part.kind, part.key, k) for k in range(len(ranges))]
                        if part.chunked else [records.state_part(name, part.kind, part.key, None)])
-                for part in self.format.parts(info.shape)}
+                for part in self.format.parts(info.shape, full_width=info.full_width)}
             self._compute_rec[name] = (records.master(name) if info.trainable and self.master_is_compute
                                        else records.compute(name))
 

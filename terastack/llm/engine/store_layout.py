@@ -102,7 +102,8 @@ def ssd_bytes_needed(profile, plan) -> int:
     need = 0
     for name, n in profile.tensor_numel.items():
         if profile.tensor_trainable[name]:
-            need += (n * 4 + fmt.state_bytes(profile.shape(name)) + (n * cb if profile.mixed_precision else 0)
+            need += (n * 4 + fmt.state_bytes(profile.shape(name), full_width=profile.full_width_state(name))
+                     + (n * cb if profile.mixed_precision else 0)
                      + schedule.spill_room(n * 4))
             if plan.sums_gradients and plan.grad_home.get(name) is not Tier.HOST:
                 need += n * 4  # its sum over the micro-batches ([Note: gradient accumulation])

@@ -48,7 +48,7 @@ from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, Accumul
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, layer_counts, searched
 from terastack.plan.hardware import Hardware
 from terastack.plan.llm_plan import STEP_TIES, LLMPlan, PlanError, StepPrediction, candidate_rank
-from terastack.plan.llm_profile import ModelProfile, held_bytes
+from terastack.plan.llm_profile import ModelProfile, data_bytes, held_bytes
 from terastack.plan.optimizer_formats import ADAMW, optimizer_format
 from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, masters_reread, size_candidates
 from terastack.plan.staging import staging_cap
@@ -358,8 +358,11 @@ class LLMPlanner(StateHomes, StepTimeModel):
         weights_ws = self._memo(profile, hw, ("weights in flight", window),
                                 lambda: max(sum(wbytes[i:i + window]) for i in range(len(units))))
         swap_flight = 2 * split.max_swapped
-        # working memory of the unit computing (outside the ledger), the loss over the logits beside the head's
-        transient = self._memo(profile, None, "transient", lambda: profile.working_bytes)
+        # working memory of the unit computing (outside the ledger), the loss over the logits beside the head's,
+        # and the step's data ([Note: the batch is priced] in terastack.plan.llm_profile)
+        width = self.accumulation.group(cfg.grad_accum)
+        transient = self._memo(profile, None, ("transient", cfg.grad_accum, width), lambda: (
+            profile.working_bytes + data_bytes(profile.tokens // width, cfg.grad_accum, stacked=width > 1)))
         resident = 0  # frozen weights resting in the device tier
         if hw.has_gpu and cfg.frozen_on_device:
             frozen, streamed_ws, _ = self._memo(profile, hw, ("frozen on the device", window, "rounded"),
@@ -372,7 +375,7 @@ class LLMPlanner(StateHomes, StepTimeModel):
                 budget="device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
                 what=lambda: f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
                      f"activations ({format_bytes(split.on_device)} kept, {format_bytes(swap_flight)} "
-                     f"in flight) and one unit's working memory ({format_bytes(transient)})")
+                     f"in flight) and one unit's working memory with the loss and the batch's data ({format_bytes(transient)})")
         # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state; every
         #      working set that fits is scored ([Note: the optimizer's window] in terastack.plan.optimizer_sizes)
         best = None

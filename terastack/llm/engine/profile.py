@@ -46,7 +46,10 @@ from terastack.llm.engine.meta_kernels import MetaKernels, register_flop_formula
 from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
 from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
-#: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
+#: unit outputs come back as allocated zeros until this many bytes of them were made in one pass, then as
+#: broadcast zeros (the head's logits; every output of a batch too wide to hold): the pass runs before the plan
+#: has priced the batch, so what it allocates stays bounded whatever the batch ([Note: the batch is priced] in
+#: terastack.plan.llm_profile)
 _MATERIALIZE_LIMIT = 64 << 20
 
 
@@ -57,6 +60,7 @@ class _Recorder:
         self.records: dict[int, dict] = {}
         self.order: list[int] = []
         self.calls: dict[int, tuple] = {}
+        self.materialized = 0  # bytes of unit outputs allocated so far
 
     def run(self, unit, args, kwargs):
         call = UnitCall(args, kwargs)
@@ -65,7 +69,9 @@ class _Recorder:
         meta_flat = []
         for a in call.flat:
             if isinstance(a, torch.Tensor):
-                m = a.detach().to("meta")
+                # a broadcast output of an earlier unit stands for a whole tensor: its meta copy is one
+                m = (torch.empty(a.shape, dtype=a.dtype, device="meta") if _broadcast(a)
+                     else a.detach().to("meta"))
                 meta_flat.append(m.requires_grad_(a.requires_grad))
             else:
                 meta_flat.append(a)
@@ -111,12 +117,18 @@ class _Recorder:
         real = []
         for o in outs:
             nbytes = o.numel() * o.element_size()
-            if nbytes > _MATERIALIZE_LIMIT:
-                z = torch.zeros((), dtype=o.dtype).expand(o.shape)
+            grad = o.is_floating_point()  # what the next unit takes needs a gradient, broadcast or not
+            if self.materialized + nbytes > _MATERIALIZE_LIMIT:
+                z = torch.zeros((), dtype=o.dtype).requires_grad_(grad).expand(o.shape)
             else:
-                z = torch.zeros(o.shape, dtype=o.dtype)
-            real.append(z.requires_grad_(True) if z._base is None else z)
+                self.materialized += nbytes
+                z = torch.zeros(o.shape, dtype=o.dtype).requires_grad_(grad)
+            real.append(z)
         return call.rebuild(real)
+
+
+def _broadcast(t: torch.Tensor) -> bool:
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
 
 
 def head_units(units, order: list[int]) -> list[int]:

@@ -112,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     log = sys.stderr
+    if args.trace:  # written at the end: refused now if it could not be ([Note: room to write])
+        from terastack.disk_room import check_writable
+
+        check_writable(args.trace, what="--trace")
     runner = JobRunner(job, OffloadedEngine(job, show_plan=args.show_plan, log=log), log=log, loop_log=log,
                        argv=getattr(args, "_argv", None))
     if args.trace:

@@ -77,8 +77,8 @@ class DisdpSection:
                           "threads or processes")
     state: str = setting("memory", flag=False, choices=DISDP_STATES, help="where the servers keep their fp32 "
                          "weights and AdamW moments: memory, or ssd (the tiered store: a few buckets in memory)")
-    run_dir: str | None = setting(None, flag=False, path="path", help="the job's directory (statistics, the "
-                                  "servers' SSD state, traces); default: terastack-dist under the store's first "
+    run_dir: str | None = setting(None, flag=False, path="path", writes=True, help="the job's directory (statistics, "
+                                  "the servers' SSD state, traces); default: terastack-dist under the store's first "
                                   "directory (--store), else a temporary directory removed at the end")
     prefetch: int = setting(2, flag=False, help="bucket deliveries an agent may run ahead of its worker's compute")
     reshard: bool = setting(True, flag=False, help="release each layer after its forward and fetch it again for "

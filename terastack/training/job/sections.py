@@ -227,7 +227,7 @@ class StoreSection:
 
     dirs: str | tuple[str, ...] | None = setting(
         None, flat="store", metavar="DIR", help="directory on the SSD for the training state; several (one per "
-        "SSD) with commas between them (default: a temporary directory)", path="paths")
+        "SSD) with commas between them (default: a temporary directory)", path="paths", writes=True)
     device_budget: str | int | None = setting(None, help="accelerator memory to use, e.g. 20GiB (default: auto)")
     host_budget: str | int | None = setting(None, help="host memory for training state and working sets, e.g. "
                                             "64GiB (default: auto; the built-in model gets a quarter of its "
@@ -258,7 +258,8 @@ class CheckpointSection:
     """checkpoints and resuming"""
     SECTION = "checkpoint"
 
-    dir: str | None = setting(None, flat="checkpoint", metavar="DIR", path="path", help="write checkpoints to DIR")
+    dir: str | None = setting(None, flat="checkpoint", metavar="DIR", path="path", writes=True,
+                              help="write checkpoints to DIR")
     every: int = setting(0, flat="checkpoint_every", metavar="N", help="checkpoint every N steps (default: only "
                          "at the end when --checkpoint is given)")
     resume: str | None = setting(None, metavar="DIR", help="continue from the checkpoint in DIR: the schedule and "
@@ -278,9 +279,9 @@ class OutputSection:
                               "trained model (save_pretrained format, a peft adapter with --lora) and its "
                               "tokenizer, metrics.jsonl and finetune.yaml (the resolved job: repeat it with "
                               "--config). Written under DIR.partial while training and renamed to DIR when "
-                              "complete", path="path")
-    metrics: str | None = setting(None, metavar="FILE", path="path", help="per-step metrics as JSON lines "
-                                  "(default: DIR/metrics.jsonl with --output); also TensorBoard events beside it "
+                              "complete", path="path", writes=True)
+    metrics: str | None = setting(None, metavar="FILE", path="path", writes=True, help="per-step metrics as JSON "
+                                  "lines (default: DIR/metrics.jsonl with --output); also TensorBoard events beside it "
                                   "when the tensorboard package is installed")
     max_shard_size: str | int = setting("5GB", metavar="SIZE", help="split the exported weights into safetensors "
                                         "shards of at most SIZE with an index file, as transformers does")
@@ -368,6 +369,27 @@ class SectionedJob:
                     changes[f.name] = absolute(value)
             sections[name] = dataclasses.replace(section, **changes) if changes else section
         return dataclasses.replace(self, **sections)
+
+    def named_paths(self, *, written: bool | None = None) -> dict[str, str]:
+        """Every file system path the job names (its ``setting(path=...)`` settings; one of several directories
+        each by itself; a name that may be a built-in or a Hub id only when it exists here), by the flag that gives
+        it (``section.field`` where the setting has no flag). ``written``: only those it writes (True) or only
+        those it reads (False)."""
+        out: dict[str, str] = {}
+        for name in sections_of(type(self)):
+            section = getattr(self, name)
+            for f in dataclasses.fields(section):
+                kind, value = f.metadata.get("path"), getattr(section, f.name)
+                if kind is None or not isinstance(value, str) or not value:
+                    continue
+                if written is not None and f.metadata.get("writes", False) != written:
+                    continue
+                label = f"--{flat_name(f).replace('_', '-')}" if f.metadata.get("flag", True) else f"{name}.{f.name}"
+                values = [p.strip() for p in value.split(",")] if kind == "paths" else [value]
+                for i, v in enumerate(values):
+                    if kind != "path_or_name" or os.path.exists(os.path.expanduser(v)):
+                        out[label if len(values) == 1 else f"{label} ({i + 1})"] = os.path.expanduser(v)
+        return out
 
     def to_dict(self, *, everything: bool = False) -> dict:
         """``{section: {field: value}}`` of the settings that differ from their defaults (all of them with

@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         # a command that knows where it stood says so itself and returns 130 (terastack finetune)
         print(f"terastack {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, MemoryError, RuntimeError) as exc:
-        # Bad input and resource errors are reported as one clear line, not a traceback.
+    except (ValueError, OSError, MemoryError, RuntimeError, ImportError) as exc:
+        # Bad input and resource errors are reported as one clear line, not a traceback; so is a library a chosen
+        # setting needs and lacks (terastack.plan.lowbit_library names the setting and the install).
         if getattr(args, "debug", False):
             raise
         print(f"terastack {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)

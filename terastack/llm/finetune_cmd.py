@@ -52,15 +52,11 @@ class OffloadedEngine:
         """The trainer's view of the job, with what this command decides where the job leaves it unset: the
         built-in model's host budget (a quarter of its training state: most of it on the SSD) and a scratch
         store removed at the end."""
-        from terastack.llm.trainer_config import TrainerConfig
+        from terastack.llm.trainer_config import TrainerConfig, builtin_model_budget
         from terastack.training.scratch_store import ScratchStore
 
-        job, given = self.job, {}
-        if job.model.path is None and job.store.host_budget is None and job.store.memory_budget is None:
-            from terastack.training.hf.model_files import build_skeleton
-
-            n = sum(p.numel() for p in build_skeleton(start.model.hf_config).parameters())
-            given["host_budget"] = max(4 << 20, n * 16 // 4)
+        job = self.job
+        given = builtin_model_budget(job, start.model.hf_config)
         if job.store.dirs is None:  # [Note: a scratch store's owner]: stale ones of dead jobs go first
             self.scratch = ScratchStore(prefix="terastack-finetune-", log=self.log)
             given["store_dir"] = str(self.scratch.open())

@@ -124,8 +124,9 @@ class TrainingSection:
     steps: int | None = setting(None, help="optimizer steps (default 20)")
     epochs: float | None = setting(None, help="passes over the training rows instead of --steps (each epoch in "
                                    "its own seeded order)")
-    seq_len: int = setting(128, help="tokens per row")
-    batch_size: int = setting(4, help="rows per micro-batch")
+    seq_len: int = setting(128, help="tokens per row of a micro-batch: with --batch-size, what activations and the "
+                           "plan are sized for")
+    batch_size: int = setting(4, help="rows per micro-batch, each of --seq-len tokens")
     grad_accum: int = setting(1, metavar="N", help="micro-batches per optimizer step; the loss is the mean over "
                               "their target tokens")
     lr: float | None = setting(None, help="peak learning rate (default 3e-4; 1e-5 for a pretrained model; 1e-4 "

@@ -102,12 +102,15 @@ class OffloadedEngine:
 
 def run(args: argparse.Namespace) -> int:
     from terastack import trace
-    from terastack.training.job import job_flags, resolve_job
+    from terastack.training.job import job_flags, other_engine_note, resolve_job
     from terastack.training.interrupt import INTERRUPTED_EXIT, JobInterrupted, terminate_as_exit
     from terastack.training.job_runner import JobRunner, summary_lines
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     log = sys.stderr
+    note = other_engine_note(job, "disdp", command=COMMAND)  # [Note: settings of the other engine]
+    if note:
+        print(note, file=log)
     if args.trace:  # written at the end: refused now if it could not be ([Note: room to write])
         from terastack.disk_room import check_writable
 

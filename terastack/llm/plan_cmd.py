@@ -293,7 +293,12 @@ def unit_times_line(profile) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from terastack.training.job import other_engine_note
+
     job = read_job(args)
+    note = other_engine_note(job, "disdp", command="terastack plan llm")  # [Note: settings of the other engine]
+    if note:
+        print(note, file=sys.stderr)
     hw = resolve_hardware(args, job)
     if args.largest:
         from terastack.llm.plan_largest import run_largest

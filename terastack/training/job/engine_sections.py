@@ -22,6 +22,7 @@ FAMILY_CHECKS = ("auto", "always", "never")
 class OffloadSection:
     """the offloaded engine (terastack finetune): knobs only it has"""
     SECTION = "offload"
+    ENGINE = "the offloaded engine (terastack finetune, terastack plan llm)"
 
     calibrate: bool = setting(True, help="time each distinct layer once on this machine so the plan predicts "
                               "from measured times")
@@ -69,6 +70,7 @@ class OffloadSection:
 class DisdpSection:
     """the disaggregated engine (terastack dist train): its roles and their processes"""
     SECTION = "disdp"
+    ENGINE = "the disaggregated engine (terastack dist train)"
 
     workers: int = setting(2, flag=False, help="worker ranks (model-sharded data parallel)")
     servers: int = setting(1, flag=False, help="parameter-server shards")

@@ -32,6 +32,8 @@ ROPE_SCALINGS = ("linear", "dynamic", "yarn")
 BASE_FORMATS = ("auto", "nf4", "native")
 #: a job's length when it gives neither steps nor epochs
 DEFAULT_STEPS = 20
+#: the export's largest safetensors file before it is sharded (transformers' default)
+OUTPUT_SHARD_SIZE = "5GB"
 
 
 def _check_size(section, name: str, *, keep: bool = False) -> None:
@@ -172,6 +174,9 @@ class TrainingSection:
         one_of(self, "optimizer", OPTIMIZER_NAMES)
         if self.warmup_ratio is not None and not 0 <= self.warmup_ratio <= 1:
             raise SettingError("training.warmup_ratio", f"must be in [0, 1], got {self.warmup_ratio}")
+        if self.min_lr and self.lr_schedule == "constant":
+            raise SettingError("training.min_lr", "the floor of a linear or cosine decay; give --lr-schedule "
+                               "linear or cosine (the schedule is constant)")
 
     @property
     def step_count(self) -> int | None:
@@ -269,6 +274,8 @@ class CheckpointSection:
     def __post_init__(self) -> None:
         read_fields(self)
         at_least(self, "every", 0)
+        if self.every and self.dir is None:
+            raise SettingError("checkpoint.every", "needs --checkpoint DIR, where the checkpoints go")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -284,12 +291,14 @@ class OutputSection:
     metrics: str | None = setting(None, metavar="FILE", path="path", writes=True, help="per-step metrics as JSON "
                                   "lines (default: DIR/metrics.jsonl with --output); also TensorBoard events beside it "
                                   "when the tensorboard package is installed")
-    max_shard_size: str | int = setting("5GB", metavar="SIZE", help="split the exported weights into safetensors "
+    max_shard_size: str | int = setting(OUTPUT_SHARD_SIZE, metavar="SIZE", help="split the exported weights into safetensors "
                                         "shards of at most SIZE with an index file, as transformers does")
 
     def __post_init__(self) -> None:
         read_fields(self)
         _check_size(self, "max_shard_size", keep=True)
+        if self.dir is None and self.max_shard_size != OUTPUT_SHARD_SIZE:
+            raise SettingError("output.max_shard_size", "shards the export: needs --output DIR")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -323,6 +332,10 @@ class LoraSection:
             raise SettingError("lora.dropout", f"must be in [0, 1), got {self.dropout}")
         if isinstance(self.target_modules, str) and self.target_modules != "auto":
             self.target_modules = tuple(m.strip() for m in self.target_modules.split(",") if m.strip())
+        if self.rank is None:  # an adapter's settings without an adapter would change nothing
+            given = [f.name for f in dataclasses.fields(self) if f.name != "rank" and getattr(self, f.name) != f.default]
+            if given:
+                raise SettingError(f"lora.{given[0]}", "a setting of a LoRA adapter: give --lora R too")
 
 
 class SectionedJob:

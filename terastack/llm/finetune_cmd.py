@@ -89,6 +89,7 @@ class OffloadedEngine:
               f"training state {format_bytes(state)}) on {start.data.info['source']}; "
               f"device budget {format_bytes(trainer.plan.device_budget)}, host budget "
               f"{format_bytes(trainer.plan.host_budget)}; store {trainer.run_dir}", file=self.log)
+        print(family_check_line(trainer, resumed=start.snapshot is not None), file=self.log)
         if self.show_plan:
             print(trainer.describe_plan(), file=self.log)
         else:
@@ -98,6 +99,21 @@ class OffloadedEngine:
 
     def result(self, start, trainer, done) -> dict:
         return {"plan": trainer.plan.summary(), "usage": trainer.usage()}
+
+
+def family_check_line(trainer, *, resumed: bool) -> str:
+    """Whether the check of the model's family ran before training, and what it found ([Note: the family
+    check] in terastack.llm.engine.family_check; a family that fails it stops the run before this line)."""
+    report, setting, family = trainer.family_check, trainer.config.check_family, trainer.family
+    if report is not None:
+        return (f"family check: passed: {family}'s streamed units equal its own modules on a probe batch "
+                f"({report.unit_calls} unit calls, {report.tensors} tensors compared; largest relative difference "
+                f"{report.worst:.1e}, in {report.worst_tensor or '-'}; {report.seconds:.1f} s)")
+    if resumed:
+        return "family check: not run again (a resumed run was checked when it started)"
+    if setting == "never":
+        return "family check: not run (--check-family never)"
+    return f"family check: not needed: the tests verify {family} models (--check-family always runs it)"
 
 
 def run(args: argparse.Namespace) -> int:

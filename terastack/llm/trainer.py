@@ -47,6 +47,7 @@ from terastack.llm.trainer_checkpoints import TrainerCheckpoints
 from terastack.llm.engine.family_check import check_family, needs_check
 from terastack.llm.engine.streamed_units import install_units
 from terastack.plan.accumulation_specs import accumulation_spec
+from terastack.errors import Notice
 from terastack.tiers import TieredStore
 from terastack.training.engine_protocol import StepCount, StepStats
 
@@ -91,7 +92,7 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
         if self.family not in TESTED_FAMILIES:
             warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
                           f"({', '.join(TESTED_FAMILIES)}); units were found generically and are checked against "
-                          "the model's own before the first step (check_family)", stacklevel=3)
+                          "the model's own before the first step (check_family)", Notice, stacklevel=3)
         self.progress = StepCount()
         self.history: list[StepStats] = []
         self._closed = False

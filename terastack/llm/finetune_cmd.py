@@ -84,7 +84,7 @@ class OffloadedEngine:
                 self.scratch.close()
 
     def announce(self, start, trainer) -> None:
-        state = trainer.profile.state_bytes(trainer.runtime.format) + trainer.profile.trainable_params * 4
+        state = trainer.profile.state_bytes(trainer.runtime.format)   # as terastack plan llm counts it
         print(f"{COMMAND}: {start.model.name} ({trainer.profile.total_params / 1e6:.1f}M parameters, "
               f"training state {format_bytes(state)}) on {start.data.info['source']}; "
               f"device budget {format_bytes(trainer.plan.device_budget)}, host budget "
@@ -98,7 +98,14 @@ class OffloadedEngine:
                   f"({p.tokens_per_s:.0f} tokens/s); --show-plan for the placement", file=self.log)
 
     def result(self, start, trainer, done) -> dict:
-        return {"plan": trainer.plan.summary(), "usage": trainer.usage()}
+        """The plan, the ledgers' use, and the step as measured beside the step the plan predicted: the mean of
+        this run's steps after the first (which warms caches and allocators), or its one step."""
+        steps = [h.seconds for h in trainer.history[-len(done.losses):]] if done.losses else []
+        measured = steps[1:] or steps
+        return {"plan": trainer.plan.summary(), "usage": trainer.usage(),
+                "predicted_step_s": trainer.plan.prediction.step_s,
+                "measured_step_s": sum(measured) / len(measured) if measured else None,
+                "measured_steps": len(measured)}
 
 
 def family_check_line(trainer, *, resumed: bool) -> str:

@@ -143,14 +143,14 @@ class StepTimeModel:
             exposed += weights * 2 * micro / read_bw
         io_slowdown = 0.0
         if gpu:
-            pipes = {"compute": compute, "device link": link, "SSD": ssd, "CPU optimizer": optimizer}
+            pipes = {"compute": compute, "device link": link, "SSD": ssd, f"CPU {self.format.title}": optimizer}
         else:
             cpu = compute + optimizer + host_copy
             k, gigabytes = hw.cpu_io_slowdown_per_gbps, (read + write) / 1e9
             if k > 0 and gigabytes > 0:
                 slowed = (cpu + math.sqrt(cpu * cpu + 4 * k * compute * gigabytes)) / 2
                 io_slowdown, cpu = slowed - cpu, slowed
-            pipes = {"CPU (compute + AdamW + host copies)": cpu + state_waits_s, "SSD": ssd}
+            pipes = {f"CPU (compute + {self.format.title} + host copies)": cpu + state_waits_s, "SSD": ssd}
         bottleneck = max(pipes, key=pipes.get)
         step = pipes[bottleneck] + exposed
         exposed += state_waits_s

@@ -353,6 +353,12 @@ def summary_lines(result: dict) -> list[str]:
                      f"SSD {format_bytes(result['ssd_read_bytes_per_step'])} read + "
                      f"{format_bytes(result['ssd_write_bytes_per_step'])} written per step; "
                      f"peak RSS +{format_bytes(result['peak_rss_bytes'])}")
+    measured, predicted = result.get("measured_step_s"), result.get("predicted_step_s")
+    if measured and predicted:   # an engine that plans its step says how the plan did
+        what = f"mean of {result['measured_steps']} steps after the first" if result["measured_steps"] > 1 \
+            else "one step"
+        lines.append(f"step {measured:.3f} s measured ({what}), {predicted:.3f} s predicted by the plan "
+                     f"({measured / predicted - 1:+.0%})")
     evals = result["evaluations"]
     if evals:
         lines.append(f"validation loss {evals[0]['val_loss']:.4f} -> {evals[-1]['val_loss']:.4f} (perplexity "

@@ -170,3 +170,14 @@ def test_plan_llm_plans_the_job_finetune_would_run(tmp_path, capsys):
     # the job's defaults, not a planner's own: batch 4 x 128 unless the job says otherwise
     code, r = _json(capsys, ["plan", "llm", "--model", "tiny-llama", "--hardware", str(hw), "--json"])
     assert code == 0 and (r["batch"], r["seq_len"]) == (4, 128)
+
+
+@pytest.mark.parametrize("fmt, state, update", [("adamw", "AdamW moments", "AdamW"),
+                                                ("adamw8bit", "8-bit AdamW moments", "8-bit AdamW"),
+                                                ("adafactor", "Adafactor's factored second moments", "Adafactor")])
+def test_a_plan_names_the_optimizer_state_it_plans(capsys, fmt, state, update):
+    assert main(["plan", "llm", "--model", "tiny-llama", "--optimizer", fmt, "--hardware", "a100-server"]) == 0
+    out = capsys.readouterr().out
+    assert f"fp32 masters + {state}: " in out and f"| CPU {update} " in out, out
+    if fmt != "adamw":
+        assert "AdamW moments" not in out.replace(state, "") and "CPU AdamW " not in out

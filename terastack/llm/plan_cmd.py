@@ -32,6 +32,7 @@ import copy
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from terastack.units import format_bytes, parse_bytes
 
@@ -153,7 +154,7 @@ class PlanQuestion:
     planning the job finetune would run]); two jobs with equal questions get the same plan."""
 
     model: str
-    hf_config: object           # the model's config, RoPE scaling applied
+    source: str                 # the model's own description (model_source), RoPE scaling beside it
     model_dir: str | None
     config: object              # the job's TrainerConfig, with what the engine decides where the job does not
     device: str                 # where the units compute: "cpu" or "cuda"
@@ -173,8 +174,29 @@ class PlanQuestion:
 
     def profile_key(self) -> tuple:
         c = self.config
-        return (self.model, self.hf_config.to_json_string(), c.batch_size, c.seq_len,
-                self.dtype, repr(self.lora), self.vocab_slice, bool(c.packed))
+        return (self.model, self.source, c.batch_size, c.seq_len, self.dtype, repr(self.lora), self.vocab_slice,
+                bool(c.packed))
+
+
+def model_source(job) -> tuple[str, str | None]:
+    """(what describes the job's model, its directory or None), read without building its config: a built-in
+    model's fields, or a local model's config.json; a Hub id (or anything else) as transformers reads it. The
+    job's RoPE scaling goes beside it."""
+    import os
+
+    from terastack.training.job_runner import resolve_job_model
+    from terastack.training.model_registry import DEFAULT_MODEL, MODELS
+
+    name = job.model.path or DEFAULT_MODEL
+    scaling = f" | rope {job.model.rope_scaling}" if job.model.rope_scaling else ""
+    config = os.path.join(name, "config.json") if os.path.isdir(name) else name if name.endswith(".json") else None
+    if config is not None and os.path.isfile(config):
+        with open(config) as f:
+            return f.read() + scaling, (name if os.path.isdir(name) else None)
+    if name in MODELS and not os.path.exists(name):
+        return json.dumps(MODELS[name], sort_keys=True) + scaling, None
+    model = resolve_job_model(job)   # a Hub id, or the error of a model that is not there
+    return model.hf_config.to_json_string() + scaling, model.model_dir
 
 
 def question(job, hw, *, here: bool, time_units: bool = False, recalibrate: bool = False) -> PlanQuestion:
@@ -188,8 +210,8 @@ def question(job, hw, *, here: bool, time_units: bool = False, recalibrate: bool
     from terastack.llm.vocab_slices import slice_bound
     from terastack.training.job_runner import resolve_job_model
 
-    model = resolve_job_model(job)
-    config = TrainerConfig(job, **builtin_model_budget(job, model.hf_config))
+    source, model_dir = model_source(job)
+    config = TrainerConfig(job, **builtin_model_budget(job, lambda: resolve_job_model(job).hf_config))
     if config.device == "auto":
         device = "cuda" if hw.has_gpu else "cpu"
     elif config.device.startswith("cuda") and not hw.has_gpu:
@@ -203,15 +225,15 @@ def question(job, hw, *, here: bool, time_units: bool = False, recalibrate: bool
     if lora is not None:
         import dataclasses
 
-        lora = dataclasses.replace(lora, base_format=resolve_base_format(lora.base_format, model.model_dir))
+        lora = dataclasses.replace(lora, base_format=resolve_base_format(lora.base_format, model_dir))
     dtype = resolve_dtype(config.dtype, torch.device(device))
     plan_budgets = (("memory", config.memory_budget) if config.memory_budget is not None
                     else budgets(config, torch.device(device), hw))
     times = ("flops" if not config.calibrate or not here else "recalibrate" if recalibrate
              else "time-missing" if time_units else "kept")
     disk = free_on(job.store.dirs.split(",")) if job.store.dirs and here and hw.disk_bytes else hw.disk_bytes
-    return PlanQuestion(model=model.name, hf_config=model.hf_config, model_dir=model.model_dir,
-                        config=config, device=device, dtype=str(dtype).removeprefix("torch."), lora=lora,
+    return PlanQuestion(model=job.model.path or "tiny-llama", source=source, model_dir=model_dir, config=config,
+                        device=device, dtype=str(dtype).removeprefix("torch."), lora=lora,
                         vocab_slice=slice_bound(config.vocab_slice, config.optimizer), budgets=plan_budgets,
                         inline_updates=(device != "cuda" if config.inline_updates is None
                                         else bool(config.inline_updates)),
@@ -220,28 +242,72 @@ def question(job, hw, *, here: bool, time_units: bool = False, recalibrate: bool
 
 #: profiles made this process: PlanQuestion.profile_key() and the unit times asked for -> profile
 _PROFILES: dict = {}
+#: the modules whose code makes a profile: a kept profile is one of the code that reads it
+_PROFILE_CODE = ("terastack.llm.engine.profile", "terastack.llm.engine.meta_kernels", "terastack.llm.engine.causal_loss",
+                 "terastack.llm.model", "terastack.llm.vocab_slices", "terastack.llm.lora", "terastack.plan.llm_profile",
+                 "terastack.plan.base_formats", "terastack.training.hf.model_files")
+
+
+def profile_cache_file(q: PlanQuestion, times_mtime) -> Path:
+    """[Note: kept profiles]
+    Profiling a model means importing transformers' model code and building its skeleton: seconds, where the
+    plan itself takes one. So ``plan llm`` keeps each profile it makes beside the machine's probe, under a key
+    of everything the profile depends on -- the question's model, batch, dtype, adapter, vocabulary slices and
+    packing, the versions of torch and transformers, the source of the modules that make a profile, and the
+    unit times file it read -- and the same question asked again reads it (the same answer, without the
+    imports). A plan that times units makes its profile afresh."""
+    import hashlib
+    import importlib.util
+    from importlib.metadata import version
+
+    from terastack.plan.hardware import probe_cache_path
+
+    digest = hashlib.sha256(repr((q.profile_key(), q.unit_times, times_mtime, version("torch"),
+                                  version("transformers"), PROFILE_FORMAT)).encode())
+    for module in _PROFILE_CODE:
+        digest.update(Path(importlib.util.find_spec(module).origin).read_bytes())
+    return probe_cache_path().with_name("profiles") / f"{digest.hexdigest()[:32]}.json"
+
+
+#: the kept profiles' format (a change makes every kept profile a miss)
+PROFILE_FORMAT = 2
 
 
 def profile_of(q: PlanQuestion):
-    """The job's model profiled at the job's batch (meta tensors; kept for the process: ``--largest`` and the
-    bench plan one model many times), with the unit times the question asks for."""
+    """The job's model profiled at the job's batch (meta tensors; kept for the process and beside the probe:
+    [Note: kept profiles]), with the unit times the question asks for."""
     import torch
 
+    from terastack.atomic import atomic_write_bytes
     from terastack.dtypes import COMPUTE_DTYPES, to_dtype
     from terastack.llm.engine.profile import profile_config, unit_times_path
+    from terastack.plan.llm_profile import ModelProfile
+    from terastack.training.job_runner import resolve_job_model
 
     times = unit_times_path()
     calibrate = q.unit_times != "flops"
-    key = (q.profile_key(), q.unit_times, times.stat().st_mtime_ns if calibrate and times.exists() else None)
-    profile = None if q.unit_times in ("time-missing", "recalibrate") else _PROFILES.get(key)
+    timing = q.unit_times in ("time-missing", "recalibrate")
+    mtime = times.stat().st_mtime_ns if calibrate and times.exists() else None
+    key = (q.profile_key(), q.unit_times, mtime)
+    profile = None if timing else _PROFILES.get(key)
+    kept = None if timing else profile_cache_file(q, mtime)
+    if profile is None and kept is not None and kept.is_file():
+        try:
+            profile = ModelProfile.from_dict(json.loads(kept.read_text()))
+        except (OSError, ValueError, TypeError):
+            profile = None   # a damaged file is made again
     if profile is None:
-        profile = profile_config(q.hf_config, batch=q.config.batch_size, seq_len=q.config.seq_len,
-                                 dtype=to_dtype(q.dtype, allowed=COMPUTE_DTYPES), name=q.model, lora=q.lora,
-                                 calibrate=calibrate, device=torch.device(q.device), times_file=times,
-                                 recalibrate=q.unit_times == "recalibrate", vocab_slice=q.config.vocab_slice,
-                                 optimizer=q.config.optimizer, packed=bool(q.config.packed),
-                                 time_missing=q.unit_times in ("time-missing", "recalibrate"))
-        _PROFILES[key] = profile
+        profile = profile_config(resolve_job_model(q.config.job).hf_config, batch=q.config.batch_size,
+                                 seq_len=q.config.seq_len, dtype=to_dtype(q.dtype, allowed=COMPUTE_DTYPES),
+                                 name=q.model, lora=q.lora, calibrate=calibrate, device=torch.device(q.device),
+                                 times_file=times, recalibrate=q.unit_times == "recalibrate",
+                                 vocab_slice=q.config.vocab_slice, optimizer=q.config.optimizer,
+                                 packed=bool(q.config.packed), time_missing=timing)
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            # in the profile's own order: the planner reads its tensors in that order (ties go to the first)
+            atomic_write_bytes(kept, json.dumps(profile.to_dict()).encode())
+    _PROFILES[key] = profile
     return copy.deepcopy(profile)  # callers may change theirs
 
 

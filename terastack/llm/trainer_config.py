@@ -73,15 +73,15 @@ class LoraSpec:
 
 def builtin_model_budget(job: JobConfig, hf_config) -> dict:
     """What the offloaded engine decides where ``job`` leaves it unset, beyond the machine's "auto" budgets: the
-    built-in model (no ``model.path``; ``hf_config``, its config) gets a host budget of a quarter of its training
-    state (16 bytes a parameter), so that most of it lives on the SSD, as it will for a model the memory cannot
-    hold. ``{"host_budget": bytes}``, or {} where the job gives a budget or a model. ``terastack finetune`` and
-    ``terastack plan llm`` both take it from here."""
+    built-in model (no ``model.path``; ``hf_config``, its config, or a function giving it: read only here) gets a
+    host budget of a quarter of its training state (16 bytes a parameter), so that most of it lives on the SSD, as
+    it will for a model the memory cannot hold. ``{"host_budget": bytes}``, or {} where the job gives a budget or
+    a model. ``terastack finetune`` and ``terastack plan llm`` both take it from here."""
     if job.model.path is None and job.store.host_budget is None and job.store.memory_budget is None:
         from terastack.training.hf.model_files import build_skeleton
 
-        parameters = sum(p.numel() for p in build_skeleton(hf_config).parameters())
-        return {"host_budget": max(4 << 20, parameters * 16 // 4)}
+        skeleton = build_skeleton(hf_config() if callable(hf_config) else hf_config)
+        return {"host_budget": max(4 << 20, sum(p.numel() for p in skeleton.parameters()) * 16 // 4)}
     return {}
 
 

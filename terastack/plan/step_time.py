@@ -116,7 +116,8 @@ class StepTimeModel:
         link = host_copy = 0.0
         # weights that come in for every forward and backward (not those resting on the device)
         weights = self._memo(profile, None, ("frozen on the device", depth + 1), lambda: self._frozen_on_device(
-            profile, depth + 1))[2] if homes.frozen_on_device else sum(map(profile.moved_weight_bytes, profile.units))
+            profile, depth + 1))[2] if homes.frozen_on_device else self._memo(
+            profile, None, "moved weights", lambda: sum(map(profile.moved_weight_bytes, profile.units)))
         if gpu:
             h2d = (2 * weights + split.host_acts + split.ssd_acts) * micro
             d2h = (trainable * cb + split.host_acts + split.ssd_acts) * micro

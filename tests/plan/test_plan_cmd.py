@@ -181,3 +181,26 @@ def test_a_plan_names_the_optimizer_state_it_plans(capsys, fmt, state, update):
     assert f"fp32 masters + {state}: " in out and f"| CPU {update} " in out, out
     if fmt != "adamw":
         assert "AdamW moments" not in out.replace(state, "") and "CPU AdamW " not in out
+
+
+def test_a_kept_profile_answers_the_same_question_without_profiling_again(capsys, monkeypatch):
+    """[Note: kept profiles]: the second process asking the same question reads the profile the first kept (no
+    model code imported, no skeleton built) and gets the same plan; another question is profiled."""
+    from terastack.llm import plan_cmd
+    from terastack.llm.engine import profile
+
+    argv = ["plan", "llm", "--model", "tiny-llama", "--hardware", "rtx4090-workstation", "--json"]
+    monkeypatch.setattr(plan_cmd, "_PROFILES", {})
+    code, first = _json(capsys, argv)
+    fresh = next(iter(plan_cmd._PROFILES.values()))
+    (kept,) = profile.unit_times_path().parent.glob("profiles/*.json")
+    # in the profile's own order: the planner reads tensors in order, and ties go to the first
+    assert code == 0 and list(json.loads(kept.read_text())["tensor_numel"]) == list(fresh.tensor_numel)
+    monkeypatch.setattr(plan_cmd, "_PROFILES", {})   # a new process
+    made = []
+    real = profile.profile_config
+    monkeypatch.setattr(profile, "profile_config", lambda *a, **k: made.append(1) or real(*a, **k))
+    code, again = _json(capsys, argv)
+    assert code == 0 and again == first and made == []
+    code, other = _json(capsys, [*argv, "--batch-size", "2"])
+    assert code == 0 and made == [1] and other["batch"] == 2

@@ -137,3 +137,14 @@ def test_the_profile_counts_the_same_whether_unit_outputs_are_allocated_or_broad
 
     allocated, broadcast = units(1 << 30), units(0)
     assert allocated == broadcast and all(boundary > 0 for _, boundary, *_ in allocated[1:])
+
+
+@pytest.mark.parametrize("command", [["finetune"], ["plan", "llm"]])
+@pytest.mark.parametrize("flag, value", [("--seq-len", "0"), ("--batch-size", "0"), ("--seq-len", "-5"),
+                                         ("--lora", "0")])
+def test_a_bad_shape_or_rank_is_one_line_naming_its_flag(command, flag, value, capsys):
+    """Both commands read the same job: a bad value is refused by its flag before anything is built (plan llm
+    once raised an IndexError, torch's errors, or planned --lora 0 as a full fine-tune)."""
+    assert main([*command, flag, value]) == 2
+    line = _one_line(capsys)
+    assert f"SettingError: {flag}: must be >= 1, got {value}" in line, line

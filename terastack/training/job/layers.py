@@ -243,9 +243,10 @@ def other_engine_note(job: JobConfig, section: str, *, command: str) -> str | No
     takes no flag for them, and names the ones the job gives in one note line rather than refusing the file:
     they are not lost without a word, and the same file still runs on their engine. None when the job gives
     none of ``section``'s settings."""
-    cls = SECTIONS[section]
+    cls = sections_of(type(job))[section]
     values, default = getattr(job, section), cls()   # defaults as read (a size as bytes)
-    given = [f"{section}.{f.name}" for f in dataclasses.fields(cls) if getattr(values, f.name) != getattr(default, f.name)]
+    given = [f"{section}.{f.name}" for f in dataclasses.fields(cls)
+             if getattr(values, f.name) != getattr(default, f.name)]
     if not given:
         return None
     kind = "settings" if len(given) > 1 else "a setting"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+from contextlib import contextmanager
 
 from terastack.commands import Command, add_subcommands, missing_extra
 
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     args._argv = list(argv)  # the words as given: a command that stops early can say how to go on
     try:
-        return int(module.run(args) or 0)
+        with one_line_notices(f"terastack {args.command}"):
+            return int(module.run(args) or 0)
     except ModuleNotFoundError as exc:
         # An optional package the command reached for at run time: say which install brings it.
         line = missing_extra(exc, getattr(args, "_command", None))
@@ -63,12 +66,34 @@ def main(argv: list[str] | None = None) -> int:
         # a command that knows where it stood says so itself and returns 130 (terastack finetune)
         print(f"terastack {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, MemoryError, RuntimeError) as exc:
-        # Bad input and resource errors are reported as one clear line, not a traceback.
+    except (ValueError, OSError, MemoryError, RuntimeError, ImportError) as exc:
+        # Bad input and resource errors are reported as one clear line, not a traceback; so is a library a chosen
+        # setting needs and lacks (terastack.plan.lowbit_library names the setting and the install).
         if getattr(args, "debug", False):
             raise
         print(f"terastack {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+
+
+@contextmanager
+def one_line_notices(prefix: str):
+    """terastack's notices (:class:`terastack.errors.Notice`) as one line each, ``prefix: note: ...``; other
+    warnings as Python shows them."""
+    from terastack.errors import Notice
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, Notice):
+            print(f"{prefix}: note: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

@@ -21,3 +21,8 @@ class BudgetError(MemoryError):
             f"{budget} budget exceeded{subject}: needs {format_bytes(needed)}, "
             f"{format_bytes(available)} free of {format_bytes(limit)} "
             f"(short by {format_bytes(self.shortfall)})")
+
+
+class Notice(UserWarning):
+    """Something the user should know that is not an error (a model family the tests do not verify): a warning to
+    a library's caller, one line on the command line (``terastack.cli`` shows it without a source line)."""

@@ -26,7 +26,7 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
                         "roles); flags given on the command line win over the file")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="settings that win over the file and the flags, e.g. lr=1e-5 disdp.workers=3")
-    add_job_arguments(p)
+    add_job_arguments(p, skip=("offload",))   # the offloaded engine's own knobs (terastack finetune)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -137,10 +137,13 @@ def run_job(args: argparse.Namespace) -> int:
     """``dist train``: the job of the file, flags and overrides; launched here, or one rank under torchrun."""
     from terastack.disdp.job_run import check_job, launch_job, run_torchrun_rank
     from terastack.training.interrupt import INTERRUPTED_EXIT, JobInterrupted
-    from terastack.training.job import job_flags, resolve_job
+    from terastack.training.job import job_flags, other_engine_note, resolve_job
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     check_job(job)
+    note = other_engine_note(job, "offload", command="terastack dist train")  # [Note: settings of the other engine]
+    if note and os.environ.get("RANK", "0") == "0":   # said once, not by every rank torchrun starts
+        print(note, file=sys.stderr)
     if _under_torchrun():   # one rank of a job torchrun started, on this node or several
         from terastack.process_end import end_without_teardown
 

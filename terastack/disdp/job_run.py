@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from terastack import trace
 from terastack.atomic import atomic_write_json
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.comm import Comm, backend_for, join_process_group
@@ -79,9 +80,33 @@ def roles_of(job) -> RoleMap:
     return RoleMap(workers=d.workers, servers=d.servers, aggregator=d.aggregator, agents=d.agents)
 
 
+#: job settings the disaggregated engine does not serve, each refused by name when a job gives it (a value other
+#: than its default); the offloaded engine's section (offload.*) is named in a note instead: a job file runs on
+#: either engine ([Note: settings of the other engine] in terastack.training.job.layers)
+NOT_SERVED = {
+    "training.optimizer": "the parameter servers keep AdamW's fp32 moments (adamw8bit and adafactor: terastack "
+                          "finetune)",
+    "schedule.optimizer": "when updates run is the offloaded engine's schedule; the servers update after the "
+                          "gradients of a bucket arrive",
+    "schedule.active_offload": "the offloaded engine's schedule; the servers update as the gradients arrive",
+    "schedule.activation_policy": "the workers keep their activations (no swap or recompute policy)",
+    "schedule.accumulation": "the workers run micro-batches one after another",
+    "store.device_budget": "the workers hold their layers as the schedule fetches them (no device budget)",
+    "store.memory_budget": "give store.host_budget for the servers' store (with disdp.state=ssd)",
+    "store.dtype": "the ranks compute in float32",
+}
+
+
 def check_job(job) -> None:
     """What the disaggregated engine refuses up front (before any rank starts)."""
-    from terastack.training.job import SettingError
+    from terastack.training.job import SECTIONS, SettingError
+
+    for path, reason in NOT_SERVED.items():
+        section, name = path.split(".")
+        if job.get(path) != getattr(SECTIONS[section](), name):   # the default as read
+            raise SettingError(path, f"not served by terastack dist train: {reason}")
+    if job.store.host_budget is not None and job.disdp.state != "ssd":
+        raise SettingError("store.host_budget", "bounds the servers' store, which only disdp.state=ssd has")
 
     if job.lora.rank is not None:
         raise SettingError("lora.rank", "the disaggregated engine trains every parameter; LoRA adapters are "
@@ -163,6 +188,8 @@ def run_rank(job) -> int:
     """One rank of the job: rank 0 drives, the others follow; every rank leaves together. A communication error
     is checked against the ranks' heartbeats: lost ranks raise :class:`NodeLost` ([Note: a lost node])."""
     me, control = join_job(job)
+    if job.disdp.trace_dir:
+        trace.tracer.start()
     try:
         if me.rank == 0:
             try:
@@ -183,6 +210,9 @@ def run_rank(job) -> int:
             finally:
                 if hasattr(part, "close"):
                     part.close()
+        if job.disdp.trace_dir:   # one Chrome trace per rank, as terastack dist demo writes them
+            trace.tracer.stop()
+            trace.tracer.save(Path(job.disdp.trace_dir) / f"rank-{me.rank}-{me.role.value}{me.index}.json")
         dist.monitored_barrier(group=control.group, timeout=datetime.timedelta(seconds=job.disdp.timeout_s),
                                wait_all_ranks=True)
     except (RuntimeError, TimeoutError, ConnectionError) as exc:

@@ -52,15 +52,11 @@ class OffloadedEngine:
         """The trainer's view of the job, with what this command decides where the job leaves it unset: the
         built-in model's host budget (a quarter of its training state: most of it on the SSD) and a scratch
         store removed at the end."""
-        from terastack.llm.trainer_config import TrainerConfig
+        from terastack.llm.trainer_config import TrainerConfig, builtin_model_budget
         from terastack.training.scratch_store import ScratchStore
 
-        job, given = self.job, {}
-        if job.model.path is None and job.store.host_budget is None and job.store.memory_budget is None:
-            from terastack.training.hf.model_files import build_skeleton
-
-            n = sum(p.numel() for p in build_skeleton(start.model.hf_config).parameters())
-            given["host_budget"] = max(4 << 20, n * 16 // 4)
+        job = self.job
+        given = builtin_model_budget(job, start.model.hf_config)
         if job.store.dirs is None:  # [Note: a scratch store's owner]: stale ones of dead jobs go first
             self.scratch = ScratchStore(prefix="terastack-finetune-", log=self.log)
             given["store_dir"] = str(self.scratch.open())
@@ -88,11 +84,12 @@ class OffloadedEngine:
                 self.scratch.close()
 
     def announce(self, start, trainer) -> None:
-        state = trainer.profile.state_bytes(trainer.runtime.format) + trainer.profile.trainable_params * 4
+        state = trainer.profile.state_bytes(trainer.runtime.format)   # as terastack plan llm counts it
         print(f"{COMMAND}: {start.model.name} ({trainer.profile.total_params / 1e6:.1f}M parameters, "
               f"training state {format_bytes(state)}) on {start.data.info['source']}; "
               f"device budget {format_bytes(trainer.plan.device_budget)}, host budget "
               f"{format_bytes(trainer.plan.host_budget)}; store {trainer.run_dir}", file=self.log)
+        print(family_check_line(trainer, resumed=start.snapshot is not None), file=self.log)
         if self.show_plan:
             print(trainer.describe_plan(), file=self.log)
         else:
@@ -101,17 +98,46 @@ class OffloadedEngine:
                   f"({p.tokens_per_s:.0f} tokens/s); --show-plan for the placement", file=self.log)
 
     def result(self, start, trainer, done) -> dict:
-        return {"plan": trainer.plan.summary(), "usage": trainer.usage()}
+        """The plan, the ledgers' use, and the step as measured beside the step the plan predicted: the mean of
+        this run's steps after the first (which warms caches and allocators), or its one step."""
+        steps = [h.seconds for h in trainer.history[-len(done.losses):]] if done.losses else []
+        measured = steps[1:] or steps
+        return {"plan": trainer.plan.summary(), "usage": trainer.usage(),
+                "predicted_step_s": trainer.plan.prediction.step_s,
+                "measured_step_s": sum(measured) / len(measured) if measured else None,
+                "measured_steps": len(measured)}
+
+
+def family_check_line(trainer, *, resumed: bool) -> str:
+    """Whether the check of the model's family ran before training, and what it found ([Note: the family
+    check] in terastack.llm.engine.family_check; a family that fails it stops the run before this line)."""
+    report, setting, family = trainer.family_check, trainer.config.check_family, trainer.family
+    if report is not None:
+        return (f"family check: passed: {family}'s streamed units equal its own modules on a probe batch "
+                f"({report.unit_calls} unit calls, {report.tensors} tensors compared; largest relative difference "
+                f"{report.worst:.1e}, in {report.worst_tensor or '-'}; {report.seconds:.1f} s)")
+    if resumed:
+        return "family check: not run again (a resumed run was checked when it started)"
+    if setting == "never":
+        return "family check: not run (--check-family never)"
+    return f"family check: not needed: the tests verify {family} models (--check-family always runs it)"
 
 
 def run(args: argparse.Namespace) -> int:
     from terastack import trace
-    from terastack.training.job import job_flags, resolve_job
+    from terastack.training.job import job_flags, other_engine_note, resolve_job
     from terastack.training.interrupt import INTERRUPTED_EXIT, JobInterrupted, terminate_as_exit
     from terastack.training.job_runner import JobRunner, summary_lines
 
     job = resolve_job(file=args.config, flags=job_flags(args), overrides=args.overrides or [])
     log = sys.stderr
+    note = other_engine_note(job, "disdp", command=COMMAND)  # [Note: settings of the other engine]
+    if note:
+        print(note, file=log)
+    if args.trace:  # written at the end: refused now if it could not be ([Note: room to write])
+        from terastack.disk_room import check_writable
+
+        check_writable(args.trace, what="--trace")
     runner = JobRunner(job, OffloadedEngine(job, show_plan=args.show_plan, log=log), log=log, loop_log=log,
                        argv=getattr(args, "_argv", None))
     if args.trace:

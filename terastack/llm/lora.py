@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -209,7 +210,13 @@ def apply_lora(model, spec: LoraSpec, *, base_path: str | None = None):
     for name, p in model.named_parameters(remove_duplicate=False):
         unwrapped.setdefault(id(p), name)
     try:
-        peft_model = get_peft_model(model, LoraConfig(**kwargs))
+        with warnings.catch_warnings():
+            # peft's PeftModel reads transformers' is_gradient_checkpointing, which transformers 5 deprecates for
+            # is_activation_checkpointing: a FutureWarning on every LoRA run about code neither terastack's nor the
+            # user's (and terastack never checkpoints activations through transformers)
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            peft_model = get_peft_model(model, LoraConfig(**kwargs))
     except ValueError as exc:
         raise ValueError(f"lora: {exc}") from None
     peft_model.train()

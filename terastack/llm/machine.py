@@ -55,20 +55,30 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return to_dtype(dtype, allowed=COMPUTE_DTYPES)
 
 
-def budgets(config, device: torch.device) -> tuple[int, int]:
-    """(device, host) budgets in bytes of a ``TrainerConfig``, "auto" resolved on this machine."""
+#: "auto" budgets: this share of the accelerator's free memory; without one, the device tier's fixed size (host
+#: memory); a quarter of the host's memory, and at least the floor
+DEVICE_SHARE, CPU_DEVICE_BUDGET, HOST_SHARE, HOST_FLOOR = 0.9, 1 << 30, 4, 256 << 20
+
+
+def budgets(config, device: torch.device, hardware=None) -> tuple[int, int]:
+    """(device, host) budgets in bytes of a ``TrainerConfig``, "auto" resolved on this machine -- or, given
+    ``hardware`` (a machine planned for: ``terastack plan llm``), on its description, its GPU's memory taken as
+    free."""
     device_budget, host_budget = config.device_budget, config.host_budget
     if device_budget == "auto":
-        if device.type == "cuda":
+        if device.type == "cuda" and hardware is not None:
+            device_budget = int(hardware.gpu_memory_bytes * DEVICE_SHARE)
+        elif device.type == "cuda":
             # blocks the allocator caches (calibration's, the skeleton's) count as used in mem_get_info
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(device)
-            device_budget = int(free * 0.9)
+            device_budget = int(free * DEVICE_SHARE)
         else:
-            device_budget = 1 << 30
+            device_budget = CPU_DEVICE_BUDGET
     if host_budget == "auto":
-        host_budget = max(256 << 20, mem_total() // 4)
+        memory = mem_total() if hardware is None else hardware.host_memory_bytes or mem_total()
+        host_budget = max(HOST_FLOOR, memory // HOST_SHARE)
     return int(device_budget), int(host_budget)
 
 
@@ -101,10 +111,10 @@ def discover_hardware(config, device: torch.device):
 
 
 def make_plan(config, profile, hardware, device: torch.device, *, inline_updates: bool, name: str,
-              accumulation: str | None = None):
-    """The planner and its plan for a ``TrainerConfig``'s budgets on this machine; a single memory budget is split
-    where the plan predicts the fastest step (terastack.plan.budget_search). ``accumulation``: the order to plan,
-    in place of the configured one."""
+              accumulation: str | None = None, described: bool = False):
+    """The planner and its plan for a ``TrainerConfig``'s budgets on this machine (``described``: on ``hardware``'s
+    description, for ``terastack plan llm``); a single memory budget is split where the plan predicts the fastest
+    step (terastack.plan.budget_search). ``accumulation``: the order to plan, in place of the configured one."""
     from terastack.llm.trainer_config import MEMORY_BUDGET_ENV
     from terastack.memory import return_freed_memory
     from terastack.plan.budget_search import plan_memory_budget
@@ -116,12 +126,13 @@ def make_plan(config, profile, hardware, device: torch.device, *, inline_updates
         return planner, planner.plan(profile, hardware)
 
     if config.memory_budget is None:
-        return plan_for(*budgets(config, device))
+        return plan_for(*budgets(config, device, hardware if described else None))
     if device.type == "cuda":
         raise ValueError("memory_budget: only without an accelerator (give device_budget and host_budget)")
-    return_freed_memory()  # [Note: a memory budget bounds resident memory] (terastack.memory)
+    if not described:
+        return_freed_memory()  # [Note: a memory budget bounds resident memory] (terastack.memory)
     missing = [k for k in MEMORY_BUDGET_ENV if k not in os.environ]
-    if missing and accumulation is None:  # said once: planning a chosen order again asks the same
+    if missing and accumulation is None and not described:  # said once: planning a chosen order again asks the same
         warnings.warn("memory_budget: for a strict bound on resident memory start the process with "
                       + " ".join(f"{k}={v}" for k, v in MEMORY_BUDGET_ENV.items()), stacklevel=4)
     return plan_memory_budget(config.planner_config(device_budget=0, host_budget=0, inline_updates=inline_updates,

@@ -10,7 +10,6 @@ machine).
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 from terastack.units import format_bytes
@@ -21,13 +20,15 @@ LADDER = ("llama-1.1b", "openllama-3b", "llama-3-8b", "llama-2-13b", "llama-3-70
 LORA_MODEL, LORA_RANK = "llama-3-70b", 16
 
 
-def _planned(plan_model, args, hw, **changes) -> tuple:
-    """(profile, plan or None, error or None): ``plan_model`` (the plan command's) of its arguments with
-    ``changes``."""
-    return plan_model(argparse.Namespace(**{**vars(args), **changes}), hw)
+def _planned(plan_model, job, args, hw, changes: dict) -> tuple:
+    """(profile, plan or None, error or None): ``plan_model`` (the plan command's) of ``job`` with ``changes``
+    (``section.field`` -> value)."""
+    from terastack.training.job import with_settings
+
+    return plan_model(with_settings(job, changes), hw, args)
 
 
-def largest_per_format(plan_model, args, hw, ladder=LADDER) -> list[dict]:
+def largest_per_format(plan_model, job, args, hw, ladder=LADDER) -> list[dict]:
     """Per optimizer format: the largest of ``ladder`` that fits (planned largest first), or None."""
     from terastack.plan.optimizer_formats import FORMATS
 
@@ -35,7 +36,8 @@ def largest_per_format(plan_model, args, hw, ladder=LADDER) -> list[dict]:
     for fmt in FORMATS:
         row = {"optimizer": fmt, "model": None, "reason": None}
         for model in reversed(ladder):
-            profile, plan, error = _planned(plan_model, args, hw, model=model, optimizer=fmt, lora=None, base_format="native")
+            profile, plan, error = _planned(plan_model, job, args, hw, {
+                "model.path": model, "training.optimizer": fmt, "lora.rank": None, "lora.base_format": "auto"})
             if row["reason"] is None and error is not None:
                 row["reason"] = f"{model}: {error}"  # why the largest does not fit
             if plan is None:
@@ -52,10 +54,11 @@ def largest_per_format(plan_model, args, hw, ladder=LADDER) -> list[dict]:
     return rows
 
 
-def nf4_lora(plan_model, args, hw, model=LORA_MODEL) -> dict:
-    """A LoRA fine-tune of ``model`` (rank ``--lora`` or :data:`LORA_RANK`) over an NF4 base: fits or not."""
-    rank = args.lora or LORA_RANK
-    profile, plan, error = _planned(plan_model, args, hw, model=model, optimizer=args.optimizer, lora=rank, base_format="nf4")
+def nf4_lora(plan_model, job, args, hw, model=LORA_MODEL) -> dict:
+    """A LoRA fine-tune of ``model`` (the job's rank, else :data:`LORA_RANK`) over an NF4 base: fits or not."""
+    rank = job.lora.rank or LORA_RANK
+    profile, plan, error = _planned(plan_model, job, args, hw, {"model.path": model, "lora.rank": rank,
+                                                               "lora.base_format": "nf4"})
     out = {"model": model, "lora_rank": rank, "base_format": "nf4", "fits": plan is not None,
            "base_bytes": sum(profile.frozen_bytes(t) for t, tr in profile.tensor_trainable.items() if not tr)}
     if plan is None:
@@ -68,18 +71,18 @@ def nf4_lora(plan_model, args, hw, model=LORA_MODEL) -> dict:
     return out
 
 
-def run_largest(plan_model, args, hw, ladder=LADDER) -> int:
-    """Print (or ``--json``) the largest model per format and the NF4 LoRA answer; ``plan_model``: the plan
-    command's planning of one model."""
-    rows = largest_per_format(plan_model, args, hw, ladder)
-    lora = nf4_lora(plan_model, args, hw, model=ladder[-1] if ladder != LADDER else LORA_MODEL)
+def run_largest(plan_model, job, args, hw, ladder=LADDER) -> int:
+    """Print (or ``--json``) the largest model per format and the NF4 LoRA answer for ``job``'s other settings
+    (its batch, budgets...); ``plan_model``: the plan command's planning of one job."""
+    rows = largest_per_format(plan_model, job, args, hw, ladder)
+    lora = nf4_lora(plan_model, job, args, hw, model=ladder[-1] if ladder != LADDER else LORA_MODEL)
     machine = hw.name + ("" if hw.measured else " (hypothetical: every figure is a prediction)")
     if args.json:
         print(json.dumps({"hardware": hw.to_dict(), "prediction": not hw.measured, "largest": rows,
                           "nf4_lora": lora, "ladder": list(ladder)}, indent=1, default=str))
         return 0
     print(f"largest full fine-tune per optimizer format on {machine}, of {', '.join(ladder)}"
-          f" (batch {args.batch_size} x {args.seq_len} tokens):")
+          f" (batch {job.training.batch_size} x {job.training.seq_len} tokens):")
     for r in rows:
         if r["model"] is None:
             print(f"  {r['optimizer']:10s} none fits ({r['reason']})")

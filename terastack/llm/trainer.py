@@ -47,6 +47,7 @@ from terastack.llm.trainer_checkpoints import TrainerCheckpoints
 from terastack.llm.engine.family_check import check_family, needs_check
 from terastack.llm.engine.streamed_units import install_units
 from terastack.plan.accumulation_specs import accumulation_spec
+from terastack.errors import Notice
 from terastack.tiers import TieredStore
 from terastack.training.engine_protocol import StepCount, StepStats
 
@@ -98,7 +99,7 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
         if self.family not in TESTED_FAMILIES:
             warnings.warn(f"{self.family} models are not among the families tested against plain PyTorch training "
                           f"({', '.join(TESTED_FAMILIES)}); units were found generically and are checked against "
-                          "the model's own before the first step (check_family)", stacklevel=3)
+                          "the model's own before the first step (check_family)", Notice, stacklevel=3)
         self.progress = StepCount()
         self.history: list[StepStats] = []
         self._closed = False
@@ -132,7 +133,17 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
                        compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
                        times_file=unit_times_path() if config.calibrate else None)
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
-                                     seq_len=config.seq_len, name=self.name, calibrate=config.calibrate, **measure)
+                                     seq_len=config.seq_len, name=self.name, **measure)
+        if config.calibrate:
+            # [Note: the batch is priced] (terastack.plan.llm_profile): calibration runs units at the batch's
+            # shape, so a plan without their times comes first (whether it fits needs none; a machine known only
+            # by its calibrated units has no FLOP rate, and any rate stands in): a batch the budgets cannot hold
+            # is refused before anything of its size exists
+            hw = self.hardware
+            make_plan(config, self.profile, hw if hw.compute_flops > 0 else hw.with_overrides(cpu_flops=1e9),
+                      self.device, inline_updates=self.inline_updates, name=self.name)
+            self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
+                                         seq_len=config.seq_len, name=self.name, calibrate=True, **measure)
         self.planner, self.plan = self._make_plan()
         width = accumulation_spec(self.plan.accumulation).group(config.grad_accum)
         if config.calibrate and width > 1:

@@ -23,7 +23,7 @@ from terastack.configfile import read_toml_table
 from terastack.training.job import FLAT, SECTIONS, JobConfig, LoraSection, SettingError, resolve_job, with_settings
 from terastack.training.job.legacy import OLD_TRAINER_KEYS, old_trainer_key
 
-__all__ = ["MEMORY_BUDGET_ENV", "LoraSpec", "TrainerConfig"]
+__all__ = ["MEMORY_BUDGET_ENV", "LoraSpec", "TrainerConfig", "builtin_model_budget"]
 #: glibc settings for a memory budget, best in the environment at process start (the bench's small-budget run
 #: starts its process with them); see [Note: a memory budget bounds resident memory] (terastack.memory)
 MEMORY_BUDGET_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
@@ -69,6 +69,20 @@ class LoraSpec:
         return {"lora.rank": self.r, "lora.alpha": self.alpha, "lora.dropout": self.dropout,
                 "lora.target_modules": self.target_modules, "lora.init_from": self.init_from,
                 "lora.base_format": self.base_format}
+
+
+def builtin_model_budget(job: JobConfig, hf_config) -> dict:
+    """What the offloaded engine decides where ``job`` leaves it unset, beyond the machine's "auto" budgets: the
+    built-in model (no ``model.path``; ``hf_config``, its config, or a function giving it: read only here) gets a
+    host budget of a quarter of its training state (16 bytes a parameter), so that most of it lives on the SSD, as
+    it will for a model the memory cannot hold. ``{"host_budget": bytes}``, or {} where the job gives a budget or
+    a model. ``terastack finetune`` and ``terastack plan llm`` both take it from here."""
+    if job.model.path is None and job.store.host_budget is None and job.store.memory_budget is None:
+        from terastack.training.hf.model_files import build_skeleton
+
+        skeleton = build_skeleton(hf_config() if callable(hf_config) else hf_config)
+        return {"host_budget": max(4 << 20, sum(p.numel() for p in skeleton.parameters()) * 16 // 4)}
+    return {}
 
 
 #: ``section.field`` -> its flat name

@@ -189,7 +189,8 @@ class LLMPlan:
             lines.append(f"  {pol:9s} {span}")
         placed = self.placement_bytes(profile)
         lines.append(f"training state {format_bytes(sum(placed.values()))}:")
-        lines.append(f"  fp32 masters + AdamW moments: {_where(placed, 'state')}")
+        fmt = optimizer_format(self.optimizer)
+        lines.append(f"  fp32 masters + {fmt.state_words}: {_where(placed, 'state')}")
         if self.compute_home:
             rest = (f"; the frozen base's {len(profile.frozen_rest)} NF4 weights "
                     f"{sum(profile.frozen_rest.values()) / sum(profile.tensor_numel[t] for t in profile.frozen_rest):.3g}"
@@ -215,7 +216,7 @@ class LLMPlan:
         lines.append(f"{label} step {p.step_s:.3f} s, {p.tokens_per_s:.1f} tokens/s, bottleneck: {p.bottleneck}")
         lines.append(f"  compute {p.compute_s:.3f} s | device link {p.device_link_s:.3f} s | SSD {p.ssd_s:.3f} s "
                      f"({format_bytes(p.ssd_read_bytes)} read, {format_bytes(p.ssd_write_bytes)} written) | "
-                     f"CPU AdamW {p.optimizer_s:.3f} s | host copies {p.host_copy_s:.3f} s | "
+                     f"CPU {fmt.title} {p.optimizer_s:.3f} s | host copies {p.host_copy_s:.3f} s | "
                      f"compute slowed by SSD traffic {p.io_slowdown_s:.3f} s | not overlapped {p.exposed_s:.3f} s")
         lines.append(f"  device peak {format_bytes(p.device_peak_bytes + p.transient_bytes)} of "
                      f"{format_bytes(self.device_budget)}; host peak {format_bytes(p.host_peak_bytes)} of "

@@ -48,7 +48,7 @@ from terastack.plan.accumulation_specs import AUTO as AUTO_ACCUMULATION, Accumul
 from terastack.plan.activation_specs import ACTIVATIONS, AUTO, DEFAULT, layer_counts, searched
 from terastack.plan.hardware import Hardware
 from terastack.plan.llm_plan import STEP_TIES, LLMPlan, PlanError, StepPrediction, candidate_rank
-from terastack.plan.llm_profile import ModelProfile, held_bytes
+from terastack.plan.llm_profile import ModelProfile, data_bytes, held_bytes
 from terastack.plan.optimizer_formats import ADAMW, optimizer_format
 from terastack.plan.optimizer_sizes import OptimizerSizes, exposed_state_io_s, masters_reread, size_candidates
 from terastack.plan.staging import staging_cap
@@ -96,6 +96,18 @@ class _Scored:
     homes: Homes
     sizes: OptimizerSizes
     retained_units: tuple  # Retention.units
+
+
+class _Remembered:
+    """What the planners of one search remember of the profile they plan (:meth:`LLMPlanner.for_config` shares
+    it, so a result one of them computes later serves the others too)."""
+
+    __slots__ = ("profile", "hw", "cache", "homes_profile", "homes_cache")
+
+    def __init__(self):
+        self.profile = self.hw = self.homes_profile = None
+        self.cache: dict = {}
+        self.homes_cache: dict = {}
 
 
 class LLMPlanner(StateHomes, StepTimeModel):
@@ -173,36 +185,37 @@ class LLMPlanner(StateHomes, StepTimeModel):
         self.format = optimizer_format(config.optimizer)
         #: where updates run: inline on the training thread only when asked and the schedule can
         self.inline_updates = self.schedule.executor(config.inline_updates) is ExecutorKind.INLINE
-        # _homes results of the last profile planned, by (host room, chunk): every candidate of a search asks again
-        self._homes_profile: ModelProfile | None = None
-        self._homes_cache: dict[tuple[int, int], Homes] = {}
         #: the order of micro-batches being planned, and each order's profile of one pass (per profile planned)
         self.accumulation: AccumulationSpec = candidates(config.accumulation, config.grad_accum)[0]
         self._step_profiles: dict[str, tuple[ModelProfile, ModelProfile]] = {}
         # what depends only on the profile and the hardware, not on the candidate: the search scores thousands
-        self._memo_profile: ModelProfile | None = None
-        self._memo_hw: Hardware | None = None
-        self._memo_cache: dict = {}
+        self._shared = _Remembered()
+
+    # _homes results of the last profile planned, by (host room, chunk): every candidate of a search asks again
+    _homes_profile = property(lambda self: self._shared.homes_profile,
+                              lambda self, value: setattr(self._shared, "homes_profile", value))
+    _homes_cache = property(lambda self: self._shared.homes_cache,
+                            lambda self, value: setattr(self._shared, "homes_cache", value))
 
     def for_config(self, **changes) -> "LLMPlanner":
         """A planner of these settings with ``changes`` (budgets, ties, the step ceiling) that shares what this one
-        remembers of the profiles it planned (none of it depends on them): a search plans one profile many times."""
+        remembers of the profiles it planned, and what it learns later (none of it depends on them, or its key
+        says what it depends on): a search plans one profile many times."""
         other = LLMPlanner(dataclasses.replace(self.config, **changes))
-        other._memo_profile, other._memo_hw, other._memo_cache = self._memo_profile, self._memo_hw, self._memo_cache
-        other._homes_profile, other._homes_cache = self._homes_profile, self._homes_cache
-        other._step_profiles = self._step_profiles
+        other._shared, other._step_profiles = self._shared, self._step_profiles
         return other
 
     def _memo(self, profile: ModelProfile, hw: Hardware | None, key, compute):
         """``compute()`` once per ``key`` while profile and hardware (None: not used) stay the same."""
-        if self._memo_profile is not profile or (hw is not None and self._memo_hw is not hw):
-            self._memo_profile, self._memo_cache = profile, {}
+        memo = self._shared
+        if memo.profile is not profile or (hw is not None and memo.hw is not hw):
+            memo.profile, memo.cache = profile, {}
         if hw is not None:
-            self._memo_hw = hw
+            memo.hw = hw
         try:
-            return self._memo_cache[key]
+            return memo.cache[key]
         except KeyError:
-            value = self._memo_cache[key] = compute()
+            value = memo.cache[key] = compute()
             return value
 
     # ------------------------------------------------------------------ plan
@@ -340,7 +353,27 @@ class LLMPlanner(StateHomes, StepTimeModel):
 
     # -------------------------------------------------------------- scoring
     def _score(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int) -> _Scored | _Shortfall:
-        """The candidate's predicted step and what its plan is built from, or the _Shortfall that rules it out."""
+        """The candidate's predicted step and what its plan is built from, or the _Shortfall that rules it out:
+        of its optimizer working sets that fit, the best by rank (the first of equals). What each working set
+        predicts does not depend on the rank's step ceiling, so the search with ties (which plans twice: the
+        fastest, then under its ceiling) predicts each candidate once."""
+        cfg = self.config
+        key = ("scored", self._config_key, self.accumulation.name, split.policies, depth)
+        scored = self._memo(profile, hw, key, lambda: self._score_all(profile, hw, split, depth))
+        if isinstance(scored, _Shortfall):
+            return scored
+        return min(scored, key=lambda s: candidate_rank(s.prediction, cfg.step_ceiling))
+
+    @property
+    def _config_key(self) -> tuple:
+        """The settings a candidate's predictions depend on (all but how candidates are ranked)."""
+        cfg = self.config
+        return tuple(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("step_ties",
+                                                                                               "step_ceiling"))
+
+    def _score_all(self, profile: ModelProfile, hw: Hardware, split: _Split, depth: int) -> list[_Scored] | _Shortfall:
+        """Every optimizer working set of the candidate that fits, predicted (the optimizer thread: the first that
+        fits), or the _Shortfall that rules the candidate out."""
         cfg = self.config
         units = profile.units
         cb = profile.compute_bytes
@@ -358,8 +391,11 @@ class LLMPlanner(StateHomes, StepTimeModel):
         weights_ws = self._memo(profile, hw, ("weights in flight", window),
                                 lambda: max(sum(wbytes[i:i + window]) for i in range(len(units))))
         swap_flight = 2 * split.max_swapped
-        # working memory of the unit computing (outside the ledger), the loss over the logits beside the head's
-        transient = self._memo(profile, None, "transient", lambda: profile.working_bytes)
+        # working memory of the unit computing (outside the ledger), the loss over the logits beside the head's,
+        # and the step's data ([Note: the batch is priced] in terastack.plan.llm_profile)
+        width = self.accumulation.group(cfg.grad_accum)
+        transient = self._memo(profile, None, ("transient", cfg.grad_accum, width), lambda: (
+            profile.working_bytes + data_bytes(profile.tokens // width, cfg.grad_accum, stacked=width > 1)))
         resident = 0  # frozen weights resting in the device tier
         if hw.has_gpu and cfg.frozen_on_device:
             frozen, streamed_ws, _ = self._memo(profile, hw, ("frozen on the device", window, "rounded"),
@@ -372,10 +408,10 @@ class LLMPlanner(StateHomes, StepTimeModel):
                 budget="device", needed=device_ledger + transient, available=cfg.device_budget, limit=cfg.device_budget,
                 what=lambda: f"{profile.model}: weights of {window} unit(s) in flight ({format_bytes(weights_ws)}), "
                      f"activations ({format_bytes(split.on_device)} kept, {format_bytes(swap_flight)} "
-                     f"in flight) and one unit's working memory ({format_bytes(transient)})")
+                     f"in flight) and one unit's working memory with the loss and the batch's data ({format_bytes(transient)})")
         # ---- host ledger: gradient pool, optimizer working set, host-swapped activations, then state; every
         #      working set that fits is scored ([Note: the optimizer's window] in terastack.plan.optimizer_sizes)
-        best = None
+        fitting: list[_Scored] = []
         candidates = self._memo(profile, None, ("optimizer sizes", self._passes),
                                 lambda: self._optimizer_sizes(profile))
         # with an accelerator, transfers are staged through pinned host memory taken from the host budget
@@ -394,11 +430,10 @@ class LLMPlanner(StateHomes, StepTimeModel):
                                  homes.ssd_write_bytes, depth, device_peak=max(device_ledger, retention.device_peak),
                                  host_peak=host_fixed + homes.host_bytes, transient=transient, state_waits_s=waits,
                                  retained_read_saved=retention.ssd_read_saved, masters_reread=reread)
-            if best is None or candidate_rank(pred, cfg.step_ceiling) < candidate_rank(best.prediction, cfg.step_ceiling):
-                best = _Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units)
+            fitting.append(_Scored(prediction=pred, homes=homes, sizes=sizes, retained_units=retention.units))
             if not self.inline_updates:
                 break  # the thread's sizes differ in what the model does not price (chunk size, pool slack)
-        if best is None:
+        if not fitting:
             sizes = candidates[-1]
             return _Shortfall(
                 budget="host", needed=sizes.host_bytes + split.host_acts + staging, available=cfg.host_budget,
@@ -407,7 +442,7 @@ class LLMPlanner(StateHomes, StepTimeModel):
                      f"working set ({format_bytes(sizes.host_bytes - sizes.grad_pool)}), activations swapped "
                      f"to host ({format_bytes(split.host_acts)})"
                      + (f" and pinned staging ({format_bytes(staging)})" if staging else ""))
-        return best
+        return fitting
 
     def _state_waits(self, profile: ModelProfile, hw: Hardware, sizes: OptimizerSizes,
                      homes: Homes) -> tuple[float, int]:

@@ -16,6 +16,19 @@ STATE_BYTES = 12
 #: fp32 bytes of the logit rows the engine's loss works on at once ([Note: the loss in place] in
 #: terastack.llm.engine.causal_loss)
 LOSS_CHUNK_BYTES = 16 << 20
+#: the int64 tensors of a micro-batch that a step holds: token ids, labels, attention mask, position ids
+BATCH_TENSORS = 4
+
+
+def data_bytes(micro_tokens: int, micro_batches: int, *, stacked: bool) -> int:
+    """[Note: the batch is priced]
+    The step's own data, beside the units' working memory for the whole step: each of its ``micro_batches``
+    micro-batches of ``micro_tokens`` tokens as :data:`BATCH_TENSORS` int64 tensors (the job loop holds a step's
+    micro-batches together), and a second copy when passes stack them (vertical and grouped accumulation).
+    With the activations, the logits and the loss's buffers (:attr:`ModelProfile.working_bytes`) this is all a
+    batch's shape adds, so a batch the budgets cannot hold is refused by the plan before any of it exists."""
+    one = micro_tokens * micro_batches * 8 * BATCH_TENSORS
+    return 2 * one if stacked else one
 
 #: Bytes a record of ``nbytes`` takes in a tier of the store: the store's own padding rule (whole O_DIRECT
 #: blocks, at least one, so small tensors cost a block each), so that plan and store cannot disagree.

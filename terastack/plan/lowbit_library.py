@@ -10,6 +10,11 @@ def bitsandbytes_functional(needed_by: str):
     """``bitsandbytes.functional``; ImportError naming ``needed_by`` (a setting and its value) when it is absent."""
     try:
         import bitsandbytes.functional as functional
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "bitsandbytes":
+            raise ImportError(f"{needed_by}: importing bitsandbytes failed ({exc})") from None
+        raise ImportError(f"{needed_by}: needs bitsandbytes >= 0.50, which is not installed: {INSTALL_HINT}") \
+            from None
+    except ImportError as exc:  # installed but broken (a version without what terastack calls)
         raise ImportError(f"{needed_by}: needs bitsandbytes >= 0.50 ({INSTALL_HINT}): {exc}") from None
     return functional

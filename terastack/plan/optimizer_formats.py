@@ -99,6 +99,9 @@ class OptimizerFormat:
     name: ClassVar[str] = ""
     #: what the format equals (for messages and docs)
     reference: ClassVar[str] = ""
+    #: the optimizer and its state as plans and progress lines name them
+    title: ClassVar[str] = ""
+    state_words: ClassVar[str] = ""
     #: the update needs all chunks of a parameter at once ([Note: whole-matrix updates])
     whole_tensor: ClassVar[bool] = False
     #: optimizer chunks start on multiples of this many elements
@@ -200,6 +203,7 @@ class OptimizerFormat:
 class AdamWFormat(OptimizerFormat):
     name = "adamw"
     reference = "torch.optim.AdamW"
+    title, state_words = "AdamW", "AdamW moments"
 
     _PARTS = (StatePart(key="exp_avg", dtype=torch.float32, kind=EXP_AVG_KIND),
               StatePart(key="exp_avg_sq", dtype=torch.float32, kind=EXP_AVG_SQ_KIND))
@@ -229,6 +233,7 @@ class AdamW8bitFormat(OptimizerFormat):
 
     name = "adamw8bit"
     reference = "bitsandbytes.optim.AdamW8bit"
+    title, state_words = "8-bit AdamW", "8-bit AdamW moments"
     block = 256
     #: parameters with fewer elements keep fp32 moments (bitsandbytes' ``min_8bit_size`` default)
     min_8bit_size = 4096
@@ -339,6 +344,7 @@ class AdafactorFormat(OptimizerFormat):
 
     name = "adafactor"
     reference = "torch.optim.Adafactor"
+    title, state_words = "Adafactor", "Adafactor's factored second moments"
     whole_tensor = True
     #: torch.optim.Adafactor's defaults (its lr comes from the job; AdamW's betas and eps do not apply)
     beta2_decay = -0.8

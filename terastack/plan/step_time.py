@@ -116,7 +116,8 @@ class StepTimeModel:
         link = host_copy = 0.0
         # weights that come in for every forward and backward (not those resting on the device)
         weights = self._memo(profile, None, ("frozen on the device", depth + 1), lambda: self._frozen_on_device(
-            profile, depth + 1))[2] if homes.frozen_on_device else sum(map(profile.moved_weight_bytes, profile.units))
+            profile, depth + 1))[2] if homes.frozen_on_device else self._memo(
+            profile, None, "moved weights", lambda: sum(map(profile.moved_weight_bytes, profile.units)))
         if gpu:
             h2d = (2 * weights + split.host_acts + split.ssd_acts) * micro
             d2h = (trainable * cb + split.host_acts + split.ssd_acts) * micro
@@ -143,14 +144,14 @@ class StepTimeModel:
             exposed += weights * 2 * micro / read_bw
         io_slowdown = 0.0
         if gpu:
-            pipes = {"compute": compute, "device link": link, "SSD": ssd, "CPU optimizer": optimizer}
+            pipes = {"compute": compute, "device link": link, "SSD": ssd, f"CPU {self.format.title}": optimizer}
         else:
             cpu = compute + optimizer + host_copy
             k, gigabytes = hw.cpu_io_slowdown_per_gbps, (read + write) / 1e9
             if k > 0 and gigabytes > 0:
                 slowed = (cpu + math.sqrt(cpu * cpu + 4 * k * compute * gigabytes)) / 2
                 io_slowdown, cpu = slowed - cpu, slowed
-            pipes = {"CPU (compute + AdamW + host copies)": cpu + state_waits_s, "SSD": ssd}
+            pipes = {f"CPU (compute + {self.format.title} + host copies)": cpu + state_waits_s, "SSD": ssd}
         bottleneck = max(pipes, key=pipes.get)
         step = pipes[bottleneck] + exposed
         exposed += state_waits_s

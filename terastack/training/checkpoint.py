@@ -32,8 +32,8 @@ its tensors one at a time, so loading needs no more memory than saving.
 
 [Note: a checkpoint that does not fit]
 Before anything is written the manager adds up the bytes the snapshot needs (every tensor, 4 KiB-aligned, and
-room for the manifest) and compares them with the free bytes of the checkpoint's file system (``os.statvfs``:
-the bytes an unprivileged writer may use); a snapshot that cannot fit is refused in one line naming the
+room for the manifest) and compares them with the free bytes of the checkpoint's file system (the bytes an
+unprivileged writer may use: [Note: room to write] in terastack.disk_room); a snapshot that cannot fit is refused in one line naming the
 directory, the bytes needed and the bytes free. The previous snapshot stays until the new one is complete, so
 the need is the new snapshot's whole size. A write that still fails for lack of space (another writer filled
 the disk meanwhile) says the same, and leaves nothing of the attempt behind: the temporary directory goes, and
@@ -72,6 +72,7 @@ import torch
 
 from terastack.atomic import atomic_write_json, fsync_dir, replace_dir, safe_relative
 from terastack.constants import DIRECT_ALIGN, round_up
+from terastack.disk_room import free_bytes
 from terastack.dtypes import DTYPES, dtype_name
 
 FORMAT = "terastack.checkpoint"
@@ -179,12 +180,6 @@ def tensor_bytes(t: torch.Tensor) -> np.ndarray:
 # ------------------------------------------------------------------- save
 #: room counted for a snapshot's manifest and pointer beside its tensors (see [Note: a checkpoint that does not fit])
 MANIFEST_ROOM = 1 << 20
-
-
-def free_bytes(path: str | os.PathLike) -> int:
-    """The bytes an unprivileged writer may still write on the file system of ``path``."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def _tensor_nbytes(value) -> int:

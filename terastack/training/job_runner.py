@@ -46,6 +46,22 @@ def default_lr(*, pretrained: bool, lora: bool) -> float:
     return LR_LORA if lora else LR_PRETRAINED if pretrained else LR_FROM_SCRATCH
 
 
+#: room counted beside an export's weights and tokenizer: its config, the job file, the metrics of a long run
+EXPORT_ROOM = 16 << 20
+
+
+def export_bytes(parameters: int, *, model_dir=None) -> int:
+    """What the output's export writes for ``parameters`` (float32; a LoRA run: its adapter's): the weights, the
+    tokenizer files of ``model_dir`` and :data:`EXPORT_ROOM`. An earlier export at the path stays until the new
+    one replaces it, so all of it is new."""
+    from pathlib import Path
+
+    from terastack.training.hf.sharded_writer import TOKENIZER_FILES
+
+    files = [Path(model_dir) / f for f in TOKENIZER_FILES] if model_dir else []
+    return parameters * 4 + sum(p.stat().st_size for p in files if p.is_file()) + EXPORT_ROOM
+
+
 @dataclass(frozen=True, slots=True)
 class JobModel:
     """The job's model as resolved: its name as the job gives it, its Hugging Face config (RoPE scaling
@@ -135,8 +151,9 @@ class JobRunner:
         from terastack.training.output_dir import OutputDir
 
         job, t = self.job, self.job.training
-        self.output = OutputDir(job.output.dir) if job.output.dir else None
         model = model or resolve_job_model(job)
+        self.check_writes(model)
+        self.output = OutputDir(job.output.dir) if job.output.dir else None
         lr = job_lr(job, model)
         tokenizer = load_tokenizer(model.model_dir)  # None: byte tokens
         data = JobData(job, tokenizer, model.model_dir, seed=t.seed)
@@ -148,6 +165,35 @@ class JobRunner:
         self.start = JobStart(job=job, model=model, lr=lr, tokenizer=tokenizer, data=data, steps_total=steps,
                               schedule=job_schedule(job, lr=lr, total_steps=steps), snapshot=self.snapshot)
         return self.start
+
+    def check_writes(self, model: JobModel) -> None:
+        """[Note: what the job writes, checked first]
+        Before any data is read or any engine built: the output is not, and does not hold, anything the job reads
+        or keeps (it is replaced whole at the end: :func:`~terastack.training.output_dir.check_apart`), and every
+        path the job writes (the settings made with ``setting(writes=True)``; the output's directory, where its
+        export is made and renamed over it) can be written (:func:`terastack.disk_room.check_writable`). Once the
+        engine is built and its parameters are known, the output's file system must hold the export
+        (:meth:`check_room`). Each refusal is one line naming the path."""
+        from terastack.disk_room import check_writable
+        from terastack.training.output_dir import check_apart
+
+        job = self.job
+        if job.output.dir:
+            others = {flag: path for flag, path in job.named_paths().items() if flag != "--output"}
+            check_apart(job.output.dir, {**others, "--model": model.model_dir})
+            check_writable(job.output.dir, what="--output", beside=True)
+        for flag, path in job.named_paths(written=True).items():
+            check_writable(path, what=flag)
+
+    def check_room(self, start: JobStart, engine) -> None:
+        """The output's file system holds the export ([Note: what the job writes, checked first])."""
+        from terastack.disk_room import Need, check_room
+
+        if self.output is None:
+            return
+        lora = self.job.lora.rank is not None
+        params = engine.profile.trainable_params if lora else engine.profile.total_params
+        check_room([Need("--output", str(self.output.path), export_bytes(params, model_dir=start.model.model_dir))])
 
     def resolved_job(self):
         """finetune.yaml: the job as run (its learning rate and seed spelled out, its files absolute, no resume),
@@ -169,6 +215,7 @@ class JobRunner:
                 with self.choice.open(start) as engine:
                     self.engine = engine
                     setup_s = time.perf_counter() - t_build
+                    self.check_room(start, engine)
                     self.check_vocabulary(start)
                     self.announce(start, engine)
                     done = self.train(start, engine)
@@ -306,6 +353,12 @@ def summary_lines(result: dict) -> list[str]:
                      f"SSD {format_bytes(result['ssd_read_bytes_per_step'])} read + "
                      f"{format_bytes(result['ssd_write_bytes_per_step'])} written per step; "
                      f"peak RSS +{format_bytes(result['peak_rss_bytes'])}")
+    measured, predicted = result.get("measured_step_s"), result.get("predicted_step_s")
+    if measured and predicted:   # an engine that plans its step says how the plan did
+        what = f"mean of {result['measured_steps']} steps after the first" if result["measured_steps"] > 1 \
+            else "one step"
+        lines.append(f"step {measured:.3f} s measured ({what}), {predicted:.3f} s predicted by the plan "
+                     f"({measured / predicted - 1:+.0%})")
     evals = result["evaluations"]
     if evals:
         lines.append(f"validation loss {evals[0]['val_loss']:.4f} -> {evals[-1]['val_loss']:.4f} (perplexity "

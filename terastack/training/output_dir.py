@@ -39,6 +39,23 @@ def check_replaceable(path: str | os.PathLike, *, flag: str = "--output") -> Non
                          "refusing to replace it (give a new or empty directory)")
 
 
+def check_apart(output: str | os.PathLike, others: dict[str, str | os.PathLike | None], *,
+                flag: str = "--output") -> None:
+    """Refuse an output directory that is, or holds, a path of ``others`` (the flag that names it -> the path;
+    None: not given): the output is replaced whole when the job ends, so a model it reads there, an adapter it
+    starts from, or a checkpoint it keeps there would be lost. Paths are compared resolved (symlinks followed):
+    another spelling of a directory is the same directory."""
+    out = Path(os.path.realpath(output))
+    for what, path in others.items():
+        if path is None:
+            continue
+        real = Path(os.path.realpath(path))
+        relation = "is also" if real == out else "holds" if out in real.parents else None
+        if relation:
+            raise ValueError(f"{flag} {output}: {relation} {what} ({path}); the output is replaced whole when the "
+                             f"job ends, which would lose it (give another {flag})")
+
+
 class OutputInUse(RuntimeError):
     """Another running job writes the same output directory; the message names it."""
 

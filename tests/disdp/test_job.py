@@ -58,8 +58,13 @@ def test_cli_chat_job_exports_what_transformers_loads(tmp_path, references, caps
     val = tmp_path / "val.jsonl"
     val.write_text((tmp_path / "chat.jsonl").read_text())
     out = tmp_path / "export"
+    traces = tmp_path / "traces"
     assert main(["dist", "train", "--config", job, "--output", str(out), "--val-data", str(val), "--eval-every",
-                 "2", "--max-shard-size", "8KB", "disdp.workers=2", "servers=1"]) == 0
+                 "2", "--max-shard-size", "8KB", "disdp.workers=2", "servers=1", f"disdp.trace_dir={traces}"]) == 0
+    # a Chrome trace per rank: 2 workers, their agents' threads in the workers, a server, the aggregator
+    assert sorted(p.stem.split("-")[2] for p in traces.glob("rank-*.json")) == ["aggregator0", "server0",
+                                                                                  "worker0", "worker1"]
+    assert any(e.get("ph") == "X" for e in json.loads(next(traces.glob("rank-0-*.json")).read_text())["traceEvents"])
     assert "loss" in capsys.readouterr().out
     assert list(cwd.iterdir()) == []
     assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"terastack-dist-{os.getpid()}"))

@@ -18,6 +18,13 @@ def test_finetune_default_run_trains_offloaded(tmp_path, capsys, monkeypatch):
     assert r["data"]["tokenizer"] == "bytes" and "standard-library" in r["data"]["source"]
     assert r["ssd_read_bytes_per_step"] > 0 and r["plan"]["state_tensors_on_ssd"] > 0  # most state on the SSD
     assert "finetune: 3/3 step" in captured.err and "tok/s" in captured.err
+    # the measured step beside the plan's (the mean of the steps after the first)
+    assert r["predicted_step_s"] == r["plan"]["predicted_step_s"] > 0 and r["measured_steps"] == 2
+    from terastack.training.job_runner import summary_lines
+
+    line = next(line for line in summary_lines(r) if line.startswith("step "))
+    assert f"{r['measured_step_s']:.3f} s measured (mean of 2 steps after the first)" in line
+    assert f"{r['predicted_step_s']:.3f} s predicted by the plan" in line
     assert (tmp_path / "ckpt" / "LATEST").exists() and (tmp_path / "export" / "model.safetensors").exists()
     # resume continues from the checkpoint, refuses another model
     assert main(["finetune", "--steps", "4", "--resume", str(tmp_path / "ckpt"), "--store", str(tmp_path / "s2"),

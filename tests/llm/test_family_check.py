@@ -148,3 +148,30 @@ def test_unit_losing_a_gradient_is_stopped(tmp_path, trainer_config, monkeypatch
     cfg = trainer_config(check_family="always", activation_policy="keep,recompute")
     with pytest.raises(FamilyCheckError, match=r"^check_family: llama: model\.layers\.1 output 0 carries no gradient"):
         Trainer.from_pretrained(tmp_path / "model", cfg)
+
+
+def test_finetune_says_whether_the_family_check_ran_and_passed(tmp_path, hardware_file, capsys):
+    """On the command line: an unverified family gets one note line (no warning's source line) and a line that
+    the check ran and passed; a verified one a line that the check was not needed."""
+    from transformers import GraniteConfig
+
+    from terastack.cli import main
+
+    from .test_finetune_frictions import _byte_model, _text
+
+    _save(GraniteConfig(**{**_ATTN, "vocab_size": 259}, embedding_multiplier=2.0), tmp_path / "granite")
+    _text(tmp_path / "train.txt", 200)
+    base = ["--data", str(tmp_path / "train.txt"), "--steps", "1", "--seq-len", "16", "--batch-size", "2",
+            "--hardware", hardware_file, "--no-calibrate", "--store", str(tmp_path / "store")]
+    capsys.readouterr()
+    assert main(["finetune", "--model", str(tmp_path / "granite"), *base]) == 0
+    err = capsys.readouterr().err.splitlines()
+    notes = [line for line in err if "granite models are not among" in line]
+    assert len(notes) == 1 and notes[0].startswith("terastack finetune: note: granite models"), err
+    assert not any("Warning" in line or "warnings.warn" in line for line in err), err
+    passed = [line for line in err if line.startswith("family check: passed: granite's streamed units")]
+    assert len(passed) == 1 and "5 unit calls" in passed[0], err
+    assert main(["finetune", "--model", str(tmp_path / "granite"), *base, "--check-family", "never"]) == 0
+    assert "family check: not run (--check-family never)" in capsys.readouterr().err
+    assert main(["finetune", "--model", _byte_model(tmp_path / "llama"), *base]) == 0
+    assert "family check: not needed: the tests verify llama models" in capsys.readouterr().err

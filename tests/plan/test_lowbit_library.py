@@ -11,6 +11,6 @@ def test_a_missing_bitsandbytes_is_one_error_naming_the_setting_and_the_install(
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)        # as if it were not installed
     monkeypatch.setitem(sys.modules, "bitsandbytes.functional", None)
-    with pytest.raises(ImportError, match=r"optimizer adamw8bit: needs bitsandbytes >= 0.50 \(pip install "
-                                          r"'terastack\[lowbit\]'\)"):
+    with pytest.raises(ImportError, match=r"optimizer adamw8bit: needs bitsandbytes >= 0.50, which is not "
+                                          r"installed: pip install 'terastack\[lowbit\]'"):
         bitsandbytes_functional("optimizer adamw8bit")

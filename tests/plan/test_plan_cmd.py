@@ -18,7 +18,7 @@ from terastack.plan.hardware import Hardware, save_probe
 PROBED = Hardware(name="this machine (probed)", measured=True, cores=2, host_memory_bytes=16 << 30, cpu_flops=5e10,
                   memcpy_bytes_per_s=5e9, ssd_read_bytes_per_s=2e9, ssd_write_bytes_per_s=1e9,
                   cpu_adam_params_per_s=3e8, probe_dir="/tmp")
-TINY = ["plan", "llm", "--model", "tiny-llama", "--seq-len", "16", "--calibrate", "--json"]
+TINY = ["plan", "llm", "--model", "tiny-llama", "--seq-len", "16", "--time-units", "--json"]
 
 
 def _json(capsys, argv) -> tuple[int, dict]:
@@ -136,3 +136,71 @@ def test_a_lora_base_that_fits_the_gpu_stays_there(capsys):
     plan = r["plan"]
     assert plan["predicted_device_link_bytes"] < 1 << 30 and plan["predicted_ssd_read_bytes"] < 1 << 30
     assert frozen * 2 <= plan["predicted_device_peak_bytes"] <= 72 * 10**9
+
+
+def test_plan_llm_plans_the_job_finetune_would_run(tmp_path, capsys):
+    """`plan llm --config job.yaml KEY=VALUE` reads the job as `finetune` does, with the job's defaults (the batch,
+    the "auto" budgets of this machine, the built-in rules), and its plan is the one the offloaded engine makes
+    for that job: the same placement, budgets and prediction."""
+    import dataclasses
+
+    from terastack.llm import Trainer, TrainerConfig
+    from terastack.memory import mem_total
+    from terastack.training.job import resolve_job
+
+    from ..llm.llm_helpers import make_model
+
+    make_model("llama", tmp_path / "model")
+    capsys.readouterr()
+    # this machine as its probe would describe it, so that "auto" budgets mean the same to both
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(dataclasses.replace(PROBED, host_memory_bytes=mem_total()).to_dict()))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {tmp_path / 'model'}\ntraining: {{seq_len: 16, grad_accum: 2, optimizer: adamw8bit}}\n"
+                        f"schedule: {{activation_policy: recompute}}\noffload: {{calibrate: false, hardware: {hw}}}\n")
+    overrides = ["batch_size=3", "lr=1e-5"]
+    code, r = _json(capsys, ["plan", "llm", "--config", str(job_file), *overrides, "--json"])
+    assert code == 0 and (r["batch"], r["seq_len"], r["grad_accum"]) == (3, 16, 2)
+    job = resolve_job(file=job_file, flags={}, overrides=overrides)
+    with Trainer.from_pretrained(tmp_path / "model", TrainerConfig(job, store_dir=str(tmp_path / "store"))) as t:
+        engine = json.loads(json.dumps(t.plan.summary(), default=str))
+        placed = t.plan.placement_bytes(t.profile)
+    assert r["plan"] == engine and r["placement_bytes"] == placed
+    assert engine["optimizer"] == "adamw8bit" and engine["policies"]["recompute"] == 4
+    # the job's defaults, not a planner's own: batch 4 x 128 unless the job says otherwise
+    code, r = _json(capsys, ["plan", "llm", "--model", "tiny-llama", "--hardware", str(hw), "--json"])
+    assert code == 0 and (r["batch"], r["seq_len"]) == (4, 128)
+
+
+@pytest.mark.parametrize("fmt, state, update", [("adamw", "AdamW moments", "AdamW"),
+                                                ("adamw8bit", "8-bit AdamW moments", "8-bit AdamW"),
+                                                ("adafactor", "Adafactor's factored second moments", "Adafactor")])
+def test_a_plan_names_the_optimizer_state_it_plans(capsys, fmt, state, update):
+    assert main(["plan", "llm", "--model", "tiny-llama", "--optimizer", fmt, "--hardware", "a100-server"]) == 0
+    out = capsys.readouterr().out
+    assert f"fp32 masters + {state}: " in out and f"| CPU {update} " in out, out
+    if fmt != "adamw":
+        assert "AdamW moments" not in out.replace(state, "") and "CPU AdamW " not in out
+
+
+def test_a_kept_profile_answers_the_same_question_without_profiling_again(capsys, monkeypatch):
+    """[Note: kept profiles]: the second process asking the same question reads the profile the first kept (no
+    model code imported, no skeleton built) and gets the same plan; another question is profiled."""
+    from terastack.llm import plan_cmd
+    from terastack.llm.engine import profile
+
+    argv = ["plan", "llm", "--model", "tiny-llama", "--hardware", "rtx4090-workstation", "--json"]
+    monkeypatch.setattr(plan_cmd, "_PROFILES", {})
+    code, first = _json(capsys, argv)
+    fresh = next(iter(plan_cmd._PROFILES.values()))
+    (kept,) = profile.unit_times_path().parent.glob("profiles/*.json")
+    # in the profile's own order: the planner reads tensors in order, and ties go to the first
+    assert code == 0 and list(json.loads(kept.read_text())["tensor_numel"]) == list(fresh.tensor_numel)
+    monkeypatch.setattr(plan_cmd, "_PROFILES", {})   # a new process
+    made = []
+    real = profile.profile_config
+    monkeypatch.setattr(profile, "profile_config", lambda *a, **k: made.append(1) or real(*a, **k))
+    code, again = _json(capsys, argv)
+    assert code == 0 and again == first and made == []
+    code, other = _json(capsys, [*argv, "--batch-size", "2"])
+    assert code == 0 and made == [1] and other["batch"] == 2

@@ -68,8 +68,10 @@ def test_largest_model_per_format_follows_its_state_bytes(tmp_path, capsys):
     plan_cmd.add_arguments(parser)
     args = parser.parse_args(["--largest", "--hardware", str(hw), "--host-mem", "1GB", "--disk", "1.2GB",
                               "--seq-len", "16", "--json"])
-    machine = plan_cmd.resolve_hardware(args)
-    assert plan_largest.run_largest(plan_cmd.plan_model, args, machine, ladder=("tiny-llama", "llama-150m")) == 0
+    job = plan_cmd.read_job(args)
+    machine = plan_cmd.resolve_hardware(args, job)
+    assert plan_largest.run_largest(plan_cmd.plan_model, job, args, machine, ladder=("tiny-llama", "llama-150m")) \
+        == 0
     r = json.loads(capsys.readouterr().out)
     rows = {row["optimizer"]: row for row in r["largest"]}
     assert rows["adamw"]["model"] == "tiny-llama" and "disk budget exceeded" in rows["adamw"]["reason"]

@@ -30,7 +30,8 @@ def _fake_statvfs(free: int):
 
     def statvfs(path):
         st = real(path)
-        return SimpleNamespace(f_bavail=free // 4096, f_frsize=4096, f_bsize=4096, f_blocks=st.f_blocks)
+        return SimpleNamespace(f_bavail=free // 4096, f_frsize=4096, f_bsize=4096, f_blocks=st.f_blocks,
+                               f_bfree=free // 4096)
     return statvfs
 
 

@@ -38,6 +38,16 @@ SAMPLES = {
     "disdp.progress": False, "disdp.trace_dir": "traces", "disdp.device": "cuda",
 }
 GIVEN = {k: v for k, v in SAMPLES.items() if v is not None}
+#: what a setting needs beside it to mean anything (alone it is refused, naming it): an adapter's settings need an
+#: adapter, checkpoint.every a checkpoint directory, the export's shard size an export, min_lr a decay
+NEEDS = {"checkpoint.every": {"checkpoint.dir": "ck"}, "output.max_shard_size": {"output.dir": "out"},
+         "training.min_lr": {"training.lr_schedule": "cosine"},
+         **{p: {"lora.rank": 4} for p in SAMPLES if p.startswith("lora.") and p != "lora.rank"}}
+
+
+def in_context(path: str, value) -> dict:
+    """The layer of ``path`` set to ``value``, with what it needs (:data:`NEEDS`)."""
+    return {**NEEDS.get(path, {}), path: value}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,9 +73,8 @@ def _yaml(value) -> str:
 
 def test_every_setting_has_a_sample_and_the_samples_are_not_the_defaults():
     assert set(SAMPLES) == set(FLAT.values())
-    default = JobConfig()
     for path, value in GIVEN.items():
-        assert default.get(path) != build_job({path: value}).get(path), path
+        assert build_job(NEEDS.get(path, {})).get(path) != build_job(in_context(path, value)).get(path), path
 
 
 @pytest.mark.parametrize("path", sorted(GIVEN))
@@ -75,7 +84,7 @@ def test_flag_file_and_override_agree(path, tmp_path):
     value = GIVEN[path]
     section, name = path.split(".")
     flat = next(k for k, v in FLAT.items() if v == path)
-    expected = build_job({path: value})
+    expected = build_job(in_context(path, value))
     ways = {}
     if SECTIONS[section].__dataclass_fields__[name].metadata["flag"]:
         ways["flag"] = job_flags(_parser().parse_args(_flag_words(path, value)))
@@ -88,9 +97,13 @@ def test_flag_file_and_override_agree(path, tmp_path):
     ways["override section"] = parse_overrides([f"{path}={_yaml(value)}"])
     ways["override flat"] = parse_overrides([f"{flat}={_yaml(value)}"])
     for way, layer in ways.items():
-        assert build_job(layer) == expected, way
-    changed = [p for p in FLAT.values() if expected.get(p) != JobConfig().get(p)]
+        assert build_job({**NEEDS.get(path, {}), **layer}) == expected, way
+    context = build_job(NEEDS.get(path, {}))
+    changed = [p for p in FLAT.values() if expected.get(p) != context.get(p)]
     assert changed == [path]
+    if path in NEEDS:  # alone, it is refused by its name
+        with pytest.raises(SettingError, match=path):
+            build_job({path: value})
 
 
 def _toml(value) -> str:

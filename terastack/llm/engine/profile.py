@@ -46,7 +46,10 @@ from terastack.llm.engine.meta_kernels import MetaKernels, register_flop_formula
 from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
 from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
-#: unit outputs larger than this come back as broadcast zeros (the head's logits), not allocated ones
+#: unit outputs come back as allocated zeros until this many bytes of them were made in one pass, then as
+#: broadcast zeros (the head's logits; every output of a batch too wide to hold): the pass runs before the plan
+#: has priced the batch, so what it allocates stays bounded whatever the batch ([Note: the batch is priced] in
+#: terastack.plan.llm_profile)
 _MATERIALIZE_LIMIT = 64 << 20
 
 
@@ -57,6 +60,7 @@ class _Recorder:
         self.records: dict[int, dict] = {}
         self.order: list[int] = []
         self.calls: dict[int, tuple] = {}
+        self.materialized = 0  # bytes of unit outputs allocated so far
 
     def run(self, unit, args, kwargs):
         call = UnitCall(args, kwargs)
@@ -65,7 +69,9 @@ class _Recorder:
         meta_flat = []
         for a in call.flat:
             if isinstance(a, torch.Tensor):
-                m = a.detach().to("meta")
+                # a broadcast output of an earlier unit stands for a whole tensor: its meta copy is one
+                m = (torch.empty(a.shape, dtype=a.dtype, device="meta") if _broadcast(a)
+                     else a.detach().to("meta"))
                 meta_flat.append(m.requires_grad_(a.requires_grad))
             else:
                 meta_flat.append(a)
@@ -111,12 +117,18 @@ class _Recorder:
         real = []
         for o in outs:
             nbytes = o.numel() * o.element_size()
-            if nbytes > _MATERIALIZE_LIMIT:
-                z = torch.zeros((), dtype=o.dtype).expand(o.shape)
+            grad = o.is_floating_point()  # what the next unit takes needs a gradient, broadcast or not
+            if self.materialized + nbytes > _MATERIALIZE_LIMIT:
+                z = torch.zeros((), dtype=o.dtype).requires_grad_(grad).expand(o.shape)
             else:
-                z = torch.zeros(o.shape, dtype=o.dtype)
-            real.append(z.requires_grad_(True) if z._base is None else z)
+                self.materialized += nbytes
+                z = torch.zeros(o.shape, dtype=o.dtype).requires_grad_(grad)
+            real.append(z)
         return call.rebuild(real)
+
+
+def _broadcast(t: torch.Tensor) -> bool:
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
 
 
 def head_units(units, order: list[int]) -> list[int]:
@@ -131,7 +143,8 @@ def head_units(units, order: list[int]) -> list[int]:
 
 def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
                   calibrate: bool = False, device: torch.device | None = None, packed: bool = False,
-                  times_file: Path | None = None, recalibrate: bool = False) -> ModelProfile:
+                  times_file: Path | None = None, recalibrate: bool = False,
+                  time_missing: bool = True) -> ModelProfile:
     """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
     places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own. ``packed``: rows
     of several examples (position ids restarting), whose explicit block-diagonal attention mask each layer's
@@ -152,7 +165,7 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
         raise RuntimeError(f"profile: units {missing[:3]} never ran in the model's forward")
     nf4_local = {u.index: frozenset(lname for lname, c in u.tensors.items() if tensors[c].nf4) for u in units}
     times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes, times_file=times_file,
-                       recalibrate=recalibrate, nf4_local=nf4_local) if calibrate else {}
+                       recalibrate=recalibrate, nf4_local=nf4_local, time_missing=time_missing) if calibrate else {}
     owner: dict[str, int] = {}
     for i in order:
         for cname in units[i].tensors.values():
@@ -299,10 +312,12 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
 
 
 def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5, *,
-               times_file: Path | None = None, recalibrate: bool = False, nf4_local: dict | None = None) -> dict:
+               times_file: Path | None = None, recalibrate: bool = False, nf4_local: dict | None = None,
+               time_missing: bool = True) -> dict:
     """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}.
     ``times_file``: read times kept there (unless ``recalibrate``) and keep new ones there; ``nf4_local``: per
-    unit index, the local names of its weights resting as NF4."""
+    unit index, the local names of its weights resting as NF4; ``time_missing=False``: only the times kept (or
+    measured earlier in this process), a unit without one left out."""
 
     dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
     done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
@@ -323,6 +338,8 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
                 done.pop(sig, None)
             elif key in kept:
                 done[sig] = kept[key]  # the times this machine gave before: the same question, the same answer
+        if sig not in done and not time_missing:
+            continue
         if sig not in done:
             done[sig] = _time_unit(unit, flat, spec, floating_in, device=device, dtype=dtype,
                                    compute_bytes=compute_bytes, gen=gen, reps=reps, nf4_names=nf4_names)
@@ -345,11 +362,12 @@ def _sync(device: torch.device) -> None:
 
 def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, name: str, lora=None,
                    calibrate: bool = False, device: torch.device | None = None, times_file: Path | None = None,
-                   recalibrate: bool = False, vocab_slice: int = 0, optimizer: str = "adamw") -> ModelProfile:
+                   recalibrate: bool = False, vocab_slice: int = 0, optimizer: str = "adamw", packed: bool = False,
+                   time_missing: bool = True) -> ModelProfile:
     """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
     layers and the second one repeated: decoder layers of one model are identical. ``times_file``,
-    ``recalibrate``: see :func:`_calibrate`; ``vocab_slice``, ``optimizer``: the job's, which decide the
-    vocabulary slices (terastack.llm.vocab_slices)."""
+    ``recalibrate``, ``time_missing``: see :func:`_calibrate`; ``vocab_slice``, ``optimizer``: the job's, which
+    decide the vocabulary slices (terastack.llm.vocab_slices); ``packed``: as :func:`profile_model`."""
     import copy
 
     from terastack.llm import vocab_slices
@@ -374,7 +392,8 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
         handle.mark_base(tensors)
     profile = profile_model(model, units, tensors, batch=batch, seq_len=seq_len,
                             compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
-                            calibrate=calibrate, device=device, times_file=times_file, recalibrate=recalibrate)
+                            calibrate=calibrate, device=device, times_file=times_file, recalibrate=recalibrate,
+                            packed=packed, time_missing=time_missing)
     return profile if small is hf_config else repeat_layers(profile, layers)
 
 

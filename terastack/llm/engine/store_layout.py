@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from terastack.disk_room import check_writable, free_on
 from terastack.llm.engine import records
 from terastack.plan.optimizer_formats import optimizer_format
 from terastack.tiers import Tier
@@ -47,12 +48,7 @@ def make_run_dirs(store_dir: str | Sequence[str], ssd_bytes: int) -> list[Path]:
     try:
         for root in map(Path, split_store_dirs(store_dir)):
             made.append(_make_run_dir(root, name))
-        free, seen = 0, set()
-        for run_dir in made:
-            dev = os.stat(run_dir).st_dev
-            if dev not in seen:  # two directories on one file system share its free space
-                seen.add(dev)
-                free += shutil.disk_usage(run_dir).free
+        free = free_on(made)  # two directories on one file system share its free space ([Note: room to write])
         if free < ssd_bytes:
             roots = ", ".join(str(d.parent) for d in made)
             raise OSError(28, f"store_dir {roots} has {format_bytes(free)} free; the plan keeps up to "
@@ -76,9 +72,11 @@ def _make_run_dir(root: Path, name: str) -> Path:
         run_dir.mkdir()
     except OSError as exc:
         raise PermissionError(f"store_dir {root} is not usable: {exc.strerror or exc}") from None
-    if not os.access(run_dir, os.W_OK):
+    try:
+        check_writable(run_dir, what="store_dir")
+    except PermissionError:
         shutil.rmtree(run_dir, ignore_errors=True)
-        raise PermissionError(f"store_dir {root} is not writable")
+        raise
     return run_dir
 
 

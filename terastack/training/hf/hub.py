@@ -8,7 +8,8 @@ files for a data set) -- never pickled weights. When neither the network nor the
 one line naming the id and the cache directory.
 
 A spec is taken as an id only when it is not a path that exists and looks like one (``ORG/NAME``, one slash, no
-data-file extension): ``data/train.jsonl`` that is missing stays a missing file, not a Hub look-up.
+data-file extension, no local directory named ``ORG``): ``data/train.jsonl`` that is missing stays a missing file,
+and ``models/copy`` beside a ``models/`` directory a missing directory, not a Hub look-up.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def is_hub_id(spec: str | None, *, sep: str) -> bool:
     if not spec or Path(spec).exists():
         return False
     repo, _ = _split_spec(spec, sep)
+    if Path(repo).parent.is_dir():  # models/copy where ./models exists: a mistyped path, not an organisation
+        return False
     return bool(_ID.match(repo)) and not repo.lower().endswith(DATA_SUFFIXES + (".txt", ".py"))
 
 

@@ -42,7 +42,7 @@ import torch
 from terastack.training.hf import nf4
 from terastack.dtypes import SAFETENSORS_DTYPES, WEIGHT_DTYPES, to_dtype
 from terastack.training.hf.model_files import CheckpointReader, build_skeleton, load_hf_config
-from terastack.training.output_dir import check_replaceable
+from terastack.training.output_dir import check_apart, check_replaceable
 from terastack.training.hf.sharded_writer import (DEFAULT_MAX_SHARD_SIZE, copy_tokenizer_files, shard_limit,
                                           staged_dir, write_safetensors_files)
 from terastack.units import format_bytes
@@ -240,9 +240,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, output: str | Path, *, 
     if dtype is not None:
         target = to_dtype(dtype, allowed=WEIGHT_DTYPES)
     limit = shard_limit(max_shard_size)
-    for what, path in (("base", base), ("adapter", adapter)):
-        if path.exists() and (output.resolve() == path.resolve() or output.resolve() in path.resolve().parents):
-            raise ValueError(f"output {output} would replace the {what} directory {path}; choose another directory")
+    check_apart(output, {"--base": base, "--adapter": adapter})
     check_replaceable(output)  # before any work: a directory of the user's own files is never replaced
     lora = LoraAdapter(adapter)
     hf_config = load_hf_config(base)

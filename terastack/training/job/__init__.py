@@ -10,8 +10,8 @@ the command-line flags, the YAML/TOML file keys and the ``key=value`` overrides 
     flags.py      the flags, derived from the fields
 """
 from terastack.training.job.flags import add_job_arguments, job_flags
-from terastack.training.job.layers import (build_job, merge_layers, parse_overrides, read_job_file, resolve_job,
-                                           with_settings, write_job_file)
+from terastack.training.job.layers import (build_job, merge_layers, other_engine_note, parse_overrides,
+                                           read_job_file, resolve_job, with_settings, write_job_file)
 from terastack.training.job.sections import (ALTERNATIVES, DEFAULT_STEPS, FLAT, SECTIONS,
                                              CheckpointSection, DataSection, DisdpSection, JobConfig, LoraSection,
                                              ModelSection, OffloadSection, OutputSection, ScheduleSection,
@@ -21,5 +21,5 @@ from terastack.training.job.setting import SettingError, setting
 __all__ = ["ALTERNATIVES", "DEFAULT_STEPS", "FLAT", "SECTIONS", "CheckpointSection",
            "DataSection", "DisdpSection", "JobConfig", "LoraSection", "ModelSection", "OffloadSection",
            "OutputSection", "ScheduleSection", "SettingError", "StoreSection", "TrainingSection",
-           "ValidationSection", "add_job_arguments", "build_job", "job_flags", "merge_layers", "parse_overrides",
-           "read_job_file", "resolve_job", "setting", "with_settings", "write_job_file"]
+           "ValidationSection", "add_job_arguments", "build_job", "job_flags", "merge_layers", "other_engine_note",
+           "parse_overrides", "read_job_file", "resolve_job", "setting", "with_settings", "write_job_file"]

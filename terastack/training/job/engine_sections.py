@@ -22,6 +22,7 @@ FAMILY_CHECKS = ("auto", "always", "never")
 class OffloadSection:
     """the offloaded engine (terastack finetune): knobs only it has"""
     SECTION = "offload"
+    ENGINE = "the offloaded engine (terastack finetune, terastack plan llm)"
 
     calibrate: bool = setting(True, help="time each distinct layer once on this machine so the plan predicts "
                               "from measured times")
@@ -69,6 +70,7 @@ class OffloadSection:
 class DisdpSection:
     """the disaggregated engine (terastack dist train): its roles and their processes"""
     SECTION = "disdp"
+    ENGINE = "the disaggregated engine (terastack dist train)"
 
     workers: int = setting(2, flag=False, help="worker ranks (model-sharded data parallel)")
     servers: int = setting(1, flag=False, help="parameter-server shards")
@@ -77,8 +79,8 @@ class DisdpSection:
                           "threads or processes")
     state: str = setting("memory", flag=False, choices=DISDP_STATES, help="where the servers keep their fp32 "
                          "weights and AdamW moments: memory, or ssd (the tiered store: a few buckets in memory)")
-    run_dir: str | None = setting(None, flag=False, path="path", help="the job's directory (statistics, the "
-                                  "servers' SSD state, traces); default: terastack-dist under the store's first "
+    run_dir: str | None = setting(None, flag=False, path="path", writes=True, help="the job's directory (statistics, "
+                                  "the servers' SSD state, traces); default: terastack-dist under the store's first "
                                   "directory (--store), else a temporary directory removed at the end")
     prefetch: int = setting(2, flag=False, help="bucket deliveries an agent may run ahead of its worker's compute")
     reshard: bool = setting(True, flag=False, help="release each layer after its forward and fetch it again for "

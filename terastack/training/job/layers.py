@@ -232,8 +232,25 @@ def write_job_file(job: JobConfig, path: str | os.PathLike, *, command: str = "t
     Path(path).write_text(text)
 
 
-__all__ = ["Layer", "SettingError", "build_job", "merge_layers", "parse_overrides", "read_job_file", "resolve_job",
-           "write_job_file"]
+__all__ = ["Layer", "SettingError", "build_job", "merge_layers", "other_engine_note", "parse_overrides",
+           "read_job_file", "resolve_job", "with_settings", "write_job_file"]
+
+
+def other_engine_note(job: JobConfig, section: str, *, command: str) -> str | None:
+    """[Note: settings of the other engine]
+    A job file runs on either engine (``terastack finetune``, ``terastack dist train``), so the section of one
+    engine's own knobs (``offload``, ``disdp``) may stand in a job the other runs. The other engine's command
+    takes no flag for them, and names the ones the job gives in one note line rather than refusing the file:
+    they are not lost without a word, and the same file still runs on their engine. None when the job gives
+    none of ``section``'s settings."""
+    cls = sections_of(type(job))[section]
+    values, default = getattr(job, section), cls()   # defaults as read (a size as bytes)
+    given = [f"{section}.{f.name}" for f in dataclasses.fields(cls)
+             if getattr(values, f.name) != getattr(default, f.name)]
+    if not given:
+        return None
+    kind = "settings" if len(given) > 1 else "a setting"
+    return f"note: {', '.join(given)}: {kind} of {cls.ENGINE}, not used by {command}"
 
 
 def with_settings(job: JobConfig, changes: dict) -> JobConfig:

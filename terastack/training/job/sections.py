@@ -32,6 +32,8 @@ ROPE_SCALINGS = ("linear", "dynamic", "yarn")
 BASE_FORMATS = ("auto", "nf4", "native")
 #: a job's length when it gives neither steps nor epochs
 DEFAULT_STEPS = 20
+#: the export's largest safetensors file before it is sharded (transformers' default)
+OUTPUT_SHARD_SIZE = "5GB"
 
 
 def _check_size(section, name: str, *, keep: bool = False) -> None:
@@ -124,8 +126,9 @@ class TrainingSection:
     steps: int | None = setting(None, help="optimizer steps (default 20)")
     epochs: float | None = setting(None, help="passes over the training rows instead of --steps (each epoch in "
                                    "its own seeded order)")
-    seq_len: int = setting(128, help="tokens per row")
-    batch_size: int = setting(4, help="rows per micro-batch")
+    seq_len: int = setting(128, help="tokens per row of a micro-batch: with --batch-size, what activations and the "
+                           "plan are sized for")
+    batch_size: int = setting(4, help="rows per micro-batch, each of --seq-len tokens")
     grad_accum: int = setting(1, metavar="N", help="micro-batches per optimizer step; the loss is the mean over "
                               "their target tokens")
     lr: float | None = setting(None, help="peak learning rate (default 3e-4; 1e-5 for a pretrained model; 1e-4 "
@@ -171,6 +174,9 @@ class TrainingSection:
         one_of(self, "optimizer", OPTIMIZER_NAMES)
         if self.warmup_ratio is not None and not 0 <= self.warmup_ratio <= 1:
             raise SettingError("training.warmup_ratio", f"must be in [0, 1], got {self.warmup_ratio}")
+        if self.min_lr and self.lr_schedule == "constant":
+            raise SettingError("training.min_lr", "the floor of a linear or cosine decay; give --lr-schedule "
+                               "linear or cosine (the schedule is constant)")
 
     @property
     def step_count(self) -> int | None:
@@ -227,7 +233,7 @@ class StoreSection:
 
     dirs: str | tuple[str, ...] | None = setting(
         None, flat="store", metavar="DIR", help="directory on the SSD for the training state; several (one per "
-        "SSD) with commas between them (default: a temporary directory)", path="paths")
+        "SSD) with commas between them (default: a temporary directory)", path="paths", writes=True)
     device_budget: str | int | None = setting(None, help="accelerator memory to use, e.g. 20GiB (default: auto)")
     host_budget: str | int | None = setting(None, help="host memory for training state and working sets, e.g. "
                                             "64GiB (default: auto; the built-in model gets a quarter of its "
@@ -258,7 +264,8 @@ class CheckpointSection:
     """checkpoints and resuming"""
     SECTION = "checkpoint"
 
-    dir: str | None = setting(None, flat="checkpoint", metavar="DIR", path="path", help="write checkpoints to DIR")
+    dir: str | None = setting(None, flat="checkpoint", metavar="DIR", path="path", writes=True,
+                              help="write checkpoints to DIR")
     every: int = setting(0, flat="checkpoint_every", metavar="N", help="checkpoint every N steps (default: only "
                          "at the end when --checkpoint is given)")
     resume: str | None = setting(None, metavar="DIR", help="continue from the checkpoint in DIR: the schedule and "
@@ -267,6 +274,8 @@ class CheckpointSection:
     def __post_init__(self) -> None:
         read_fields(self)
         at_least(self, "every", 0)
+        if self.every and self.dir is None:
+            raise SettingError("checkpoint.every", "needs --checkpoint DIR, where the checkpoints go")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -278,16 +287,18 @@ class OutputSection:
                               "trained model (save_pretrained format, a peft adapter with --lora) and its "
                               "tokenizer, metrics.jsonl and finetune.yaml (the resolved job: repeat it with "
                               "--config). Written under DIR.partial while training and renamed to DIR when "
-                              "complete", path="path")
-    metrics: str | None = setting(None, metavar="FILE", path="path", help="per-step metrics as JSON lines "
-                                  "(default: DIR/metrics.jsonl with --output); also TensorBoard events beside it "
+                              "complete", path="path", writes=True)
+    metrics: str | None = setting(None, metavar="FILE", path="path", writes=True, help="per-step metrics as JSON "
+                                  "lines (default: DIR/metrics.jsonl with --output); also TensorBoard events beside it "
                                   "when the tensorboard package is installed")
-    max_shard_size: str | int = setting("5GB", metavar="SIZE", help="split the exported weights into safetensors "
+    max_shard_size: str | int = setting(OUTPUT_SHARD_SIZE, metavar="SIZE", help="split the exported weights into safetensors "
                                         "shards of at most SIZE with an index file, as transformers does")
 
     def __post_init__(self) -> None:
         read_fields(self)
         _check_size(self, "max_shard_size", keep=True)
+        if self.dir is None and self.max_shard_size != OUTPUT_SHARD_SIZE:
+            raise SettingError("output.max_shard_size", "shards the export: needs --output DIR")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -321,6 +332,10 @@ class LoraSection:
             raise SettingError("lora.dropout", f"must be in [0, 1), got {self.dropout}")
         if isinstance(self.target_modules, str) and self.target_modules != "auto":
             self.target_modules = tuple(m.strip() for m in self.target_modules.split(",") if m.strip())
+        if self.rank is None:  # an adapter's settings without an adapter would change nothing
+            given = [f.name for f in dataclasses.fields(self) if f.name != "rank" and getattr(self, f.name) != f.default]
+            if given:
+                raise SettingError(f"lora.{given[0]}", "a setting of a LoRA adapter: give --lora R too")
 
 
 class SectionedJob:
@@ -368,6 +383,27 @@ class SectionedJob:
                     changes[f.name] = absolute(value)
             sections[name] = dataclasses.replace(section, **changes) if changes else section
         return dataclasses.replace(self, **sections)
+
+    def named_paths(self, *, written: bool | None = None) -> dict[str, str]:
+        """Every file system path the job names (its ``setting(path=...)`` settings; one of several directories
+        each by itself; a name that may be a built-in or a Hub id only when it exists here), by the flag that gives
+        it (``section.field`` where the setting has no flag). ``written``: only those it writes (True) or only
+        those it reads (False)."""
+        out: dict[str, str] = {}
+        for name in sections_of(type(self)):
+            section = getattr(self, name)
+            for f in dataclasses.fields(section):
+                kind, value = f.metadata.get("path"), getattr(section, f.name)
+                if kind is None or not isinstance(value, str) or not value:
+                    continue
+                if written is not None and f.metadata.get("writes", False) != written:
+                    continue
+                label = f"--{flat_name(f).replace('_', '-')}" if f.metadata.get("flag", True) else f"{name}.{f.name}"
+                values = [p.strip() for p in value.split(",")] if kind == "paths" else [value]
+                for i, v in enumerate(values):
+                    if kind != "path_or_name" or os.path.exists(os.path.expanduser(v)):
+                        out[label if len(values) == 1 else f"{label} ({i + 1})"] = os.path.expanduser(v)
+        return out
 
     def to_dict(self, *, everything: bool = False) -> dict:
         """``{section: {field: value}}`` of the settings that differ from their defaults (all of them with

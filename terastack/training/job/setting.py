@@ -35,14 +35,18 @@ PATH_KINDS = ("path", "paths", "path_or_name")
 
 
 def setting(default=MISSING, *, help: str, flat: str | None = None, aliases: tuple[str, ...] = (),
-            choices: tuple | None = None, metavar: str | None = None, flag: bool = True, path: str | None = None):
+            choices: tuple | None = None, metavar: str | None = None, flag: bool = True, path: str | None = None,
+            writes: bool = False):
     """A job setting (see [Note: a job setting is one field]). ``flat``: its name at a file's top level, as an
     override and as a flag (default: the field's name); ``aliases``: more flag names; ``flag=False``: no flag;
-    ``path``: one of :data:`PATH_KINDS` when the value names files (a saved job stores it absolute)."""
+    ``path``: one of :data:`PATH_KINDS` when the value names files (a saved job stores it absolute); ``writes``:
+    the job writes there (checked before it starts: [Note: room to write] in terastack.disk_room)."""
     if path is not None and path not in PATH_KINDS:
         raise TypeError(f"setting(path=...): one of {PATH_KINDS}, got {path!r}")
+    if writes and path is None:
+        raise TypeError("setting(writes=True) names a path: give path=...")
     meta = {"help": help, "flat": flat, "aliases": tuple(aliases), "choices": choices, "metavar": metavar,
-            "flag": flag, "path": path}
+            "flag": flag, "path": path, "writes": writes}
     if isinstance(default, (list, dict, set)):
         raise TypeError("a setting's default is immutable (a tuple, not a list)")
     return dataclasses.field(default=default, metadata=meta)

@@ -66,8 +66,12 @@ def test_sliced_embedding_and_head_train_as_the_whole_modules(fmt, tmp_path, tra
         tol = 1e-5 if fmt == "adamw" else 5e-2 * LR
         for name, p in ref.named_parameters():
             assert torch.allclose(t.parameter(name), p.detach(), rtol=0, atol=tol), name
-        # the padding row of the embedding (in part 2) takes no gradient, as nn.Embedding's padding_idx says
-        assert torch.equal(t.parameter("model.embed_tokens.weight")[700], ref.model.embed_tokens.weight[700])
+        # the padding row of the embedding (in part 2) takes no gradient, as nn.Embedding's padding_idx says: with
+        # AdamW it stays as it was, bit for bit. (8-bit AdamW moves it too, in the library as here: its update reads
+        # the block's quantized moments, whose absmax is a float sum in another order; the row is within ``tol``
+        # above, 7e-13 apart on one machine, equal on another.)
+        if fmt == "adamw":
+            assert torch.equal(t.parameter("model.embed_tokens.weight")[700], ref.model.embed_tokens.weight[700])
         if fmt == "adamw8bit":
             # the parts' blocks are the whole tensor's blocks: the joined state is the library's (absmax per block
             # equal to float rounding; an 8-bit code may differ by one where a value sits on a rounding edge)

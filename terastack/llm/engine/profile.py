@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
@@ -41,10 +40,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from terastack.training.hf.model_files import check_seq_len
 from terastack.plan.base_formats import nf4_bytes
+from terastack.plan.llm_plan import PlanError
 from terastack.llm.engine import causal_loss
 from terastack.llm.engine.meta_kernels import MetaKernels, register_flop_formulas
 from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
-from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
+from terastack.plan.llm_profile import CalibrationBytes, ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs come back as allocated zeros until this many bytes of them were made in one pass, then as
 #: broadcast zeros (the head's logits; every output of a batch too wide to hold): the pass runs before the plan
@@ -144,11 +144,12 @@ def head_units(units, order: list[int]) -> list[int]:
 def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
                   calibrate: bool = False, device: torch.device | None = None, packed: bool = False,
                   times_file: Path | None = None, recalibrate: bool = False,
-                  time_missing: bool = True) -> ModelProfile:
+                  time_missing: bool = True, budget: tuple[str, int] | None = None) -> ModelProfile:
     """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
     places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own. ``packed``: rows
     of several examples (position ids restarting), whose explicit block-diagonal attention mask each layer's
-    attention also saves."""
+    attention also saves. ``budget``: (name, bytes) the calibration holds itself within ([Note: calibrating
+    within the budget])."""
     check_seq_len(model.config, seq_len)
     rec = _Recorder()
     install_units(model, units, rec)
@@ -165,7 +166,8 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
         raise RuntimeError(f"profile: units {missing[:3]} never ran in the model's forward")
     nf4_local = {u.index: frozenset(lname for lname, c in u.tensors.items() if tensors[c].nf4) for u in units}
     times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes, times_file=times_file,
-                       recalibrate=recalibrate, nf4_local=nf4_local, time_missing=time_missing) if calibrate else {}
+                       recalibrate=recalibrate, nf4_local=nf4_local, time_missing=time_missing,
+                       budget=budget) if calibrate else {}
     owner: dict[str, int] = {}
     for i in order:
         for cname in units[i].tensors.values():
@@ -212,7 +214,7 @@ def _signature(unit) -> tuple:
 
 
 _CALIBRATED: dict[tuple, tuple[float, float]] = {}
-#: a unit whose weights take this much is timed on one copy (see [Note: calibrating with weights from memory])
+#: a unit whose weights take this much is timed on one copy ([Note: calibrating with weights from memory])
 _CACHE_COLD_BYTES = 64 << 20
 #: a unit is timed for at least this long (after two warm-up runs) ... see [Note: stable calibrated times]
 _MIN_TIMED_S = 0.3
@@ -243,30 +245,57 @@ def _read_times(path: Path | None) -> dict:
         if isinstance(data, dict) else {}
 
 
+def _weights_at_rest(unit, shapes, nf4_names: frozenset, *, device: torch.device, dtype: torch.dtype,
+                     gen: torch.Generator) -> dict:
+    """One copy of a unit's random weights as the step holds them at rest: in the compute dtype, or as NF4
+    records for ``nf4_names``. Each is drawn in the compute dtype and scaled in place, and an NF4 weight's dense
+    values are let go once encoded, so making them holds no more than one dense tensor beyond the copy."""
+    from terastack.training.hf import nf4
+
+    out = {}
+    for n, shape in shapes:
+        w = torch.randn(shape, generator=gen, dtype=dtype).mul_(0.02)
+        out[n] = nf4.encode(w).to(device) if n in nf4_names else w.to(device).requires_grad_(unit.trainable[n])
+        del w
+    return out
+
+
+def calibration_bytes(unit, record: dict, flat, floating_in, *, compute_bytes: int,
+                      nf4_names: frozenset) -> CalibrationBytes:
+    """What timing ``unit`` holds at once ([Note: calibrating within the budget]), from its shapes and the profile
+    pass's ``record`` of it (activations saved, output bytes)."""
+    at_rest = working = 0
+    for n, p in unit.module.named_parameters(remove_duplicate=False):
+        dense = p.numel() * compute_bytes
+        at_rest += nf4_bytes(p.numel()) if n in nf4_names else dense
+        # the dequantized copy it computes with; a trainable weight's gradient
+        working += dense if n in nf4_names or unit.trainable[n] else 0
+    inputs = sum(flat[j].numel() for j in floating_in) * compute_bytes
+    # the random inputs and their gradients, the output and the gradient fed to it, the saved activations and
+    # backward's gradients of them (each at most as large)
+    working += 2 * (inputs + record["out_bytes"] + record["act_bytes"])
+    return CalibrationBytes(at_rest=at_rest, working=working)
+
+
 def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: torch.dtype, compute_bytes: int,
-               gen: torch.Generator, reps: int, nf4_names: frozenset = frozenset()) -> tuple[float, float]:
-    """(forward, backward) seconds of one unit on random weights and inputs of the recorded call's shapes.
-    ``nf4_names``: its weights resting as NF4, dequantized inside each timed forward and backward as the step
-    dequantizes them on every acquire ([Note: a frozen NF4 base] in terastack.llm.engine.fetcher)."""
+               gen: torch.Generator, reps: int, nf4_names: frozenset = frozenset(), copies: int = 1) -> tuple[float, float]:
+    """(forward, backward) seconds of one unit on random weights and inputs of the recorded call's shapes, over
+    ``copies`` copies of its weights ([Note: calibrating with weights from memory]). ``nf4_names``: its weights
+    resting as NF4, held as their records only and dequantized inside each timed forward and backward as the
+    step dequantizes them on every acquire ([Note: a frozen NF4 base] in terastack.llm.engine.fetcher)."""
     from torch.utils import _pytree as pytree
 
     from terastack.training.hf import nf4
 
     shapes = [(n, p.shape) for n, p in unit.module.named_parameters(remove_duplicate=False)]
-    # [Note: calibrating with weights from memory] In a step every unit's weights come from memory, not
-    # from a cache the previous run of the same unit warmed; on a CPU the unit is timed over copies of
-    # its weights in turn (measured on llama-150m's layer: 70 ms on one copy, 81 ms over six, the
-    # latter within 5% of the layer's time inside the step). Units too big for any cache need one.
-    unit_bytes = sum(math.prod(shape) for _, shape in shapes) * compute_bytes
-    copies = 3 if device.type == "cpu" and unit_bytes < _CACHE_COLD_BYTES else 1
-    weight_sets = [{n: (torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02).to(device, dtype)
-                    .requires_grad_(unit.trainable[n]) for n, shape in shapes} for _ in range(copies)]
-    records = [{n: nf4.encode(w).to(device) for n, w in ws.items() if n in nf4_names} for ws in weight_sets]
+    weight_sets = [_weights_at_rest(unit, shapes, nf4_names, device=device, dtype=dtype, gen=gen)
+                   for _ in range(copies)]
     shape_of = dict(shapes)
 
     def acquire(k: int) -> dict:
         """Copy ``k``'s weights as a step acquires them: its NF4 records dequantized."""
-        return {**weight_sets[k], **{n: nf4.decode(r, tuple(shape_of[n]), dtype) for n, r in records[k].items()}}
+        return {n: nf4.decode(w, tuple(shape_of[n]), dtype) if n in nf4_names else w
+                for n, w in weight_sets[k].items()}
 
     buffers = {n: b.to(device) for n, b in unit.buffers.items()}
     real = [a.to(device) if isinstance(a, torch.Tensor) else a for a in flat]
@@ -288,7 +317,8 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
 
     while more():
         k = len(fwds) % copies
-        grad_in = [real[j] for j in floating_in] + [w for n, w in weight_sets[k].items() if unit.trainable[n]]
+        grad_in = [real[j] for j in floating_in] + [w for n, w in weight_sets[k].items()
+                                                    if unit.trainable[n] and n not in nf4_names]
         t0 = time.perf_counter()
         with torch.no_grad():
             torch.func.functional_call(unit.module, {**acquire(k), **buffers}, args, kwargs,
@@ -313,11 +343,12 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
 
 def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5, *,
                times_file: Path | None = None, recalibrate: bool = False, nf4_local: dict | None = None,
-               time_missing: bool = True) -> dict:
+               time_missing: bool = True, budget: tuple[str, int] | None = None) -> dict:
     """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}.
     ``times_file``: read times kept there (unless ``recalibrate``) and keep new ones there; ``nf4_local``: per
     unit index, the local names of its weights resting as NF4; ``time_missing=False``: only the times kept (or
-    measured earlier in this process), a unit without one left out."""
+    measured earlier in this process), a unit without one left out; ``budget``: (its name, bytes) that timing a
+    unit holds itself within ([Note: calibrating within the budget])."""
 
     dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
     done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
@@ -341,8 +372,12 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
         if sig not in done and not time_missing:
             continue
         if sig not in done:
+            need = calibration_bytes(unit, rec.records[i], flat, floating_in, compute_bytes=compute_bytes,
+                                     nf4_names=nf4_names)
             done[sig] = _time_unit(unit, flat, spec, floating_in, device=device, dtype=dtype,
-                                   compute_bytes=compute_bytes, gen=gen, reps=reps, nf4_names=nf4_names)
+                                   compute_bytes=compute_bytes, gen=gen, reps=reps, nf4_names=nf4_names,
+                                   copies=_copies(unit, need, device=device, compute_bytes=compute_bytes,
+                                                  budget=budget))
         if kept.get(key) != done[sig]:
             kept[key] = done[sig]
             changed = True
@@ -355,6 +390,41 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
     return out
 
 
+def _copies(unit, need: CalibrationBytes, *, device: torch.device, compute_bytes: int,
+            budget: tuple[str, int] | None) -> int:
+    """How many copies of ``unit``'s weights it is timed over: three on a CPU for a unit that fits a cache, fewer
+    where they would not fit ``budget``; refused (a PlanError naming the budget) where one copy does not fit.
+
+    [Note: calibrating with weights from memory]
+    In a step every unit's weights come from memory, not from a cache the previous run of the same unit warmed; on
+    a CPU the unit is timed over copies of its weights in turn (measured on llama-150m's layer: 70 ms on one copy,
+    81 ms over six, the latter within 5% of the layer's time inside the step). Units too big for any cache need one.
+
+    [Note: calibrating within the budget]
+    Timing a unit is set-up's largest working set: at 70B a decoder layer is 0.86B parameters, and timing it on
+    dense random weights (1.7 GB in bf16, drawn in fp32) beside their NF4 records and the copy dequantized from
+    them held 4.8-6 GiB, which a 3.5 GiB budget's step never holds, and the 70B row's watchdog stopped it in
+    set-up. So a unit is timed holding what the step holds for the unit computing: its weights as they rest (an
+    NF4 base as its records only; the dense values each is drawn as are let go once encoded), the copy it
+    computes with (dequantized for each forward and backward, as the step's acquire does), its inputs, output,
+    activations and gradients (:func:`calibration_bytes`). Before anything is made for it, those bytes (times
+    the copies above) are held against the budget the trainer's memory has before its store holds anything (the
+    device budget, or with one memory budget what the tiers share of it): copies are dropped to fit, and a unit
+    one copy of which does not fit is refused, as its step would be."""
+    dense = sum(p.numel() for _, p in unit.module.named_parameters(remove_duplicate=False)) * compute_bytes
+    copies = 3 if device.type == "cpu" and dense < _CACHE_COLD_BYTES else 1
+    if budget is None:
+        return copies
+    name, limit = budget
+    while copies > 1 and need.held(copies) > limit:
+        copies -= 1
+    if need.held(copies) > limit:
+        raise PlanError(name, needed=need.held(1), available=limit, limit=limit,
+                        what=f"timing unit {unit.path} on this machine (its weights as they rest, the copy it "
+                             "computes with, its inputs, activations and gradients)")
+    return copies
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -363,11 +433,11 @@ def _sync(device: torch.device) -> None:
 def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, name: str, lora=None,
                    calibrate: bool = False, device: torch.device | None = None, times_file: Path | None = None,
                    recalibrate: bool = False, vocab_slice: int = 0, optimizer: str = "adamw", packed: bool = False,
-                   time_missing: bool = True) -> ModelProfile:
+                   time_missing: bool = True, budget: tuple[str, int] | None = None) -> ModelProfile:
     """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
     layers and the second one repeated: decoder layers of one model are identical. ``times_file``,
-    ``recalibrate``, ``time_missing``: see :func:`_calibrate`; ``vocab_slice``, ``optimizer``: the job's, which
-    decide the vocabulary slices (terastack.llm.vocab_slices); ``packed``: as :func:`profile_model`."""
+    ``recalibrate``, ``time_missing``, ``budget``: see :func:`_calibrate`; ``vocab_slice``, ``optimizer``: the
+    job's, which decide the vocabulary slices (terastack.llm.vocab_slices); ``packed``: as :func:`profile_model`."""
     import copy
 
     from terastack.llm import vocab_slices
@@ -393,7 +463,7 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
     profile = profile_model(model, units, tensors, batch=batch, seq_len=seq_len,
                             compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
                             calibrate=calibrate, device=device, times_file=times_file, recalibrate=recalibrate,
-                            packed=packed, time_missing=time_missing)
+                            packed=packed, time_missing=time_missing, budget=budget)
     return profile if small is hf_config else repeat_layers(profile, layers)
 
 

@@ -154,12 +154,14 @@ def test_the_engine_is_a_training_engine():
 @pytest.mark.timeout(300)
 def test_the_servers_run_adafactor_and_resume_it_on_fewer(tmp_path):
     """training.optimizer on the servers: Adafactor, each bucket cut between parameters over 2 servers (a
-    one-parameter bucket whole on one of them). The checkpoint after 2 steps holds Adafactor's own state, a
-    resume on one server continues it, and the export equals finetune's 3 steps within 1e-5, as AdamW's does."""
+    one-parameter bucket whole on one of them, the other's slice empty), its statistics resting on the SSD. The
+    checkpoint after 2 steps holds Adafactor's own state, a resume on one server continues it, and the export
+    equals finetune's 3 steps within 1e-5, as AdamW's does."""
     from terastack.training.checkpoint import open_checkpoint
 
     job_file = write_chat_job(tmp_path, workers=1, model_size=(2, 64), training__optimizer="adafactor",
-                              training__lr_schedule="constant", disdp__servers=2, disdp__aggregator=False)
+                              training__lr_schedule="constant", disdp__servers=2, disdp__aggregator=False,
+                              disdp__state="ssd")
     ckpt = tmp_path / "ckpt"
     first = launch_job(resolve_job(file=job_file, flags={}, overrides=[f"checkpoint.dir={ckpt}", "training.steps=2",
                                                                        f"output.dir={tmp_path / 'two'}"], log=None),

@@ -84,8 +84,6 @@ def roles_of(job) -> RoleMap:
 #: than its default); the offloaded engine's section (offload.*) is named in a note instead: a job file runs on
 #: either engine ([Note: settings of the other engine] in terastack.training.job.layers)
 NOT_SERVED = {
-    "training.optimizer": "the parameter servers keep AdamW's fp32 moments (adamw8bit and adafactor: terastack "
-                          "finetune)",
     "schedule.optimizer": "when updates run is the offloaded engine's schedule; the servers update after the "
                           "gradients of a bucket arrive",
     "schedule.active_offload": "the offloaded engine's schedule; the servers update as the gradients arrive",

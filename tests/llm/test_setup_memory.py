@@ -2,6 +2,7 @@
 the store hold no more than the memory budget gives the tiers, counted in bytes of tensors held
 (tests/llm/held_bytes.py), not read from the process's resident memory."""
 import pytest
+import torch
 
 from .held_bytes import HeldBytes
 from terastack.llm import Trainer
@@ -49,14 +50,16 @@ def test_setup_holds_within_the_memory_budget(tmp_path, trainer_config, quick_ti
     assert 0 < held.peak <= tier_memory(parse_bytes(budget))
 
 
-def test_a_unit_that_cannot_be_timed_within_the_budget_is_refused_before_anything_is_made(tmp_path, trainer_config,
-                                                                                          quick_timing):
+def test_a_unit_that_cannot_be_timed_within_the_budget_is_refused_before_anything_is_made(quick_timing):
     """Under 2 MiB one copy of the layer's weights and the copy it computes with do not fit: refused naming the
-    memory budget and the unit, as its step would be, before any weight is drawn for it."""
+    budget and the unit, as its step would be, before any weight is drawn for it (a trainer's plan refuses such a
+    budget before it times anything; ``plan llm`` times units without that plan)."""
     with HeldBytes() as held:
         with pytest.raises(PlanError, match=r"memory budget exceeded for timing unit .*layers\.0 .*short by"):
-            Trainer.from_config(wide_llama(), setup_config(trainer_config, "2MiB"), name="wide")
-    assert held.peak < tier_memory(2 << 20)
+            profile.profile_config(wide_llama(), batch=1, seq_len=16, dtype=torch.float32, name="wide",
+                                   lora=LoraSpec(r=4, alpha=8, base_format="nf4"), calibrate=True,
+                                   budget=("memory", 2 << 20))
+    assert held.peak < 2 << 20
 
 
 class SlowDisk:

@@ -66,27 +66,64 @@ def measure_cpu_adam(seconds: float = 1.0, params: int = 16 << 20) -> float:
     return params * reps / elapsed
 
 
-def measure_cpu_updates(seconds: float = 1.0, params: int = 16 << 20) -> dict:
-    """The CPU update rate of each optimizer format other than AdamW, from its reference library (the engine calls
-    the same kernels): bitsandbytes' 8-bit AdamW where bitsandbytes is installed, torch's Adafactor on square
-    matrices."""
-    import importlib.util
+def measure_cpu_updates(seconds: float = 1.0, params: int = 4 << 20, chunk: int = 1 << 20, *,
+                        names: tuple[str, ...] | None = None) -> dict:
+    """The CPU update rate of each optimizer format other than AdamW, as a step updates: the format's own
+    ``update`` over ``params`` elements of one matrix in optimizer chunks of ``chunk`` elements
+    (:func:`format_update`), for every format whose library is installed. [Note: a format's rate as the step
+    updates]
 
-    side = int(params ** 0.5)
+    The library's own optimizer on one large matrix (what this measured before) is another computation than the
+    step's update: 8-bit AdamW joins the chunks of a run into one library call and copies the result back (each
+    chunk's state is a record of its own), and Adafactor's step is torch's functional ``adafactor`` on the whole
+    matrix without the optimizer class around it. Measured in one process beside three steps of llama-150m on
+    the shared 2-core machine (2026-12-06, load 3-10; the step's update spans less their waits,
+    ``update_s`` in terastack.llm.bench.step_timeline), the library's class ran 1.4-3.4x as fast as the step's
+    8-bit update (median 2.5x) and this measurement 0.9-1.9x (median 1.3x); for Adafactor 0.3-2.1x (median 1.3x)
+    and 0.7-2.1x (median 1.1x). A shared machine's figures say which measurement follows the step, not the
+    step's quiet rate. The planner prices a format's update at this rate (``Hardware.update_rate``). ``names``: only these formats."""
+    from terastack.plan.optimizer_formats import FORMATS
+
     rates = {}
-    makers = {"adafactor": lambda ps: torch.optim.Adafactor(ps, lr=1e-3)}
-    if importlib.util.find_spec("bitsandbytes") is not None:
-        import bitsandbytes.optim
-
-        makers["adamw8bit"] = lambda ps: bitsandbytes.optim.AdamW8bit(ps, lr=1e-3)
-    for name, make in makers.items():
-        p = torch.nn.Parameter(torch.randn(side, side))
-        p.grad = torch.randn(side, side)
-        opt = make([p])
-        opt.step()  # the state is allocated on the first step
-        reps, elapsed = _timed(opt.step, seconds)
-        rates[name] = side * side * reps / elapsed
+    for name, fmt in FORMATS.items():
+        if name == "adamw" or (names is not None and name not in names):
+            continue   # measure_cpu_adam: torch's fused AdamW, the kernel the step calls over its chunks
+        try:
+            fmt.require()
+        except ImportError:
+            continue   # not installed: the planner prices it at AdamW's rate, and the job is refused anyway
+        update, numel = format_update(fmt, params, chunk)
+        reps, elapsed = _timed(update, seconds)
+        rates[name] = numel * reps / elapsed
     return rates
+
+
+def format_update(fmt, params: int, chunk: int):
+    """(one update of ``fmt``, its elements): ``params`` elements of a matrix 1024 wide in the chunks the
+    optimizer hands the format (``fmt.chunk_elements(chunk)`` elements each, its master and gradient views of
+    whole tensors, each chunk's state parts tensors of their own, a part of the whole matrix with its first chunk),
+    updated at the next step count each call."""
+    from types import SimpleNamespace
+
+    width = 1024
+    shape = (max(1, params // width), width)
+    numel = shape[0] * width
+    c = fmt.chunk_elements(chunk)
+    param, grad = torch.randn(numel), torch.randn(numel)
+    chunks = []
+    for lo in range(0, numel, c):
+        hi = min(lo + c, numel)
+        state = {p.key: torch.zeros(p.span(lo, hi)[1] - p.span(lo, hi)[0], dtype=p.dtype) if p.chunked
+                 else torch.zeros(p.shape(shape), dtype=p.dtype) for p in fmt.parts(shape) if p.chunked or lo == 0}
+        chunks.append(SimpleNamespace(name="w", lo=lo, hi=hi, shape=shape, param=param[lo:hi], grad=grad[lo:hi],
+                                      state=state))
+    hyper = SimpleNamespace(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    steps = [0]
+
+    def update() -> None:
+        fmt.update(chunks, [steps[0]] * len(chunks), lr=1e-3, hyper=hyper, impl={})
+        steps[0] += 1
+    return update, numel
 
 
 def measure_ssd(directory: str, file_bytes: int, rand_seconds: float = 2.0) -> dict:

@@ -30,6 +30,38 @@ def test_compute_measurements_are_plausible():
     assert "adamw8bit" not in rates or 1e3 < rates["adamw8bit"] < 1e12
 
 
+@pytest.mark.parametrize("name", ["adafactor", "adamw8bit"])
+def test_a_formats_rate_is_its_update_as_the_step_calls_it(monkeypatch, name):
+    """[Note: a format's rate as the step updates] The probe times the format's own ``update`` (the call the step's
+    optimizer makes) over optimizer chunks as the optimizer hands them over: several chunks a call, the master and
+    gradient views of one tensor each, each chunk's state parts tensors of their own, the step count moving each
+    call. The rate is the elements updated per second of the clock: here a fake one, 1 s per update."""
+    from terastack.plan import optimizer_formats as formats
+
+    fmt = formats.optimizer_format(name)
+    if name == "adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    seen, clock = [], [0.0]
+    original = type(fmt).update
+
+    def counted(self, chunks, steps, **kw):
+        seen.append((chunks, list(steps)))
+        clock[0] += 1.0
+        return original(self, chunks, steps, **kw)
+
+    monkeypatch.setattr(type(fmt), "update", counted)
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+    rates = probe.measure_cpu_updates(2.5, params=1 << 16, chunk=1 << 14, names=(name,))
+    # one call before the clock starts, then calls until 2.5 s have passed: 3 calls in 3 s
+    assert rates[name] == pytest.approx(3 * (1 << 16) / 3.0)
+    assert [steps for _, steps in seen] == [[k] * 4 for k in range(4)]
+    for chunks, _ in seen:
+        assert [(c.lo, c.hi) for c in chunks] == [(k << 14, (k + 1) << 14) for k in range(4)]
+        masters = {c.param.untyped_storage().data_ptr() for c in chunks}
+        states = [t.untyped_storage().data_ptr() for c in chunks for t in c.state.values()]
+        assert len(masters) == 1 and len(set(states)) == len(states)
+
+
 def test_cache_roundtrip_and_hypothetical_overrides(tmp_path):
     hw = PRESETS["rtx4090-workstation"]
     path = save_probe(hw, tmp_path / "p.json")

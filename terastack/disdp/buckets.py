@@ -5,7 +5,17 @@ the parameters registered before the repeated layers (the embeddings), buckets
 1..L hold one layer each, and the *head* buckets after them hold the
 parameters registered after the layers, one bucket per module that holds them
 (``head.model.norm``, ``head.lm_head``). Each bucket is one flat fp32 vector;
-server ``s`` of ``S`` owns the contiguous slice ``[n*s//S, n*(s+1)//S)`` of it.
+server ``s`` of ``S`` owns a contiguous slice of it, about ``[n*s//S, n*(s+1)//S)``
+([Note: slices the optimizer can update apart]).
+
+[Note: slices the optimizer can update apart]
+A server updates its slice with the job's optimizer format (terastack.plan.optimizer_formats), and a format
+may not update any part of a parameter apart from the rest: 8-bit AdamW quantizes blocks of 256 elements from
+the parameter's start, and Adafactor's statistics are over the whole matrix. So a slice boundary falls where
+the format can cut a parameter (:meth:`~terastack.plan.optimizer_formats.OptimizerFormat.piece_unit`: anywhere
+for AdamW, a block boundary for 8-bit AdamW, a parameter's end for Adafactor), the one nearest to the even
+share. A server's slice of a small bucket may then be empty (Adafactor's one-parameter head bucket on two
+servers): it sends, receives and updates nothing of it.
 
 [Note: the root and the head apart]
 With a 32K vocabulary the embedding and the head are each larger than a
@@ -41,6 +51,7 @@ once. Between steps a worker holds no parameters at all.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from dataclasses import dataclass
@@ -86,21 +97,29 @@ ROOT, HEAD = "root", "head"
 
 
 class Layout:
-    """Buckets of a model's parameters and their split over ``servers`` shards."""
+    """Buckets of a model's parameters and their split over ``servers`` shards, cut where ``optimizer``'s format
+    can update the pieces apart ([Note: slices the optimizer can update apart])."""
 
-    def __init__(self, buckets: list[Bucket], servers: int):
+    def __init__(self, buckets: list[Bucket], servers: int, *, optimizer: str = "adamw"):
         """``buckets``: the root, one per layer, then the head's (named ``head.<module>``), if any."""
+        from terastack.plan.optimizer_formats import optimizer_format
+
         if servers < 1:
             raise ValueError(f"servers: need at least 1, got {servers}")
         self.buckets = buckets
         self.servers = servers
-        small = [b.name for b in buckets if b.numel < servers]
-        if small:
-            raise ValueError(f"servers: {servers} shards but bucket {small[0]!r} has fewer parameters than that")
+        self.optimizer = optimizer
+        fmt = optimizer_format(optimizer)
+        if fmt.block == 1 and not fmt.whole_tensor:
+            small = [b.name for b in buckets if b.numel < servers]
+            if small:
+                raise ValueError(f"servers: {servers} shards but bucket {small[0]!r} has fewer parameters than that")
+        self._cuts = [_cuts(b, servers, fmt) for b in buckets]
 
     @classmethod
-    def of(cls, model: nn.Module, servers: int) -> "Layout":
-        """The root, one bucket per layer and the head ([Note: the root and the head apart])."""
+    def of(cls, model: nn.Module, servers: int, *, optimizer: str = "adamw") -> "Layout":
+        """The root, one bucket per layer and the head ([Note: the root and the head apart]), sliced for
+        ``optimizer``'s format."""
         layers_name, layers = find_layers(model)
         layer_param_ids = [{id(p) for p in layer.parameters()} for layer in layers]
         in_layers = set().union(*layer_param_ids)
@@ -139,7 +158,7 @@ class Layout:
                 slots.append(ParamSlot(name, tuple(p.shape), offset, p.numel()))
                 offset += p.numel()
             buckets.append(Bucket(index, names[index], tuple(slots)))
-        return cls(buckets, servers)
+        return cls(buckets, servers, optimizer=optimizer)
 
     @property
     def tail(self) -> int:
@@ -160,11 +179,11 @@ class Layout:
         return sum(b.numel for b in self.buckets)
 
     def shard(self, bucket: int, server: int) -> tuple[int, int]:
-        n = self.buckets[bucket].numel
-        return n * server // self.servers, n * (server + 1) // self.servers
+        cuts = self._cuts[bucket]
+        return cuts[server], cuts[server + 1]
 
     def to_dict(self) -> dict:
-        return {"servers": self.servers, "buckets": [
+        return {"servers": self.servers, "optimizer": self.optimizer, "buckets": [
             {"name": b.name, "params": [[p.name, list(p.shape)] for p in b.params]} for b in self.buckets]}
 
     def fingerprint(self) -> str:
@@ -196,6 +215,25 @@ class Layout:
                 offset += numel
             buckets.append(Bucket(index, str(b["name"]), tuple(slots)))
         return buckets
+
+
+def _cuts(bucket: Bucket, servers: int, fmt) -> list[int]:
+    """Where the servers' slices of ``bucket`` start, and its end: each the point ``fmt`` can cut a parameter at
+    nearest to an even share ([Note: slices the optimizer can update apart])."""
+    n = bucket.numel
+    cuts = [0]
+    starts = [p.offset for p in bucket.params]
+    for s in range(1, servers):
+        even = n * s // servers
+        i = max(0, bisect.bisect_right(starts, even) - 1)
+        slot = bucket.params[i] if bucket.params else None
+        if slot is None:
+            cut = even
+        else:
+            unit = fmt.piece_unit(slot.numel)
+            cut = slot.offset + min(slot.numel, round((even - slot.offset) / unit) * unit)
+        cuts.append(min(n, max(cut, cuts[-1])))
+    return cuts + [n]
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from terastack.disdp.aggregator import Aggregator
 from terastack.disdp.control import Command, Control, Op, split_rows, target_tokens
 from terastack.disdp.roles import Role
 from terastack.disdp.server import AdamWConfig, ParameterServer, scratch_dir
-from terastack.disdp.server_state import COMPONENT, KINDS, ServerState
+from terastack.disdp.server_state import COMPONENT, ServerState, bucket_kinds, slice_regions
 from terastack.disdp.train_config import inject_fault
 from terastack.disdp.worker import ShardedModel
 from terastack.training.engine_protocol import StepCount, StepStats
@@ -142,16 +142,17 @@ class DisdpEngine:
 
     # ----------------------------------------------------------- the state
     def _pull(self, b: int, moments: bool) -> dict[str, torch.Tensor]:
-        """Bucket ``b`` whole (parameters, and the moments with ``moments``), asked of every server."""
+        """Bucket ``b`` whole (parameters, and the optimizer state's records with ``moments``), asked of every
+        server."""
         me = self.me
-        kinds = KINDS if moments else KINDS[:1]
-        out = {k: torch.empty(me.layout.buckets[b].numel) for k in kinds}
+        kinds = bucket_kinds(me.layout, b)
+        out = {k: torch.empty(n, dtype=dtype) for k, (dtype, n) in kinds.items() if moments or k == "param"}
         for s in range(me.roles.servers):
             self.control.send(torch.tensor([b, int(moments)], dtype=torch.int64), me.roles.server_rank(s))
         for s in range(me.roles.servers):
-            lo, hi = me.layout.shard(b, s)
-            for k in kinds:
-                self.control.recv(out[k][lo:hi], me.roles.server_rank(s))
+            for k, (_, lo, hi) in slice_regions(me.layout, b, s).items():
+                if k in out:
+                    self.control.recv(out[k][lo:hi], me.roles.server_rank(s))
         return out
 
     def _end_pulls(self) -> None:
@@ -178,10 +179,10 @@ class DisdpEngine:
         snapshot.load({COMPONENT: state, "progress": self.progress})
         self.control.announce(Command(op=Op.LOAD, adam_step=state.adam_step))
         for b in range(len(me.layout.buckets)):   # one tensor in memory at a time
-            for k in KINDS:
+            for k in bucket_kinds(me.layout, b):
                 full = state.read(b, k)
                 for s in range(me.roles.servers):
-                    lo, hi = me.layout.shard(b, s)
+                    _, lo, hi = slice_regions(me.layout, b, s).get(k, (None, 0, 0))
                     self.control.send(full[lo:hi], me.roles.server_rank(s))
 
     def save_pretrained(self, path, *, dtype: str | None = None, max_shard_size="5GB") -> Path:
@@ -299,11 +300,14 @@ class ServerPart:
     def state(self, command: Command) -> None:
         server, layout, control = self.server, self.me.layout, self.control
         if command.op is Op.LOAD:
-            for b in range(len(layout.buckets)):
-                lo, hi = layout.shard(b, self.me.index)
-                param, m, v = (control.recv(torch.empty(hi - lo), 0) for _ in KINDS)
-                server.load_bucket(b, param, m, v, command.adam_step)
-            server.moments.flush()
+            for b in range(len(layout.buckets)):   # rank 0 sends every kind of the bucket, an empty part if none
+                regions = slice_regions(layout, b, self.me.index)
+                parts = {k: control.recv(torch.empty(regions[k][2] - regions[k][1] if k in regions else 0,
+                                                     dtype=dtype), 0)
+                         for k, (dtype, _) in bucket_kinds(layout, b).items()}
+                server.load_bucket(b, parts.pop("param"), {k: v for k, v in parts.items() if k in regions},
+                                   command.adam_step)
+            server.optimizer_state.flush()
             return
         if command.op is Op.SAVE and self.me.index == 0:
             control.send(torch.tensor([float(server.adam_steps[0].item())], dtype=torch.float64), 0)
@@ -314,11 +318,11 @@ class ServerPart:
                 return
             control.send(server.params.get(b), 0)
             server.params.release(b)
-            if moments:
-                m, v = server.moments.get(b, self.me.job.disdp.timeout_s)
-                control.send(m, 0)
-                control.send(v, 0)
-                server.moments.release(b)
+            if moments:   # in the order slice_regions gives
+                state = server.optimizer_state.get(b, self.me.job.disdp.timeout_s)
+                for name in server.slices[b].records:
+                    control.send(state[name], 0)
+                server.optimizer_state.release(b)
 
     def figures(self) -> list[float]:
         return [float(self.server.host_state_bytes()), 0.0]

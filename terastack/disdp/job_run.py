@@ -84,8 +84,6 @@ def roles_of(job) -> RoleMap:
 #: than its default); the offloaded engine's section (offload.*) is named in a note instead: a job file runs on
 #: either engine ([Note: settings of the other engine] in terastack.training.job.layers)
 NOT_SERVED = {
-    "training.optimizer": "the parameter servers keep AdamW's fp32 moments (adamw8bit and adafactor: terastack "
-                          "finetune)",
     "schedule.optimizer": "when updates run is the offloaded engine's schedule; the servers update after the "
                           "gradients of a bucket arrive",
     "schedule.active_offload": "the offloaded engine's schedule; the servers update as the gradients arrive",
@@ -111,6 +109,12 @@ def check_job(job) -> None:
     if job.lora.rank is not None:
         raise SettingError("lora.rank", "the disaggregated engine trains every parameter; LoRA adapters are "
                            "trained by terastack finetune")
+    from terastack.plan.optimizer_formats import optimizer_format
+
+    try:   # the servers update with the job's format ([Note: a slice's optimizer state] in terastack.disdp.slice_state)
+        optimizer_format(job.training.optimizer).require()
+    except ImportError as exc:
+        raise SettingError("training.optimizer", f"{job.training.optimizer} " + str(exc).split(": ", 1)[1]) from None
     try:
         backend_for(job.disdp.device)   # NCCL without CUDA: refused before any rank starts
     except ValueError as exc:
@@ -154,7 +158,7 @@ def join_job(job) -> tuple[JobRank, Control]:
         if job.data.pack:
             check_packing(hf_config)   # packed rows need the attention that position ids restart
         meta_model = build_skeleton(hf_config)
-    mine = Layout.of(meta_model, d.servers) if meta_model is not None else None
+    mine = Layout.of(meta_model, d.servers, optimizer=job.training.optimizer) if meta_model is not None else None
     sent = [mine]
     dist.broadcast_object_list(sent, src=0, group=control.group)   # rank 0's layout, now on every rank
     layout = mine if mine is not None else sent[0]

@@ -232,7 +232,7 @@ def run_server(me: Rank) -> dict:
     finally:
         server.close()
     return dict(step_s=step_s, ingress_bytes=server.ingress_bytes, update_s=server.update_s,
-                optimizer_state_bytes=server.optimizer_bytes, host_moment_bytes=server.moments.host_bytes())
+                optimizer_state_bytes=server.optimizer_bytes, host_moment_bytes=server.optimizer_state.host_bytes())
 
 
 def run_aggregator(me: Rank) -> dict:

@@ -1,31 +1,32 @@
-"""A parameter-server shard: fp32 master weights and AdamW moments for its key ranges, and the update.
+"""A parameter-server shard: fp32 master weights and the optimizer's state for its key ranges, and the update.
 
 Server ``s`` owns slice ``s`` of every bucket (:meth:`Layout.shard`). Per step
 it sends its parameter slices to every agent in the schedule's fetch order,
 then, as the reduced gradients arrive bucket by bucket (last layer first),
-applies AdamW to each slice — overlapping the update of one bucket with the
+applies the job's optimizer to each slice — overlapping the update of one bucket with the
 workers' backward of the next.
 
-The AdamW math is PyTorch's own (``torch.optim.adamw.adamw``, the
-single-tensor CPU path that ``torch.optim.AdamW`` takes), so a server's update
-equals single-process AdamW on the same gradients.
+The update is the job's optimizer format's own (terastack.plan.optimizer_formats: PyTorch's single-tensor
+AdamW, bitsandbytes' 8-bit AdamW, PyTorch's Adafactor), over the slice's pieces of parameters as
+``terastack finetune`` hands it its chunks ([Note: a slice's optimizer state] in terastack.disdp.slice_state), so
+a server's update equals the single-process job's on the same gradients.
 
 [Note: where the optimizer state lives]
-``state="memory"``: parameters and moments are host tensors. ``state="ssd"``:
-the moments (two thirds of the state) rest on SSD in a
-:class:`terastack.tiers.TieredStore`; the moments of the next bucket in
-gradient order are prefetched while the current bucket is updated, and each
-bucket's are written back and evicted right after, so the host holds the
-moments of at most two buckets. The fp32 parameters stay in host memory (they
+``state="memory"``: parameters and optimizer state are host tensors. ``state="ssd"``:
+the optimizer state (AdamW's moments: two thirds of the state) rests on SSD in a
+:class:`terastack.tiers.TieredStore`; the state of the next bucket in
+gradient order is prefetched while the current bucket is updated, and each
+bucket's is written back and evicted right after, so the host holds the
+state of at most two buckets. The fp32 parameters stay in host memory (they
 are sent to every agent twice per step), or with ``tier_params`` rest on the
 SSD too, read in for their sends and their update.
 
 [Note: the server's host memory]
-With ``state="ssd"`` parameters and moments share one tiered store whose host
+With ``state="ssd"`` parameters and optimizer state share one tiered store whose host
 budget is ``host_budget`` (a job's ``store.host_budget``). A step cannot do
 without its *working set* (:meth:`ParameterServer.Config.working_set`): the
 parameters of the sends in flight, the bucket being updated (parameters and
-both moments), and the moments of the bucket before it while they are written
+optimizer state: AdamW's two moments), and the state of the bucket before it while it is written
 back. Everything else is read ahead only into free room, and dropped again
 (unmodified) when a take needs the room, so the budget bounds the store's
 memory whatever the SSD's speed; a budget below the working set is refused at
@@ -59,23 +60,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import torch
 import torch.distributed as dist
-from torch.optim.adamw import adamw
 
 from terastack import trace
 from terastack.constants import padded_size
 from terastack.disdp.comm import Comm, Kind, Pending, tag
 from terastack.disdp.buckets import Layout, Schedule
 from terastack.disdp.roles import RoleMap
-from terastack.disdp.server_memory import HostParams, MemoryMoments, StateStore, TieredMoments, TieredParams
+from terastack.disdp.server_memory import HostParams, MemoryState, StateStore, TieredParams, TieredState
+from terastack.disdp.slice_state import SliceState
 from terastack.units import format_bytes
 from terastack.training.job.engine_sections import DISDP_STATES
 
 #: where the servers keep their state: the job's choices (one copy, in the job's disdp section)
 STATES = DISDP_STATES
-#: elements of a bucket's slice updated at once (AdamW's temporaries: 16 MiB)
-UPDATE_CHUNK = 4 << 20
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,18 +128,20 @@ class ParameterServer:
             if self.host_budget is not None and self.host_budget <= 0:
                 raise ValueError(f"host_budget: must be > 0 bytes, got {self.host_budget}")
 
-        def working_set(self, largest: int) -> int:
-            """The host bytes a step cannot do without, ``largest`` the padded bytes of the largest slice: the
-            parameters of the sends in flight, one bucket's parameters and moments being updated, and the
-            moments of the bucket before it still being written back ([Note: the server's host memory])."""
-            return ((self.send_window if self.tier_params else 0) + 1 + 2 + 2) * largest
+        def working_set(self, largest: int, state: int | None = None) -> int:
+            """The host bytes a step cannot do without, ``largest`` the padded bytes of the largest slice and
+            ``state`` of the largest slice's optimizer state (default: AdamW's two moments, ``2 * largest``): the
+            parameters of the sends in flight, one bucket's parameters and state being updated, and the state
+            of the bucket before it still being written back ([Note: the server's host memory])."""
+            state = 2 * largest if state is None else state
+            return ((self.send_window if self.tier_params else 0) + 1) * largest + 2 * state
 
-        def host_budget_of(self, largest: int) -> int:
+        def host_budget_of(self, largest: int, state: int | None = None) -> int:
             """This server's host budget: the setting, or the working set (what it reads ahead then fits in the
             room the working set leaves while its largest slices are not all in use)."""
             if self.host_budget is not None:
                 return self.host_budget
-            return self.working_set(largest)
+            return self.working_set(largest, state)
 
     def __init__(self, config: "ParameterServer.Config", *, index: int, roles: RoleMap, comm: Comm,
                  layout: Layout, schedule: Schedule, adamw_config: AdamWConfig,
@@ -158,21 +161,25 @@ class ParameterServer:
         params = shard if shard is not None else {b: initial[b][lo:hi].clone() for b in shapes
                                                   for lo, hi in [layout.shard(b, index)]}
         self.buckets = list(shapes)
+        self.slices = {b: SliceState(layout, b, index) for b in shapes}
         self.store: StateStore | None = None
         if config.state == "memory":
-            self.params, self.moments = HostParams(dict(params)), MemoryMoments(shapes)
+            self.params, self.optimizer_state = HostParams(dict(params)), MemoryState(self.slices)
         else:
             largest = padded_size(max(shapes.values()) * 4)
-            budget = config.host_budget_of(largest)
-            if budget < config.working_set(largest):
+            state = max(sum(padded_size(n * dtype.itemsize) for dtype, n, _ in sl.records.values())
+                        for sl in self.slices.values())
+            budget, need = config.host_budget_of(largest, state), config.working_set(largest, state)
+            if budget < need:
                 raise ValueError(f"host_budget: {format_bytes(budget)} is less than server {index}'s working set of "
-                                 f"{format_bytes(config.working_set(largest))} (its largest bucket slice is "
-                                 f"{format_bytes(largest)}; [Note: the server's host memory])")
+                                 f"{format_bytes(need)} (its largest bucket slice is {format_bytes(largest)}, its "
+                                 f"optimizer state {format_bytes(state)}; [Note: the server's host memory])")
             self.store = StateStore(Path(config.store_root), budget)
-            self.moments = TieredMoments(shapes, self.store)
+            self.optimizer_state = TieredState(self.slices, self.store)
             self.params = (TieredParams(params, self.store, sizes=shapes)
                            if config.tier_params else HostParams(dict(params)))
         del params
+        #: the updates made so far (every bucket's, kept per bucket: a bucket is updated after its gradient)
         self.adam_steps = {b: torch.tensor(0.0) for b in self.buckets}
         self.ingress_bytes: list[int] = []
         self.update_s = 0.0
@@ -184,13 +191,14 @@ class ParameterServer:
     # ---------------------------------------------------------------- state
     @property
     def optimizer_bytes(self) -> int:
-        return sum(self.params.numel(b) for b in self.buckets) * 8
+        return sum(sl.nbytes() for sl in self.slices.values())
 
-    def load_bucket(self, b: int, param: torch.Tensor, m: torch.Tensor, v: torch.Tensor, adam_step: float) -> None:
-        """Bucket ``b``'s slice of a checkpoint (its parameters, moments and AdamW's step)."""
+    def load_bucket(self, b: int, param: torch.Tensor, records: dict[str, torch.Tensor], adam_step: float) -> None:
+        """Bucket ``b``'s slice of a checkpoint (its parameters, the records of its optimizer state and the
+        updates made)."""
         self.params.get(b).copy_(param)
         self.params.release(b, dirty=True)
-        self.moments.load(b, m, v)
+        self.optimizer_state.load(b, records)
         self.adam_steps[b].fill_(adam_step)
 
     # ----------------------------------------------------------------- step
@@ -233,13 +241,13 @@ class ParameterServer:
         for b in order[:self.config.recv_ahead]:
             posted[b] = self._post_receives(b, step)
         if eager:
-            self.moments.prefetch(order[0])
+            self.optimizer_state.prefetch(order[0])
         held: list[int] = []   # buckets whose update waits for the whole gradient's norm (clipping)
         squares = torch.zeros(1, dtype=torch.float64)
         # Steady state: gradients arrive last layer first; apply each bucket's update as soon as it lands.
         for i, b in enumerate(order):
             if eager and i + 1 < len(order):
-                self.moments.prefetch(order[i + 1])
+                self.optimizer_state.prefetch(order[i + 1])
             if tiered:
                 # every delivery the workers need before they can send gradient b, and those of the gradient after
                 # it ([Note: sends a gradient ahead])
@@ -348,34 +356,29 @@ class ParameterServer:
             self.store.delete(f"g{b}")
 
     def _update(self, b: int, grad: torch.Tensor) -> None:
-        """AdamW on this shard's slice of bucket ``b``."""
+        """The job's optimizer on this shard's slice of bucket ``b`` ([Note: a slice's optimizer state])."""
         t0 = time.perf_counter()
-        with trace.span(f"adamw b{b}", track=f"server{self.index}"):
-            m, v = self.moments.get(b, self.comm.timeout_s)
+        with trace.span(f"update b{b}", track=f"server{self.index}"):
+            state = self.optimizer_state.get(b, self.comm.timeout_s)
             param = self.params.get(b)
-            # AdamW is elementwise: applied a chunk at a time, its temporaries are a chunk's, not the bucket's
-            # (each chunk counts the step from the same value; the bucket's step moves once)
-            step = chunk_step = self.adam_steps[b]
-            for lo in range(0, param.numel(), UPDATE_CHUNK):
-                hi = min(lo + UPDATE_CHUNK, param.numel())
-                chunk_step = step.clone()
-                adamw([param[lo:hi]], [grad[lo:hi]], [m[lo:hi]], [v[lo:hi]], [], [chunk_step], foreach=False,
-                      amsgrad=False, beta1=self.opt.beta1, beta2=self.opt.beta2, lr=self.opt.lr,
-                      weight_decay=self.opt.weight_decay, eps=self.opt.eps, maximize=False)
-            step.copy_(chunk_step)
+            opt = self.opt
+            self.slices[b].update(param, grad, state, step=int(self.adam_steps[b]), lr=opt.lr,
+                                  hyper=SimpleNamespace(betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                                                        weight_decay=opt.weight_decay))
+            self.adam_steps[b] += 1
             self.params.release(b, dirty=True)
-            self.moments.release(b)
+            self.optimizer_state.release(b)
         self.update_s += time.perf_counter() - t0
 
     def host_state_bytes(self) -> int:
         """The most host bytes this shard's state took: its tensors in memory, or its store's peak."""
         if self.store is None:
-            return self.params.host_bytes() + self.moments.host_bytes()
+            return self.params.host_bytes() + self.optimizer_state.host_bytes()
         return self.store.host_bytes() + (0 if self.params.tiered else self.params.host_bytes())
 
     def close(self) -> None:
         self.params.close()
-        self.moments.close()
+        self.optimizer_state.close()
         if self.store is not None:
             self.store.close()
 

@@ -1,7 +1,7 @@
-"""Where a parameter server keeps its slices: its fp32 weights and AdamW moments in host memory, or resting in a
-tiered store on the SSD with a few buckets in memory (``disdp.state``: memory or ssd). Each holder has the same
-small interface (get / prefetch / release, load, flush, host_bytes, close), so the server's step reads the same
-whichever it has."""
+"""Where a parameter server keeps its slices: its fp32 weights and its optimizer state (the records of [Note: a
+slice's optimizer state] in terastack.disdp.slice_state) in host memory, or resting in a tiered store on the SSD
+with a few buckets in memory (``disdp.state``: memory or ssd). Each holder has the same small interface (get /
+prefetch / release, load, flush, host_bytes, close), so the server's step reads the same whichever it has."""
 from __future__ import annotations
 
 import shutil
@@ -12,20 +12,21 @@ import torch
 from terastack.tiers import Tier, TieredStore
 
 
-class MemoryMoments:
-    def __init__(self, shapes: dict[int, int]):
-        self.m = {b: torch.zeros(n) for b, n in shapes.items()}
-        self.v = {b: torch.zeros(n) for b, n in shapes.items()}
+class MemoryState:
+    """Every slice's optimizer state in host memory (``state="memory"``): bucket -> record name -> tensor."""
 
-    def load(self, b: int, m: torch.Tensor, v: torch.Tensor) -> None:
-        self.m[b].copy_(m)
-        self.v[b].copy_(v)
+    def __init__(self, slices: dict):
+        self.t = {b: sl.zeros() for b, sl in slices.items()}
+
+    def load(self, b: int, records: dict[str, torch.Tensor]) -> None:
+        for name, value in records.items():
+            self.t[b][name].copy_(value)
 
     def prefetch(self, b: int) -> None:
         pass
 
-    def get(self, b: int, timeout: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.m[b], self.v[b]
+    def get(self, b: int, timeout: float) -> dict[str, torch.Tensor]:
+        return self.t[b]
 
     def release(self, b: int) -> None:
         pass
@@ -34,7 +35,7 @@ class MemoryMoments:
         pass
 
     def host_bytes(self) -> int:
-        return sum(t.numel() * 4 for t in (*self.m.values(), *self.v.values()))
+        return sum(t.numel() * t.element_size() for records in self.t.values() for t in records.values())
 
     def close(self) -> None:
         pass
@@ -110,31 +111,37 @@ class StateStore:
         self.store.close()
 
 
-class TieredMoments:
-    """Moments resting on SSD through the server's state store ([Note: where the optimizer state lives])."""
+class TieredState:
+    """Every slice's optimizer state resting on SSD through the server's state store ([Note: where the optimizer
+    state lives] in terastack.disdp.server): one record per bucket and record name."""
 
-    def __init__(self, shapes: dict[int, int], store: StateStore):
+    def __init__(self, slices: dict, store: StateStore):
         self.store = store
-        for b, n in shapes.items():
-            store.store.create(f"m{b}", (n,), torch.float32, home=Tier.SSD)
-            store.store.create(f"v{b}", (n,), torch.float32, home=Tier.SSD)
+        self.names = {b: list(sl.records) for b, sl in slices.items()}
+        for b, sl in slices.items():
+            for name, (dtype, n, _) in sl.records.items():
+                store.store.create(self._key(b, name), (n,), dtype, home=Tier.SSD)
 
-    def load(self, b: int, m: torch.Tensor, v: torch.Tensor) -> None:
-        mm, vv = self.get(b, 600)
-        mm.copy_(m)
-        vv.copy_(v)
+    @staticmethod
+    def _key(b: int, name: str) -> str:
+        return f"s{b}.{name}"
+
+    def load(self, b: int, records: dict[str, torch.Tensor]) -> None:
+        held = self.get(b, 600)
+        for name, value in records.items():
+            held[name].copy_(value)
         self.release(b)
 
     def prefetch(self, b: int) -> None:
-        self.store.read_ahead(f"m{b}")
-        self.store.read_ahead(f"v{b}")
+        for name in self.names[b]:
+            self.store.read_ahead(self._key(b, name))
 
-    def get(self, b: int, timeout: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.store.take(f"m{b}", timeout), self.store.take(f"v{b}", timeout)
+    def get(self, b: int, timeout: float) -> dict[str, torch.Tensor]:
+        return {name: self.store.take(self._key(b, name), timeout) for name in self.names[b]}
 
     def release(self, b: int) -> None:
-        for name in (f"m{b}", f"v{b}"):
-            self.store.put_back(name, dirty=True)
+        for name in self.names[b]:
+            self.store.put_back(self._key(b, name), dirty=True)
 
     def flush(self) -> None:
         self.store.wait(600)

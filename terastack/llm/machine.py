@@ -82,6 +82,17 @@ def budgets(config, device: torch.device, hardware=None) -> tuple[int, int]:
     return int(device_budget), int(host_budget)
 
 
+def setup_budget(config, device: torch.device) -> tuple[str, int]:
+    """(name, bytes): what set-up's working memory (timing the units: [Note: calibrating within the budget] in
+    terastack.llm.engine.profile) is held within, before the store holds anything: the device budget, or without
+    an accelerator and with one memory budget, what the tiers share of it."""
+    from terastack.plan.budget_search import tier_memory
+
+    if config.memory_budget is not None and device.type != "cuda":
+        return "memory", tier_memory(int(config.memory_budget))
+    return "device", budgets(config, device)[0]
+
+
 def discover_hardware(config, device: torch.device):
     """The machine the plan is made for: ``config.hardware`` (a probe file), the cached probe, or quick
     measurements."""

@@ -218,6 +218,12 @@ def random_init(model: nn.Module, units: list[Unit], tensors: dict[str, TensorIn
                 yield from _init_modules(model, unit, group, wanted, done, check=len(parts) > 1)
 
 
+def largest_init_part(units: list[Unit]) -> int:
+    """The fp32 bytes of the largest part :func:`random_init` materializes at once."""
+    return max((4 * sum(p.numel() for m in part for p in m.parameters(recurse=False))
+                for unit in units for part in _init_parts(unit.module, set())), default=0)
+
+
 def _init_parts(module: nn.Module, seen: set[int]):
     """``module``'s subtree as lists of modules initialized together: the whole subtree if its fp32 parameters fit
     :data:`WHOLE_UNIT_INIT_BYTES`, else the module alone and then its children's parts."""

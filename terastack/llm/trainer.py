@@ -26,7 +26,8 @@ from terastack.llm.export import export_pretrained
 from terastack.llm.engine import store_layout as layout
 from terastack.llm.trainer_config import TrainerConfig
 from terastack.training.job_runner import default_lr
-from terastack.llm.machine import discover_hardware, make_plan, resolve_device, resolve_dtype, store_settings
+from terastack.llm.machine import (discover_hardware, make_plan, resolve_device, resolve_dtype, setup_budget,
+                                   store_settings)
 from terastack.training.hf.keys import CheckpointKeys
 from terastack.llm.model import TESTED_FAMILIES, find_decoder_stack, find_units
 from terastack.llm.trainer_weights import TrainerWeights
@@ -131,7 +132,8 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
         # resume, the next job) plans from the same times instead of timing every unit again
         measure = dict(packed=config.packed, device=self.device,
                        compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
-                       times_file=unit_times_path() if config.calibrate else None)
+                       times_file=unit_times_path() if config.calibrate else None,
+                       budget=setup_budget(config, self.device) if config.calibrate else None)
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
                                      seq_len=config.seq_len, name=self.name, **measure)
         if config.calibrate:
@@ -491,4 +493,5 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
     def _fill(self, source: "CheckpointReader | None") -> None:
         """Write every weight into the store, one tensor at a time, and create zero moments."""
         fill_store(self.runtime, self.model, self.units, self.tensors, seed=self.config.seed, source=source,
-                   source_keys=self._source_keys, lora=self.lora, slicing=self.slicing)
+                   source_keys=self._source_keys, lora=self.lora, slicing=self.slicing,
+                   room=self.plan.device_budget if self.device.type == "cpu" else None)

@@ -46,8 +46,9 @@ class Hardware:
     disk_bytes: int = 0
     #: AdamW update rate on the CPU (parameters per second)
     cpu_adam_params_per_s: float = 0.0
-    #: per optimizer format other than AdamW (``adamw8bit``, ``adafactor``): its update rate on the CPU, parameters
-    #: per second (bitsandbytes' 8-bit update runs at about half AdamW's here); a format absent is priced at AdamW's
+    #: per optimizer format other than AdamW (``adamw8bit``, ``adafactor``): its update rate on the CPU as a step
+    #: updates (the format's own update over optimizer chunks: [Note: a format's rate as the step updates] in
+    #: terastack.probe), parameters per second; a format absent is priced at AdamW's
     cpu_update_params_per_s: dict = dataclasses.field(default_factory=dict)
     #: fraction of the CPU's compute rate lost per GB/s of SSD traffic running beside it (DMA and interrupts
     #: share the memory system and the cores); 0: not measured

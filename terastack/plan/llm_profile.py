@@ -73,6 +73,21 @@ def gradients_in_flight(profile: ModelProfile, *, slack: bool = True) -> int:
     return live + (sorted(completed, reverse=True) + [0, 0])[1] if slack else live
 
 
+@dataclass(frozen=True, slots=True)
+class CalibrationBytes:
+    """What timing one unit on this machine holds at once ([Note: calibrating within the budget] in
+    terastack.llm.engine.profile): ``at_rest``, one copy of its weights as the step holds them at rest (an NF4 base
+    as its records); ``working``, the copy it computes with (NF4 weights dequantized), its inputs, output,
+    activations and gradients."""
+
+    at_rest: int
+    working: int
+
+    def held(self, copies: int) -> int:
+        """Bytes held when it is timed over ``copies`` copies of its weights."""
+        return copies * self.at_rest + self.working
+
+
 @dataclass(kw_only=True, slots=True)
 class UnitProfile:
     """One streamed unit (an embedding, a decoder layer, the final norm, the head) at one batch shape."""

@@ -118,6 +118,13 @@ class OptimizerFormat:
     def require(self) -> None:
         """Refuse (ImportError naming the setting) when what the update needs is not installed."""
 
+    def piece_unit(self, numel: int) -> int:
+        """Where a parameter of ``numel`` elements may be cut into pieces updated apart (a parameter server's
+        slices, terastack.disdp): at multiples of this many elements from its start (its last piece may be
+        shorter). A blockwise format's block, so no block straddles two pieces; the whole parameter for a format
+        that updates parameters whole ([Note: whole-matrix updates])."""
+        return max(numel, 1) if self.whole_tensor else self.block
+
     def chunk_elements(self, chunk: int) -> int:
         """The optimizer chunk (elements) used for a configured ``chunk``: a multiple of :attr:`block`."""
         return max(self.block, chunk - chunk % self.block)

@@ -254,8 +254,9 @@ def test_checkpoint_round_trip_and_damage_detection(tmp_path):
         for b in range(len(three.buckets)):
             lo, hi = three.shard(b, s)
             assert torch.equal(server.params.get(b), flats[b][lo:hi])
-            m, v = server.moments.get(b, 1.0)
-            assert torch.equal(m, moments[b][0][lo:hi]) and torch.equal(v, moments[b][1][lo:hi])
+            state = server.optimizer_state.get(b, 1.0)
+            assert torch.equal(state["exp_avg"], moments[b][0][lo:hi])
+            assert torch.equal(state["exp_avg_sq"], moments[b][1][lo:hi])
             assert float(server.adam_steps[b]) == 3.0
     # A damaged byte is caught by the checksum, naming the file.
     data = tmp_path / "step-00000003" / "state.bin"

@@ -20,6 +20,8 @@ def test_compute_waits_and_disk_share_of_each_step():
         # it and one outside any unit (another thread's: not the training thread's wait)
         ("compute", "forward", 0, 4), ("compute", "backward", 5, 9), ("compute#2", "forward", 6, 7),
         ("stall", "weights", 5, 6), ("stall#2", "state", 4.2, 4.8),
+        # an update inline inside the backward (7-8.5) with a wait for its state (8-8.2) inside it
+        ("optimizer", "optimizer", 7, 8.5), ("stall#3", "state", 8, 8.2),
         # the disk: two overlapping requests (2-5 and 3-6) and one more (8-9): busy 5 s of 10
         ("io", "io", 2, 5), ("io#2", "io", 3, 6), ("io", "io", 8, 9),
         # a prefetch span on the io track is bookkeeping, not a request
@@ -29,10 +31,11 @@ def test_compute_waits_and_disk_share_of_each_step():
     ])
     first, second = step_timelines(events)
     assert first["seconds"] == pytest.approx(10)
-    assert first["compute_s"] == pytest.approx(8 - 1)
-    assert first["stall_s"] == pytest.approx(1)
+    assert first["compute_s"] == pytest.approx(8 - 1.2)
+    assert first["stall_s"] == pytest.approx(1.2)
+    assert first["update_s"] == pytest.approx(1.5 - 0.2)
     assert first["disk_busy_share"] == pytest.approx(0.5)
-    assert second["compute_s"] == pytest.approx(3) and second["disk_busy_share"] == 0
+    assert second["compute_s"] == pytest.approx(3) and second["disk_busy_share"] == 0 and second["update_s"] == 0
 
 
 @pytest.mark.parametrize("order", ["horizontal", "vertical"])

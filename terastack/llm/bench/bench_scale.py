@@ -307,7 +307,7 @@ def _run_system(system: str, model: str, params: int, args, workdir: Path, probe
                    memory_budget_bytes=budget, store_read_bytes_per_step=measured.get("store_read_bytes_per_step"),
                    store_write_bytes_per_step=measured.get("store_write_bytes_per_step"),
                    compute_s=measured.get("compute_s"), stall_s=measured.get("stall_s"),
-                   disk_busy_share=measured.get("disk_busy_share"), plan=measured.get("plan"),
+                   update_s=measured.get("update_s"), disk_busy_share=measured.get("disk_busy_share"), plan=measured.get("plan"),
                    bytes_by_kind_per_step=measured.get("bytes_by_kind_per_step"))
         predicted = measured.get("predicted_bytes_by_kind") or {}
         kinds = row["bytes_by_kind_per_step"] or {}
@@ -438,7 +438,9 @@ def _describe(row: dict) -> str:
             f"{format_bytes(int(row['ssd_read_bytes_per_step']))} read / "
             f"{format_bytes(int(row['ssd_write_bytes_per_step']))} written per step")
     if row.get("compute_s") is not None:
-        text += (f"; compute {row['compute_s']:.2f} s, waits {row['stall_s']:.2f} s, disk busy "
+        planned = (row.get("plan") or {}).get("predicted_optimizer_s") or 0
+        text += (f"; compute {row['compute_s']:.2f} s (updates {row.get('update_s') or 0:.2f} s, planned "
+                 f"{planned:.2f} s), waits {row['stall_s']:.2f} s, disk busy "
                  f"{100 * row['disk_busy_share']:.0f}% of the step, its bytes at the probe's rates "
                  f"{row.get('io_floor_s') or 0:.2f} s")
     if row.get("prediction_error") is not None:

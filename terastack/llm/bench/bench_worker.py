@@ -225,7 +225,7 @@ def _run_variant(args, hf_config, rss, overrides: dict, trace_file) -> dict:
             trace.tracer.save(trace_file)
         timeline = step_timelines(trace.tracer.events())[args.warmup:]
         trace.tracer.clear()
-        for key in ("compute_s", "stall_s", "disk_busy_share"):
+        for key in ("compute_s", "stall_s", "update_s", "disk_busy_share"):
             out[key] = statistics.median(t[key] for t in timeline) if timeline else None
         hist = trainer.history[args.warmup:]
         out.update({"setup_s": setup, "predicted_step_s": trainer.plan.prediction.step_s,

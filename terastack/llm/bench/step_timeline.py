@@ -8,6 +8,9 @@ step out of it:
   that run inline inside backward; nested spans counted once) less the waits recorded inside them (weights
   not yet arrived, optimizer state not yet read or not yet written back, room in a ledger);
 * ``stall_s``: those waits;
+* ``update_s``: the optimizer's own work -- its update spans (inline, inside backward's; or on the optimizer's
+  thread) less the waits recorded inside them: what the planner prices as the optimizer's time
+  (``predicted_optimizer_s``), measured;
 * ``disk_busy_share``: the share of the step in which at least one SSD request was in flight (the union of
   the I/O spans over the step).
 
@@ -46,7 +49,7 @@ def _overlap(x: list[list[float]], y: list[list[float]]) -> float:
 
 def step_timelines(events: list[dict]) -> list[dict]:
     """Per traced step (in order; spans on the ``step`` track): ``step``, ``seconds``, ``compute_s``,
-    ``stall_s`` and ``disk_busy_share`` ([Note: the step's timeline])."""
+    ``stall_s``, ``update_s`` and ``disk_busy_share`` ([Note: the step's timeline])."""
     lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans = [e for e in events if e.get("ph") == "X"]
 
@@ -63,9 +66,10 @@ def step_timelines(events: list[dict]) -> list[dict]:
                            if track(e) == name and (cat is None or e.get("cat") == cat))
 
         # only the waits inside the training thread's unit spans are its waits
-        compute = merged("compute")
-        stall = _overlap(compute, merged("stall"))
+        compute, stalls, updates = merged("compute"), merged("stall"), merged("optimizer", "optimizer")
+        stall = _overlap(compute, stalls)
         out.append({"step": s["name"], "seconds": s["dur"] / 1e6,
                     "compute_s": max(0.0, _length(compute) - stall) / 1e6, "stall_s": stall / 1e6,
+                    "update_s": max(0.0, _length(updates) - _overlap(updates, stalls)) / 1e6,
                     "disk_busy_share": _length(merged("io", "io")) / s["dur"] if s["dur"] > 0 else 0.0})
     return out

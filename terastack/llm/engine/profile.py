@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from terastack.plan.base_formats import nf4_bytes
 from terastack.llm.engine import causal_loss
 from terastack.llm.engine.meta_kernels import MetaKernels, register_flop_formulas
 from terastack.llm.engine.streamed_units import UnitCall, check_real_arguments, install_units
+from terastack.llm.engine.timing_memory import calibration_bytes, timing_copies, weights_at_rest
 from terastack.plan.llm_profile import ModelProfile, UnitProfile, held_bytes
 
 #: unit outputs come back as allocated zeros until this many bytes of them were made in one pass, then as
@@ -144,11 +144,12 @@ def head_units(units, order: list[int]) -> list[int]:
 def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_bytes: int, name: str,
                   calibrate: bool = False, device: torch.device | None = None, packed: bool = False,
                   times_file: Path | None = None, recalibrate: bool = False,
-                  time_missing: bool = True) -> ModelProfile:
+                  time_missing: bool = True, budget: tuple[str, int] | None = None) -> ModelProfile:
     """Profile the skeleton ``model`` with its ``units`` (``find_units``) at ``batch`` x ``seq_len``. The units'
     places hold stand-ins calling the profiler's recorder afterwards; a trainer installs its own. ``packed``: rows
     of several examples (position ids restarting), whose explicit block-diagonal attention mask each layer's
-    attention also saves."""
+    attention also saves. ``budget``: (name, bytes) the calibration holds itself within ([Note: calibrating
+    within the budget])."""
     check_seq_len(model.config, seq_len)
     rec = _Recorder()
     install_units(model, units, rec)
@@ -165,7 +166,8 @@ def profile_model(model, units, tensors, *, batch: int, seq_len: int, compute_by
         raise RuntimeError(f"profile: units {missing[:3]} never ran in the model's forward")
     nf4_local = {u.index: frozenset(lname for lname, c in u.tensors.items() if tensors[c].nf4) for u in units}
     times = _calibrate(rec, units, device or torch.device("cpu"), compute_bytes, times_file=times_file,
-                       recalibrate=recalibrate, nf4_local=nf4_local, time_missing=time_missing) if calibrate else {}
+                       recalibrate=recalibrate, nf4_local=nf4_local, time_missing=time_missing,
+                       budget=budget) if calibrate else {}
     owner: dict[str, int] = {}
     for i in order:
         for cname in units[i].tensors.values():
@@ -212,8 +214,6 @@ def _signature(unit) -> tuple:
 
 
 _CALIBRATED: dict[tuple, tuple[float, float]] = {}
-#: a unit whose weights take this much is timed on one copy (see [Note: calibrating with weights from memory])
-_CACHE_COLD_BYTES = 64 << 20
 #: a unit is timed for at least this long (after two warm-up runs) ... see [Note: stable calibrated times]
 _MIN_TIMED_S = 0.3
 #: ... in at most this many runs; a unit slower than a second per run is timed three times
@@ -244,29 +244,24 @@ def _read_times(path: Path | None) -> dict:
 
 
 def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: torch.dtype, compute_bytes: int,
-               gen: torch.Generator, reps: int, nf4_names: frozenset = frozenset()) -> tuple[float, float]:
-    """(forward, backward) seconds of one unit on random weights and inputs of the recorded call's shapes.
-    ``nf4_names``: its weights resting as NF4, dequantized inside each timed forward and backward as the step
-    dequantizes them on every acquire ([Note: a frozen NF4 base] in terastack.llm.engine.fetcher)."""
+               gen: torch.Generator, reps: int, nf4_names: frozenset = frozenset(), copies: int = 1) -> tuple[float, float]:
+    """(forward, backward) seconds of one unit on random weights and inputs of the recorded call's shapes, over
+    ``copies`` copies of its weights ([Note: calibrating with weights from memory]). ``nf4_names``: its weights
+    resting as NF4, held as their records only and dequantized inside each timed forward and backward as the
+    step dequantizes them on every acquire ([Note: a frozen NF4 base] in terastack.llm.engine.fetcher)."""
     from torch.utils import _pytree as pytree
 
     from terastack.training.hf import nf4
 
     shapes = [(n, p.shape) for n, p in unit.module.named_parameters(remove_duplicate=False)]
-    # [Note: calibrating with weights from memory] In a step every unit's weights come from memory, not
-    # from a cache the previous run of the same unit warmed; on a CPU the unit is timed over copies of
-    # its weights in turn (measured on llama-150m's layer: 70 ms on one copy, 81 ms over six, the
-    # latter within 5% of the layer's time inside the step). Units too big for any cache need one.
-    unit_bytes = sum(math.prod(shape) for _, shape in shapes) * compute_bytes
-    copies = 3 if device.type == "cpu" and unit_bytes < _CACHE_COLD_BYTES else 1
-    weight_sets = [{n: (torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02).to(device, dtype)
-                    .requires_grad_(unit.trainable[n]) for n, shape in shapes} for _ in range(copies)]
-    records = [{n: nf4.encode(w).to(device) for n, w in ws.items() if n in nf4_names} for ws in weight_sets]
+    weight_sets = [weights_at_rest(unit, shapes, nf4_names, device=device, dtype=dtype, gen=gen)
+                   for _ in range(copies)]
     shape_of = dict(shapes)
 
     def acquire(k: int) -> dict:
         """Copy ``k``'s weights as a step acquires them: its NF4 records dequantized."""
-        return {**weight_sets[k], **{n: nf4.decode(r, tuple(shape_of[n]), dtype) for n, r in records[k].items()}}
+        return {n: nf4.decode(w, tuple(shape_of[n]), dtype) if n in nf4_names else w
+                for n, w in weight_sets[k].items()}
 
     buffers = {n: b.to(device) for n, b in unit.buffers.items()}
     real = [a.to(device) if isinstance(a, torch.Tensor) else a for a in flat]
@@ -288,7 +283,8 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
 
     while more():
         k = len(fwds) % copies
-        grad_in = [real[j] for j in floating_in] + [w for n, w in weight_sets[k].items() if unit.trainable[n]]
+        grad_in = [real[j] for j in floating_in] + [w for n, w in weight_sets[k].items()
+                                                    if unit.trainable[n] and n not in nf4_names]
         t0 = time.perf_counter()
         with torch.no_grad():
             torch.func.functional_call(unit.module, {**acquire(k), **buffers}, args, kwargs,
@@ -313,11 +309,12 @@ def _time_unit(unit, flat, spec, floating_in, *, device: torch.device, dtype: to
 
 def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, reps: int = 5, *,
                times_file: Path | None = None, recalibrate: bool = False, nf4_local: dict | None = None,
-               time_missing: bool = True) -> dict:
+               time_missing: bool = True, budget: tuple[str, int] | None = None) -> dict:
     """Time each distinct unit forward and backward on random weights: {unit index: (fwd_s, bwd_s)}.
     ``times_file``: read times kept there (unless ``recalibrate``) and keep new ones there; ``nf4_local``: per
     unit index, the local names of its weights resting as NF4; ``time_missing=False``: only the times kept (or
-    measured earlier in this process), a unit without one left out."""
+    measured earlier in this process), a unit without one left out; ``budget``: (its name, bytes) that timing a
+    unit holds itself within ([Note: calibrating within the budget])."""
 
     dtype = {4: torch.float32, 2: torch.bfloat16}.get(compute_bytes, torch.float32)
     done = _CALIBRATED  # one measurement per unit kind, shape and device for the life of the process
@@ -341,8 +338,12 @@ def _calibrate(rec: _Recorder, units, device: torch.device, compute_bytes: int, 
         if sig not in done and not time_missing:
             continue
         if sig not in done:
+            need = calibration_bytes(unit, rec.records[i], flat, floating_in, compute_bytes=compute_bytes,
+                                     nf4_names=nf4_names)
             done[sig] = _time_unit(unit, flat, spec, floating_in, device=device, dtype=dtype,
-                                   compute_bytes=compute_bytes, gen=gen, reps=reps, nf4_names=nf4_names)
+                                   compute_bytes=compute_bytes, gen=gen, reps=reps, nf4_names=nf4_names,
+                                   copies=timing_copies(unit, need, device=device, compute_bytes=compute_bytes,
+                                                  budget=budget))
         if kept.get(key) != done[sig]:
             kept[key] = done[sig]
             changed = True
@@ -363,11 +364,11 @@ def _sync(device: torch.device) -> None:
 def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, name: str, lora=None,
                    calibrate: bool = False, device: torch.device | None = None, times_file: Path | None = None,
                    recalibrate: bool = False, vocab_slice: int = 0, optimizer: str = "adamw", packed: bool = False,
-                   time_missing: bool = True) -> ModelProfile:
+                   time_missing: bool = True, budget: tuple[str, int] | None = None) -> ModelProfile:
     """Profile a model from its config alone (``terastack plan llm``). A deep stack is profiled with two decoder
     layers and the second one repeated: decoder layers of one model are identical. ``times_file``,
-    ``recalibrate``, ``time_missing``: see :func:`_calibrate`; ``vocab_slice``, ``optimizer``: the job's, which
-    decide the vocabulary slices (terastack.llm.vocab_slices); ``packed``: as :func:`profile_model`."""
+    ``recalibrate``, ``time_missing``, ``budget``: see :func:`_calibrate`; ``vocab_slice``, ``optimizer``: the
+    job's, which decide the vocabulary slices (terastack.llm.vocab_slices); ``packed``: as :func:`profile_model`."""
     import copy
 
     from terastack.llm import vocab_slices
@@ -393,7 +394,7 @@ def profile_config(hf_config, *, batch: int, seq_len: int, dtype: torch.dtype, n
     profile = profile_model(model, units, tensors, batch=batch, seq_len=seq_len,
                             compute_bytes=torch.empty((), dtype=dtype).element_size(), name=name,
                             calibrate=calibrate, device=device, times_file=times_file, recalibrate=recalibrate,
-                            packed=packed, time_missing=time_missing)
+                            packed=packed, time_missing=time_missing, budget=budget)
     return profile if small is hf_config else repeat_layers(profile, layers)
 
 

@@ -160,9 +160,30 @@ def compute_spec(rt, name: str) -> RecordSpec:
     return RecordSpec(rt.compute_record(name), rt.compute_dtype, rt.plan.compute_home[name], info.shape, None)
 
 
-def put_initial(rt, name: str, tensor: torch.Tensor, in_flight: list) -> None:
-    """Write parameter ``name``'s initial weights into every record of it (zero optimizer state), keeping at most
-    :data:`FILL_IN_FLIGHT` bytes in flight (``in_flight``: (future, bytes) the caller waits for at the end)."""
+class InitialWrites:
+    """The initial weights on their way to the SSD while the store is filled: at most ``limit`` bytes at once, or
+    the one record being written ([Note: the fill within the budget] in terastack.llm.weight_fill)."""
+
+    def __init__(self, rt, limit: int = FILL_IN_FLIGHT):
+        self.rt = rt
+        self.limit = limit
+        self._writes: list = []  # (future, bytes)
+
+    def add(self, fut, nbytes: int, name: str) -> None:
+        self._writes.append((fut, nbytes))
+        while self._writes and sum(n for _, n in self._writes) > self.limit:
+            done, _ = self._writes.pop(0)
+            self.rt.wait(done, f"initial weights of {name!r} reaching the SSD")
+
+    def finish(self) -> None:
+        while self._writes:
+            fut, _ = self._writes.pop(0)
+            self.rt.wait(fut, "initial weights reaching the SSD")
+
+
+def put_initial(rt, name: str, tensor: torch.Tensor, writes: InitialWrites) -> None:
+    """Write parameter ``name``'s initial weights into every record of it (zero optimizer state), within
+    ``writes``' bound on the bytes in flight."""
     info = rt.tensors[name]
     if tuple(tensor.shape) != info.shape:
         raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)} in the checkpoint; the model "
@@ -177,7 +198,5 @@ def put_initial(rt, name: str, tensor: torch.Tensor, in_flight: list) -> None:
         else:
             data = (tensor if spec.span is None else flat[spec.span[0]:spec.span[1]]).to(spec.dtype).contiguous()
         fut = rt.store.put(spec.record, data, home=spec.home)
-        in_flight.append((fut, data.numel() * data.element_size()))
-    while sum(n for _, n in in_flight) > FILL_IN_FLIGHT:
-        fut, _ = in_flight.pop(0)
-        rt.wait(fut, f"initial weights of {name!r} reaching the SSD")
+        writes.add(fut, data.numel() * data.element_size(), name)
+        del data

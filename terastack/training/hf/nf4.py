@@ -57,8 +57,8 @@ ENCODE_PIECE = 1 << 22
 
 def encode(tensor: torch.Tensor) -> torch.Tensor:
     """The NF4 record of ``tensor`` (quantized in fp32 by bitsandbytes' ``quantize_4bit``, in pieces of
-    :data:`ENCODE_PIECE` elements)."""
-    flat = tensor.to(torch.float32).contiguous().reshape(-1)
+    :data:`ENCODE_PIECE` elements, each made fp32 on its own: a bf16 weight is never copied whole to fp32)."""
+    flat = tensor.detach().contiguous().reshape(-1)
     if flat.numel() <= ENCODE_PIECE:
         quantized = [_quantize(flat)]
     else:
@@ -68,7 +68,8 @@ def encode(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _quantize(piece: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(absmax as bytes, packed codes) of one piece."""
+    """(absmax as bytes, packed codes) of one piece, quantized in fp32."""
+    piece = piece.to(torch.float32).contiguous()
     packed, state = _functional().quantize_4bit(piece, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE,
                                                 compress_statistics=False)
     return state.absmax.to(torch.float32).contiguous().view(torch.uint8), packed.reshape(-1)

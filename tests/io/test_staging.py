@@ -99,7 +99,7 @@ def test_error_from_a_copy_completion_fails_the_future(tmp_path):
     with io.IOEngine(backend="python") as eng, eng.open(path) as f:
         fut = chunked_read(lambda buf, s, n: f.pread(buf, s, n), copy_up, staging, 3 * MIN_CHUNK)
         with pytest.raises(RuntimeError, match="illegal memory access"):
-            fut.result(5)  # raised, not a hang until the caller's timeout
+            fut.result(60)  # raised, not a hang until the caller's timeout
     deadline = time.monotonic() + 60  # (a poll: waiting on the staging's condition could take the driver's wake-up)
     while staging.used and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -112,18 +112,18 @@ def test_reads_do_not_wait_behind_a_write_waiting_on_compute(tmp_path):
     compute_done = threading.Event()
 
     def copy_down(buf, s, n):
-        return lambda: compute_done.wait(10)  # the write's copy waits on queued compute
+        return lambda: compute_done.wait(120)  # the write's copy waits on queued compute (until the test says)
     dst = torch.zeros(MIN_CHUNK, dtype=torch.uint8)
     with io.IOEngine(backend="python") as eng, eng.open(path, "r+") as f:
         write = chunked_write(copy_down, lambda buf, s, n: f.pwrite(buf, 8 * MIN_CHUNK + s, n), staging,
                               MIN_CHUNK)
         try:
             read = chunked_read(lambda buf, s, n: f.pread(buf, s, n), _cpu_copy_up(dst), staging, MIN_CHUNK)
-            assert read.result(5) == MIN_CHUNK
+            assert read.result(60) == MIN_CHUNK
             assert not write.done()
         finally:
             compute_done.set()
-        write.result(10)
+        write.result(60)
     assert bytes(dst.numpy()) == data
 
 

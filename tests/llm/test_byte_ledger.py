@@ -1,6 +1,6 @@
 """The byte ledger: a step's SSD bytes by kind, counted as the store submits them, against the plan's prediction
 of the same kinds ([Note: the byte ledger] in terastack.llm.engine.byte_ledger)."""
-import pytest
+from contextlib import nullcontext
 
 from .llm_helpers import BATCH, SEQ, batches, make_model
 from terastack.llm import Trainer
@@ -29,19 +29,46 @@ def test_state_bytes_by_kind_are_the_planned_ones_and_add_up_to_the_step(tmp_pat
     kinds = stats.bytes_by_kind
     # every byte the store read is in one kind, and the state's kinds are the planned ones
     assert sum(v for k, v in kinds.items() if k.endswith("_read")) == stats.ssd_read_bytes
-    # fp32: forward and backward read the weights, backward hands them to the optimizer: no master is read again,
-    # but for the odd one-block tensor whose hand-over found the host's room still held by a write-back in flight
-    # (it then reads its master itself: on a busy machine writes land later; a block is 1.8% of the masters here)
-    assert kinds["masters_read"] <= 0.1 * kinds["masters_written"]
-    assert pred.bytes_by_kind["masters_read"] == 0
+    # fp32: forward and backward read the weights, backward hands them to the optimizer: no master is read again.
+    # The state's bytes are the plan's to the byte, at any pace of the disk: a record written back is read again
+    # from the SSD, never served from a copy its write has not yet freed ([Note: a write-back drops its copy as it
+    # lands]), and backward hands over the masters the plan counts ([Note: the hand-over does not depend on the
+    # disk's pace])
     for key in STATE_KINDS:
-        if key != "masters_read":
-            # (a working copy of a few one-block tensors may still be resident when the next forward starts: at
-            # this size a block is 2% of the forward's reads)
-            assert kinds[key] == pytest.approx(pred.bytes_by_kind[key], rel=0.06), key
+        assert kinds[key] == pred.bytes_by_kind[key], key
+    assert kinds["masters_read"] == 0
     assert kinds["weights_backward_read"] == kinds["masters_written"] > 0
     assert 0 < kinds["weights_forward_read"] <= kinds["weights_backward_read"]
     assert kinds["moments_read"] == kinds["moments_written"] == 2 * kinds["masters_written"]
+
+
+def test_a_lagging_disk_moves_the_same_bytes_within_the_same_peaks(tmp_path, trainer_config):
+    """Every write-back still in flight when the next request is made -- what a slow disk does now and then on a
+    loaded machine, here in every run ([Note: a lagging disk in tests]): the step reads and writes the same bytes
+    of every kind as on the ordinary disk, the state's are the plan's, and the ledgers' peaks stay within the
+    plan's. (A record's copy served from memory while its write-back was landing, and a read chained behind a
+    write-back counted as a master read, showed here in every run as forward reads off the plan.)"""
+    from ..gated_disk import gated_disk
+
+    make_model("llama", tmp_path / "model", layers=4)
+    seen = {}
+    for lagging in (False, True):
+        cfg = trainer_config(device_budget="4MiB", host_budget="3MiB", state_placement="ssd",
+                             activation_policy="keep", retain_weights=False, store_dir=str(tmp_path / f"s{lagging}"))
+        with gated_disk(lagging=True) if lagging else nullcontext() as disk:
+            with Trainer.from_pretrained(tmp_path / "model", cfg) as t:
+                for ids in batches(3):
+                    t.step(ids)
+                t.synchronize()
+                plan, pred, use = t.plan, t.plan.prediction, t.usage()
+                seen[lagging] = t.history[-1].bytes_by_kind
+            if lagging:
+                assert disk.lagged > 0  # write-backs overtaken by later requests, counted
+        assert use["host"]["peak"] <= pred.host_peak_bytes - plan.grad_pool_bytes, lagging
+        assert use["device"]["peak"] <= pred.device_peak_bytes and use["grad_pool"]["peak"] <= plan.grad_pool_bytes
+    assert seen[True] == seen[False]
+    for key in STATE_KINDS:
+        assert seen[True][key] == pred.bytes_by_kind[key], key
 
 
 def test_weights_are_read_once_each_way_whatever_the_accumulation(tmp_path, trainer_config):
@@ -51,8 +78,7 @@ def test_weights_are_read_once_each_way_whatever_the_accumulation(tmp_path, trai
     two, pred = _last_step(tmp_path / "b", trainer_config, accum=2, activation_policy="keep", retain_weights=False,
                            accumulation="vertical")
     for key in ("weights_forward_read", "weights_backward_read", "moments_read"):
-        assert two.bytes_by_kind[key] == pytest.approx(one.bytes_by_kind[key], rel=0.06) and two.bytes_by_kind[key]
-        assert pred.bytes_by_kind[key] == pytest.approx(two.bytes_by_kind[key], rel=0.06)
+        assert two.bytes_by_kind[key] == one.bytes_by_kind[key] == pred.bytes_by_kind[key] > 0, key
 
 
 def test_swapped_activations_are_their_own_kind(tmp_path, trainer_config):

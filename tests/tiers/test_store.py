@@ -271,24 +271,28 @@ def test_many_tensors_move_in_one_request_vector(tmp_path, make):
 
 def test_a_second_prefetch_joins_the_read_under_way(tmp_path, make):
     """A prefetch of a tensor whose read is in flight shares that read (the same future): a prefetch chained
-    behind it could run after the caller has used and evicted the tensor, and read it back for no one."""
-    store = make(tmp_path)
+    behind it could run after the caller has used and evicted the tensor, and read it back for no one. The read is
+    in flight until the test lets it land ([Note: a gated disk in tests])."""
+    from tests.gated_disk import gated_disk
+
     a = torch.randn(64 << 10)
-    store.put("a", a, home=Tier.SSD).result(timeout=30)
-    joined = 0
-    for _ in range(20):
+    with gated_disk(reads=True) as disk:
+        store = make(tmp_path)
+        put = store.put("a", a, home=Tier.SSD)
+        disk.release()
+        put.result(timeout=30)
         first = store.prefetch("a", Tier.HOST)
-        in_flight = store.record("a").state is State.INFLIGHT_IN
-        second = store.prefetch("a", Tier.HOST)
-        if in_flight:
-            assert second is first
-            joined += 1
+        assert store.record("a").state is State.INFLIGHT_IN
+        assert store.prefetch("a", Tier.HOST) is first
+        disk.release()
         assert torch.equal(first.result(timeout=30), a)
         store.mark_dirty("a")
-        store.evict("a").result(timeout=30)  # without waiting for `second`
+        written = store.evict("a")
+        disk.release()
+        written.result(timeout=30)
         store.wait(timeout=30)
         assert store.record("a").state is State.ON_SSD and store.usage()["host"]["used"] == 0
-    assert joined > 0  # a 256 KiB O_DIRECT read is in flight right after it is submitted
+        assert disk.held() == 0  # nothing else was read: the second prefetch made no request of its own
 
 
 # ------------------------------------------------------------------ stores over several directories

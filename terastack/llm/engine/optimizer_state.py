@@ -177,20 +177,19 @@ class OptimizerState:
         and every master held now is on its way home. When all of ``names`` fit the whole allowance they are
         all handed over, after waiting for those write-backs where needed (a backward faster than the last
         unit's write-back: waiting costs less than reading the masters again): that update then reads no
-        master and needs no reserve (the planner's ``masters_reread`` counts the same rule)."""
+        master and needs no reserve (the planner's ``masters_reread`` counts the same rule). A larger unit
+        waits for them all to go home, then hands over what fits beside the reserve ([Note: the hand-over does
+        not depend on the disk's pace])."""
         out = set()
         sizes = {name: held_bytes(self.tensors[name].numel * 4) for name in names}
         with self._cv:
-            if alone and sum(sizes.values()) <= self.masters_limit:
-                def fits() -> bool:
-                    return sum(self._masters.values()) + sum(sizes.values()) <= self.masters_limit
-                if not fits():
-                    with trace.span("wait for masters written back", track="stall", cat="state"):
-                        if not self._cv.wait_for(fits, self.timeout):
-                            raise TimeoutError(f"waited {self.timeout:.0f} s for masters being written back "
-                                               f"before handing over {len(sizes)} masters")
-                self._masters.update(sizes)
-                return set(sizes)
+            if alone:
+                whole = sum(sizes.values()) <= self.masters_limit
+                self._wait_for_room(lambda: sum(self._masters.values()) + sum(sizes.values()) <= self.masters_limit
+                                    if whole else not self._masters, len(sizes))
+                if whole:
+                    self._masters.update(sizes)
+                    return set(sizes)
             held = sum(self._masters.values())
             for name in names:
                 nbytes = sizes[name]
@@ -199,6 +198,21 @@ class OptimizerState:
                     held += nbytes
                     out.add(name)
         return out
+
+    def _wait_for_room(self, fits, count: int) -> None:
+        """[Note: the hand-over does not depend on the disk's pace]
+        Inline, what backward hands over is decided while the previous unit's masters may still be on their way
+        home: on a slow disk they are, on a fast one they are gone. Counted as held, they would leave less room
+        for this unit's masters, and more of them would be read again -- bytes the planner's ``masters_reread``
+        does not count (it takes every unit's hand-over to find the last unit's masters home). So the hand-over
+        waits for those write-backs (they complete without the training thread: nothing they need waits for it)
+        and decides with the room the plan assumes, the same masters handed over at any pace. Lock held."""
+        if fits():
+            return
+        with trace.span("wait for masters written back", track="stall", cat="state"):
+            if not self._cv.wait_for(fits, self.timeout):
+                raise TimeoutError(f"waited {self.timeout:.0f} s for masters being written back before handing "
+                                   f"over {count} masters")
 
     def master_fits(self, name: str, whole: dict) -> bool:
         """Whether ``name``'s whole fp32 master can be held now without waiting (see :meth:`admit_master`)."""

@@ -58,7 +58,7 @@ def fill(engine, source) -> None:
         _fill_from_memory(engine, source.tensors)
     else:
         fill_store(rt, engine.model, engine.units, engine.tensors, seed=engine.config.seed, source=source.reader,
-                   source_keys=source.keys, lora=engine.lora, slicing=engine.slicing)
+                   source_keys=source.keys, lora=engine.lora, slicing=engine.slicing, room=engine.fill_room)
     if needs_check(engine.family, engine.config.check_family, TESTED_FAMILIES):
         engine.family_check = check_family(engine.model, engine.units, rt, family=engine.family,
                                            vocab_size=engine.hf_config.get_text_config().vocab_size,
@@ -66,12 +66,13 @@ def fill(engine, source) -> None:
 
 
 def _fill_from_memory(engine, tensors: dict[str, torch.Tensor]) -> None:
-    """The model's own tensors (canonical name -> tensor), each let go once written."""
+    """The model's own tensors (canonical name -> tensor), each let go once written (the writes in flight bounded
+    as a checkpoint's fill bounds them)."""
     from terastack.llm.engine import store_layout as layout
 
     rt = engine.runtime
     wanted = set(engine.tensors)
-    in_flight: list = []
+    in_flight = layout.InitialWrites(rt)
     for name in list(tensors):
         tensor = tensors.pop(name)
         for part, rows in engine.slicing.split(name, tensor):
@@ -80,5 +81,4 @@ def _fill_from_memory(engine, tensors: dict[str, torch.Tensor]) -> None:
         del tensor
     if wanted:
         raise ValueError(f"terastack.hf.offload: the model has no weights for {sorted(wanted)[:3]}")
-    for fut, _ in in_flight:
-        rt.wait(fut, "the model's weights reaching the store")
+    in_flight.finish()

@@ -130,8 +130,7 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
             check_packing(self.hf_config, where="packed")
         # the units' calibrated times are kept beside the machine's probe, as plan llm keeps them: a later run (a
         # resume, the next job) plans from the same times instead of timing every unit again
-        measure = dict(packed=config.packed, device=self.device,
-                       compute_bytes=torch.empty((), dtype=self.compute_dtype).element_size(),
+        measure = dict(packed=config.packed, device=self.device, compute_bytes=self.compute_dtype.itemsize,
                        times_file=unit_times_path() if config.calibrate else None,
                        budget=setup_budget(config, self.device) if config.calibrate else None)
         self.profile = profile_model(model, self.units, self.tensors, batch=config.batch_size,
@@ -490,8 +489,12 @@ class Trainer(TrainerCheckpoints, TrainerWeights):
                 if buf is not None and buf.device.type != "meta":
                     mod._buffers[name] = buf.to(self.device)
 
+    @property
+    def fill_room(self) -> int | None:
+        """What filling the store may hold at once ([Note: the fill within the budget] in weight_fill)."""
+        return self.plan.device_budget if self.device.type == "cpu" else None
+
     def _fill(self, source: "CheckpointReader | None") -> None:
         """Write every weight into the store, one tensor at a time, and create zero moments."""
         fill_store(self.runtime, self.model, self.units, self.tensors, seed=self.config.seed, source=source,
-                   source_keys=self._source_keys, lora=self.lora, slicing=self.slicing,
-                   room=self.plan.device_budget if self.device.type == "cpu" else None)
+                   source_keys=self._source_keys, lora=self.lora, slicing=self.slicing, room=self.fill_room)

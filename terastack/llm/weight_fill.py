@@ -43,7 +43,7 @@ def fill_store(runtime, model, units, tensors, *, seed: int, source, source_keys
 
 
 def fill_from_checkpoint(runtime, model, units, tensors, *, seed: int, source, source_keys, lora,
-                         in_flight: list, slicing) -> None:
+                         in_flight: layout.InitialWrites, slicing) -> None:
     """The weights from the checkpoint, through transformers' key conversions; a LoRA model's frozen base
     alike (under peft's names), its adapters initialized (peft's initialization or ``lora.init_from``)."""
     filled = set()

@@ -27,7 +27,7 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("workers,clip", [(1, None), (3, None), (3, 0.5)], ids=["noclip-1", "noclip-3", "clip-3"])
+@pytest.mark.parametrize("workers,clip", [(1, None), (3, 0.5)], ids=["noclip-1", "clip-3"])
 def test_equals_the_single_process_job(tmp_path, references, workers, clip):
     """W workers (the global batch of 3 rows split among them: 3, 1+1+1), 1-2 servers and the aggregator: the
     export equals finetune's within 1e-5, and so do the losses (2 workers with clipping: the CLI test below)."""

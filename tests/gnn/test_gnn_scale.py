@@ -31,6 +31,14 @@ def test_scale_smoke_at_tiny_size_skips_the_ram_claim(tmp_path, capsys):
     assert code == 0, err
     r = json.loads(out)
     assert "not a scale run" in err and r["scale_run"] is False and r["exceeds_ram"] is False
+    # the reproduction report lists the scale claims of a run this small, each with its reason, judging none
+    # (the harness's own plumbing for a scale benchmark: tests/repro/test_claims.py runs llm-scale's)
+    from terastack.repro.claims import CLAIMS, NOT_MEASURED
+    from terastack.repro.verdicts import evaluate
+
+    for claim in (c for c in CLAIMS if c.benchmark == "gnn-scale"):
+        v = evaluate(claim, "ok", "", r, "smoke")
+        assert v.status == NOT_MEASURED and "tiny size" in v.reason, claim.id
     assert r["train_nodes"] == default_train_nodes(40000) == 400 and r["train_fraction"] == 0.01
     sizes = dataset_bytes(40000, 8, 32, 4, 400)
     assert r["dataset_bytes"] == sizes["total"] < mem_total() == r["mem_total_bytes"]

@@ -106,6 +106,7 @@ class ThreadAgent:
         self._failure = _Failure()
         self._stop = False
         self._grads: queue.Queue = queue.Queue()
+        self._grad_window = grad_window
         self._grad_room = threading.Semaphore(grad_window)   # [Note: gradients in flight]
         # joined by close() (or, after abort(), when the rank leaves: [Note: a thread inside the network at exit])
         self._fetcher = track(threading.Thread(target=self._guard(self._fetch_loop), name="agent-fetch",
@@ -215,6 +216,19 @@ class ThreadAgent:
     def end_step(self) -> None:
         self._failure.check()
 
+    def sent(self) -> None:
+        """Wait (bounded) until every gradient pushed has left: each holds a permit of the window until sent."""
+        taken, t0 = 0, time.perf_counter()
+        while taken < self._grad_window:
+            if self._grad_room.acquire(timeout=1.0):
+                taken += 1
+                continue
+            self._failure.check()
+            if time.perf_counter() - t0 >= 2 * self.timeout_s:
+                raise TimeoutError(f"{self.core.comm.me}: gradients not sent within {2 * self.timeout_s:g} s")
+        for _ in range(taken):
+            self._grad_room.release()
+
     def abort(self) -> None:
         """Stop without waiting (the compute thread is failing; its error must not wait for the network)."""
         with self._cond:
@@ -290,6 +304,10 @@ class RelayLink:
 
     def end_step(self) -> None:
         pass
+
+    def sent(self) -> None:
+        self.comm.wait_all(self._sends)
+        self._sends.clear()
 
     def abort(self) -> None:
         pass   # nothing runs in the background: posted operations die with the process

@@ -192,7 +192,9 @@ def run_worker(me: Rank) -> dict:
         raise
     finally:
         progress.close()
-    batch = loss = None   # the last step's batch and loss are not state the worker holds between steps
+    # the last step's batch, loss and gradients on their way out are not state the worker holds between steps
+    batch = loss = None
+    link.sent()
     held = census.held_beyond_model() if census is not None else None
     link.close()
     return dict(step_s=step_s, wait_s=wait_s, loss=losses, peak_param_bytes=sharded.peak_param_bytes,

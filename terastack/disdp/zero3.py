@@ -74,6 +74,9 @@ class SerialZero3Link:
     def end_step(self) -> None:
         pass
 
+    def sent(self) -> None:
+        pass   # each gradient's reduce-scatter blocked the compute thread until it was done
+
     def close(self) -> None:
         pass
 

@@ -420,6 +420,35 @@ def test_thread_agent_holds_at_most_its_window_of_gradients():
     agent.close()
 
 
+def test_a_worker_waits_for_its_last_gradients_to_leave_before_its_census():
+    """ThreadAgent.sent() returns once every gradient pushed has left, not before: the census of what a worker holds
+    between steps (run_worker) is taken after it, so the last step's gradients still on their way out are not
+    counted as state (on a busy machine the push thread was still sending them)."""
+    import threading
+    from types import SimpleNamespace
+
+    from terastack.disdp.agent import ThreadAgent
+
+    left = [threading.Event() for _ in range(2)]
+    comm = SimpleNamespace(me="worker 0", wait_all=lambda pend: [e.wait(60) for e in pend])
+    core = SimpleNamespace(comm=comm, worker=0, push=lambda b, grad, step: [left[b]])
+    schedule = Schedule(Layout.of(build_model(TOY, seed=0), servers=1), reshard=True)
+    agent = ThreadAgent(core, schedule, [], first_step=0, steps=0, prefetch=1, timeout_s=60, grad_window=2)
+    agent.begin_step(0)
+    agent.push_grad(0, torch.zeros(1))
+    agent.push_grad(1, torch.zeros(1))
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (agent.sent(), done.set()))
+    waiter.start()
+    left[0].set()
+    assert not done.wait(0.3)          # one gradient has not left: still waiting (a hang bound, not a pace)
+    left[1].set()
+    assert done.wait(60)
+    waiter.join(60)
+    agent.push_grad(0, torch.zeros(1))  # the window is whole again: a push after it does not wait
+    agent.close()
+
+
 def test_a_job_without_a_model_directory_starts_its_servers_one_bucket_at_a_time():
     """job_run.initial_shard: no model directory, a seeded initialization per bucket; a server's slices never
     stand whole in memory, and two servers' slices put together are one server's."""

@@ -393,19 +393,27 @@ def test_server_refuses_a_host_budget_below_its_working_set():
         ParameterServer.Config(state="ssd", store_root="x", host_budget=0)
 
 
-def test_thread_agent_holds_at_most_its_window_of_gradients():
-    """[Note: gradients in flight] the third push waits until the first gradient has left."""
-    import threading
+def _pushing_agent(left):
+    """A ThreadAgent over a network whose push of bucket ``b`` lands once ``left[b]`` is set (waits bounded at a
+    minute: hang bounds), its window two gradients, at step 0."""
     from types import SimpleNamespace
 
     from terastack.disdp.agent import ThreadAgent
 
-    left = [threading.Event() for _ in range(3)]
-    comm = SimpleNamespace(me="worker 0", wait_all=lambda pend: [e.wait(10) for e in pend])
+    comm = SimpleNamespace(me="worker 0", wait_all=lambda pend: [e.wait(60) for e in pend])
     core = SimpleNamespace(comm=comm, worker=0, push=lambda b, grad, step: [left[b]])
     schedule = Schedule(Layout.of(build_model(TOY, seed=0), servers=1), reshard=True)
-    agent = ThreadAgent(core, schedule, [], first_step=0, steps=0, prefetch=1, timeout_s=10, grad_window=2)
+    agent = ThreadAgent(core, schedule, [], first_step=0, steps=0, prefetch=1, timeout_s=60, grad_window=2)
     agent.begin_step(0)
+    return agent
+
+
+def test_thread_agent_holds_at_most_its_window_of_gradients():
+    """[Note: gradients in flight] the third push waits until the first gradient has left."""
+    import threading
+
+    left = [threading.Event() for _ in range(3)]
+    agent = _pushing_agent(left)
     agent.push_grad(0, torch.zeros(1))
     agent.push_grad(1, torch.zeros(1))
     third = threading.Thread(target=agent.push_grad, args=(2, torch.zeros(1)))
@@ -425,16 +433,9 @@ def test_a_worker_waits_for_its_last_gradients_to_leave_before_its_census():
     between steps (run_worker) is taken after it, so the last step's gradients still on their way out are not
     counted as state (on a busy machine the push thread was still sending them)."""
     import threading
-    from types import SimpleNamespace
-
-    from terastack.disdp.agent import ThreadAgent
 
     left = [threading.Event() for _ in range(2)]
-    comm = SimpleNamespace(me="worker 0", wait_all=lambda pend: [e.wait(60) for e in pend])
-    core = SimpleNamespace(comm=comm, worker=0, push=lambda b, grad, step: [left[b]])
-    schedule = Schedule(Layout.of(build_model(TOY, seed=0), servers=1), reshard=True)
-    agent = ThreadAgent(core, schedule, [], first_step=0, steps=0, prefetch=1, timeout_s=60, grad_window=2)
-    agent.begin_step(0)
+    agent = _pushing_agent(left)
     agent.push_grad(0, torch.zeros(1))
     agent.push_grad(1, torch.zeros(1))
     done = threading.Event()

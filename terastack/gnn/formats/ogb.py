@@ -117,10 +117,8 @@ def _common(root: Path, split: str | None, block_bytes: int) -> dict:
         # train.csv.gz is required (its absence is an error when it is read); the others may be left out, but
         # never without a word: a split that silently holds 0 nodes reads like a bug in the import
         if key != "train_idx" and not (folder / file).exists():
-            print(f"warning: {folder / file} is missing: the import has no {_SPLIT_WORDS[key]} nodes",
-                  file=sys.stderr)
-    files = {f"split/{folder.name}/{n}": file_record(folder / n) for n in SPLIT_FILES.values()
-             if (folder / n).exists()}
+            print(f"warning: {folder / file} is missing: the import has no {_SPLIT_WORDS[key]} nodes", file=sys.stderr)
+    files = {f"split/{folder.name}/{n}": file_record(folder / n) for n in SPLIT_FILES.values() if (folder / n).exists()}
     return {"undirected": inverse, "num_classes": classes, "splits": _splits(folder, block_bytes),
             "files": files, "notes": {"dataset": name, "split": folder.name}}
 
@@ -133,8 +131,7 @@ def ogb_csv_source(root: str | Path, *, split: str | None = None, memory_budget:
     edge_csv = CsvGz(raw / "edge.csv.gz", "edges", dtype=np.int64, columns=2, block_bytes=block)
     feat_path = raw / "node-feat.csv.gz"
     need_file(feat_path, "node features (this dataset has none; only datasets with node features can be imported)")
-    label_csv = CsvGz(raw / "node-label.csv.gz", "node labels", dtype=np.float64, blank_as_nan=True,
-                      block_bytes=block)
+    label_csv = CsvGz(raw / "node-label.csv.gz", "node labels", dtype=np.float64, blank_as_nan=True, block_bytes=block)
     feat_dim = CsvGz(feat_path, "node features", dtype=np.float32, block_bytes=block).first_row().size
     memo: dict = {}
 

@@ -65,8 +65,7 @@ class HeteroGNN(torch.nn.Module):
 
             self.inputs = torch.nn.ModuleDict({t: torch.nn.Linear(in_dims[t], hidden) for t in node_types})
             dims = [hidden] * num_layers + [out_dim]
-            self.convs = torch.nn.ModuleList(RGCNConv(dims[i], dims[i + 1], len(edge_types))
-                                             for i in range(num_layers))
+            self.convs = torch.nn.ModuleList(RGCNConv(dims[i], dims[i + 1], len(edge_types)) for i in range(num_layers))
 
     @torch.no_grad()
     def _materialize(self, in_dims: dict[str, int]) -> None:

@@ -7,8 +7,7 @@ by layer for a homogeneous model (terastack.gnn.training.layerwise [Note: layer-
 every-neighbour subgraphs of chunks of target nodes for a heterogeneous one ([Note: inference on sampled
 subgraphs]). One recipe writes the outputs: the predictions (argmax, int64, one per node of the target type) and
 the logits (float32, nodes x classes), ``.npy`` files numpy can memory-map, each committed atomically (temporary
-name beside it, fsync, rename, fsync of the directory), and the full-neighbourhood accuracy on the labelled
-splits.
+name beside it, fsync, rename, fsync of the directory), and the full-neighbourhood accuracy on the labelled splits.
 
 [Note: inference on sampled subgraphs]
 The target's nodes are taken in chunks of consecutive ids; each chunk is sampled with every neighbour (fanout

@@ -33,8 +33,7 @@ RESUME_SETTINGS = ("data.path", "model.kind", "model.hidden", "sampling.fanouts"
 
 
 def training_threads(requested: int = -1) -> int:
-    """Intra-op threads for training on the CPU beside the pipeline: ``requested``, or for -1 one less than the
-    cores.
+    """Intra-op threads for training on the CPU beside the pipeline: ``requested``, or for -1 one less than the cores.
 
     The sampling and gathering threads need a core; an OpenMP team that spans every core stalls each time one of
     its threads is descheduled (measured: steps 5-10x slower on a busy 2-core machine)."""

@@ -22,8 +22,8 @@ the compute loop's time per matrix product beside the collective and the storage
 [Note: the phases of a round]
 The ranks and the storage process start once per round and wait on barriers and events between phases, so no
 process start falls in a timed phase: collective alone, compute alone, all three together, compute alone,
-collective alone. In the together phase the storage traffic starts first, the compute loop starts as the
-all-reduces do and runs until rank 0 has finished them, and the storage traffic stops only after that, so the
+collective alone. In the together phase the storage traffic starts first (the all-reduces wait until it has
+moved its first piece), the compute loop starts as the all-reduces do and runs until rank 0 has finished them, and the storage traffic stops only after that, so the
 collective never runs without them. Each is a process or this process's own thread: no two of them share an
 interpreter lock.
 """
@@ -100,7 +100,8 @@ def allreduce_rank(rank: int, ranks: int, init_file: str, elements: int, collect
 
 def storage_traffic(path: str, chunk: int, sync, moved) -> None:
     """Read and write back ``path`` in ``chunk`` pieces, as a CPU optimizer streams its state, from
-    ``sync.storage_go`` until ``sync.storage_stop``; the bytes and seconds into ``moved``."""
+    ``sync.storage_go`` until ``sync.storage_stop``, setting ``sync.storage_moving`` once the first piece has gone
+    both ways; the bytes and seconds into ``moved``."""
     from terastack import io
 
     buf = io.aligned_empty(chunk)
@@ -113,6 +114,7 @@ def storage_traffic(path: str, chunk: int, sync, moved) -> None:
                 f.read(buf, offset)      # the state in, updated, and back out: read and write each piece
                 f.write(buf, offset)
                 n += 2 * chunk
+                sync.storage_moving.set()
                 if sync.storage_stop.is_set():
                     break
         moved[0], moved[1] = n, time.perf_counter() - t0
@@ -146,6 +148,7 @@ class _Sync:
         self.go, self.done = ctx.Barrier(ranks + 1), ctx.Barrier(ranks + 1)
         self.finished = ctx.Event()                      # rank 0 finished a phase's all-reduces
         self.storage_go, self.storage_stop = ctx.Event(), ctx.Event()
+        self.storage_moving = ctx.Event()                # the storage traffic's first piece went in and out
 
     def abort(self) -> None:
         """Let every process waiting for a phase that will not come leave now, not after _WAIT_S."""
@@ -176,6 +179,10 @@ def _phases(a: torch.Tensor, args: argparse.Namespace, sync: _Sync, storage: boo
     sync.finished.clear()
     if storage:
         sync.storage_go.set()
+        # the storage process may still be starting: under load the collectives could otherwise run their whole
+        # phase before it moves a byte
+        if not sync.storage_moving.wait(_WAIT_S):
+            raise RuntimeError(f"the storage process moved nothing within {_WAIT_S:.0f} s")
     sync.go.wait(_WAIT_S)      # the compute starts as the collectives do and runs until they finish
     products, seconds = _compute_until(a, sync.finished)
     sync.storage_stop.set()

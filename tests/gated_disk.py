@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 
 from terastack.io import IOEngine, backend_names, register_backend, set_engine
-from terastack.io.backend import start_backend
+from terastack.io.backend import start_backend, unregister_backend
 from terastack.io.requests import OP_WRITE
 
 NAME = "gated-test-disk"
@@ -176,17 +176,23 @@ def _start(**kw):
 def gated_disk(*, reads: bool = False, lagging: bool = False):
     """The process-wide storage engine, for the block, on a :class:`GatedDisk` (yielded); ``reads``: reads are held
     too; ``lagging``: on a :class:`LaggingDisk` instead."""
-    if NAME not in backend_names():
+    # registered for the block only: a test after it in the same process sees the backends it had
+    registered = NAME not in backend_names()
+    if registered:
         register_backend(NAME, _start, order=99)
-    _kind[0] = LaggingDisk if lagging else GatedDisk
-    engine = IOEngine(IOEngine.Config(backend=NAME))
-    disk = _started.pop()
-    if not lagging:
-        disk.reads = reads  # before the engine's first request
-    previous = set_engine(engine)
     try:
-        yield disk
+        _kind[0] = LaggingDisk if lagging else GatedDisk
+        engine = IOEngine(IOEngine.Config(backend=NAME))
+        disk = _started.pop()
+        if not lagging:
+            disk.reads = reads  # before the engine's first request
+        previous = set_engine(engine)
+        try:
+            yield disk
+        finally:
+            disk.open()
+            set_engine(previous)
+            engine.close()
     finally:
-        disk.open()
-        set_engine(previous)
-        engine.close()
+        if registered:
+            unregister_backend(NAME)

@@ -34,14 +34,17 @@ def test_a_system_over_the_rss_limit_does_not_fit_and_is_not_tried_larger(tmp_pa
 
 
 def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, capsys, hardware_file):
+    """Every field of a row, with --grad-accum 2: every system takes optimizer steps of two micro-batches
+    (terastack plans for them) and tokens/s counts both (one run: each system's row is a process of its own)."""
     from transformers import AutoModelForCausalLM
 
     from terastack.training.model_registry import hf_config
 
     trace = tmp_path / "trace.json"
     r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
-                  "--seq-len", "16", "--dir", str(tmp_path), "--hardware", hardware_file, "--trace", str(trace))
-    assert r["environment"]["versions"]["torch"]
+                  "--seq-len", "16", "--grad-accum", "2", "--dir", str(tmp_path), "--hardware", hardware_file,
+                  "--trace", str(trace))
+    assert r["environment"]["versions"]["torch"] and r["grad_accum"] == 2
     assert any(e.get("ph") == "X" for e in json.loads(trace.read_text())["traceEvents"]), "trace has no spans"
     trace.unlink()
     params = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_config("tiny-llama")).parameters())
@@ -49,11 +52,12 @@ def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, ca
     assert set(rows) == {"terastack", "in_memory"}
     for row in rows.values():
         assert row["fits"] is True and row["reason"] is None and row["params"] == params
-        assert row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(16 / row["step_s"])
+        assert row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(2 * 16 / row["step_s"])
         assert 0 < row["peak_rss_bytes"] < r["rss_limit_bytes"]
         assert row["ssd_read_bytes_per_step"] >= 0 and row["ssd_write_bytes_per_step"] >= 0
-        assert len(row["losses"]) == 2
+        assert len(row["losses"]) == 2  # one per optimizer step (warm-up and measured), not per micro-batch
     ts = rows["terastack"]
+    assert ts["plan"]["grad_accum"] == 2
     assert ts["predicted_step_s"] > 0
     assert ts["prediction_error"] == pytest.approx(ts["predicted_step_s"] / ts["step_s"] - 1)
     # a randomly initialized model starts near the loss of a uniform guess over the vocabulary
@@ -72,20 +76,6 @@ def test_tiny_rung_trains_under_the_watchdog_and_reports_each_field(tmp_path, ca
         ts["bytes_by_kind_per_step"])
     assert r["tiny_terastack_step_vs_floor"] == pytest.approx(
         ts["step_s"] / max(rows["in_memory"]["step_s"], ts["io_floor_s"]))
-    assert leftovers(tmp_path) == []
-
-
-def test_grad_accum_runs_every_system_with_that_many_micro_batches(tmp_path, capsys, hardware_file):
-    """--grad-accum 2: every system takes optimizer steps of two micro-batches (terastack plans for them) and
-    tokens/s counts both."""
-    r = run_bench(capsys, "--sizes", "tiny", "--systems", "terastack,in_memory", "--steps", "1", "--warmup", "1",
-                  "--seq-len", "16", "--grad-accum", "2", "--dir", str(tmp_path), "--hardware", hardware_file)
-    rows = {row["system"]: row for row in r["rows"]}
-    assert r["grad_accum"] == 2
-    for row in rows.values():
-        assert row["fits"] is True and row["tokens_per_s"] == pytest.approx(2 * 16 / row["step_s"])
-        assert len(row["losses"]) == 2  # one per optimizer step (warm-up and measured), not per micro-batch
-    assert rows["terastack"]["plan"]["grad_accum"] == 2
     assert leftovers(tmp_path) == []
 
 

@@ -13,7 +13,8 @@
 # --seq-len 64 --host-budget 1GiB --device-budget 2.5GiB: fits, predicted about 219 s a step on this machine).
 # The engine's budget is 3.5 GiB of the 4 GiB the watchdog allows: at 1.1B with an NF4 base in bf16 the process
 # passed its memory budget by about 0.1 GB while the store filled and 0.04 GB in a step (2026-12-05).
-# Measured on 2026-12-05: benchmarks/llm-70b-nf4-lora_2core-epyc_2026-12-05.md (175 s a step, peak RSS 3.69 GiB).
+# Measured on 2026-12-05: benchmarks/llm-70b-nf4-lora_2core-epyc_2026-12-05.md (175 s a step, peak RSS 3.69 GiB);
+# on 2026-12-06 (Xeon VM, set-up held to the budget): benchmarks/llm-70b-nf4-lora_2core-xeon_2026-12-06.md (560 s, 3.92 GiB).
 set -euo pipefail
 DIR=${1:-/tmp/terastack-70b}
 HERE=$(cd "$(dirname "$0")/.." && pwd)

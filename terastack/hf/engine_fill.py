@@ -67,12 +67,14 @@ def fill(engine, source) -> None:
 
 def _fill_from_memory(engine, tensors: dict[str, torch.Tensor]) -> None:
     """The model's own tensors (canonical name -> tensor), each let go once written (the writes in flight bounded
-    as a checkpoint's fill bounds them)."""
+    by the engine's room as a checkpoint's fill bounds them: beside them, one tensor made fp32 and its record)."""
     from terastack.llm.engine import store_layout as layout
+    from terastack.llm.weight_fill import initial_writes
 
     rt = engine.runtime
     wanted = set(engine.tensors)
-    in_flight = layout.InitialWrites(rt)
+    held = 2 * 4 * max((t.numel() for t in tensors.values()), default=0)
+    in_flight = initial_writes(rt, engine.fill_room, held)
     for name in list(tensors):
         tensor = tensors.pop(name)
         for part, rows in engine.slicing.split(name, tensor):

@@ -28,8 +28,7 @@ def fill_store(runtime, model, units, tensors, *, seed: int, source, source_keys
     # held beside the writes: a random part in fp32 and one tensor's record of it; a checkpoint's tensor as read,
     # in fp32 and as its record
     held = 2 * largest_init_part(units) if source is None else 3 * 4 * max(t.numel for t in tensors.values())
-    limit = layout.FILL_IN_FLIGHT if room is None else max(0, min(layout.FILL_IN_FLIGHT, room - held))
-    in_flight = layout.InitialWrites(runtime, limit)
+    in_flight = initial_writes(runtime, room, held)
     if source is None:  # a LoRA model's random base is the plain model's from the same seed
         base = {n for n in tensors if lora is None or not lora.is_adapter(n)}
         for name, tensor in random_init(model, units, tensors, seed, wanted=base):
@@ -40,6 +39,13 @@ def fill_store(runtime, model, units, tensors, *, seed: int, source, source_keys
         fill_from_checkpoint(runtime, model, units, tensors, seed=seed, source=source, source_keys=source_keys,
                              lora=lora, in_flight=in_flight, slicing=slicing)
     in_flight.finish()
+
+
+def initial_writes(runtime, room: int | None, held: int) -> layout.InitialWrites:
+    """The fill's writes in flight, bounded by ``room`` less the ``held`` bytes beside them ([Note: the fill within
+    the budget]; ``room`` None: :data:`~terastack.llm.engine.store_layout.FILL_IN_FLIGHT`)."""
+    limit = layout.FILL_IN_FLIGHT if room is None else max(0, min(layout.FILL_IN_FLIGHT, room - held))
+    return layout.InitialWrites(runtime, limit)
 
 
 def fill_from_checkpoint(runtime, model, units, tensors, *, seed: int, source, source_keys, lora,

@@ -106,3 +106,34 @@ def test_bf16_computes_in_bfloat16(tmp_path, hardware_file, reference):
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(plain[1][:4], logs[:4])) < 0.05
     assert any((weights[k] - reference[k]).abs().max().item() > 1e-4 for k in weights)
     trainer.terastack.close()
+
+
+def test_the_fill_from_memory_holds_its_writes_within_the_engines_room(tmp_path, hardware_file, monkeypatch):
+    """The Trainer's model, in memory, reaches the store with its writes in flight bounded by the engine's room less
+    what the fill holds beside them (one tensor made fp32 and its record), as a checkpoint's fill is bounded ([Note:
+    the fill within the budget] in terastack.llm.weight_fill); at 8 MiB the bound is below the default in flight."""
+    from transformers import Trainer, TrainingArguments
+
+    from terastack.llm import weight_fill
+    from terastack.llm.engine.store_layout import FILL_IN_FLIGHT
+
+    bounds = []
+    real = weight_fill.initial_writes
+
+    def spy(runtime, room, held):
+        writes = real(runtime, room, held)
+        bounds.append((room, held, writes.limit))
+        return writes
+
+    monkeypatch.setattr(weight_fill, "initial_writes", spy)
+    model = tiny_model("llama")
+    largest = max(p.numel() for p in model.parameters())
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "run"), **ARGS),
+                      train_dataset=token_rows(), data_collator=pad_collate)
+    offload(trainer, tmp_path, hardware_file)
+    try:
+        room = trainer.terastack.engine.fill_room
+        assert room is not None and room < FILL_IN_FLIGHT
+        assert bounds == [(room, 8 * largest, max(0, room - 8 * largest))]
+    finally:
+        trainer.terastack.close()

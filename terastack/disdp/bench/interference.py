@@ -23,8 +23,8 @@ the compute loop's time per matrix product beside the collective and the storage
 The ranks and the storage process start once per round and wait on barriers and events between phases, so no
 process start falls in a timed phase: collective alone, compute alone, all three together, compute alone,
 collective alone. In the together phase the storage traffic starts first (the all-reduces wait until it has
-moved its first piece), the compute loop starts as the all-reduces do and runs until rank 0 has finished them, and the storage traffic stops only after that, so the
-collective never runs without them. Each is a process or this process's own thread: no two of them share an
+moved its first piece), the compute loop starts as the all-reduces do and runs until rank 0 has finished them,
+and the storage traffic stops only after that, so the collective never runs without them. Each is a process or this process's own thread: no two of them share an
 interpreter lock.
 """
 from __future__ import annotations
@@ -113,8 +113,9 @@ def storage_traffic(path: str, chunk: int, sync, moved) -> None:
             for offset in range(0, size, chunk):
                 f.read(buf, offset)      # the state in, updated, and back out: read and write each piece
                 f.write(buf, offset)
+                if not n:
+                    sync.storage_moving.set()   # once: the event is a lock shared between processes
                 n += 2 * chunk
-                sync.storage_moving.set()
                 if sync.storage_stop.is_set():
                     break
         moved[0], moved[1] = n, time.perf_counter() - t0

@@ -4,6 +4,7 @@ the layers below them never import an engine)."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,7 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str,
     return [(m, taken) for m, taken in out if m != name]
 
 
+@functools.lru_cache(maxsize=1)   # a second of parsing a call; the tests below only read what it returns
 def graph() -> tuple[dict[str, set[str]], list[str]]:
     known = modules()
     edges: dict[str, set[str]] = {m: set() for m in known}

@@ -188,6 +188,17 @@ def initial_shard(me: JobRank) -> StreamedShard:
                          source=me.job.model.path or "tiny-llama")
 
 
+def rank_imports(job) -> tuple[str, ...]:
+    """What a rank imports only once it runs, for a warm start to import once for every rank
+    (:func:`terastack.local_ranks.rank_command`): this module (``job_rank`` imports it in ``main``), and for the
+    workers and servers transformers with the model's family (:func:`join_job`)."""
+    from terastack.training.model_registry import DEFAULT_MODEL, model_type_of
+
+    family = (model_type_of(job.model.path or DEFAULT_MODEL) or "").replace("-", "_")
+    return (__name__, "transformers", "transformers.models.auto.modeling_auto",
+            *([f"transformers.models.{family}.modeling_{family}"] if family.isidentifier() else []))
+
+
 def run_rank(job) -> int:
     """One rank of the job: rank 0 drives, the others follow; every rank leaves together. A communication error
     is checked against the ranks' heartbeats: lost ranks raise :class:`NodeLost` ([Note: a lost node])."""
@@ -363,7 +374,8 @@ def launch_job(job, *, quiet: bool = False, argv: list[str] | None = None) -> di
         write_job_file(job.with_absolute_paths(), job_file, command=COMMAND)   # the ranks may start elsewhere
         interrupted = launch_ranks(roles, JOB_RUN_MODULE, [str(job_file)], world_size=roles.world_size,
                                    timeout_s=job.disdp.timeout_s, quiet=quiet,
-                                   resume_hint=lambda: resume_hint(job), interruptible=True)
+                                   resume_hint=lambda: resume_hint(job), interruptible=True,
+                                   preload=rank_imports(job))
         if interrupted and not (run_dir / RESULT).exists():   # a Ctrl-C after the job's end changes nothing
             d = job.checkpoint.dir
             raise JobInterrupted(interrupted_line(step=None, total=None, where="", last=latest_checkpoint(d),

@@ -29,7 +29,7 @@ from terastack.disdp.roles import RoleMap
 from terastack.disdp.job_stats import collect_stats, stats_dir
 from terastack.disdp.shutdown import exit_rank
 from terastack.training.checkpoint import latest_step
-from terastack.local_ranks import agent_logs, launch_config
+from terastack.local_ranks import agent_logs, launch_config, rank_command
 
 #: the program every rank of the disaggregated job runs (``python -m MODULE JOB.json``)
 JOB_MODULE = "terastack.disdp.run"
@@ -120,17 +120,20 @@ def launch_local(config: TrainConfig, *, quiet: bool = False, module: str = JOB_
 
 
 def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: int, timeout_s: float,
-                 quiet: bool = False, resume_hint=lambda: "", interruptible: bool = False) -> bool:
+                 quiet: bool = False, resume_hint=lambda: "", interruptible: bool = False,
+                 preload: tuple[str, ...] = (), warm: bool = True) -> bool:
     """Start ``world_size`` ranks of ``python -m MODULE ARGS...`` under torchrun's elastic agent (c10d rendezvous
     on loopback) and wait for them; a failed rank raises :class:`JobFailed` ([Note: failures]), its message ended
     by ``resume_hint()``. ``interruptible``: the ranks stop in order on SIGINT ([Note: Ctrl-C on a job]): the
     launcher passes it on to them and waits; True if a SIGINT came (False: none, or ``interruptible`` is not
-    set)."""
+    set). ``preload`` (what MODULE imports only once it runs) and ``warm``: how the ranks start
+    (:func:`~terastack.local_ranks.rank_command`)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    with agent_logs() as logs:   # failure records are read inside: the directory goes after
+    with agent_logs() as logs, rank_command(module, args, preload=preload, warm=warm) as (entrypoint, rank_args):
+        # failure records are read inside: the directory goes after
         launch = launch_config(world_size, name="terastack", timeout_s=timeout_s, logs=logs)
         env = {QUIET_ENV: "1" if quiet else "0", _AGENT_SIGNALS_ENV: os.environ.get(_AGENT_SIGNALS_ENV)}
         relay, previous = _InterruptRelay(module), None
@@ -141,7 +144,7 @@ def launch_ranks(roles: RoleMap, module: str, args: list[str], *, world_size: in
         env_before = {name: os.environ.get(name) for name in env}
         os.environ.update({name: value for name, value in env.items() if value is not None})
         try:
-            elastic_launch(launch, sys.executable)("-m", module, *args)
+            elastic_launch(launch, entrypoint)(*rank_args)
         except ChildFailedError as exc:
             raise JobFailed(describe_failures(roles, exc.failures, resume_hint())) from None
         except SignalException:

@@ -111,3 +111,21 @@ def resolve_model(spec: str):
     if os.sep in spec or spec.startswith("."):
         raise FileNotFoundError(f"model directory {spec} does not exist")
     return hf_config(spec), None
+
+
+def model_type_of(spec: str) -> str | None:
+    """The ``model_type`` of a built-in name, a model directory or a config.json, read without importing
+    transformers; None where that needs more (a Hub id, a file that cannot be read): the caller then goes without."""
+    import json
+    import os
+
+    if spec in MODELS:
+        return MODELS[spec]["model_type"]
+    path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
+    if not path.endswith(".json"):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None

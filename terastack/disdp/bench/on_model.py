@@ -151,8 +151,10 @@ def run_system(spec: BenchSpec, *, limit: int, quiet: bool = True) -> dict:
     try:
         with RssWatchdog(RssWatchdog.Config(limit_bytes=limit)) as dog:
             try:
+                # cold starts: the watchdog tells the ranks apart by their command lines and environments, which
+                # forked ranks share with the process they were forked from
                 launch_ranks(roles, RANKS_MODULE, [str(path)], world_size=world, timeout_s=spec.timeout_s,
-                             quiet=quiet)
+                             quiet=quiet, warm=False)
             except JobFailed as exc:
                 failure = str(exc)
         by_rank: dict[str, int] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 from terastack.atomic import atomic_write_json
 from terastack.gnn.settings import GnnJob
 from terastack.gnn.training.train import GnnTrainer
-from terastack.local_ranks import agent_logs, launch_config
+from terastack.local_ranks import agent_logs, launch_config, rank_command
 
 RESULT = "result.json"
 
@@ -79,10 +79,11 @@ def _launch(job: GnnJob, timeout_s: float, progress: bool) -> dict:
     try:
         path = atomic_write_json(run_dir / "job.json", {"job": job.to_dict(everything=True), "timeout_s": timeout_s,
                                                         "progress": progress})
-        with agent_logs() as logs:   # failure records are read inside: the directory goes after
+        with agent_logs() as logs, rank_command(__name__, [str(path)]) as (entrypoint, rank_args):
+            # failure records are read inside: the directory goes after
             launch = launch_config(job.training.nproc, name="terastack-gnn", timeout_s=timeout_s, logs=logs)
             try:
-                elastic_launch(launch, sys.executable)("-m", __name__, str(path))
+                elastic_launch(launch, entrypoint)(*rank_args)
             except ChildFailedError as exc:
                 raise RankFailed(describe_failures(exc.failures)) from None
         return json.loads((run_dir / RESULT).read_text())

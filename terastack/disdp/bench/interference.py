@@ -24,8 +24,8 @@ The ranks and the storage process start once per round and wait on barriers and 
 process start falls in a timed phase: collective alone, compute alone, all three together, compute alone,
 collective alone. In the together phase the storage traffic starts first (the all-reduces wait until it has
 moved its first piece), the compute loop starts as the all-reduces do and runs until rank 0 has finished them,
-and the storage traffic stops only after that, so the collective never runs without them. Each is a process or this process's own thread: no two of them share an
-interpreter lock.
+and the storage traffic stops only after that, so the collective never runs without them. Each is a process or
+this process's own thread: no two of them share an interpreter lock.
 """
 from __future__ import annotations
 

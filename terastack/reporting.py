@@ -42,6 +42,15 @@ def fio_version() -> str | None:
         return None
 
 
+def machine() -> dict:
+    """The machine a figure was measured on: CPU model, cores, memory, kernel and accelerator."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_bytes": mem_total(), "kernel": platform.release(),
+            "gpu": gpu}
+
+
 def environment(**extra) -> dict:
     """The machine, the versions and the command of a result; ``extra``: what the caller adds (a benchmark its
     I/O backend: :func:`terastack.io.backend.backend_record`). This module sits below every part, so it names
@@ -51,13 +60,9 @@ def environment(**extra) -> dict:
 
     import terastack
 
-    gpu = None
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(0)
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_bytes": mem_total(),
-                    "kernel": platform.release(), "gpu": gpu},
+        "machine": machine(),
         "versions": {"python": platform.python_version(), "terastack": terastack.__version__,
                      "torch": torch.__version__, "numpy": numpy.__version__, "fio": fio_version(),
                      "transformers": _version("transformers"), "torch_geometric": _version("torch_geometric"),

@@ -25,9 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scratch", metavar="DIR", help="where the scale suite writes its stores and datasets while it "
                    "runs (default OUT/scratch; preset full needs about 50 GB free there)")
     p.add_argument("--add", action="store_true",
-                   help="add the suites measured now to --out's earlier run of the same preset (a suite measured "
-                        "again replaces its earlier figures; the others are kept): the full preset in several "
-                        "sittings")
+                   help="add the suites measured now to --out's earlier run of the same preset on the same "
+                        "machine (a suite measured again replaces its earlier figures; the others are kept): the "
+                        "full preset in several sittings")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run each benchmark N times, one after the other: every verdict is its median run's, with "
                         "each run's value and the spread beside it (the dace suite runs once)")

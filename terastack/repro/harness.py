@@ -80,6 +80,8 @@ class Harness:
         if earlier is not None and earlier["preset"] != cfg.preset:
             raise ValueError(f"--add: {self.out} holds a run of preset {earlier['preset']!r}, not {cfg.preset!r}; "
                              "one report holds one preset")
+        if earlier is not None:
+            _refuse_another_machine(earlier, self.out)
         for sub in ("raw", "plots", "logs"):
             (self.out / sub).mkdir(parents=True, exist_ok=True)
         from terastack.io.backend import backend_record
@@ -106,7 +108,7 @@ class Harness:
         load = {"start": load_start, "end": _loadavg()}
         wall_s = time.perf_counter() - started
         runs = [{"date": started_at, "command": env.get("command"), "suites": list(cfg.suites),
-                 "load_average": load, "wall_s": wall_s}]
+                 "load_average": load, "wall_s": wall_s, "machine": env.get("machine")}]
         data = {"preset": cfg.preset, "suites_requested": list(cfg.suites), "environment": env,
                 "load_average": load, "dace_env": dace_env, "suites": suites, "raw_files": raw_files,
                 "wall_s": wall_s, "runs": runs}
@@ -241,7 +243,45 @@ class Harness:
 # the suites be measured in separate runs into one directory: a suite measured now replaces that suite of the
 # earlier run, the others stay as they were measured, and every suite keeps the date and load average of its
 # own run, which REPORT.md prints beside it. Ratios are only ever taken within one benchmark, so a report whose
-# suites come from different days compares nothing across them.
+# suites come from different days compares nothing across them. What it does state is the machine ("measured
+# on this machine", its reasons for each miss), so every run of one report is on one machine: ``--add`` on
+# another (another CPU model, core count, memory or accelerator; a new kernel is the same machine) is refused
+# before anything is measured. A run whose every suite a later run measured again has no figure left in the
+# report and leaves its Runs table; a run keeps the suites whose figures are still its own.
+
+
+def _machine_key(m: dict | None) -> tuple | None:
+    """What makes two runs' machines the same one: CPU model, cores, memory (to the GiB) and accelerator."""
+    if not m:
+        return None
+    return m.get("cpu"), m.get("cores"), round((m.get("memory_bytes") or 0) / 2**30), m.get("gpu")
+
+
+def _describe(m: dict) -> str:
+    gpu = f", {m['gpu']}" if m.get("gpu") else ""
+    return f"{m.get('cpu')} ({m.get('cores')} cores, {(m.get('memory_bytes') or 0) / 2**30:.1f} GiB{gpu})"
+
+
+def _refuse_another_machine(earlier: dict, out: Path) -> None:
+    from terastack.reporting import machine
+
+    before, now = earlier.get("environment", {}).get("machine"), machine()
+    if _machine_key(before) is not None and _machine_key(before) != _machine_key(now):
+        raise ValueError(f"--add: {out} was measured on {_describe(before)}, this machine is {_describe(now)}; "
+                         "one report holds one machine's runs: give another --out")
+
+
+def _live_runs(runs: list[dict]) -> list[dict]:
+    """``runs`` (oldest first) with each run's suites cut to those no later run measured again; a run left with
+    none is dropped."""
+    remeasured: set[str] = set()
+    live = []
+    for run in reversed(runs):
+        own = [s for s in run.get("suites", ()) if s not in remeasured]
+        remeasured.update(run.get("suites", ()))
+        if own:
+            live.append({**run, "suites": own})
+    return live[::-1]
 
 
 def _added(earlier: dict, now: dict) -> dict:
@@ -263,7 +303,7 @@ def _added(earlier: dict, now: dict) -> dict:
     return {**now, "suites": suites, "suites_requested": [s["name"] for s in suites],
             "dace_env": now["dace_env"] if "dace" in fresh else earlier.get("dace_env"),
             "raw_files": sorted(set(earlier.get("raw_files", ())) | set(now["raw_files"])),
-            "runs": runs + now["runs"]}
+            "runs": _live_runs(runs + now["runs"])}
 
 
 def _first_line(text: str | None) -> str:

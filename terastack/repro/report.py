@@ -64,7 +64,8 @@ def runs_section(runs: list[dict]) -> list[str]:
     if len(runs) < 2:
         return []
     lines = ["## Runs", "", "The suites were measured in separate runs on this machine, each benchmark's ratios "
-             "within its own run ([Note: a report measured in several runs] in terastack.repro.harness).", "",
+             "within its own run ([Note: a report measured in several runs] in terastack.repro.harness); a run "
+             "lists the suites whose figures here are its own.", "",
              "| started | suites | load average at start / end | time |", "|---|---|---|---|"]
     for r in runs:
         load = r.get("load_average") or {}

@@ -69,12 +69,14 @@ def test_efficiency_formulas():
                     reason="TERASTACK_SKIP_DACE=1: the DaCe end-to-end run was switched off for this run")
 @pytest.mark.parametrize("kernels,scaling", [(("gemm",), False), (("jacobi_2d",), False), (("crc16",), True)],
                          ids=["gemm", "jacobi_2d", "crc16-and-mpi"])
-def test_three_kernels_through_dace_numba_and_mpi(tmp_path, kernels, scaling):
+def test_three_kernels_through_dace_numba_and_mpi(tmp_path, kernels, scaling, monkeypatch):
     """Three kernels through NumPy, DaCe and Numba, and the MPI scaling runs: in three suite runs (three tests), so
-    that they run side by side; the scaling runs measure their own kernels (gemm, atax, jacobi_2d) whichever are chosen."""
+    that they run side by side; the scaling runs measure their own kernels (gemm, atax, jacobi_2d) whichever are chosen.
+    The output folder is given relative to the working directory, as `repro --out DIR` gives it."""
     # one thread per framework: the smoke sizes gain nothing from a second one, and an OpenMP or Numba team on a
     # busy machine waits for its descheduled member at every parallel loop (jacobi_2d: 100x slower with two)
-    suite = DaceSuite(DaceSuite.Config(preset="smoke", out_dir=str(tmp_path), kernels=kernels, max_procs=2,
+    monkeypatch.chdir(tmp_path)
+    suite = DaceSuite(DaceSuite.Config(preset="smoke", out_dir="out", kernels=kernels, max_procs=2,
                                        threads=1, scaling=scaling))
     result = suite.run()
     assert result["status"] == "ok", result.get("reason")
@@ -214,6 +216,19 @@ def test_a_crashing_measurement_is_recorded_and_the_suite_goes_on(tmp_path, monk
 
     sp = summarize_speedups(merged)
     assert sp["per_kernel"]["gemm"]["dace"] == {"status": "crashed"} and sp["counted"]["numba"] == 2
+
+
+def test_a_scaling_run_that_wrote_nothing_is_not_read_from_an_earlier_run(tmp_path, monkeypatch):
+    """An earlier run's dace_scaling_P2.json left in the folder is not this run's result: an mpirun that exits 0
+    without writing one has failed."""
+    from terastack.repro.dace import suite as suite_mod
+
+    monkeypatch.setattr(suite_mod, "_run_logged", lambda cmd, **kw: {"returncode": 0, "timed_out": False, "tail": ""})
+    (tmp_path / "dace_scaling_P2.json").write_text(json.dumps({"records": [{"kernel": "gemm"}]}))
+    suite = DaceSuite(DaceSuite.Config(preset="smoke", out_dir=str(tmp_path)))
+    env_info = {"system": {"mpi_version": "mpirun (Open MPI) 4.1.4"}}
+    out = suite._mpirun("mpirun", env_info, 2, ["numpy"], str(tmp_path))
+    assert out["status"] == "failed" and "mpirun -n 2 exit 0" in out["reason"]
 
 
 def test_children_run_with_the_stack_limit_raised(tmp_path):

@@ -371,9 +371,40 @@ def test_suites_measured_in_separate_runs_make_one_report(fake_path, tmp_path):
 
     third = run(("alpha",))
     assert [s["name"] for s in third["suites"]] == ["beta", "alpha"]   # unknown suite names keep the run order
-    assert [r["suites"] for r in third["runs"]] == [["alpha"], ["beta"], ["alpha"]]
+    # the first run's only suite was measured again: it has no figure left in the report
+    assert [r["suites"] for r in third["runs"]] == [["beta"], ["alpha"]]
     assert len([v for v in third["verdicts"] if v["claim"] == "a.speedup"]) == 1
 
     with pytest.raises(ValueError, match="preset 'smoke', not 'small'"):
         run(("beta",), preset="small")
     assert json.loads((tmp_path / "report.json").read_text())["runs"] == json.loads(json.dumps(third["runs"]))
+
+
+def test_a_report_holds_one_machines_runs(fake_path, tmp_path, monkeypatch):
+    """``--add`` from another machine is refused before it measures, naming both machines; a new kernel is the
+    same machine. A run keeps only the suites whose figures are still its own."""
+    import terastack.reporting
+    from terastack.repro.harness import _live_runs
+
+    def run(suites):
+        return Harness(Harness.Config(suites=suites, preset="smoke", out_dir=str(tmp_path), claims=CLAIMS,
+                                      bench_suites=SUITES, pythonpath=(str(fake_path),), add=True)).run()
+
+    first = run(("alpha",))
+    here = first["runs"][0]["machine"]
+    assert here == terastack.reporting.machine()
+    before = (tmp_path / "report.json").read_text()
+    monkeypatch.setattr(terastack.reporting, "machine", lambda: {**here, "cpu": "Another CPU", "cores": 64})
+    with pytest.raises(ValueError, match=r"Another CPU \(64 cores.*one report holds one machine's runs"):
+        run(("beta",))
+    assert (tmp_path / "report.json").read_text() == before
+    assert not (tmp_path / "raw" / "err.json").exists()                 # nothing was measured
+    monkeypatch.setattr(terastack.reporting, "machine", lambda: {**here, "kernel": "a newer kernel"})
+    assert [r["suites"] for r in run(("beta",))["runs"]] == [["alpha"], ["beta"]]
+
+    runs = [{"date": "1", "suites": ["io", "llm", "gnn"]}, {"date": "2", "suites": ["llm"]},
+            {"date": "3", "suites": ["llm", "io"]}, {"date": "4", "suites": ["gnn"]}]
+    assert [(r["date"], r["suites"]) for r in _live_runs(runs)] == [("3", ["llm", "io"]), ("4", ["gnn"])]
+    runs[3]["suites"] = ["dace"]
+    assert [(r["date"], r["suites"]) for r in _live_runs(runs)] == [
+        ("1", ["gnn"]), ("3", ["llm", "io"]), ("4", ["dace"])]

@@ -94,7 +94,8 @@ class DaceSuite:
     def __init__(self, config: Config):
         self.config = config
         self.env = DaceEnvironment(config.env)
-        self.out = Path(config.out_dir)
+        # absolute: the kernel runner and mpirun run in build folders of their own and write their results here
+        self.out = Path(config.out_dir).resolve()
 
     def run(self) -> dict:
         """The suite's result; ``status`` is "ok", or "dependency-missing" with the reason."""
@@ -188,6 +189,7 @@ class DaceSuite:
     def _mpirun(self, mpirun: str, env_info: dict, procs: int, locals_: list[str], build_dir: str) -> dict:
         cfg = self.config
         out_json = self.out / f"dace_scaling_P{procs}.json"
+        out_json.unlink(missing_ok=True)        # an earlier run's figures must never pass for this run's
         (self.out / f"dace_scaling_P{procs}.log").write_text("")
         cmd = [mpirun, *mpirun_flags(env_info["system"].get("mpi_version") or "", procs), "-n", str(procs),
                str(self.env.python), "-m", "terastack.repro.dace.scaling", "--preset", cfg.preset,

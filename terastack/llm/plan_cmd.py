@@ -185,11 +185,11 @@ def model_source(job) -> tuple[str, str | None]:
     import os
 
     from terastack.training.job_runner import resolve_job_model
-    from terastack.training.model_registry import DEFAULT_MODEL, MODELS
+    from terastack.training.model_registry import DEFAULT_MODEL, MODELS, config_json_of
 
     name = job.model.path or DEFAULT_MODEL
     scaling = f" | rope {job.model.rope_scaling}" if job.model.rope_scaling else ""
-    config = os.path.join(name, "config.json") if os.path.isdir(name) else name if name.endswith(".json") else None
+    config = config_json_of(name)
     if config is not None and os.path.isfile(config):
         with open(config) as f:
             return f.read() + scaling, (name if os.path.isdir(name) else None)

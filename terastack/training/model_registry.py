@@ -113,16 +113,23 @@ def resolve_model(spec: str):
     return hf_config(spec), None
 
 
+def config_json_of(spec: str) -> str | None:
+    """The config.json a model spec names: DIR/config.json for a model directory, the spec itself where it is a
+    .json path; None for anything else (a built-in name, a Hub id)."""
+    import os
+
+    return os.path.join(spec, "config.json") if os.path.isdir(spec) else spec if spec.endswith(".json") else None
+
+
 def model_type_of(spec: str) -> str | None:
     """The ``model_type`` of a built-in name, a model directory or a config.json, read without importing
     transformers; None where that needs more (a Hub id, a file that cannot be read): the caller then goes without."""
     import json
-    import os
 
     if spec in MODELS:
         return MODELS[spec]["model_type"]
-    path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
-    if not path.endswith(".json"):
+    path = config_json_of(spec)
+    if path is None:
         return None
     try:
         with open(path) as f:
